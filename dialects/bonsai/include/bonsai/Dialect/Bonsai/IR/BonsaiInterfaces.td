@@ -1,0 +1,87 @@
+//===- BonsaiInterfaces.td - bonsai op interfaces ------------*- tablegen -*-===//
+//
+// Behaviour that passes ask ops about, instead of switching on op kinds: what an op costs, how
+// to differentiate it, and how a recipe directive checks itself against a model.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BONSAI_DIALECT_BONSAI_IR_BONSAIINTERFACES_TD
+#define BONSAI_DIALECT_BONSAI_IR_BONSAIINTERFACES_TD
+
+include "mlir/IR/OpBase.td"
+
+def Bonsai_CostOpInterface : OpInterface<"CostOpInterface"> {
+  let cppNamespace = "::mlir::bonsai";
+  let description = [{
+    The work an op does: FLOPs on tensor cores (GEMM-shaped work), other FLOPs (elementwise and
+    reductions), and bytes read and written, assuming every operand is read from and every result
+    written to device memory once. The cost report, the remat pass and the scheduler read it.
+  }];
+  let methods = [
+    InterfaceMethod<"Cost of the forward computation.",
+      "::mlir::bonsai::OpCost", "getForwardCost", (ins)>,
+    InterfaceMethod<[{
+        Cost of computing the gradients of the operands for which `needsGradient` holds, given
+        the gradients of the results. The default counts twice the forward FLOPs and the
+        forward bytes, the usual estimate when every operand needs a gradient.
+      }],
+      "::mlir::bonsai::OpCost", "getBackwardCost",
+      (ins "::llvm::function_ref<bool(::mlir::Value)>":$needsGradient), [{}], [{
+        ::mlir::bonsai::OpCost forward = $_op.getForwardCost();
+        bool any = false;
+        for (::mlir::Value operand : $_op->getOperands())
+          any |= needsGradient(operand);
+        if (!any)
+          return {};
+        return forward.scaled(2);
+      }]>,
+  ];
+}
+
+def Bonsai_GradientOpInterface : OpInterface<"GradientOpInterface"> {
+  let cppNamespace = "::mlir::bonsai";
+  let description = [{
+    Reverse-mode differentiation of one op: given the gradients of its results, build the ops
+    that compute the gradients of its operands. The autodiff pass walks the forward graph
+    backwards and asks every op through this interface; an op without it cannot be
+    differentiated, and the pass says so.
+  }];
+  let methods = [
+    InterfaceMethod<[{
+        Build the gradients of the operands. `resultGradients` has one value per result (null
+        where the result does not influence the loss). On return `operandGradients` has one
+        value per operand, null where the operand needs no gradient (see `needsGradient`).
+      }],
+      "::llvm::LogicalResult", "buildGradients",
+      (ins "::mlir::OpBuilder &":$builder,
+           "::mlir::ValueRange":$resultGradients,
+           "::llvm::function_ref<bool(::mlir::Value)>":$needsGradient,
+           "::llvm::SmallVectorImpl<::mlir::Value> &":$operandGradients)>,
+  ];
+}
+
+def Bonsai_RecipeDirectiveOpInterface : OpInterface<"RecipeDirectiveOpInterface"> {
+  let cppNamespace = "::mlir::bonsai";
+  let description = [{
+    A directive of a `bonsai.recipe`. Each directive checks itself against the model the recipe
+    applies to (for example: LoRA targets must name linears of the model, a GaLore rank must be
+    smaller than the matrices it projects).
+  }];
+  let methods = [
+    InterfaceMethod<[{
+        Check the directive against `model`, the summary of the function the recipe applies to.
+        Emits an error naming the problem and fails if the directive cannot apply.
+      }],
+      "::llvm::LogicalResult", "verifyAgainstModel",
+      (ins "const ::mlir::bonsai::ModelSummary &":$model)>,
+    InterfaceMethod<[{
+        Name-patterns of the weights this directive applies to (empty if it applies to the whole
+        model). Used to diagnose contradictory directives.
+      }],
+      "::llvm::SmallVector<::llvm::StringRef>", "getTargetPatterns", (ins), [{}], [{
+        return {};
+      }]>,
+  ];
+}
+
+#endif // BONSAI_DIALECT_BONSAI_IR_BONSAIINTERFACES_TD

@@ -1,0 +1,521 @@
+//===- BonsaiOps.td - bonsai model and recipe operations -----*- tablegen -*-===//
+//
+// Model ops (parameters, GEMMs, norms, attention, activations, loss, shape ops) and recipe ops
+// (the recipe and its directives). Every model op verifies shapes and element types and reports
+// its cost through CostOpInterface.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BONSAI_DIALECT_BONSAI_IR_BONSAIOPS_TD
+#define BONSAI_DIALECT_BONSAI_IR_BONSAIOPS_TD
+
+include "bonsai/Dialect/Bonsai/IR/BonsaiDialect.td"
+include "bonsai/Dialect/Bonsai/IR/BonsaiTypes.td"
+include "bonsai/Dialect/Bonsai/IR/BonsaiAttrs.td"
+include "bonsai/Dialect/Bonsai/IR/BonsaiInterfaces.td"
+include "mlir/IR/SymbolInterfaces.td"
+include "mlir/IR/OpAsmInterface.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+
+//===----------------------------------------------------------------------===//
+// Model ops
+//===----------------------------------------------------------------------===//
+
+class Bonsai_ModelOp<string mnemonic, list<Trait> traits = []>
+    : Bonsai_Op<mnemonic, !listconcat(traits,
+          [Pure, DeclareOpInterfaceMethods<Bonsai_CostOpInterface>])> {
+  let hasVerifier = 1;
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+}
+
+def Bonsai_ParamOp : Bonsai_Op<"param", [Pure,
+    DeclareOpInterfaceMethods<Bonsai_CostOpInterface>]> {
+  let summary = "a model parameter, named as in the Hugging Face checkpoint";
+  let description = [{
+    Declares a parameter tensor of the model. `name` is the tensor's key in the Hugging Face
+    safetensors checkpoint; the runtime binds weights by it. A parameter is `trainable` (it gets a
+    gradient and optimizer state) or `frozen`. `placement` and `sharding` are set by the offload
+    and shard passes. A parameter used in two places (tied embeddings) is one `bonsai.param`
+    whose value has two uses, so its gradient accumulates both.
+
+    ```mlir
+    %w = bonsai.param "model.layers.0.self_attn.q_proj.weight" trainable : tensor<64x64xbf16>
+    %n = bonsai.param "model.norm.weight" frozen : tensor<64xbf16>
+    ```
+  }];
+  let arguments = (ins StrAttr:$name, UnitAttr:$trainable,
+                   OptionalAttr<Bonsai_PlacementAttr>:$placement,
+                   OptionalAttr<Bonsai_ShardingAttr>:$sharding);
+  let results = (outs Bonsai_Tensor:$result);
+  let assemblyFormat = [{
+    $name (`trainable` $trainable^):(`frozen`)? (`placement` $placement^)?
+    (`sharding` $sharding^)? attr-dict `:` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Bonsai_EmbeddingOp : Bonsai_ModelOp<"embedding",
+    [DeclareOpInterfaceMethods<Bonsai_CostOpInterface, ["getBackwardCost"]>]> {
+  let summary = "row gather from an embedding table";
+  let description = [{
+    `result[..., :] = table[ids[...], :]`. The table is [vocab, hidden]; the result has the ids'
+    shape with `hidden` appended and the table's element type.
+
+    ```mlir
+    %h = bonsai.embedding %table, %ids : (tensor<256x64xf32>, tensor<2x64xi32>) -> tensor<2x64x64xf32>
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$table, Bonsai_IndexTensor:$ids);
+  let results = (outs Bonsai_ComputeTensor:$result);
+}
+
+def Bonsai_LinearOp : Bonsai_ModelOp<"linear", [
+    DeclareOpInterfaceMethods<Bonsai_CostOpInterface, ["getBackwardCost"]>]> {
+  let summary = "y = x · Wᵀ (+ b), with W in Hugging Face's [out, in] layout";
+  let description = [{
+    The input is [..., in], the weight [out, in] (as `torch.nn.Linear` stores it), the optional
+    bias [out]; the result is [..., out]. Input, weight, bias and result share the element type.
+
+    ```mlir
+    %y = bonsai.linear %x, %w : (tensor<2x64x64xbf16>, tensor<128x64xbf16>) -> tensor<2x64x128xbf16>
+    %z = bonsai.linear %x, %w, %b : (tensor<2x64x64xbf16>, tensor<128x64xbf16>, tensor<128xbf16>) -> tensor<2x64x128xbf16>
+    ```
+  }];
+  let arguments = (ins Bonsai_FloatTensor:$input, Bonsai_FloatTensor:$weight,
+                   Optional<Bonsai_FloatTensor>:$bias);
+  let results = (outs Bonsai_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $weight (`,` $bias^)? attr-dict `:` functional-type(operands, results)
+  }];
+}
+
+def Bonsai_MatmulOp : Bonsai_ModelOp<"matmul",
+    [DeclareOpInterfaceMethods<Bonsai_CostOpInterface, ["getBackwardCost"]>]> {
+  let summary = "batched matrix product [..., m, k] · [..., k, n] -> [..., m, n]";
+  let description = [{
+    Both operands have the same rank (at least 2) and the same leading (batch) dimensions.
+
+    ```mlir
+    %c = bonsai.matmul %a, %b : (tensor<4x8x16xf32>, tensor<4x16x32xf32>) -> tensor<4x8x32xf32>
+    ```
+  }];
+  let arguments = (ins Bonsai_FloatTensor:$lhs, Bonsai_FloatTensor:$rhs);
+  let results = (outs Bonsai_FloatTensor:$result);
+}
+
+class Bonsai_BroadcastBinaryOp<string mnemonic> : Bonsai_ModelOp<mnemonic> {
+  let description = [{
+    Elementwise with trailing-dimension broadcasting of `rhs`: `rhs` has rank at most that of
+    `lhs`, and each of its dimensions equals the matching trailing dimension of `lhs` or is 1.
+    The result has the type of `lhs` (for example GPT-2's token embeddings [B, T, D] plus its
+    position embeddings [T, D]).
+
+    ```mlir
+    %s = bonsai.}] # mnemonic # [{ %a, %b : (tensor<2x64x64xf32>, tensor<64x64xf32>) -> tensor<2x64x64xf32>
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$lhs, Bonsai_ComputeTensor:$rhs);
+  let results = (outs Bonsai_ComputeTensor:$result);
+}
+
+def Bonsai_AddOp : Bonsai_BroadcastBinaryOp<"add"> {
+  let summary = "elementwise sum with trailing broadcast";
+}
+
+def Bonsai_MulOp : Bonsai_BroadcastBinaryOp<"mul"> {
+  let summary = "elementwise product with trailing broadcast";
+}
+
+def Bonsai_RMSNormOp : Bonsai_ModelOp<"rms_norm"> {
+  let summary = "root-mean-square normalisation over the last dimension, times a weight";
+  let description = [{
+    `y = x / sqrt(mean(x², -1) + epsilon) * weight` (Llama's `LlamaRMSNorm`). The weight has the
+    size of the last dimension.
+
+    ```mlir
+    %y = bonsai.rms_norm %x, %w {epsilon = 1.0e-05 : f64} : (tensor<2x64x64xf32>, tensor<64xf32>) -> tensor<2x64x64xf32>
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$input, Bonsai_ComputeTensor:$weight,
+                   DefaultValuedAttr<F64Attr, "1.0e-6">:$epsilon);
+  let results = (outs Bonsai_ComputeTensor:$result);
+}
+
+def Bonsai_LayerNormOp : Bonsai_ModelOp<"layer_norm"> {
+  let summary = "layer normalisation over the last dimension with weight and bias";
+  let description = [{
+    `y = (x - mean) / sqrt(var + epsilon) * weight + bias` over the last dimension (GPT-2).
+
+    ```mlir
+    %y = bonsai.layer_norm %x, %w, %b {epsilon = 1.0e-05 : f64} : (tensor<2x64x64xf32>, tensor<64xf32>, tensor<64xf32>) -> tensor<2x64x64xf32>
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$input, Bonsai_ComputeTensor:$weight,
+                   Bonsai_ComputeTensor:$bias,
+                   DefaultValuedAttr<F64Attr, "1.0e-5">:$epsilon);
+  let results = (outs Bonsai_ComputeTensor:$result);
+}
+
+def Bonsai_RoPEOp : Bonsai_ModelOp<"rope"> {
+  let summary = "rotary position embedding (Hugging Face's rotate-half convention)";
+  let description = [{
+    The input is [batch, seq, heads, head_dim] with an even head_dim; position `p` of the
+    sequence is rotated by angles `p * theta^(-2i/head_dim)`, pairing element `i` with
+    `i + head_dim/2` as `LlamaRotaryEmbedding` does.
+
+    ```mlir
+    %q = bonsai.rope %x {theta = 1.0e+04 : f64} : (tensor<2x64x4x16xf32>) -> tensor<2x64x4x16xf32>
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$input,
+                   DefaultValuedAttr<F64Attr, "10000.0">:$theta);
+  let results = (outs Bonsai_ComputeTensor:$result);
+}
+
+def Bonsai_AttentionOp : Bonsai_ModelOp<"attention"> {
+  let summary = "scaled dot-product attention, optionally causal, with grouped-query heads";
+  let description = [{
+    `q` is [batch, seq, heads, head_dim]; `k` and `v` are [batch, seq, kv_heads, head_dim] with
+    `heads` a multiple of `kv_heads` (query head h reads kv head h / (heads / kv_heads)). The
+    result has the shape of `q`. `scale` multiplies the scores (usually 1/sqrt(head_dim)).
+
+    ```mlir
+    %o = bonsai.attention %q, %k, %v {causal, scale = 2.500000e-01 : f64} : (tensor<2x64x4x16xf32>, tensor<2x64x2x16xf32>, tensor<2x64x2x16xf32>) -> tensor<2x64x4x16xf32>
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$query, Bonsai_ComputeTensor:$key,
+                   Bonsai_ComputeTensor:$value, UnitAttr:$causal, F64Attr:$scale);
+  let results = (outs Bonsai_ComputeTensor:$result);
+  let extraClassDeclaration = [{
+    /// Number of (query, key) pairs scored per batch and head: S² or S(S+1)/2 when causal.
+    int64_t getScoredPairs();
+  }];
+}
+
+class Bonsai_UnaryOp<string mnemonic> : Bonsai_ModelOp<mnemonic> {
+  let arguments = (ins Bonsai_ComputeTensor:$input);
+  let results = (outs Bonsai_ComputeTensor:$result);
+}
+
+def Bonsai_SiLUOp : Bonsai_UnaryOp<"silu"> {
+  let summary = "x · sigmoid(x)";
+  let description = [{
+    ```mlir
+    %y = bonsai.silu %x : (tensor<2x64x128xf32>) -> tensor<2x64x128xf32>
+    ```
+  }];
+}
+
+def Bonsai_GeLUOp : Bonsai_ModelOp<"gelu"> {
+  let summary = "Gaussian error linear unit, exact or with the tanh approximation (GPT-2)";
+  let description = [{
+    ```mlir
+    %y = bonsai.gelu %x {approximation = #bonsai.gelu_approximation<tanh>} : (tensor<2x64x256xf32>) -> tensor<2x64x256xf32>
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$input,
+                   DefaultValuedAttr<Bonsai_GeluApproximationAttr,
+                                     "GeluApproximation::None">:$approximation);
+  let results = (outs Bonsai_ComputeTensor:$result);
+}
+
+def Bonsai_SwiGLUOp : Bonsai_ModelOp<"swiglu"> {
+  let summary = "silu(gate) · up, the gated MLP activation of Llama";
+  let description = [{
+    ```mlir
+    %h = bonsai.swiglu %gate, %up : (tensor<2x64x128xf32>, tensor<2x64x128xf32>) -> tensor<2x64x128xf32>
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$gate, Bonsai_ComputeTensor:$up);
+  let results = (outs Bonsai_ComputeTensor:$result);
+}
+
+def Bonsai_SoftmaxOp : Bonsai_ModelOp<"softmax"> {
+  let summary = "softmax along one axis";
+  let description = [{
+    ```mlir
+    %p = bonsai.softmax %x {axis = 1 : i64} : (tensor<8x256xf32>) -> tensor<8x256xf32>
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$input, I64Attr:$axis);
+  let results = (outs Bonsai_ComputeTensor:$result);
+}
+
+def Bonsai_CrossEntropyOp : Bonsai_ModelOp<"cross_entropy"> {
+  let summary = "mean token cross-entropy over labels that are not ignore_index";
+  let description = [{
+    `logits` is [..., vocab], `labels` the same shape without the last dimension. The result is
+    the fp32 mean of `-log softmax(logits)[label]` over positions whose label differs from
+    `ignore_index` (PyTorch's `cross_entropy(reduction="mean")`).
+
+    ```mlir
+    %loss = bonsai.cross_entropy %logits, %labels {ignore_index = -100 : i64} : (tensor<2x64x256xf32>, tensor<2x64xi32>) -> tensor<f32>
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$logits, Bonsai_IndexTensor:$labels,
+                   DefaultValuedAttr<I64Attr, "-100">:$ignore_index);
+  let results = (outs Bonsai_LossTensor:$result);
+}
+
+def Bonsai_ReshapeOp : Bonsai_ModelOp<"reshape"> {
+  let summary = "same elements, new static shape";
+  let description = [{
+    ```mlir
+    %y = bonsai.reshape %x : (tensor<2x64x64xf32>) -> tensor<2x64x4x16xf32>
+    ```
+  }];
+  let arguments = (ins Bonsai_Tensor:$input);
+  let results = (outs Bonsai_Tensor:$result);
+}
+
+def Bonsai_TransposeOp : Bonsai_ModelOp<"transpose"> {
+  let summary = "permutation of dimensions";
+  let description = [{
+    `result.shape[i] = input.shape[permutation[i]]`.
+
+    ```mlir
+    %y = bonsai.transpose %x {permutation = array<i64: 1, 0>} : (tensor<768x2304xf32>) -> tensor<2304x768xf32>
+    ```
+  }];
+  let arguments = (ins Bonsai_Tensor:$input, DenseI64ArrayAttr:$permutation);
+  let results = (outs Bonsai_Tensor:$result);
+}
+
+def Bonsai_SliceOp : Bonsai_ModelOp<"slice"> {
+  let summary = "a contiguous range along one dimension";
+  let description = [{
+    Takes `size` entries starting at `start` along dimension `axis` (splitting GPT-2's fused
+    c_attn projection, taking the first T learned positions).
+
+    ```mlir
+    %q = bonsai.slice %qkv {axis = 2 : i64, start = 0 : i64} : (tensor<2x64x192xf32>) -> tensor<2x64x64xf32>
+    ```
+  }];
+  let arguments = (ins Bonsai_Tensor:$input, I64Attr:$axis, I64Attr:$start);
+  let results = (outs Bonsai_Tensor:$result);
+}
+
+def Bonsai_CastOp : Bonsai_ModelOp<"cast"> {
+  let summary = "element type conversion (round to nearest even; saturating for FP8)";
+  let description = [{
+    ```mlir
+    %y = bonsai.cast %x : (tensor<2x64x256xbf16>) -> tensor<2x64x256xf32>
+    ```
+  }];
+  let arguments = (ins Bonsai_FloatTensor:$input);
+  let results = (outs Bonsai_FloatTensor:$result);
+}
+
+def Bonsai_DequantizeOp : Bonsai_ModelOp<"dequantize"> {
+  let summary = "NF4 (double-quantized) tensor to a compute type";
+  let description = [{
+    ```mlir
+    %w = bonsai.dequantize %q : (tensor<128x64x!bonsai.nf4<64, 256>>) -> tensor<128x64xbf16>
+    ```
+  }];
+  let arguments = (ins Bonsai_NF4Tensor:$input);
+  let results = (outs Bonsai_ComputeTensor:$result);
+}
+
+//===----------------------------------------------------------------------===//
+// Recipe ops
+//===----------------------------------------------------------------------===//
+
+def Bonsai_RecipeOp : Bonsai_Op<"recipe", [Symbol, IsolatedFromAbove, NoTerminator,
+    SingleBlock, DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "a training recipe: directives that configure the compiler pipeline";
+  let description = [{
+    Holds at most one directive of each kind. `for @model` names the function the recipe applies
+    to; without it, the recipe applies to the only model function of the enclosing module, if
+    there is exactly one (a recipe file parsed alone is checked on its own). Each directive
+    checks itself against the model through `RecipeDirectiveOpInterface`; the recipe checks that
+    directives do not contradict each other.
+
+    ```mlir
+    bonsai.recipe @qlora for @forward {
+      bonsai.target "sm_89" device_memory 24576 MiB
+      bonsai.quantize "nf4" block 64 double_quant 256 targets ["q_proj", "v_proj"]
+      bonsai.lora rank 16 alpha 3.200000e+01 targets ["q_proj", "v_proj"]
+      bonsai.optimizer "adamw" lr 2.000000e-04
+    }
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name, OptionalAttr<FlatSymbolRefAttr>:$model);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = "$sym_name (`for` $model^)? attr-dict-with-keyword $body";
+  let hasRegionVerifier = 1;
+}
+
+class Bonsai_DirectiveOp<string mnemonic, list<Trait> traits = []>
+    : Bonsai_Op<mnemonic, !listconcat(traits, [HasParent<"RecipeOp">,
+          DeclareOpInterfaceMethods<Bonsai_RecipeDirectiveOpInterface>])> {
+  let hasVerifier = 1;
+}
+
+class Bonsai_TargetedDirectiveOp<string mnemonic>
+    : Bonsai_Op<mnemonic, [HasParent<"RecipeOp">,
+          DeclareOpInterfaceMethods<Bonsai_RecipeDirectiveOpInterface,
+                                    ["getTargetPatterns"]>]> {
+  let hasVerifier = 1;
+}
+
+def Bonsai_TargetDirectiveOp : Bonsai_DirectiveOp<"target"> {
+  let summary = "the GPU the recipe compiles for, and its memory budget";
+  let description = [{
+    `arch` is `sm_XX` (sm_80 Ampere, sm_86 A10G, sm_89 Ada, sm_90 Hopper, or another generic
+    compute capability); `device_memory` is the per-GPU budget in MiB.
+
+    ```mlir
+    bonsai.target "sm_90" device_memory 24576 MiB
+    ```
+  }];
+  let arguments = (ins StrAttr:$arch, OptionalAttr<I64Attr>:$device_memory_mib);
+  let assemblyFormat = "$arch (`device_memory` $device_memory_mib^ `MiB`)? attr-dict";
+}
+
+def Bonsai_QuantizeDirectiveOp : Bonsai_TargetedDirectiveOp<"quantize"> {
+  let summary = "quantize frozen base weights to NF4 with double quantization (QLoRA)";
+  let description = [{
+    ```mlir
+    bonsai.quantize "nf4" block 64 double_quant 256 targets ["*_proj"]
+    ```
+  }];
+  let arguments = (ins StrAttr:$format, I64Attr:$block_size, I64Attr:$double_quant_block,
+                   StrArrayAttr:$targets);
+  let assemblyFormat = [{
+    $format `block` $block_size `double_quant` $double_quant_block `targets` $targets attr-dict
+  }];
+}
+
+def Bonsai_LoraDirectiveOp : Bonsai_TargetedDirectiveOp<"lora"> {
+  let summary = "LoRA (or, with `dora`, DoRA) adapters on the targeted linears";
+  let description = [{
+    Patterns name linears by their weight's module path as PEFT's `target_modules` does: a plain
+    name matches a module whose dotted path ends with it (`q_proj`), a pattern with `*` or `?` is
+    a glob over the full weight name. The scale is alpha / rank.
+
+    ```mlir
+    bonsai.lora dora rank 16 alpha 3.200000e+01 targets ["q_proj", "k_proj", "v_proj"]
+    ```
+  }];
+  let arguments = (ins UnitAttr:$dora, I64Attr:$rank, F64Attr:$alpha,
+                   DefaultValuedAttr<F64Attr, "0.0">:$dropout, StrArrayAttr:$targets);
+  let assemblyFormat = [{
+    (`dora` $dora^)? `rank` $rank `alpha` $alpha `targets` $targets attr-dict
+  }];
+}
+
+def Bonsai_OptimizerDirectiveOp : Bonsai_DirectiveOp<"optimizer"> {
+  let summary = "the optimizer, its hyper-parameters and learning-rate schedule";
+  let description = [{
+    `kind` is `adamw` or `sgd`. `schedule` is `constant` or `cosine` (linear warmup over
+    `warmup_steps`, then cosine decay to `min_lr_ratio * lr` at `total_steps`).
+    `grad_clip` (global norm) is off when 0.
+
+    ```mlir
+    bonsai.optimizer "adamw" lr 3.000000e-04 {weight_decay = 1.000000e-01 : f64, schedule = "cosine", warmup_steps = 100 : i64, total_steps = 1000 : i64}
+    ```
+  }];
+  let arguments = (ins StrAttr:$kind, F64Attr:$lr,
+                   DefaultValuedAttr<F64Attr, "0.9">:$beta1,
+                   DefaultValuedAttr<F64Attr, "0.999">:$beta2,
+                   DefaultValuedAttr<F64Attr, "1.0e-8">:$eps,
+                   DefaultValuedAttr<F64Attr, "0.0">:$weight_decay,
+                   DefaultValuedAttr<F64Attr, "0.0">:$momentum,
+                   DefaultValuedAttr<F64Attr, "0.0">:$grad_clip,
+                   DefaultValuedAttr<StrAttr, "\"constant\"">:$schedule,
+                   DefaultValuedAttr<I64Attr, "0">:$warmup_steps,
+                   DefaultValuedAttr<I64Attr, "0">:$total_steps,
+                   DefaultValuedAttr<F64Attr, "0.0">:$min_lr_ratio,
+                   DefaultValuedAttr<I64Attr, "1">:$micro_batches);
+  let assemblyFormat = "$kind `lr` $lr attr-dict";
+}
+
+def Bonsai_GaloreDirectiveOp : Bonsai_TargetedDirectiveOp<"galore"> {
+  let summary = "GaLore: optimizer moments of the targeted 2-D weights in a rank-r subspace";
+  let description = [{
+    `projector` is `svd` (top-r singular vectors) or `randomized` (range finder with power
+    iterations); `moments` says what happens to the moments when the projector is refreshed:
+    `keep` (as in the GaLore paper) or `rotate` (into the new basis).
+
+    ```mlir
+    bonsai.galore rank 128 update_proj_gap 200 scale 2.500000e-01 projector "svd" targets ["*_proj"]
+    ```
+  }];
+  let arguments = (ins I64Attr:$rank, I64Attr:$update_proj_gap, F64Attr:$scale,
+                   StrAttr:$projector, DefaultValuedAttr<StrAttr, "\"keep\"">:$moments,
+                   StrArrayAttr:$targets);
+  let assemblyFormat = [{
+    `rank` $rank `update_proj_gap` $update_proj_gap `scale` $scale `projector` $projector
+    `targets` $targets attr-dict
+  }];
+}
+
+def Bonsai_FP8DirectiveOp : Bonsai_TargetedDirectiveOp<"fp8"> {
+  let summary = "FP8 GEMMs on the targeted linears: E4M3 forward, E5M2 gradients";
+  let description = [{
+    `scaling` is `delayed` (per-tensor amax history of `amax_history` steps, 1 to 1024) or
+    `current`; `margin` is the power of two kept as head-room.
+
+    ```mlir
+    bonsai.fp8 "delayed" amax_history 16 margin 0 targets ["layers.*"]
+    ```
+  }];
+  let arguments = (ins StrAttr:$scaling, I64Attr:$amax_history, I64Attr:$margin,
+                   StrArrayAttr:$targets);
+  let assemblyFormat = [{
+    $scaling `amax_history` $amax_history `margin` $margin `targets` $targets attr-dict
+  }];
+}
+
+def Bonsai_ShardDirectiveOp : Bonsai_DirectiveOp<"shard"> {
+  let summary = "FSDP / ZeRO-3: parameters, gradients and optimizer state over ranks";
+  let description = [{
+    ```mlir
+    bonsai.shard "zero3" ranks 2
+    ```
+  }];
+  let arguments = (ins StrAttr:$strategy, I64Attr:$ranks);
+  let assemblyFormat = "$strategy `ranks` $ranks attr-dict";
+}
+
+def Bonsai_OffloadDirectiveOp : Bonsai_DirectiveOp<"offload"> {
+  let summary = "state classes kept in pinned host memory, copied over PCIe as needed";
+  let description = [{
+    Classes: `parameters`, `gradients`, `optimizer_state`, `activations`.
+
+    ```mlir
+    bonsai.offload ["optimizer_state"]
+    ```
+  }];
+  let arguments = (ins StrArrayAttr:$classes);
+  let assemblyFormat = "$classes attr-dict";
+}
+
+def Bonsai_RingDirectiveOp : Bonsai_DirectiveOp<"ring"> {
+  let summary = "RingAttention: the sequence split over ranks";
+  let description = [{
+    ```mlir
+    bonsai.ring ranks 4
+    ```
+  }];
+  let arguments = (ins I64Attr:$ranks);
+  let assemblyFormat = "`ranks` $ranks attr-dict";
+}
+
+def Bonsai_RematDirectiveOp : Bonsai_DirectiveOp<"remat"> {
+  let summary = "activation rematerialization policy";
+  let description = [{
+    `none`, `full` (keep only block inputs), `selective` (keep GEMM outputs, recompute cheap
+    memory-heavy ops) or `auto` (fit the target's device memory with the fewest recomputed FLOPs;
+    needs `device_memory` on the target).
+
+    ```mlir
+    bonsai.remat "selective"
+    ```
+  }];
+  let arguments = (ins StrAttr:$policy);
+  let assemblyFormat = "$policy attr-dict";
+}
+
+#endif // BONSAI_DIALECT_BONSAI_IR_BONSAIOPS_TD

@@ -1,0 +1,104 @@
+//===- BonsaiDialect.cpp - The bonsai dialect, its types and attributes ---===//
+//
+// Registers the dialect's ops, types and attributes, verifies the NF4 type and the sharding
+// attribute, and computes storage sizes for tensor types.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/Dialect/Bonsai/IR/BonsaiDialect.h"
+
+#include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/DialectImplementation.h"
+#include "llvm/ADT/TypeSwitch.h"
+#include "llvm/Support/MathExtras.h"
+
+using namespace mlir;
+using namespace mlir::bonsai;
+
+#include "bonsai/Dialect/Bonsai/IR/BonsaiDialect.cpp.inc"
+#include "bonsai/Dialect/Bonsai/IR/BonsaiEnums.cpp.inc"
+
+#define GET_TYPEDEF_CLASSES
+#include "bonsai/Dialect/Bonsai/IR/BonsaiTypes.cpp.inc"
+
+#define GET_ATTRDEF_CLASSES
+#include "bonsai/Dialect/Bonsai/IR/BonsaiAttrs.cpp.inc"
+
+void BonsaiDialect::initialize() {
+  addOperations<
+#define GET_OP_LIST
+#include "bonsai/Dialect/Bonsai/IR/BonsaiOps.cpp.inc"
+      >();
+  addTypes<
+#define GET_TYPEDEF_LIST
+#include "bonsai/Dialect/Bonsai/IR/BonsaiTypes.cpp.inc"
+      >();
+  addAttributes<
+#define GET_ATTRDEF_LIST
+#include "bonsai/Dialect/Bonsai/IR/BonsaiAttrs.cpp.inc"
+      >();
+}
+
+//===----------------------------------------------------------------------===//
+// NF4Type
+//===----------------------------------------------------------------------===//
+
+LogicalResult NF4Type::verify(function_ref<InFlightDiagnostic()> emitError,
+                              unsigned blockSize, unsigned doubleQuantBlockSize) {
+  // Blocks must pack whole bytes of 4-bit codes and map onto warp-sized tiles.
+  if (blockSize < 16 || blockSize > 4096 || !llvm::isPowerOf2_32(blockSize))
+    return emitError() << "NF4 block size must be a power of two in [16, 4096], got "
+                       << blockSize;
+  if (doubleQuantBlockSize == 0)
+    return emitError() << "NF4 double-quantization block must be positive, got 0";
+  return success();
+}
+
+uint64_t NF4Type::getStorageBytes(uint64_t numElements) const {
+  uint64_t blocks = llvm::divideCeil(numElements, getBlockSize());
+  uint64_t scaleBlocks = llvm::divideCeil(blocks, getDoubleQuantBlockSize());
+  // Packed 4-bit codes, one 8-bit absmax per block, one fp32 scale per double-quantization
+  // block, one fp32 offset (the mean of the absmax values, subtracted before quantizing them).
+  return llvm::divideCeil(numElements, 2) + blocks + 4 * scaleBlocks + 4;
+}
+
+//===----------------------------------------------------------------------===//
+// ShardingAttr
+//===----------------------------------------------------------------------===//
+
+LogicalResult ShardingAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                   int64_t dim, int64_t ranks) {
+  if (dim < 0)
+    return emitError() << "sharding dimension must be non-negative, got " << dim;
+  if (ranks < 1)
+    return emitError() << "sharding needs at least one rank, got " << ranks;
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Sizes
+//===----------------------------------------------------------------------===//
+
+int64_t mlir::bonsai::getNumElements(ShapedType type) {
+  int64_t n = 1;
+  for (int64_t d : type.getShape())
+    n *= d;
+  return n;
+}
+
+int64_t mlir::bonsai::getElementBytes(Type elementType) {
+  if (isa<NF4Type>(elementType))
+    return 1;
+  return llvm::divideCeil(elementType.getIntOrFloatBitWidth(), 8);
+}
+
+int64_t mlir::bonsai::getStorageBytes(Type type) {
+  auto shaped = dyn_cast<ShapedType>(type);
+  if (!shaped || !shaped.hasStaticShape())
+    return 0;
+  int64_t n = getNumElements(shaped);
+  if (auto nf4 = dyn_cast<NF4Type>(shaped.getElementType()))
+    return nf4.getStorageBytes(n);
+  return n * getElementBytes(shaped.getElementType());
+}

@@ -1,0 +1,94 @@
+//===- ModelSummary.cpp - What a recipe needs to know about a model -------===//
+//
+// Collects parameters and linears of a model function and matches recipe target patterns
+// against Hugging Face weight names.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/Dialect/Bonsai/IR/ModelSummary.h"
+
+#include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/SmallPtrSet.h"
+#include "llvm/Support/GlobPattern.h"
+
+using namespace mlir;
+using namespace mlir::bonsai;
+
+/// The parameter a value is a view of: follows single-operand ops (transpose, reshape, cast,
+/// dequantize) back to a `bonsai.param`, so that GPT-2's transposed Conv1D weights and QLoRA's
+/// dequantized weights are still attributed to their checkpoint tensor.
+static ParamOp getUnderlyingParam(Value value) {
+  while (Operation *def = value.getDefiningOp()) {
+    if (auto param = dyn_cast<ParamOp>(def))
+      return param;
+    if (def->getNumOperands() != 1)
+      return nullptr;
+    value = def->getOperand(0);
+  }
+  return nullptr;
+}
+
+ModelSummary::ModelSummary(Operation *function) : function(function) {
+  llvm::DenseMap<Operation *, size_t> paramIndex;
+  function->walk([&](ParamOp param) {
+    paramIndex[param] = params.size();
+    params.push_back(
+        {param, param.getName(), param.getResult().getType(), param.getTrainable()});
+  });
+  function->walk([&](Operation *op) {
+    if (auto attention = dyn_cast<AttentionOp>(op)) {
+      sequenceLength = cast<RankedTensorType>(attention.getQuery().getType()).getDimSize(1);
+      return;
+    }
+    auto linear = dyn_cast<LinearOp>(op);
+    if (!linear)
+      return;
+    ParamOp param = getUnderlyingParam(linear.getWeight());
+    if (!param)
+      return;
+    auto weightType = cast<RankedTensorType>(linear.getWeight().getType());
+    LinearSummary summary;
+    summary.op = linear;
+    summary.weight = &params[paramIndex.lookup(param)];
+    StringRef name = param.getName();
+    summary.modulePath = name.ends_with(".weight") ? name.drop_back(7) : name;
+    summary.outFeatures = weightType.getDimSize(0);
+    summary.inFeatures = weightType.getDimSize(1);
+    linears.push_back(summary);
+  });
+}
+
+bool mlir::bonsai::matchesTargetPattern(StringRef pattern, StringRef modulePath,
+                                        StringRef weightName) {
+  if (pattern.find_first_of("*?[") != StringRef::npos) {
+    llvm::Expected<llvm::GlobPattern> glob = llvm::GlobPattern::create(pattern);
+    if (!glob) {
+      llvm::consumeError(glob.takeError());
+      return false;
+    }
+    return glob->match(weightName) || glob->match(modulePath);
+  }
+  return modulePath == pattern ||
+         (modulePath.ends_with(pattern) &&
+          modulePath.drop_back(pattern.size()).ends_with("."));
+}
+
+SmallVector<const LinearSummary *> ModelSummary::matchLinears(StringRef pattern) const {
+  SmallVector<const LinearSummary *> matched;
+  for (const LinearSummary &linear : linears)
+    if (matchesTargetPattern(pattern, linear.modulePath, linear.weight->name))
+      matched.push_back(&linear);
+  return matched;
+}
+
+SmallVector<const LinearSummary *>
+ModelSummary::matchLinears(ArrayRef<StringRef> patterns) const {
+  SmallVector<const LinearSummary *> matched;
+  for (const LinearSummary &linear : linears)
+    if (llvm::any_of(patterns, [&](StringRef p) {
+          return matchesTargetPattern(p, linear.modulePath, linear.weight->name);
+        }))
+      matched.push_back(&linear);
+  return matched;
+}
