@@ -96,6 +96,10 @@ ModelCost mlir::bonsai::computeModelCost(FunctionOpInterface function) {
     } else if (auto embedding = dyn_cast<EmbeddingOp>(op)) {
       if (ParamOp t = getUnderlyingParam(embedding.getTable()))
         usedAsTable.insert(t);
+    } else if (auto slice = dyn_cast<SliceOp>(op)) {
+      // Taking the first T rows of a position table is a lookup of positions 0..T-1.
+      if (ParamOp t = dyn_cast_or_null<ParamOp>(slice.getInput().getDefiningOp()))
+        usedAsTable.insert(t);
     } else {
       for (Value operand : op->getOperands())
         if (ParamOp p = dyn_cast_or_null<ParamOp>(operand.getDefiningOp()))
