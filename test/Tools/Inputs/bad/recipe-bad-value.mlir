@@ -1,0 +1,3 @@
+bonsai.recipe @r {
+  bonsai.optimizer "lion" lr 1.0e-3
+}

@@ -1,0 +1,3 @@
+bonsai.recipe @r for @nowhere {
+  bonsai.remat "full"
+}

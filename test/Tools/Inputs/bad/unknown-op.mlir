@@ -1,0 +1,4 @@
+func.func @f() {
+  %0 = bonsai.frobnicate : tensor<4xf32>
+  return
+}
