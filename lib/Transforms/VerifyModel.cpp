@@ -44,9 +44,13 @@ struct VerifyModelPass : impl::BonsaiVerifyModelPassBase<VerifyModelPass> {
     ArrayRef<Type> results = function.getResultTypes();
     auto loss = results.size() == 1 ? dyn_cast<RankedTensorType>(results[0]) : nullptr;
     if (!loss || loss.getRank() != 0 || !loss.getElementType().isF32()) {
-      function.emitError() << "model @" << function.getName()
-                           << " must return exactly one tensor<f32> loss, returns "
-                           << results.size() << " value(s)";
+      InFlightDiagnostic diag = function.emitError()
+                                << "model @" << function.getName()
+                                << " must return exactly one tensor<f32> loss, returns ";
+      if (results.empty())
+        diag << "nothing";
+      else
+        llvm::interleaveComma(results, diag);
       ok = false;
     }
     return success(ok);

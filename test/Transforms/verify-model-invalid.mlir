@@ -52,7 +52,7 @@ func.func @forward(%ids: tensor<2x8xi32>, %step: i64) -> tensor<f32> {
 // -----
 
 // A model that returns no loss.
-// expected-error @+1 {{model @forward must return exactly one tensor<f32> loss, returns 0 value(s)}}
+// expected-error @+1 {{model @forward must return exactly one tensor<f32> loss, returns nothing}}
 func.func @forward(%ids: tensor<2x8xi32>) {
   %emb = bonsai.param "model.embed_tokens.weight" trainable : tensor<32x16xf32>
   %h = bonsai.embedding %emb, %ids : (tensor<32x16xf32>, tensor<2x8xi32>) -> tensor<2x8x16xf32>
@@ -62,7 +62,7 @@ func.func @forward(%ids: tensor<2x8xi32>) {
 // -----
 
 // A model that returns the loss and something else.
-// expected-error @+1 {{model @forward must return exactly one tensor<f32> loss, returns 2 value(s)}}
+// expected-error @+1 {{model @forward must return exactly one tensor<f32> loss, returns 'tensor<f32>', 'tensor<2x8x32xf32>'}}
 func.func @forward(%ids: tensor<2x8xi32>, %labels: tensor<2x8xi32>) -> (tensor<f32>, tensor<2x8x32xf32>) {
   %emb = bonsai.param "model.embed_tokens.weight" trainable : tensor<32x16xf32>
   %h = bonsai.embedding %emb, %ids : (tensor<32x16xf32>, tensor<2x8xi32>) -> tensor<2x8x16xf32>
@@ -104,7 +104,7 @@ func.func @helper(%x: tensor<2x8x16xf32>) -> tensor<2x8x16xf32> {
   return %x : tensor<2x8x16xf32>
 }
 // expected-error @+2 {{argument 0 of model @forward has type 'tensor<2x8xf32>'}}
-// expected-error @+1 {{model @forward must return exactly one tensor<f32> loss, returns 0 value(s)}}
+// expected-error @+1 {{model @forward must return exactly one tensor<f32> loss, returns nothing}}
 func.func @forward(%x: tensor<2x8xf32>) {
   %w = bonsai.param "w" trainable : tensor<16x8xf32>
   // expected-error @+1 {{parameter 'w' is declared twice}}

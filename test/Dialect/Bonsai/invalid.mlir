@@ -144,7 +144,7 @@ func.func @param_sharding_uneven() {
 
 // param (ODS): the result must be statically shaped.
 func.func @param_dynamic_shape() {
-  // expected-error @+1 {{result #0 must be statically shaped tensor}}
+  // expected-error @+1 {{result #0 must be non-empty statically shaped tensor}}
   %w = bonsai.param "w" frozen : tensor<?x16xf32>
   return
 }
@@ -153,7 +153,7 @@ func.func @param_dynamic_shape() {
 
 // param (ODS): an element type bonsai tensors do not hold (f64).
 func.func @param_f64() {
-  // expected-error @+1 {{result #0 must be statically shaped tensor}}
+  // expected-error @+1 {{result #0 must be non-empty statically shaped tensor}}
   %w = bonsai.param "w" frozen : tensor<16x16xf64>
   return
 }
@@ -162,7 +162,7 @@ func.func @param_f64() {
 
 // param (ODS): an element type bonsai tensors do not hold (i8).
 func.func @param_i8() {
-  // expected-error @+1 {{result #0 must be statically shaped tensor}}
+  // expected-error @+1 {{result #0 must be non-empty statically shaped tensor}}
   %w = bonsai.param "w" frozen : tensor<16x16xi8>
   return
 }
@@ -202,7 +202,7 @@ func.func @embedding_result_element(%t: tensor<32x16xf32>, %ids: tensor<2x8xi32>
 
 // embedding (ODS): ids must be integers.
 func.func @embedding_float_ids(%t: tensor<32x16xf32>, %ids: tensor<2x8xf32>) {
-  // expected-error @+1 {{operand #1 must be statically shaped tensor of 32-bit signless integer or 64-bit signless integer values}}
+  // expected-error @+1 {{operand #1 must be non-empty statically shaped tensor of 32-bit signless integer or 64-bit signless integer values}}
   %h = bonsai.embedding %t, %ids : (tensor<32x16xf32>, tensor<2x8xf32>) -> tensor<2x8x16xf32>
   return
 }
@@ -211,7 +211,7 @@ func.func @embedding_float_ids(%t: tensor<32x16xf32>, %ids: tensor<2x8xf32>) {
 
 // embedding (ODS): the table must be a compute type (not FP8).
 func.func @embedding_f8_table(%t: tensor<32x16xf8E4M3FN>, %ids: tensor<2x8xi32>) {
-  // expected-error @+1 {{operand #0 must be statically shaped tensor of bfloat16 type or 16-bit float or 32-bit float values}}
+  // expected-error @+1 {{operand #0 must be non-empty statically shaped tensor of bfloat16 type or 16-bit float or 32-bit float values}}
   %h = bonsai.embedding %t, %ids : (tensor<32x16xf8E4M3FN>, tensor<2x8xi32>) -> tensor<2x8x16xf8E4M3FN>
   return
 }
@@ -296,7 +296,7 @@ func.func @linear_result_element(%x: tensor<2x8x16xf32>, %w: tensor<32x16xf32>) 
 
 // linear (ODS): an NF4 weight must be dequantized first.
 func.func @linear_nf4_weight(%x: tensor<2x8x16xf32>, %w: tensor<32x16x!bonsai.nf4<64, 256>>) {
-  // expected-error @+1 {{operand #1 must be statically shaped tensor of bfloat16 type or 16-bit float or 32-bit float or f8E4M3FN type or f8E5M2 type values}}
+  // expected-error @+1 {{operand #1 must be non-empty statically shaped tensor of bfloat16 type or 16-bit float or 32-bit float or f8E4M3FN type or f8E5M2 type values}}
   %y = bonsai.linear %x, %w : (tensor<2x8x16xf32>, tensor<32x16x!bonsai.nf4<64, 256>>) -> tensor<2x8x32xf32>
   return
 }
@@ -305,7 +305,7 @@ func.func @linear_nf4_weight(%x: tensor<2x8x16xf32>, %w: tensor<32x16x!bonsai.nf
 
 // linear (ODS): the input must be statically shaped.
 func.func @linear_dynamic_input(%x: tensor<?x8x16xf32>, %w: tensor<32x16xf32>) {
-  // expected-error @+1 {{operand #0 must be statically shaped tensor}}
+  // expected-error @+1 {{operand #0 must be non-empty statically shaped tensor}}
   %y = bonsai.linear %x, %w : (tensor<?x8x16xf32>, tensor<32x16xf32>) -> tensor<2x8x32xf32>
   return
 }
@@ -421,7 +421,7 @@ func.func @add_result_type(%a: tensor<2x8x16xf32>, %b: tensor<1x16xf32>) {
 
 // add (ODS): operands are compute types (not FP8).
 func.func @add_f8(%a: tensor<8x16xf8E5M2>, %b: tensor<8x16xf8E5M2>) {
-  // expected-error @+1 {{operand #0 must be statically shaped tensor of bfloat16 type or 16-bit float or 32-bit float values}}
+  // expected-error @+1 {{operand #0 must be non-empty statically shaped tensor of bfloat16 type or 16-bit float or 32-bit float values}}
   %c = bonsai.add %a, %b : (tensor<8x16xf8E5M2>, tensor<8x16xf8E5M2>) -> tensor<8x16xf8E5M2>
   return
 }
@@ -742,10 +742,9 @@ func.func @swiglu_result_type(%g: tensor<2x8x16xf32>) {
 
 // -----
 
-// softmax: axis below zero. (The message currently prints -1 as 18446744073709551615, since the
-// I64Attr getter is unsigned; only the rank part is matched.)
+// softmax: axis below zero (I64Attr getters are unsigned; the verifier compares signed values).
 func.func @softmax_negative_axis(%x: tensor<8x16xf32>) {
-  // expected-error @+1 {{is out of range for rank 2}}
+  // expected-error @+1 {{axis -1 is out of range for rank 2}}
   %y = bonsai.softmax %x {axis = -1 : i64} : (tensor<8x16xf32>) -> tensor<8x16xf32>
   return
 }
@@ -960,7 +959,7 @@ func.func @cast_identity(%x: tensor<2x8x16xbf16>) {
 
 // cast (ODS): only float tensors are cast.
 func.func @cast_integer(%x: tensor<2x8xi32>) {
-  // expected-error @+1 {{operand #0 must be statically shaped tensor of bfloat16 type or 16-bit float or 32-bit float or f8E4M3FN type or f8E5M2 type values}}
+  // expected-error @+1 {{operand #0 must be non-empty statically shaped tensor of bfloat16 type or 16-bit float or 32-bit float or f8E4M3FN type or f8E5M2 type values}}
   %y = bonsai.cast %x : (tensor<2x8xi32>) -> tensor<2x8xf32>
   return
 }
@@ -978,7 +977,7 @@ func.func @dequantize_shape(%q: tensor<32x16x!bonsai.nf4<64, 256>>) {
 
 // dequantize (ODS): the input is an NF4 tensor.
 func.func @dequantize_not_nf4(%q: tensor<32x16xf8E4M3FN>) {
-  // expected-error @+1 {{operand #0 must be statically shaped tensor of NF4 element values}}
+  // expected-error @+1 {{operand #0 must be non-empty statically shaped tensor of NF4 element values}}
   %w = bonsai.dequantize %q : (tensor<32x16xf8E4M3FN>) -> tensor<32x16xbf16>
   return
 }
@@ -987,7 +986,35 @@ func.func @dequantize_not_nf4(%q: tensor<32x16xf8E4M3FN>) {
 
 // dequantize (ODS): the result is a compute type.
 func.func @dequantize_to_f8(%q: tensor<32x16x!bonsai.nf4<64, 256>>) {
-  // expected-error @+1 {{result #0 must be statically shaped tensor of bfloat16 type or 16-bit float or 32-bit float values}}
+  // expected-error @+1 {{result #0 must be non-empty statically shaped tensor of bfloat16 type or 16-bit float or 32-bit float values}}
   %w = bonsai.dequantize %q : (tensor<32x16x!bonsai.nf4<64, 256>>) -> tensor<32x16xf8E4M3FN>
+  return
+}
+
+// -----
+
+// Zero-sized dimensions are rejected by the type constraint (a GQA verifier would otherwise
+// divide by zero key/value heads).
+func.func @zero_kv_heads(%q: tensor<2x4x4x16xf32>, %k: tensor<2x4x0x16xf32>) {
+  // expected-error @+1 {{operand #1 must be non-empty statically shaped tensor}}
+  %o = bonsai.attention %q, %k, %k {scale = 0.25 : f64} : (tensor<2x4x4x16xf32>, tensor<2x4x0x16xf32>, tensor<2x4x0x16xf32>) -> tensor<2x4x4x16xf32>
+  return
+}
+
+// -----
+
+// A zero-sized parameter is rejected too (the cost model divides by input features).
+func.func @zero_features() {
+  // expected-error @+1 {{result #0 must be non-empty statically shaped tensor}}
+  %w = bonsai.param "w" trainable : tensor<4x0xf32>
+  return
+}
+
+// -----
+
+// slice: a start so large that start + size would overflow is still out of range.
+func.func @slice_overflow(%x: tensor<2x8x48xf32>) {
+  // expected-error @+1 {{is outside dimension 2 of size 48}}
+  %y = bonsai.slice %x {axis = 2 : i64, start = 9223372036854775807 : i64} : (tensor<2x8x48xf32>) -> tensor<2x8x16xf32>
   return
 }

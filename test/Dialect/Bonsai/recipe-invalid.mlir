@@ -10,7 +10,7 @@
 
 // target: not of the form sm_XX.
 bonsai.recipe @r {
-  // expected-error @+1 {{target 'hopper' is not a CUDA architecture of the form sm_XX with XX >= 70}}
+  // expected-error @+1 {{target 'hopper' is not 'cpu' or a CUDA architecture sm_XX (or sm_XXa) with XX >= 70}}
   bonsai.target "hopper"
 }
 
@@ -18,7 +18,7 @@ bonsai.recipe @r {
 
 // target: sm_ without a number.
 bonsai.recipe @r {
-  // expected-error @+1 {{target 'sm_' is not a CUDA architecture of the form sm_XX with XX >= 70}}
+  // expected-error @+1 {{target 'sm_' is not 'cpu' or a CUDA architecture sm_XX (or sm_XXa) with XX >= 70}}
   bonsai.target "sm_"
 }
 
@@ -26,7 +26,7 @@ bonsai.recipe @r {
 
 // target: compute capability below 70.
 bonsai.recipe @r {
-  // expected-error @+1 {{target 'sm_60' is not a CUDA architecture of the form sm_XX with XX >= 70}}
+  // expected-error @+1 {{target 'sm_60' is not 'cpu' or a CUDA architecture sm_XX (or sm_XXa) with XX >= 70}}
   bonsai.target "sm_60" device_memory 16384 MiB
 }
 
@@ -398,10 +398,9 @@ bonsai.recipe @r {
 
 // -----
 
-// fp8: negative margin (the message currently prints -1 as 18446744073709551615, since the
-// I64Attr getter is unsigned; only the range is matched).
+// fp8: negative margin (I64Attr getters are unsigned; the verifier compares signed values).
 bonsai.recipe @r {
-  // expected-error @+1 {{margin must be in [0, 16], got}}
+  // expected-error @+1 {{margin must be in [0, 16], got -1}}
   bonsai.fp8 "current" amax_history 1 margin -1 targets ["q_proj"]
 }
 
@@ -813,4 +812,110 @@ bonsai.recipe @r {
   bonsai.target "sm_90" device_memory 24576 MiB
   // expected-error @+1 {{the model has no trainable parameter and the recipe adds no adapter: nothing to train}}
   bonsai.optimizer "adamw" lr 1.0e-3
+}
+
+// -----
+
+// Negative values are caught (I64Attr getters are unsigned; the verifiers compare signed).
+bonsai.recipe @r {
+  // expected-error @+1 {{ranks must be at least 1, got -1}}
+  bonsai.shard "zero3" ranks -1
+}
+
+// -----
+
+// Negative values are caught (I64Attr getters are unsigned; the verifiers compare signed).
+bonsai.recipe @r {
+  // expected-error @+1 {{ring attention needs at least 2 ranks, got -1}}
+  bonsai.ring ranks -1
+}
+
+// -----
+
+// Negative values are caught (I64Attr getters are unsigned; the verifiers compare signed).
+bonsai.recipe @r {
+  // expected-error @+1 {{rank must be positive, got -1}}
+  bonsai.lora rank -1 alpha 16.0 targets ["q_proj"]
+}
+
+// -----
+
+// Negative values are caught (I64Attr getters are unsigned; the verifiers compare signed).
+bonsai.recipe @r {
+  // expected-error @+1 {{rank must be positive, got -4}}
+  bonsai.galore rank -4 update_proj_gap 200 scale 0.25 projector "svd" targets ["q_proj"]
+}
+
+// -----
+
+// Negative values are caught (I64Attr getters are unsigned; the verifiers compare signed).
+bonsai.recipe @r {
+  // expected-error @+1 {{update_proj_gap must be positive}}
+  bonsai.galore rank 4 update_proj_gap -1 scale 0.25 projector "svd" targets ["q_proj"]
+}
+
+// -----
+
+// Negative values are caught (I64Attr getters are unsigned; the verifiers compare signed).
+bonsai.recipe @r {
+  // expected-error @+1 {{double-quantization block must be positive, got -1}}
+  bonsai.quantize "nf4" block 64 double_quant -1 targets ["q_proj"]
+}
+
+// -----
+
+// Negative values are caught (I64Attr getters are unsigned; the verifiers compare signed).
+bonsai.recipe @r {
+  // expected-error @+1 {{micro_batches must be at least 1, got -1}}
+  bonsai.optimizer "adamw" lr 1.0e-3 {micro_batches = -1}
+}
+
+// -----
+
+// Negative values are caught (I64Attr getters are unsigned; the verifiers compare signed).
+bonsai.recipe @r {
+  // expected-error @+1 {{warmup_steps must be non-negative, got -1}}
+  bonsai.optimizer "adamw" lr 1.0e-3 {warmup_steps = -1}
+}
+
+// -----
+
+// Negative values are caught (I64Attr getters are unsigned; the verifiers compare signed).
+bonsai.recipe @r {
+  // expected-error @+1 {{a cosine schedule needs total_steps > 0}}
+  bonsai.optimizer "adamw" lr 1.0e-3 {schedule = "cosine", total_steps = -1}
+}
+
+// -----
+
+// Two model functions and no 'for': ambiguous, so an error rather than silently skipping the
+// checks against the model.
+func.func @model_a(%ids: tensor<2x8xi32>, %labels: tensor<2x8xi32>) -> tensor<f32> {
+  %emb = bonsai.param "model.embed_tokens.weight" trainable : tensor<32x64xf32>
+  %h = bonsai.embedding %emb, %ids : (tensor<32x64xf32>, tensor<2x8xi32>) -> tensor<2x8x64xf32>
+  %w = bonsai.param "model.layers.0.self_attn.q_proj.weight" trainable : tensor<32x64xf32>
+  %l = bonsai.linear %h, %w : (tensor<2x8x64xf32>, tensor<32x64xf32>) -> tensor<2x8x32xf32>
+  %loss = bonsai.cross_entropy %l, %labels : (tensor<2x8x32xf32>, tensor<2x8xi32>) -> tensor<f32>
+  return %loss : tensor<f32>
+}
+func.func @model_b(%ids: tensor<2x8xi32>, %labels: tensor<2x8xi32>) -> tensor<f32> {
+  %emb = bonsai.param "model.embed_tokens.weight" trainable : tensor<32x64xf32>
+  %h = bonsai.embedding %emb, %ids : (tensor<32x64xf32>, tensor<2x8xi32>) -> tensor<2x8x64xf32>
+  %w = bonsai.param "model.layers.0.self_attn.q_proj.weight" trainable : tensor<32x64xf32>
+  %l = bonsai.linear %h, %w : (tensor<2x8x64xf32>, tensor<32x64xf32>) -> tensor<2x8x32xf32>
+  %loss = bonsai.cross_entropy %l, %labels : (tensor<2x8x32xf32>, tensor<2x8xi32>) -> tensor<f32>
+  return %loss : tensor<f32>
+}
+// expected-error @+1 {{the module has 2 model functions; name the one this recipe applies to with 'for @name'}}
+bonsai.recipe @r {
+  bonsai.lora rank 8 alpha 16.0 targets ["no_such_module"]
+}
+
+// -----
+
+// 'for' naming a declaration: not a model.
+func.func private @ext(tensor<2x8xi32>) -> tensor<f32>
+// expected-error @+1 {{'@ext' is not a model function: it has no body or declares no bonsai.param}}
+bonsai.recipe @r for @ext {
+  bonsai.remat "full"
 }

@@ -56,3 +56,15 @@ bonsai.recipe @minimal {
   bonsai.optimizer "sgd" lr 0.1 {momentum = 0.9 : f64}
   bonsai.remat "none"
 }
+
+// Hopper's arch-specific target and the CPU reference backend are valid targets.
+// CHECK-LABEL: bonsai.recipe @hopper_a
+// CHECK-NEXT:    bonsai.target "sm_90a"
+bonsai.recipe @hopper_a {
+  bonsai.target "sm_90a"
+}
+// CHECK-LABEL: bonsai.recipe @cpu
+// CHECK-NEXT:    bonsai.target "cpu"
+bonsai.recipe @cpu {
+  bonsai.target "cpu"
+}

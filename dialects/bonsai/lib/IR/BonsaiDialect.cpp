@@ -80,6 +80,11 @@ LogicalResult ShardingAttr::verify(function_ref<InFlightDiagnostic()> emitError,
 // Sizes
 //===----------------------------------------------------------------------===//
 
+bool mlir::bonsai::hasNoZeroSizedDims(Type type) {
+  auto shaped = dyn_cast<ShapedType>(type);
+  return shaped && shaped.hasRank() && !llvm::is_contained(shaped.getShape(), 0);
+}
+
 int64_t mlir::bonsai::getNumElements(ShapedType type) {
   int64_t n = 1;
   for (int64_t d : type.getShape())

@@ -479,8 +479,9 @@ OpCost SwiGLUOp::getForwardCost() { return elementwiseCost(*this, 5); }
 
 LogicalResult SoftmaxOp::verify() {
   int64_t rank = tensorType(getInput()).getRank();
-  if (getAxis() < 0 || getAxis() >= rank)
-    return emitOpError() << "axis " << getAxis() << " is out of range for rank " << rank;
+  int64_t axis = getAxisAttr().getInt();
+  if (axis < 0 || axis >= rank)
+    return emitOpError() << "axis " << axis << " is out of range for rank " << rank;
   return expectSameTypeAsOperand(*this, "input", getInput());
 }
 // Max, subtract, exp, sum, divide.
@@ -549,7 +550,7 @@ OpCost TransposeOp::getForwardCost() { return streamingBytes(*this); }
 LogicalResult SliceOp::verify() {
   RankedTensorType in = tensorType(getInput());
   RankedTensorType out = getResult().getType();
-  int64_t axis = getAxis();
+  int64_t axis = getAxisAttr().getInt();
   if (axis < 0 || axis >= in.getRank())
     return emitOpError() << "axis " << axis << " is out of range for rank " << in.getRank();
   if (failed(expectRank(*this, "result", out, in.getRank())))
@@ -559,8 +560,9 @@ LogicalResult SliceOp::verify() {
       return emitOpError() << "result dimension " << d << ": expected " << in.getDimSize(d)
                            << " (only axis " << axis << " is sliced), got "
                            << out.getDimSize(d);
-  int64_t start = getStart(), size = out.getDimSize(axis);
-  if (start < 0 || start + size > in.getDimSize(axis))
+  int64_t start = getStartAttr().getInt(), size = out.getDimSize(axis);
+  // Written so that a huge start cannot overflow.
+  if (start < 0 || start > in.getDimSize(axis) - size)
     return emitOpError() << "range [" << start << ", " << start + size
                          << ") is outside dimension " << axis << " of size "
                          << in.getDimSize(axis);

@@ -81,12 +81,18 @@ static LogicalResult verifyTargetsMatch(Operation *op, ArrayAttr targets,
 LogicalResult TargetDirectiveOp::verify() {
   StringRef arch = getArch();
   unsigned capability = 0;
-  if (!arch.consume_front("sm_") || arch.getAsInteger(10, capability) || capability < 70)
+  // "cpu" compiles for the reference backend; "sm_90a" is Hopper with its arch-specific
+  // instructions (wgmma, TMA).
+  if (arch == "cpu")
+    return success();
+  bool ok = arch.consume_front("sm_");
+  arch.consume_back("a");
+  if (!ok || arch.getAsInteger(10, capability) || capability < 70)
     return emitOpError() << "target '" << getArch()
-                         << "' is not a CUDA architecture of the form sm_XX with XX >= 70 "
-                            "(sm_80 Ampere, sm_86 A10G, sm_89 Ada, sm_90 Hopper)";
-  if (std::optional<int64_t> mib = getDeviceMemoryMib(); mib && *mib <= 0)
-    return emitOpError() << "device memory must be positive, got " << *mib << " MiB";
+                         << "' is not 'cpu' or a CUDA architecture sm_XX (or sm_XXa) with "
+                            "XX >= 70 (sm_80 Ampere, sm_86 A10G, sm_89 Ada, sm_90 Hopper)";
+  if (IntegerAttr mib = getDeviceMemoryMibAttr(); mib && mib.getInt() <= 0)
+    return emitOpError() << "device memory must be positive, got " << mib.getInt() << " MiB";
   return success();
 }
 
@@ -99,12 +105,12 @@ LogicalResult TargetDirectiveOp::verifyAgainstModel(const ModelSummary &) { retu
 LogicalResult QuantizeDirectiveOp::verify() {
   if (failed(expectOneOf(*this, "quantization format", getFormat(), {"nf4"})))
     return failure();
-  int64_t block = getBlockSize();
+  int64_t block = int64_t(getBlockSize());
   if (block < 16 || block > 4096 || (block & (block - 1)) != 0)
     return emitOpError() << "block size must be a power of two in [16, 4096], got " << block;
-  if (getDoubleQuantBlock() <= 0)
+  if (int64_t(getDoubleQuantBlock()) <= 0)
     return emitOpError() << "double-quantization block must be positive, got "
-                         << getDoubleQuantBlock();
+                         << int64_t(getDoubleQuantBlock());
   return verifyTargetList(*this, getTargets());
 }
 
@@ -112,10 +118,11 @@ LogicalResult QuantizeDirectiveOp::verifyAgainstModel(const ModelSummary &model)
   if (failed(verifyTargetsMatch(*this, getTargets(), model)))
     return failure();
   for (const LinearSummary *linear : model.matchLinears(getTargetPatterns())) {
-    int64_t n = linear->inFeatures * linear->outFeatures;
-    if (n % getBlockSize() != 0)
+    // The parameter is what gets quantized, whatever view of it the linear reads.
+    int64_t n = getNumElements(linear->weight->type);
+    if (n % int64_t(getBlockSize()) != 0)
       return emitOpError() << "weight '" << linear->weight->name << "' has " << n
-                           << " elements, not a multiple of the block size " << getBlockSize();
+                           << " elements, not a multiple of the block size " << int64_t(getBlockSize());
   }
   return success();
 }
@@ -129,8 +136,8 @@ SmallVector<StringRef> QuantizeDirectiveOp::getTargetPatterns() {
 //===----------------------------------------------------------------------===//
 
 LogicalResult LoraDirectiveOp::verify() {
-  if (getRank() <= 0)
-    return emitOpError() << "rank must be positive, got " << getRank();
+  if (int64_t(getRank()) <= 0)
+    return emitOpError() << "rank must be positive, got " << int64_t(getRank());
   double alpha = getAlpha().convertToDouble();
   if (!(alpha > 0) || !std::isfinite(alpha))
     return emitOpError() << "alpha must be positive and finite, got " << alpha;
@@ -145,8 +152,8 @@ LogicalResult LoraDirectiveOp::verifyAgainstModel(const ModelSummary &model) {
     return failure();
   for (const LinearSummary *linear : model.matchLinears(getTargetPatterns())) {
     int64_t smaller = std::min(linear->inFeatures, linear->outFeatures);
-    if (getRank() > smaller)
-      return emitOpError() << "rank " << getRank() << " exceeds min(in, out) = " << smaller
+    if (int64_t(getRank()) > smaller)
+      return emitOpError() << "rank " << int64_t(getRank()) << " exceeds min(in, out) = " << smaller
                            << " of weight '" << linear->weight->name << "'";
   }
   return success();
@@ -183,17 +190,17 @@ LogicalResult OptimizerDirectiveOp::verify() {
     return emitOpError() << "min_lr_ratio must be in [0, 1], got " << minRatio;
   if (getKind() == "adamw" && getMomentum().convertToDouble() != 0)
     return emitOpError("momentum applies to sgd; adamw uses beta1 and beta2");
-  if (getWarmupSteps() < 0)
-    return emitOpError() << "warmup_steps must be non-negative, got " << getWarmupSteps();
+  if (int64_t(getWarmupSteps()) < 0)
+    return emitOpError() << "warmup_steps must be non-negative, got " << int64_t(getWarmupSteps());
   if (getSchedule() == "cosine") {
-    if (getTotalSteps() <= 0)
+    if (int64_t(getTotalSteps()) <= 0)
       return emitOpError("a cosine schedule needs total_steps > 0");
-    if (getWarmupSteps() > getTotalSteps())
-      return emitOpError() << "warmup_steps (" << getWarmupSteps() << ") exceed total_steps ("
-                           << getTotalSteps() << ")";
+    if (int64_t(getWarmupSteps()) > int64_t(getTotalSteps()))
+      return emitOpError() << "warmup_steps (" << int64_t(getWarmupSteps()) << ") exceed total_steps ("
+                           << int64_t(getTotalSteps()) << ")";
   }
-  if (getMicroBatches() < 1)
-    return emitOpError() << "micro_batches must be at least 1, got " << getMicroBatches();
+  if (int64_t(getMicroBatches()) < 1)
+    return emitOpError() << "micro_batches must be at least 1, got " << int64_t(getMicroBatches());
   return success();
 }
 
@@ -206,12 +213,12 @@ LogicalResult OptimizerDirectiveOp::verifyAgainstModel(const ModelSummary &) {
 //===----------------------------------------------------------------------===//
 
 LogicalResult GaloreDirectiveOp::verify() {
-  if (getRank() <= 0)
-    return emitOpError() << "rank must be positive, got " << getRank();
-  if (getUpdateProjGap() <= 0)
+  if (int64_t(getRank()) <= 0)
+    return emitOpError() << "rank must be positive, got " << int64_t(getRank());
+  if (int64_t(getUpdateProjGap()) <= 0)
     return emitOpError() << "update_proj_gap must be positive (steps between projector "
                             "refreshes), got "
-                         << getUpdateProjGap();
+                         << int64_t(getUpdateProjGap());
   if (!(getScale().convertToDouble() > 0))
     return emitOpError() << "scale must be positive, got " << getScale().convertToDouble();
   if (failed(expectOneOf(*this, "projector", getProjector(), {"svd", "randomized"})) ||
@@ -225,8 +232,8 @@ LogicalResult GaloreDirectiveOp::verifyAgainstModel(const ModelSummary &model) {
     return failure();
   for (const LinearSummary *linear : model.matchLinears(getTargetPatterns())) {
     int64_t smaller = std::min(linear->inFeatures, linear->outFeatures);
-    if (getRank() >= smaller)
-      return emitOpError() << "rank " << getRank() << " is not smaller than min(m, n) = "
+    if (int64_t(getRank()) >= smaller)
+      return emitOpError() << "rank " << int64_t(getRank()) << " is not smaller than min(m, n) = "
                            << smaller << " of weight '" << linear->weight->name
                            << "'; a projection would save nothing";
     if (!linear->weight->trainable)
@@ -247,10 +254,10 @@ SmallVector<StringRef> GaloreDirectiveOp::getTargetPatterns() {
 LogicalResult FP8DirectiveOp::verify() {
   if (failed(expectOneOf(*this, "scaling", getScaling(), {"delayed", "current"})))
     return failure();
-  if (getAmaxHistory() < 1 || getAmaxHistory() > 1024)
-    return emitOpError() << "amax_history must be in [1, 1024], got " << getAmaxHistory();
-  if (getMargin() < 0 || getMargin() > 16)
-    return emitOpError() << "margin must be in [0, 16], got " << getMargin();
+  if (int64_t(getAmaxHistory()) < 1 || int64_t(getAmaxHistory()) > 1024)
+    return emitOpError() << "amax_history must be in [1, 1024], got " << int64_t(getAmaxHistory());
+  if (int64_t(getMargin()) < 0 || int64_t(getMargin()) > 16)
+    return emitOpError() << "margin must be in [0, 16], got " << int64_t(getMargin());
   return verifyTargetList(*this, getTargets());
 }
 
@@ -275,8 +282,8 @@ SmallVector<StringRef> FP8DirectiveOp::getTargetPatterns() { return toStrings(ge
 LogicalResult ShardDirectiveOp::verify() {
   if (failed(expectOneOf(*this, "sharding strategy", getStrategy(), {"zero3"})))
     return failure();
-  if (getRanks() < 1)
-    return emitOpError() << "ranks must be at least 1, got " << getRanks();
+  if (int64_t(getRanks()) < 1)
+    return emitOpError() << "ranks must be at least 1, got " << int64_t(getRanks());
   return success();
 }
 
@@ -301,8 +308,8 @@ LogicalResult OffloadDirectiveOp::verifyAgainstModel(const ModelSummary &) {
 }
 
 LogicalResult RingDirectiveOp::verify() {
-  if (getRanks() < 2)
-    return emitOpError() << "ring attention needs at least 2 ranks, got " << getRanks();
+  if (int64_t(getRanks()) < 2)
+    return emitOpError() << "ring attention needs at least 2 ranks, got " << int64_t(getRanks());
   return success();
 }
 
@@ -310,9 +317,9 @@ LogicalResult RingDirectiveOp::verifyAgainstModel(const ModelSummary &model) {
   int64_t seq = model.getSequenceLength();
   if (seq == 0)
     return emitOpError("ring attention needs a model with attention");
-  if (seq % getRanks() != 0)
+  if (seq % int64_t(getRanks()) != 0)
     return emitOpError() << "sequence length " << seq << " does not split evenly over "
-                         << getRanks() << " ranks";
+                         << int64_t(getRanks()) << " ranks";
   return success();
 }
 
@@ -382,7 +389,8 @@ LogicalResult RecipeOp::verifyRegions() {
 }
 
 /// The function a recipe applies to: the one `for @model` names or, without it, the only
-/// function of the enclosing symbol table that declares parameters. Null if there is none.
+/// function of the enclosing symbol table that declares parameters. Null if there is none;
+/// an error if the choice is ambiguous.
 static FailureOr<FunctionOpInterface> resolveModel(RecipeOp recipe,
                                                    SymbolTableCollection &symbolTable) {
   if (FlatSymbolRefAttr ref = recipe.getModelAttr()) {
@@ -390,6 +398,10 @@ static FailureOr<FunctionOpInterface> resolveModel(RecipeOp recipe,
         symbolTable.lookupNearestSymbolFrom<FunctionOpInterface>(recipe, ref.getAttr());
     if (!function)
       return recipe.emitOpError() << "'" << ref << "' does not name a model function";
+    if (function.isExternal() || function.getFunctionBody().getOps<ParamOp>().empty())
+      return recipe.emitOpError() << "'" << ref
+                                  << "' is not a model function: it has no body or declares "
+                                     "no bonsai.param";
     return function;
   }
   Operation *scope = SymbolTable::getNearestSymbolTable(recipe->getParentOp());
@@ -403,7 +415,11 @@ static FailureOr<FunctionOpInterface> resolveModel(RecipeOp recipe,
         model = function;
         ++count;
       }
-  return count == 1 ? model : FunctionOpInterface();
+  if (count > 1)
+    return recipe.emitOpError() << "the module has " << count
+                                << " model functions; name the one this recipe applies to "
+                                   "with 'for @name'";
+  return model;
 }
 
 LogicalResult RecipeOp::verifySymbolUses(SymbolTableCollection &symbolTable) {

@@ -25,6 +25,9 @@
 
 namespace mlir::bonsai {
 
+/// True if `type` is a shaped type none of whose static dimensions is zero.
+bool hasNoZeroSizedDims(Type type);
+
 /// Number of elements of a statically shaped tensor type (1 for a scalar tensor).
 int64_t getNumElements(ShapedType type);
 

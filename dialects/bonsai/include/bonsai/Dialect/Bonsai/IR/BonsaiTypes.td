@@ -46,12 +46,19 @@ def Bonsai_IndexElement : AnyTypeOf<[I32, I64]>;
 def Bonsai_NF4Element : Type<CPred<"::llvm::isa<::mlir::bonsai::NF4Type>($_self)">,
                               "NF4 element">;
 
-def Bonsai_Tensor : StaticShapeTensorOf<[BF16, F16, F32, F8E4M3FN, F8E5M2, I32, I64,
-                                         Bonsai_NF4Element]>;
-def Bonsai_FloatTensor : StaticShapeTensorOf<[BF16, F16, F32, F8E4M3FN, F8E5M2]>;
-def Bonsai_ComputeTensor : StaticShapeTensorOf<[BF16, F16, F32]>;
-def Bonsai_IndexTensor : StaticShapeTensorOf<[I32, I64]>;
-def Bonsai_NF4Tensor : StaticShapeTensorOf<[Bonsai_NF4Element]>;
+/// A statically shaped tensor with no zero-sized dimension: an empty tensor in a training graph
+/// is always a bug, and kernels and cost formulas divide by dimensions.
+class Bonsai_TensorOf<list<Type> allowed>
+    : ConfinedType<StaticShapeTensorOf<allowed>,
+                   [CPred<"::mlir::bonsai::hasNoZeroSizedDims($_self)">],
+                   "non-empty " # StaticShapeTensorOf<allowed>.summary>;
+
+def Bonsai_Tensor : Bonsai_TensorOf<[BF16, F16, F32, F8E4M3FN, F8E5M2, I32, I64,
+                                     Bonsai_NF4Element]>;
+def Bonsai_FloatTensor : Bonsai_TensorOf<[BF16, F16, F32, F8E4M3FN, F8E5M2]>;
+def Bonsai_ComputeTensor : Bonsai_TensorOf<[BF16, F16, F32]>;
+def Bonsai_IndexTensor : Bonsai_TensorOf<[I32, I64]>;
+def Bonsai_NF4Tensor : Bonsai_TensorOf<[Bonsai_NF4Element]>;
 def Bonsai_LossTensor : 0DTensorOf<[F32]>;
 
 #endif // BONSAI_DIALECT_BONSAI_IR_BONSAITYPES_TD
