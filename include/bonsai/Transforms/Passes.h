@@ -7,6 +7,7 @@
 #ifndef BONSAI_TRANSFORMS_PASSES_H
 #define BONSAI_TRANSFORMS_PASSES_H
 
+#include "bonsai/Dialect/Plan/IR/PlanDialect.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/Pass.h"
 

@@ -42,4 +42,51 @@ def BonsaiVerifyModelPass : Pass<"bonsai-verify-model", "::mlir::ModuleOp"> {
   }];
 }
 
+//===----------------------------------------------------------------------===//
+// Plan passes (on bonsai_plan.step)
+//===----------------------------------------------------------------------===//
+
+def BonsaiSchedulePass : Pass<"bonsai-schedule", "::mlir::ModuleOp"> {
+  let summary = "Order each step's launches topologically and assign streams";
+  let description = [{
+    Builds the dependence graph of a step's launches through the buffers they read and write
+    (looking through views: read after write, write after read, write after write) and orders
+    the launches topologically, keeping the current order among independent launches (Kahn's
+    algorithm with the original position as priority). Buffers and views are hoisted above the
+    first launch. A cycle, which a malformed plan can contain, is an error naming a launch on
+    it. Every launch goes on the compute stream (0) for now; copies and collectives keep their
+    streams.
+  }];
+  let dependentDialects = ["::mlir::bonsai::plan::PlanDialect"];
+}
+
+def BonsaiPlanMemoryPass : Pass<"bonsai-plan-memory", "::mlir::ModuleOp"> {
+  let summary = "Assign every buffer an offset in its arena and size the arenas";
+  let description = [{
+    Liveness over the schedule: a buffer of a per-step arena is live from the first launch
+    that touches it (through any view) to the last; inputs are live from the start (the data
+    loader writes them before the step) and the loss to the end (the runtime reads it after).
+    Per-step arenas are planned by greedy-by-size with best fit (see MemoryPlanner.h);
+    persistent arenas hold their buffers one after another. Arena sizes are set to the peaks.
+    A step over its `device_memory` budget is an error that says by how much and which class
+    of memory dominates.
+  }];
+  let statistics = [
+    Statistic<"numBuffers", "buffers", "Buffers placed">,
+    Statistic<"bytesSaved", "bytes-saved",
+              "Bytes saved by reusing memory across lifetimes (per-step arenas)">,
+  ];
+}
+
+def BonsaiVerifyPlanPass : Pass<"bonsai-verify-plan", "::mlir::ModuleOp"> {
+  let summary = "Check a planned step independently of the planner";
+  let description = [{
+    Recomputes liveness from the launches (its own code, not the planner's) and checks that
+    every buffer is placed inside its arena, that no two buffers of an arena that are live at
+    the same time share a byte (persistent buffers are always live), and that every buffer a
+    launch reads is a parameter, an input, or was written by an earlier launch. Each problem is
+    an error naming the buffers and launches involved.
+  }];
+}
+
 #endif // BONSAI_TRANSFORMS_PASSES_TD

@@ -596,5 +596,42 @@ LogicalResult DequantizeOp::verify() {
 // Look up the level, multiply by the block's absmax (itself dequantized once per block).
 OpCost DequantizeOp::getForwardCost() { return elementwiseCost(*this, 2); }
 
+//===----------------------------------------------------------------------===//
+// Kernel parameters with their defaults made explicit
+//===----------------------------------------------------------------------===//
+
+static DictionaryAttr makeParams(Operation *op, ArrayRef<NamedAttribute> params) {
+  return DictionaryAttr::get(op->getContext(), params);
+}
+
+DictionaryAttr RMSNormOp::getKernelParams() {
+  Builder b(getContext());
+  return makeParams(*this, {b.getNamedAttr("epsilon", getEpsilonAttr())});
+}
+
+DictionaryAttr LayerNormOp::getKernelParams() {
+  Builder b(getContext());
+  return makeParams(*this, {b.getNamedAttr("epsilon", getEpsilonAttr())});
+}
+
+DictionaryAttr RoPEOp::getKernelParams() {
+  Builder b(getContext());
+  return makeParams(*this, {b.getNamedAttr("theta", getThetaAttr())});
+}
+
+DictionaryAttr GeLUOp::getKernelParams() {
+  Builder b(getContext());
+  return makeParams(*this, {b.getNamedAttr(
+                               "tanh", b.getBoolAttr(getApproximation() ==
+                                                     GeluApproximation::Tanh))});
+}
+
+DictionaryAttr CrossEntropyOp::getKernelParams() {
+  Builder b(getContext());
+  return makeParams(*this, {b.getNamedAttr("ignore_index", getIgnoreIndexAttr())});
+}
+
+Value ReshapeOp::getViewSource() { return getInput(); }
+
 #define GET_OP_CLASSES
 #include "bonsai/Dialect/Bonsai/IR/BonsaiOps.cpp.inc"

@@ -84,4 +84,26 @@ def Bonsai_RecipeDirectiveOpInterface : OpInterface<"RecipeDirectiveOpInterface"
   ];
 }
 
+def Bonsai_KernelOpInterface : OpInterface<"KernelOpInterface"> {
+  let cppNamespace = "::mlir::bonsai";
+  let description = [{
+    An op that the runtime executes as one kernel. Lowering to `bonsai_plan` asks it for the
+    kernel's name and its parameters, with every default made explicit so that the plan does
+    not depend on ODS defaults.
+  }];
+  let methods = [
+    InterfaceMethod<"The runtime kernel's name (by default the op's name without dialect).",
+      "::llvm::StringRef", "getKernelName", (ins), [{}], [{
+        return $_op->getName().stripDialect();
+      }]>,
+    InterfaceMethod<[{
+        The kernel's parameters (epsilon, scale, axis, ...). The default returns the op's
+        attributes as set; ops with defaulted attributes return them explicitly.
+      }],
+      "::mlir::DictionaryAttr", "getKernelParams", (ins), [{}], [{
+        return $_op->getAttrDictionary();
+      }]>,
+  ];
+}
+
 #endif // BONSAI_DIALECT_BONSAI_IR_BONSAIINTERFACES_TD

@@ -16,14 +16,19 @@ include "bonsai/Dialect/Bonsai/IR/BonsaiInterfaces.td"
 include "mlir/IR/SymbolInterfaces.td"
 include "mlir/IR/OpAsmInterface.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
+include "mlir/Interfaces/ViewLikeInterface.td"
 
 //===----------------------------------------------------------------------===//
 // Model ops
 //===----------------------------------------------------------------------===//
 
-class Bonsai_ModelOp<string mnemonic, list<Trait> traits = []>
+/// A model op: pure, costed, and one runtime kernel. `kernelOverrides` lists the
+/// KernelOpInterface methods the op implements itself (ops with defaulted attributes).
+class Bonsai_ModelOp<string mnemonic, list<Trait> traits = [],
+                     list<string> kernelOverrides = []>
     : Bonsai_Op<mnemonic, !listconcat(traits,
-          [Pure, DeclareOpInterfaceMethods<Bonsai_CostOpInterface>])> {
+          [Pure, DeclareOpInterfaceMethods<Bonsai_CostOpInterface>,
+           DeclareOpInterfaceMethods<Bonsai_KernelOpInterface, kernelOverrides>])> {
   let hasVerifier = 1;
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
 }
@@ -126,7 +131,8 @@ def Bonsai_MulOp : Bonsai_BroadcastBinaryOp<"mul"> {
   let summary = "elementwise product with trailing broadcast";
 }
 
-def Bonsai_RMSNormOp : Bonsai_ModelOp<"rms_norm"> {
+def Bonsai_RMSNormOp : Bonsai_ModelOp<"rms_norm", [],
+    ["getKernelParams"]> {
   let summary = "root-mean-square normalisation over the last dimension, times a weight";
   let description = [{
     `y = x / sqrt(mean(x², -1) + epsilon) * weight` (Llama's `LlamaRMSNorm`). The weight has the
@@ -141,7 +147,8 @@ def Bonsai_RMSNormOp : Bonsai_ModelOp<"rms_norm"> {
   let results = (outs Bonsai_ComputeTensor:$result);
 }
 
-def Bonsai_LayerNormOp : Bonsai_ModelOp<"layer_norm"> {
+def Bonsai_LayerNormOp : Bonsai_ModelOp<"layer_norm", [],
+    ["getKernelParams"]> {
   let summary = "layer normalisation over the last dimension with weight and bias";
   let description = [{
     `y = (x - mean) / sqrt(var + epsilon) * weight + bias` over the last dimension (GPT-2).
@@ -156,7 +163,8 @@ def Bonsai_LayerNormOp : Bonsai_ModelOp<"layer_norm"> {
   let results = (outs Bonsai_ComputeTensor:$result);
 }
 
-def Bonsai_RoPEOp : Bonsai_ModelOp<"rope"> {
+def Bonsai_RoPEOp : Bonsai_ModelOp<"rope", [],
+    ["getKernelParams"]> {
   let summary = "rotary position embedding (Hugging Face's rotate-half convention)";
   let description = [{
     The input is [batch, seq, heads, head_dim] with an even head_dim; position `p` of the
@@ -206,7 +214,7 @@ def Bonsai_SiLUOp : Bonsai_UnaryOp<"silu"> {
   }];
 }
 
-def Bonsai_GeLUOp : Bonsai_ModelOp<"gelu"> {
+def Bonsai_GeLUOp : Bonsai_ModelOp<"gelu", [], ["getKernelParams"]> {
   let summary = "Gaussian error linear unit, exact or with the tanh approximation (GPT-2)";
   let description = [{
     ```mlir
@@ -241,7 +249,8 @@ def Bonsai_SoftmaxOp : Bonsai_ModelOp<"softmax"> {
   let results = (outs Bonsai_ComputeTensor:$result);
 }
 
-def Bonsai_CrossEntropyOp : Bonsai_ModelOp<"cross_entropy"> {
+def Bonsai_CrossEntropyOp : Bonsai_ModelOp<"cross_entropy", [],
+    ["getKernelParams"]> {
   let summary = "mean token cross-entropy over labels that are not ignore_index";
   let description = [{
     `logits` is [..., vocab], `labels` the same shape without the last dimension. The result is
@@ -257,7 +266,8 @@ def Bonsai_CrossEntropyOp : Bonsai_ModelOp<"cross_entropy"> {
   let results = (outs Bonsai_LossTensor:$result);
 }
 
-def Bonsai_ReshapeOp : Bonsai_ModelOp<"reshape"> {
+def Bonsai_ReshapeOp : Bonsai_ModelOp<"reshape",
+    [DeclareOpInterfaceMethods<ViewLikeOpInterface>]> {
   let summary = "same elements, new static shape";
   let description = [{
     ```mlir

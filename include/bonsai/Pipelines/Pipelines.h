@@ -1,0 +1,34 @@
+//===- Pipelines.h - The standard Bonsai compilation pipeline --*- C++ -*-===//
+//
+// The pipeline bonsai-compile runs, built from options (normally taken from a recipe), and
+// its registration for bonsai-opt as `--bonsai-compile-pipeline`.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BONSAI_PIPELINES_PIPELINES_H
+#define BONSAI_PIPELINES_PIPELINES_H
+
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Pass/PassOptions.h"
+
+namespace mlir::bonsai {
+
+/// Options of the standard pipeline.
+struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
+  PassOptions::Option<std::string> target{*this, "target",
+                                          llvm::cl::desc("cpu, sm_80, sm_86, sm_89, sm_90"),
+                                          llvm::cl::init("cpu")};
+  PassOptions::Option<int64_t> deviceMemory{
+      *this, "device-memory", llvm::cl::desc("Per-device memory budget in bytes (0: none)"),
+      llvm::cl::init(0)};
+};
+
+/// Model (bonsai dialect) to a scheduled, memory-planned and verified bonsai_plan.step.
+void buildCompilePipeline(OpPassManager &pm, const PipelineOptions &options);
+
+/// Registers `--bonsai-compile-pipeline` with the pass registry.
+void registerPipelines();
+
+} // namespace mlir::bonsai
+
+#endif // BONSAI_PIPELINES_PIPELINES_H

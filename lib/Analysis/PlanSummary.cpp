@@ -1,0 +1,97 @@
+//===- PlanSummary.cpp - Planned memory of a step by class ----------------===//
+//
+// Sums buffer sizes by role and arena sizes by memory space.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/Analysis/PlanSummary.h"
+
+#include "llvm/Support/Format.h"
+
+using namespace mlir;
+using namespace mlir::bonsai;
+
+std::string mlir::bonsai::formatBytes(int64_t bytes) {
+  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = double(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  os << llvm::format(u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return s;
+}
+
+PlanMemorySummary mlir::bonsai::summarizePlanMemory(plan::StepOp step) {
+  PlanMemorySummary summary;
+  int64_t stepArenas = 0;
+  for (auto arena : step.getBody().getOps<plan::ArenaOp>()) {
+    int64_t size = arena.getSizeAttr().getInt();
+    (arena.getSpace() == plan::MemorySpace::Device ? summary.peakDevice : summary.peakHost) +=
+        size;
+    if (arena.getLifetime() == plan::Lifetime::Step)
+      stepArenas += size;
+  }
+  for (auto buffer : step.getBody().getOps<plan::BufferOp>()) {
+    int64_t bytes = buffer.getSizeInBytes();
+    switch (buffer.getRole()) {
+    case plan::BufferRole::Parameter:
+      summary.weights += bytes;
+      continue;
+    case plan::BufferRole::OptimizerState:
+      summary.optimizerState += bytes;
+      continue;
+    case plan::BufferRole::Gradient:
+      summary.gradients += bytes;
+      break;
+    case plan::BufferRole::Input:
+      summary.inputs += bytes;
+      break;
+    case plan::BufferRole::Workspace:
+      summary.workspace += bytes;
+      break;
+    case plan::BufferRole::Activation:
+    case plan::BufferRole::Loss:
+      break;
+    }
+    summary.stepBytesWithoutReuse += bytes;
+  }
+  summary.activations =
+      std::max<int64_t>(0, stepArenas - summary.inputs - summary.workspace - summary.gradients);
+  return summary;
+}
+
+std::pair<const char *, int64_t> PlanMemorySummary::dominant() const {
+  std::pair<const char *, int64_t> classes[] = {{"weights", weights},
+                                                {"gradients", gradients},
+                                                {"optimizer state", optimizerState},
+                                                {"activations", activations},
+                                                {"workspace", workspace},
+                                                {"inputs", inputs}};
+  auto best = classes[0];
+  for (auto c : classes)
+    if (c.second > best.second)
+      best = c;
+  return best;
+}
+
+void PlanMemorySummary::print(llvm::raw_ostream &os) const {
+  auto row = [&](const char *name, int64_t bytes) {
+    os << "    " << llvm::left_justify(name, 17) << llvm::right_justify(formatBytes(bytes), 12)
+       << "\n";
+  };
+  row("weights", weights);
+  row("gradients", gradients);
+  row("optimizer state", optimizerState);
+  row("activations", activations);
+  row("workspace", workspace);
+  row("inputs", inputs);
+  row("peak device", peakDevice);
+  if (peakHost)
+    row("peak pinned host", peakHost);
+  os << "    (per-step buffers: " << formatBytes(stepBytesWithoutReuse)
+     << " without reuse)\n";
+}

@@ -1,0 +1,39 @@
+//===- Pipelines.cpp - The standard Bonsai compilation pipeline -----------===//
+//
+// Each pass is added with the reason it is where it is.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/Pipelines/Pipelines.h"
+
+#include "bonsai/Conversion/Passes.h"
+#include "bonsai/Transforms/Passes.h"
+#include "mlir/Pass/PassRegistry.h"
+
+using namespace mlir;
+using namespace mlir::bonsai;
+
+void mlir::bonsai::buildCompilePipeline(OpPassManager &pm, const PipelineOptions &options) {
+  // Whole-function rules first, so that every later pass can assume one named parameter per
+  // checkpoint tensor, integer inputs and a scalar loss.
+  pm.addPass(createBonsaiVerifyModelPass());
+  // Tensors become buffers and ops become launches; the recipe's target is recorded so that
+  // the memory planner can hold the step to its budget.
+  BonsaiLowerToPlanPassOptions lower;
+  lower.target = options.target;
+  lower.deviceMemory = options.deviceMemory;
+  pm.addPass(createBonsaiLowerToPlanPass(lower));
+  // Liveness is defined over the schedule, so the order is fixed before memory is planned.
+  pm.addPass(createBonsaiSchedulePass());
+  pm.addPass(createBonsaiPlanMemoryPass());
+  // An independent check of the planner's result: a plan that overlaps live buffers would
+  // corrupt training silently, so it must never reach a file.
+  pm.addPass(createBonsaiVerifyPlanPass());
+}
+
+void mlir::bonsai::registerPipelines() {
+  PassPipelineRegistration<PipelineOptions>(
+      "bonsai-compile-pipeline",
+      "Lower a model to a scheduled, memory-planned and verified bonsai_plan.step",
+      buildCompilePipeline);
+}

@@ -1,0 +1,296 @@
+//===- PlanEmitter.cpp - Write a planned step as a flatbuffer plan --------===//
+//
+// One pass over the step: arenas get indices, buffers and views become tensors (a view shares
+// its source's arena and offset), launches become kernels whose attributes are packed into the
+// schema's typed tables.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/Target/PlanEmitter.h"
+
+#include "bonsai/Analysis/PlanSummary.h"
+#include "bonsai/runtime/plan_generated.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/StringSwitch.h"
+
+using namespace mlir;
+using namespace mlir::bonsai;
+namespace fb = ::bonsai::plan;
+
+namespace {
+
+std::optional<fb::DType> getDType(Type type) {
+  if (type.isF32())
+    return fb::DType::F32;
+  if (type.isF16())
+    return fb::DType::F16;
+  if (type.isBF16())
+    return fb::DType::BF16;
+  if (isa<Float8E4M3FNType>(type))
+    return fb::DType::F8E4M3FN;
+  if (isa<Float8E5M2Type>(type))
+    return fb::DType::F8E5M2;
+  if (type.isSignlessInteger(32))
+    return fb::DType::I32;
+  if (type.isSignlessInteger(64))
+    return fb::DType::I64;
+  return std::nullopt;
+}
+
+std::optional<fb::KernelKind> getKernelKind(StringRef name) {
+  return llvm::StringSwitch<std::optional<fb::KernelKind>>(name)
+      .Case("embedding", fb::KernelKind::Embedding)
+      .Case("linear", fb::KernelKind::Linear)
+      .Case("matmul", fb::KernelKind::Matmul)
+      .Case("add", fb::KernelKind::Add)
+      .Case("mul", fb::KernelKind::Mul)
+      .Case("rms_norm", fb::KernelKind::RMSNorm)
+      .Case("layer_norm", fb::KernelKind::LayerNorm)
+      .Case("rope", fb::KernelKind::RoPE)
+      .Case("attention", fb::KernelKind::Attention)
+      .Case("silu", fb::KernelKind::SiLU)
+      .Case("gelu", fb::KernelKind::GeLU)
+      .Case("swiglu", fb::KernelKind::SwiGLU)
+      .Case("softmax", fb::KernelKind::Softmax)
+      .Case("cross_entropy", fb::KernelKind::CrossEntropy)
+      .Case("transpose", fb::KernelKind::Transpose)
+      .Case("slice", fb::KernelKind::Slice)
+      .Case("cast", fb::KernelKind::Cast)
+      .Case("copy", fb::KernelKind::Copy)
+      .Default(std::nullopt);
+}
+
+fb::TensorRole getRole(plan::BufferRole role) {
+  switch (role) {
+  case plan::BufferRole::Parameter:
+    return fb::TensorRole::Parameter;
+  case plan::BufferRole::Input:
+    return fb::TensorRole::Input;
+  case plan::BufferRole::Activation:
+    return fb::TensorRole::Activation;
+  case plan::BufferRole::Gradient:
+    return fb::TensorRole::Gradient;
+  case plan::BufferRole::OptimizerState:
+    return fb::TensorRole::OptimizerState;
+  case plan::BufferRole::Workspace:
+    return fb::TensorRole::Workspace;
+  case plan::BufferRole::Loss:
+    return fb::TensorRole::Loss;
+  }
+  llvm_unreachable("unknown buffer role");
+}
+
+/// Reads a parameter of a launch, failing with an error naming it when absent or mistyped.
+template <typename AttrT>
+FailureOr<AttrT> getParam(plan::LaunchOp launch, StringRef name) {
+  auto attr = launch.getParams().getAs<AttrT>(name);
+  if (!attr) {
+    launch.emitError() << "kernel '" << launch.getKernel() << "' needs parameter '" << name
+                       << "'";
+    return failure();
+  }
+  return attr;
+}
+
+/// Packs a launch's parameters into the schema's attribute table for its kind.
+LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp launch,
+                        fb::KernelKind kind, fb::KernelAttrs &type,
+                        flatbuffers::Offset<void> &attrs) {
+  auto f64 = [&](StringRef name) -> FailureOr<double> {
+    FailureOr<FloatAttr> a = getParam<FloatAttr>(launch, name);
+    if (failed(a))
+      return failure();
+    return a->getValueAsDouble();
+  };
+  auto i64 = [&](StringRef name) -> FailureOr<int64_t> {
+    FailureOr<IntegerAttr> a = getParam<IntegerAttr>(launch, name);
+    if (failed(a))
+      return failure();
+    return a->getInt();
+  };
+  switch (kind) {
+  case fb::KernelKind::RMSNorm:
+  case fb::KernelKind::LayerNorm: {
+    FailureOr<double> eps = f64("epsilon");
+    if (failed(eps))
+      return failure();
+    type = fb::KernelAttrs::NormAttrs;
+    attrs = fb::CreateNormAttrs(fbb, *eps).Union();
+    return success();
+  }
+  case fb::KernelKind::RoPE: {
+    FailureOr<double> theta = f64("theta");
+    if (failed(theta))
+      return failure();
+    type = fb::KernelAttrs::RoPEAttrs;
+    attrs = fb::CreateRoPEAttrs(fbb, *theta).Union();
+    return success();
+  }
+  case fb::KernelKind::Attention: {
+    FailureOr<double> scale = f64("scale");
+    if (failed(scale))
+      return failure();
+    bool causal = bool(launch.getParams().get("causal"));
+    type = fb::KernelAttrs::AttentionAttrs;
+    attrs = fb::CreateAttentionAttrs(fbb, causal, *scale).Union();
+    return success();
+  }
+  case fb::KernelKind::GeLU: {
+    FailureOr<BoolAttr> tanh = getParam<BoolAttr>(launch, "tanh");
+    if (failed(tanh))
+      return failure();
+    type = fb::KernelAttrs::GeLUAttrs;
+    attrs = fb::CreateGeLUAttrs(fbb, tanh->getValue()).Union();
+    return success();
+  }
+  case fb::KernelKind::Softmax: {
+    FailureOr<int64_t> axis = i64("axis");
+    if (failed(axis))
+      return failure();
+    type = fb::KernelAttrs::AxisAttrs;
+    attrs = fb::CreateAxisAttrs(fbb, int32_t(*axis)).Union();
+    return success();
+  }
+  case fb::KernelKind::CrossEntropy: {
+    FailureOr<int64_t> ignore = i64("ignore_index");
+    if (failed(ignore))
+      return failure();
+    type = fb::KernelAttrs::CrossEntropyAttrs;
+    attrs = fb::CreateCrossEntropyAttrs(fbb, *ignore).Union();
+    return success();
+  }
+  case fb::KernelKind::Transpose: {
+    FailureOr<DenseI64ArrayAttr> perm = getParam<DenseI64ArrayAttr>(launch, "permutation");
+    if (failed(perm))
+      return failure();
+    std::vector<int64_t> values(perm->asArrayRef().begin(), perm->asArrayRef().end());
+    type = fb::KernelAttrs::TransposeAttrs;
+    attrs = fb::CreateTransposeAttrsDirect(fbb, &values).Union();
+    return success();
+  }
+  case fb::KernelKind::Slice: {
+    FailureOr<int64_t> axis = i64("axis"), start = i64("start");
+    if (failed(axis) || failed(start))
+      return failure();
+    type = fb::KernelAttrs::SliceAttrs;
+    attrs = fb::CreateSliceAttrs(fbb, int32_t(*axis), *start).Union();
+    return success();
+  }
+  default:
+    type = fb::KernelAttrs::NONE;
+    return success();
+  }
+}
+} // namespace
+
+LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes) {
+  flatbuffers::FlatBufferBuilder fbb(1 << 20);
+  Block &body = step.getBody().front();
+
+  llvm::StringMap<uint32_t> arenaIndex;
+  std::vector<flatbuffers::Offset<fb::Arena>> arenas;
+  for (auto arena : body.getOps<plan::ArenaOp>()) {
+    arenaIndex[arena.getSymName()] = arenas.size();
+    arenas.push_back(fb::CreateArenaDirect(
+        fbb, arena.getSymName().str().c_str(),
+        arena.getSpace() == plan::MemorySpace::Device ? fb::MemorySpace::Device
+                                                      : fb::MemorySpace::PinnedHost,
+        arena.getLifetime() == plan::Lifetime::Persistent ? fb::Lifetime::Persistent
+                                                          : fb::Lifetime::Step,
+        arena.getSizeAttr().getInt(), arena.getAlignmentAttr().getInt()));
+  }
+
+  // Tensors: one per buffer and one per view, in IR order.
+  llvm::DenseMap<Value, uint32_t> tensorIndex;
+  std::vector<flatbuffers::Offset<fb::Tensor>> tensors;
+  std::vector<std::pair<int64_t, uint32_t>> inputs;
+  std::optional<uint32_t> loss;
+  auto addTensor = [&](Operation *op, Value value, plan::BufferOp buffer,
+                       StringRef name) -> LogicalResult {
+    auto type = cast<MemRefType>(value.getType());
+    std::optional<fb::DType> dtype = getDType(type.getElementType());
+    if (!dtype)
+      return op->emitError() << "element type " << type.getElementType()
+                             << " has no encoding in the plan format";
+    if (!buffer.getOffsetAttr())
+      return buffer.emitError() << "buffer '" << buffer.getName()
+                                << "' has no offset: run bonsai-plan-memory first";
+    std::vector<int64_t> shape(type.getShape().begin(), type.getShape().end());
+    tensorIndex[value] = tensors.size();
+    tensors.push_back(fb::CreateTensorDirect(
+        fbb, name.str().c_str(), *dtype, &shape, getRole(buffer.getRole()),
+        buffer.getTrainable(), arenaIndex.lookup(buffer.getArena()),
+        buffer.getOffsetAttr().getInt(), plan::getMemRefBytes(type)));
+    return success();
+  };
+
+  std::vector<flatbuffers::Offset<fb::Kernel>> kernels;
+  for (Operation &op : body) {
+    if (auto buffer = dyn_cast<plan::BufferOp>(op)) {
+      if (failed(addTensor(&op, buffer.getResult(), buffer, buffer.getName())))
+        return failure();
+      if (buffer.getRole() == plan::BufferRole::Input)
+        inputs.push_back({buffer.getInputIndexAttr().getInt(), tensorIndex[buffer.getResult()]});
+      if (buffer.getRole() == plan::BufferRole::Loss) {
+        if (loss)
+          return buffer.emitError("a step has one loss; this is the second");
+        loss = tensorIndex[buffer.getResult()];
+      }
+      continue;
+    }
+    if (auto view = dyn_cast<plan::ViewOp>(op)) {
+      plan::BufferOp buffer = plan::getUnderlyingBuffer(view.getSource());
+      if (!buffer)
+        return view.emitError("views no buffer");
+      std::string name = (buffer.getName() + ".view").str();
+      if (failed(addTensor(&op, view.getResult(), buffer, name)))
+        return failure();
+      continue;
+    }
+    if (isa<plan::ArenaOp>(op))
+      continue;
+    auto launch = dyn_cast<plan::LaunchOp>(op);
+    if (!launch)
+      return op.emitError() << "'" << op.getName()
+                            << "' is not supported by the plan format version " << kPlanVersion;
+    std::optional<fb::KernelKind> kind = getKernelKind(launch.getKernel());
+    if (!kind)
+      return launch.emitError() << "kernel '" << launch.getKernel()
+                                << "' has no runtime implementation";
+    std::vector<uint32_t> ins, outs;
+    for (Value v : launch.getIns())
+      ins.push_back(tensorIndex.lookup(v));
+    for (Value v : launch.getOuts())
+      outs.push_back(tensorIndex.lookup(v));
+    fb::KernelAttrs attrsType = fb::KernelAttrs::NONE;
+    flatbuffers::Offset<void> attrs;
+    if (failed(packAttrs(fbb, launch, *kind, attrsType, attrs)))
+      return failure();
+    std::string location;
+    llvm::raw_string_ostream os(location);
+    launch.getLoc().print(os);
+    kernels.push_back(fb::CreateKernelDirect(fbb, *kind, &ins, &outs, attrsType, attrs,
+                                             uint8_t(launch.getStreamAttr().getInt()),
+                                             location.c_str()));
+  }
+  if (!loss)
+    return step.emitError("the step has no loss buffer");
+  llvm::sort(inputs);
+  std::vector<uint32_t> inputIndices;
+  for (auto [position, index] : inputs)
+    inputIndices.push_back(index);
+
+  PlanMemorySummary summary = summarizePlanMemory(step);
+  auto memory = fb::CreateMemorySummary(
+      fbb, summary.weights, summary.gradients, summary.optimizerState, summary.activations,
+      summary.workspace, summary.inputs, summary.peakDevice, summary.peakHost);
+  auto target = fb::CreateTargetDirect(fbb, step.getTarget().str().c_str(),
+                                       step.getDeviceMemoryAttr().getInt());
+  auto root = fb::CreatePlanDirect(fbb, kPlanVersion, step.getSymName().str().c_str(), target,
+                                   &arenas, &tensors, &kernels, &inputIndices, *loss, memory,
+                                   step.getTokensPerStepAttr().getInt());
+  fb::FinishPlanBuffer(fbb, root);
+  bytes.assign(reinterpret_cast<const char *>(fbb.GetBufferPointer()), fbb.GetSize());
+  return success();
+}

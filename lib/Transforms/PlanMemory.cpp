@@ -1,0 +1,126 @@
+//===- PlanMemory.cpp - Offsets for every buffer of a step ----------------===//
+//
+// The `bonsai-plan-memory` pass (see Passes.td): liveness over the schedule, then the
+// greedy-by-size planner of MemoryPlanner.h per per-step arena.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/Analysis/MemoryPlanner.h"
+#include "bonsai/Analysis/PlanSummary.h"
+#include "bonsai/Dialect/Plan/IR/PlanDialect.h"
+#include "bonsai/Transforms/Passes.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/MapVector.h"
+
+namespace mlir::bonsai {
+#define GEN_PASS_DEF_BONSAIPLANMEMORYPASS
+#include "bonsai/Transforms/Passes.h.inc"
+
+namespace {
+using plan::BufferOp;
+
+struct PlanMemoryPass : impl::BonsaiPlanMemoryPassBase<PlanMemoryPass> {
+  using Base::Base;
+
+  LogicalResult planStep(plan::StepOp step) {
+    Block &body = step.getBody().front();
+    llvm::StringMap<plan::ArenaOp> arenas;
+    for (auto arena : body.getOps<plan::ArenaOp>())
+      arenas[arena.getSymName()] = arena;
+
+    // Live interval of every buffer: the positions of the ops that touch it, through views.
+    // Position 0 is before the first op (inputs), `end` after the last (the loss).
+    llvm::MapVector<Operation *, BufferInterval> live;
+    for (auto buffer : body.getOps<BufferOp>()) {
+      BufferInterval interval{buffer.getSizeInBytes(), INT64_MAX, INT64_MIN};
+      if (buffer.getRole() == plan::BufferRole::Input)
+        interval.firstUse = 0;
+      live[buffer] = interval;
+    }
+    int64_t position = 1;
+    for (Operation &op : body) {
+      if (isa<plan::ArenaOp, BufferOp, plan::ViewOp>(op))
+        continue;
+      for (Value operand : op.getOperands())
+        if (BufferOp buffer = plan::getUnderlyingBuffer(operand)) {
+          BufferInterval &interval = live[buffer];
+          interval.firstUse = std::min(interval.firstUse, position);
+          interval.lastUse = std::max(interval.lastUse, position);
+        }
+      ++position;
+    }
+    for (auto &[op, interval] : live) {
+      if (cast<BufferOp>(op).getRole() == plan::BufferRole::Loss)
+        interval.lastUse = position;
+      if (interval.firstUse == INT64_MAX) // Never used: give it a slot of its own moment.
+        interval.firstUse = interval.lastUse = 0;
+      interval.lastUse = std::max(interval.lastUse, interval.firstUse);
+    }
+
+    for (auto &[name, arena] : arenas) {
+      int64_t alignment = arena.getAlignmentAttr().getInt();
+      SmallVector<BufferOp> buffers;
+      std::vector<BufferInterval> intervals;
+      for (auto &[op, interval] : live) {
+        auto buffer = cast<BufferOp>(op);
+        if (buffer.getArena() != name)
+          continue;
+        buffers.push_back(buffer);
+        intervals.push_back(interval);
+      }
+      MemoryPlan memoryPlan;
+      if (arena.getLifetime() == plan::Lifetime::Persistent) {
+        // Persistent state is live for the whole run: one after another.
+        int64_t offset = 0;
+        for (const BufferInterval &b : intervals) {
+          memoryPlan.offsets.push_back(offset);
+          offset = alignTo(offset + b.size, alignment);
+        }
+        memoryPlan.peak = offset;
+      } else {
+        memoryPlan = planGreedyBySize(intervals, alignment);
+        int64_t withoutReuse = 0;
+        for (const BufferInterval &b : intervals)
+          withoutReuse += alignTo(b.size, alignment);
+        bytesSaved += withoutReuse - memoryPlan.peak;
+      }
+      OpBuilder builder(arena);
+      for (auto [buffer, offset] : llvm::zip(buffers, memoryPlan.offsets))
+        buffer.setOffsetAttr(builder.getI64IntegerAttr(offset));
+      arena.setSize(memoryPlan.peak);
+      numBuffers += buffers.size();
+    }
+
+    int64_t budget = step.getDeviceMemoryAttr().getInt();
+    if (budget > 0) {
+      PlanMemorySummary summary = summarizePlanMemory(step);
+      if (summary.peakDevice > budget) {
+        auto [dominant, bytes] = summary.dominant();
+        InFlightDiagnostic diag = step.emitError()
+                                  << "the plan needs " << formatBytes(summary.peakDevice)
+                                  << " of device memory but the budget is "
+                                  << formatBytes(budget) << " (over by "
+                                  << formatBytes(summary.peakDevice - budget) << "); "
+                                  << dominant << " take " << formatBytes(bytes);
+        if (StringRef(dominant) == "weights")
+          diag << ": quantize the frozen base weights (bonsai.quantize), shard them over "
+                  "ranks (bonsai.shard) or offload them (bonsai.offload)";
+        else if (StringRef(dominant) == "activations")
+          diag << ": recompute activations (bonsai.remat), or lower the batch size or "
+                  "sequence length";
+        else
+          diag << ": shard or offload them (bonsai.shard, bonsai.offload)";
+        return failure();
+      }
+    }
+    return success();
+  }
+
+  void runOnOperation() override {
+    for (auto step : getOperation().getOps<plan::StepOp>())
+      if (failed(planStep(step)))
+        return signalPassFailure();
+  }
+};
+} // namespace
+} // namespace mlir::bonsai
