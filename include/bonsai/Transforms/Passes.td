@@ -47,15 +47,15 @@ def BonsaiVerifyModelPass : Pass<"bonsai-verify-model", "::mlir::ModuleOp"> {
 //===----------------------------------------------------------------------===//
 
 def BonsaiSchedulePass : Pass<"bonsai-schedule", "::mlir::ModuleOp"> {
-  let summary = "Order each step's launches topologically and assign streams";
+  let summary = "Fix each step's schedule: declarations first, launches on streams";
   let description = [{
-    Builds the dependence graph of a step's launches through the buffers they read and write
-    (looking through views: read after write, write after read, write after write) and orders
-    the launches topologically, keeping the current order among independent launches (Kahn's
-    algorithm with the original position as priority). Buffers and views are hoisted above the
-    first launch. A cycle, which a malformed plan can contain, is an error naming a launch on
-    it. Every launch goes on the compute stream (0) for now; copies and collectives keep their
-    streams.
+    A step's work ops run in the order they appear: that order is the step's meaning, and the
+    lowering emits it in the SSA order of the model, a topological order of its dataflow. This
+    pass moves every arena, buffer and view above the first work op (keeping their order, so
+    views follow their sources), so that liveness can be computed from work positions alone,
+    and assigns every launch to the compute stream (0). Copies and collectives keep their
+    streams. Reordering independent launches (memory-aware list scheduling) and overlapping
+    streams come with the offload and sharding passes.
   }];
   let dependentDialects = ["::mlir::bonsai::plan::PlanDialect"];
 }

@@ -167,7 +167,8 @@ def Plan_LaunchOp : Plan_Op<"launch", [AttrSizedOperandSegments]> {
                    DefaultValuedAttr<DictionaryAttr, "{}">:$params,
                    DefaultValuedAttr<I64Attr, "0">:$stream);
   let assemblyFormat = [{
-    $kernel `ins` `(` $ins `:` type($ins) `)` `outs` `(` $outs `:` type($outs) `)` attr-dict
+    $kernel `ins` `(` ($ins^ `:` type($ins))? `)` `outs` `(` ($outs^ `:` type($outs))? `)`
+    attr-dict
   }];
   let hasVerifier = 1;
 }

@@ -1,0 +1,54 @@
+// RUN: bonsai-opt --bonsai-plan-memory --bonsai-verify-plan %s -split-input-file -verify-diagnostics | FileCheck %s
+
+// A chain a -> b -> c -> d of 1 KiB buffers: with liveness, two slots suffice (a and c, b and
+// d alternate), and parameters sit one after another in the persistent arena.
+
+// CHECK-LABEL: bonsai_plan.step @chain
+// CHECK: bonsai_plan.arena @w persistent device size 2048
+// CHECK: bonsai_plan.arena @a step device size 2048
+// CHECK: bonsai_plan.buffer @w[0] parameter "p0"
+// CHECK: bonsai_plan.buffer @w[1024] parameter "p1"
+// CHECK: bonsai_plan.buffer @a[[[A:[0-9]+]]] input "in"
+// CHECK: bonsai_plan.buffer @a[[[B:[0-9]+]]] activation "b"
+// CHECK: bonsai_plan.buffer @a[[[A]]] activation "c"
+// CHECK: bonsai_plan.buffer @a[[[B]]] loss "d"
+bonsai_plan.step @chain attributes {target = "cpu"} {
+  bonsai_plan.arena @w persistent device size 0
+  bonsai_plan.arena @a step device size 0
+  %p0 = bonsai_plan.buffer @w parameter "p0" : memref<256xf32>
+  %p1 = bonsai_plan.buffer @w parameter "p1" : memref<256xf32>
+  %in = bonsai_plan.buffer @a input "in" {input_index = 0 : i64} : memref<256xf32>
+  %b = bonsai_plan.buffer @a activation "b" : memref<256xf32>
+  %c = bonsai_plan.buffer @a activation "c" : memref<256xf32>
+  %d = bonsai_plan.buffer @a loss "d" : memref<256xf32>
+  bonsai_plan.launch "f" ins(%in, %p0 : memref<256xf32>, memref<256xf32>) outs(%b : memref<256xf32>)
+  bonsai_plan.launch "g" ins(%b, %p1 : memref<256xf32>, memref<256xf32>) outs(%c : memref<256xf32>)
+  bonsai_plan.launch "h" ins(%c : memref<256xf32>) outs(%d : memref<256xf32>)
+}
+
+// -----
+
+// A view keeps its source alive: %x is read through %v by the last launch, so %y cannot
+// reuse %x's bytes.
+// CHECK-LABEL: bonsai_plan.step @view_extends_life
+// CHECK: bonsai_plan.arena @a step device size 3072
+bonsai_plan.step @view_extends_life attributes {target = "cpu"} {
+  bonsai_plan.arena @a step device size 0
+  %in = bonsai_plan.buffer @a input "in" {input_index = 0 : i64} : memref<256xf32>
+  %x = bonsai_plan.buffer @a activation "x" : memref<256xf32>
+  %v = bonsai_plan.view %x : memref<256xf32> to memref<16x16xf32>
+  %y = bonsai_plan.buffer @a activation "y" : memref<256xf32>
+  %z = bonsai_plan.buffer @a loss "z" : memref<256xf32>
+  bonsai_plan.launch "f" ins(%in : memref<256xf32>) outs(%x : memref<256xf32>)
+  bonsai_plan.launch "g" ins(%in : memref<256xf32>) outs(%y : memref<256xf32>)
+  bonsai_plan.launch "h" ins(%v, %y : memref<16x16xf32>, memref<256xf32>) outs(%z : memref<256xf32>)
+}
+
+// -----
+
+// Over budget: the error says by how much and what dominates.
+// expected-error @+1 {{the plan needs 2.00 KiB of device memory but the budget is 1.00 KiB (over by 1.00 KiB); weights take 2.00 KiB: quantize the frozen base weights}}
+bonsai_plan.step @over attributes {target = "cpu", device_memory = 1024 : i64} {
+  bonsai_plan.arena @w persistent device size 0
+  %p0 = bonsai_plan.buffer @w parameter "p0" : memref<512xf32>
+}

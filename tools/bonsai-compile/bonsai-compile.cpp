@@ -1,0 +1,197 @@
+//===- bonsai-compile.cpp - Compile a model and recipe into a plan --------===//
+//
+// bonsai-compile model.mlir [recipe.mlir] [-o step.plan] [--target=sm_90]
+//                [--device-memory=24GiB]
+//
+// Parses the model (and the recipe, if given, into the same module), runs the standard
+// pipeline, writes the flatbuffer plan and prints what the step needs: parameters and FLOPs
+// from the cost model, and the planned memory by class. A plan over the memory budget is an
+// error that says by how much and what dominates.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/Analysis/ModelCost.h"
+#include "bonsai/Analysis/PlanSummary.h"
+#include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
+#include "bonsai/InitAll.h"
+#include "bonsai/Pipelines/Pipelines.h"
+#include "bonsai/Target/PlanEmitter.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/Verifier.h"
+#include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Support/FileUtilities.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/SourceMgr.h"
+#include "llvm/Support/ToolOutputFile.h"
+
+#include <chrono>
+
+using namespace mlir;
+using namespace mlir::bonsai;
+
+static llvm::cl::opt<std::string> modelFile(llvm::cl::Positional, llvm::cl::Required,
+                                            llvm::cl::desc("<model.mlir>"));
+static llvm::cl::opt<std::string> recipeFile(llvm::cl::Positional, llvm::cl::Optional,
+                                             llvm::cl::desc("[recipe.mlir]"));
+static llvm::cl::opt<std::string> outputFile("o", llvm::cl::desc("Plan file to write"),
+                                             llvm::cl::value_desc("step.plan"));
+static llvm::cl::opt<std::string>
+    targetOption("target", llvm::cl::desc("cpu, sm_80, sm_86, sm_89, sm_90 (default: the "
+                                          "recipe's bonsai.target, else cpu)"));
+static llvm::cl::opt<std::string>
+    memoryOption("device-memory",
+                 llvm::cl::desc("Per-device budget, e.g. 24GiB, 512MiB or bytes (default: the "
+                                "recipe's, else none)"));
+
+/// Parses "24GiB", "1.5 GiB", "512MiB", "80GB", "1000" (bytes).
+static std::optional<int64_t> parseBytes(StringRef text) {
+  text = text.trim();
+  size_t digits = text.find_first_not_of("0123456789.");
+  StringRef number = text.take_front(digits), unit = text.drop_front(number.size()).trim();
+  double value;
+  if (number.empty() || number.getAsDouble(value) || value < 0)
+    return std::nullopt;
+  double scale = llvm::StringSwitch<double>(unit.lower())
+                     .Cases({"", "b"}, 1)
+                     .Cases({"kib", "k"}, 1024.0)
+                     .Cases({"mib", "m"}, 1024.0 * 1024)
+                     .Cases({"gib", "g"}, 1024.0 * 1024 * 1024)
+                     .Case("kb", 1e3)
+                     .Case("mb", 1e6)
+                     .Case("gb", 1e9)
+                     .Default(-1);
+  if (scale < 0)
+    return std::nullopt;
+  return int64_t(value * scale);
+}
+
+/// Moves the ops of `from` into `into` (a recipe file into the model's module).
+static void appendModule(ModuleOp into, ModuleOp from) {
+  Block &dest = *into.getBody();
+  for (Operation &op : llvm::make_early_inc_range(*from.getBody()))
+    op.moveBefore(&dest, dest.end());
+}
+
+/// Recipe directives this compiler carries out. The rest are verified but would be ignored,
+/// so they are refused rather than silently dropped.
+static LogicalResult checkSupportedDirectives(ModuleOp module) {
+  for (auto recipe : module.getOps<RecipeOp>())
+    for (Operation &op : recipe.getBody().front()) {
+      if (isa<TargetDirectiveOp>(op))
+        continue;
+      if (auto remat = dyn_cast<RematDirectiveOp>(op); remat && remat.getPolicy() == "none")
+        continue;
+      return op.emitError() << "'" << op.getName()
+                            << "' is not carried out by this version of bonsai-compile (its "
+                               "pass is not implemented yet); remove it from the recipe";
+    }
+  return success();
+}
+
+int main(int argc, char **argv) {
+  llvm::InitLLVM init(argc, argv);
+  llvm::cl::ParseCommandLineOptions(argc, argv,
+                                    "Bonsai compiler: model (+ recipe) -> step plan\n");
+  auto start = std::chrono::steady_clock::now();
+
+  DialectRegistry registry;
+  registerAllDialects(registry);
+  MLIRContext context(registry);
+  context.loadAllAvailableDialects();
+  // A failing pass would otherwise print the whole step (thousands of lines for a 7B model)
+  // under its error.
+  context.printOpOnDiagnostic(false);
+
+  llvm::SourceMgr sourceMgr;
+  SourceMgrDiagnosticHandler diagnostics(sourceMgr, &context);
+  OwningOpRef<ModuleOp> module = parseSourceFile<ModuleOp>(modelFile, sourceMgr, &context);
+  if (!module)
+    return 1;
+  if (!recipeFile.empty()) {
+    OwningOpRef<ModuleOp> recipe = parseSourceFile<ModuleOp>(recipeFile, sourceMgr, &context);
+    if (!recipe)
+      return 1;
+    appendModule(*module, *recipe);
+    if (failed(verify(*module)))
+      return 1;
+  }
+  if (failed(checkSupportedDirectives(*module)))
+    return 1;
+
+  // Target and budget: the command line, else the recipe, else the CPU with no budget.
+  PipelineOptions options;
+  options.target = "cpu";
+  for (auto recipe : module->getOps<RecipeOp>())
+    for (auto target : recipe.getBody().getOps<TargetDirectiveOp>()) {
+      options.target = target.getArch().str();
+      if (IntegerAttr mib = target.getDeviceMemoryMibAttr())
+        options.deviceMemory = mib.getInt() * 1024 * 1024;
+    }
+  if (!targetOption.empty())
+    options.target = targetOption;
+  if (!memoryOption.empty()) {
+    std::optional<int64_t> bytes = parseBytes(memoryOption);
+    if (!bytes) {
+      llvm::errs() << "bonsai-compile: error: --device-memory='" << memoryOption
+                   << "' is not a size (examples: 24GiB, 512MiB, 1000000)\n";
+      return 1;
+    }
+    options.deviceMemory = *bytes;
+  }
+
+  // The cost report comes from the model, before it is lowered.
+  std::vector<ModelCost> costs;
+  for (auto function : module->getOps<FunctionOpInterface>())
+    if (!function.isExternal() && !function.getFunctionBody().getOps<ParamOp>().empty())
+      costs.push_back(computeModelCost(function));
+
+  PassManager pm(&context);
+  buildCompilePipeline(pm, options);
+  if (failed(pm.run(*module)))
+    return 1;
+
+  auto steps = llvm::to_vector(module->getOps<plan::StepOp>());
+  if (steps.size() != 1) {
+    llvm::errs() << "bonsai-compile: error: expected one model function, found "
+                 << steps.size() << "\n";
+    return 1;
+  }
+  std::string bytes;
+  if (failed(emitPlan(steps.front(), bytes)))
+    return 1;
+
+  std::string output = outputFile;
+  if (output.empty()) {
+    SmallString<128> path(modelFile.getValue());
+    llvm::sys::path::replace_extension(path, "plan");
+    output = std::string(llvm::sys::path::filename(path));
+  }
+  std::string error;
+  std::unique_ptr<llvm::ToolOutputFile> file = openOutputFile(output, &error);
+  if (!file) {
+    llvm::errs() << "bonsai-compile: error: " << error << "\n";
+    return 1;
+  }
+  file->os() << bytes;
+  file->keep();
+
+  double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  plan::StepOp step = steps.front();
+  size_t kernels = llvm::range_size(step.getBody().getOps<plan::LaunchOp>());
+  llvm::outs() << "bonsai-compile: " << modelFile << " -> " << output << " (target "
+               << step.getTarget() << ", " << kernels << " kernels, " << bytes.size()
+               << " bytes, " << llvm::format("%.2f", seconds) << " s)\n";
+  for (const ModelCost &cost : costs)
+    cost.print(llvm::outs(), /*perLayer=*/false);
+  llvm::outs() << "  planned memory:\n";
+  summarizePlanMemory(step).print(llvm::outs());
+  if (int64_t budget = step.getDeviceMemoryAttr().getInt())
+    llvm::outs() << "    budget           " << llvm::right_justify(formatBytes(budget), 12)
+                 << "\n";
+  return 0;
+}
