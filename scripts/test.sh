@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
+# The runtime again, alone, under AddressSanitizer and UBSan: plan loading, weights and data are
+# fed corrupted files by the tests, and must fail with an error, never with a memory error.
+scripts/test-asan.sh
 build="${BONSAI_BUILD_DIR:-build}"
 cd "$build"
 ctest --output-on-failure -j "$(nproc)"

@@ -206,8 +206,8 @@ LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes) {
   std::vector<flatbuffers::Offset<fb::Tensor>> tensors;
   std::vector<std::pair<int64_t, uint32_t>> inputs;
   std::optional<uint32_t> loss;
-  auto addTensor = [&](Operation *op, Value value, plan::BufferOp buffer,
-                       StringRef name) -> LogicalResult {
+  auto addTensor = [&](Operation *op, Value value, plan::BufferOp buffer, StringRef name,
+                       fb::TensorRole role) -> LogicalResult {
     auto type = cast<MemRefType>(value.getType());
     std::optional<fb::DType> dtype = getDType(type.getElementType());
     if (!dtype)
@@ -219,8 +219,7 @@ LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes) {
     std::vector<int64_t> shape(type.getShape().begin(), type.getShape().end());
     tensorIndex[value] = tensors.size();
     tensors.push_back(fb::CreateTensorDirect(
-        fbb, name.str().c_str(), *dtype, &shape, getRole(buffer.getRole()),
-        buffer.getTrainable(), arenaIndex.lookup(buffer.getArena()),
+        fbb, name.str().c_str(), *dtype, &shape, role, buffer.getTrainable() && value == buffer, arenaIndex.lookup(buffer.getArena()),
         buffer.getOffsetAttr().getInt(), plan::getMemRefBytes(type)));
     return success();
   };
@@ -228,7 +227,8 @@ LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes) {
   std::vector<flatbuffers::Offset<fb::Kernel>> kernels;
   for (Operation &op : body) {
     if (auto buffer = dyn_cast<plan::BufferOp>(op)) {
-      if (failed(addTensor(&op, buffer.getResult(), buffer, buffer.getName())))
+      if (failed(addTensor(&op, buffer.getResult(), buffer, buffer.getName(),
+                           getRole(buffer.getRole()))))
         return failure();
       if (buffer.getRole() == plan::BufferRole::Input)
         inputs.push_back({buffer.getInputIndexAttr().getInt(), tensorIndex[buffer.getResult()]});
@@ -243,8 +243,14 @@ LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes) {
       plan::BufferOp buffer = plan::getUnderlyingBuffer(view.getSource());
       if (!buffer)
         return view.emitError("views no buffer");
+      // A view is another shape of the same bytes. Parameters, inputs and the loss are bound
+      // or read by name and role, so their views are plain activations.
       std::string name = (buffer.getName() + ".view").str();
-      if (failed(addTensor(&op, view.getResult(), buffer, name)))
+      fb::TensorRole role = getRole(buffer.getRole());
+      if (role == fb::TensorRole::Parameter || role == fb::TensorRole::Input ||
+          role == fb::TensorRole::Loss)
+        role = fb::TensorRole::Activation;
+      if (failed(addTensor(&op, view.getResult(), buffer, name, role)))
         return failure();
       continue;
     }

@@ -112,7 +112,11 @@ int main(int argc, char **argv) {
   if (!module)
     return 1;
   if (!recipeFile.empty()) {
-    OwningOpRef<ModuleOp> recipe = parseSourceFile<ModuleOp>(recipeFile, sourceMgr, &context);
+    // A SourceMgr parses one main buffer; the diagnostic handler opens the recipe file itself
+    // when an error points into it.
+    llvm::SourceMgr recipeSourceMgr;
+    OwningOpRef<ModuleOp> recipe =
+        parseSourceFile<ModuleOp>(recipeFile, recipeSourceMgr, &context);
     if (!recipe)
       return 1;
     appendModule(*module, *recipe);

@@ -1,0 +1,136 @@
+//===- KernelUtil.cpp - Checks, sub-views and threading of the CPU kernels ===//
+//
+// Implements the private helpers of KernelUtil.h: operand validation with messages that name the
+// kernel, the operands and their shapes; element sub-views; and parallelFor, which splits
+// independent items over std::thread so that results never depend on the number of threads.
+//
+//===----------------------------------------------------------------------===//
+
+#include "KernelUtil.h"
+
+#include <algorithm>
+#include <exception>
+#include <thread>
+
+namespace bonsai::rt::cpu::detail {
+
+void fail(const char *kernel, const std::string &message) {
+  throw Error(std::string("cpu ") + kernel + ": " + message);
+}
+
+void checkView(const char *kernel, const char *operand, const TensorView &t) {
+  for (int64_t d : t.shape)
+    if (d < 0)
+      fail(kernel,
+           std::string(operand) + " has a negative dimension in shape " + formatShape(t.shape));
+  if (!t.data && t.numel() != 0)
+    fail(kernel, std::string(operand) + " of shape " + formatShape(t.shape) + " has no data");
+}
+
+void checkFloat(const char *kernel, const char *operand, const TensorView &t) {
+  checkView(kernel, operand, t);
+  if (!isComputeFloat(t.dtype))
+    fail(kernel, std::string(operand) + " must be f32, f16 or bf16, not " + dtypeName(t.dtype));
+}
+
+void checkIndex(const char *kernel, const char *operand, const TensorView &t) {
+  checkView(kernel, operand, t);
+  if (t.dtype != DType::I32 && t.dtype != DType::I64)
+    fail(kernel, std::string(operand) + " must be i32 or i64, not " + dtypeName(t.dtype));
+}
+
+void checkShape(const char *kernel, const char *operand, const TensorView &a,
+                const std::vector<int64_t> &expected, const std::string &context) {
+  if (a.shape != expected)
+    fail(kernel, std::string(operand) + " shape " + formatShape(a.shape) + " should be " +
+                     formatShape(expected) + " " + context);
+}
+
+void checkSameShape(const char *kernel, const char *nameA, const TensorView &a, const char *nameB,
+                    const TensorView &b) {
+  if (a.shape != b.shape)
+    fail(kernel, std::string(nameA) + " shape " + formatShape(a.shape) + " does not match " +
+                     nameB + " shape " + formatShape(b.shape));
+}
+
+int64_t normalizeAxis(const char *kernel, int64_t axis, int64_t rank) {
+  if (axis < -rank || axis >= rank)
+    fail(kernel,
+         "axis " + std::to_string(axis) + " is out of range for rank " + std::to_string(rank));
+  return axis < 0 ? axis + rank : axis;
+}
+
+TensorView subView(const TensorView &t, int64_t offset, int64_t count) {
+  TensorView v;
+  v.data = static_cast<char *>(t.data) + size_t(offset) * dtypeSize(t.dtype);
+  v.dtype = t.dtype;
+  v.shape = {count};
+  return v;
+}
+
+const float *loadFloats(const TensorView &t, std::vector<float> &scratch) {
+  if (t.dtype == DType::F32)
+    return static_cast<const float *>(t.data);
+  scratch.resize(size_t(t.numel()));
+  loadF32(t, scratch.data());
+  return scratch.data();
+}
+
+float *resultBuffer(const TensorView &out, std::initializer_list<const TensorView *> inputs,
+                    std::vector<float> &scratch) {
+  bool direct = out.dtype == DType::F32;
+  for (const TensorView *in : inputs)
+    if (in && overlaps(out, *in))
+      direct = false;
+  if (direct)
+    return static_cast<float *>(out.data);
+  scratch.resize(size_t(out.numel()));
+  return scratch.data();
+}
+
+bool overlaps(const TensorView &a, const TensorView &b) {
+  auto a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
+  size_t an = a.bytes(), bn = b.bytes();
+  return an && bn && a0 < b0 + bn && b0 < a0 + an;
+}
+
+std::string formatIndex(int64_t flat, const std::vector<int64_t> &shape) {
+  std::vector<int64_t> index(shape.size());
+  for (size_t i = shape.size(); i-- > 0;) {
+    index[i] = shape[i] ? flat % shape[i] : 0;
+    flat = shape[i] ? flat / shape[i] : 0;
+  }
+  return formatShape(index);
+}
+
+void parallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)> &fn) {
+  if (n <= 0)
+    return;
+  int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  int64_t threads = std::min<int64_t>(hw, std::max<int64_t>(1, n / std::max<int64_t>(1, grain)));
+  if (threads == 1) {
+    fn(0, n);
+    return;
+  }
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
+  std::vector<std::thread> pool;
+  pool.reserve(size_t(threads - 1));
+  auto run = [&](int64_t t) {
+    try {
+      fn(n * t / threads, n * (t + 1) / threads);
+    } catch (...) {
+      errors[size_t(t)] = std::current_exception();
+    }
+  };
+  for (int64_t t = 1; t < threads; ++t)
+    pool.emplace_back(run, t);
+  run(0);
+  for (std::thread &th : pool)
+    th.join();
+  // The first chunk's error, so which error surfaces does not depend on timing.
+  for (std::exception_ptr &e : errors)
+    if (e)
+      std::rethrow_exception(e);
+}
+
+} // namespace bonsai::rt::cpu::detail

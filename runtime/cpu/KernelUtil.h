@@ -1,0 +1,69 @@
+//===- KernelUtil.h - Checks, sub-views and threading of the CPU kernels --===//
+//
+// Private to runtime/cpu: the operand checks every kernel runs before it writes anything (dtype,
+// shape agreement, null data), sub-views of contiguous element ranges through which kernels
+// convert bounded pieces to fp32, and a deterministic parallel loop over independent items.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BONSAI_RUNTIME_CPU_KERNELUTIL_H
+#define BONSAI_RUNTIME_CPU_KERNELUTIL_H
+
+#include "bonsai/runtime/Tensor.h"
+
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+namespace bonsai::rt::cpu::detail {
+
+/// Throws rt::Error("cpu <kernel>: <message>").
+[[noreturn]] void fail(const char *kernel, const std::string &message);
+
+/// Checks that `t` has non-negative dimensions and, unless empty, data.
+void checkView(const char *kernel, const char *operand, const TensorView &t);
+/// checkView, plus the dtype is F32, F16 or BF16.
+void checkFloat(const char *kernel, const char *operand, const TensorView &t);
+/// checkView, plus the dtype is I32 or I64.
+void checkIndex(const char *kernel, const char *operand, const TensorView &t);
+
+/// Throws "<operand> shape A should be E <context>" unless `a` has shape `expected`; the
+/// context names the operands the expectation comes from and their shapes.
+void checkShape(const char *kernel, const char *operand, const TensorView &a,
+                const std::vector<int64_t> &expected, const std::string &context);
+/// Throws naming both operands and shapes unless they have the same shape.
+void checkSameShape(const char *kernel, const char *nameA, const TensorView &a, const char *nameB,
+                    const TensorView &b);
+
+/// `axis` in [-rank, rank) made non-negative; throws otherwise.
+int64_t normalizeAxis(const char *kernel, int64_t axis, int64_t rank);
+
+/// A one-dimensional view of elements [offset, offset + count) of `t`.
+TensorView subView(const TensorView &t, int64_t offset, int64_t count);
+
+/// The elements of a float tensor as fp32: its own data when it is F32, else `scratch` filled
+/// by loadF32.
+const float *loadFloats(const TensorView &t, std::vector<float> &scratch);
+
+/// Where a kernel puts the fp32 result for `out`: `out`'s own data when it is F32 and shares no
+/// byte with an input (a kernel that reads inputs while writing must not see its own writes),
+/// else `scratch`, which the kernel then stores into `out` with storeF32.
+float *resultBuffer(const TensorView &out, std::initializer_list<const TensorView *> inputs,
+                    std::vector<float> &scratch);
+
+/// Whether the byte ranges of two tensors intersect.
+bool overlaps(const TensorView &a, const TensorView &b);
+
+/// "[1, 4]": the multi-index of flat position `flat` in `shape`.
+std::string formatIndex(int64_t flat, const std::vector<int64_t> &shape);
+
+/// Runs fn(begin, end) over [0, n) split into contiguous chunks of at least `grain` items, on
+/// up to hardware_concurrency threads. Each item must be independent of the others, so the
+/// result does not depend on the split. Exceptions are rethrown after every thread has joined.
+void parallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)> &fn);
+
+} // namespace bonsai::rt::cpu::detail
+
+#endif // BONSAI_RUNTIME_CPU_KERNELUTIL_H

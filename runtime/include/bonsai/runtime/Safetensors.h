@@ -1,0 +1,99 @@
+//===- Safetensors.h - Reading, writing and binding safetensors weights ---===//
+//
+// A safetensors file is an 8-byte little-endian header length N, N bytes of JSON describing each
+// tensor (dtype, shape, byte range of the data section), then the data section. A sharded
+// checkpoint is a `*.safetensors.index.json` whose "weight_map" names the shard (relative to the
+// index's directory) that holds each tensor. Everything in a header is validated before any data
+// is read: lengths against the file size, byte ranges against the data section and against each
+// other, sizes against shape and dtype. Binding then matches the plan's parameters by name and
+// reports every missing, extra and mis-shaped tensor in one message.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BONSAI_RUNTIME_SAFETENSORS_H
+#define BONSAI_RUNTIME_SAFETENSORS_H
+
+#include "bonsai/runtime/Plan.h"
+#include "bonsai/runtime/Tensor.h"
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace bonsai::rt {
+
+/// The safetensors spelling of a runtime dtype ("F32", "BF16", "F8_E4M3", "I64", ...).
+const char *safetensorsDTypeName(DType dtype);
+
+/// One tensor of a checkpoint, as its header describes it.
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;                 ///< As written in the header ("F32", "BF16", "U8", ...).
+  size_t elementSize = 0;            ///< Bytes per element of `dtype`.
+  std::optional<DType> runtimeDType; ///< The runtime's type for `dtype`, when it has one.
+  std::vector<int64_t> shape;
+  uint64_t numel = 0;
+  std::string file;     ///< The file that holds the data.
+  uint64_t offset = 0;  ///< Absolute byte offset of the data in `file`.
+  uint64_t bytes = 0;   ///< numel * elementSize.
+};
+
+/// The tensors of one safetensors file or of a sharded checkpoint, validated.
+class Checkpoint {
+public:
+  /// Opens `path`: a `.safetensors` file, or a sharded checkpoint's `.index.json` (any path
+  /// ending in ".json"). Throws rt::Error naming the file and the problem.
+  static Checkpoint open(const std::string &path);
+
+  /// The path it was opened from.
+  const std::string &path() const { return path_; }
+  /// Every tensor, sorted by name.
+  const std::vector<SafetensorsEntry> &tensors() const { return tensors_; }
+  /// The tensor named `name`, or nullptr.
+  const SafetensorsEntry *find(std::string_view name) const;
+  /// The "__metadata__" of the file (of the index for a sharded checkpoint: its "metadata"
+  /// members whose values are strings).
+  const std::map<std::string, std::string> &metadata() const { return metadata_; }
+
+  /// Reads `entry`'s data into `dst`, whose shape must equal the entry's. Same dtypes copy the
+  /// bytes; F32, F16 and BF16 convert into one another (exact widening, round-to-nearest-even
+  /// narrowing). Throws rt::Error on any other dtype pair or a read failure.
+  void read(const SafetensorsEntry &entry, const TensorView &dst) const;
+
+private:
+  std::string path_;
+  std::vector<SafetensorsEntry> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+/// Parses and validates the header of one safetensors file; entries in file order.
+std::vector<SafetensorsEntry> readSafetensorsHeader(const std::string &path,
+                                                    std::map<std::string, std::string> *metadata);
+
+/// One tensor to write: `data` holds numel * dtypeSize(dtype) bytes.
+struct SafetensorsTensor {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  const void *data = nullptr;
+};
+
+/// Writes a safetensors file (header padded to 8 bytes; data in the given order). Written to a
+/// temporary name beside `path`, flushed to disk, then renamed: a crash never leaves a partial
+/// file under `path`. Throws rt::Error on duplicate names or an I/O failure.
+void writeSafetensors(const std::string &path, const std::vector<SafetensorsTensor> &tensors,
+                      const std::map<std::string, std::string> &metadata = {});
+
+/// Binds every Parameter tensor of `plan` from `checkpoint`, writing through `views` (one per
+/// plan tensor). Checks everything first and throws one rt::Error that lists all missing
+/// (in the plan, not the checkpoint), extra (in the checkpoint, not the plan) and mis-shaped
+/// (shape differs, or a dtype that does not convert) names; only then reads any data.
+void bindCheckpoint(const LoadedPlan &plan, const Checkpoint &checkpoint,
+                    const std::vector<TensorView> &views);
+
+} // namespace bonsai::rt
+
+#endif // BONSAI_RUNTIME_SAFETENSORS_H

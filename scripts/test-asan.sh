@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# scripts/test-asan.sh - build the runtime alone with AddressSanitizer + UBSan and run its tests.
+#
+# Configures runtime/ as a standalone project (which also proves it needs no MLIR or LLVM) in
+# build-asan/, builds it, and runs its ctest. Any sanitizer report fails the test that hit it
+# (UBSan is built with -fno-sanitize-recover), so the script exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="${BONSAI_ASAN_BUILD_DIR:-build-asan}"
+jobs="${BONSAI_JOBS:-$(nproc)}"
+cmake -G Ninja -S runtime -B "$build" -DBONSAI_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+ninja -C "$build" -j "$jobs"
+# Leak checking is on by default; abort on the first report so a failure is never missed.
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+cd "$build"
+ctest --output-on-failure -j "$jobs"
