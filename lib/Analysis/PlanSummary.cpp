@@ -6,6 +6,7 @@
 
 #include "bonsai/Analysis/PlanSummary.h"
 
+#include "llvm/ADT/StringMap.h"
 #include "llvm/Support/Format.h"
 
 using namespace mlir;
@@ -28,39 +29,50 @@ std::string mlir::bonsai::formatBytes(int64_t bytes) {
 PlanMemorySummary mlir::bonsai::summarizePlanMemory(plan::StepOp step) {
   PlanMemorySummary summary;
   int64_t stepArenas = 0;
+  llvm::StringMap<bool> persistent;
   for (auto arena : step.getBody().getOps<plan::ArenaOp>()) {
     int64_t size = arena.getSizeAttr().getInt();
     (arena.getSpace() == plan::MemorySpace::Device ? summary.peakDevice : summary.peakHost) +=
         size;
+    persistent[arena.getSymName()] = arena.getLifetime() == plan::Lifetime::Persistent;
     if (arena.getLifetime() == plan::Lifetime::Step)
       stepArenas += size;
   }
+  // Persistent classes are sums of their buffers; the per-step arenas' peak is split into the
+  // inputs, workspace and per-step gradients they hold, and the activations (the rest).
+  int64_t stepOther = 0;
   for (auto buffer : step.getBody().getOps<plan::BufferOp>()) {
     int64_t bytes = buffer.getSizeInBytes();
+    bool inStepArena = !persistent.lookup(buffer.getArena());
     switch (buffer.getRole()) {
     case plan::BufferRole::Parameter:
       summary.weights += bytes;
-      continue;
+      break;
     case plan::BufferRole::OptimizerState:
       summary.optimizerState += bytes;
-      continue;
+      break;
     case plan::BufferRole::Gradient:
       summary.gradients += bytes;
+      stepOther += inStepArena ? bytes : 0;
       break;
     case plan::BufferRole::Input:
       summary.inputs += bytes;
+      stepOther += inStepArena ? bytes : 0;
       break;
     case plan::BufferRole::Workspace:
       summary.workspace += bytes;
+      stepOther += inStepArena ? bytes : 0;
       break;
     case plan::BufferRole::Activation:
     case plan::BufferRole::Loss:
+    case plan::BufferRole::Metric:
+    case plan::BufferRole::LossScale:
       break;
     }
-    summary.stepBytesWithoutReuse += bytes;
+    if (inStepArena)
+      summary.stepBytesWithoutReuse += bytes;
   }
-  summary.activations =
-      std::max<int64_t>(0, stepArenas - summary.inputs - summary.workspace - summary.gradients);
+  summary.activations = std::max<int64_t>(0, stepArenas - stepOther);
   return summary;
 }
 

@@ -17,11 +17,19 @@ void mlir::bonsai::buildCompilePipeline(OpPassManager &pm, const PipelineOptions
   // Whole-function rules first, so that every later pass can assume one named parameter per
   // checkpoint tensor, integer inputs and a scalar loss.
   pm.addPass(createBonsaiVerifyModelPass());
+  if (options.train) {
+    // The backward pass is built on the verified forward graph, before any lowering, so that
+    // every gradient rule sees model ops.
+    pm.addPass(createBonsaiAutodiffPass());
+    // The update needs the gradient accumulators the backward pass created.
+    pm.addPass(createBonsaiOptimizerPass());
+  }
   // Tensors become buffers and ops become launches; the recipe's target is recorded so that
   // the memory planner can hold the step to its budget.
   BonsaiLowerToPlanPassOptions lower;
   lower.target = options.target;
   lower.deviceMemory = options.deviceMemory;
+  lower.microBatches = options.microBatches;
   pm.addPass(createBonsaiLowerToPlanPass(lower));
   // Liveness is defined over the schedule, so the order is fixed before memory is planned.
   pm.addPass(createBonsaiSchedulePass());

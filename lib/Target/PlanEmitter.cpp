@@ -58,6 +58,28 @@ std::optional<fb::KernelKind> getKernelKind(StringRef name) {
       .Case("slice", fb::KernelKind::Slice)
       .Case("cast", fb::KernelKind::Cast)
       .Case("copy", fb::KernelKind::Copy)
+      .Case("fill", fb::KernelKind::Fill)
+      .Case("embedding_grad", fb::KernelKind::EmbeddingGrad)
+      .Case("linear_grad_input", fb::KernelKind::LinearGradInput)
+      .Case("linear_grad_weight", fb::KernelKind::LinearGradWeight)
+      .Case("reduce_to", fb::KernelKind::ReduceTo)
+      .Case("rms_norm_grad", fb::KernelKind::RMSNormGrad)
+      .Case("layer_norm_grad", fb::KernelKind::LayerNormGrad)
+      .Case("rope_grad", fb::KernelKind::RoPEGrad)
+      .Case("attention_grad", fb::KernelKind::AttentionGrad)
+      .Case("silu_grad", fb::KernelKind::SiLUGrad)
+      .Case("gelu_grad", fb::KernelKind::GeLUGrad)
+      .Case("swiglu_grad", fb::KernelKind::SwiGLUGrad)
+      .Case("softmax_grad", fb::KernelKind::SoftmaxGrad)
+      .Case("cross_entropy_grad", fb::KernelKind::CrossEntropyGrad)
+      .Case("slice_grad", fb::KernelKind::SliceGrad)
+      .Case("grad_norm", fb::KernelKind::GradNorm)
+      .Case("learning_rate", fb::KernelKind::LearningRate)
+      .Case("adamw_update", fb::KernelKind::AdamWUpdate)
+      .Case("sgd_update", fb::KernelKind::SGDUpdate)
+      .Case("step_increment", fb::KernelKind::StepIncrement)
+      .Case("accumulate", fb::KernelKind::Accumulate)
+      .Case("zero", fb::KernelKind::Zero)
       .Default(std::nullopt);
 }
 
@@ -77,6 +99,10 @@ fb::TensorRole getRole(plan::BufferRole role) {
     return fb::TensorRole::Workspace;
   case plan::BufferRole::Loss:
     return fb::TensorRole::Loss;
+  case plan::BufferRole::Metric:
+    return fb::TensorRole::Metric;
+  case plan::BufferRole::LossScale:
+    return fb::TensorRole::LossScale;
   }
   llvm_unreachable("unknown buffer role");
 }
@@ -111,7 +137,9 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
   };
   switch (kind) {
   case fb::KernelKind::RMSNorm:
-  case fb::KernelKind::LayerNorm: {
+  case fb::KernelKind::LayerNorm:
+  case fb::KernelKind::RMSNormGrad:
+  case fb::KernelKind::LayerNormGrad: {
     FailureOr<double> eps = f64("epsilon");
     if (failed(eps))
       return failure();
@@ -119,7 +147,8 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     attrs = fb::CreateNormAttrs(fbb, *eps).Union();
     return success();
   }
-  case fb::KernelKind::RoPE: {
+  case fb::KernelKind::RoPE:
+  case fb::KernelKind::RoPEGrad: {
     FailureOr<double> theta = f64("theta");
     if (failed(theta))
       return failure();
@@ -127,7 +156,8 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     attrs = fb::CreateRoPEAttrs(fbb, *theta).Union();
     return success();
   }
-  case fb::KernelKind::Attention: {
+  case fb::KernelKind::Attention:
+  case fb::KernelKind::AttentionGrad: {
     FailureOr<double> scale = f64("scale");
     if (failed(scale))
       return failure();
@@ -136,7 +166,8 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     attrs = fb::CreateAttentionAttrs(fbb, causal, *scale).Union();
     return success();
   }
-  case fb::KernelKind::GeLU: {
+  case fb::KernelKind::GeLU:
+  case fb::KernelKind::GeLUGrad: {
     FailureOr<BoolAttr> tanh = getParam<BoolAttr>(launch, "tanh");
     if (failed(tanh))
       return failure();
@@ -144,7 +175,8 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     attrs = fb::CreateGeLUAttrs(fbb, tanh->getValue()).Union();
     return success();
   }
-  case fb::KernelKind::Softmax: {
+  case fb::KernelKind::Softmax:
+  case fb::KernelKind::SoftmaxGrad: {
     FailureOr<int64_t> axis = i64("axis");
     if (failed(axis))
       return failure();
@@ -152,7 +184,8 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     attrs = fb::CreateAxisAttrs(fbb, int32_t(*axis)).Union();
     return success();
   }
-  case fb::KernelKind::CrossEntropy: {
+  case fb::KernelKind::CrossEntropy:
+  case fb::KernelKind::CrossEntropyGrad: {
     FailureOr<int64_t> ignore = i64("ignore_index");
     if (failed(ignore))
       return failure();
@@ -169,12 +202,51 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     attrs = fb::CreateTransposeAttrsDirect(fbb, &values).Union();
     return success();
   }
-  case fb::KernelKind::Slice: {
+  case fb::KernelKind::Slice:
+  case fb::KernelKind::SliceGrad: {
     FailureOr<int64_t> axis = i64("axis"), start = i64("start");
     if (failed(axis) || failed(start))
       return failure();
     type = fb::KernelAttrs::SliceAttrs;
     attrs = fb::CreateSliceAttrs(fbb, int32_t(*axis), *start).Union();
+    return success();
+  }
+  case fb::KernelKind::Fill: {
+    FailureOr<double> value = f64("value");
+    if (failed(value))
+      return failure();
+    type = fb::KernelAttrs::FillAttrs;
+    attrs = fb::CreateFillAttrs(fbb, *value).Union();
+    return success();
+  }
+  case fb::KernelKind::LearningRate: {
+    FailureOr<double> lr = f64("lr"), minRatio = f64("min_lr_ratio");
+    FailureOr<int64_t> warmup = i64("warmup_steps"), total = i64("total_steps");
+    FailureOr<StringAttr> schedule = getParam<StringAttr>(launch, "schedule");
+    if (failed(lr) || failed(minRatio) || failed(warmup) || failed(total) || failed(schedule))
+      return failure();
+    type = fb::KernelAttrs::LearningRateAttrs;
+    attrs = fb::CreateLearningRateAttrs(fbb, *lr, schedule->getValue() == "cosine", *warmup,
+                                        *total, *minRatio)
+                .Union();
+    return success();
+  }
+  case fb::KernelKind::AdamWUpdate: {
+    FailureOr<double> b1 = f64("beta1"), b2 = f64("beta2"), eps = f64("eps"),
+                      wd = f64("weight_decay"), clip = f64("grad_clip");
+    if (failed(b1) || failed(b2) || failed(eps) || failed(wd) || failed(clip))
+      return failure();
+    type = fb::KernelAttrs::AdamWAttrs;
+    attrs = fb::CreateAdamWAttrs(fbb, *b1, *b2, *eps, *wd, *clip).Union();
+    return success();
+  }
+  case fb::KernelKind::SGDUpdate: {
+    FailureOr<double> momentum = f64("momentum"), wd = f64("weight_decay"),
+                      clip = f64("grad_clip");
+    if (failed(momentum) || failed(wd) || failed(clip))
+      return failure();
+    type = fb::KernelAttrs::SGDAttrs;
+    attrs = fb::CreateSGDAttrs(fbb, *momentum, *wd, *clip).Union();
     return success();
   }
   default:
@@ -206,6 +278,7 @@ LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes) {
   std::vector<flatbuffers::Offset<fb::Tensor>> tensors;
   std::vector<std::pair<int64_t, uint32_t>> inputs;
   std::optional<uint32_t> loss;
+  llvm::StringMap<uint32_t> parameterIndex;
   auto addTensor = [&](Operation *op, Value value, plan::BufferOp buffer, StringRef name,
                        fb::TensorRole role) -> LogicalResult {
     auto type = cast<MemRefType>(value.getType());
@@ -217,10 +290,28 @@ LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes) {
       return buffer.emitError() << "buffer '" << buffer.getName()
                                 << "' has no offset: run bonsai-plan-memory first";
     std::vector<int64_t> shape(type.getShape().begin(), type.getShape().end());
+    // Persistent state other than parameters starts zeroed, or as a copy of a parameter.
+    fb::TensorInit init = fb::TensorInit::None;
+    uint32_t initSource = 0;
+    if (value == buffer.getResult() && (role == fb::TensorRole::Gradient ||
+                                        role == fb::TensorRole::OptimizerState)) {
+      init = fb::TensorInit::Zeros;
+      if (StringAttr source = buffer.getCopyOfAttr()) {
+        auto it = parameterIndex.find(source.getValue());
+        if (it == parameterIndex.end())
+          return buffer.emitError() << "'" << buffer.getName() << "' is a copy of '"
+                                    << source.getValue()
+                                    << "', which is not a parameter declared before it";
+        init = fb::TensorInit::CopyOf;
+        initSource = it->second;
+      }
+    }
+    if (role == fb::TensorRole::Parameter)
+      parameterIndex[name] = tensors.size();
     tensorIndex[value] = tensors.size();
     tensors.push_back(fb::CreateTensorDirect(
         fbb, name.str().c_str(), *dtype, &shape, role, buffer.getTrainable() && value == buffer, arenaIndex.lookup(buffer.getArena()),
-        buffer.getOffsetAttr().getInt(), plan::getMemRefBytes(type)));
+        buffer.getOffsetAttr().getInt(), plan::getMemRefBytes(type), init, initSource));
     return success();
   };
 
@@ -243,14 +334,10 @@ LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes) {
       plan::BufferOp buffer = plan::getUnderlyingBuffer(view.getSource());
       if (!buffer)
         return view.emitError("views no buffer");
-      // A view is another shape of the same bytes. Parameters, inputs and the loss are bound
-      // or read by name and role, so their views are plain activations.
-      std::string name = (buffer.getName() + ".view").str();
-      fb::TensorRole role = getRole(buffer.getRole());
-      if (role == fb::TensorRole::Parameter || role == fb::TensorRole::Input ||
-          role == fb::TensorRole::Loss)
-        role = fb::TensorRole::Activation;
-      if (failed(addTensor(&op, view.getResult(), buffer, name, role)))
+      // A view is another shape of the same bytes. The runtime binds, saves and reports
+      // tensors by name and role through their buffer, so every view is a plain activation.
+      std::string name = (buffer.getName() + ".view" + Twine(tensors.size())).str();
+      if (failed(addTensor(&op, view.getResult(), buffer, name, fb::TensorRole::Activation)))
         return failure();
       continue;
     }
@@ -276,9 +363,9 @@ LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes) {
     std::string location;
     llvm::raw_string_ostream os(location);
     launch.getLoc().print(os);
-    kernels.push_back(fb::CreateKernelDirect(fbb, *kind, &ins, &outs, attrsType, attrs,
-                                             uint8_t(launch.getStreamAttr().getInt()),
-                                             location.c_str()));
+    kernels.push_back(fb::CreateKernelDirect(
+        fbb, *kind, &ins, &outs, attrsType, attrs, uint8_t(launch.getStreamAttr().getInt()),
+        location.c_str(), static_cast<fb::Phase>(launch.getPhase())));
   }
   if (!loss)
     return step.emitError("the step has no loss buffer");
@@ -295,7 +382,9 @@ LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes) {
                                        step.getDeviceMemoryAttr().getInt());
   auto root = fb::CreatePlanDirect(fbb, kPlanVersion, step.getSymName().str().c_str(), target,
                                    &arenas, &tensors, &kernels, &inputIndices, *loss, memory,
-                                   step.getTokensPerStepAttr().getInt());
+                                   step.getTokensPerStepAttr().getInt(),
+                                   step.getMicroBatchesAttr().getInt(),
+                                   step.getVocabSizeAttr().getInt());
   fb::FinishPlanBuffer(fbb, root);
   bytes.assign(reinterpret_cast<const char *>(fbb.GetBufferPointer()), fbb.GetSize());
   return success();

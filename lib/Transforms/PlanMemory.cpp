@@ -33,7 +33,9 @@ struct PlanMemoryPass : impl::BonsaiPlanMemoryPassBase<PlanMemoryPass> {
     llvm::MapVector<Operation *, BufferInterval> live;
     for (auto buffer : body.getOps<BufferOp>()) {
       BufferInterval interval{buffer.getSizeInBytes(), INT64_MAX, INT64_MIN};
-      if (buffer.getRole() == plan::BufferRole::Input)
+      // The runtime writes inputs and the loss scale before the first op.
+      if (buffer.getRole() == plan::BufferRole::Input ||
+          buffer.getRole() == plan::BufferRole::LossScale)
         interval.firstUse = 0;
       live[buffer] = interval;
     }
@@ -50,7 +52,12 @@ struct PlanMemoryPass : impl::BonsaiPlanMemoryPassBase<PlanMemoryPass> {
       ++position;
     }
     for (auto &[op, interval] : live) {
-      if (cast<BufferOp>(op).getRole() == plan::BufferRole::Loss)
+      // The runtime reads the loss and the metrics after the last op; inputs and the loss
+      // scale, which the runtime writes, are never reused within a step (they are small, and
+      // the runtime may read them back, to report or to generate).
+      plan::BufferRole role = cast<BufferOp>(op).getRole();
+      if (role == plan::BufferRole::Loss || role == plan::BufferRole::Metric ||
+          role == plan::BufferRole::Input || role == plan::BufferRole::LossScale)
         interval.lastUse = position;
       if (interval.firstUse == INT64_MAX) // Never used: give it a slot of its own moment.
         interval.firstUse = interval.lastUse = 0;

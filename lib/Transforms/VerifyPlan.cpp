@@ -42,11 +42,15 @@ struct VerifyPlanPass : impl::BonsaiVerifyPlanPassBase<VerifyPlanPass> {
           buffer.emitError() << "buffer '" << buffer.getName() << "' has no offset";
           ok = false;
         }
+        // Parameters are bound, inputs and the loss scale written by the runtime, and
+        // persistent state starts zeroed (or copied): all readable before any op runs.
         plan::BufferRole role = buffer.getRole();
-        if (role == plan::BufferRole::Parameter || role == plan::BufferRole::Input ||
-            role == plan::BufferRole::OptimizerState)
+        plan::ArenaOp arena = arenas.lookup(buffer.getArena());
+        bool persistent = arena && arena.getLifetime() == plan::Lifetime::Persistent;
+        if (persistent || role == plan::BufferRole::Input ||
+            role == plan::BufferRole::LossScale)
           written.insert(buffer);
-        if (role == plan::BufferRole::Input)
+        if (role == plan::BufferRole::Input || role == plan::BufferRole::LossScale)
           ranges[buffer].first = -1;
         continue;
       }
@@ -82,7 +86,10 @@ struct VerifyPlanPass : impl::BonsaiVerifyPlanPassBase<VerifyPlanPass> {
       ++index;
     }
     for (BufferOp buffer : buffers)
-      if (buffer.getRole() == plan::BufferRole::Loss)
+      if (buffer.getRole() == plan::BufferRole::Loss ||
+          buffer.getRole() == plan::BufferRole::Metric ||
+          buffer.getRole() == plan::BufferRole::Input ||
+          buffer.getRole() == plan::BufferRole::LossScale)
         ranges[buffer].last = index;
 
     // Pairwise: same arena, both live at some op, overlapping bytes.

@@ -123,8 +123,8 @@ TokenLoader::TokenLoader(const std::string &path, int64_t batch, int64_t seq, in
   uint64_t needed = uint64_t(batch) * uint64_t(seq) + 1;
   if (path.empty()) {
     if (vocab <= 0)
-      throw Error("random tokens need the vocabulary size, and the plan has no Embedding kernel "
-                  "to tell it: pass --data");
+      throw Error("random tokens need a positive vocabulary size (the plan's vocab_size), got " +
+                  std::to_string(vocab) + ": pass --data");
     return;
   }
   file_ = std::make_unique<TokenFile>(path);

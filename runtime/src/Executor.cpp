@@ -1,8 +1,10 @@
 //===- Executor.cpp - Runs a verified plan on the CPU backend -------------===//
 //
 // Everything here trusts the plan's verification (Plan.cpp): operand counts, indices, byte
-// ranges and shapes were checked once at load, so dispatch is a switch over the kind with no
-// re-checking beyond what the kernels themselves do (ids and labels in range).
+// ranges, shapes, initializers and the phase order were checked once at load, so dispatch is a
+// switch over the kind with no re-checking beyond what the kernels themselves do (ids and
+// labels in range). Phases are contiguous in plan order, so running the kernels of one phase
+// in plan order is running that slice of the schedule the memory planner saw.
 //
 //===----------------------------------------------------------------------===//
 
@@ -12,6 +14,7 @@
 #include "bonsai/runtime/Init.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -60,6 +63,7 @@ void Executor::bindWeights(const Checkpoint &checkpoint) {
   for (uint32_t i = 0; i < plan_.tensors.size(); ++i)
     if (plan_.tensors[i].role == TensorRole::Parameter)
       touch(i);
+  applyInits();
 }
 
 void Executor::initWeights(uint64_t seed) {
@@ -67,6 +71,45 @@ void Executor::initWeights(uint64_t seed) {
   for (uint32_t i = 0; i < plan_.tensors.size(); ++i)
     if (plan_.tensors[i].role == TensorRole::Parameter)
       touch(i);
+  applyInits();
+}
+
+void Executor::applyInits() {
+  // Zeros first: a copy may read a zero-initialized tensor, never the other way round (the
+  // plan verifier forbids copies of copies).
+  for (uint32_t i = 0; i < plan_.tensors.size(); ++i)
+    if (plan_.tensors[i].init == TensorInit::Zeros) {
+      std::memset(views_[i].data, 0, size_t(plan_.tensors[i].bytes));
+      touch(i);
+    }
+  for (uint32_t i = 0; i < plan_.tensors.size(); ++i) {
+    const TensorInfo &t = plan_.tensors[i];
+    if (t.init != TensorInit::CopyOf)
+      continue;
+    const TensorView &src = views_[t.initSource];
+    if (src.dtype == views_[i].dtype) {
+      std::memcpy(views_[i].data, src.data, size_t(t.bytes));
+    } else {
+      std::vector<float> values(size_t(t.numel));
+      loadF32(src, values.data());
+      storeF32(values.data(), views_[i]);
+    }
+    touch(t.initSource);
+    touch(i);
+  }
+}
+
+void Executor::overrideLearningRate(double lr) {
+  if (!(lr >= 0) || !std::isfinite(lr))
+    throw Error("learning rate must be finite and non-negative, got " + std::to_string(lr));
+  bool found = false;
+  for (KernelInfo &k : plan_.kernels)
+    if (k.kind == KernelKind::LearningRate) {
+      k.attrs.lr = lr;
+      found = true;
+    }
+  if (!found)
+    throw Error("plan '" + plan_.path + "' has no LearningRate kernel whose lr could be set");
 }
 
 std::vector<int64_t> Executor::inputShape() const { return plan_.tensors[plan_.inputs[0]].shape; }
@@ -77,13 +120,25 @@ void Executor::setInputs(const TokenBatch &batch) {
   touch(plan_.inputs[1]);
 }
 
+void Executor::setLossScale(float scale) {
+  if (!plan_.lossScale)
+    return;
+  std::memcpy(views_[*plan_.lossScale].data, &scale, sizeof scale);
+  touch(*plan_.lossScale);
+}
+
 void Executor::runKernel(size_t index) {
   const KernelInfo &k = plan_.kernels[index];
   auto in = [&](size_t i) -> const TensorView & { return views_[k.inputs[i]]; };
-  const TensorView &out = views_[k.outputs[0]];
+  auto outAt = [&](size_t i) -> const TensorView & { return views_[k.outputs[i]]; };
+  auto optionalOut = [&](size_t i) -> const TensorView * {
+    return k.outputs.size() > i ? &views_[k.outputs[i]] : nullptr;
+  };
+  const TensorView &out = outAt(0);
   for (uint32_t t : k.inputs)
     touch(t);
-  touch(k.outputs[0]);
+  for (uint32_t t : k.outputs)
+    touch(t);
   const KernelAttrsInfo &a = k.attrs;
   switch (k.kind) {
   case KernelKind::Embedding:
@@ -142,21 +197,184 @@ void Executor::runKernel(size_t index) {
     if (in(0).data != out.data)
       cpu::copy(in(0), out);
     break;
+  case KernelKind::Fill:
+    cpu::fill(a.value, out);
+    break;
+  case KernelKind::EmbeddingGrad:
+    cpu::embeddingGrad(in(0), in(1), out);
+    break;
+  case KernelKind::LinearGradInput:
+    cpu::linearGradInput(in(0), in(1), out);
+    break;
+  case KernelKind::LinearGradWeight:
+    cpu::linearGradWeight(in(0), in(1), out);
+    break;
+  case KernelKind::ReduceTo:
+    cpu::reduceTo(in(0), out);
+    break;
+  case KernelKind::RMSNormGrad:
+    cpu::rmsNormGrad(in(0), in(1), in(2), a.epsilon, outAt(0), outAt(1));
+    break;
+  case KernelKind::LayerNormGrad:
+    cpu::layerNormGrad(in(0), in(1), in(2), a.epsilon, outAt(0), outAt(1), outAt(2));
+    break;
+  case KernelKind::RoPEGrad:
+    cpu::ropeGrad(in(0), a.theta, out);
+    break;
+  case KernelKind::AttentionGrad:
+    cpu::attentionGrad(in(0), in(1), in(2), in(3), in(4), a.causal, a.scale, outAt(0), outAt(1),
+                       outAt(2));
+    break;
+  case KernelKind::SiLUGrad:
+    cpu::siluGrad(in(0), in(1), out);
+    break;
+  case KernelKind::GeLUGrad:
+    cpu::geluGrad(in(0), in(1), a.geluTanh, out);
+    break;
+  case KernelKind::SwiGLUGrad:
+    cpu::swigluGrad(in(0), in(1), in(2), outAt(0), outAt(1));
+    break;
+  case KernelKind::SoftmaxGrad:
+    cpu::softmaxGrad(in(0), in(1), a.axis, out);
+    break;
+  case KernelKind::CrossEntropyGrad:
+    cpu::crossEntropyGrad(in(0), in(1), in(2), a.ignoreIndex, out);
+    break;
+  case KernelKind::SliceGrad:
+    cpu::sliceGrad(in(0), a.axis, a.start, out);
+    break;
+  case KernelKind::GradNorm: {
+    std::vector<TensorView> grads;
+    grads.reserve(k.inputs.size());
+    for (uint32_t t : k.inputs)
+      grads.push_back(views_[t]);
+    cpu::gradNorm(grads, out);
+    break;
+  }
+  case KernelKind::LearningRate: {
+    cpu::LearningRateSchedule schedule;
+    schedule.lr = a.lr;
+    schedule.cosine = a.cosine;
+    schedule.warmupSteps = a.warmupSteps;
+    schedule.totalSteps = a.totalSteps;
+    schedule.minLrRatio = a.minLrRatio;
+    cpu::learningRate(in(0), schedule, out);
+    break;
+  }
+  case KernelKind::AdamWUpdate: {
+    cpu::AdamWHyper hyper;
+    hyper.beta1 = a.beta1;
+    hyper.beta2 = a.beta2;
+    hyper.eps = a.eps;
+    hyper.weightDecay = a.weightDecay;
+    hyper.gradClip = a.gradClip;
+    cpu::adamwUpdate(in(0), in(1), in(2), in(3), hyper, outAt(0), outAt(1), outAt(2),
+                     optionalOut(3));
+    break;
+  }
+  case KernelKind::SGDUpdate: {
+    cpu::SGDHyper hyper;
+    hyper.momentum = a.momentum;
+    hyper.weightDecay = a.weightDecay;
+    hyper.gradClip = a.gradClip;
+    cpu::sgdUpdate(in(0), in(1), in(2), hyper, outAt(0), outAt(1), optionalOut(2));
+    break;
+  }
+  case KernelKind::StepIncrement:
+    cpu::stepIncrement(out);
+    break;
+  case KernelKind::Accumulate:
+    cpu::accumulate(in(0), out);
+    break;
+  case KernelKind::Zero:
+    cpu::zero(out);
+    break;
   }
 }
 
-float Executor::runStep() {
+void Executor::runPhase(Phase phase) {
   for (size_t i = 0; i < plan_.kernels.size(); ++i) {
+    if (plan_.kernels[i].phase != phase)
+      continue;
     try {
       runKernel(i);
     } catch (const Error &e) {
       throw Error(plan_.describeKernel(i) + ": " + e.what());
     }
   }
+}
+
+float Executor::loss() const {
+  float value;
+  std::memcpy(&value, views_[plan_.loss].data, sizeof value);
+  return value;
+}
+
+std::optional<float> Executor::metric(const std::string &name) const {
+  std::optional<uint32_t> t = plan_.metric(name);
+  if (!t)
+    return std::nullopt;
+  float value;
+  std::memcpy(&value, views_[*t].data, sizeof value);
+  return value;
+}
+
+void Executor::checkMicroBatches(uint32_t count) const {
+  std::string problem = plan_.microBatchProblem(count);
+  if (!problem.empty())
+    throw Error("plan '" + plan_.path + "' cannot run " + std::to_string(count) +
+                " micro-batches per step: " + problem);
+}
+
+float Executor::forwardBackward(const TokenBatch &batch, float lossScale) {
+  setInputs(batch);
+  setLossScale(lossScale);
+  runPhase(Phase::Forward);
+  // Read before Backward: the planner may give the loss's bytes to a backward tensor.
   touch(plan_.loss);
-  float loss;
-  std::memcpy(&loss, views_[plan_.loss].data, sizeof loss);
-  return loss;
+  float value = loss();
+  runPhase(Phase::Backward);
+  return value;
+}
+
+float Executor::forward(const TokenBatch &batch) {
+  setInputs(batch);
+  setLossScale(1.0f);
+  runPhase(Phase::Forward);
+  touch(plan_.loss);
+  return loss();
+}
+
+StepResult Executor::trainStep(TokenLoader &loader, uint64_t firstMicroBatch, uint32_t count) {
+  if (count != checkedMicroBatches_) {
+    checkMicroBatches(count);
+    checkedMicroBatches_ = count;
+  }
+  StepResult result;
+  // The gradient of the mean of `count` micro-batch losses: each micro-batch's backward pass
+  // starts from d(step loss)/d(micro-batch loss) = 1/count.
+  float scale = 1.0f / float(count);
+  double sum = 0;
+  for (uint32_t m = 0; m < count; ++m) {
+    float value = forwardBackward(loader.batch(firstMicroBatch + m), scale);
+    result.microBatchLosses.push_back(value);
+    sum += double(value);
+  }
+  runPhase(Phase::Update);
+  result.loss = count == 1 ? result.microBatchLosses[0] : float(sum / double(count));
+  result.gradNorm = metric("grad_norm");
+  result.lr = metric("lr");
+  return result;
+}
+
+float Executor::runStep() {
+  setLossScale(1.0f);
+  runPhase(Phase::Forward);
+  touch(plan_.loss);
+  float value = loss();
+  runPhase(Phase::Backward);
+  runPhase(Phase::Update);
+  return value;
 }
 
 std::vector<ArenaUsage> Executor::memoryUsage() const {

@@ -4,8 +4,11 @@
 // safe, and the semantic checks below make every kernel launch safe (each operand's byte range
 // lies inside its arena, and each kernel's shapes agree the way its CPU and GPU implementations
 // assume). The checks mirror the bonsai dialect's op verifiers: a plan that passes them cannot
-// make a kernel read or write outside its tensors. Every message names the plan file and the
-// arena, tensor or kernel at fault.
+// make a kernel read or write outside its tensors. Version 2 adds the training contract on top:
+// initializers (zeros, converting copies) only on persistent state, phases in order, optimizer
+// state where an update can find it again next step, and the micro-batch rules that make
+// gradient accumulation compute the gradient of the mean loss. Every message names the plan
+// file and the arena, tensor or kernel at fault.
 //
 //===----------------------------------------------------------------------===//
 
@@ -14,8 +17,12 @@
 #include "bonsai/runtime/plan_generated.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <sstream>
 
 namespace bonsai::rt {
@@ -26,14 +33,89 @@ namespace fb = ::bonsai::plan;
 static_assert(uint8_t(fb::DType::I64) == uint8_t(DType::I64) &&
                   uint8_t(fb::DType::F8E5M2) == uint8_t(DType::F8E5M2),
               "rt::DType must match plan.fbs");
-static_assert(uint8_t(fb::TensorRole::Loss) == uint8_t(TensorRole::Loss),
+static_assert(uint8_t(fb::TensorRole::LossScale) == uint8_t(TensorRole::LossScale) &&
+                  uint8_t(fb::TensorRole::MAX) == uint8_t(TensorRole::LossScale) &&
+                  uint8_t(fb::TensorRole::Metric) == uint8_t(TensorRole::Metric),
               "rt::TensorRole must match plan.fbs");
 static_assert(uint16_t(fb::KernelKind::Copy) == uint16_t(KernelKind::Copy) &&
-                  uint16_t(fb::KernelKind::MAX) == uint16_t(KernelKind::Copy),
+                  uint16_t(fb::KernelKind::CrossEntropyGrad) ==
+                      uint16_t(KernelKind::CrossEntropyGrad) &&
+                  uint16_t(fb::KernelKind::AdamWUpdate) == uint16_t(KernelKind::AdamWUpdate) &&
+                  uint16_t(fb::KernelKind::MAX) == uint16_t(KernelKind::Zero),
               "rt::KernelKind must match plan.fbs");
 static_assert(uint8_t(fb::MemorySpace::PinnedHost) == uint8_t(MemorySpace::PinnedHost) &&
                   uint8_t(fb::Lifetime::Step) == uint8_t(Lifetime::Step),
               "rt::MemorySpace and rt::Lifetime must match plan.fbs");
+static_assert(uint8_t(fb::TensorInit::CopyOf) == uint8_t(TensorInit::CopyOf) &&
+                  uint8_t(fb::TensorInit::MAX) == uint8_t(TensorInit::CopyOf),
+              "rt::TensorInit must match plan.fbs");
+static_assert(uint8_t(fb::Phase::Update) == uint8_t(Phase::Update) &&
+                  uint8_t(fb::Phase::MAX) == uint8_t(Phase::Update),
+              "rt::Phase must match plan.fbs");
+
+namespace {
+
+// Largest arena or tensor the runtime accepts: far beyond any real device, far below the
+// point where offset + bytes could overflow.
+constexpr uint64_t kMaxArenaBytes = uint64_t(1) << 50;
+constexpr uint64_t kMaxAlignment = uint64_t(1) << 20;
+constexpr size_t kMaxRank = 16;
+// Token files hold uint32 ids; far more micro-batches than any step needs.
+constexpr uint64_t kMaxVocab = uint64_t(1) << 32;
+constexpr uint32_t kMaxMicroBatches = uint32_t(1) << 20;
+
+std::string str(const flatbuffers::String *s) { return s ? s->str() : std::string(); }
+
+/// The elements of a vector of int64. The FlatBuffers 2.0 verifier checks a vector's 4-byte
+/// length prefix for alignment, not its 8-byte elements, so a corrupted offset can leave them
+/// misaligned: they are copied bytewise instead of loaded through a typed pointer.
+std::vector<int64_t> readInt64s(const flatbuffers::Vector<int64_t> &v) {
+  std::vector<int64_t> out(v.size());
+  const uint8_t *data = v.Data();
+  for (size_t i = 0; i < out.size(); ++i) {
+    int64_t value;
+    std::memcpy(&value, data + i * sizeof value, sizeof value);
+    out[i] = flatbuffers::EndianScalar(value);
+  }
+  return out;
+}
+
+bool isIndexType(DType t) { return t == DType::I32 || t == DType::I64; }
+bool isFloatStorage(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+
+bool rangesOverlap(const TensorInfo &a, const TensorInfo &b) {
+  return a.arena == b.arena && a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes;
+}
+
+bool sameStorage(const TensorInfo &a, const TensorInfo &b) {
+  return a.arena == b.arena && a.offset == b.offset && a.bytes == b.bytes;
+}
+
+bool isScalar(const TensorInfo &t, DType dtype) { return t.shape.empty() && t.dtype == dtype; }
+
+/// A double for messages: "1e-08", "0.9", "inf".
+std::string num(double value) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", value);
+  return buf;
+}
+
+/// Kinds that update persistent state in place and must run once per step, after every
+/// micro-batch's gradient has been accumulated.
+bool isUpdateOnly(KernelKind kind) {
+  switch (kind) {
+  case KernelKind::GradNorm:
+  case KernelKind::LearningRate:
+  case KernelKind::AdamWUpdate:
+  case KernelKind::SGDUpdate:
+  case KernelKind::StepIncrement:
+    return true;
+  default:
+    return false;
+  }
+}
+
+} // namespace
 
 const char *kernelKindName(KernelKind kind) {
   auto value = static_cast<fb::KernelKind>(kind);
@@ -58,6 +140,22 @@ const char *tensorRoleName(TensorRole role) {
     return "workspace";
   case TensorRole::Loss:
     return "loss";
+  case TensorRole::Metric:
+    return "metric";
+  case TensorRole::LossScale:
+    return "loss scale";
+  }
+  return "unknown";
+}
+
+const char *phaseName(Phase phase) {
+  switch (phase) {
+  case Phase::Forward:
+    return "forward";
+  case Phase::Backward:
+    return "backward";
+  case Phase::Update:
+    return "update";
   }
   return "unknown";
 }
@@ -79,11 +177,60 @@ std::string LoadedPlan::describeKernel(size_t index) const {
   return s;
 }
 
-std::optional<int64_t> LoadedPlan::vocabularySize() const {
+bool LoadedPlan::trains() const {
   for (const KernelInfo &k : kernels)
-    if (k.kind == KernelKind::Embedding)
-      return tensors[k.inputs[0]].shape[0];
+    if (k.phase == Phase::Update)
+      return true;
+  return false;
+}
+
+bool LoadedPlan::hasBackward() const {
+  for (const KernelInfo &k : kernels)
+    if (k.phase == Phase::Backward)
+      return true;
+  return false;
+}
+
+std::optional<uint32_t> LoadedPlan::metric(const std::string &name) const {
+  for (uint32_t i = 0; i < tensors.size(); ++i)
+    if (tensors[i].role == TensorRole::Metric && tensors[i].name == name)
+      return i;
   return std::nullopt;
+}
+
+std::string LoadedPlan::microBatchProblem(uint32_t count) const {
+  if (count == 0)
+    return "the number of micro-batches must be at least 1";
+  if (count == 1)
+    return "";
+  if (hasBackward() && !lossScale)
+    return "the plan has no LossScale tensor, so " + std::to_string(count) +
+           " micro-batches would sum their gradients instead of averaging them";
+  // What an update kernel reads from a step arena must be written in the update phase: the
+  // nearest earlier kernel that writes those bytes decides (the planner reuses step-arena bytes
+  // across phases, so sharing storage with a backward tensor is not by itself a problem).
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    if (kernels[i].phase != Phase::Update)
+      continue;
+    for (uint32_t t : kernels[i].inputs) {
+      const TensorInfo &info = tensors[t];
+      if (arenas[info.arena].lifetime == Lifetime::Persistent)
+        continue;
+      std::optional<size_t> writer;
+      for (size_t j = i; j-- > 0 && !writer;)
+        for (uint32_t o : kernels[j].outputs)
+          if (rangesOverlap(tensors[o], info))
+            writer = j;
+      if (writer && kernels[*writer].phase == Phase::Update)
+        continue;
+      return describeKernel(i) + " reads " + describeTensor(t) + ", which each micro-batch " +
+             (writer ? "produces" : "overwrites") + " in step arena " + std::to_string(info.arena) +
+             " '" + arenas[info.arena].name + "': with " + std::to_string(count) +
+             " micro-batches only the last one's value would reach the update "
+             "(accumulate it into a persistent tensor)";
+    }
+  }
+  return "";
 }
 
 std::vector<uint8_t> readFileBytes(const std::string &path) {
@@ -102,25 +249,6 @@ std::vector<uint8_t> readFileBytes(const std::string &path) {
 
 namespace {
 
-// Largest arena or tensor the runtime accepts: far beyond any real device, far below the
-// point where offset + bytes could overflow.
-constexpr uint64_t kMaxArenaBytes = uint64_t(1) << 50;
-constexpr uint64_t kMaxAlignment = uint64_t(1) << 20;
-constexpr size_t kMaxRank = 16;
-
-std::string str(const flatbuffers::String *s) { return s ? s->str() : std::string(); }
-
-bool isIndexType(DType t) { return t == DType::I32 || t == DType::I64; }
-bool isFloatStorage(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
-
-bool rangesOverlap(const TensorInfo &a, const TensorInfo &b) {
-  return a.arena == b.arena && a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes;
-}
-
-bool sameStorage(const TensorInfo &a, const TensorInfo &b) {
-  return a.arena == b.arena && a.offset == b.offset && a.bytes == b.bytes;
-}
-
 /// Verification of one kernel against its kind's operand conventions.
 class KernelChecker {
 public:
@@ -136,13 +264,15 @@ private:
   }
 
   const TensorInfo &in(size_t i) const { return plan.tensors[kernel.inputs[i]]; }
-  const TensorInfo &out() const { return plan.tensors[kernel.outputs[0]]; }
+  const TensorInfo &out(size_t i = 0) const { return plan.tensors[kernel.outputs[i]]; }
+  const ArenaInfo &arenaOf(const TensorInfo &t) const { return plan.arenas[t.arena]; }
 
   std::string inName(size_t i) const {
-    return operandNames[i] + " (" + plan.describeTensor(kernel.inputs[i]) + ")";
+    std::string name = variadic ? operandNames[0] + std::to_string(i + 1) : operandNames[i];
+    return name + " (" + plan.describeTensor(kernel.inputs[i]) + ")";
   }
-  std::string outName() const {
-    return std::string(resultName) + " (" + plan.describeTensor(kernel.outputs[0]) + ")";
+  std::string outName(size_t i = 0) const {
+    return resultNames[i] + " (" + plan.describeTensor(kernel.outputs[i]) + ")";
   }
 
   void expectFloat(size_t i) const {
@@ -173,6 +303,16 @@ private:
       fail(inName(i) + " rank: expected " + std::to_string(rank) + ", got " +
            std::to_string(in(i).shape.size()) + " " + formatShape(in(i).shape));
   }
+  void expectScalarInput(size_t i, DType dtype) const {
+    if (!isScalar(in(i), dtype))
+      fail(inName(i) + " must be a scalar [] of dtype " + dtypeName(dtype) + ", got " +
+           formatShape(in(i).shape) + " " + dtypeName(in(i).dtype));
+  }
+  void expectScalarOutput(size_t j, DType dtype) const {
+    if (!isScalar(out(j), dtype))
+      fail(outName(j) + " must be a scalar [] of dtype " + dtypeName(dtype) + ", got " +
+           formatShape(out(j).shape) + " " + dtypeName(out(j).dtype));
+  }
   void expectOutput(const std::vector<int64_t> &shape, DType dtype) const {
     if (out().shape != shape)
       fail(outName() + " shape: expected " + formatShape(shape) + ", got " +
@@ -183,17 +323,71 @@ private:
   }
   /// The result has the type of input `i`.
   void expectOutputLike(size_t i) const { expectOutput(in(i).shape, in(i).dtype); }
+  /// Output `j` has `shape` and any float storage (gradients may be kept in another precision
+  /// than the values they differentiate; the kernels convert through fp32).
+  void expectFloatOutput(size_t j, const std::vector<int64_t> &shape) const {
+    if (!isFloatStorage(out(j).dtype))
+      fail(outName(j) + " dtype: expected f32, f16 or bf16, got " + dtypeName(out(j).dtype));
+    if (out(j).shape != shape)
+      fail(outName(j) + " shape: expected " + formatShape(shape) + ", got " +
+           formatShape(out(j).shape));
+  }
+  /// Output `j` is an f32 tensor of `shape` (optimizer moments and master weights).
+  void expectF32Output(size_t j, const std::vector<int64_t> &shape) const {
+    if (out(j).dtype != DType::F32)
+      fail(outName(j) + " dtype: expected f32, got " + dtypeName(out(j).dtype));
+    if (out(j).shape != shape)
+      fail(outName(j) + " shape: expected " + formatShape(shape) + ", got " +
+           formatShape(out(j).shape));
+  }
+  /// Input `i` is a float tensor of `shape`.
+  void expectFloatInput(size_t i, const std::vector<int64_t> &shape) const {
+    expectFloat(i);
+    expectInputShape(i, shape);
+  }
+  /// `small` broadcasts into `large`'s trailing dimensions (each equal or 1).
+  void expectBroadcast(const std::string &smallName, const std::vector<int64_t> &small,
+                       const std::string &largeName, const std::vector<int64_t> &large) const {
+    if (small.size() > large.size())
+      fail(smallName + " rank " + std::to_string(small.size()) + " exceeds " + largeName +
+           " rank " + std::to_string(large.size()) + " (only rhs is broadcast)");
+    for (size_t i = 0; i < small.size(); ++i) {
+      int64_t want = large[large.size() - small.size() + i];
+      if (small[i] != want && small[i] != 1)
+        fail(smallName + " shape " + formatShape(small) + " does not broadcast to " +
+             formatShape(large) + ": dimension " + std::to_string(i) + " is " +
+             std::to_string(small[i]) + ", expected " + std::to_string(want) + " or 1");
+    }
+  }
+  /// Output `j` carries state from step to step: it must live in a persistent arena.
+  void expectPersistent(size_t j) const {
+    const ArenaInfo &arena = arenaOf(out(j));
+    if (arena.lifetime != Lifetime::Persistent)
+      fail(outName(j) + " is in step arena " + std::to_string(out(j).arena) + " '" + arena.name +
+           "': state updated in place must live in a persistent arena");
+  }
+  /// Output `j` is state the kernel reads before its first update: it must start as `init`.
+  void expectInit(size_t j, TensorInit init, const char *why) const {
+    if (out(j).init != init)
+      fail(outName(j) + " must have init " + (init == TensorInit::Zeros ? "Zeros" : "CopyOf") +
+           " (" + why + ")");
+  }
 
   void checkArity();
   void checkAttrs();
   void checkOverlap() const;
   void checkShapes();
+  void checkShapesV1();
+  void checkPhase() const;
+  void checkState() const;
+  void checkAttentionShapes(size_t q, size_t k, size_t v) const;
 
   const LoadedPlan &plan;
   size_t index;
   const KernelInfo &kernel;
   std::vector<std::string> operandNames;
-  const char *resultName = "result";
+  std::vector<std::string> resultNames = {"result"};
+  bool variadic = false; ///< Any number >= 1 of inputs named operandNames[0] + 1, 2, ...
 };
 
 // Kinds whose output may be the very storage of one of their inputs: each output element
@@ -214,7 +408,8 @@ bool mayRunInPlace(KernelKind kind) {
 }
 
 void KernelChecker::checkArity() {
-  size_t minIn = 1, maxIn = 1;
+  size_t minIn = 0, minOut = 1;
+  bool optionalLast = false; // the last input (minIn unset) or output is optional
   switch (kernel.kind) {
   case KernelKind::Embedding:
     operandNames = {"table", "ids"};
@@ -222,11 +417,11 @@ void KernelChecker::checkArity() {
   case KernelKind::Linear:
     operandNames = {"x", "w", "bias"};
     minIn = 2;
-    resultName = "y";
+    resultNames = {"y"};
     break;
   case KernelKind::Matmul:
     operandNames = {"a", "b"};
-    resultName = "c";
+    resultNames = {"c"};
     break;
   case KernelKind::Add:
   case KernelKind::Mul:
@@ -234,23 +429,23 @@ void KernelChecker::checkArity() {
     break;
   case KernelKind::RMSNorm:
     operandNames = {"x", "weight"};
-    resultName = "y";
+    resultNames = {"y"};
     break;
   case KernelKind::LayerNorm:
     operandNames = {"x", "weight", "bias"};
-    resultName = "y";
+    resultNames = {"y"};
     break;
   case KernelKind::Attention:
     operandNames = {"q", "k", "v"};
-    resultName = "o";
+    resultNames = {"o"};
     break;
   case KernelKind::SwiGLU:
     operandNames = {"gate", "up"};
-    resultName = "y";
+    resultNames = {"y"};
     break;
   case KernelKind::CrossEntropy:
     operandNames = {"logits", "labels"};
-    resultName = "loss";
+    resultNames = {"loss"};
     break;
   case KernelKind::RoPE:
   case KernelKind::SiLU:
@@ -261,54 +456,176 @@ void KernelChecker::checkArity() {
   case KernelKind::Cast:
   case KernelKind::Copy:
     operandNames = {"x"};
-    resultName = "y";
+    resultNames = {"y"};
+    break;
+  case KernelKind::Fill:
+    resultNames = {"y"};
+    break;
+  case KernelKind::EmbeddingGrad:
+    operandNames = {"dy", "ids"};
+    resultNames = {"dtable"};
+    break;
+  case KernelKind::LinearGradInput:
+    operandNames = {"dy", "w"};
+    resultNames = {"dx"};
+    break;
+  case KernelKind::LinearGradWeight:
+    operandNames = {"dy", "x"};
+    resultNames = {"dw"};
+    break;
+  case KernelKind::ReduceTo:
+    operandNames = {"x"};
+    resultNames = {"y"};
+    break;
+  case KernelKind::RMSNormGrad:
+    operandNames = {"dy", "x", "w"};
+    resultNames = {"dx", "dw"};
+    break;
+  case KernelKind::LayerNormGrad:
+    operandNames = {"dy", "x", "w"};
+    resultNames = {"dx", "dw", "db"};
+    break;
+  case KernelKind::RoPEGrad:
+    operandNames = {"dy"};
+    resultNames = {"dx"};
+    break;
+  case KernelKind::AttentionGrad:
+    operandNames = {"do", "q", "k", "v", "o"};
+    resultNames = {"dq", "dk", "dv"};
+    break;
+  case KernelKind::SiLUGrad:
+  case KernelKind::GeLUGrad:
+    operandNames = {"dy", "x"};
+    resultNames = {"dx"};
+    break;
+  case KernelKind::SwiGLUGrad:
+    operandNames = {"dy", "gate", "up"};
+    resultNames = {"dgate", "dup"};
+    break;
+  case KernelKind::SoftmaxGrad:
+    operandNames = {"dy", "y"};
+    resultNames = {"dx"};
+    break;
+  case KernelKind::CrossEntropyGrad:
+    operandNames = {"dloss", "logits", "labels"};
+    resultNames = {"dlogits"};
+    break;
+  case KernelKind::SliceGrad:
+    operandNames = {"dy"};
+    resultNames = {"dx"};
+    break;
+  case KernelKind::GradNorm:
+    operandNames = {"g"};
+    variadic = true;
+    resultNames = {"norm"};
+    break;
+  case KernelKind::LearningRate:
+    operandNames = {"step"};
+    resultNames = {"lr"};
+    break;
+  case KernelKind::AdamWUpdate:
+    operandNames = {"grad", "step", "lr", "norm"};
+    resultNames = {"param", "m", "v", "master"};
+    minOut = 3;
+    optionalLast = true;
+    break;
+  case KernelKind::SGDUpdate:
+    operandNames = {"grad", "lr", "norm"};
+    resultNames = {"param", "momentum", "master"};
+    minOut = 2;
+    optionalLast = true;
+    break;
+  case KernelKind::StepIncrement:
+    resultNames = {"step"};
+    break;
+  case KernelKind::Accumulate:
+    operandNames = {"g"};
+    resultNames = {"acc"};
+    break;
+  case KernelKind::Zero:
+    resultNames = {"x"};
     break;
   }
-  if (minIn == 1)
+  if (minIn == 0)
     minIn = operandNames.size();
-  maxIn = operandNames.size();
+  size_t maxIn = operandNames.size();
+  if (variadic) {
+    minIn = 1;
+    maxIn = std::numeric_limits<size_t>::max();
+  }
+  size_t maxOut = resultNames.size();
+  if (!optionalLast)
+    minOut = maxOut;
   size_t n = kernel.inputs.size();
   if (n < minIn || n > maxIn) {
-    std::string expected = minIn == maxIn ? std::to_string(minIn)
-                                          : std::to_string(minIn) + " or " + std::to_string(maxIn);
+    std::string expected = variadic ? std::string("1 or more")
+                           : minIn == maxIn
+                               ? std::to_string(minIn)
+                               : std::to_string(minIn) + " or " + std::to_string(maxIn);
     std::string names;
     for (const std::string &name : operandNames)
       names += (names.empty() ? "" : ", ") + name;
-    fail("expected " + expected + " inputs (" + names + "), got " + std::to_string(n));
+    fail("expected " + expected + " inputs" + (names.empty() ? "" : " (" + names + ")") + ", got " +
+         std::to_string(n));
   }
-  if (kernel.outputs.size() != 1)
-    fail("expected 1 output, got " + std::to_string(kernel.outputs.size()));
+  size_t m = kernel.outputs.size();
+  if (m < minOut || m > maxOut) {
+    std::string expected = minOut == maxOut
+                               ? std::to_string(minOut)
+                               : std::to_string(minOut) + " or " + std::to_string(maxOut);
+    std::string names;
+    for (const std::string &name : resultNames)
+      names += (names.empty() ? "" : ", ") + name;
+    fail("expected " + expected + (maxOut == 1 ? " output" : " outputs") +
+         (maxOut == 1 ? "" : " (" + names + ")") + ", got " + std::to_string(m));
+  }
   for (size_t i = 0; i < n; ++i)
     if (kernel.inputs[i] >= plan.tensors.size())
-      fail("input " + std::to_string(i) + " (" + operandNames[i] + ") is tensor " +
+      fail("input " + std::to_string(i) + " (" +
+           (variadic ? operandNames[0] + std::to_string(i + 1) : operandNames[i]) + ") is tensor " +
            std::to_string(kernel.inputs[i]) + ", but the plan has " +
            std::to_string(plan.tensors.size()) + " tensors");
-  if (kernel.outputs[0] >= plan.tensors.size())
-    fail("output 0 is tensor " + std::to_string(kernel.outputs[0]) + ", but the plan has " +
-         std::to_string(plan.tensors.size()) + " tensors");
+  for (size_t j = 0; j < m; ++j)
+    if (kernel.outputs[j] >= plan.tensors.size())
+      fail("output " + std::to_string(j) + " is tensor " + std::to_string(kernel.outputs[j]) +
+           ", but the plan has " + std::to_string(plan.tensors.size()) + " tensors");
 }
 
 void KernelChecker::checkAttrs() {
   const KernelAttrsInfo &a = kernel.attrs;
+  auto finiteAtLeast0 = [&](const char *name, double v) {
+    if (!(v >= 0) || !std::isfinite(v))
+      fail(std::string(name) + " must be finite and non-negative, got " + num(v));
+  };
   switch (kernel.kind) {
   case KernelKind::RMSNorm:
   case KernelKind::LayerNorm:
+  case KernelKind::RMSNormGrad:
+  case KernelKind::LayerNormGrad:
     if (!(a.epsilon > 0))
-      fail("epsilon must be positive, got " + std::to_string(a.epsilon));
+      fail("epsilon must be positive, got " + num(a.epsilon));
     break;
   case KernelKind::RoPE:
+  case KernelKind::RoPEGrad:
     if (!(a.theta > 0))
-      fail("theta must be positive, got " + std::to_string(a.theta));
+      fail("theta must be positive, got " + num(a.theta));
     break;
   case KernelKind::Attention:
+  case KernelKind::AttentionGrad:
     if (!(a.scale > 0) || a.scale == std::numeric_limits<double>::infinity())
-      fail("scale must be positive and finite, got " + std::to_string(a.scale));
+      fail("scale must be positive and finite, got " + num(a.scale));
     break;
   case KernelKind::Softmax:
   case KernelKind::Slice:
+  case KernelKind::SoftmaxGrad:
     if (a.axis < 0 || size_t(a.axis) >= in(0).shape.size())
       fail("axis " + std::to_string(a.axis) + " is out of range for " + inName(0) + " of rank " +
            std::to_string(in(0).shape.size()));
+    break;
+  case KernelKind::SliceGrad:
+    if (a.axis < 0 || size_t(a.axis) >= out().shape.size())
+      fail("axis " + std::to_string(a.axis) + " is out of range for " + outName() + " of rank " +
+           std::to_string(out().shape.size()));
     break;
   case KernelKind::Transpose: {
     size_t rank = in(0).shape.size();
@@ -324,24 +641,268 @@ void KernelChecker::checkAttrs() {
     }
     break;
   }
+  case KernelKind::Fill:
+    if (!std::isfinite(a.value))
+      fail("value must be finite, got " + num(a.value));
+    break;
+  case KernelKind::LearningRate:
+    finiteAtLeast0("lr", a.lr);
+    if (a.warmupSteps < 0)
+      fail("warmup_steps must be non-negative, got " + std::to_string(a.warmupSteps));
+    if (a.cosine && a.totalSteps <= a.warmupSteps)
+      fail("a cosine schedule needs total_steps above warmup_steps, got total_steps " +
+           std::to_string(a.totalSteps) + " and warmup_steps " + std::to_string(a.warmupSteps));
+    if (!(a.minLrRatio >= 0 && a.minLrRatio <= 1))
+      fail("min_lr_ratio must be in [0, 1], got " + num(a.minLrRatio));
+    break;
+  case KernelKind::AdamWUpdate:
+    if (!(a.beta1 >= 0 && a.beta1 < 1))
+      fail("beta1 must be in [0, 1), got " + num(a.beta1));
+    if (!(a.beta2 >= 0 && a.beta2 < 1))
+      fail("beta2 must be in [0, 1), got " + num(a.beta2));
+    if (!(a.eps > 0) || !std::isfinite(a.eps))
+      fail("eps must be positive and finite, got " + num(a.eps));
+    finiteAtLeast0("weight_decay", a.weightDecay);
+    finiteAtLeast0("grad_clip", a.gradClip);
+    break;
+  case KernelKind::SGDUpdate:
+    finiteAtLeast0("momentum", a.momentum);
+    finiteAtLeast0("weight_decay", a.weightDecay);
+    finiteAtLeast0("grad_clip", a.gradClip);
+    break;
   default:
     break;
   }
 }
 
 void KernelChecker::checkOverlap() const {
-  for (size_t i = 0; i < kernel.inputs.size(); ++i) {
-    if (!rangesOverlap(in(i), out()))
-      continue;
-    if (mayRunInPlace(kernel.kind) && sameStorage(in(i), out()))
-      continue;
-    fail(outName() + " overlaps " + inName(i) + " in arena " + std::to_string(out().arena) +
-         (mayRunInPlace(kernel.kind) ? " (only an exact alias is allowed for this kind)"
-                                     : " (this kind cannot run in place)"));
+  for (size_t j = 0; j < kernel.outputs.size(); ++j) {
+    for (size_t k = j + 1; k < kernel.outputs.size(); ++k)
+      if (rangesOverlap(out(j), out(k)))
+        fail(outName(k) + " overlaps " + outName(j) + " in arena " + std::to_string(out(j).arena) +
+             " (the outputs of a kernel are distinct tensors)");
+    for (size_t i = 0; i < kernel.inputs.size(); ++i) {
+      if (!rangesOverlap(in(i), out(j)))
+        continue;
+      if (mayRunInPlace(kernel.kind) && sameStorage(in(i), out(j)))
+        continue;
+      fail(outName(j) + " overlaps " + inName(i) + " in arena " + std::to_string(out(j).arena) +
+           (mayRunInPlace(kernel.kind) ? " (only an exact alias is allowed for this kind)"
+                                       : " (this kind cannot run in place)"));
+    }
   }
 }
 
+void KernelChecker::checkPhase() const {
+  if (isUpdateOnly(kernel.kind) && kernel.phase != Phase::Update)
+    fail(std::string("runs in the ") + phaseName(kernel.phase) +
+         " phase, but optimizer kernels run once per step, in the update phase");
+}
+
+void KernelChecker::checkState() const {
+  switch (kernel.kind) {
+  case KernelKind::AdamWUpdate:
+  case KernelKind::SGDUpdate: {
+    bool adam = kernel.kind == KernelKind::AdamWUpdate;
+    for (size_t j = 0; j < kernel.outputs.size(); ++j)
+      expectPersistent(j);
+    expectInit(1, TensorInit::Zeros, adam ? "moments start at zero" : "momentum starts at zero");
+    if (adam)
+      expectInit(2, TensorInit::Zeros, "moments start at zero");
+    size_t master = adam ? 3 : 2;
+    if (kernel.outputs.size() > master) {
+      expectInit(master, TensorInit::CopyOf, "master weights start as a copy of the parameter");
+      const TensorInfo &source = plan.tensors[out(master).initSource];
+      if (!sameStorage(source, out(0)))
+        fail(outName(master) + " is a copy of " + plan.describeTensor(out(master).initSource) +
+             ", not of " + outName(0));
+    }
+    break;
+  }
+  case KernelKind::StepIncrement:
+    expectPersistent(0);
+    expectInit(0, TensorInit::Zeros, "the step counter starts at zero");
+    break;
+  default:
+    break;
+  }
+}
+
+void KernelChecker::checkAttentionShapes(size_t qi, size_t ki, size_t vi) const {
+  expectFloat(qi);
+  expectRank(qi, 4);
+  expectRank(ki, 4);
+  expectInputShape(vi, in(ki).shape);
+  const std::vector<int64_t> &q = in(qi).shape, &k = in(ki).shape;
+  if (k[0] != q[0] || k[1] != q[1] || k[3] != q[3])
+    fail(inName(ki) + " shape " + formatShape(k) + " does not match " + inName(qi) + " shape " +
+         formatShape(q) + " in batch, sequence or head_dim");
+  if (q[2] % k[2] != 0)
+    fail("query heads (" + std::to_string(q[2]) + ") must be a multiple of key/value heads (" +
+         std::to_string(k[2]) + ")");
+}
+
 void KernelChecker::checkShapes() {
+  if (kernel.kind <= KernelKind::Copy)
+    return checkShapesV1();
+  switch (kernel.kind) {
+  case KernelKind::Fill:
+    expectFloatOutput(0, out().shape);
+    break;
+  case KernelKind::EmbeddingGrad: {
+    expectFloat(0);
+    expectIndex(1);
+    if (out().shape.size() != 2)
+      fail(outName() + " rank: expected 2 ([vocab, dim]), got " + formatShape(out().shape));
+    std::vector<int64_t> shape = in(1).shape;
+    shape.push_back(out().shape[1]);
+    expectInputShape(0, shape);
+    expectFloatOutput(0, out().shape);
+    break;
+  }
+  case KernelKind::LinearGradInput: {
+    expectFloat(0);
+    expectRankAtLeast(0, 1);
+    expectFloat(1);
+    expectRank(1, 2);
+    int64_t n = in(0).shape.back();
+    if (in(1).shape[0] != n)
+      fail(inName(1) + " shape: expected [" + std::to_string(n) + ", in] ([out, in] layout), got " +
+           formatShape(in(1).shape));
+    std::vector<int64_t> shape(in(0).shape.begin(), in(0).shape.end() - 1);
+    shape.push_back(in(1).shape[1]);
+    expectFloatOutput(0, shape);
+    break;
+  }
+  case KernelKind::LinearGradWeight: {
+    expectFloat(0);
+    expectFloat(1);
+    expectRankAtLeast(0, 1);
+    expectRankAtLeast(1, 1);
+    const std::vector<int64_t> &dy = in(0).shape, &x = in(1).shape;
+    if (dy.size() != x.size() || !std::equal(dy.begin(), dy.end() - 1, x.begin()))
+      fail("leading dimensions differ: " + inName(0) + " " + formatShape(dy) + ", " + inName(1) +
+           " " + formatShape(x));
+    expectFloatOutput(0, {dy.back(), x.back()});
+    break;
+  }
+  case KernelKind::ReduceTo:
+    expectFloat(0);
+    expectBroadcast(outName(), out().shape, inName(0), in(0).shape);
+    expectFloatOutput(0, out().shape);
+    break;
+  case KernelKind::RMSNormGrad:
+  case KernelKind::LayerNormGrad: {
+    expectFloat(0);
+    expectRankAtLeast(0, 1);
+    expectFloatInput(1, in(0).shape);
+    int64_t d = in(0).shape.back();
+    expectFloatInput(2, {d});
+    expectFloatOutput(0, in(0).shape);
+    for (size_t j = 1; j < kernel.outputs.size(); ++j)
+      expectFloatOutput(j, {d});
+    break;
+  }
+  case KernelKind::RoPEGrad:
+    expectFloat(0);
+    expectRank(0, 4);
+    if (in(0).shape[3] % 2 != 0)
+      fail(inName(0) + " head_dim must be even to rotate pairs, got " +
+           std::to_string(in(0).shape[3]));
+    expectFloatOutput(0, in(0).shape);
+    break;
+  case KernelKind::AttentionGrad:
+    checkAttentionShapes(1, 2, 3);
+    expectFloat(2);
+    expectFloat(3);
+    expectFloatInput(0, in(1).shape);
+    expectFloatInput(4, in(1).shape);
+    expectFloatOutput(0, in(1).shape);
+    expectFloatOutput(1, in(2).shape);
+    expectFloatOutput(2, in(2).shape);
+    break;
+  case KernelKind::SiLUGrad:
+  case KernelKind::GeLUGrad:
+  case KernelKind::SoftmaxGrad:
+    expectFloat(0);
+    expectFloatInput(1, in(0).shape);
+    expectFloatOutput(0, in(0).shape);
+    break;
+  case KernelKind::SwiGLUGrad:
+    expectFloat(0);
+    expectFloatInput(1, in(0).shape);
+    expectFloatInput(2, in(0).shape);
+    expectFloatOutput(0, in(0).shape);
+    expectFloatOutput(1, in(0).shape);
+    break;
+  case KernelKind::CrossEntropyGrad: {
+    expectScalarInput(0, DType::F32);
+    expectFloat(1);
+    expectRankAtLeast(1, 2);
+    expectIndex(2);
+    std::vector<int64_t> shape(in(1).shape.begin(), in(1).shape.end() - 1);
+    expectInputShape(2, shape);
+    expectFloatOutput(0, in(1).shape);
+    break;
+  }
+  case KernelKind::SliceGrad: {
+    expectFloat(0);
+    size_t axis = size_t(kernel.attrs.axis);
+    if (out().shape.size() != in(0).shape.size())
+      fail(outName() + " rank: expected " + std::to_string(in(0).shape.size()) + ", got " +
+           std::to_string(out().shape.size()));
+    std::vector<int64_t> shape = in(0).shape;
+    shape[axis] = out().shape[axis];
+    expectFloatOutput(0, shape);
+    int64_t start = kernel.attrs.start, size = in(0).shape[axis], dim = out().shape[axis];
+    if (start < 0 || start > dim || size > dim - start)
+      fail("range [" + std::to_string(start) + ", " + std::to_string(start) + " + " +
+           std::to_string(size) + ") is outside dimension " + std::to_string(axis) + " of size " +
+           std::to_string(dim));
+    break;
+  }
+  case KernelKind::GradNorm:
+    for (size_t i = 0; i < kernel.inputs.size(); ++i)
+      expectFloat(i);
+    expectScalarOutput(0, DType::F32);
+    break;
+  case KernelKind::LearningRate:
+    expectScalarInput(0, DType::I64);
+    expectScalarOutput(0, DType::F32);
+    break;
+  case KernelKind::AdamWUpdate:
+  case KernelKind::SGDUpdate: {
+    bool adam = kernel.kind == KernelKind::AdamWUpdate;
+    expectFloat(0);
+    const std::vector<int64_t> &shape = in(0).shape;
+    size_t i = 1;
+    if (adam)
+      expectScalarInput(i++, DType::I64);
+    expectScalarInput(i++, DType::F32); // lr
+    expectScalarInput(i, DType::F32);   // norm
+    expectFloatOutput(0, shape);
+    for (size_t j = 1; j < kernel.outputs.size(); ++j)
+      expectF32Output(j, shape);
+    break;
+  }
+  case KernelKind::StepIncrement:
+    expectScalarOutput(0, DType::I64);
+    break;
+  case KernelKind::Accumulate:
+    expectFloat(0);
+    expectFloatOutput(0, in(0).shape);
+    break;
+  case KernelKind::Zero:
+    if (!isFloatStorage(out().dtype) && !isIndexType(out().dtype))
+      fail(outName() + " dtype: expected f32, f16, bf16, i32 or i64, got " +
+           dtypeName(out().dtype));
+    break;
+  default:
+    break;
+  }
+}
+
+void KernelChecker::checkShapesV1() {
   switch (kernel.kind) {
   case KernelKind::Embedding: {
     expectFloat(0);
@@ -495,6 +1056,8 @@ void KernelChecker::checkShapes() {
       fail(outName() + " has " + std::to_string(out().bytes) + " bytes, " + inName(0) + " has " +
            std::to_string(in(0).bytes));
     break;
+  default:
+    break;
   }
 }
 
@@ -503,6 +1066,8 @@ void KernelChecker::check() {
   checkAttrs();
   checkShapes();
   checkOverlap();
+  checkPhase();
+  checkState();
 }
 
 /// The union member each kind requires (NONE: the kind takes no attributes).
@@ -510,21 +1075,37 @@ fb::KernelAttrs requiredAttrs(fb::KernelKind kind) {
   switch (kind) {
   case fb::KernelKind::RMSNorm:
   case fb::KernelKind::LayerNorm:
+  case fb::KernelKind::RMSNormGrad:
+  case fb::KernelKind::LayerNormGrad:
     return fb::KernelAttrs::NormAttrs;
   case fb::KernelKind::RoPE:
+  case fb::KernelKind::RoPEGrad:
     return fb::KernelAttrs::RoPEAttrs;
   case fb::KernelKind::Attention:
+  case fb::KernelKind::AttentionGrad:
     return fb::KernelAttrs::AttentionAttrs;
   case fb::KernelKind::GeLU:
+  case fb::KernelKind::GeLUGrad:
     return fb::KernelAttrs::GeLUAttrs;
   case fb::KernelKind::Softmax:
+  case fb::KernelKind::SoftmaxGrad:
     return fb::KernelAttrs::AxisAttrs;
   case fb::KernelKind::CrossEntropy:
+  case fb::KernelKind::CrossEntropyGrad:
     return fb::KernelAttrs::CrossEntropyAttrs;
   case fb::KernelKind::Transpose:
     return fb::KernelAttrs::TransposeAttrs;
   case fb::KernelKind::Slice:
+  case fb::KernelKind::SliceGrad:
     return fb::KernelAttrs::SliceAttrs;
+  case fb::KernelKind::Fill:
+    return fb::KernelAttrs::FillAttrs;
+  case fb::KernelKind::LearningRate:
+    return fb::KernelAttrs::LearningRateAttrs;
+  case fb::KernelKind::AdamWUpdate:
+    return fb::KernelAttrs::AdamWAttrs;
+  case fb::KernelKind::SGDUpdate:
+    return fb::KernelAttrs::SGDAttrs;
   default:
     return fb::KernelAttrs::NONE;
   }
@@ -548,8 +1129,11 @@ private:
   }
   void readArenas();
   void readTensors();
+  void checkTensorRoles();
   void readKernels();
   void readInputsAndLoss();
+  void checkTraining();
+  void checkVocabulary();
 
   const fb::Plan &root;
   LoadedPlan plan;
@@ -587,7 +1171,6 @@ void PlanReader::readTensors() {
   const auto *tensors = root.tensors();
   if (!tensors)
     return;
-  std::vector<std::pair<std::string, uint32_t>> parameterNames;
   for (flatbuffers::uoffset_t i = 0; i < tensors->size(); ++i) {
     const fb::Tensor *t = tensors->Get(i);
     TensorInfo info;
@@ -597,14 +1180,18 @@ void PlanReader::readTensors() {
       fail(what + " has an unknown dtype " + std::to_string(unsigned(t->dtype())));
     if (t->role() > fb::TensorRole::MAX)
       fail(what + " has an unknown role " + std::to_string(unsigned(t->role())));
+    if (t->init() > fb::TensorInit::MAX)
+      fail(what + " has an unknown init " + std::to_string(unsigned(t->init())));
     info.dtype = static_cast<DType>(t->dtype());
     info.role = static_cast<TensorRole>(t->role());
+    info.init = static_cast<TensorInit>(t->init());
+    info.initSource = t->init_source();
     info.trainable = t->trainable();
     info.arena = t->arena();
     info.offset = t->offset();
     info.bytes = t->bytes();
     if (const auto *shape = t->shape())
-      info.shape.assign(shape->begin(), shape->end());
+      info.shape = readInt64s(*shape);
     if (info.shape.size() > kMaxRank)
       fail(what + " has rank " + std::to_string(info.shape.size()) + ", above the limit " +
            std::to_string(kMaxRank));
@@ -637,19 +1224,84 @@ void PlanReader::readTensors() {
     if (info.offset % dtypeSize(info.dtype) != 0)
       fail(what + " offset " + std::to_string(info.offset) + " is not a multiple of its " +
            dtypeName(info.dtype) + " element size");
-    if (info.role == TensorRole::Parameter) {
-      if (info.name.empty())
-        fail(what + " is a parameter without a name (parameters are bound by name)");
-      parameterNames.emplace_back(info.name, i);
-    }
     plan.tensors.push_back(std::move(info));
   }
-  std::sort(parameterNames.begin(), parameterNames.end());
-  for (size_t i = 1; i < parameterNames.size(); ++i)
-    if (parameterNames[i].first == parameterNames[i - 1].first)
-      fail("tensors " + std::to_string(parameterNames[i - 1].second) + " and " +
-           std::to_string(parameterNames[i].second) + " are both parameter '" +
-           parameterNames[i].first + "' (a parameter is one tensor; views of it are not parameters)");
+}
+
+/// What each role and initializer promises: names the runtime binds or reports by are unique,
+/// runtime-written scalars have the type the runtime writes, and only persistent state starts
+/// from an initializer (a step arena's bytes belong to whatever the planner put there last).
+void PlanReader::checkTensorRoles() {
+  // Checkpoint keys and reported names: (role, name) -> first tensor.
+  std::map<std::pair<TensorRole, std::string>, uint32_t> named;
+  for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
+    const TensorInfo &t = plan.tensors[i];
+    std::string what = plan.describeTensor(i);
+    switch (t.role) {
+    case TensorRole::Parameter:
+    case TensorRole::OptimizerState:
+    case TensorRole::Metric: {
+      const char *role = tensorRoleName(t.role);
+      if (t.name.empty())
+        fail(what + " is " + (t.role == TensorRole::OptimizerState ? "an " : "a ") + role +
+             " without a name (" +
+             (t.role == TensorRole::Metric ? "metrics are reported by name"
+                                           : "checkpoints store it by name") +
+             ")");
+      auto [it, inserted] = named.emplace(std::make_pair(t.role, t.name), i);
+      if (!inserted)
+        fail("tensors " + std::to_string(it->second) + " and " + std::to_string(i) + " are both " +
+             role + " '" + t.name + "' (a " + role +
+             " is one tensor; views of it take another role)");
+      break;
+    }
+    case TensorRole::LossScale:
+      if (plan.lossScale)
+        fail("tensors " + std::to_string(*plan.lossScale) + " and " + std::to_string(i) +
+             " both have role loss scale (a plan has at most one)");
+      plan.lossScale = i;
+      break;
+    default:
+      break;
+    }
+    if ((t.role == TensorRole::Metric || t.role == TensorRole::LossScale) &&
+        !isScalar(t, DType::F32))
+      fail(what + " has role " + tensorRoleName(t.role) + " but is " + formatShape(t.shape) + " " +
+           dtypeName(t.dtype) + ", not a scalar [] of dtype f32");
+
+    if (t.init == TensorInit::None)
+      continue;
+    const char *init = t.init == TensorInit::Zeros ? "Zeros" : "CopyOf";
+    if (t.role == TensorRole::Parameter || t.role == TensorRole::Input ||
+        t.role == TensorRole::LossScale)
+      fail(what + " has role " + tensorRoleName(t.role) + " and init " + init +
+           ", but the runtime binds or writes it (only computed state has an initializer)");
+    const ArenaInfo &arena = plan.arenas[t.arena];
+    if (arena.lifetime != Lifetime::Persistent)
+      fail(what + " has init " + init + " but is in step arena " + std::to_string(t.arena) + " '" +
+           arena.name + "' (initialized state must live in a persistent arena)");
+    if (t.init != TensorInit::CopyOf)
+      continue;
+    if (t.initSource >= plan.tensors.size())
+      fail(what + " is a copy of tensor " + std::to_string(t.initSource) + ", but the plan has " +
+           std::to_string(plan.tensors.size()) + " tensors");
+    const TensorInfo &source = plan.tensors[t.initSource];
+    std::string sourceName = plan.describeTensor(t.initSource);
+    if (t.initSource == i || rangesOverlap(source, t))
+      fail(what + " is a copy of " + sourceName + ", which shares its storage");
+    if (source.init == TensorInit::CopyOf)
+      fail(what + " is a copy of " + sourceName +
+           ", which is itself a copy (copies are made "
+           "from bound or zeroed tensors, in one pass)");
+    if (source.shape != t.shape)
+      fail(what + " shape " + formatShape(t.shape) + " differs from that of its source " +
+           sourceName + " " + formatShape(source.shape));
+    bool convertible =
+        source.dtype == t.dtype || (isFloatStorage(source.dtype) && isFloatStorage(t.dtype));
+    if (!convertible)
+      fail(what + " (" + dtypeName(t.dtype) + ") cannot be a converted copy of " + sourceName +
+           " (" + dtypeName(source.dtype) + ")");
+  }
 }
 
 void PlanReader::readKernels() {
@@ -668,6 +1320,9 @@ void PlanReader::readKernels() {
            " (a newer compiler? recompile the plan with this runtime's compiler)");
     info.kind = static_cast<KernelKind>(k->kind());
     what += std::string(" (") + kernelKindName(info.kind) + ")";
+    if (k->phase() > fb::Phase::MAX)
+      fail(what + " has an unknown phase " + std::to_string(unsigned(k->phase())));
+    info.phase = static_cast<Phase>(k->phase());
     if (const auto *v = k->inputs())
       info.inputs.assign(v->begin(), v->end());
     if (const auto *v = k->outputs())
@@ -703,12 +1358,40 @@ void PlanReader::readKernels() {
       break;
     case fb::KernelAttrs::TransposeAttrs:
       if (const auto *perm = k->attrs_as_TransposeAttrs()->permutation())
-        a.permutation.assign(perm->begin(), perm->end());
+        a.permutation = readInt64s(*perm);
       break;
     case fb::KernelAttrs::SliceAttrs:
       a.axis = k->attrs_as_SliceAttrs()->axis();
       a.start = k->attrs_as_SliceAttrs()->start();
       break;
+    case fb::KernelAttrs::FillAttrs:
+      a.value = k->attrs_as_FillAttrs()->value();
+      break;
+    case fb::KernelAttrs::LearningRateAttrs: {
+      const fb::LearningRateAttrs *lr = k->attrs_as_LearningRateAttrs();
+      a.lr = lr->lr();
+      a.cosine = lr->cosine();
+      a.warmupSteps = lr->warmup_steps();
+      a.totalSteps = lr->total_steps();
+      a.minLrRatio = lr->min_lr_ratio();
+      break;
+    }
+    case fb::KernelAttrs::AdamWAttrs: {
+      const fb::AdamWAttrs *adam = k->attrs_as_AdamWAttrs();
+      a.beta1 = adam->beta1();
+      a.beta2 = adam->beta2();
+      a.eps = adam->eps();
+      a.weightDecay = adam->weight_decay();
+      a.gradClip = adam->grad_clip();
+      break;
+    }
+    case fb::KernelAttrs::SGDAttrs: {
+      const fb::SGDAttrs *sgd = k->attrs_as_SGDAttrs();
+      a.momentum = sgd->momentum();
+      a.weightDecay = sgd->weight_decay();
+      a.gradClip = sgd->grad_clip();
+      break;
+    }
     default:
       break;
     }
@@ -764,9 +1447,76 @@ void PlanReader::readInputsAndLoss() {
   bool written = false;
   for (const KernelInfo &k : plan.kernels)
     for (uint32_t o : k.outputs)
-      written = written || o == plan.loss;
+      written = written || (o == plan.loss && k.phase == Phase::Forward);
   if (!written)
-    fail("the loss, " + plan.describeTensor(plan.loss) + ", is not written by any kernel");
+    fail("the loss, " + plan.describeTensor(plan.loss) +
+         ", is not written by any kernel of the forward phase");
+}
+
+/// The phase order and the micro-batch contract. (Kernels may write over the bytes of the
+/// inputs and the loss scale after their last use: the runtime writes them again before each
+/// micro-batch.)
+void PlanReader::checkTraining() {
+  for (size_t i = 1; i < plan.kernels.size(); ++i)
+    if (plan.kernels[i].phase < plan.kernels[i - 1].phase)
+      fail(plan.describeKernel(i) + " runs in the " + phaseName(plan.kernels[i].phase) +
+           " phase but comes after " + plan.describeKernel(i - 1) + " of the " +
+           phaseName(plan.kernels[i - 1].phase) +
+           " phase: kernels are ordered forward, backward, update");
+  plan.microBatches = root.micro_batches();
+  if (plan.microBatches == 0 || plan.microBatches > kMaxMicroBatches)
+    fail("micro_batches must be in [1, " + std::to_string(kMaxMicroBatches) + "], got " +
+         std::to_string(plan.microBatches));
+  std::string problem = plan.microBatchProblem(plan.microBatches);
+  if (!problem.empty())
+    fail("micro_batches " + std::to_string(plan.microBatches) + ": " + problem);
+}
+
+/// vocab_size bounds the ids the data loader accepts; every table the ids index and every
+/// logits row the labels index must be at least that large, so no id the loader lets through
+/// can reach outside a tensor.
+void PlanReader::checkVocabulary() {
+  plan.vocabSize = root.vocab_size();
+  if (plan.vocabSize == 0 || plan.vocabSize > kMaxVocab)
+    fail("vocab_size must be in [1, 2^32], got " + std::to_string(plan.vocabSize));
+  const TensorInfo &ids = plan.tensors[plan.inputs[0]];
+  const TensorInfo &labels = plan.tensors[plan.inputs[1]];
+  uint64_t limit = uint64_t(std::numeric_limits<int32_t>::max()) + 1;
+  if ((ids.dtype == DType::I32 || labels.dtype == DType::I32) && plan.vocabSize > limit)
+    fail("vocab_size " + std::to_string(plan.vocabSize) + " does not fit the plan's i32 inputs");
+  auto needRows = [&](size_t k, uint32_t t, const char *what, int64_t rows) {
+    if (uint64_t(rows) < plan.vocabSize)
+      fail(plan.describeKernel(k) + ": " + what + ", " + plan.describeTensor(t) + ", has " +
+           std::to_string(rows) + " rows, fewer than vocab_size " + std::to_string(plan.vocabSize));
+  };
+  for (size_t k = 0; k < plan.kernels.size(); ++k) {
+    const KernelInfo &kernel = plan.kernels[k];
+    auto tensor = [&](uint32_t i) -> const TensorInfo & { return plan.tensors[i]; };
+    switch (kernel.kind) {
+    case KernelKind::Embedding:
+      if (rangesOverlap(tensor(kernel.inputs[1]), ids))
+        needRows(k, kernel.inputs[0], "the table indexed by the plan's ids",
+                 tensor(kernel.inputs[0]).shape[0]);
+      break;
+    case KernelKind::EmbeddingGrad:
+      if (rangesOverlap(tensor(kernel.inputs[1]), ids))
+        needRows(k, kernel.outputs[0], "the table gradient indexed by the plan's ids",
+                 tensor(kernel.outputs[0]).shape[0]);
+      break;
+    case KernelKind::CrossEntropy:
+      if (rangesOverlap(tensor(kernel.inputs[1]), labels))
+        needRows(k, kernel.inputs[0], "the logits indexed by the plan's labels",
+                 tensor(kernel.inputs[0]).shape.back());
+      break;
+    case KernelKind::CrossEntropyGrad:
+      if (rangesOverlap(tensor(kernel.inputs[2]), labels))
+        needRows(k, kernel.inputs[1], "the logits indexed by the plan's labels",
+                 tensor(kernel.inputs[1]).shape.back());
+      break;
+    default:
+      break;
+    }
+  }
 }
 
 LoadedPlan PlanReader::read() {
@@ -792,8 +1542,11 @@ LoadedPlan PlanReader::read() {
   plan.tokensPerStep = root.tokens_per_step();
   readArenas();
   readTensors();
+  checkTensorRoles();
   readKernels();
   readInputsAndLoss();
+  checkTraining();
+  checkVocabulary();
   return std::move(plan);
 }
 

@@ -3,7 +3,9 @@
 // The small plan's loss equals the one computed by calling the cpu:: kernels directly on
 // separately allocated buffers; views alias their storage; memory is measured; weights saved to
 // safetensors bind back to the same loss; a plan that uses every kernel kind runs; and a
-// kernel's error says which kernel failed.
+// kernel's error says which kernel failed. For training plans: initializers (zeros, fp32
+// master copies of bf16 parameters), each phase doing its own part of a step, the loss scale,
+// the learning-rate override, and a plan that uses every training kind running.
 //
 //===----------------------------------------------------------------------===//
 
@@ -15,8 +17,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 namespace bonsai::rt {
 namespace {
@@ -172,6 +176,186 @@ TEST(ExecutorTest, KernelErrorsNameTheKernel) {
   } catch (const Error &e) {
     EXPECT_NE(std::string(e.what()).find("kernel 0 'k0' (Embedding): "), std::string::npos)
         << e.what();
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Training plans.
+//===----------------------------------------------------------------------===//
+
+bool allZero(const Executor &e, uint32_t tensor) {
+  const auto *p = static_cast<const uint8_t *>(e.view(tensor).data);
+  return std::all_of(p, p + e.plan().tensors[tensor].bytes, [](uint8_t b) { return b == 0; });
+}
+
+int64_t stepCounter(const Executor &e, uint32_t tensor) {
+  int64_t step;
+  std::memcpy(&step, e.view(tensor).data, sizeof step);
+  return step;
+}
+
+TEST(ExecutorTrainingTest, InitializersZeroAndCopy) {
+  test::TrainingTensors t;
+  test::PlanSpec spec = test::trainingPlanSpec({2, 4, 16, 8, true}, &t);
+  LoadedPlan plan = loadSpec(spec);
+  Executor e(plan);
+  // Garbage where zeros belong: the initializers must clear it.
+  static_cast<float *>(e.view(t.gradHead).data)[3] = 5.0f;
+  int64_t seven = 7;
+  std::memcpy(e.view(t.step).data, &seven, sizeof seven);
+  e.initWeights(2);
+  EXPECT_TRUE(allZero(e, t.gradHead));
+  EXPECT_TRUE(allZero(e, t.gradTable));
+  EXPECT_EQ(stepCounter(e, t.step), 0);
+  // The fp32 master weights are the bf16 parameters, widened exactly.
+  for (auto [param, master] :
+       {std::pair{t.table, std::string("optimizer.master.model.embed_tokens.weight")},
+        std::pair{t.head, std::string("optimizer.master.lm_head.weight")}}) {
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < plan.tensors.size(); ++i)
+      if (plan.tensors[i].name == master)
+        m = i;
+    ASSERT_EQ(plan.tensors[m].dtype, DType::F32);
+    ASSERT_EQ(plan.tensors[param].dtype, DType::BF16);
+    std::vector<float> p = test::floatsOf(e, param), w = test::floatsOf(e, m);
+    EXPECT_EQ(p, w) << master;
+    EXPECT_NE(p[0], 0.0f);
+  }
+}
+
+TEST(ExecutorTrainingTest, EachPhaseDoesItsPart) {
+  test::TrainingTensors t;
+  LoadedPlan plan = loadSpec(test::trainingPlanSpec({}, &t));
+  Executor e(plan);
+  e.initWeights(4);
+  std::vector<float> head0 = test::floatsOf(e, t.head);
+  TokenLoader loader("", 2, 4, 16, 4);
+  e.setInputs(loader.batch(0));
+  e.setLossScale(0.5f);
+
+  e.runPhase(Phase::Forward);
+  float loss = e.loss();
+  EXPECT_NEAR(loss, std::log(16.0f), 0.05);
+  EXPECT_TRUE(allZero(e, t.gradHead)) << "the forward phase touched a gradient";
+
+  e.runPhase(Phase::Backward);
+  std::vector<float> g = test::floatsOf(e, t.gradHead);
+  EXPECT_FALSE(allZero(e, t.gradHead));
+  EXPECT_EQ(test::floatsOf(e, t.head), head0) << "the backward phase touched a parameter";
+  // The loss scale multiplies the gradient: the same micro-batch at scale 1 gives twice it.
+  Executor f(plan);
+  f.initWeights(4);
+  f.forwardBackward(loader.batch(0), 1.0f);
+  std::vector<float> g1 = test::floatsOf(f, t.gradHead);
+  for (size_t i = 0; i < g.size(); ++i)
+    ASSERT_NEAR(2 * g[i], g1[i], 1e-7f + 1e-6f * std::fabs(g1[i])) << i;
+
+  e.runPhase(Phase::Update);
+  EXPECT_NE(test::floatsOf(e, t.head), head0);
+  EXPECT_TRUE(allZero(e, t.gradHead)) << "the update phase did not clear the accumulator";
+  EXPECT_EQ(stepCounter(e, t.step), 1);
+  ASSERT_TRUE(e.metric("lr").has_value());
+  EXPECT_FLOAT_EQ(*e.metric("lr"), 5e-3f); // warmup: 1e-2 * 1 / 2
+  EXPECT_GT(*e.metric("grad_norm"), 0.0f);
+  EXPECT_EQ(e.metric("nothing"), std::nullopt);
+}
+
+TEST(ExecutorTrainingTest, LearningRateOverride) {
+  test::TrainingTensors t;
+  LoadedPlan plan = loadSpec(test::trainingPlanSpec({}, &t));
+  Executor e(plan);
+  e.initWeights(4);
+  e.overrideLearningRate(0.5);
+  TokenLoader loader("", 2, 4, 16, 4);
+  StepResult r = e.trainStep(loader, 0, 1);
+  EXPECT_FLOAT_EQ(*r.lr, 0.25f); // warmup step 1 of 2
+  EXPECT_THROW(e.overrideLearningRate(-1.0), Error);
+  LoadedPlan forward = loadSpec(test::smallPlanSpec());
+  Executor f(forward);
+  try {
+    f.overrideLearningRate(0.1);
+    FAIL() << "a forward-only plan took a learning rate";
+  } catch (const Error &error) {
+    EXPECT_NE(std::string(error.what()).find("has no LearningRate kernel"), std::string::npos);
+  }
+}
+
+TEST(ExecutorTrainingTest, RunStepIsOneMicroBatchStep) {
+  test::TrainingTensors t;
+  LoadedPlan plan = loadSpec(test::trainingPlanSpec({}, &t));
+  Executor a(plan), b(plan);
+  a.initWeights(8);
+  b.initWeights(8);
+  TokenLoader loader("", 2, 4, 16, 8);
+  a.setInputs(loader.batch(0));
+  float loss = a.runStep();
+  StepResult r = b.trainStep(loader, 0, 1);
+  EXPECT_EQ(loss, r.loss);
+  EXPECT_EQ(test::floatsOf(a, t.head), test::floatsOf(b, t.head));
+  EXPECT_EQ(stepCounter(a, t.step), 1);
+}
+
+TEST(ExecutorTrainingTest, MicroBatchCountsAreChecked) {
+  test::TrainingTensors t;
+  test::PlanSpec spec = test::trainingPlanSpec({}, &t);
+  for (test::KernelSpec &k : spec.kernels)
+    if (k.kind == KernelKind::GradNorm)
+      k.inputs[1] = t.stepGradHead;
+  LoadedPlan plan = loadSpec(spec);
+  Executor e(plan);
+  e.initWeights(1);
+  TokenLoader loader("", 2, 4, 16, 1);
+  EXPECT_NO_THROW(e.trainStep(loader, 0, 1));
+  try {
+    e.trainStep(loader, 1, 2);
+    FAIL() << "two micro-batches ran on a plan that cannot accumulate";
+  } catch (const Error &error) {
+    EXPECT_NE(std::string(error.what()).find("cannot run 2 micro-batches per step"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
+TEST(ExecutorTrainingTest, EveryTrainingKindRuns) {
+  test::PlanSpec spec = test::everyTrainingKindPlanSpec();
+  LoadedPlan plan = loadSpec(spec);
+  Executor e(plan);
+  e.initWeights(3);
+  uint32_t embed = 0, head = 0;
+  for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
+    if (plan.tensors[i].name == "wte.weight" && plan.tensors[i].role == TensorRole::Parameter)
+      embed = i;
+    if (plan.tensors[i].name == "lm_head.weight" && plan.tensors[i].role == TensorRole::Parameter)
+      head = i;
+  }
+  std::vector<float> embed0 = test::floatsOf(e, embed), head0 = test::floatsOf(e, head);
+  TokenLoader loader("", 2, 4, 16, 3);
+  for (uint64_t s = 0; s < 3; ++s) {
+    StepResult r = e.trainStep(loader, s, 1);
+    EXPECT_TRUE(std::isfinite(r.loss));
+    ASSERT_TRUE(r.gradNorm && r.lr);
+    EXPECT_TRUE(std::isfinite(*r.gradNorm));
+  }
+  EXPECT_NE(test::floatsOf(e, embed), embed0) << "SGD did not update";
+  EXPECT_NE(test::floatsOf(e, head), head0) << "AdamW did not update";
+}
+
+TEST(ExecutorTrainingTest, BackwardKernelErrorsNameTheKernel) {
+  test::TrainingTensors t;
+  LoadedPlan plan = loadSpec(test::trainingPlanSpec({}, &t));
+  Executor e(plan);
+  e.initWeights(1);
+  TokenLoader loader("", 2, 4, 16, 1);
+  e.forwardBackward(loader.batch(0), 1.0f);
+  // Labels the forward pass never sees (it already ran): the backward pass rejects them.
+  static_cast<int32_t *>(e.view(t.labels).data)[2] = 99;
+  try {
+    e.runPhase(Phase::Backward);
+    FAIL() << "an out-of-range label ran";
+  } catch (const Error &error) {
+    EXPECT_NE(std::string(error.what()).find("kernel 3 'k3' (CrossEntropyGrad): "),
+              std::string::npos)
+        << error.what();
   }
 }
 

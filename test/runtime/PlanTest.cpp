@@ -3,7 +3,9 @@
 // A valid plan loads into the plain structs; every truncation and hundreds of random byte flips
 // are rejected with rt::Error or load into something the executor can run without touching
 // memory outside its arenas (checked by running it, under ASan in scripts/test-asan.sh); and one
-// planted mistake at a time gets a message that names it.
+// planted mistake at a time gets a message that names it. The version 2 rules (roles,
+// initializers, phases, the new kinds' operands and attributes, micro-batches, vocab_size) each
+// get a planted mistake of their own, and valid training plans load.
 //
 //===----------------------------------------------------------------------===//
 
@@ -16,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <limits>
 
 namespace bonsai::rt {
 namespace {
@@ -116,7 +119,12 @@ TEST(PlanTest, WrongVersionSaysRecompile) {
   PlanSpec spec = test::smallPlanSpec();
   spec.version = kPlanVersion + 1;
   std::string message = loadError(spec);
-  EXPECT_NE(message.find("plan version 2 is not supported"), std::string::npos) << message;
+  EXPECT_NE(message.find("plan version " + std::to_string(kPlanVersion + 1) + " is not supported"),
+            std::string::npos)
+      << message;
+  // Version 1 plans (forward only, no vocab_size) are rejected the same way.
+  spec.version = 1;
+  EXPECT_NE(loadError(spec).find("plan version 1 is not supported"), std::string::npos);
   EXPECT_NE(message.find("recompile"), std::string::npos) << message;
 }
 
@@ -154,6 +162,33 @@ void runIfSmall(const LoadedPlan &plan) {
   }
 }
 
+void flipBytes(const std::vector<uint8_t> &bytes, uint64_t seed, int trials) {
+  Rng rng(seed);
+  int loaded = 0, rejected = 0;
+  for (int trial = 0; trial < trials; ++trial) {
+    std::vector<uint8_t> corrupt = bytes;
+    int flips = 1 + int(rng.below(3));
+    for (int f = 0; f < flips; ++f)
+      corrupt[rng.below(corrupt.size())] ^= uint8_t(1 + rng.below(255));
+    try {
+      LoadedPlan plan = load(corrupt);
+      ++loaded;
+      runIfSmall(plan);
+    } catch (const Error &e) {
+      ++rejected;
+      EXPECT_FALSE(std::string(e.what()).empty());
+    }
+  }
+  EXPECT_GT(rejected, 0);
+  EXPECT_EQ(loaded + rejected, trials);
+  ::testing::Test::RecordProperty("loaded", loaded);
+  ::testing::Test::RecordProperty("rejected", rejected);
+}
+
+TEST(PlanTest, RandomByteFlipsOfATrainingPlanLoadOrThrow) {
+  flipBytes(buildPlan(test::everyTrainingKindPlanSpec()), 20261130, 1500);
+}
+
 TEST(PlanTest, RandomByteFlipsLoadOrThrow) {
   std::vector<uint8_t> bytes = buildPlan(test::everyKindPlanSpec());
   Rng rng(20261129);
@@ -183,10 +218,10 @@ TEST(PlanTest, RandomByteFlipsLoadOrThrow) {
 // Planted semantic errors: each message names the tensor or kernel and the problem.
 //===----------------------------------------------------------------------===//
 
-void expectError(const PlanSpec &spec, std::initializer_list<const char *> parts) {
+void expectError(const PlanSpec &spec, std::initializer_list<std::string> parts) {
   std::string message = loadError(spec);
   ASSERT_FALSE(message.empty()) << "the plan loaded";
-  for (const char *part : parts)
+  for (const std::string &part : parts)
     EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
 }
 
@@ -352,7 +387,8 @@ TEST(PlanSemanticsTest, InputsAndLossContract) {
   expectError(spec, {"the loss, tensor 7 'logits', must be an f32 scalar"});
   spec = test::smallPlanSpec();
   spec.kernels.pop_back();
-  expectError(spec, {"the loss, tensor 8 'loss', is not written by any kernel"});
+  expectError(spec,
+              {"the loss, tensor 8 'loss', is not written by any kernel of the forward phase"});
 }
 
 TEST(PlanSemanticsTest, ParameterNamesAreUnique) {
@@ -369,6 +405,350 @@ TEST(PlanSemanticsTest, UnknownEnumValues) {
   spec.tensors[5].dtype = DType(42);
   spec.tensors[5].bytes = 256;
   expectError(spec, {"tensor 5 'h' has an unknown dtype 42"});
+}
+
+//===----------------------------------------------------------------------===//
+// Plan version 2: training plans.
+//===----------------------------------------------------------------------===//
+
+/// The index of the first kernel of `kind` in `spec`.
+size_t kernelOf(const PlanSpec &spec, KernelKind kind) {
+  for (size_t i = 0; i < spec.kernels.size(); ++i)
+    if (spec.kernels[i].kind == kind)
+      return i;
+  ADD_FAILURE() << "no " << kernelKindName(kind) << " kernel";
+  return 0;
+}
+
+/// The index of the tensor named `name` with role `role` in `spec`.
+uint32_t tensorOf(const PlanSpec &spec, const std::string &name, TensorRole role) {
+  for (uint32_t i = 0; i < spec.tensors.size(); ++i)
+    if (spec.tensors[i].name == name && spec.tensors[i].role == role)
+      return i;
+  ADD_FAILURE() << "no tensor " << name;
+  return 0;
+}
+
+TEST(PlanTrainingTest, LoadsTheTrainingPlan) {
+  test::TrainingTensors t;
+  LoadedPlan plan = load(buildPlan(test::trainingPlanSpec({}, &t)));
+  EXPECT_TRUE(plan.trains());
+  EXPECT_TRUE(plan.hasBackward());
+  EXPECT_EQ(plan.vocabularySize(), 16);
+  EXPECT_EQ(plan.microBatches, 1u);
+  EXPECT_EQ(plan.lossScale, t.lossScale);
+  EXPECT_EQ(plan.metric("grad_norm"), t.gradNorm);
+  EXPECT_EQ(plan.metric("lr"), t.lr);
+  EXPECT_EQ(plan.metric("nothing"), std::nullopt);
+  EXPECT_EQ(plan.tensors[t.gradTable].init, TensorInit::Zeros);
+  EXPECT_EQ(plan.tensors[t.step].role, TensorRole::OptimizerState);
+  EXPECT_EQ(plan.kernels[0].phase, Phase::Forward);
+  EXPECT_EQ(plan.kernels[3].phase, Phase::Backward);
+  EXPECT_EQ(plan.kernels.back().phase, Phase::Update);
+  const KernelInfo &adam =
+      plan.kernels[kernelOf(test::trainingPlanSpec(), KernelKind::AdamWUpdate)];
+  EXPECT_DOUBLE_EQ(adam.attrs.beta2, 0.95);
+  EXPECT_DOUBLE_EQ(adam.attrs.weightDecay, 0.01);
+  EXPECT_DOUBLE_EQ(adam.attrs.gradClip, 1.0);
+  const KernelInfo &lr = plan.kernels[kernelOf(test::trainingPlanSpec(), KernelKind::LearningRate)];
+  EXPECT_TRUE(lr.attrs.cosine);
+  EXPECT_EQ(lr.attrs.warmupSteps, 2);
+  EXPECT_EQ(lr.attrs.totalSteps, 40);
+  EXPECT_DOUBLE_EQ(lr.attrs.minLrRatio, 0.1);
+  EXPECT_EQ(plan.microBatchProblem(4), "");
+  EXPECT_EQ(loadError(test::trainingPlanSpec({2, 4, 16, 8, true, 3})), "");
+}
+
+TEST(PlanTrainingTest, AcceptsEveryTrainingKernelKind) {
+  PlanSpec spec = test::everyTrainingKindPlanSpec();
+  LoadedPlan plan = load(buildPlan(spec));
+  std::vector<bool> seen(size_t(KernelKind::Zero) + 1, false);
+  for (const KernelInfo &k : plan.kernels)
+    seen[size_t(k.kind)] = true;
+  for (size_t i = 0; i < seen.size(); ++i)
+    EXPECT_TRUE(seen[i]) << kernelKindName(KernelKind(i)) << " is not covered";
+  const KernelInfo &sgd = plan.kernels[kernelOf(spec, KernelKind::SGDUpdate)];
+  EXPECT_DOUBLE_EQ(sgd.attrs.momentum, 0.9);
+  EXPECT_EQ(sgd.outputs.size(), 3u);
+  EXPECT_DOUBLE_EQ(plan.kernels[kernelOf(spec, KernelKind::Fill)].attrs.value, 0.01);
+  EXPECT_EQ(
+      plan.tensors[tensorOf(spec, "optimizer.master.wte.weight", TensorRole::OptimizerState)].init,
+      TensorInit::CopyOf);
+}
+
+TEST(PlanTrainingTest, LossScaleIsOneF32Scalar) {
+  PlanSpec spec = test::trainingPlanSpec();
+  spec.tensors[4].shape = {1};
+  expectError(spec, {"tensor 4 'loss_scale' has role loss scale but is [1] f32",
+                     "not a scalar [] of dtype f32"});
+  spec = test::trainingPlanSpec();
+  spec.add("loss_scale.2", DType::F32, {}, TensorRole::LossScale, 1);
+  expectError(spec, {"both have role loss scale (a plan has at most one)"});
+}
+
+TEST(PlanTrainingTest, MetricsAreNamedF32Scalars) {
+  test::TrainingTensors t;
+  PlanSpec spec = test::trainingPlanSpec({}, &t);
+  spec.tensors[t.lr].dtype = DType::F16;
+  spec.tensors[t.lr].bytes = -1;
+  expectError(spec, {"'lr' has role metric but is [] f16, not a scalar [] of dtype f32"});
+  spec = test::trainingPlanSpec({}, &t);
+  spec.tensors[t.lr].name = "grad_norm";
+  expectError(spec, {"are both metric 'grad_norm'"});
+  spec = test::trainingPlanSpec({}, &t);
+  spec.tensors[t.lr].name = "";
+  expectError(spec, {"is a metric without a name (metrics are reported by name)"});
+}
+
+TEST(PlanTrainingTest, OptimizerStateNamesAreUnique) {
+  test::TrainingTensors t;
+  PlanSpec spec = test::trainingPlanSpec({}, &t);
+  spec.tensors[t.step + 1].name = "optimizer.step";
+  expectError(spec, {"are both optimizer state 'optimizer.step'"});
+}
+
+TEST(PlanTrainingTest, InitializerRules) {
+  test::TrainingTensors t;
+  PlanSpec spec = test::trainingPlanSpec({}, &t);
+  spec.tensors[t.table].init = TensorInit::Zeros;
+  expectError(spec, {"tensor 0 'model.embed_tokens.weight' has role parameter and init Zeros",
+                     "the runtime binds or writes it"});
+  spec = test::trainingPlanSpec({}, &t);
+  spec.tensors[t.stepGradHead].init = TensorInit::Zeros;
+  expectError(spec, {"'lm_head.weight' has init Zeros but is in step arena 1 'step'"});
+  spec = test::trainingPlanSpec({}, &t);
+  spec.tensors[t.gradTable].init = TensorInit(7);
+  expectError(spec, {"has an unknown init 7"});
+
+  spec = test::trainingPlanSpec({2, 4, 16, 8, true}, &t);
+  uint32_t master = tensorOf(spec, "optimizer.master.lm_head.weight", TensorRole::OptimizerState);
+  spec.tensors[master].initSource = 999;
+  expectError(spec,
+              {"'optimizer.master.lm_head.weight' is a copy of tensor 999, but the plan has"});
+  spec = test::trainingPlanSpec({2, 4, 16, 8, true}, &t);
+  spec.tensors[master].initSource = t.step;
+  expectError(spec,
+              {"shape [16, 8] differs from that of its source tensor", "'optimizer.step' []"});
+  spec = test::trainingPlanSpec({2, 4, 16, 8, true}, &t);
+  spec.tensors[master].initSource = master - 1;
+  expectError(spec, {"which is itself a copy"});
+  spec = test::trainingPlanSpec({2, 4, 16, 8, true}, &t);
+  spec.tensors[master].initSource = master;
+  expectError(spec, {"which shares its storage"});
+  spec = test::trainingPlanSpec({2, 4, 16, 8, true}, &t);
+  spec.tensors[t.table].dtype = DType::I32; // an integer source does not convert to f32
+  spec.tensors[t.table].bytes = -1;
+  expectError(spec, {"'optimizer.master.model.embed_tokens.weight' (f32) cannot be a converted "
+                     "copy of tensor 0 'model.embed_tokens.weight' (i32)"});
+}
+
+TEST(PlanTrainingTest, PhasesAreOrderedAndOptimizerKernelsUpdate) {
+  PlanSpec spec = test::trainingPlanSpec();
+  spec.kernels[4].phase = Phase::Forward; // a forward kernel among the backward ones
+  expectError(spec, {"kernel 4 'k4' (LinearGradWeight) runs in the forward phase but comes after "
+                     "kernel 3 'k3' (CrossEntropyGrad) of the backward phase",
+                     "ordered forward, backward, update"});
+  spec = test::trainingPlanSpec();
+  size_t adam = kernelOf(spec, KernelKind::AdamWUpdate);
+  for (size_t i = kernelOf(spec, KernelKind::GradNorm); i <= adam; ++i)
+    spec.kernels[i].phase = Phase::Backward;
+  expectError(spec, {"(GradNorm): runs in the backward phase, but optimizer kernels run once per "
+                     "step, in the update phase"});
+  spec = test::trainingPlanSpec();
+  spec.kernels[0].phase = Phase(9);
+  expectError(spec, {"kernel 0 'k0' (Embedding) has an unknown phase 9"});
+  spec = test::trainingPlanSpec();
+  spec.kernels[2].phase = Phase::Backward; // the loss computed in the backward phase
+  expectError(spec, {"is not written by any kernel of the forward phase"});
+}
+
+TEST(PlanTrainingTest, ArityOfTheNewKinds) {
+  PlanSpec spec = test::trainingPlanSpec();
+  size_t adam = kernelOf(spec, KernelKind::AdamWUpdate);
+  spec.kernels[adam].outputs.resize(2);
+  expectError(spec, {"(AdamWUpdate): expected 3 or 4 outputs (param, m, v, master), got 2"});
+  spec = test::trainingPlanSpec();
+  spec.kernels[kernelOf(spec, KernelKind::GradNorm)].inputs.clear();
+  expectError(spec, {"(GradNorm): expected 1 or more inputs (g), got 0"});
+  spec = test::trainingPlanSpec();
+  spec.kernels[kernelOf(spec, KernelKind::CrossEntropyGrad)].inputs.pop_back();
+  expectError(spec, {"(CrossEntropyGrad): expected 3 inputs (dloss, logits, labels), got 2"});
+  spec = test::trainingPlanSpec();
+  spec.kernels[kernelOf(spec, KernelKind::Zero)].inputs = {0};
+  expectError(spec, {"(Zero): expected 0 inputs, got 1"});
+  spec = test::trainingPlanSpec();
+  spec.kernels[kernelOf(spec, KernelKind::GradNorm)].inputs.push_back(4242);
+  expectError(spec, {"input 2 (g3) is tensor 4242"});
+}
+
+TEST(PlanTrainingTest, AttributesOfTheNewKinds) {
+  PlanSpec spec = test::trainingPlanSpec();
+  size_t adam = kernelOf(spec, KernelKind::AdamWUpdate);
+  spec.kernels[adam].attrsType = fb::KernelAttrs::NONE;
+  spec.kernels[adam].attrs = nullptr;
+  expectError(spec, {"(AdamWUpdate) attributes: expected AdamWAttrs, got none"});
+  spec = test::trainingPlanSpec();
+  spec.kernels[adam].attrs = test::adamwAttrs(0.9, 1.0);
+  expectError(spec, {"beta2 must be in [0, 1), got 1"});
+  spec = test::trainingPlanSpec();
+  spec.kernels[adam].attrs = test::adamwAttrs(0.9, 0.999, 0.0);
+  expectError(spec, {"eps must be positive and finite, got 0"});
+  spec = test::trainingPlanSpec();
+  spec.kernels[adam].attrs = test::adamwAttrs(0.9, 0.999, 1e-8, -0.1);
+  expectError(spec, {"weight_decay must be finite and non-negative, got -0.1"});
+  spec = test::trainingPlanSpec();
+  size_t lr = kernelOf(spec, KernelKind::LearningRate);
+  spec.kernels[lr].attrs = test::learningRateAttrs(1e-3, true, 10, 10);
+  expectError(spec, {"a cosine schedule needs total_steps above warmup_steps, got total_steps 10 "
+                     "and warmup_steps 10"});
+  spec = test::trainingPlanSpec();
+  spec.kernels[lr].attrs = test::learningRateAttrs(-1.0);
+  expectError(spec, {"lr must be finite and non-negative, got -1"});
+  spec = test::trainingPlanSpec();
+  spec.kernels[lr].attrs = test::learningRateAttrs(1e-3, false, 0, 0, 1.5);
+  expectError(spec, {"min_lr_ratio must be in [0, 1], got 1.5"});
+  spec = test::everyTrainingKindPlanSpec();
+  size_t sgd = kernelOf(spec, KernelKind::SGDUpdate);
+  spec.kernels[sgd].attrs = test::sgdAttrs(-0.5);
+  expectError(spec, {"(SGDUpdate): momentum must be finite and non-negative"});
+  spec = test::everyTrainingKindPlanSpec();
+  spec.kernels[kernelOf(spec, KernelKind::Fill)].attrs =
+      test::fillAttrs(std::numeric_limits<double>::infinity());
+  expectError(spec, {"(Fill): value must be finite, got inf"});
+  spec = test::everyTrainingKindPlanSpec();
+  spec.kernels[kernelOf(spec, KernelKind::SliceGrad)].attrs = test::sliceAttrs(2, 13);
+  expectError(spec, {"(SliceGrad): range [13, 13 + 4) is outside dimension 2 of size 16"});
+  spec = test::everyTrainingKindPlanSpec();
+  spec.kernels[kernelOf(spec, KernelKind::SoftmaxGrad)].attrs = test::axisAttrs(3);
+  expectError(spec, {"(SoftmaxGrad): axis 3 is out of range"});
+}
+
+TEST(PlanTrainingTest, DTypesAndShapesOfTheNewKinds) {
+  test::TrainingTensors t;
+  PlanSpec spec = test::trainingPlanSpec({}, &t);
+  spec.tensors[t.step].dtype = DType::I32;
+  spec.tensors[t.step].bytes = -1;
+  expectError(spec, {"(LearningRate): step (tensor " + std::to_string(t.step) +
+                     " 'optimizer.step') must be a scalar [] of dtype i64, got [] i32"});
+  spec = test::trainingPlanSpec({}, &t);
+  uint32_t m = tensorOf(spec, "optimizer.exp_avg.lm_head.weight", TensorRole::OptimizerState);
+  spec.tensors[m].dtype = DType::BF16;
+  spec.tensors[m].bytes = -1;
+  expectError(spec, {"(AdamWUpdate): m (tensor " + std::to_string(m) +
+                     " 'optimizer.exp_avg.lm_head.weight') dtype: expected f32, got bf16"});
+  spec = test::trainingPlanSpec({}, &t);
+  spec.kernels[kernelOf(spec, KernelKind::CrossEntropyGrad)].inputs[0] = t.ids;
+  expectError(spec, {"dloss (tensor 2 'ids') must be a scalar [] of dtype f32, got [2, 4] i32"});
+  spec = test::trainingPlanSpec({}, &t);
+  spec.tensors[t.stepGradTable].shape = {16, 4};
+  spec.tensors[t.stepGradTable].bytes = -1;
+  expectError(spec, {"(EmbeddingGrad): dy (tensor", "shape: expected [2, 4, 4], got [2, 4, 8]"});
+  spec = test::trainingPlanSpec({}, &t);
+  spec.tensors[t.stepGradHead].shape = {8, 16};
+  spec.tensors[t.stepGradHead].bytes = -1;
+  expectError(spec, {"(LinearGradWeight): dw (tensor", "shape: expected [16, 8], got [8, 16]"});
+  spec = test::trainingPlanSpec({}, &t);
+  spec.tensors[t.gradHead].shape = {16, 4};
+  spec.tensors[t.gradHead].bytes = -1;
+  expectError(spec, {"(Accumulate): acc (tensor", "shape: expected [16, 8], got [16, 4]"});
+  spec = test::trainingPlanSpec({}, &t);
+  spec.kernels[kernelOf(spec, KernelKind::GradNorm)].outputs = {t.gradTable};
+  expectError(spec,
+              {"(GradNorm): norm (tensor", "must be a scalar [] of dtype f32, got [16, 8] f32"});
+}
+
+TEST(PlanTrainingTest, OptimizerStateIsPersistentAndInitialized) {
+  test::TrainingTensors t;
+  PlanSpec spec = test::trainingPlanSpec({}, &t);
+  uint32_t m = tensorOf(spec, "optimizer.exp_avg.lm_head.weight", TensorRole::OptimizerState);
+  spec.tensors[m].init = TensorInit::None;
+  expectError(spec, {"m (tensor " + std::to_string(m) +
+                     " 'optimizer.exp_avg.lm_head.weight') must have init Zeros (moments start at "
+                     "zero)"});
+  spec = test::trainingPlanSpec({}, &t);
+  spec.tensors[t.step].init = TensorInit::None;
+  expectError(spec, {"(StepIncrement): step (tensor", "must have init Zeros (the step counter "
+                                                      "starts at zero)"});
+  spec = test::trainingPlanSpec({}, &t);
+  // lm_head's AdamW writes the parameter in the step arena: its update would be lost.
+  spec.tensors[t.head].arena = 1;
+  spec.tensors[t.head].offset = spec.arenas[1].size;
+  spec.arenas[1].size += 512;
+  expectError(spec, {"(AdamWUpdate): param (tensor 1 'lm_head.weight') is in step arena 1 'step': "
+                     "state updated in place must live in a persistent arena"});
+  spec = test::trainingPlanSpec({2, 4, 16, 8, true}, &t);
+  uint32_t master = tensorOf(spec, "optimizer.master.lm_head.weight", TensorRole::OptimizerState);
+  spec.tensors[master].initSource = t.table;
+  expectError(spec, {"is a copy of tensor 0 'model.embed_tokens.weight', not of param (tensor 1 "
+                     "'lm_head.weight')"});
+}
+
+TEST(PlanTrainingTest, OverlapRulesOfTheNewKinds) {
+  test::TrainingTensors t;
+  PlanSpec spec = test::trainingPlanSpec({}, &t);
+  // acc += g with g the accumulator itself.
+  spec.kernels[kernelOf(spec, KernelKind::Accumulate)].inputs = {t.gradTable};
+  expectError(spec, {"(Accumulate): acc (tensor", "overlaps g (tensor", "cannot run in place"});
+  spec = test::everyTrainingKindPlanSpec();
+  size_t rms = kernelOf(spec, KernelKind::RMSNormGrad);
+  uint32_t dx = spec.kernels[rms].outputs[0], dw = spec.kernels[rms].outputs[1];
+  spec.tensors[dw].offset = spec.tensors[dx].offset;
+  expectError(spec, {"(RMSNormGrad): dw (tensor", "overlaps dx (tensor",
+                     "(the outputs of a kernel are distinct tensors)"});
+}
+
+TEST(PlanTrainingTest, MicroBatchRules) {
+  PlanSpec spec = test::trainingPlanSpec({2, 4, 16, 8, false, 0});
+  expectError(spec, {"micro_batches must be in [1, 1048576], got 0"});
+  // More than one micro-batch needs the loss scale...
+  test::TrainingTensors t;
+  spec = test::trainingPlanSpec({2, 4, 16, 8, false, 2}, &t);
+  spec.tensors[t.lossScale].role = TensorRole::Workspace;
+  expectError(spec, {"micro_batches 2: the plan has no LossScale tensor, so 2 micro-batches would "
+                     "sum their gradients instead of averaging them"});
+  // ... and the update must read accumulated gradients, not the last micro-batch's.
+  spec = test::trainingPlanSpec({2, 4, 16, 8, false, 2}, &t);
+  size_t norm = kernelOf(spec, KernelKind::GradNorm);
+  spec.kernels[norm].inputs[1] = t.stepGradHead;
+  expectError(spec,
+              {"micro_batches 2: kernel " + std::to_string(norm) + " 'k" + std::to_string(norm) +
+                   "' (GradNorm) reads tensor " + std::to_string(t.stepGradHead) +
+                   " 'lm_head.weight', which each micro-batch produces in step arena 1 "
+                   "'step'",
+               "accumulate it into a persistent tensor"});
+  // Sharing bytes with a backward tensor is fine when the update writes them before reading:
+  // the learning rate over the backward pass's h.grad.
+  spec = test::trainingPlanSpec({2, 4, 16, 8, false, 2}, &t);
+  uint32_t dh = tensorOf(spec, "h.grad", TensorRole::Gradient);
+  spec.tensors[t.lr].arena = 1;
+  spec.tensors[t.lr].offset = spec.tensors[dh].offset;
+  EXPECT_EQ(loadError(spec), "");
+  // One micro-batch may read the step-arena gradient directly.
+  spec = test::trainingPlanSpec({2, 4, 16, 8, false, 2}, &t);
+  spec.kernels[norm].inputs[1] = t.stepGradHead;
+  spec.microBatches = 1;
+  LoadedPlan plan = load(buildPlan(spec));
+  EXPECT_NE(plan.microBatchProblem(2).find("only the last one's value"), std::string::npos);
+}
+
+TEST(PlanTrainingTest, VocabSizeBoundsTheIds) {
+  PlanSpec spec = test::smallPlanSpec();
+  spec.vocabSize = 0;
+  expectError(spec, {"vocab_size must be in [1, 2^32], got 0"});
+  spec = test::smallPlanSpec();
+  spec.vocabSize = 17;
+  expectError(spec, {"kernel 0 'k0' (Embedding): the table indexed by the plan's ids, tensor 0 "
+                     "'model.embed_tokens.weight', has 16 rows, fewer than vocab_size 17"});
+  spec = test::trainingPlanSpec();
+  spec.vocabSize = 17;
+  expectError(spec, {"fewer than vocab_size 17"});
+  // A padded table (more rows than the vocabulary) is fine.
+  spec = test::smallPlanSpec();
+  spec.vocabSize = 10;
+  EXPECT_EQ(load(buildPlan(spec)).vocabularySize(), 10);
+  spec = test::smallPlanSpec();
+  spec.vocabSize = (uint64_t(1) << 31) + 1;
+  expectError(spec, {"does not fit the plan's i32 inputs"});
 }
 
 } // namespace

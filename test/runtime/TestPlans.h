@@ -3,13 +3,16 @@
 // Tests describe a plan as plain structs (arenas, tensors, kernels) and serialize it with
 // FlatBufferBuilder exactly as the compiler's emitter would, so they can plant one mistake at a
 // time. `smallPlanSpec()` is the reference model of the tests: embedding -> rms_norm -> linear ->
-// cross_entropy over views of the logits and labels.
+// cross_entropy over views of the logits and labels. `trainingPlanSpec()` is the same model
+// trained: its backward kernels, gradient accumulators, and an AdamW update (optionally bf16
+// parameters with fp32 master weights).
 //
 //===----------------------------------------------------------------------===//
 
 #ifndef BONSAI_TEST_RUNTIME_TESTPLANS_H
 #define BONSAI_TEST_RUNTIME_TESTPLANS_H
 
+#include "bonsai/runtime/Executor.h"
 #include "bonsai/runtime/Plan.h"
 #include "bonsai/runtime/Tensor.h"
 #include "bonsai/runtime/plan_generated.h"
@@ -18,9 +21,13 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include <ftw.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace bonsai::rt::test {
@@ -43,6 +50,8 @@ struct TensorSpec {
   uint64_t offset = 0;
   int64_t bytes = -1;
   bool trainable = false;
+  TensorInit init = TensorInit::None;
+  uint32_t initSource = 0;
 };
 
 /// A kernel of a test plan; `attrs` builds the union member, of type `attrsType`.
@@ -53,6 +62,7 @@ struct KernelSpec {
   bonsai::plan::KernelAttrs attrsType = bonsai::plan::KernelAttrs::NONE;
   std::function<flatbuffers::Offset<void>(flatbuffers::FlatBufferBuilder &)> attrs;
   std::string name;
+  Phase phase = Phase::Forward;
 };
 
 /// A whole test plan.
@@ -66,6 +76,10 @@ struct PlanSpec {
   std::vector<uint32_t> inputs;
   uint32_t loss = 0;
   uint64_t tokensPerStep = 0;
+  uint32_t microBatches = 1;
+  uint64_t vocabSize = 0;
+  /// The phase of the kernels `kernel` appends.
+  Phase phase = Phase::Forward;
 
   /// Appends a tensor at the next 64-byte boundary of `arena`, growing the arena; returns its
   /// index.
@@ -82,6 +96,15 @@ struct PlanSpec {
     return uint32_t(tensors.size() - 1);
   }
 
+  /// add(), with an initializer.
+  uint32_t addInit(const std::string &name, DType dtype, std::vector<int64_t> shape,
+                   TensorRole role, uint32_t arena, TensorInit init, uint32_t source = 0) {
+    uint32_t t = add(name, dtype, std::move(shape), role, arena);
+    tensors[t].init = init;
+    tensors[t].initSource = source;
+    return t;
+  }
+
   /// Appends a view of tensor `of`: same arena and offset, another shape (and dtype).
   uint32_t view(const std::string &name, uint32_t of, std::vector<int64_t> shape,
                 TensorRole role = TensorRole::Activation) {
@@ -91,6 +114,7 @@ struct PlanSpec {
     t.role = role;
     t.bytes = -1;
     t.trainable = false;
+    t.init = TensorInit::None;
     tensors.push_back(t);
     return uint32_t(tensors.size() - 1);
   }
@@ -100,7 +124,7 @@ struct PlanSpec {
                 bonsai::plan::KernelAttrs attrsType = bonsai::plan::KernelAttrs::NONE,
                 std::function<flatbuffers::Offset<void>(flatbuffers::FlatBufferBuilder &)> attrs = {}) {
     kernels.push_back({kind, std::move(in), std::move(out), attrsType, std::move(attrs),
-                       std::string("k") + std::to_string(kernels.size())});
+                       std::string("k") + std::to_string(kernels.size()), phase});
     return kernels.size() - 1;
   }
 };
@@ -146,6 +170,29 @@ inline auto sliceAttrs(int axis, int64_t start) {
   };
 }
 
+inline auto fillAttrs(double value) {
+  return [value](flatbuffers::FlatBufferBuilder &b) {
+    return bonsai::plan::CreateFillAttrs(b, value).Union();
+  };
+}
+inline auto learningRateAttrs(double lr, bool cosine = false, int64_t warmup = 0, int64_t total = 0,
+                              double minRatio = 0) {
+  return [=](flatbuffers::FlatBufferBuilder &b) {
+    return bonsai::plan::CreateLearningRateAttrs(b, lr, cosine, warmup, total, minRatio).Union();
+  };
+}
+inline auto adamwAttrs(double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8,
+                       double weightDecay = 0.0, double gradClip = 0.0) {
+  return [=](flatbuffers::FlatBufferBuilder &b) {
+    return bonsai::plan::CreateAdamWAttrs(b, beta1, beta2, eps, weightDecay, gradClip).Union();
+  };
+}
+inline auto sgdAttrs(double momentum = 0.0, double weightDecay = 0.0, double gradClip = 0.0) {
+  return [=](flatbuffers::FlatBufferBuilder &b) {
+    return bonsai::plan::CreateSGDAttrs(b, momentum, weightDecay, gradClip).Union();
+  };
+}
+
 /// Serializes `spec` as the compiler would, with file identifier `identifier`.
 inline std::vector<uint8_t> buildPlan(const PlanSpec &spec, const char *identifier = "BNSP") {
   namespace fb = bonsai::plan;
@@ -163,15 +210,17 @@ inline std::vector<uint8_t> buildPlan(const PlanSpec &spec, const char *identifi
         bytes *= uint64_t(d);
       bytes *= dtypeSize(t.dtype);
     }
-    tensors.push_back(fb::CreateTensorDirect(
-        b, t.name.c_str(), static_cast<fb::DType>(t.dtype), &t.shape,
-        static_cast<fb::TensorRole>(t.role), t.trainable, t.arena, t.offset, bytes));
+    tensors.push_back(fb::CreateTensorDirect(b, t.name.c_str(), static_cast<fb::DType>(t.dtype),
+                                             &t.shape, static_cast<fb::TensorRole>(t.role),
+                                             t.trainable, t.arena, t.offset, bytes,
+                                             static_cast<fb::TensorInit>(t.init), t.initSource));
   }
   std::vector<flatbuffers::Offset<fb::Kernel>> kernels;
   for (const KernelSpec &k : spec.kernels) {
     flatbuffers::Offset<void> attrs = k.attrs ? k.attrs(b) : flatbuffers::Offset<void>();
     kernels.push_back(fb::CreateKernelDirect(b, static_cast<fb::KernelKind>(k.kind), &k.inputs,
-                                             &k.outputs, k.attrsType, attrs, 0, k.name.c_str()));
+                                             &k.outputs, k.attrsType, attrs, 0, k.name.c_str(),
+                                             static_cast<fb::Phase>(k.phase)));
   }
   auto target = fb::CreateTargetDirect(b, spec.arch.c_str(), 0);
   uint64_t weights = 0, activations = 0, inputs = 0;
@@ -179,7 +228,8 @@ inline std::vector<uint8_t> buildPlan(const PlanSpec &spec, const char *identifi
     (a.lifetime == Lifetime::Persistent ? weights : activations) += a.size;
   auto memory = fb::CreateMemorySummary(b, weights, 0, 0, activations, 0, inputs, weights + activations, 0);
   auto plan = fb::CreatePlanDirect(b, spec.version, spec.model.c_str(), target, &arenas, &tensors,
-                                   &kernels, &spec.inputs, spec.loss, memory, spec.tokensPerStep);
+                                   &kernels, &spec.inputs, spec.loss, memory, spec.tokensPerStep,
+                                   spec.microBatches, spec.vocabSize);
   b.Finish(plan, identifier);
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }
@@ -217,6 +267,119 @@ inline PlanSpec smallPlanSpec(SmallDims d = {}) {
   p.inputs = {ids, labels};
   p.loss = loss;
   p.tokensPerStep = uint64_t(d.batch * d.seq);
+  p.vocabSize = uint64_t(d.vocab);
+  return p;
+}
+
+/// Sizes and options of the training plan.
+struct TrainingDims {
+  int64_t batch = 2, seq = 4, vocab = 16, hidden = 8;
+  /// bf16 parameters, updated through fp32 master weights (TensorInit::CopyOf).
+  bool bf16Master = false;
+  uint32_t microBatches = 1;
+  double lr = 1e-2;
+};
+
+/// The indices of the training plan's notable tensors.
+struct TrainingTensors {
+  uint32_t table, head, ids, labels, lossScale, logits, loss;
+  uint32_t gradTable, gradHead, stepGradTable, stepGradHead; // accumulators, per micro-batch
+  uint32_t step, gradNorm, lr;
+};
+
+/// embedding -> linear -> cross_entropy, trained: Forward as smallPlanSpec without the norm;
+/// Backward: cross_entropy_grad (scaled by the LossScale tensor), linear grads, embedding
+/// grad, each parameter's gradient accumulated into a persistent zero-initialized tensor
+/// named like the parameter; Update: grad_norm, learning_rate, one AdamW per parameter, the
+/// step counter, and zeroing the accumulators. Arena 0 holds the weights, 1 the step, 2 the
+/// gradient accumulators and the optimizer state.
+inline PlanSpec trainingPlanSpec(TrainingDims d = {}, TrainingTensors *out = nullptr) {
+  namespace fb = bonsai::plan;
+  const int64_t B = d.batch, T = d.seq, V = d.vocab, D = d.hidden;
+  const DType P = d.bf16Master ? DType::BF16 : DType::F32;
+  PlanSpec p;
+  p.model = "train";
+  p.arenas = {{"weights", Lifetime::Persistent, 0, 256},
+              {"step", Lifetime::Step, 0, 256},
+              {"state", Lifetime::Persistent, 0, 256}};
+  TrainingTensors t{};
+  t.table = p.add("model.embed_tokens.weight", P, {V, D}, TensorRole::Parameter, 0);
+  t.head = p.add("lm_head.weight", P, {V, D}, TensorRole::Parameter, 0);
+  t.ids = p.add("ids", DType::I32, {B, T}, TensorRole::Input, 1);
+  t.labels = p.add("labels", DType::I32, {B, T}, TensorRole::Input, 1);
+  t.lossScale = p.add("loss_scale", DType::F32, {}, TensorRole::LossScale, 1);
+  uint32_t h = p.add("h", P, {B, T, D}, TensorRole::Activation, 1);
+  t.logits = p.add("logits", P, {B, T, V}, TensorRole::Activation, 1);
+  t.loss = p.add("loss", DType::F32, {}, TensorRole::Loss, 1);
+  uint32_t logits2d = p.view("logits.flat", t.logits, {B * T, V});
+  uint32_t labels1d = p.view("labels.flat", t.labels, {B * T});
+  uint32_t dlogits = p.add("logits.grad", DType::F32, {B * T, V}, TensorRole::Gradient, 1);
+  uint32_t dlogits3 = p.view("logits.grad.3d", dlogits, {B, T, V}, TensorRole::Gradient);
+  uint32_t dh = p.add("h.grad", DType::F32, {B, T, D}, TensorRole::Gradient, 1);
+  t.stepGradHead = p.add("lm_head.weight", DType::F32, {V, D}, TensorRole::Gradient, 1);
+  t.stepGradTable = p.add("model.embed_tokens.weight", DType::F32, {V, D}, TensorRole::Gradient, 1);
+  auto Z = TensorInit::Zeros;
+  auto S = TensorRole::OptimizerState;
+  t.gradTable =
+      p.addInit("model.embed_tokens.weight", DType::F32, {V, D}, TensorRole::Gradient, 2, Z);
+  t.gradHead = p.addInit("lm_head.weight", DType::F32, {V, D}, TensorRole::Gradient, 2, Z);
+  t.step = p.addInit("optimizer.step", DType::I64, {}, S, 2, Z);
+  uint32_t mTable =
+      p.addInit("optimizer.exp_avg.model.embed_tokens.weight", DType::F32, {V, D}, S, 2, Z);
+  uint32_t vTable =
+      p.addInit("optimizer.exp_avg_sq.model.embed_tokens.weight", DType::F32, {V, D}, S, 2, Z);
+  uint32_t mHead = p.addInit("optimizer.exp_avg.lm_head.weight", DType::F32, {V, D}, S, 2, Z);
+  uint32_t vHead = p.addInit("optimizer.exp_avg_sq.lm_head.weight", DType::F32, {V, D}, S, 2, Z);
+  uint32_t masterTable = 0, masterHead = 0;
+  if (d.bf16Master) {
+    masterTable = p.addInit("optimizer.master.model.embed_tokens.weight", DType::F32, {V, D}, S, 2,
+                            TensorInit::CopyOf, t.table);
+    masterHead = p.addInit("optimizer.master.lm_head.weight", DType::F32, {V, D}, S, 2,
+                           TensorInit::CopyOf, t.head);
+  }
+  t.gradNorm = p.add("grad_norm", DType::F32, {}, TensorRole::Metric, 2);
+  t.lr = p.add("lr", DType::F32, {}, TensorRole::Metric, 2);
+  p.arenas[1].size += 32; // slack: planned above what is touched
+
+  p.kernel(KernelKind::Embedding, {t.table, t.ids}, {h});
+  p.kernel(KernelKind::Linear, {h, t.head}, {t.logits});
+  p.kernel(KernelKind::CrossEntropy, {logits2d, labels1d}, {t.loss},
+           fb::KernelAttrs::CrossEntropyAttrs, crossEntropyAttrs(-100));
+
+  p.phase = Phase::Backward;
+  p.kernel(KernelKind::CrossEntropyGrad, {t.lossScale, logits2d, labels1d}, {dlogits},
+           fb::KernelAttrs::CrossEntropyAttrs, crossEntropyAttrs(-100));
+  p.kernel(KernelKind::LinearGradWeight, {dlogits3, h}, {t.stepGradHead});
+  p.kernel(KernelKind::LinearGradInput, {dlogits3, t.head}, {dh});
+  p.kernel(KernelKind::EmbeddingGrad, {dh, t.ids}, {t.stepGradTable});
+  p.kernel(KernelKind::Accumulate, {t.stepGradTable}, {t.gradTable});
+  p.kernel(KernelKind::Accumulate, {t.stepGradHead}, {t.gradHead});
+
+  p.phase = Phase::Update;
+  p.kernel(KernelKind::GradNorm, {t.gradTable, t.gradHead}, {t.gradNorm});
+  p.kernel(KernelKind::LearningRate, {t.step}, {t.lr}, fb::KernelAttrs::LearningRateAttrs,
+           learningRateAttrs(d.lr, true, 2, 40, 0.1));
+  std::vector<uint32_t> tableOut = {t.table, mTable, vTable}, headOut = {t.head, mHead, vHead};
+  if (d.bf16Master) {
+    tableOut.push_back(masterTable);
+    headOut.push_back(masterHead);
+  }
+  p.kernel(KernelKind::AdamWUpdate, {t.gradTable, t.step, t.lr, t.gradNorm}, tableOut,
+           fb::KernelAttrs::AdamWAttrs, adamwAttrs(0.9, 0.95, 1e-8, 0.01, 1.0));
+  p.kernel(KernelKind::AdamWUpdate, {t.gradHead, t.step, t.lr, t.gradNorm}, headOut,
+           fb::KernelAttrs::AdamWAttrs, adamwAttrs(0.9, 0.95, 1e-8, 0.01, 1.0));
+  p.kernel(KernelKind::StepIncrement, {}, {t.step});
+  p.kernel(KernelKind::Zero, {}, {t.gradTable});
+  p.kernel(KernelKind::Zero, {}, {t.gradHead});
+  p.phase = Phase::Forward;
+
+  p.inputs = {t.ids, t.labels};
+  p.loss = t.loss;
+  p.tokensPerStep = uint64_t(B * T);
+  p.microBatches = d.microBatches;
+  p.vocabSize = uint64_t(V);
+  if (out)
+    *out = t;
   return p;
 }
 
@@ -303,6 +466,103 @@ inline PlanSpec everyKindPlanSpec() {
   p.inputs = {ids, labels};
   p.loss = loss;
   p.tokensPerStep = uint64_t(B * S);
+  p.vocabSize = uint64_t(V);
+  return p;
+}
+
+/// everyKindPlanSpec() trained: a backward phase that uses every gradient kind once or more
+/// (on fills and forward tensors of matching shapes; it is a dispatch and verification test,
+/// not a consistent backward pass), the lm_head and embedding gradients accumulated into
+/// persistent tensors, and an update phase with AdamW (lm_head), SGD with momentum and fp32
+/// master weights (the embedding), the norm, the schedule, the step counter and the zeroing.
+inline PlanSpec everyTrainingKindPlanSpec() {
+  namespace fb = bonsai::plan;
+  const int64_t B = 2, S = 4, H = 2, Hkv = 1, Dh = 4, D = 8, V = 16, F = 12;
+  const int64_t Q = H * Dh + 2 * Hkv * Dh;
+  PlanSpec p = everyKindPlanSpec();
+  p.model = "every_training_kind";
+  p.arenas.push_back({"state", Lifetime::Persistent, 0, 256});
+  auto find = [&](const char *name) {
+    for (uint32_t i = 0; i < p.tensors.size(); ++i)
+      if (p.tensors[i].name == name)
+        return i;
+    std::abort();
+  };
+  uint32_t embed = find("wte.weight"), lnW = find("h.0.ln_1.weight");
+  uint32_t rmsW = find("h.0.post_attention_layernorm.weight"), head = find("lm_head.weight");
+  uint32_t ids = find("ids"), labels = find("labels"), logits = find("logits");
+  uint32_t x1 = find("x1"), x3 = find("x3"), x5 = find("x5"), qr = find("qr"), kr = find("kr");
+  uint32_t v4 = find("v4"), o4 = find("o4"), g = find("g"), u = find("u"), s1 = find("s1");
+  uint32_t s2 = find("s2"), sp = find("sp");
+  auto G = TensorRole::Gradient;
+  auto grad = [&](const char *name, std::vector<int64_t> shape) {
+    return p.add(name, DType::F32, std::move(shape), G, 1);
+  };
+  uint32_t scale = p.add("loss_scale", DType::F32, {}, TensorRole::LossScale, 1);
+  uint32_t dlogits = grad("logits.grad", {B, S, V});
+  uint32_t dx5 = grad("x5.grad", {B, S, D}), dhead = grad("lm_head.weight", {V, D});
+  uint32_t dyD = grad("dy.d", {B, S, D}), dyF = grad("dy.f", {B, S, F});
+  uint32_t dyS = grad("dy.s", {B, S, S}), dyQ = grad("dy.q", {B, S, H, Dh});
+  uint32_t dyK = grad("dy.k", {B, S, Hkv * Dh});
+  uint32_t dx3 = grad("x3.grad", {B, S, D}), drms = grad("rms.grad", {D});
+  uint32_t dx1 = grad("x1.grad", {B, S, D}), dlnW = grad("ln.w.grad", {D});
+  uint32_t dlnB = grad("ln.b.grad", {D}), dq = grad("q.grad", {B, S, H, Dh});
+  uint32_t dqa = grad("qa.grad", {B, S, H, Dh}), dka = grad("ka.grad", {B, S, Hkv, Dh});
+  uint32_t dva = grad("va.grad", {B, S, Hkv, Dh}), ds1 = grad("s1.grad", {B, S, F});
+  uint32_t ds2 = grad("s2.grad", {B, S, F}), dg = grad("g.grad", {B, S, F});
+  uint32_t du = grad("u.grad", {B, S, F}), dsc = grad("sc.grad", {B, S, S});
+  uint32_t dqkv = grad("qkv.grad", {B, S, Q}), dpos = grad("wpe.weight", {S, D});
+  uint32_t dembed = grad("wte.weight", {V, D});
+  auto Z = TensorInit::Zeros;
+  auto St = TensorRole::OptimizerState;
+  uint32_t gHead = p.addInit("lm_head.weight", DType::F32, {V, D}, G, 2, Z);
+  uint32_t gEmbed = p.addInit("wte.weight", DType::F32, {V, D}, G, 2, Z);
+  uint32_t step = p.addInit("optimizer.step", DType::I64, {}, St, 2, Z);
+  uint32_t m = p.addInit("optimizer.exp_avg.lm_head.weight", DType::F32, {V, D}, St, 2, Z);
+  uint32_t v = p.addInit("optimizer.exp_avg_sq.lm_head.weight", DType::F32, {V, D}, St, 2, Z);
+  uint32_t mom = p.addInit("optimizer.momentum.wte.weight", DType::F32, {V, D}, St, 2, Z);
+  uint32_t master = p.addInit("optimizer.master.wte.weight", DType::F32, {V, D}, St, 2,
+                              TensorInit::CopyOf, embed);
+  uint32_t norm = p.add("grad_norm", DType::F32, {}, TensorRole::Metric, 2);
+  uint32_t lr = p.add("lr", DType::F32, {}, TensorRole::Metric, 2);
+
+  p.phase = Phase::Backward;
+  p.kernel(KernelKind::CrossEntropyGrad, {scale, logits, labels}, {dlogits},
+           fb::KernelAttrs::CrossEntropyAttrs, crossEntropyAttrs(-100));
+  p.kernel(KernelKind::LinearGradInput, {dlogits, head}, {dx5});
+  p.kernel(KernelKind::LinearGradWeight, {dlogits, x5}, {dhead});
+  for (uint32_t dy : {dyD, dyF, dyS, dyQ, dyK})
+    p.kernel(KernelKind::Fill, {}, {dy}, fb::KernelAttrs::FillAttrs, fillAttrs(0.01));
+  p.kernel(KernelKind::RMSNormGrad, {dyD, x3, rmsW}, {dx3, drms}, fb::KernelAttrs::NormAttrs,
+           normAttrs(1e-6));
+  p.kernel(KernelKind::LayerNormGrad, {dx5, x1, lnW}, {dx1, dlnW, dlnB}, fb::KernelAttrs::NormAttrs,
+           normAttrs(1e-5));
+  p.kernel(KernelKind::RoPEGrad, {dyQ}, {dq}, fb::KernelAttrs::RoPEAttrs, ropeAttrs(10000.0));
+  p.kernel(KernelKind::AttentionGrad, {dq, qr, kr, v4, o4}, {dqa, dka, dva},
+           fb::KernelAttrs::AttentionAttrs, attentionAttrs(true, 0.5));
+  p.kernel(KernelKind::SiLUGrad, {dyF, s1}, {ds1});
+  p.kernel(KernelKind::GeLUGrad, {ds1, s2}, {ds2}, fb::KernelAttrs::GeLUAttrs, geluAttrs(true));
+  p.kernel(KernelKind::SwiGLUGrad, {ds2, g, u}, {dg, du});
+  p.kernel(KernelKind::SoftmaxGrad, {dyS, sp}, {dsc}, fb::KernelAttrs::AxisAttrs, axisAttrs(2));
+  p.kernel(KernelKind::SliceGrad, {dyK}, {dqkv}, fb::KernelAttrs::SliceAttrs,
+           sliceAttrs(2, H * Dh));
+  p.kernel(KernelKind::ReduceTo, {dx1}, {dpos});
+  p.kernel(KernelKind::EmbeddingGrad, {dx1, ids}, {dembed});
+  p.kernel(KernelKind::Accumulate, {dhead}, {gHead});
+  p.kernel(KernelKind::Accumulate, {dembed}, {gEmbed});
+
+  p.phase = Phase::Update;
+  p.kernel(KernelKind::GradNorm, {gHead, gEmbed}, {norm});
+  p.kernel(KernelKind::LearningRate, {step}, {lr}, fb::KernelAttrs::LearningRateAttrs,
+           learningRateAttrs(1e-2, false, 3));
+  p.kernel(KernelKind::AdamWUpdate, {gHead, step, lr, norm}, {head, m, v},
+           fb::KernelAttrs::AdamWAttrs, adamwAttrs(0.9, 0.999, 1e-8, 0.1, 1.0));
+  p.kernel(KernelKind::SGDUpdate, {gEmbed, lr, norm}, {embed, mom, master},
+           fb::KernelAttrs::SGDAttrs, sgdAttrs(0.9, 0.01, 0.0));
+  p.kernel(KernelKind::StepIncrement, {}, {step});
+  p.kernel(KernelKind::Zero, {}, {gHead});
+  p.kernel(KernelKind::Zero, {}, {gEmbed});
+  p.phase = Phase::Forward;
   return p;
 }
 
@@ -312,11 +572,61 @@ inline void writeFile(const std::string &path, const std::vector<uint8_t> &bytes
   out.write(reinterpret_cast<const char *>(bytes.data()), std::streamsize(bytes.size()));
 }
 
+/// The whole content of the file at `path` ("" if it cannot be read).
+inline std::string readText(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+/// The bytes of every parameter ("param:<name>") and optimizer-state tensor ("state:<name>")
+/// of `e`: what a checkpoint holds, for comparing runs bit for bit.
+inline std::map<std::string, std::vector<uint8_t>> stateOf(const Executor &e) {
+  std::map<std::string, std::vector<uint8_t>> state;
+  const LoadedPlan &plan = e.plan();
+  for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
+    const TensorInfo &t = plan.tensors[i];
+    if (t.role != TensorRole::Parameter && t.role != TensorRole::OptimizerState)
+      continue;
+    const auto *p = static_cast<const uint8_t *>(e.view(i).data);
+    state[(t.role == TensorRole::Parameter ? "param:" : "state:") + t.name] =
+        std::vector<uint8_t>(p, p + t.bytes);
+  }
+  return state;
+}
+
+/// The elements of float tensor `tensor` of `e`, as f32.
+inline std::vector<float> floatsOf(const Executor &e, uint32_t tensor) {
+  std::vector<float> v(size_t(e.plan().tensors[tensor].numel));
+  loadF32(e.view(tensor), v.data());
+  return v;
+}
+
 /// A fresh path under the test temporary directory.
 inline std::string tempPath(const std::string &name) {
   const char *dir = std::getenv("TEST_TMPDIR");
   std::string base = dir && *dir ? dir : "/tmp";
   return base + "/bonsai-rt-" + std::to_string(::getpid()) + "-" + name;
+}
+
+namespace detail {
+inline int removeEntry(const char *path, const struct stat *, int, struct FTW *) {
+  return ::remove(path);
+}
+} // namespace detail
+
+/// Removes `path` and everything under it (nothing if it does not exist).
+inline void removeTree(const std::string &path) {
+  ::nftw(path.c_str(), detail::removeEntry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/// A fresh, empty directory under the test temporary directory.
+inline std::string makeTempDir(const std::string &name) {
+  std::string path = tempPath(name);
+  removeTree(path);
+  ::mkdir(path.c_str(), 0755);
+  return path;
 }
 
 } // namespace bonsai::rt::test

@@ -4,9 +4,10 @@
 //                [--device-memory=24GiB]
 //
 // Parses the model (and the recipe, if given, into the same module), runs the standard
-// pipeline, writes the flatbuffer plan and prints what the step needs: parameters and FLOPs
-// from the cost model, and the planned memory by class. A plan over the memory budget is an
-// error that says by how much and what dominates.
+// pipeline (with the backward pass and the optimizer when the recipe has a bonsai.optimizer),
+// writes the flatbuffer plan and prints what the step needs: parameters and FLOPs from the
+// cost model, and the planned memory by class. A plan over the memory budget is an error that
+// says by how much and what dominates.
 //
 //===----------------------------------------------------------------------===//
 
@@ -16,6 +17,7 @@
 #include "bonsai/InitAll.h"
 #include "bonsai/Pipelines/Pipelines.h"
 #include "bonsai/Target/PlanEmitter.h"
+#include "bonsai/Target/TargetProfile.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/Verifier.h"
 #include "mlir/Parser/Parser.h"
@@ -39,9 +41,9 @@ static llvm::cl::opt<std::string> recipeFile(llvm::cl::Positional, llvm::cl::Opt
                                              llvm::cl::desc("[recipe.mlir]"));
 static llvm::cl::opt<std::string> outputFile("o", llvm::cl::desc("Plan file to write"),
                                              llvm::cl::value_desc("step.plan"));
-static llvm::cl::opt<std::string>
-    targetOption("target", llvm::cl::desc("cpu, sm_80, sm_86, sm_89, sm_90 (default: the "
-                                          "recipe's bonsai.target, else cpu)"));
+static llvm::cl::opt<std::string> targetOption(
+    "target", llvm::cl::desc("a100, a10g, rtx4090, l40s, h100, h200, sm_XX or cpu (default: the "
+                             "recipe's bonsai.target, else cpu); see docs/targets.md"));
 static llvm::cl::opt<std::string>
     memoryOption("device-memory",
                  llvm::cl::desc("Per-device budget, e.g. 24GiB, 512MiB or bytes (default: the "
@@ -81,7 +83,7 @@ static void appendModule(ModuleOp into, ModuleOp from) {
 static LogicalResult checkSupportedDirectives(ModuleOp module) {
   for (auto recipe : module.getOps<RecipeOp>())
     for (Operation &op : recipe.getBody().front()) {
-      if (isa<TargetDirectiveOp>(op))
+      if (isa<TargetDirectiveOp, OptimizerDirectiveOp>(op))
         continue;
       if (auto remat = dyn_cast<RematDirectiveOp>(op); remat && remat.getPolicy() == "none")
         continue;
@@ -129,14 +131,33 @@ int main(int argc, char **argv) {
   // Target and budget: the command line, else the recipe, else the CPU with no budget.
   PipelineOptions options;
   options.target = "cpu";
-  for (auto recipe : module->getOps<RecipeOp>())
+  for (auto recipe : module->getOps<RecipeOp>()) {
     for (auto target : recipe.getBody().getOps<TargetDirectiveOp>()) {
       options.target = target.getArch().str();
       if (IntegerAttr mib = target.getDeviceMemoryMibAttr())
         options.deviceMemory = mib.getInt() * 1024 * 1024;
     }
+    // An optimizer directive makes this a training step.
+    for (auto optimizer : recipe.getBody().getOps<OptimizerDirectiveOp>()) {
+      options.train = true;
+      options.microBatches = optimizer.getMicroBatchesAttr().getInt();
+    }
+  }
   if (!targetOption.empty())
     options.target = targetOption;
+  std::optional<TargetProfile> profile = lookupTargetProfile(options.target);
+  if (!profile) {
+    llvm::errs() << "bonsai-compile: error: unknown target '" << options.target
+                 << "'; expected one of";
+    for (const TargetProfile &named : getNamedTargetProfiles())
+      llvm::errs() << " " << named.name;
+    llvm::errs() << " or sm_XX\n";
+    return 1;
+  }
+  // The plan records the architecture; a named GPU's memory is the budget unless one is given.
+  options.target = profile->arch;
+  if (!options.deviceMemory && profile->memoryBytes)
+    options.deviceMemory = profile->memoryBytes;
   if (!memoryOption.empty()) {
     std::optional<int64_t> bytes = parseBytes(memoryOption);
     if (!bytes) {

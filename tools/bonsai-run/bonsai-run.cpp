@@ -1,58 +1,91 @@
-//===- bonsai-run.cpp - Run a compiled Bonsai training-step plan ----------===//
+//===- bonsai-run.cpp - Run and train a compiled Bonsai plan --------------===//
 //
-// Loads and verifies a plan, binds its parameters from safetensors weights (or initializes them
-// from the seed), feeds it batches from a token file (or random tokens), runs N steps on the CPU
-// backend and prints the loss of each step, then the planned and measured memory per arena.
-// Every failure is one line, "bonsai-run: error: <cause>" (followed by the usage synopsis for a
-// command-line mistake), and exit status 1: a bad plan, bad weights or bad data is reported,
-// never a crash. The memory lines come after the steps because "measured" is what the steps
-// actually touched.
+// Loads and verifies a plan, binds its parameters (safetensors weights, a checkpoint to resume,
+// or random init from the seed), and runs N steps on the CPU backend: each step runs the plan's
+// Forward and Backward kernels once per micro-batch and its Update kernels once (a plan without
+// Update kernels just computes the loss). It reports every step, writes JSON-line metrics and
+// crash-safe checkpoints when asked, can dump one micro-batch's gradients, and can generate
+// text byte by byte from the trained model. Every failure is one line,
+// "bonsai-run: error: <cause>" (followed by the usage synopsis for a command-line mistake), and
+// exit status 1: a bad plan, bad weights, bad data or a corrupt checkpoint is reported, never a
+// crash. The memory lines come after the steps because "measured" is what the steps touched.
 //
 // Output (stdout), in this order:
 //   plan <path>: model <name>, target <arch>, <K> kernels, <T> tensors, <A> arenas, <N> tokens/step
-//   step <n> loss <%.9g>                  once per step, n from 1
-//   memory: arena <i> '<name>' (<lifetime>, <space>): planned <X> MiB (<x> B), measured <Y> MiB (<y> B)
-//   memory: planned <X> MiB (weights .., gradients .., optimizer state .., activations ..,
+//                [ (<m> micro-batches of <n>)]
+//   resume: <dir> (step <n>, micro-batch <p>)                  with --resume
+//   step <n> loss <%.9g>[ grad_norm <%.6g>][ lr <%.6g>]        once per step (not a terminal)
+//   checkpoint: step <n> saved to <dir>                        with --save-every
+//   gradients: <n> tensors of micro-batch <p> written to <file> with --dump-gradients
+//   prompt: <escaped>                                          with --generate
+//   generated: <escaped>
+//   memory: arena <i> '<name>' (<lifetime>, <space>): planned <X> MiB (<x> B), measured <Y> MiB
+//   (<y> B) memory: planned <X> MiB (weights .., gradients .., optimizer state .., activations ..,
 //           workspace .., inputs ..) measured <Y> MiB
 //   time: <n> steps in <s> s, <r> tokens/s
+// On a terminal the step lines are replaced by one line rewritten in place (docs/training.md).
 //
 //===----------------------------------------------------------------------===//
 
+#include "bonsai/runtime/Checkpoint.h"
 #include "bonsai/runtime/Data.h"
 #include "bonsai/runtime/Executor.h"
+#include "bonsai/runtime/Metrics.h"
 #include "bonsai/runtime/Plan.h"
 #include "bonsai/runtime/Safetensors.h"
 
-#include <chrono>
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 #include <new>
 #include <optional>
 #include <string>
+
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace rt = bonsai::rt;
 
 namespace {
 
 const char *const kSynopsis =
-    "usage: bonsai-run PLAN [--weights FILE.safetensors | FILE.safetensors.index.json]\n"
-    "                       [--data TOKENS.bin] [--seed N] [--steps N] [--backend=cpu]\n";
+    "usage: bonsai-run PLAN [--weights FILE | --resume [CKPT]] [--data TOKENS.bin] [--seed N]\n"
+    "                       [--steps N] [--micro-batches K] [--lr X] [--metrics FILE.jsonl]\n"
+    "                       [--save-every N --ckpt-dir DIR] [--dump-gradients FILE.safetensors]\n"
+    "                       [--generate TEXT [--max-new-bytes N]] [--backend=cpu]\n";
 
 const char *const kHelp =
     "\n"
-    "Runs N training steps (default 1) of a plan compiled by bonsai-compile and prints the loss\n"
-    "of each step and the planned and measured memory of each arena.\n"
+    "Runs N steps of a plan compiled by bonsai-compile: for a training plan each step runs the\n"
+    "forward and backward pass once per micro-batch and the optimizer update once; for a\n"
+    "forward-only plan it computes the loss. Prints each step's loss, then the planned and\n"
+    "measured memory of each arena. See docs/training.md and docs/checkpoints.md.\n"
     "\n"
-    "  --weights FILE   parameters by name from a .safetensors file or a sharded checkpoint's\n"
-    "                   .safetensors.index.json (default: random init from the seed)\n"
-    "  --data FILE      a Bonsai token file (docs/data-format.md) (default: random tokens)\n"
-    "  --seed N         seed of random init and random tokens (default 0)\n"
-    "  --steps N        number of steps (default 1)\n"
-    "  --backend NAME   cpu (default); cuda is not in this build\n"
-    "  --help           this text\n";
+    "  --weights FILE        parameters by name from a .safetensors file or a sharded\n"
+    "                        checkpoint's .safetensors.index.json (default: random init)\n"
+    "  --resume [CKPT]       continue from a checkpoint: CKPT is a checkpoint directory or a\n"
+    "                        --ckpt-dir whose 'latest' names one (default: --ckpt-dir)\n"
+    "  --data FILE           a Bonsai token file (docs/data-format.md) (default: random tokens)\n"
+    "  --seed N              seed of random init and random tokens (default 0)\n"
+    "  --steps N             steps to run (default 1; 0 with --generate or --dump-gradients)\n"
+    "  --micro-batches K     forward+backward runs per update (default: the plan's)\n"
+    "  --lr X                peak learning rate of every LearningRate kernel\n"
+    "  --metrics FILE        one JSON object per step (appended to when resuming)\n"
+    "  --save-every N        checkpoint every N steps into --ckpt-dir\n"
+    "  --ckpt-dir DIR        where checkpoints go (DIR/step-NNNNNNNN, DIR/latest)\n"
+    "  --dump-gradients FILE after the steps, run forward+backward on the next micro-batch\n"
+    "                        without updating and write every gradient tensor to FILE\n"
+    "  --generate TEXT       after the steps, greedily generate bytes after TEXT\n"
+    "  --max-new-bytes N     bytes to generate (default 64)\n"
+    "  --backend NAME        cpu (default); cuda is not in this build\n"
+    "  --help                this text\n";
 
 /// A command-line mistake: reported with the usage.
 struct UsageError {
@@ -63,8 +96,18 @@ struct Options {
   std::string plan;
   std::string weights;
   std::string data;
-  uint64_t seed = 0;
-  uint64_t steps = 1;
+  std::optional<uint64_t> seed;
+  std::optional<uint64_t> steps;
+  std::optional<uint64_t> microBatches;
+  std::optional<double> lr;
+  std::string metrics;
+  uint64_t saveEvery = 0;
+  std::string ckptDir;
+  bool resume = false;
+  std::string resumePath;
+  std::string dumpGradients;
+  std::optional<std::string> generate;
+  std::optional<uint64_t> maxNewBytes;
   std::string backend = "cpu";
   bool help = false;
 };
@@ -78,6 +121,21 @@ uint64_t parseCount(const std::string &flag, const std::string &text) {
   if (errno == ERANGE)
     throw UsageError{flag + " value '" + text + "' is too large"};
   return value;
+}
+
+double parseRate(const std::string &flag, const std::string &text) {
+  char *end = nullptr;
+  errno = 0;
+  double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE ||
+      !std::isfinite(value) || value < 0 || std::isspace(static_cast<unsigned char>(text[0])))
+    throw UsageError{flag + " expects a finite non-negative number, got '" + text + "'"};
+  return value;
+}
+
+bool isDirectory(const std::string &path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 Options parseOptions(int argc, char **argv) {
@@ -111,9 +169,36 @@ Options parseOptions(int argc, char **argv) {
         o.seed = parseCount(flag, takeValue());
       else if (flag == "--steps")
         o.steps = parseCount(flag, takeValue());
+      else if (flag == "--micro-batches")
+        o.microBatches = parseCount(flag, takeValue());
+      else if (flag == "--lr")
+        o.lr = parseRate(flag, takeValue());
+      else if (flag == "--metrics")
+        o.metrics = takeValue();
+      else if (flag == "--save-every")
+        o.saveEvery = parseCount(flag, takeValue());
+      else if (flag == "--ckpt-dir")
+        o.ckptDir = takeValue();
+      else if (flag == "--dump-gradients")
+        o.dumpGradients = takeValue();
+      else if (flag == "--generate")
+        o.generate = takeValue();
+      else if (flag == "--max-new-bytes")
+        o.maxNewBytes = parseCount(flag, takeValue());
       else if (flag == "--backend")
         o.backend = takeValue();
-      else
+      else if (flag == "--resume") {
+        o.resume = true;
+        // The path is optional: a following argument is taken as it when it is a directory
+        // (checkpoints are directories, plans are files) or when the plan is already given.
+        if (hasValue)
+          o.resumePath = value;
+        else if (i + 1 < argc && argv[i + 1][0] != '-' &&
+                 (isDirectory(argv[i + 1]) || !o.plan.empty()))
+          o.resumePath = argv[++i];
+        if (hasValue && value.empty())
+          throw UsageError{"--resume= needs a path"};
+      } else
         throw UsageError{"unknown option '" + arg + "'"};
       continue;
     }
@@ -127,41 +212,214 @@ Options parseOptions(int argc, char **argv) {
     throw UsageError{"no plan file given"};
   if (o.backend != "cpu" && o.backend != "cuda")
     throw UsageError{"unknown backend '" + o.backend + "' (expected cpu or cuda)"};
+  if (o.microBatches && (*o.microBatches == 0 || *o.microBatches > (uint64_t(1) << 20)))
+    throw UsageError{"--micro-batches must be between 1 and 1048576"};
+  if (o.saveEvery > 0 && o.ckptDir.empty())
+    throw UsageError{"--save-every needs --ckpt-dir"};
+  if (o.resume && o.resumePath.empty() && o.ckptDir.empty())
+    throw UsageError{"--resume without a path needs --ckpt-dir"};
+  if (o.resume && !o.weights.empty())
+    throw UsageError{"--resume and --weights both give the parameters: use one"};
+  if (o.maxNewBytes && !o.generate)
+    throw UsageError{"--max-new-bytes needs --generate"};
+  if (o.generate && o.generate->empty())
+    throw UsageError{"--generate needs a non-empty prompt"};
   return o;
 }
 
 double mib(uint64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
+
+/// `bytes` with printable ASCII as is and everything else escaped (\n, \t, \r, \\, \xHH).
+std::string escapeBytes(const std::string &bytes) {
+  std::string out;
+  for (char c : bytes) {
+    unsigned char u = static_cast<unsigned char>(c);
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '\n')
+      out += "\\n";
+    else if (c == '\t')
+      out += "\\t";
+    else if (c == '\r')
+      out += "\\r";
+    else if (u >= 0x20 && u < 0x7f)
+      out += c;
+    else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", u);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+/// Greedy byte-level generation: the context (the last T bytes of prompt and output) goes into
+/// row 0 of the ids, the Forward phase runs, and the argmax of the logits at the context's last
+/// position, over ids below min(vocab, 256), is the next byte.
+std::string generate(rt::Executor &executor, const std::string &prompt, uint64_t count) {
+  const rt::LoadedPlan &plan = executor.plan();
+  std::vector<int64_t> shape = executor.inputShape();
+  int64_t B = shape[0], T = shape[1];
+  std::optional<uint32_t> logits;
+  for (uint32_t i = 0; i < plan.tensors.size() && !logits; ++i) {
+    const rt::TensorInfo &t = plan.tensors[i];
+    if (t.name == "logits" && t.shape.size() == 3 && t.shape[0] == B && t.shape[1] == T &&
+        rt::isComputeFloat(t.dtype))
+      logits = i;
+  }
+  if (!logits)
+    throw rt::Error("--generate reads a float tensor named 'logits' of shape [" +
+                    std::to_string(B) + ", " + std::to_string(T) + ", vocab], and plan '" +
+                    plan.path + "' has none");
+  int64_t V = plan.tensors[*logits].shape[2];
+  int64_t limit = std::min<int64_t>({V, plan.vocabularySize(), 256});
+  std::vector<int64_t> context;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    int64_t id = static_cast<unsigned char>(prompt[i]);
+    if (id >= plan.vocabularySize())
+      throw rt::Error("--generate: prompt byte " + std::to_string(i) + " is " + std::to_string(id) +
+                      ", not below the plan's vocabulary size " +
+                      std::to_string(plan.vocabularySize()));
+    context.push_back(id);
+  }
+  rt::TokenBatch batch;
+  batch.batch = B;
+  batch.seq = T;
+  batch.inputs.assign(size_t(B * T), 0);
+  batch.labels.assign(size_t(B * T), 0);
+  const rt::TensorView &view = executor.view(*logits);
+  std::vector<float> row(static_cast<size_t>(V));
+  std::string out;
+  for (uint64_t n = 0; n < count; ++n) {
+    size_t start = context.size() > size_t(T) ? context.size() - size_t(T) : 0;
+    size_t length = context.size() - start;
+    for (int64_t t = 0; t < T; ++t)
+      batch.inputs[size_t(t)] = size_t(t) < length ? context[start + size_t(t)] : 0;
+    executor.forward(batch);
+    rt::TensorView last;
+    last.dtype = view.dtype;
+    last.shape = {V};
+    last.data =
+        static_cast<char *>(view.data) + (length - 1) * size_t(V) * rt::dtypeSize(view.dtype);
+    rt::loadF32(last, row.data());
+    int64_t best = 0;
+    for (int64_t v = 1; v < limit; ++v)
+      if (row[size_t(v)] > row[size_t(best)] || std::isnan(row[size_t(best)]))
+        best = v;
+    context.push_back(best);
+    out += char(best);
+  }
+  return out;
+}
 
 int run(const Options &o) {
   if (o.backend == "cuda")
     throw rt::Error("this build has no CUDA backend (use --backend=cpu)");
 
   rt::LoadedPlan plan = rt::loadPlanFile(o.plan);
-  std::printf("plan %s: model %s, target %s, %zu kernels, %zu tensors, %zu arenas, %" PRIu64
-              " tokens/step\n",
+  uint32_t microBatches = uint32_t(o.microBatches.value_or(plan.microBatches));
+  const std::vector<int64_t> &inputShape = plan.tensors[plan.inputs[0]].shape;
+  uint64_t tokensPerMicroBatch = uint64_t(inputShape[0] * inputShape[1]);
+  std::string perStep = std::to_string(tokensPerMicroBatch * microBatches) + " tokens/step";
+  if (microBatches > 1)
+    perStep += " (" + std::to_string(microBatches) + " micro-batches of " +
+               std::to_string(tokensPerMicroBatch) + ")";
+  std::printf("plan %s: model %s, target %s, %zu kernels, %zu tensors, %zu arenas, %s\n",
               o.plan.c_str(), plan.model.empty() ? "(unnamed)" : plan.model.c_str(),
               plan.targetArch.empty() ? "(none)" : plan.targetArch.c_str(), plan.kernels.size(),
-              plan.tensors.size(), plan.arenas.size(), plan.tokensPerStep);
+              plan.tensors.size(), plan.arenas.size(), perStep.c_str());
   std::fflush(stdout);
 
   rt::Executor executor(plan);
-  if (!o.weights.empty())
+  executor.checkMicroBatches(microBatches);
+  if (o.lr)
+    executor.overrideLearningRate(*o.lr);
+
+  rt::TrainingPosition position;
+  position.seed = o.seed.value_or(0);
+  if (o.resume) {
+    std::string dir = rt::resolveCheckpoint(o.resumePath.empty() ? o.ckptDir : o.resumePath);
+    rt::CheckpointManifest manifest = rt::loadCheckpoint(dir, executor);
+    if (o.seed && *o.seed != manifest.position.seed)
+      throw rt::Error("--seed " + std::to_string(*o.seed) + " differs from the seed " +
+                      std::to_string(manifest.position.seed) + " of checkpoint '" + dir +
+                      "' (a resumed run continues the checkpoint's streams)");
+    position = manifest.position;
+    std::printf("resume: %s (step %" PRIu64 ", micro-batch %" PRIu64 ")\n", dir.c_str(),
+                position.step, position.dataPosition);
+    std::fflush(stdout);
+  } else if (!o.weights.empty()) {
     executor.bindWeights(rt::Checkpoint::open(o.weights));
-  else
-    executor.initWeights(o.seed);
+  } else {
+    executor.initWeights(position.seed);
+  }
 
   std::vector<int64_t> shape = executor.inputShape();
-  int64_t vocab = plan.vocabularySize().value_or(0);
-  rt::TokenLoader loader(o.data, shape[0], shape[1], vocab, o.seed);
+  rt::TokenLoader loader(o.data, shape[0], shape[1], plan.vocabularySize(), position.seed);
+  uint64_t steps = o.steps.value_or(o.generate || !o.dumpGradients.empty() ? 0 : 1);
+  uint64_t tokensPerStep = uint64_t(microBatches) * uint64_t(shape[0] * shape[1]);
+  std::unique_ptr<rt::MetricsFile> metrics;
+  if (!o.metrics.empty())
+    metrics = std::make_unique<rt::MetricsFile>(o.metrics, o.resume);
+  rt::Progress progress(stdout, ::isatty(::fileno(stdout)) == 1);
 
+  uint64_t firstStep = position.step + 1;
+  uint64_t plannedBytes = 0;
+  for (const rt::ArenaInfo &a : plan.arenas)
+    plannedBytes += a.size;
   auto start = std::chrono::steady_clock::now();
-  for (uint64_t s = 0; s < o.steps; ++s) {
-    executor.setInputs(loader.batch(s));
-    float loss = executor.runStep();
-    std::printf("step %" PRIu64 " loss %.9g\n", s + 1, double(loss));
+  try {
+    for (uint64_t s = 0; s < steps; ++s) {
+      auto stepStart = std::chrono::steady_clock::now();
+      rt::StepResult result = executor.trainStep(loader, position.dataPosition, microBatches);
+      auto now = std::chrono::steady_clock::now();
+      position.step += 1;
+      position.dataPosition += microBatches;
+
+      rt::StepReport report;
+      report.step = position.step;
+      report.lastStep = firstStep + steps - 1;
+      report.loss = result.loss;
+      report.gradNorm = result.gradNorm;
+      report.lr = result.lr;
+      report.microBatches = microBatches;
+      report.tokens = tokensPerStep;
+      report.stepSeconds = std::chrono::duration<double>(now - stepStart).count();
+      report.elapsedSeconds = std::chrono::duration<double>(now - start).count();
+      report.plannedBytes = plannedBytes;
+      for (const rt::ArenaUsage &u : executor.memoryUsage())
+        report.measuredBytes += u.measured;
+      progress.step(report, firstStep);
+      if (metrics)
+        metrics->write(report);
+      if (o.saveEvery > 0 && position.step % o.saveEvery == 0) {
+        std::string dir = rt::saveCheckpoint(o.ckptDir, executor, position);
+        progress.note("checkpoint: step " + std::to_string(position.step) + " saved to " + dir);
+      }
+    }
+  } catch (...) {
+    progress.finish(); // an error line starts on a line of its own
+    throw;
+  }
+  progress.finish();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  if (!o.dumpGradients.empty()) {
+    if (!plan.hasBackward())
+      throw rt::Error("--dump-gradients: plan '" + plan.path + "' has no backward phase");
+    // One micro-batch's gradient of its own loss: LossScale 1, accumulators zero between steps.
+    executor.forwardBackward(loader.batch(position.dataPosition), 1.0f);
+    size_t count = rt::writeGradients(o.dumpGradients, executor);
+    std::printf("gradients: %zu tensors of micro-batch %" PRIu64 " written to %s\n", count,
+                position.dataPosition, o.dumpGradients.c_str());
     std::fflush(stdout);
   }
-  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (o.generate) {
+    std::string text = generate(executor, *o.generate, o.maxNewBytes.value_or(64));
+    std::printf("prompt: %s\ngenerated: %s\n", escapeBytes(*o.generate).c_str(),
+                escapeBytes(text).c_str());
+    std::fflush(stdout);
+  }
 
   uint64_t planned = 0, measured = 0;
   size_t index = 0;
@@ -181,8 +439,8 @@ int run(const Options &o) {
               "%.2f MiB\n",
               mib(planned), mib(m.weights), mib(m.gradients), mib(m.optimizerState),
               mib(m.activations), mib(m.workspace), mib(m.inputs), mib(measured));
-  double tokens = double(o.steps) * double(shape[0] * shape[1]);
-  std::printf("time: %" PRIu64 " steps in %.3f s, %.0f tokens/s\n", o.steps, seconds,
+  double tokens = double(steps) * double(tokensPerStep);
+  std::printf("time: %" PRIu64 " steps in %.3f s, %.0f tokens/s\n", steps, seconds,
               seconds > 0 ? tokens / seconds : 0.0);
   return 0;
 }

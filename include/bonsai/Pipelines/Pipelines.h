@@ -21,9 +21,17 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
   PassOptions::Option<int64_t> deviceMemory{
       *this, "device-memory", llvm::cl::desc("Per-device memory budget in bytes (0: none)"),
       llvm::cl::init(0)};
+  PassOptions::Option<bool> train{
+      *this, "train",
+      llvm::cl::desc("Compile a training step: backward pass and the recipe's optimizer"),
+      llvm::cl::init(false)};
+  PassOptions::Option<int64_t> microBatches{
+      *this, "micro-batches", llvm::cl::desc("Forward and backward runs per update"),
+      llvm::cl::init(1)};
 };
 
-/// Model (bonsai dialect) to a scheduled, memory-planned and verified bonsai_plan.step.
+/// Model (bonsai dialect) to a scheduled, memory-planned and verified bonsai_plan.step; with
+/// `train`, the step also runs the backward pass and the recipe's optimizer.
 void buildCompilePipeline(OpPassManager &pm, const PipelineOptions &options);
 
 /// Registers `--bonsai-compile-pipeline` with the pass registry.

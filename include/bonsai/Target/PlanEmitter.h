@@ -16,7 +16,7 @@
 namespace mlir::bonsai {
 
 /// The plan format version this compiler writes (plan.fbs `Plan.version`).
-constexpr uint32_t kPlanVersion = 1;
+constexpr uint32_t kPlanVersion = 2;
 
 /// Serialises `step` into `bytes`. Fails, with an error at the offending op, on what the
 /// format cannot express: an unplaced buffer, a kernel the runtime does not know, a missing

@@ -43,6 +43,63 @@ def BonsaiVerifyModelPass : Pass<"bonsai-verify-model", "::mlir::ModuleOp"> {
 }
 
 //===----------------------------------------------------------------------===//
+// Training passes
+//===----------------------------------------------------------------------===//
+
+def BonsaiAutodiffPass : Pass<"bonsai-autodiff", "::mlir::ModuleOp"> {
+  let summary = "Append the backward pass: gradients of the loss for every trainable parameter";
+  let description = [{
+    Reverse mode over each model function. The seed is `bonsai.loss_scale` (which the runtime
+    sets to 1 / micro-batches); the pass walks the forward ops backwards and asks each, through
+    `GradientOpInterface`, to build its operands' gradients, summing the gradients of values used
+    more than once (tied embeddings). Only values that depend on a trainable parameter get a
+    gradient: frozen parameters get none, and nothing is computed before the first trainable
+    parameter. Each trainable parameter's gradient is added into a persistent fp32 accumulator,
+    `bonsai.state gradient "<parameter name>"`. Every op the pass creates is marked
+    `bonsai.phase = "backward"`.
+
+    Before:
+    ```mlir
+    %w = bonsai.param "lm_head.weight" trainable : tensor<16x8xf32>
+    %y = bonsai.linear %x, %w : ...
+    %loss = bonsai.cross_entropy %y, %labels : ...
+    return %loss : tensor<f32>
+    ```
+    After (abridged):
+    ```mlir
+    %seed = bonsai.loss_scale : tensor<f32>
+    %dy = bonsai.cross_entropy_grad %seed, %y, %labels : ...
+    %dw = bonsai.linear_grad_weight %dy, %x : ...
+    %acc = bonsai.state gradient "lm_head.weight" : tensor<16x8xf32>
+    bonsai.accumulate %dw, %acc : tensor<16x8xf32>, tensor<16x8xf32>
+    return %loss : tensor<f32>
+    ```
+  }];
+  let statistics = [
+    Statistic<"numGradients", "gradients", "Trainable parameters that got a gradient">,
+    Statistic<"numBackwardOps", "backward-ops", "Ops created for the backward pass">,
+  ];
+}
+
+def BonsaiOptimizerPass : Pass<"bonsai-optimizer", "::mlir::ModuleOp"> {
+  let summary = "Expand the recipe's optimizer into per-parameter in-place updates";
+  let description = [{
+    Reads the `bonsai.optimizer` directive of the module's recipe and, after the backward pass,
+    emits the update phase: the learning rate of the step from the step counter and the
+    schedule, the global gradient norm (for clipping and for the metrics), one
+    `bonsai.adamw_update` or `bonsai.sgd_update` per gradient accumulator with its optimizer
+    state (`<name>.exp_avg`, `<name>.exp_avg_sq` or `<name>.momentum_buffer`, and an fp32
+    `<name>.master` copy for parameters that are not f32), zeroing of the accumulators, and the
+    step counter's increment. `grad_norm` and `lr` are reported as metrics. Every op the pass
+    creates is marked `bonsai.phase = "update"`.
+  }];
+  let statistics = [
+    Statistic<"numUpdates", "updates", "Parameters updated">,
+    Statistic<"stateBytes", "state-bytes", "Bytes of optimizer state created">,
+  ];
+}
+
+//===----------------------------------------------------------------------===//
 // Plan passes (on bonsai_plan.step)
 //===----------------------------------------------------------------------===//
 

@@ -14,6 +14,7 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
 #include "llvm/ADT/SmallVector.h"
+#include "llvm/ADT/StringMap.h"
 
 namespace mlir::bonsai {
 #define GEN_PASS_DEF_BONSAILOWERTOPLANPASS
@@ -23,6 +24,8 @@ namespace {
 
 constexpr StringLiteral kWeightsArena = "weights";
 constexpr StringLiteral kActivationsArena = "activations";
+constexpr StringLiteral kGradientsArena = "gradients";
+constexpr StringLiteral kOptimizerArena = "optimizer";
 
 /// The name of a model input, from how the model uses it: the ids of an embedding, the labels
 /// of a loss, or its position.
@@ -55,19 +58,36 @@ struct LowerToPlanPass : impl::BonsaiLowerToPlanPassBase<LowerToPlanPass> {
   LogicalResult lowerFunction(func::FuncOp function) {
     OpBuilder builder(function);
     Location loc = function.getLoc();
-    int64_t tokens = 0;
+    Block &body = function.getBody().front();
+    Operation *terminator = body.getTerminator();
+    int64_t tokens = 0, vocab = 0;
+    Value logits;
     function.walk([&](CrossEntropyOp loss) {
       tokens = getNumElements(cast<ShapedType>(loss.getLabels().getType()));
+      logits = loss.getLogits();
     });
-    auto step = plan::StepOp::create(builder, loc, function.getSymName(), target,
-                                     deviceMemory, tokens);
-    Block *body = builder.createBlock(&step.getBody());
-    builder.setInsertionPointToStart(body);
-    plan::ArenaOp::create(builder, loc, kWeightsArena, plan::Lifetime::Persistent,
-                          plan::MemorySpace::Device, 0, 256);
-    plan::ArenaOp::create(builder, loc, kActivationsArena, plan::Lifetime::Step,
-                          plan::MemorySpace::Device, 0, 256);
-    StringRef weights = kWeightsArena, activations = kActivationsArena;
+    function.walk([&](EmbeddingOp embedding) {
+      if (isa<BlockArgument>(embedding.getIds()) && !vocab)
+        vocab = cast<ShapedType>(embedding.getTable().getType()).getDimSize(0);
+    });
+    auto step = plan::StepOp::create(builder, loc, function.getSymName(), target, deviceMemory,
+                                     tokens, microBatches, vocab);
+    builder.createBlock(&step.getBody());
+
+    // Arenas: parameters, gradient accumulators and optimizer state persist across steps;
+    // everything else lives for one step. Arenas are created when first needed.
+    llvm::StringMap<bool> arenaCreated;
+    Block *stepBody = &step.getBody().front();
+    auto arena = [&](StringRef name, plan::Lifetime lifetime) -> StringRef {
+      if (!arenaCreated[name]) {
+        OpBuilder::InsertionGuard guard(builder);
+        builder.setInsertionPointToStart(stepBody);
+        plan::ArenaOp::create(builder, loc, name, lifetime, plan::MemorySpace::Device, 0, 256);
+        arenaCreated[name] = true;
+      }
+      return name;
+    };
+    StringRef activations = arena(kActivationsArena, plan::Lifetime::Step);
 
     IRMapping mapping;
     for (BlockArgument arg : function.getArguments()) {
@@ -76,23 +96,51 @@ struct LowerToPlanPass : impl::BonsaiLowerToPlanPassBase<LowerToPlanPass> {
         return failure();
       auto buffer = plan::BufferOp::create(
           builder, loc, *type, activations, IntegerAttr(), plan::BufferRole::Input,
-          getInputName(arg), false, builder.getI64IntegerAttr(arg.getArgNumber()));
+          getInputName(arg), false, builder.getI64IntegerAttr(arg.getArgNumber()), StringAttr());
       mapping.map(arg, buffer.getResult());
     }
 
-    Operation *terminator = function.getBody().front().getTerminator();
+    auto declare = [&](Operation *op, Value value, StringRef arenaName, plan::BufferRole role,
+                       StringRef name, bool trainable = false,
+                       StringAttr copyOf = {}) -> LogicalResult {
+      FailureOr<MemRefType> type = getBufferType(op, value.getType());
+      if (failed(type))
+        return failure();
+      auto buffer = plan::BufferOp::create(builder, op->getLoc(), *type, arenaName,
+                                           IntegerAttr(), role, name, trainable, IntegerAttr(),
+                                           copyOf);
+      mapping.map(value, buffer.getResult());
+      return success();
+    };
+
     unsigned counter = 0;
-    for (Operation &op : function.getBody().front().without_terminator()) {
+    for (Operation &op : body.without_terminator()) {
       if (auto param = dyn_cast<ParamOp>(op)) {
-        FailureOr<MemRefType> type = getBufferType(&op, param.getType());
-        if (failed(type))
+        if (failed(declare(&op, param.getResult(),
+                           arena(kWeightsArena, plan::Lifetime::Persistent),
+                           plan::BufferRole::Parameter, param.getName(), param.getTrainable())))
           return failure();
-        auto buffer = plan::BufferOp::create(builder, op.getLoc(), *type, weights, IntegerAttr(),
-                                             plan::BufferRole::Parameter, param.getName(),
-                                             param.getTrainable(), IntegerAttr());
-        mapping.map(param.getResult(), buffer.getResult());
         continue;
       }
+      if (auto state = dyn_cast<StateOp>(op)) {
+        bool gradient = state.getKind() == StateKind::Gradient;
+        StringRef name = arena(gradient ? kGradientsArena : kOptimizerArena,
+                               plan::Lifetime::Persistent);
+        if (failed(declare(&op, state.getResult(), name,
+                           gradient ? plan::BufferRole::Gradient
+                                    : plan::BufferRole::OptimizerState,
+                           state.getName(), false, state.getCopyOfAttr())))
+          return failure();
+        continue;
+      }
+      if (auto scale = dyn_cast<LossScaleOp>(op)) {
+        if (failed(declare(&op, scale.getResult(), activations, plan::BufferRole::LossScale,
+                           "loss_scale")))
+          return failure();
+        continue;
+      }
+      if (isa<MetricOp>(op))
+        continue; // Its value's buffer was declared as a metric by the producer.
       if (auto view = dyn_cast<ViewLikeOpInterface>(op)) {
         FailureOr<MemRefType> type = getBufferType(&op, op.getResult(0).getType());
         if (failed(type))
@@ -108,22 +156,46 @@ struct LowerToPlanPass : impl::BonsaiLowerToPlanPassBase<LowerToPlanPass> {
                               << "' has no runtime kernel and cannot be lowered to a plan";
       SmallVector<Value> outs;
       for (Value result : op.getResults()) {
-        FailureOr<MemRefType> type = getBufferType(&op, result.getType());
-        if (failed(type))
-          return failure();
-        bool isLoss = llvm::is_contained(terminator->getOperands(), result);
+        plan::BufferRole role = plan::BufferRole::Activation;
         std::string name = (kernel.getKernelName() + "." + Twine(counter++)).str();
-        auto buffer = plan::BufferOp::create(
-            builder, op.getLoc(), *type, activations, IntegerAttr(),
-            isLoss ? plan::BufferRole::Loss : plan::BufferRole::Activation, name, false,
-            IntegerAttr());
-        mapping.map(result, buffer.getResult());
-        outs.push_back(buffer.getResult());
+        if (llvm::is_contained(terminator->getOperands(), result)) {
+          role = plan::BufferRole::Loss;
+        } else if (result == logits) {
+          // The runtime reads the logits by this name to generate text.
+          name = "logits";
+        }
+        for (Operation *user : result.getUsers())
+          if (auto metric = dyn_cast<MetricOp>(user)) {
+            role = plan::BufferRole::Metric;
+            name = metric.getName().str();
+          }
+        if (failed(declare(&op, result, activations, role, name)))
+          return failure();
+        outs.push_back(mapping.lookup(result));
       }
-      SmallVector<Value> ins = llvm::map_to_vector(
-          op.getOperands(), [&](Value v) { return mapping.lookup(v); });
+      // Operands updated in place are outputs of the launch; the rest are its inputs.
+      SmallVector<unsigned> inPlace = kernel.getInPlaceOperands();
+      SmallVector<Value> ins;
+      for (auto [i, operand] : llvm::enumerate(op.getOperands())) {
+        if (llvm::is_contained(inPlace, i))
+          outs.push_back(mapping.lookup(operand));
+        else
+          ins.push_back(mapping.lookup(operand));
+      }
+      plan::Phase phase = plan::Phase::Forward;
+      if (auto attr = op.getAttrOfType<StringAttr>("bonsai.phase")) {
+        std::optional<plan::Phase> parsed = plan::symbolizePhase(attr.getValue());
+        if (!parsed)
+          return op.emitError() << "unknown phase '" << attr.getValue() << "'";
+        phase = *parsed;
+      }
+      // Discardable bonsai.* annotations (the phase) are not kernel parameters.
+      SmallVector<NamedAttribute> params;
+      for (NamedAttribute attr : kernel.getKernelParams())
+        if (!attr.getName().getValue().starts_with("bonsai."))
+          params.push_back(attr);
       plan::LaunchOp::create(builder, op.getLoc(), kernel.getKernelName(), ins, outs,
-                             kernel.getKernelParams(), 0);
+                             builder.getDictionaryAttr(params), 0, phase);
     }
     function.erase();
     return success();

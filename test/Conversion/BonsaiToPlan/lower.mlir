@@ -5,7 +5,7 @@
 // replaced by the step.
 
 // CHECK-NOT: func.func
-// CHECK-LABEL: bonsai_plan.step @forward attributes {device_memory = 1048576 : i64, target = "sm_90", tokens_per_step = 8 : i64}
+// CHECK-LABEL: bonsai_plan.step @forward attributes {device_memory = 1048576 : i64, target = "sm_90", tokens_per_step = 8 : i64, vocab_size = 16 : i64}
 // CHECK-NEXT: bonsai_plan.arena @weights persistent device size 0
 // CHECK-NEXT: bonsai_plan.arena @activations step device size 0
 // CHECK-NEXT: %[[IDS:.*]] = bonsai_plan.buffer @activations input "ids" {input_index = 0 : i64} : memref<2x4xi32>
@@ -20,7 +20,7 @@
 // CHECK-NEXT: %[[R:.*]] = bonsai_plan.buffer @activations activation "rope.2" : memref<2x4x2x4xf32>
 // CHECK-NEXT: bonsai_plan.launch "rope" ins(%[[V]] : memref<2x4x2x4xf32>) outs(%[[R]] : memref<2x4x2x4xf32>) {params = {theta = 1.000000e+04 : f64}}
 // CHECK: bonsai_plan.launch "attention" {{.*}} {params = {causal, scale = 5.000000e-01 : f64}}
-// CHECK: %[[LOGITS:.*]] = bonsai_plan.buffer @activations activation "linear.{{[0-9]+}}" : memref<2x4x16xf32>
+// CHECK: %[[LOGITS:.*]] = bonsai_plan.buffer @activations activation "logits" : memref<2x4x16xf32>
 // CHECK: %[[LOSS:.*]] = bonsai_plan.buffer @activations loss "cross_entropy.{{[0-9]+}}" : memref<f32>
 // CHECK-NEXT: bonsai_plan.launch "cross_entropy" ins(%[[LOGITS]], %[[LABELS]] : memref<2x4x16xf32>, memref<2x4xi32>) outs(%[[LOSS]] : memref<f32>) {params = {ignore_index = -100 : i64}}
 func.func @forward(%ids: tensor<2x4xi32>, %labels: tensor<2x4xi32>) -> tensor<f32> {

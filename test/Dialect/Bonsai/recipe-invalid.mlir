@@ -304,7 +304,7 @@ bonsai.recipe @r {
 
 // optimizer: warmup longer than the whole cosine schedule.
 bonsai.recipe @r {
-  // expected-error @+1 {{warmup_steps (200) exceed total_steps (100)}}
+  // expected-error @+1 {{warmup_steps (200) must be below total_steps for a cosine decay (100)}}
   bonsai.optimizer "adamw" lr 1.0e-3 {schedule = "cosine", warmup_steps = 200 : i64, total_steps = 100 : i64}
 }
 
@@ -918,4 +918,12 @@ func.func private @ext(tensor<2x8xi32>) -> tensor<f32>
 // expected-error @+1 {{'@ext' is not a model function: it has no body or declares no bonsai.param}}
 bonsai.recipe @r for @ext {
   bonsai.remat "full"
+}
+
+// -----
+
+// A cosine decay needs steps to decay over: warmup equal to total divides by zero.
+bonsai.recipe @r {
+  // expected-error @+1 {{warmup_steps (100) must be below total_steps for a cosine decay (100)}}
+  bonsai.optimizer "adamw" lr 1.0e-3 {schedule = "cosine", warmup_steps = 100, total_steps = 100}
 }

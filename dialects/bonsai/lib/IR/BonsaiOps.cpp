@@ -8,6 +8,7 @@
 
 #include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
 
+#include "OpUtils.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"
 #include "llvm/ADT/STLExtras.h"
@@ -20,79 +21,7 @@ using namespace mlir::bonsai;
 // Helpers
 //===----------------------------------------------------------------------===//
 
-namespace {
-
-/// Prints a shape as [a, b, c].
-struct ShapePrinter {
-  ArrayRef<int64_t> shape;
-};
-
-template <typename Stream>
-Stream &operator<<(Stream &os, ShapePrinter p) {
-  os << "[";
-  llvm::interleaveComma(p.shape, os);
-  os << "]";
-  return os;
-}
-
-ShapePrinter fmt(ArrayRef<int64_t> shape) { return {shape}; }
-
-RankedTensorType tensorType(Value v) { return cast<RankedTensorType>(v.getType()); }
-
-/// Fails with "<what> element type: expected <expected>, got <got>" unless they agree.
-LogicalResult expectElementType(Operation *op, StringRef what, Type got, Type expected) {
-  if (got == expected)
-    return success();
-  return op->emitOpError() << what << " element type: expected " << expected << ", got "
-                           << got;
-}
-
-/// Fails with "<what> shape: expected [..], got [..]" unless they agree.
-LogicalResult expectShape(Operation *op, StringRef what, ArrayRef<int64_t> got,
-                          ArrayRef<int64_t> expected) {
-  if (got == expected)
-    return success();
-  return op->emitOpError() << what << " shape: expected " << fmt(expected) << ", got "
-                           << fmt(got);
-}
-
-/// Fails unless `what` has rank `rank`.
-LogicalResult expectRank(Operation *op, StringRef what, RankedTensorType type, int64_t rank) {
-  if (type.getRank() == rank)
-    return success();
-  return op->emitOpError() << what << " rank: expected " << rank << ", got "
-                           << type.getRank() << " (" << type << ")";
-}
-
-/// Fails unless the result has exactly the type of `operand`.
-LogicalResult expectSameTypeAsOperand(Operation *op, StringRef what, Value operand) {
-  Type want = operand.getType();
-  Type got = op->getResult(0).getType();
-  if (want == got)
-    return success();
-  return op->emitOpError() << "result type: expected " << want << " (the type of " << what
-                           << "), got " << got;
-}
-
-/// Bytes of all operands read once and all results written once.
-OpCost streamingBytes(Operation *op) {
-  OpCost cost;
-  for (Value v : op->getOperands())
-    cost.bytesRead += getStorageBytes(v.getType());
-  for (Value v : op->getResults())
-    cost.bytesWritten += getStorageBytes(v.getType());
-  return cost;
-}
-
-/// A streaming op doing `flopsPerElement` vector FLOPs per result element.
-OpCost elementwiseCost(Operation *op, int64_t flopsPerElement) {
-  OpCost cost = streamingBytes(op);
-  cost.vectorFlops =
-      flopsPerElement * getNumElements(cast<ShapedType>(op->getResult(0).getType()));
-  return cost;
-}
-
-} // namespace
+using namespace mlir::bonsai::detail;
 
 //===----------------------------------------------------------------------===//
 // ParamOp

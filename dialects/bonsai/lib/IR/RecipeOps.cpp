@@ -195,8 +195,9 @@ LogicalResult OptimizerDirectiveOp::verify() {
   if (getSchedule() == "cosine") {
     if (int64_t(getTotalSteps()) <= 0)
       return emitOpError("a cosine schedule needs total_steps > 0");
-    if (int64_t(getWarmupSteps()) > int64_t(getTotalSteps()))
-      return emitOpError() << "warmup_steps (" << int64_t(getWarmupSteps()) << ") exceed total_steps ("
+    if (int64_t(getWarmupSteps()) >= int64_t(getTotalSteps()))
+      return emitOpError() << "warmup_steps (" << int64_t(getWarmupSteps())
+                           << ") must be below total_steps for a cosine decay ("
                            << int64_t(getTotalSteps()) << ")";
   }
   if (int64_t(getMicroBatches()) < 1)

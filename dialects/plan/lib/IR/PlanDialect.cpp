@@ -80,6 +80,8 @@ LogicalResult BufferOp::verify() {
                                : "only input buffers have an input_index");
   if (getTrainable() && getRole() != BufferRole::Parameter)
     return emitOpError("only parameters can be trainable");
+  if (getCopyOfAttr() && getRole() != BufferRole::OptimizerState)
+    return emitOpError("only optimizer state can start as a copy of a parameter");
   return success();
 }
 

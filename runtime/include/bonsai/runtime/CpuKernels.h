@@ -66,6 +66,104 @@ void cast(const TensorView &x, const TensorView &y);
 /// Byte copy between tensors of equal size.
 void copy(const TensorView &x, const TensorView &y);
 
+//===----------------------------------------------------------------------===//
+// Backward kernels (plan version 2). `dy` is the gradient of an op's result; every kernel
+// overwrites its outputs (accumulation across uses is explicit in the plan: Add, Accumulate).
+//===----------------------------------------------------------------------===//
+
+/// y = value everywhere.
+void fill(double value, const TensorView &y);
+
+/// dtable = 0, then dtable[ids[p], :] += dy[p, :] for every position p (in position order, so
+/// the result is deterministic).
+void embeddingGrad(const TensorView &dy, const TensorView &ids, const TensorView &dtable);
+
+/// dx[..., k] = sum_n dy[..., n] * w[n, k].
+void linearGradInput(const TensorView &dy, const TensorView &w, const TensorView &dx);
+/// dw[n, k] = sum over all leading positions p of dy[p, n] * x[p, k].
+void linearGradWeight(const TensorView &dy, const TensorView &x, const TensorView &dw);
+
+/// y = x summed over the dimensions a trailing broadcast of y to x's shape would add or
+/// expand (the adjoint of Add/Mul's rhs broadcast; y's shape broadcasts to x's).
+void reduceTo(const TensorView &x, const TensorView &y);
+
+/// Gradients of rmsNorm (recomputing 1/rms from x): dx, and dw summed over all rows.
+void rmsNormGrad(const TensorView &dy, const TensorView &x, const TensorView &w, double eps,
+                 const TensorView &dx, const TensorView &dw);
+/// Gradients of layerNorm: dx, dw = sum dy * xhat, db = sum dy (over all rows).
+void layerNormGrad(const TensorView &dy, const TensorView &x, const TensorView &w, double eps,
+                   const TensorView &dx, const TensorView &dw, const TensorView &db);
+
+/// The adjoint of rope: the inverse rotation (angle -> -angle) of dy.
+void ropeGrad(const TensorView &dy, double theta, const TensorView &dx);
+
+/// Gradients of attention with respect to q, k and v given dO, recomputing the probabilities
+/// from q and k; o is the forward output (for D_i = sum_d dO_id O_id). With GQA, dk and dv
+/// sum over the query heads that share a kv head.
+void attentionGrad(const TensorView &dout, const TensorView &q, const TensorView &k,
+                   const TensorView &v, const TensorView &o, bool causal, double scale,
+                   const TensorView &dq, const TensorView &dk, const TensorView &dv);
+
+void siluGrad(const TensorView &dy, const TensorView &x, const TensorView &dx);
+void geluGrad(const TensorView &dy, const TensorView &x, bool tanh, const TensorView &dx);
+/// dgate = dy * up * silu'(gate), dup = dy * silu(gate).
+void swigluGrad(const TensorView &dy, const TensorView &gate, const TensorView &up,
+                const TensorView &dgate, const TensorView &dup);
+/// dx = y * (dy - sum(dy * y)) along `axis`, from the softmax output y.
+void softmaxGrad(const TensorView &dy, const TensorView &y, int axis, const TensorView &dx);
+
+/// dlogits = dloss * (softmax(logits) - onehot(label)) / count over positions whose label is not
+/// ignoreIndex (count = their number), 0 at ignored positions; dloss is an f32 scalar.
+void crossEntropyGrad(const TensorView &dloss, const TensorView &logits,
+                      const TensorView &labels, int64_t ignoreIndex, const TensorView &dlogits);
+
+/// dx = 0, then dx[..., start : start + dy.shape[axis], ...] = dy along `axis`.
+void sliceGrad(const TensorView &dy, int axis, int64_t start, const TensorView &dx);
+
+//===----------------------------------------------------------------------===//
+// Optimizer kernels. The step counter is an i64 scalar holding the number of updates done.
+//===----------------------------------------------------------------------===//
+
+/// norm = sqrt(sum of squares of every element of every gradient) (f32 scalar; accumulated
+/// in double, in order).
+void gradNorm(const std::vector<TensorView> &grads, const TensorView &norm);
+
+/// A learning-rate schedule (see LearningRateAttrs in plan.fbs).
+struct LearningRateSchedule {
+  double lr = 0;
+  bool cosine = false;
+  int64_t warmupSteps = 0;
+  int64_t totalSteps = 0;
+  double minLrRatio = 0;
+};
+/// lr (f32 scalar) at the step after `step` updates, t = step + 1.
+void learningRate(const TensorView &step, const LearningRateSchedule &schedule,
+                  const TensorView &lr);
+
+struct AdamWHyper {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weightDecay = 0, gradClip = 0;
+};
+/// One AdamW step in place (PyTorch semantics, see AdamWAttrs in plan.fbs): m and v are f32;
+/// with `master` (f32) the update applies to master and param is master rounded to its dtype.
+void adamwUpdate(const TensorView &grad, const TensorView &step, const TensorView &lr,
+                 const TensorView &gradNorm, const AdamWHyper &hyper, const TensorView &param,
+                 const TensorView &m, const TensorView &v, const TensorView *master);
+
+struct SGDHyper {
+  double momentum = 0, weightDecay = 0, gradClip = 0;
+};
+/// One SGD step in place (PyTorch semantics, see SGDAttrs in plan.fbs).
+void sgdUpdate(const TensorView &grad, const TensorView &lr, const TensorView &gradNorm,
+               const SGDHyper &hyper, const TensorView &param, const TensorView &momentum,
+               const TensorView *master);
+
+/// step += 1 (i64 scalar).
+void stepIncrement(const TensorView &step);
+/// acc += g (same shape; any float storage, computed in fp32).
+void accumulate(const TensorView &g, const TensorView &acc);
+/// x = 0.
+void zero(const TensorView &x);
+
 } // namespace bonsai::rt::cpu
 
 #endif // BONSAI_RUNTIME_CPUKERNELS_H

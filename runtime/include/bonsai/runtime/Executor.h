@@ -3,9 +3,12 @@
 // The executor owns the arenas of one plan: each is allocated once (aligned, zeroed), and every
 // plan tensor becomes a TensorView at arena base + offset, so tensors that the compiler placed at
 // the same bytes are views of one another. Parameters are bound from a checkpoint or initialized
-// from the seed, the data loader's batch is written into the plan inputs, and a step runs the
-// kernels in plan order. The executor also measures, per arena, the highest byte any binding,
-// input or kernel operand actually touched, to report beside the planned size.
+// from the seed, then every tensor's initializer is applied (zeros; converting copies such as
+// fp32 master weights). A training step runs, for each of its k micro-batches, the Forward and
+// Backward kernels on that micro-batch's tokens with the LossScale tensor set to 1/k, then the
+// Update kernels once; generation runs the Forward kernels alone. The executor also measures,
+// per arena, the highest byte any binding, input or kernel operand actually touched, to report
+// beside the planned size. See docs/training.md.
 //
 //===----------------------------------------------------------------------===//
 
@@ -19,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +33,14 @@ struct ArenaUsage {
   const ArenaInfo *arena = nullptr; ///< The executor's copy of the arena's description.
   uint64_t planned = 0;  ///< The arena size the compiler planned (and the runtime allocated).
   uint64_t measured = 0; ///< The highest offset + bytes touched so far.
+};
+
+/// What one training step produced.
+struct StepResult {
+  float loss = 0;                      ///< The mean of the micro-batch losses.
+  std::vector<float> microBatchLosses; ///< In micro-batch order.
+  std::optional<float> gradNorm;       ///< The Metric tensor "grad_norm" after the update.
+  std::optional<float> lr;             ///< The Metric tensor "lr" after the update.
 };
 
 /// Runs one verified plan on the CPU reference backend.
@@ -48,17 +60,54 @@ public:
   const std::vector<TensorView> &views() const { return views_; }
   const TensorView &view(uint32_t tensor) const { return views_.at(tensor); }
 
-  /// Binds every parameter from `checkpoint` (see bindCheckpoint).
+  /// Binds every parameter from `checkpoint` (see bindCheckpoint), then applies the
+  /// initializers (applyInits).
   void bindWeights(const Checkpoint &checkpoint);
-  /// Initializes every parameter from `seed` (see initParameters).
+  /// Initializes every parameter from `seed` (see initParameters), then applies the
+  /// initializers (applyInits).
   void initWeights(uint64_t seed);
+  /// Applies every tensor's TensorInit: Zeros first, then each CopyOf converts its source's
+  /// current values (the bound parameters) into the copy's dtype. Called by bindWeights and
+  /// initWeights; call it again after writing parameters some other way (a checkpoint's
+  /// optimizer state is loaded after it, over its result).
+  void applyInits();
+  /// Records that `tensor` was written from outside (a checkpoint), for the measured memory.
+  void markWritten(uint32_t tensor) { touch(tensor); }
+
+  /// Replaces the lr of every LearningRate kernel. Throws rt::Error when the plan has none or
+  /// `lr` is negative or not finite.
+  void overrideLearningRate(double lr);
+
   /// Writes a batch into the plan's ids and labels tensors.
   void setInputs(const TokenBatch &batch);
   /// The [batch, seq] shape of the plan's inputs.
   std::vector<int64_t> inputShape() const;
+  /// Writes `scale` into the LossScale tensor; does nothing when the plan has none.
+  void setLossScale(float scale);
 
-  /// Runs every kernel in order and returns the loss. A kernel's error is rethrown with the
-  /// kernel's index, name and kind in front.
+  /// Runs the kernels of `phase` in plan order. A kernel's error is rethrown with the kernel's
+  /// index, name and kind in front.
+  void runPhase(Phase phase);
+  /// The loss tensor's current value.
+  float loss() const;
+  /// The Metric tensor named `name`, if the plan has one.
+  std::optional<float> metric(const std::string &name) const;
+
+  /// Throws rt::Error (LoadedPlan::microBatchProblem) unless `count` micro-batches per step
+  /// compute the gradient of the mean micro-batch loss with this plan.
+  void checkMicroBatches(uint32_t count) const;
+  /// One training step of `count` micro-batches: micro-batch m (from 0) reads
+  /// loader.batch(firstMicroBatch + m), runs Forward and Backward with LossScale 1/count; then
+  /// the Update kernels run once. A plan without Update or Backward kernels just runs Forward
+  /// per micro-batch. Returns the mean loss and the "grad_norm" and "lr" metrics.
+  StepResult trainStep(TokenLoader &loader, uint64_t firstMicroBatch, uint32_t count);
+  /// Forward and Backward on `batch` with LossScale `lossScale`, no Update; returns the loss.
+  float forwardBackward(const TokenBatch &batch, float lossScale);
+  /// Forward alone on `batch` (generation); returns the loss.
+  float forward(const TokenBatch &batch);
+
+  /// Runs every kernel in plan order (Forward, Backward, Update) on the inputs already set,
+  /// with LossScale 1, and returns the loss: one step of one micro-batch.
   float runStep();
 
   /// Planned and measured bytes of each arena, in plan order.
@@ -75,6 +124,7 @@ private:
   std::vector<std::unique_ptr<void, ArenaFree>> arenas_;
   std::vector<TensorView> views_;
   std::vector<uint64_t> measured_;
+  uint32_t checkedMicroBatches_ = 0; ///< The count trainStep last verified (0: none yet).
 };
 
 } // namespace bonsai::rt

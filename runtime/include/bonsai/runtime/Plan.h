@@ -3,9 +3,10 @@
 // A plan file (schema/plan.fbs) comes from outside the process, so it is checked in three layers
 // before anything uses it: the file identifier ("BNSP"), the FlatBuffers verifier (every offset
 // and length inside the buffer), then the semantics the kernels rely on (version, arenas, tensor
-// byte ranges, operand counts, shapes and dtypes per kernel kind). Only then is it copied into
-// the plain structs below, so that the executor never reads unverified bytes and never depends
-// on the generated FlatBuffers code. See docs/plan-format.md.
+// byte ranges, operand counts, shapes and dtypes per kernel kind, initializers, phases and the
+// training contract of version 2). Only then is it copied into the plain structs below, so that
+// the executor never reads unverified bytes and never depends on the generated FlatBuffers code.
+// See docs/plan-format.md and docs/training.md.
 //
 //===----------------------------------------------------------------------===//
 
@@ -23,7 +24,7 @@
 namespace bonsai::rt {
 
 /// The plan schema version this runtime runs (Plan.version); bumped on incompatible change.
-inline constexpr uint32_t kPlanVersion = 1;
+inline constexpr uint32_t kPlanVersion = 2;
 
 /// Where an arena lives; values match bonsai.plan.MemorySpace.
 enum class MemorySpace : uint8_t { Device = 0, PinnedHost = 1 };
@@ -37,8 +38,19 @@ enum class TensorRole : uint8_t {
   Gradient = 3,
   OptimizerState = 4,
   Workspace = 5,
-  Loss = 6
+  Loss = 6,
+  Metric = 7,   ///< An f32 scalar the runtime reports by name ("grad_norm", "lr").
+  LossScale = 8 ///< The f32 scalar the runtime writes before each micro-batch (1 / micro-batches).
 };
+/// How a tensor is initialized at start-up; values match bonsai.plan.TensorInit.
+enum class TensorInit : uint8_t {
+  None = 0,  ///< Parameters are bound; everything else is computed by kernels.
+  Zeros = 1, ///< Optimizer moments, gradient accumulators, the step counter.
+  CopyOf = 2 ///< A dtype-converting copy of TensorInfo::initSource (fp32 master weights).
+};
+/// When a kernel runs; values match bonsai.plan.Phase. A training step runs Forward and
+/// Backward once per micro-batch, then Update once; generation runs Forward alone.
+enum class Phase : uint8_t { Forward = 0, Backward = 1, Update = 2 };
 /// The kernels of a plan; values match bonsai.plan.KernelKind.
 enum class KernelKind : uint16_t {
   Embedding = 0,
@@ -58,13 +70,37 @@ enum class KernelKind : uint16_t {
   Transpose = 14,
   Slice = 15,
   Cast = 16,
-  Copy = 17
+  Copy = 17,
+  Fill = 18,
+  EmbeddingGrad = 19,
+  LinearGradInput = 20,
+  LinearGradWeight = 21,
+  ReduceTo = 22,
+  RMSNormGrad = 23,
+  LayerNormGrad = 24,
+  RoPEGrad = 25,
+  AttentionGrad = 26,
+  SiLUGrad = 27,
+  GeLUGrad = 28,
+  SwiGLUGrad = 29,
+  SoftmaxGrad = 30,
+  CrossEntropyGrad = 31,
+  SliceGrad = 32,
+  GradNorm = 33,
+  LearningRate = 34,
+  AdamWUpdate = 35,
+  SGDUpdate = 36,
+  StepIncrement = 37,
+  Accumulate = 38,
+  Zero = 39
 };
 
 /// "Linear", "RMSNorm", ... as spelled in plan.fbs.
 const char *kernelKindName(KernelKind kind);
 /// "parameter", "activation", ... (the memory class a tensor is reported under).
 const char *tensorRoleName(TensorRole role);
+/// "forward", "backward", "update".
+const char *phaseName(Phase phase);
 
 /// One verified arena: `size` bytes, allocated once with at least `alignment`.
 struct ArenaInfo {
@@ -87,12 +123,16 @@ struct TensorInfo {
   uint64_t offset = 0;
   uint64_t bytes = 0;
   int64_t numel = 1; ///< Product of the dimensions (1 for a scalar).
+  TensorInit init = TensorInit::None;
+  uint32_t initSource = 0; ///< The tensor copied, for TensorInit::CopyOf.
 };
 
 /// The attributes of a kernel, flattened: only the fields of the kind's attribute table are
 /// meaningful (NormAttrs -> epsilon, RoPEAttrs -> theta, AttentionAttrs -> causal and scale,
 /// GeLUAttrs -> geluTanh, AxisAttrs and SliceAttrs -> axis, SliceAttrs -> start,
-/// CrossEntropyAttrs -> ignoreIndex, TransposeAttrs -> permutation).
+/// CrossEntropyAttrs -> ignoreIndex, TransposeAttrs -> permutation, FillAttrs -> value,
+/// LearningRateAttrs -> lr .. minLrRatio, AdamWAttrs -> beta1 .. gradClip, SGDAttrs ->
+/// momentum, weightDecay and gradClip).
 struct KernelAttrsInfo {
   double epsilon = 0;
   double theta = 0;
@@ -103,6 +143,18 @@ struct KernelAttrsInfo {
   int64_t start = 0;
   int64_t ignoreIndex = -100;
   std::vector<int64_t> permutation;
+  double value = 0;
+  double lr = 0;
+  bool cosine = false;
+  int64_t warmupSteps = 0;
+  int64_t totalSteps = 0;
+  double minLrRatio = 0;
+  double beta1 = 0;
+  double beta2 = 0;
+  double eps = 0;
+  double weightDecay = 0;
+  double gradClip = 0;
+  double momentum = 0;
 };
 
 /// One verified kernel: indices into LoadedPlan::tensors, checked against the kind's operand
@@ -114,6 +166,7 @@ struct KernelInfo {
   KernelAttrsInfo attrs;
   uint8_t stream = 0;
   std::string name;
+  Phase phase = Phase::Forward;
 };
 
 /// Planned bytes by memory class, as the compiler computed them (Plan.memory).
@@ -141,14 +194,30 @@ struct LoadedPlan {
   std::vector<uint32_t> inputs; ///< Tensors filled by the data loader: ids, then labels.
   uint32_t loss = 0;
   MemorySummaryInfo memory;
-  uint64_t tokensPerStep = 0;
+  uint64_t tokensPerStep = 0; ///< Per micro-batch: batch x sequence of the inputs.
+  uint32_t microBatches = 1;  ///< Forward+Backward runs per Update the plan was compiled for.
+  uint64_t vocabSize = 0;     ///< Token ids must be below it (checked as data is read).
+  std::optional<uint32_t> lossScale; ///< The LossScale tensor, if the plan has one.
 
   /// "tensor 3 'h.0.ln_1.weight'", for messages.
   std::string describeTensor(uint32_t index) const;
   /// "kernel 7 'loc(...)' (Linear)", for messages.
   std::string describeKernel(size_t index) const;
-  /// Rows of the first Embedding kernel's table (the vocabulary size), if there is one.
-  std::optional<int64_t> vocabularySize() const;
+  /// The vocabulary size (Plan.vocab_size).
+  int64_t vocabularySize() const { return int64_t(vocabSize); }
+  /// Whether the plan has Update kernels (it trains; otherwise it only computes the loss).
+  bool trains() const;
+  /// Whether the plan has Backward kernels.
+  bool hasBackward() const;
+  /// The Metric tensor named `name`, if there is one.
+  std::optional<uint32_t> metric(const std::string &name) const;
+  /// Why `microBatches` Forward+Backward runs per Update would compute something else than the
+  /// gradient of the mean micro-batch loss, or "" when they are fine: more than one needs a
+  /// LossScale tensor (when there is a backward pass), and every step-arena tensor an Update
+  /// kernel reads must have been written by an earlier Update kernel, since the next
+  /// micro-batch reuses step arenas (gradients reach the update through persistent
+  /// accumulators).
+  std::string microBatchProblem(uint32_t microBatches) const;
 };
 
 /// Reads, verifies and loads the plan file at `path`. Throws rt::Error naming the file and the

@@ -103,6 +103,13 @@ def Bonsai_KernelOpInterface : OpInterface<"KernelOpInterface"> {
       "::mlir::DictionaryAttr", "getKernelParams", (ins), [{}], [{
         return $_op->getAttrDictionary();
       }]>,
+    InterfaceMethod<[{
+        Operands the kernel reads and updates in place (optimizer updates, accumulation). The
+        lowering passes them to the launch as outputs; the others are its inputs.
+      }],
+      "::llvm::SmallVector<unsigned>", "getInPlaceOperands", (ins), [{}], [{
+        return {};
+      }]>,
   ];
 }
 

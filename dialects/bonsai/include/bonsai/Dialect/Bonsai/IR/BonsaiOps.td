@@ -60,7 +60,7 @@ def Bonsai_ParamOp : Bonsai_Op<"param", [Pure,
 }
 
 def Bonsai_EmbeddingOp : Bonsai_ModelOp<"embedding",
-    [DeclareOpInterfaceMethods<Bonsai_CostOpInterface, ["getBackwardCost"]>]> {
+    [DeclareOpInterfaceMethods<Bonsai_CostOpInterface, ["getBackwardCost"]>, DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
   let summary = "row gather from an embedding table";
   let description = [{
     `result[..., :] = table[ids[...], :]`. The table is [vocab, hidden]; the result has the ids'
@@ -75,7 +75,7 @@ def Bonsai_EmbeddingOp : Bonsai_ModelOp<"embedding",
 }
 
 def Bonsai_LinearOp : Bonsai_ModelOp<"linear", [
-    DeclareOpInterfaceMethods<Bonsai_CostOpInterface, ["getBackwardCost"]>]> {
+    DeclareOpInterfaceMethods<Bonsai_CostOpInterface, ["getBackwardCost"]>, DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
   let summary = "y = x · Wᵀ (+ b), with W in Hugging Face's [out, in] layout";
   let description = [{
     The input is [..., in], the weight [out, in] (as `torch.nn.Linear` stores it), the optional
@@ -95,7 +95,7 @@ def Bonsai_LinearOp : Bonsai_ModelOp<"linear", [
 }
 
 def Bonsai_MatmulOp : Bonsai_ModelOp<"matmul",
-    [DeclareOpInterfaceMethods<Bonsai_CostOpInterface, ["getBackwardCost"]>]> {
+    [DeclareOpInterfaceMethods<Bonsai_CostOpInterface, ["getBackwardCost"]>, DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
   let summary = "batched matrix product [..., m, k] · [..., k, n] -> [..., m, n]";
   let description = [{
     Both operands have the same rank (at least 2) and the same leading (batch) dimensions.
@@ -108,7 +108,8 @@ def Bonsai_MatmulOp : Bonsai_ModelOp<"matmul",
   let results = (outs Bonsai_FloatTensor:$result);
 }
 
-class Bonsai_BroadcastBinaryOp<string mnemonic> : Bonsai_ModelOp<mnemonic> {
+class Bonsai_BroadcastBinaryOp<string mnemonic>
+    : Bonsai_ModelOp<mnemonic, [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
   let description = [{
     Elementwise with trailing-dimension broadcasting of `rhs`: `rhs` has rank at most that of
     `lhs`, and each of its dimensions equals the matching trailing dimension of `lhs` or is 1.
@@ -131,7 +132,7 @@ def Bonsai_MulOp : Bonsai_BroadcastBinaryOp<"mul"> {
   let summary = "elementwise product with trailing broadcast";
 }
 
-def Bonsai_RMSNormOp : Bonsai_ModelOp<"rms_norm", [],
+def Bonsai_RMSNormOp : Bonsai_ModelOp<"rms_norm", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>],
     ["getKernelParams"]> {
   let summary = "root-mean-square normalisation over the last dimension, times a weight";
   let description = [{
@@ -147,7 +148,7 @@ def Bonsai_RMSNormOp : Bonsai_ModelOp<"rms_norm", [],
   let results = (outs Bonsai_ComputeTensor:$result);
 }
 
-def Bonsai_LayerNormOp : Bonsai_ModelOp<"layer_norm", [],
+def Bonsai_LayerNormOp : Bonsai_ModelOp<"layer_norm", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>],
     ["getKernelParams"]> {
   let summary = "layer normalisation over the last dimension with weight and bias";
   let description = [{
@@ -163,7 +164,7 @@ def Bonsai_LayerNormOp : Bonsai_ModelOp<"layer_norm", [],
   let results = (outs Bonsai_ComputeTensor:$result);
 }
 
-def Bonsai_RoPEOp : Bonsai_ModelOp<"rope", [],
+def Bonsai_RoPEOp : Bonsai_ModelOp<"rope", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>],
     ["getKernelParams"]> {
   let summary = "rotary position embedding (Hugging Face's rotate-half convention)";
   let description = [{
@@ -180,7 +181,7 @@ def Bonsai_RoPEOp : Bonsai_ModelOp<"rope", [],
   let results = (outs Bonsai_ComputeTensor:$result);
 }
 
-def Bonsai_AttentionOp : Bonsai_ModelOp<"attention"> {
+def Bonsai_AttentionOp : Bonsai_ModelOp<"attention", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
   let summary = "scaled dot-product attention, optionally causal, with grouped-query heads";
   let description = [{
     `q` is [batch, seq, heads, head_dim]; `k` and `v` are [batch, seq, kv_heads, head_dim] with
@@ -200,7 +201,7 @@ def Bonsai_AttentionOp : Bonsai_ModelOp<"attention"> {
   }];
 }
 
-class Bonsai_UnaryOp<string mnemonic> : Bonsai_ModelOp<mnemonic> {
+class Bonsai_UnaryOp<string mnemonic> : Bonsai_ModelOp<mnemonic, [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
   let arguments = (ins Bonsai_ComputeTensor:$input);
   let results = (outs Bonsai_ComputeTensor:$result);
 }
@@ -214,7 +215,7 @@ def Bonsai_SiLUOp : Bonsai_UnaryOp<"silu"> {
   }];
 }
 
-def Bonsai_GeLUOp : Bonsai_ModelOp<"gelu", [], ["getKernelParams"]> {
+def Bonsai_GeLUOp : Bonsai_ModelOp<"gelu", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>], ["getKernelParams"]> {
   let summary = "Gaussian error linear unit, exact or with the tanh approximation (GPT-2)";
   let description = [{
     ```mlir
@@ -227,7 +228,7 @@ def Bonsai_GeLUOp : Bonsai_ModelOp<"gelu", [], ["getKernelParams"]> {
   let results = (outs Bonsai_ComputeTensor:$result);
 }
 
-def Bonsai_SwiGLUOp : Bonsai_ModelOp<"swiglu"> {
+def Bonsai_SwiGLUOp : Bonsai_ModelOp<"swiglu", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
   let summary = "silu(gate) · up, the gated MLP activation of Llama";
   let description = [{
     ```mlir
@@ -238,7 +239,7 @@ def Bonsai_SwiGLUOp : Bonsai_ModelOp<"swiglu"> {
   let results = (outs Bonsai_ComputeTensor:$result);
 }
 
-def Bonsai_SoftmaxOp : Bonsai_ModelOp<"softmax"> {
+def Bonsai_SoftmaxOp : Bonsai_ModelOp<"softmax", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
   let summary = "softmax along one axis";
   let description = [{
     ```mlir
@@ -249,7 +250,7 @@ def Bonsai_SoftmaxOp : Bonsai_ModelOp<"softmax"> {
   let results = (outs Bonsai_ComputeTensor:$result);
 }
 
-def Bonsai_CrossEntropyOp : Bonsai_ModelOp<"cross_entropy", [],
+def Bonsai_CrossEntropyOp : Bonsai_ModelOp<"cross_entropy", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>],
     ["getKernelParams"]> {
   let summary = "mean token cross-entropy over labels that are not ignore_index";
   let description = [{
@@ -267,7 +268,7 @@ def Bonsai_CrossEntropyOp : Bonsai_ModelOp<"cross_entropy", [],
 }
 
 def Bonsai_ReshapeOp : Bonsai_ModelOp<"reshape",
-    [DeclareOpInterfaceMethods<ViewLikeOpInterface>]> {
+    [DeclareOpInterfaceMethods<ViewLikeOpInterface>, DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
   let summary = "same elements, new static shape";
   let description = [{
     ```mlir
@@ -278,7 +279,7 @@ def Bonsai_ReshapeOp : Bonsai_ModelOp<"reshape",
   let results = (outs Bonsai_Tensor:$result);
 }
 
-def Bonsai_TransposeOp : Bonsai_ModelOp<"transpose"> {
+def Bonsai_TransposeOp : Bonsai_ModelOp<"transpose", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
   let summary = "permutation of dimensions";
   let description = [{
     `result.shape[i] = input.shape[permutation[i]]`.
@@ -291,7 +292,7 @@ def Bonsai_TransposeOp : Bonsai_ModelOp<"transpose"> {
   let results = (outs Bonsai_Tensor:$result);
 }
 
-def Bonsai_SliceOp : Bonsai_ModelOp<"slice"> {
+def Bonsai_SliceOp : Bonsai_ModelOp<"slice", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
   let summary = "a contiguous range along one dimension";
   let description = [{
     Takes `size` entries starting at `start` along dimension `axis` (splitting GPT-2's fused
@@ -305,7 +306,7 @@ def Bonsai_SliceOp : Bonsai_ModelOp<"slice"> {
   let results = (outs Bonsai_Tensor:$result);
 }
 
-def Bonsai_CastOp : Bonsai_ModelOp<"cast"> {
+def Bonsai_CastOp : Bonsai_ModelOp<"cast", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
   let summary = "element type conversion (round to nearest even; saturating for FP8)";
   let description = [{
     ```mlir
@@ -326,6 +327,9 @@ def Bonsai_DequantizeOp : Bonsai_ModelOp<"dequantize"> {
   let arguments = (ins Bonsai_NF4Tensor:$input);
   let results = (outs Bonsai_ComputeTensor:$result);
 }
+
+include "bonsai/Dialect/Bonsai/IR/BonsaiTrainingOps.td"
+include "bonsai/Dialect/Bonsai/IR/BonsaiOptimizerOps.td"
 
 //===----------------------------------------------------------------------===//
 // Recipe ops

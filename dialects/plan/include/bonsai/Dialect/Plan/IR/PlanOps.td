@@ -54,7 +54,16 @@ def Plan_BufferRole : I32EnumAttr<"BufferRole", "why a buffer exists", [
     I32EnumAttrCase<"Gradient", 3, "gradient">,
     I32EnumAttrCase<"OptimizerState", 4, "optimizer_state">,
     I32EnumAttrCase<"Workspace", 5, "workspace">,
-    I32EnumAttrCase<"Loss", 6, "loss">]> {
+    I32EnumAttrCase<"Loss", 6, "loss">,
+    I32EnumAttrCase<"Metric", 7, "metric">,
+    I32EnumAttrCase<"LossScale", 8, "loss_scale">]> {
+  let cppNamespace = "::mlir::bonsai::plan";
+}
+
+def Plan_Phase : I32EnumAttr<"Phase", "when a kernel runs in a training step", [
+    I32EnumAttrCase<"Forward", 0, "forward">,
+    I32EnumAttrCase<"Backward", 1, "backward">,
+    I32EnumAttrCase<"Update", 2, "update">]> {
   let cppNamespace = "::mlir::bonsai::plan";
 }
 
@@ -68,7 +77,8 @@ def Plan_StepOp : Plan_Op<"step", [Symbol, SymbolTable, IsolatedFromAbove, NoTer
   let description = [{
     Arenas first, then buffers and launches in schedule order. `target` is the architecture the
     step was compiled for, `device_memory` the budget in bytes (0 = none), `tokens_per_step`
-    the batch times sequence length.
+    the batch times sequence length of one micro-batch, `micro_batches` the forward and backward
+    runs per update, `vocab_size` the rows of the token embedding.
 
     ```mlir
     bonsai_plan.step @forward {target = "cpu", tokens_per_step = 256 : i64} {
@@ -81,7 +91,9 @@ def Plan_StepOp : Plan_Op<"step", [Symbol, SymbolTable, IsolatedFromAbove, NoTer
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, StrAttr:$target,
                    DefaultValuedAttr<I64Attr, "0">:$device_memory,
-                   DefaultValuedAttr<I64Attr, "0">:$tokens_per_step);
+                   DefaultValuedAttr<I64Attr, "0">:$tokens_per_step,
+                   DefaultValuedAttr<I64Attr, "1">:$micro_batches,
+                   DefaultValuedAttr<I64Attr, "0">:$vocab_size);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
   let hasRegionVerifier = 1;
@@ -112,7 +124,9 @@ def Plan_BufferOp : Plan_Op<"buffer", [Pure, DeclareOpInterfaceMethods<SymbolUse
   let description = [{
     `offset` (bytes) is absent until the memory planner places the buffer. `name` is the
     checkpoint key of a parameter, "ids"/"labels" for inputs, and a debug name otherwise.
-    `input_index` orders the inputs the data loader fills.
+    `input_index` orders the inputs the data loader fills. Buffers of persistent arenas other
+    than parameters start at zero, or, with `copy_of`, as a converted copy of the parameter of
+    that name (fp32 master weights).
 
     ```mlir
     %w = bonsai_plan.buffer @weights[0] parameter "lm_head.weight" trainable : memref<16x16xf32>
@@ -121,7 +135,7 @@ def Plan_BufferOp : Plan_Op<"buffer", [Pure, DeclareOpInterfaceMethods<SymbolUse
   }];
   let arguments = (ins FlatSymbolRefAttr:$arena, OptionalAttr<I64Attr>:$offset,
                    Plan_BufferRole:$role, StrAttr:$name, UnitAttr:$trainable,
-                   OptionalAttr<I64Attr>:$input_index);
+                   OptionalAttr<I64Attr>:$input_index, OptionalAttr<StrAttr>:$copy_of);
   let results = (outs AnyStaticShapeMemRef:$result);
   let assemblyFormat = [{
     $arena (`[` $offset^ `]`)? $role $name (`trainable` $trainable^)? attr-dict `:` type($result)
@@ -156,7 +170,8 @@ def Plan_LaunchOp : Plan_Op<"launch", [AttrSizedOperandSegments]> {
   let description = [{
     `kernel` names a runtime kernel (the bonsai op it implements: "linear", "rms_norm", ...);
     `params` carries its attributes (epsilon, scale, causal, ...). `stream` is the stream it is
-    issued on (0 = compute).
+    issued on (0 = compute); `phase` when it runs (forward and backward once per micro-batch,
+    update once per step).
 
     ```mlir
     bonsai_plan.launch "linear" ins(%x, %w : memref<4x16xf32>, memref<8x16xf32>) outs(%y : memref<4x8xf32>) {params = {}}
@@ -165,7 +180,8 @@ def Plan_LaunchOp : Plan_Op<"launch", [AttrSizedOperandSegments]> {
   let arguments = (ins StrAttr:$kernel, Variadic<AnyStaticShapeMemRef>:$ins,
                    Variadic<AnyStaticShapeMemRef>:$outs,
                    DefaultValuedAttr<DictionaryAttr, "{}">:$params,
-                   DefaultValuedAttr<I64Attr, "0">:$stream);
+                   DefaultValuedAttr<I64Attr, "0">:$stream,
+                   DefaultValuedAttr<Plan_Phase, "::mlir::bonsai::plan::Phase::Forward">:$phase);
   let assemblyFormat = [{
     $kernel `ins` `(` ($ins^ `:` type($ins))? `)` `outs` `(` ($outs^ `:` type($outs))? `)`
     attr-dict

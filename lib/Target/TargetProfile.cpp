@@ -1,0 +1,52 @@
+//===- TargetProfile.cpp - What the compiler knows about a GPU ------------===//
+//
+// Vendor datasheet figures (dense rates, no sparsity) for the named GPUs; a generic sm_XX gets
+// the capabilities of its architecture and no size, so that a budget must be given.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/Target/TargetProfile.h"
+
+#include "llvm/ADT/StringExtras.h"
+
+using namespace mlir::bonsai;
+
+namespace {
+constexpr int64_t GiB = int64_t(1) << 30;
+
+const TargetProfile kProfiles[] = {
+    // name, arch, cc, SMs, smem/block, memory, fp8, HBM GB/s, link GB/s, bf16, fp8 TFLOP/s
+    {"a100", "sm_80", 80, 108, 163 * 1024, 80 * GiB, false, 2039, 32, 312, 0},
+    {"a10g", "sm_86", 86, 80, 99 * 1024, 24 * GiB, false, 600, 32, 70, 0},
+    {"rtx4090", "sm_89", 89, 128, 99 * 1024, 24 * GiB, true, 1008, 32, 165, 330},
+    {"l40s", "sm_89", 89, 142, 99 * 1024, 48 * GiB, true, 864, 32, 362, 733},
+    {"h100", "sm_90", 90, 132, 227 * 1024, 80 * GiB, true, 3350, 64, 989, 1979},
+    {"h200", "sm_90", 90, 132, 227 * 1024, 141 * GiB, true, 4800, 64, 989, 1979},
+    {"cpu", "cpu", 0, 0, 0, 0, false, 0, 0, 0, 0},
+};
+} // namespace
+
+llvm::ArrayRef<TargetProfile> mlir::bonsai::getNamedTargetProfiles() { return kProfiles; }
+
+std::optional<TargetProfile> mlir::bonsai::lookupTargetProfile(llvm::StringRef name) {
+  std::string lower = name.lower();
+  for (const TargetProfile &profile : kProfiles)
+    if (profile.name == lower)
+      return profile;
+  llvm::StringRef arch = lower;
+  unsigned capability = 0;
+  if (!arch.consume_front("sm_"))
+    return std::nullopt;
+  arch.consume_back("a");
+  if (arch.getAsInteger(10, capability) || capability < 70)
+    return std::nullopt;
+  TargetProfile generic;
+  generic.name = lower;
+  generic.arch = "sm_" + std::to_string(capability);
+  generic.computeCapability = capability;
+  // FP8 tensor cores arrived with Ada (8.9) and Hopper (9.0).
+  generic.fp8TensorCores = capability == 89 || capability >= 90;
+  generic.sharedMemoryPerBlock = capability >= 90 ? 227 * 1024 : capability >= 80 ? 163 * 1024
+                                                                                  : 96 * 1024;
+  return generic;
+}

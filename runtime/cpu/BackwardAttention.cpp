@@ -1,0 +1,206 @@
+//===- BackwardAttention.cpp - Gradients of rope and attention on the CPU -===//
+//
+// rope_grad applies the inverse rotation (the adjoint of an orthogonal map) with the forward's
+// fp64 angle tables. attention_grad recomputes each query row's softmax from q and k in fp64,
+// exactly as the forward kernel, then forms dP = dO vᵀ, dS = P (dP - D) with D = sum(dO o), and
+// accumulates dq, dk and dv in fp64. One work item is a (batch, kv head) pair: it walks the query
+// heads that share the kv head in order, so the GQA sums into dk and dv have one order whatever
+// the number of threads.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/runtime/CpuKernels.h"
+
+#include "KernelUtil.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+namespace bonsai::rt::cpu {
+
+using namespace detail;
+
+namespace {
+
+/// Multiply-adds per thread below which threading costs more than it saves.
+constexpr int64_t kWorkGrain = 1 << 16;
+
+/// attention_grad's operands as fp32 arrays, and its dimensions and attributes.
+struct AttentionGradArgs {
+  const float *dout, *q, *k, *v, *o;
+  float *dq, *dk, *dv;
+  int64_t seq, heads, kvHeads, d;
+  bool causal;
+  double scale;
+};
+
+/// One thread's fp64 work space.
+struct AttentionGradScratch {
+  AttentionGradScratch(int64_t seq, int64_t d)
+      : p(size_t(seq)), dq(size_t(d)), dk(size_t(seq * d)), dv(size_t(seq * d)) {}
+  std::vector<double> p, dq, dk, dv;
+};
+
+/// The gradients owned by batch `b` and kv head `g`: dq of every query head that reads g, and dk
+/// and dv of g, summed over those heads in order and over their queries in order.
+void attentionGradItem(const AttentionGradArgs &a, int64_t b, int64_t g, AttentionGradScratch &s) {
+  int64_t seq = a.seq, d = a.d, group = a.heads / a.kvHeads;
+  std::fill(s.dk.begin(), s.dk.end(), 0.0);
+  std::fill(s.dv.begin(), s.dv.end(), 0.0);
+  for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+    for (int64_t i = 0; i < seq; ++i) {
+      int64_t qOffset = ((b * seq + i) * a.heads + h) * d;
+      const float *qi = a.q + qOffset, *doi = a.dout + qOffset, *oi = a.o + qOffset;
+      int64_t keys = a.causal ? i + 1 : seq;
+      // The forward's softmax, recomputed the same way.
+      double max = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < keys; ++j) {
+        const float *kj = a.k + ((b * seq + j) * a.kvHeads + g) * d;
+        double dot = 0.0;
+        for (int64_t e = 0; e < d; ++e)
+          dot += double(qi[e]) * double(kj[e]);
+        s.p[size_t(j)] = a.scale * dot;
+        max = std::max(max, s.p[size_t(j)]);
+      }
+      double sum = 0.0;
+      for (int64_t j = 0; j < keys; ++j)
+        sum += s.p[size_t(j)] = std::exp(s.p[size_t(j)] - max);
+      // D_i = dO_i . o_i = sum_j P_ij dP_ij, from the forward output as the header specifies.
+      double rowDot = 0.0;
+      for (int64_t e = 0; e < d; ++e)
+        rowDot += double(doi[e]) * double(oi[e]);
+      std::fill(s.dq.begin(), s.dq.end(), 0.0);
+      for (int64_t j = 0; j < keys; ++j) {
+        int64_t kvOffset = ((b * seq + j) * a.kvHeads + g) * d;
+        const float *kj = a.k + kvOffset, *vj = a.v + kvOffset;
+        double pj = s.p[size_t(j)] / sum, dp = 0.0;
+        for (int64_t e = 0; e < d; ++e)
+          dp += double(doi[e]) * double(vj[e]);
+        double ds = pj * (dp - rowDot);
+        double *dkj = &s.dk[size_t(j * d)], *dvj = &s.dv[size_t(j * d)];
+        for (int64_t e = 0; e < d; ++e) {
+          s.dq[size_t(e)] += ds * double(kj[e]);
+          dkj[e] += ds * double(qi[e]);
+          dvj[e] += pj * double(doi[e]);
+        }
+      }
+      for (int64_t e = 0; e < d; ++e)
+        a.dq[qOffset + e] = float(a.scale * s.dq[size_t(e)]);
+    }
+  }
+  for (int64_t j = 0; j < seq; ++j) {
+    int64_t kvOffset = ((b * seq + j) * a.kvHeads + g) * d;
+    for (int64_t e = 0; e < d; ++e) {
+      a.dk[kvOffset + e] = float(a.scale * s.dk[size_t(j * d + e)]);
+      a.dv[kvOffset + e] = float(s.dv[size_t(j * d + e)]);
+    }
+  }
+}
+
+} // namespace
+
+void ropeGrad(const TensorView &dy, double theta, const TensorView &dx) {
+  const char *k = "rope_grad";
+  checkFloat(k, "dy", dy);
+  checkFloat(k, "dx", dx);
+  if (dy.rank() != 4 || dy.dim(3) % 2 != 0)
+    fail(k, "dy shape " + formatShape(dy.shape) +
+                " is not [batch, seq, heads, head_dim] with an even head_dim");
+  checkSameShape(k, "dx", dx, "dy", dy);
+  if (!(theta > 0.0))
+    fail(k, "theta " + std::to_string(theta) + " is not positive");
+  int64_t batch = dy.dim(0), seq = dy.dim(1), heads = dy.dim(2), d = dy.dim(3), half = d / 2;
+
+  // The forward's tables, computed the same way, so that ropeGrad(rope(x)) is x up to rounding.
+  std::vector<double> cosTable(static_cast<size_t>(seq * half)),
+      sinTable(static_cast<size_t>(seq * half));
+  for (int64_t i = 0; i < half; ++i) {
+    double invFreq = std::pow(theta, -2.0 * double(i) / double(d));
+    for (int64_t s = 0; s < seq; ++s) {
+      double angle = double(s) * invFreq;
+      cosTable[size_t(s * half + i)] = std::cos(angle);
+      sinTable[size_t(s * half + i)] = std::sin(angle);
+    }
+  }
+
+  int64_t row = heads * d; // one (batch, position): every head of one token
+  parallelFor(batch * seq, std::max<int64_t>(1, kWorkGrain / std::max<int64_t>(1, row)),
+              [&](int64_t t0, int64_t t1) {
+                std::vector<float> in(static_cast<size_t>(row)), out(static_cast<size_t>(row));
+                for (int64_t t = t0; t < t1; ++t) {
+                  int64_t s = t % seq;
+                  const double *c = &cosTable[size_t(s * half)];
+                  const double *sn = &sinTable[size_t(s * half)];
+                  loadF32(subView(dy, t * row, row), in.data());
+                  for (int64_t h = 0; h < heads; ++h) {
+                    const float *gi = &in[size_t(h * d)];
+                    float *xi = &out[size_t(h * d)];
+                    // The transpose of [[c, -s], [s, c]]: [[c, s], [-s, c]].
+                    for (int64_t i = 0; i < half; ++i) {
+                      double lo = gi[i], hi = gi[i + half];
+                      xi[i] = float(lo * c[i] + hi * sn[i]);
+                      xi[i + half] = float(hi * c[i] - lo * sn[i]);
+                    }
+                  }
+                  storeF32(out.data(), subView(dx, t * row, row));
+                }
+              });
+}
+
+void attentionGrad(const TensorView &dout, const TensorView &q, const TensorView &k,
+                   const TensorView &v, const TensorView &o, bool causal, double scale,
+                   const TensorView &dq, const TensorView &dk, const TensorView &dv) {
+  const char *kn = "attention_grad";
+  checkFloat(kn, "dout", dout);
+  checkFloat(kn, "q", q);
+  checkFloat(kn, "k", k);
+  checkFloat(kn, "v", v);
+  checkFloat(kn, "o", o);
+  checkFloat(kn, "dq", dq);
+  checkFloat(kn, "dk", dk);
+  checkFloat(kn, "dv", dv);
+  if (q.rank() != 4)
+    fail(kn, "q shape " + formatShape(q.shape) + " is not [batch, seq, heads, head_dim]");
+  int64_t batch = q.dim(0), seq = q.dim(1), heads = q.dim(2), d = q.dim(3);
+  if (k.rank() != 4 || k.dim(0) != batch || k.dim(1) != seq || k.dim(3) != d || k.dim(2) <= 0 ||
+      heads % k.dim(2) != 0)
+    fail(kn, "k shape " + formatShape(k.shape) + " is not [" + std::to_string(batch) + ", " +
+                 std::to_string(seq) + ", kv_heads, " + std::to_string(d) +
+                 "] with kv_heads dividing the heads of q shape " + formatShape(q.shape));
+  checkSameShape(kn, "v", v, "k", k);
+  checkSameShape(kn, "o", o, "q", q);
+  checkSameShape(kn, "dout", dout, "q", q);
+  checkSameShape(kn, "dq", dq, "q", q);
+  checkSameShape(kn, "dk", dk, "k", k);
+  checkSameShape(kn, "dv", dv, "v", v);
+  int64_t kvHeads = k.dim(2), group = heads / kvHeads;
+
+  std::vector<float> dos, qs, ks, vs, os, dqs, dks, dvs;
+  const float *dop = loadFloats(dout, dos);
+  const float *qp = loadFloats(q, qs);
+  const float *kp = loadFloats(k, ks);
+  const float *vp = loadFloats(v, vs);
+  const float *op = loadFloats(o, os);
+  float *dqp = resultBuffer(dq, {&dout, &q, &k, &v, &o}, dqs);
+  float *dkp = resultBuffer(dk, {&dout, &q, &k, &v, &o, &dq}, dks);
+  float *dvp = resultBuffer(dv, {&dout, &q, &k, &v, &o, &dq, &dk}, dvs);
+
+  AttentionGradArgs args{dop, qp, kp, vp, op, dqp, dkp, dvp, seq, heads, kvHeads, d, causal, scale};
+  int64_t work = std::max<int64_t>(1, group * seq * seq * d);
+  parallelFor(batch * kvHeads, std::max<int64_t>(1, kWorkGrain / work),
+              [&](int64_t t0, int64_t t1) {
+                AttentionGradScratch scratch(seq, d);
+                for (int64_t t = t0; t < t1; ++t)
+                  attentionGradItem(args, t / kvHeads, t % kvHeads, scratch);
+              });
+  if (dqp != dq.data)
+    storeF32(dqp, dq);
+  if (dkp != dk.data)
+    storeF32(dkp, dk);
+  if (dvp != dv.data)
+    storeF32(dvp, dv);
+}
+
+} // namespace bonsai::rt::cpu

@@ -1,0 +1,275 @@
+//===- Optimizer.cpp - Gradient norm, schedules and optimizer steps --------===//
+//
+// The kernels of a training step's Update phase: grad_norm (the global L2 norm of every gradient,
+// for clipping and reporting), learning_rate (warmup, then constant or cosine), adamw_update and
+// sgd_update (PyTorch's torch.optim.AdamW and SGD with global-norm clipping, see AdamWAttrs and
+// SGDAttrs in plan.fbs), step_increment, accumulate (gradient accumulation across micro-batches)
+// and zero. Optimizer state (moments, momentum, fp32 master weights) is f32; each element's update
+// is computed in fp64 from it and rounded once into each tensor it writes. Elements are processed
+// in fixed chunks; the norm's chunk sums are added in chunk order, so no result depends on the
+// number of threads.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/runtime/CpuKernels.h"
+
+#include "KernelUtil.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+namespace bonsai::rt::cpu {
+
+using namespace detail;
+
+namespace {
+
+/// Elements per chunk: large enough to amortise the conversions, small enough for the cache.
+constexpr int64_t kChunk = 16384;
+/// Chunks per thread below which threading costs more than it saves.
+constexpr int64_t kChunkGrain = 4;
+
+/// What PyTorch's clip_grad_norm_ adds to the norm before dividing by it.
+constexpr double kClipEpsilon = 1e-6;
+
+constexpr double kPi = 3.14159265358979323846;
+
+/// Runs fn(offset, count) over `n` elements in fixed chunks, on several threads.
+template <typename F> void forChunks(int64_t n, F fn) {
+  int64_t chunks = (n + kChunk - 1) / kChunk;
+  parallelFor(chunks, kChunkGrain, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      int64_t offset = c * kChunk;
+      fn(offset, std::min(kChunk, n - offset));
+    }
+  });
+}
+
+/// Checks that `t` is a float scalar (one element) and returns it.
+double loadScalar(const char *kernel, const char *operand, const TensorView &t) {
+  checkFloat(kernel, operand, t);
+  if (t.numel() != 1)
+    fail(kernel, std::string(operand) + " shape " + formatShape(t.shape) + " is not a scalar");
+  float value;
+  loadF32(t, &value);
+  return double(value);
+}
+
+/// Checks that `t` is a float scalar to be written.
+void checkScalarOutput(const char *kernel, const char *operand, const TensorView &t) {
+  checkFloat(kernel, operand, t);
+  if (t.numel() != 1)
+    fail(kernel, std::string(operand) + " shape " + formatShape(t.shape) + " is not a scalar");
+}
+
+/// Checks that `step` is an i64 scalar holding a non-negative count and returns it.
+int64_t loadStep(const char *kernel, const TensorView &step) {
+  checkView(kernel, "step", step);
+  if (step.dtype != DType::I64)
+    fail(kernel, std::string("step must be i64, not ") + dtypeName(step.dtype));
+  if (step.numel() != 1)
+    fail(kernel, "step shape " + formatShape(step.shape) + " is not a scalar");
+  int64_t value;
+  std::memcpy(&value, step.data, sizeof value);
+  if (value < 0)
+    fail(kernel, "step " + std::to_string(value) + " is negative");
+  return value;
+}
+
+/// Checks that optimizer state `t` is f32 and shaped like `param`.
+void checkState(const char *kernel, const char *operand, const TensorView &t,
+                const TensorView &param) {
+  checkView(kernel, operand, t);
+  if (t.dtype != DType::F32)
+    fail(kernel, std::string(operand) + " must be f32, not " + dtypeName(t.dtype));
+  checkSameShape(kernel, operand, t, "param", param);
+}
+
+/// The factor every gradient is scaled by: min(1, clip / (norm + 1e-6)), or 1 without clipping.
+double clipCoefficient(double gradClip, double norm) {
+  if (!(gradClip > 0.0))
+    return 1.0;
+  return std::min(1.0, gradClip / (norm + kClipEpsilon));
+}
+
+/// Runs an in-place update of param (through master when given) in chunks: update(offset, g, p)
+/// receives the chunk's first element index, its gradients and its fp32 parameter values
+/// (master's when given) and rewrites p, which is then stored into master and param.
+template <typename F>
+void updateParams(const TensorView &grad, const TensorView &param, const TensorView *master,
+                  F update) {
+  forChunks(param.numel(), [&](int64_t offset, int64_t count) {
+    std::vector<float> g(static_cast<size_t>(count)), p(static_cast<size_t>(count));
+    loadF32(subView(grad, offset, count), g.data());
+    loadF32(subView(master ? *master : param, offset, count), p.data());
+    update(offset, g, p);
+    if (master)
+      storeF32(p.data(), subView(*master, offset, count));
+    // The parameter is the fp32 value rounded once to its dtype.
+    storeF32(p.data(), subView(param, offset, count));
+  });
+}
+
+} // namespace
+
+void gradNorm(const std::vector<TensorView> &grads, const TensorView &norm) {
+  const char *k = "grad_norm";
+  for (size_t i = 0; i < grads.size(); ++i)
+    checkFloat(k, ("grads[" + std::to_string(i) + "]").c_str(), grads[i]);
+  checkScalarOutput(k, "norm", norm);
+  struct Piece {
+    size_t tensor;
+    int64_t offset, count;
+  };
+  std::vector<Piece> pieces;
+  for (size_t i = 0; i < grads.size(); ++i)
+    for (int64_t offset = 0, n = grads[i].numel(); offset < n; offset += kChunk)
+      pieces.push_back({i, offset, std::min(kChunk, n - offset)});
+  // Fixed pieces summed in parallel, then added in order: the same sum on any number of threads.
+  std::vector<double> partial(pieces.size(), 0.0);
+  parallelFor(int64_t(pieces.size()), kChunkGrain, [&](int64_t p0, int64_t p1) {
+    std::vector<float> v(static_cast<size_t>(kChunk));
+    for (int64_t p = p0; p < p1; ++p) {
+      const Piece &piece = pieces[size_t(p)];
+      loadF32(subView(grads[piece.tensor], piece.offset, piece.count), v.data());
+      double sum = 0.0;
+      for (int64_t e = 0; e < piece.count; ++e)
+        sum += double(v[size_t(e)]) * double(v[size_t(e)]);
+      partial[size_t(p)] = sum;
+    }
+  });
+  double total = 0.0;
+  for (double s : partial)
+    total += s;
+  float result = float(std::sqrt(total));
+  storeF32(&result, norm);
+}
+
+void learningRate(const TensorView &step, const LearningRateSchedule &schedule,
+                  const TensorView &lr) {
+  const char *k = "learning_rate";
+  int64_t done = loadStep(k, step);
+  checkScalarOutput(k, "lr", lr);
+  int64_t warmup = schedule.warmupSteps, total = schedule.totalSteps;
+  if (warmup < 0)
+    fail(k, "warmup_steps " + std::to_string(warmup) + " is negative");
+  if (schedule.cosine && total <= warmup)
+    fail(k, "total_steps " + std::to_string(total) + " of a cosine schedule is not above " +
+                "warmup_steps " + std::to_string(warmup));
+  // The update about to run is the t-th: the counter holds the updates already done.
+  double t = double(done) + 1.0, value;
+  if (warmup > 0 && t <= double(warmup)) {
+    value = schedule.lr * t / double(warmup);
+  } else if (!schedule.cosine) {
+    value = schedule.lr;
+  } else {
+    double progress = std::min(1.0, (t - double(warmup)) / double(total - warmup));
+    double r = schedule.minLrRatio;
+    value = schedule.lr * (r + (1.0 - r) * 0.5 * (1.0 + std::cos(kPi * progress)));
+  }
+  float result = float(value);
+  storeF32(&result, lr);
+}
+
+void adamwUpdate(const TensorView &grad, const TensorView &step, const TensorView &lr,
+                 const TensorView &gradNorm, const AdamWHyper &hyper, const TensorView &param,
+                 const TensorView &m, const TensorView &v, const TensorView *master) {
+  const char *k = "adamw_update";
+  checkFloat(k, "grad", grad);
+  checkFloat(k, "param", param);
+  checkSameShape(k, "grad", grad, "param", param);
+  checkState(k, "m", m, param);
+  checkState(k, "v", v, param);
+  if (master)
+    checkState(k, "master", *master, param);
+  int64_t done = loadStep(k, step);
+  double rate = loadScalar(k, "lr", lr), norm = loadScalar(k, "grad_norm", gradNorm);
+  if (!(hyper.beta1 >= 0.0 && hyper.beta1 < 1.0 && hyper.beta2 >= 0.0 && hyper.beta2 < 1.0))
+    fail(k, "betas (" + std::to_string(hyper.beta1) + ", " + std::to_string(hyper.beta2) +
+                ") are not in [0, 1)");
+
+  // torch.optim.AdamW's single-tensor step, t = the update being done (1 for the first).
+  double t = double(done) + 1.0;
+  double clip = clipCoefficient(hyper.gradClip, norm);
+  double decay = 1.0 - rate * hyper.weightDecay;
+  double stepSize = rate / (1.0 - std::pow(hyper.beta1, t));
+  double bc2Sqrt = std::sqrt(1.0 - std::pow(hyper.beta2, t));
+  float *mp = static_cast<float *>(m.data), *vp = static_cast<float *>(v.data);
+  updateParams(
+      grad, param, master, [&](int64_t offset, const std::vector<float> &g, std::vector<float> &p) {
+        for (size_t i = 0; i < p.size(); ++i) {
+          double gi = double(g[i]) * clip;
+          double mi = hyper.beta1 * double(mp[offset + int64_t(i)]) + (1.0 - hyper.beta1) * gi;
+          double vi = hyper.beta2 * double(vp[offset + int64_t(i)]) + (1.0 - hyper.beta2) * gi * gi;
+          mp[offset + int64_t(i)] = float(mi);
+          vp[offset + int64_t(i)] = float(vi);
+          // Decoupled weight decay first, then the Adam step, as PyTorch orders them.
+          double pi = double(p[i]) * decay;
+          p[i] = float(pi - stepSize * mi / (std::sqrt(vi) / bc2Sqrt + hyper.eps));
+        }
+      });
+}
+
+void sgdUpdate(const TensorView &grad, const TensorView &lr, const TensorView &gradNorm,
+               const SGDHyper &hyper, const TensorView &param, const TensorView &momentum,
+               const TensorView *master) {
+  const char *k = "sgd_update";
+  checkFloat(k, "grad", grad);
+  checkFloat(k, "param", param);
+  checkSameShape(k, "grad", grad, "param", param);
+  checkState(k, "momentum", momentum, param);
+  if (master)
+    checkState(k, "master", *master, param);
+  double rate = loadScalar(k, "lr", lr), norm = loadScalar(k, "grad_norm", gradNorm);
+
+  double clip = clipCoefficient(hyper.gradClip, norm);
+  float *bp = static_cast<float *>(momentum.data);
+  updateParams(
+      grad, param, master, [&](int64_t offset, const std::vector<float> &g, std::vector<float> &p) {
+        for (size_t i = 0; i < p.size(); ++i) {
+          double gi = double(g[i]) * clip + hyper.weightDecay * double(p[i]);
+          // Without momentum the buffer is not read: it may hold anything.
+          double buf =
+              hyper.momentum != 0.0 ? hyper.momentum * double(bp[offset + int64_t(i)]) + gi : gi;
+          bp[offset + int64_t(i)] = float(buf);
+          p[i] = float(double(p[i]) - rate * buf);
+        }
+      });
+}
+
+void stepIncrement(const TensorView &step) {
+  const char *k = "step_increment";
+  int64_t value = loadStep(k, step);
+  if (value == std::numeric_limits<int64_t>::max())
+    fail(k, "step " + std::to_string(value) + " cannot be incremented");
+  ++value;
+  std::memcpy(step.data, &value, sizeof value);
+}
+
+void accumulate(const TensorView &g, const TensorView &acc) {
+  const char *k = "accumulate";
+  checkFloat(k, "g", g);
+  checkFloat(k, "acc", acc);
+  checkSameShape(k, "g", g, "acc", acc);
+  forChunks(acc.numel(), [&](int64_t offset, int64_t count) {
+    std::vector<float> a(static_cast<size_t>(count)), b(static_cast<size_t>(count));
+    loadF32(subView(acc, offset, count), a.data());
+    loadF32(subView(g, offset, count), b.data());
+    // An fp32 sum of two floats is correctly rounded; storing rounds once more for f16/bf16.
+    for (size_t i = 0; i < a.size(); ++i)
+      a[i] += b[i];
+    storeF32(a.data(), subView(acc, offset, count));
+  });
+}
+
+void zero(const TensorView &x) {
+  checkView("zero", "x", x);
+  // All-zero bytes are 0 in every dtype.
+  if (x.bytes())
+    std::memset(x.data, 0, x.bytes());
+}
+
+} // namespace bonsai::rt::cpu

@@ -1,0 +1,496 @@
+//===- Checkpoint.cpp - Crash-safe training checkpoints and resume --------===//
+//
+// The write order is what makes a crash harmless: everything goes into DIR/.tmp-<step>-<pid>,
+// each file is fsynced as it is closed and the directory after it, and the one rename that
+// publishes it happens only when it is complete; `latest` is replaced the same way (write
+// latest.tmp, fsync, rename), after the parent directory has been fsynced so the new step
+// directory is durable before anything names it. A reader therefore sees either the old
+// checkpoint or the new one, never a mixture. The manifest carries the SHA-256 of every file
+// and of its own canonical text, so a flipped bit anywhere is reported with the file's name.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/runtime/Checkpoint.h"
+
+#include "bonsai/runtime/Executor.h"
+#include "bonsai/runtime/Json.h"
+#include "bonsai/runtime/Safetensors.h"
+#include "bonsai/runtime/Sha256.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace bonsai::rt {
+
+namespace {
+
+constexpr const char kManifestFormat[] = "bonsai-checkpoint";
+constexpr uint64_t kMaxManifestBytes = 1 << 20;
+
+std::string errnoText() { return std::strerror(errno); }
+
+std::string join(const std::string &dir, const std::string &name) {
+  if (dir.empty())
+    return name;
+  return dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
+bool exists(const std::string &path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+bool isDirectory(const std::string &path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/// Calls _exit(99) when the crash-test variable names `point`: the process dies as if killed
+/// there, with no destructor, flush or cleanup running.
+void crashPoint(const char *point) {
+  const char *value = std::getenv(kCheckpointCrashVariable);
+  if (value && std::strcmp(value, point) == 0)
+    ::_exit(99);
+}
+
+/// Makes `path` and its missing parents.
+void makeDirectories(const std::string &path) {
+  std::string partial;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = path.find('/', pos + 1);
+    partial = path.substr(0, pos);
+    if (partial.empty() || isDirectory(partial))
+      continue;
+    if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST)
+      throw Error("cannot create checkpoint directory '" + partial + "': " + errnoText());
+  }
+  if (!isDirectory(path))
+    throw Error("checkpoint directory '" + path + "' is not a directory");
+}
+
+/// fsync of a directory: makes the entries created or renamed in it durable.
+void syncDirectory(const std::string &dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    throw Error("cannot open directory '" + dir + "' to sync it: " + errnoText());
+  if (::fsync(fd) != 0) {
+    std::string reason = errnoText();
+    ::close(fd);
+    throw Error("cannot sync directory '" + dir + "': " + reason);
+  }
+  ::close(fd);
+}
+
+/// Writes `text` to `path` (created or truncated) and fsyncs it.
+void writeDurable(const std::string &path, const std::string &text) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw Error("cannot create '" + path + "': " + errnoText());
+  const char *p = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0) {
+      std::string reason = errnoText();
+      ::close(fd);
+      throw Error("cannot write '" + path + "': " + reason);
+    }
+    p += n;
+    left -= size_t(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0)
+    throw Error("cannot flush '" + path + "': " + errnoText());
+}
+
+/// Removes a directory the writer made (files only, one level); best effort.
+void removeTree(const std::string &dir) {
+  if (DIR *d = ::opendir(dir.c_str())) {
+    while (struct dirent *e = ::readdir(d)) {
+      std::string name = e->d_name;
+      if (name != "." && name != "..")
+        ::unlink(join(dir, name).c_str());
+    }
+    ::closedir(d);
+  }
+  ::rmdir(dir.c_str());
+}
+
+std::string readSmallFile(const std::string &path, uint64_t limit, const std::string &what) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in)
+    throw Error(what + ": cannot open '" + path + "'" + (exists(path) ? "" : " (it is missing)"));
+  std::streamoff size = in.tellg();
+  if (size < 0 || uint64_t(size) > limit)
+    throw Error(what + ": '" + path + "' is not a regular file or is larger than " +
+                std::to_string(limit) + " bytes");
+  std::string text(size_t(size), '\0');
+  in.seekg(0);
+  if (size > 0 && !in.read(text.data(), size))
+    throw Error(what + ": cannot read '" + path + "'");
+  return text;
+}
+
+/// The manifest's members other than its own checksum, as written: the checksum covers this
+/// exact text, so verification re-renders it from the parsed values and compares.
+std::string manifestBody(const CheckpointManifest &m) {
+  std::string s;
+  s += "  \"format\": " + jsonQuote(kManifestFormat) + ",\n";
+  s += "  \"format_version\": " + std::to_string(m.formatVersion) + ",\n";
+  s += "  \"model\": " + jsonQuote(m.model) + ",\n";
+  s += "  \"step\": " + std::to_string(m.position.step) + ",\n";
+  s += "  \"data_position\": " + std::to_string(m.position.dataPosition) + ",\n";
+  s += "  \"seed\": " + std::to_string(m.position.seed) + ",\n";
+  s += "  \"files\": {";
+  for (size_t i = 0; i < m.files.size(); ++i) {
+    const CheckpointFile &f = m.files[i];
+    s += std::string(i ? "," : "") + "\n    " + jsonQuote(f.name) +
+         ": {\"size\": " + std::to_string(f.size) + ", \"sha256\": " + jsonQuote(f.sha256) + "}";
+  }
+  s += "\n  }";
+  return s;
+}
+
+std::string renderManifest(const CheckpointManifest &m) {
+  std::string body = manifestBody(m);
+  return "{\n" + body + ",\n  \"manifest_sha256\": " + jsonQuote(sha256Hex(body)) + "\n}\n";
+}
+
+/// The tensors of `role` as safetensors entries, sorted by name.
+std::vector<SafetensorsTensor> tensorsOfRole(const Executor &executor, TensorRole role) {
+  const LoadedPlan &plan = executor.plan();
+  std::vector<SafetensorsTensor> out;
+  for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
+    const TensorInfo &t = plan.tensors[i];
+    if (t.role == role)
+      out.push_back({t.name, t.dtype, t.shape, executor.view(i).data});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const SafetensorsTensor &a, const SafetensorsTensor &b) { return a.name < b.name; });
+  return out;
+}
+
+/// Throws unless every persistent zero-initialized gradient (an accumulator) is zero: the
+/// update phase must have cleared it, or the checkpoint would miss state.
+void checkAccumulatorsClear(const Executor &executor, uint64_t step) {
+  const LoadedPlan &plan = executor.plan();
+  for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
+    const TensorInfo &t = plan.tensors[i];
+    if (t.role != TensorRole::Gradient || t.init != TensorInit::Zeros)
+      continue;
+    const auto *bytes = static_cast<const unsigned char *>(executor.view(i).data);
+    if (std::any_of(bytes, bytes + t.bytes, [](unsigned char b) { return b != 0; }))
+      throw Error("cannot checkpoint step " + std::to_string(step) + ": gradient accumulator " +
+                  plan.describeTensor(i) +
+                  " is not zero between steps (the plan's update phase must zero it), so a "
+                  "checkpoint would not capture the run's state");
+  }
+}
+
+bool isPlainName(const std::string &name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+/// The step directory `root/latest` names ("" when there is no latest file).
+std::string readLatest(const std::string &root) {
+  std::string path = join(root, kCheckpointLatestFile);
+  if (!exists(path))
+    return "";
+  std::string text = readSmallFile(path, 4096, "checkpoint directory '" + root + "'");
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' '))
+    text.pop_back();
+  if (!isPlainName(text))
+    throw Error("checkpoint directory '" + root + "': '" + path +
+                "' does not name a checkpoint directory inside it (got '" + text + "')");
+  return text;
+}
+
+} // namespace
+
+std::string checkpointDirName(uint64_t step) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "step-%08llu", static_cast<unsigned long long>(step));
+  return buf;
+}
+
+std::string saveCheckpoint(const std::string &root, const Executor &executor,
+                           const TrainingPosition &position) {
+  checkAccumulatorsClear(executor, position.step);
+  makeDirectories(root);
+  std::string name = checkpointDirName(position.step);
+  std::string finalDir = join(root, name);
+  std::string pid = std::to_string(::getpid());
+  std::string tempDir = join(root, ".tmp-" + name + "-" + pid);
+  if (exists(tempDir))
+    removeTree(tempDir);
+  if (::mkdir(tempDir.c_str(), 0755) != 0)
+    throw Error("cannot create checkpoint directory '" + tempDir + "': " + errnoText());
+
+  std::string asideDir;
+  try {
+    CheckpointManifest manifest;
+    manifest.model = executor.plan().model;
+    manifest.position = position;
+    std::map<std::string, std::string> metadata = {{"format", "pt"},
+                                                   {"bonsai.step", std::to_string(position.step)}};
+    const std::pair<const char *, TensorRole> files[] = {
+        {kCheckpointModelFile, TensorRole::Parameter},
+        {kCheckpointOptimizerFile, TensorRole::OptimizerState}};
+    for (const auto &[file, role] : files) {
+      std::string path = join(tempDir, file);
+      // writeSafetensors fsyncs the file before renaming it into place.
+      writeSafetensors(path, tensorsOfRole(executor, role), metadata);
+      crashPoint(role == TensorRole::Parameter ? "after-model" : "after-optimizer");
+      CheckpointFile entry;
+      entry.name = file;
+      entry.sha256 = sha256File(path, &entry.size);
+      manifest.files.push_back(std::move(entry));
+    }
+    writeDurable(join(tempDir, kCheckpointManifestFile), renderManifest(manifest));
+    syncDirectory(tempDir);
+    crashPoint("before-rename");
+
+    if (exists(finalDir)) {
+      // A directory of this step that `latest` does not name is an earlier save that crashed
+      // after its rename: nothing refers to it, so it is replaced. The latest checkpoint is
+      // never touched.
+      if (readLatest(root) == name)
+        throw Error("checkpoint '" + finalDir +
+                    "' already exists and is the latest checkpoint: it is not overwritten");
+      asideDir = join(root, ".old-" + name + "-" + pid);
+      if (std::rename(finalDir.c_str(), asideDir.c_str()) != 0)
+        throw Error("cannot move the stale checkpoint '" + finalDir + "' aside: " + errnoText());
+    }
+    if (std::rename(tempDir.c_str(), finalDir.c_str()) != 0) {
+      std::string reason = errnoText();
+      if (!asideDir.empty())
+        std::rename(asideDir.c_str(), finalDir.c_str());
+      throw Error("cannot rename '" + tempDir + "' to '" + finalDir + "': " + reason);
+    }
+  } catch (...) {
+    removeTree(tempDir);
+    throw;
+  }
+  syncDirectory(root);
+  crashPoint("before-latest");
+
+  std::string latest = join(root, kCheckpointLatestFile);
+  std::string latestTemp = latest + ".tmp";
+  writeDurable(latestTemp, name + "\n");
+  if (std::rename(latestTemp.c_str(), latest.c_str()) != 0)
+    throw Error("cannot rename '" + latestTemp + "' to '" + latest + "': " + errnoText());
+  syncDirectory(root);
+  if (!asideDir.empty())
+    removeTree(asideDir);
+  return finalDir;
+}
+
+std::string resolveCheckpoint(const std::string &path) {
+  if (!isDirectory(path))
+    throw Error("checkpoint '" + path + "' is not a directory" +
+                (exists(path) ? "" : " (it does not exist)"));
+  std::string latest = readLatest(path);
+  if (latest.empty())
+    return path; // a step directory; verifyCheckpoint says what is wrong with it, if anything
+  std::string dir = join(path, latest);
+  if (!isDirectory(dir))
+    throw Error("checkpoint directory '" + path + "': '" + join(path, kCheckpointLatestFile) +
+                "' names '" + latest + "', which does not exist");
+  return dir;
+}
+
+CheckpointManifest verifyCheckpoint(const std::string &dir) {
+  std::string what = "checkpoint '" + dir + "'";
+  std::string path = join(dir, kCheckpointManifestFile);
+  if (!exists(path))
+    throw Error(what + ": '" + path + "' is missing (not a checkpoint, or an interrupted save)");
+  std::string text = readSmallFile(path, kMaxManifestBytes, what);
+  JsonValue root = parseJson(text, "'" + path + "'");
+  auto fail = [&](const std::string &message) -> Error {
+    return Error(what + ": '" + path + "' " + message);
+  };
+  if (!root.isObject())
+    throw fail("is a JSON " + std::string(root.kindName()) + ", expected an object");
+  static const std::set<std::string> known = {"format", "format_version", "model",
+                                              "step",   "data_position",  "seed",
+                                              "files",  "manifest_sha256"};
+  for (const std::string &key : root.keys())
+    if (!known.count(key))
+      throw fail("has an unknown member \"" + key + "\"");
+  auto member = [&](const char *key) -> const JsonValue & {
+    const JsonValue *v = root.find(key);
+    if (!v)
+      throw fail(std::string("has no \"") + key + "\"");
+    return *v;
+  };
+  auto string = [&](const char *key) -> const std::string & {
+    const JsonValue &v = member(key);
+    if (!v.isString())
+      throw fail(std::string("\"") + key + "\" is not a string");
+    return v.stringValue();
+  };
+  auto unsignedValue = [&](const JsonValue &v, const std::string &key) {
+    if (!v.isUnsigned())
+      throw fail("\"" + key + "\" is not a non-negative integer");
+    return v.unsignedValue();
+  };
+  if (string("format") != kManifestFormat)
+    throw fail("has format \"" + string("format") + "\", expected \"" + kManifestFormat + "\"");
+  uint64_t version = unsignedValue(member("format_version"), "format_version");
+  if (version != kCheckpointFormatVersion)
+    throw fail("has format version " + std::to_string(version) +
+               ", but this runtime reads version " + std::to_string(kCheckpointFormatVersion));
+  CheckpointManifest m;
+  m.formatVersion = uint32_t(version);
+  m.model = string("model");
+  m.position.step = unsignedValue(member("step"), "step");
+  m.position.dataPosition = unsignedValue(member("data_position"), "data_position");
+  m.position.seed = unsignedValue(member("seed"), "seed");
+  const JsonValue &files = member("files");
+  if (!files.isObject())
+    throw fail("\"files\" is not an object");
+  for (size_t i = 0; i < files.keys().size(); ++i) {
+    const std::string &name = files.keys()[i];
+    const JsonValue &entry = files.values()[i];
+    if (!isPlainName(name))
+      throw fail("lists a file '" + name + "' outside the checkpoint directory");
+    const JsonValue *size = entry.isObject() ? entry.find("size") : nullptr;
+    const JsonValue *sha = entry.isObject() ? entry.find("sha256") : nullptr;
+    if (!size || !sha || !sha->isString())
+      throw fail("entry for '" + name + "' needs \"size\" and \"sha256\"");
+    m.files.push_back({name, unsignedValue(*size, "files." + name + ".size"), sha->stringValue()});
+  }
+  if (sha256Hex(manifestBody(m)) != string("manifest_sha256"))
+    throw fail("fails its own checksum (manifest_sha256): it was edited or corrupted");
+  for (const char *required : {kCheckpointModelFile, kCheckpointOptimizerFile})
+    if (std::none_of(m.files.begin(), m.files.end(),
+                     [&](const CheckpointFile &f) { return f.name == required; }))
+      throw fail(std::string("does not list '") + required + "'");
+
+  for (const CheckpointFile &f : m.files) {
+    std::string filePath = join(dir, f.name);
+    if (!exists(filePath))
+      throw Error(what + ": '" + filePath + "' is missing");
+    uint64_t size = 0;
+    std::string sha = sha256File(filePath, &size);
+    if (size != f.size)
+      throw Error(what + ": '" + filePath + "' is " + std::to_string(size) +
+                  " bytes, but the manifest says " + std::to_string(f.size) +
+                  " (truncated or replaced)");
+    if (sha != f.sha256)
+      throw Error(what + ": '" + filePath + "' fails its SHA-256 check (manifest " + f.sha256 +
+                  ", file " + sha + "): the file is corrupt");
+  }
+  return m;
+}
+
+CheckpointManifest loadCheckpoint(const std::string &dir, Executor &executor) {
+  CheckpointManifest manifest = verifyCheckpoint(dir);
+  const LoadedPlan &plan = executor.plan();
+
+  // Match both files against the plan before writing anything.
+  struct Binding {
+    uint32_t tensor;
+    const SafetensorsEntry *entry;
+  };
+  const std::pair<const char *, TensorRole> files[] = {
+      {kCheckpointModelFile, TensorRole::Parameter},
+      {kCheckpointOptimizerFile, TensorRole::OptimizerState}};
+  std::vector<Checkpoint> opened;
+  opened.reserve(2); // bindings point into the entries of each
+  std::vector<std::vector<Binding>> bindings(2);
+  std::string problems;
+  for (size_t f = 0; f < 2; ++f) {
+    const auto &[file, role] = files[f];
+    opened.push_back(Checkpoint::open(join(dir, file)));
+    const Checkpoint &ckpt = opened.back();
+    std::vector<std::string> missing, extra, mismatched;
+    std::set<std::string> planNames;
+    for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
+      const TensorInfo &t = plan.tensors[i];
+      if (t.role != role)
+        continue;
+      planNames.insert(t.name);
+      const SafetensorsEntry *e = ckpt.find(t.name);
+      if (!e) {
+        missing.push_back(t.name);
+      } else if (e->shape != t.shape || e->runtimeDType != t.dtype) {
+        // Exact dtypes only: a conversion would make the continuation differ from the run.
+        mismatched.push_back(t.name + " (plan " + formatShape(t.shape) + " " + dtypeName(t.dtype) +
+                             ", checkpoint " + formatShape(e->shape) + " " + e->dtype + ")");
+      } else {
+        bindings[f].push_back({i, e});
+      }
+    }
+    for (const SafetensorsEntry &e : ckpt.tensors())
+      if (!planNames.count(e.name))
+        extra.push_back(e.name);
+    auto list = [](const char *label, const std::vector<std::string> &names) {
+      std::string s;
+      if (names.empty())
+        return s;
+      s = "; " + std::to_string(names.size()) + " " + label + ": ";
+      for (size_t i = 0; i < names.size(); ++i)
+        s += (i ? ", " : "") + names[i];
+      return s;
+    };
+    std::string fileProblems =
+        list("missing", missing) + list("extra", extra) + list("mismatched", mismatched);
+    if (!fileProblems.empty())
+      problems += std::string(problems.empty() ? "" : "; ") + file + ":" + fileProblems.substr(1);
+  }
+  if (!problems.empty())
+    throw Error("checkpoint '" + dir + "' does not match plan '" + plan.path + "': " + problems);
+
+  for (const Binding &b : bindings[0]) {
+    opened[0].read(*b.entry, executor.view(b.tensor));
+    executor.markWritten(b.tensor);
+  }
+  // Zeros and copies (master weights) as a fresh run has them, then the saved state over them.
+  executor.applyInits();
+  for (const Binding &b : bindings[1]) {
+    opened[1].read(*b.entry, executor.view(b.tensor));
+    executor.markWritten(b.tensor);
+  }
+  return manifest;
+}
+
+size_t writeGradients(const std::string &path, const Executor &executor) {
+  const LoadedPlan &plan = executor.plan();
+  std::map<std::string, uint32_t> chosen;
+  for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
+    const TensorInfo &t = plan.tensors[i];
+    if (t.role != TensorRole::Gradient || t.name.empty())
+      continue;
+    auto [it, inserted] = chosen.emplace(t.name, i);
+    bool persistent = plan.arenas[t.arena].lifetime == Lifetime::Persistent;
+    bool chosenPersistent =
+        plan.arenas[plan.tensors[it->second].arena].lifetime == Lifetime::Persistent;
+    if (!inserted && persistent && !chosenPersistent)
+      it->second = i;
+  }
+  if (chosen.empty())
+    throw Error("plan '" + plan.path + "' has no named gradient tensor to write");
+  std::vector<SafetensorsTensor> tensors;
+  for (const auto &[name, index] : chosen)
+    tensors.push_back(
+        {name, plan.tensors[index].dtype, plan.tensors[index].shape, executor.view(index).data});
+  writeSafetensors(path, tensors, {{"format", "pt"}});
+  return tensors.size();
+}
+
+} // namespace bonsai::rt

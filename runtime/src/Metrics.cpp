@@ -1,0 +1,140 @@
+//===- Metrics.cpp - Per-step metrics: JSON lines and terminal progress ---===//
+//
+// Plain lines print the loss with %.9g, enough digits to round-trip an f32, so scripts can
+// compare runs bit for bit; the terminal line favours legibility. JSON has no NaN or infinity,
+// so a non-finite value is written as null.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/runtime/Metrics.h"
+
+#include "bonsai/runtime/Tensor.h"
+
+#include <cerrno>
+#include <cinttypes>
+#include <cmath>
+#include <cstring>
+
+namespace bonsai::rt {
+
+namespace {
+
+std::string format(const char *fmt, double value) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, value);
+  return buf;
+}
+
+std::string jsonNumber(std::optional<float> value, const char *fmt) {
+  if (!value || !std::isfinite(*value))
+    return "null";
+  return format(fmt, double(*value));
+}
+
+double tokensPerSecond(const StepReport &r) {
+  return r.stepSeconds > 0 ? double(r.tokens) / r.stepSeconds : 0.0;
+}
+
+} // namespace
+
+std::string formatStepLine(const StepReport &r) {
+  std::string line = "step " + std::to_string(r.step) + " loss " + format("%.9g", double(r.loss));
+  if (r.gradNorm)
+    line += " grad_norm " + format("%.6g", double(*r.gradNorm));
+  if (r.lr)
+    line += " lr " + format("%.6g", double(*r.lr));
+  return line;
+}
+
+std::string formatMetricsJson(const StepReport &r) {
+  std::string s = "{\"step\": " + std::to_string(r.step);
+  s += ", \"loss\": " + jsonNumber(r.loss, "%.9g");
+  s += ", \"grad_norm\": " + jsonNumber(r.gradNorm, "%.9g");
+  s += ", \"lr\": " + jsonNumber(r.lr, "%.9g");
+  s += ", \"tokens_per_s\": " + format("%.1f", tokensPerSecond(r));
+  s += ", \"memory_planned_bytes\": " + std::to_string(r.plannedBytes);
+  s += ", \"memory_measured_bytes\": " + std::to_string(r.measuredBytes);
+  s += ", \"micro_batches\": " + std::to_string(r.microBatches);
+  s += ", \"tokens\": " + std::to_string(r.tokens);
+  s += ", \"elapsed_s\": " + format("%.3f", r.elapsedSeconds) + "}";
+  return s;
+}
+
+std::string formatDuration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0)
+    return "?";
+  uint64_t s = uint64_t(seconds + 0.5);
+  char buf[48];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%" PRIu64 ":%02u:%02u", s / 3600, unsigned(s / 60 % 60),
+                  unsigned(s % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%u:%02u", unsigned(s / 60), unsigned(s % 60));
+  return buf;
+}
+
+std::string formatProgress(const StepReport &r, uint64_t firstStep) {
+  std::string line = "step " + std::to_string(r.step) + "/" + std::to_string(r.lastStep) +
+                     " | loss " + format("%.4f", double(r.loss));
+  if (r.gradNorm)
+    line += " | grad_norm " + format("%.3g", double(*r.gradNorm));
+  if (r.lr)
+    line += " | lr " + format("%.3g", double(*r.lr));
+  line += " | " + format("%.0f", tokensPerSecond(r)) + " tok/s";
+  uint64_t done = r.step >= firstStep ? r.step - firstStep + 1 : 1;
+  uint64_t left = r.lastStep > r.step ? r.lastStep - r.step : 0;
+  line += " | ETA " + formatDuration(r.elapsedSeconds / double(done) * double(left));
+  return line;
+}
+
+MetricsFile::MetricsFile(const std::string &path, bool append) : path_(path) {
+  file_ = std::fopen(path.c_str(), append ? "a" : "w");
+  if (!file_)
+    throw Error("cannot open metrics file '" + path + "': " + std::strerror(errno));
+}
+
+MetricsFile::~MetricsFile() {
+  if (file_)
+    std::fclose(file_);
+}
+
+void MetricsFile::write(const StepReport &report) {
+  std::string line = formatMetricsJson(report) + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0)
+    throw Error("cannot write metrics file '" + path_ + "': " + std::strerror(errno));
+}
+
+void Progress::step(const StepReport &report, uint64_t firstStep) {
+  if (!terminal_) {
+    std::fprintf(out_, "%s\n", formatStepLine(report).c_str());
+    std::fflush(out_);
+    return;
+  }
+  std::string line = formatProgress(report, firstStep);
+  // Pad over the end of a longer previous line.
+  size_t length = line.size();
+  if (line.size() < shown_)
+    line.append(shown_ - line.size(), ' ');
+  std::fprintf(out_, "\r%s", line.c_str());
+  std::fflush(out_);
+  shown_ = length;
+}
+
+void Progress::note(const std::string &line) {
+  if (terminal_ && shown_ > 0) {
+    std::fprintf(out_, "\r%s\r", std::string(shown_, ' ').c_str());
+    shown_ = 0;
+  }
+  std::fprintf(out_, "%s\n", line.c_str());
+  std::fflush(out_);
+}
+
+void Progress::finish() {
+  if (terminal_ && shown_ > 0) {
+    std::fprintf(out_, "\n");
+    std::fflush(out_);
+    shown_ = 0;
+  }
+}
+
+} // namespace bonsai::rt

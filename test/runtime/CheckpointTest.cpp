@@ -1,0 +1,390 @@
+//===- CheckpointTest.cpp - Crash-safe checkpoints, verification, resume --===//
+//
+// The layout a save writes (step directory, files, manifest, latest); a save and load that
+// restore every parameter and optimizer byte; a second save that leaves the first untouched; a
+// writer killed at each of its crash points (in a forked child) that leaves the previous
+// checkpoint loadable and `latest` naming it; every kind of corruption (a flipped byte, a
+// truncated file, a missing file, an edited manifest, a bad `latest`) rejected with an error
+// naming the file, before anything is bound; mismatched plans listed name by name; and the
+// gradient dump choosing the accumulator.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/runtime/Checkpoint.h"
+
+#include "TestPlans.h"
+#include "bonsai/runtime/Executor.h"
+#include "bonsai/runtime/Json.h"
+#include "bonsai/runtime/Safetensors.h"
+#include "bonsai/runtime/Sha256.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace bonsai::rt {
+namespace {
+
+LoadedPlan loadSpec(const test::PlanSpec &spec) {
+  std::vector<uint8_t> bytes = test::buildPlan(spec);
+  return loadPlanBuffer(bytes.data(), bytes.size(), "train.plan");
+}
+
+void writeText(const std::string &path, const std::string &text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+}
+
+bool exists(const std::string &path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+class CheckpointTest : public ::testing::Test {
+protected:
+  void SetUp() override {
+    root = test::makeTempDir("ckpt");
+    plan = loadSpec(test::trainingPlanSpec({2, 4, 16, 8, true, 2}));
+  }
+  void TearDown() override { test::removeTree(root); }
+
+  /// Trains `e` for `steps` steps from `pos` on random tokens of seed 3.
+  void train(Executor &e, TrainingPosition &pos, int steps) {
+    TokenLoader loader("", 2, 4, 16, pos.seed);
+    for (int s = 0; s < steps; ++s) {
+      e.trainStep(loader, pos.dataPosition, 2);
+      pos.step += 1;
+      pos.dataPosition += 2;
+    }
+  }
+
+  std::string loadError(const std::string &dir) {
+    Executor e(plan);
+    e.initWeights(99);
+    std::map<std::string, std::vector<uint8_t>> before = test::stateOf(e);
+    try {
+      loadCheckpoint(resolveCheckpoint(dir), e);
+    } catch (const Error &error) {
+      // Nothing was bound: the executor still holds its own weights.
+      EXPECT_EQ(test::stateOf(e), before) << "a rejected checkpoint changed the executor";
+      return error.what();
+    }
+    return "";
+  }
+
+  /// A copy of step directory `from` as `root/<name>`, for corrupting.
+  std::string copyCheckpoint(const std::string &from, const std::string &name) {
+    std::string to = root + "/" + name;
+    ::mkdir(to.c_str(), 0755);
+    for (const char *file :
+         {kCheckpointModelFile, kCheckpointOptimizerFile, kCheckpointManifestFile})
+      writeText(to + "/" + file, test::readText(from + "/" + file));
+    return to;
+  }
+
+  std::string root;
+  LoadedPlan plan;
+};
+
+TEST_F(CheckpointTest, WritesTheLayout) {
+  Executor e(plan);
+  e.initWeights(3);
+  TrainingPosition pos{0, 0, 3};
+  train(e, pos, 3);
+  std::string dir = saveCheckpoint(root, e, pos);
+  EXPECT_EQ(dir, root + "/step-00000003");
+  EXPECT_EQ(checkpointDirName(123456789), "step-123456789");
+  EXPECT_EQ(test::readText(root + "/latest"), "step-00000003\n");
+  EXPECT_FALSE(exists(root + "/latest.tmp"));
+  EXPECT_FALSE(exists(root + "/.tmp-step-00000003-" + std::to_string(::getpid())));
+
+  Checkpoint model = Checkpoint::open(dir + "/model.safetensors");
+  ASSERT_EQ(model.tensors().size(), 2u);
+  EXPECT_EQ(model.tensors()[0].name, "lm_head.weight");
+  EXPECT_EQ(model.tensors()[0].dtype, "BF16");
+  EXPECT_EQ(model.tensors()[1].name, "model.embed_tokens.weight");
+  Checkpoint optimizer = Checkpoint::open(dir + "/optimizer.safetensors");
+  EXPECT_EQ(optimizer.tensors().size(), 7u); // step, 2 x (m, v, master)
+  const SafetensorsEntry *step = optimizer.find("optimizer.step");
+  ASSERT_NE(step, nullptr);
+  EXPECT_EQ(step->dtype, "I64");
+  int64_t stepValue = 0;
+  optimizer.read(*step, {&stepValue, DType::I64, {}});
+  EXPECT_EQ(stepValue, 3);
+
+  JsonValue manifest = parseJson(test::readText(dir + "/manifest.json"), "manifest");
+  EXPECT_EQ(manifest.find("format")->stringValue(), "bonsai-checkpoint");
+  EXPECT_EQ(manifest.find("format_version")->unsignedValue(), 1u);
+  EXPECT_EQ(manifest.find("model")->stringValue(), "train");
+  EXPECT_EQ(manifest.find("step")->unsignedValue(), 3u);
+  EXPECT_EQ(manifest.find("data_position")->unsignedValue(), 6u);
+  EXPECT_EQ(manifest.find("seed")->unsignedValue(), 3u);
+  const JsonValue *files = manifest.find("files");
+  ASSERT_NE(files, nullptr);
+  const JsonValue *modelEntry = files->find("model.safetensors");
+  ASSERT_NE(modelEntry, nullptr);
+  uint64_t size = 0;
+  EXPECT_EQ(modelEntry->find("sha256")->stringValue(),
+            sha256File(dir + "/model.safetensors", &size));
+  EXPECT_EQ(modelEntry->find("size")->unsignedValue(), size);
+
+  CheckpointManifest verified = verifyCheckpoint(dir);
+  EXPECT_EQ(verified.position.step, 3u);
+  EXPECT_EQ(verified.position.dataPosition, 6u);
+  EXPECT_EQ(verified.files.size(), 2u);
+}
+
+TEST_F(CheckpointTest, LoadRestoresEveryByte) {
+  Executor a(plan);
+  a.initWeights(3);
+  TrainingPosition pos{0, 0, 3};
+  train(a, pos, 4);
+  saveCheckpoint(root, a, pos);
+
+  Executor b(plan);
+  CheckpointManifest m = loadCheckpoint(resolveCheckpoint(root), b);
+  EXPECT_EQ(m.position.step, 4u);
+  EXPECT_EQ(m.position.dataPosition, 8u);
+  EXPECT_EQ(m.position.seed, 3u);
+  EXPECT_EQ(test::stateOf(b), test::stateOf(a));
+  // The accumulators start at zero, as in the uninterrupted run.
+  for (uint32_t i = 0; i < plan.tensors.size(); ++i)
+    if (plan.tensors[i].role == TensorRole::Gradient && plan.tensors[i].init == TensorInit::Zeros) {
+      const auto *p = static_cast<const uint8_t *>(b.view(i).data);
+      EXPECT_TRUE(std::all_of(p, p + plan.tensors[i].bytes, [](uint8_t x) { return x == 0; }));
+    }
+}
+
+TEST_F(CheckpointTest, ASecondSaveLeavesTheFirstUntouched) {
+  Executor e(plan);
+  e.initWeights(3);
+  TrainingPosition pos{0, 0, 3};
+  train(e, pos, 2);
+  std::string first = saveCheckpoint(root, e, pos);
+  std::string model = test::readText(first + "/model.safetensors");
+  std::string manifest = test::readText(first + "/manifest.json");
+  train(e, pos, 2);
+  std::string second = saveCheckpoint(root, e, pos);
+  EXPECT_EQ(second, root + "/step-00000004");
+  EXPECT_EQ(test::readText(first + "/model.safetensors"), model);
+  EXPECT_EQ(test::readText(first + "/manifest.json"), manifest);
+  EXPECT_EQ(test::readText(root + "/latest"), "step-00000004\n");
+  EXPECT_EQ(resolveCheckpoint(root), second);
+  EXPECT_EQ(resolveCheckpoint(first), first);
+  // The latest checkpoint is never overwritten.
+  try {
+    saveCheckpoint(root, e, pos);
+    FAIL() << "the latest checkpoint was overwritten";
+  } catch (const Error &error) {
+    EXPECT_NE(std::string(error.what()).find("already exists and is the latest checkpoint"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_NO_THROW(verifyCheckpoint(second));
+}
+
+TEST_F(CheckpointTest, AKilledWriterLeavesThePreviousCheckpoint) {
+  Executor e(plan);
+  e.initWeights(3);
+  TrainingPosition pos{0, 0, 3};
+  train(e, pos, 2);
+  std::string previous = saveCheckpoint(root, e, pos);
+  std::map<std::string, std::vector<uint8_t>> previousState = test::stateOf(e);
+  train(e, pos, 2);
+
+  for (const char *point : {"after-model", "after-optimizer", "before-rename", "before-latest"}) {
+    SCOPED_TRACE(point);
+    std::fflush(nullptr);
+    pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      ::setenv(kCheckpointCrashVariable, point, 1);
+      try {
+        saveCheckpoint(root, e, pos);
+      } catch (...) {
+        ::_exit(1);
+      }
+      ::_exit(0); // the crash point was not reached
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 99) << "the writer did not stop at " << point;
+
+    EXPECT_EQ(test::readText(root + "/latest"), "step-00000002\n");
+    EXPECT_EQ(resolveCheckpoint(root), previous);
+    Executor restored(plan);
+    CheckpointManifest m = loadCheckpoint(resolveCheckpoint(root), restored);
+    EXPECT_EQ(m.position.step, 2u);
+    EXPECT_EQ(test::stateOf(restored), previousState);
+    // Only a save that got past its rename leaves the new directory, complete but unnamed.
+    bool renamed = std::string(point) == "before-latest";
+    EXPECT_EQ(exists(root + "/step-00000004"), renamed);
+    if (renamed)
+      EXPECT_NO_THROW(verifyCheckpoint(root + "/step-00000004"));
+  }
+  // A later save of the same step replaces the unnamed directory and becomes the latest.
+  EXPECT_EQ(saveCheckpoint(root, e, pos), root + "/step-00000004");
+  EXPECT_EQ(test::readText(root + "/latest"), "step-00000004\n");
+  Executor restored(plan);
+  loadCheckpoint(resolveCheckpoint(root), restored);
+  EXPECT_EQ(test::stateOf(restored), test::stateOf(e));
+}
+
+TEST_F(CheckpointTest, CorruptionIsRejectedNamingTheFile) {
+  Executor e(plan);
+  e.initWeights(3);
+  TrainingPosition pos{0, 0, 3};
+  train(e, pos, 2);
+  std::string good = saveCheckpoint(root, e, pos);
+  ASSERT_EQ(loadError(good), "");
+
+  auto expectRejected = [&](const std::string &dir, std::initializer_list<std::string> parts) {
+    std::string message = loadError(dir);
+    ASSERT_FALSE(message.empty()) << "a corrupt checkpoint loaded: " << dir;
+    for (const std::string &part : parts)
+      EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
+  };
+
+  // One flipped byte in the tensor data of each file.
+  for (const char *file : {kCheckpointModelFile, kCheckpointOptimizerFile}) {
+    std::string dir = copyCheckpoint(good, std::string("flip-") + file);
+    std::string bytes = test::readText(dir + "/" + file);
+    bytes[bytes.size() - 3] ^= 0x10;
+    writeText(dir + "/" + file, bytes);
+    expectRejected(dir, {dir + "/" + file + "' fails its SHA-256 check", "the file is corrupt"});
+  }
+  // A truncated file.
+  std::string dir = copyCheckpoint(good, "truncated");
+  std::string bytes = test::readText(dir + "/optimizer.safetensors");
+  writeText(dir + "/optimizer.safetensors", bytes.substr(0, bytes.size() / 2));
+  expectRejected(dir, {dir + "/optimizer.safetensors' is " + std::to_string(bytes.size() / 2) +
+                           " bytes, but the manifest says " + std::to_string(bytes.size()),
+                       "truncated"});
+  // A missing file.
+  dir = copyCheckpoint(good, "missing");
+  std::remove((dir + "/model.safetensors").c_str());
+  expectRejected(dir, {dir + "/model.safetensors' is missing"});
+  // A missing manifest.
+  dir = copyCheckpoint(good, "no-manifest");
+  std::remove((dir + "/manifest.json").c_str());
+  expectRejected(dir, {dir + "/manifest.json' is missing"});
+  // An edited manifest: the step, then a file's checksum made to match a corrupted file.
+  std::string manifest = test::readText(good + "/manifest.json");
+  dir = copyCheckpoint(good, "edited-step");
+  std::string edited = manifest;
+  edited.replace(edited.find("\"step\": 2"), 9, "\"step\": 3");
+  writeText(dir + "/manifest.json", edited);
+  expectRejected(dir, {dir + "/manifest.json' fails its own checksum", "edited or corrupted"});
+  dir = copyCheckpoint(good, "edited-sha");
+  std::string model = test::readText(dir + "/model.safetensors");
+  model[model.size() - 1] ^= 1;
+  writeText(dir + "/model.safetensors", model);
+  edited = manifest;
+  size_t at = edited.find("\"sha256\": \"") + 11;
+  edited.replace(at, 64, sha256Hex(model));
+  writeText(dir + "/manifest.json", edited);
+  expectRejected(dir, {dir + "/manifest.json' fails its own checksum"});
+  // A manifest that is not JSON, or not this format.
+  dir = copyCheckpoint(good, "garbage");
+  writeText(dir + "/manifest.json", manifest.substr(0, manifest.size() / 2));
+  expectRejected(dir, {dir + "/manifest.json'", "invalid JSON"});
+  dir = copyCheckpoint(good, "version");
+  edited = manifest;
+  edited.replace(edited.find("\"format_version\": 1"), 19, "\"format_version\": 7");
+  writeText(dir + "/manifest.json", edited);
+  expectRejected(dir, {dir + "/manifest.json' has format version 7"});
+  // A `latest` that names nothing, or something outside the root.
+  std::string other = test::makeTempDir("ckpt-latest");
+  writeText(other + "/latest", "step-00000099\n");
+  expectRejected(other, {other + "/latest' names 'step-00000099', which does not exist"});
+  writeText(other + "/latest", "../elsewhere\n");
+  expectRejected(other, {other + "/latest' does not name a checkpoint directory inside it"});
+  test::removeTree(other);
+  expectRejected(root + "/nowhere", {"checkpoint '" + root + "/nowhere' is not a directory"});
+}
+
+TEST_F(CheckpointTest, AnotherPlanIsListedNameByName) {
+  Executor e(plan);
+  e.initWeights(3);
+  TrainingPosition pos{0, 0, 3};
+  train(e, pos, 1);
+  std::string dir = saveCheckpoint(root, e, pos);
+  // The same model in f32 without master weights: dtypes differ and the masters are extra.
+  LoadedPlan f32 = loadSpec(test::trainingPlanSpec());
+  Executor other(f32);
+  try {
+    loadCheckpoint(dir, other);
+    FAIL() << "a checkpoint of another plan loaded";
+  } catch (const Error &error) {
+    std::string message = error.what();
+    EXPECT_NE(message.find("checkpoint '" + dir +
+                           "' does not match plan 'train.plan': "
+                           "model.safetensors: 2 mismatched: model.embed_tokens.weight (plan "
+                           "[16, 8] f32, checkpoint [16, 8] BF16), lm_head.weight (plan [16, 8] "
+                           "f32, checkpoint [16, 8] BF16); optimizer.safetensors"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("optimizer.safetensors: 2 extra: optimizer.master.lm_head.weight, "
+                           "optimizer.master.model.embed_tokens.weight"),
+              std::string::npos)
+        << message;
+  }
+}
+
+TEST_F(CheckpointTest, UnclearedAccumulatorsAreNotCheckpointed) {
+  test::TrainingTensors t;
+  LoadedPlan p = loadSpec(test::trainingPlanSpec({}, &t));
+  Executor e(p);
+  e.initWeights(3);
+  static_cast<float *>(e.view(t.gradHead).data)[5] = 1.0f;
+  try {
+    saveCheckpoint(root, e, {1, 1, 3});
+    FAIL() << "a checkpoint missed the accumulator";
+  } catch (const Error &error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("gradient accumulator tensor " + std::to_string(t.gradHead) +
+                        " 'lm_head.weight' is not zero between steps"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_FALSE(exists(root + "/step-00000001"));
+  EXPECT_FALSE(exists(root + "/latest"));
+}
+
+TEST_F(CheckpointTest, GradientDumpWritesTheAccumulators) {
+  test::TrainingTensors t;
+  LoadedPlan p = loadSpec(test::trainingPlanSpec({}, &t));
+  Executor e(p);
+  e.initWeights(3);
+  TokenLoader loader("", 2, 4, 16, 3);
+  // Two micro-batches: the accumulator holds their sum, the step tensor only the second.
+  e.forwardBackward(loader.batch(0), 1.0f);
+  e.forwardBackward(loader.batch(1), 1.0f);
+  std::string path = root + "/grads.safetensors";
+  // The two parameters' gradients, logits.grad (and its 3-d view), h.grad.
+  EXPECT_EQ(writeGradients(path, e), 5u);
+  Checkpoint grads = Checkpoint::open(path);
+  ASSERT_NE(grads.find("lm_head.weight"), nullptr);
+  ASSERT_NE(grads.find("logits.grad"), nullptr);
+  std::vector<float> head(16 * 8);
+  grads.read(*grads.find("lm_head.weight"), {head.data(), DType::F32, {16, 8}});
+  EXPECT_EQ(std::memcmp(head.data(), e.view(t.gradHead).data, head.size() * 4), 0);
+  EXPECT_NE(std::memcmp(head.data(), e.view(t.stepGradHead).data, head.size() * 4), 0);
+
+  LoadedPlan forward = loadSpec(test::smallPlanSpec());
+  Executor f(forward);
+  EXPECT_THROW(writeGradients(path, f), Error);
+}
+
+} // namespace
+} // namespace bonsai::rt

@@ -1,0 +1,569 @@
+//===- TrainingTest.cpp - Training steps, micro-batches, resume, the tools -===//
+//
+// The hand-built training plan (embedding -> linear -> cross_entropy, its backward kernels,
+// persistent gradient accumulators and AdamW) learns: its loss falls over 20 steps, and its
+// gradient matches finite differences of its own loss. Micro-batches average: the step loss is
+// the mean of the micro-batch losses, runs are deterministic, and two micro-batches of batch B
+// train like one of batch 2B. Resuming from a checkpoint continues bit for bit. Then the
+// tools, run as a user runs them: bonsai-run's output formats, metrics file, checkpoints and
+// resume, gradient dump, generation and one-line errors, and bonsai-tokenize.
+//
+//===----------------------------------------------------------------------===//
+
+#include "TestPlans.h"
+#include "bonsai/runtime/Checkpoint.h"
+#include "bonsai/runtime/Data.h"
+#include "bonsai/runtime/Executor.h"
+#include "bonsai/runtime/Json.h"
+#include "bonsai/runtime/Random.h"
+#include "bonsai/runtime/Safetensors.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace bonsai::rt {
+namespace {
+
+LoadedPlan loadSpec(const test::PlanSpec &spec, const std::string &name = "train.plan") {
+  std::vector<uint8_t> bytes = test::buildPlan(spec);
+  return loadPlanBuffer(bytes.data(), bytes.size(), name);
+}
+
+/// A token file whose next token is always the current one plus one (mod `vocab`): a bigram
+/// model can learn it exactly.
+std::string cyclicTokens(const std::string &path, uint32_t count, uint32_t vocab) {
+  std::vector<uint32_t> tokens(count);
+  for (uint32_t i = 0; i < count; ++i)
+    tokens[i] = i % vocab;
+  writeTokenFile(path, tokens, 2);
+  return path;
+}
+
+/// Runs `steps` steps of `count` micro-batches from `pos`, appending the losses.
+void train(Executor &e, TokenLoader &loader, TrainingPosition &pos, uint32_t count, int steps,
+           std::vector<float> &losses) {
+  for (int s = 0; s < steps; ++s) {
+    StepResult r = e.trainStep(loader, pos.dataPosition, count);
+    losses.push_back(r.loss);
+    pos.step += 1;
+    pos.dataPosition += count;
+  }
+}
+
+class TrainingTest : public ::testing::Test {
+protected:
+  void SetUp() override { dir = test::makeTempDir("training"); }
+  void TearDown() override { test::removeTree(dir); }
+  std::string dir;
+};
+
+TEST_F(TrainingTest, LossFallsOverTwentySteps) {
+  test::TrainingTensors t;
+  test::TrainingDims dims;
+  dims.lr = 5e-2;
+  LoadedPlan plan = loadSpec(test::trainingPlanSpec(dims, &t));
+  Executor e(plan);
+  e.initWeights(7);
+  TokenLoader loader(cyclicTokens(dir + "/tokens.bin", 4096, 16), 2, 4, 16, 7);
+  std::vector<float> losses;
+  std::vector<float> lrs, norms;
+  TrainingPosition pos;
+  for (int s = 0; s < 20; ++s) {
+    StepResult r = e.trainStep(loader, pos.dataPosition, 1);
+    losses.push_back(r.loss);
+    ASSERT_TRUE(r.gradNorm && r.lr);
+    norms.push_back(*r.gradNorm);
+    lrs.push_back(*r.lr);
+    pos.dataPosition += 1;
+  }
+  EXPECT_NEAR(losses[0], std::log(16.0f), 0.05);
+  // 2.77 -> 1.47 (a bigram model learning "next = current + 1").
+  EXPECT_LT(losses[19], 0.6f * losses[0]) << "the loss did not fall";
+  RecordProperty("first_loss", std::to_string(losses[0]));
+  RecordProperty("last_loss", std::to_string(losses[19]));
+  for (size_t i = 5; i < losses.size(); ++i)
+    EXPECT_LT(losses[i], losses[i - 5]) << "step " << i + 1;
+  // The schedule: warmup over 2 steps to 5e-2, then cosine decay.
+  EXPECT_FLOAT_EQ(lrs[0], 2.5e-2f);
+  EXPECT_FLOAT_EQ(lrs[1], 5e-2f);
+  EXPECT_LT(lrs[19], lrs[2]);
+  EXPECT_GT(norms[0], 0.0f);
+  int64_t step;
+  std::memcpy(&step, e.view(t.step).data, sizeof step);
+  EXPECT_EQ(step, 20);
+}
+
+TEST_F(TrainingTest, GradientMatchesFiniteDifferences) {
+  test::TrainingTensors t;
+  LoadedPlan plan = loadSpec(test::trainingPlanSpec({}, &t));
+  Executor e(plan);
+  e.initWeights(1);
+  // Weights of order one, so the gradient is far above the rounding of a finite difference.
+  Rng rng(11);
+  for (uint32_t w : {t.table, t.head}) {
+    auto *p = static_cast<float *>(e.view(w).data);
+    for (int64_t i = 0; i < plan.tensors[w].numel; ++i)
+      p[i] = float(0.5 * rng.normal());
+  }
+  TokenLoader loader("", 2, 4, 16, 5);
+  TokenBatch batch = loader.batch(0);
+  e.forwardBackward(batch, 1.0f);
+  std::vector<float> gTable = test::floatsOf(e, t.gradTable), gHead = test::floatsOf(e, t.gradHead);
+  const float eps = 1e-2f;
+  int checked = 0;
+  for (auto [w, g] : {std::pair{t.table, &gTable}, std::pair{t.head, &gHead}}) {
+    auto *p = static_cast<float *>(e.view(w).data);
+    // The rows of the first ids (table) and every 7th element (head).
+    std::vector<int64_t> indices;
+    if (w == t.table)
+      for (int d = 0; d < 8; d += 3)
+        indices.push_back(batch.inputs[0] * 8 + d);
+    else
+      for (int64_t i = 0; i < 128; i += 7)
+        indices.push_back(i);
+    for (int64_t i : indices) {
+      float saved = p[i];
+      p[i] = saved + eps;
+      float up = e.forward(batch);
+      p[i] = saved - eps;
+      float down = e.forward(batch);
+      p[i] = saved;
+      double numeric = (double(up) - double(down)) / (2.0 * eps);
+      EXPECT_NEAR((*g)[size_t(i)], numeric, 2e-3 + 2e-2 * std::fabs(numeric))
+          << plan.tensors[w].name << "[" << i << "]";
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 20);
+}
+
+TEST_F(TrainingTest, MicroBatchLossIsTheMeanAndDeterministic) {
+  LoadedPlan plan = loadSpec(test::trainingPlanSpec({2, 4, 16, 8, false, 2}));
+  std::string data = cyclicTokens(dir + "/tokens.bin", 997, 16);
+  auto run = [&](std::vector<StepResult> &results) {
+    Executor e(plan);
+    e.initWeights(4);
+    TokenLoader loader(data, 2, 4, 16, 4);
+    for (uint64_t s = 0; s < 4; ++s)
+      results.push_back(e.trainStep(loader, s * 2, 2));
+    return test::stateOf(e);
+  };
+  std::vector<StepResult> a, b;
+  auto stateA = run(a), stateB = run(b);
+  EXPECT_EQ(stateA, stateB);
+  ASSERT_EQ(a.size(), 4u);
+  for (size_t s = 0; s < a.size(); ++s) {
+    ASSERT_EQ(a[s].microBatchLosses.size(), 2u);
+    EXPECT_EQ(a[s].loss, b[s].loss);
+    EXPECT_EQ(a[s].loss,
+              float((double(a[s].microBatchLosses[0]) + double(a[s].microBatchLosses[1])) / 2));
+    EXPECT_NE(a[s].microBatchLosses[0], a[s].microBatchLosses[1]);
+  }
+}
+
+TEST_F(TrainingTest, TwoMicroBatchesOfBTrainLikeOneOf2B) {
+  // Micro-batches 2s and 2s+1 of [2, 4] read the rows step s of [4, 4] reads (the file is long
+  // enough not to wrap), and every position counts in the loss, so the accumulated gradient
+  // of the mean micro-batch loss is the gradient of the big batch's loss.
+  std::string data = cyclicTokens(dir + "/tokens.bin", 4001, 13);
+  // Random data would do as well; a cycle of 13 over a vocabulary of 16 keeps some ids unseen.
+  LoadedPlan small = loadSpec(test::trainingPlanSpec({2, 4, 16, 8}));
+  LoadedPlan big = loadSpec(test::trainingPlanSpec({4, 4, 16, 8}));
+  Executor a(small), b(big);
+  a.initWeights(9);
+  b.initWeights(9);
+  EXPECT_EQ(test::stateOf(a), test::stateOf(b));
+  TokenLoader la(data, 2, 4, 16, 9), lb(data, 4, 4, 16, 9);
+  for (uint64_t s = 0; s < 5; ++s) {
+    StepResult ra = a.trainStep(la, 2 * s, 2);
+    StepResult rb = b.trainStep(lb, s, 1);
+    EXPECT_NEAR(ra.loss, rb.loss, 1e-5f) << "step " << s + 1;
+    EXPECT_NEAR(*ra.gradNorm, *rb.gradNorm, 1e-5f) << "step " << s + 1;
+  }
+  auto sa = test::stateOf(a), sb = test::stateOf(b);
+  for (const auto &[name, bytes] : sa) {
+    if (name == "state:optimizer.step") {
+      EXPECT_EQ(bytes, sb[name]);
+      continue;
+    }
+    std::vector<float> x(bytes.size() / 4), y(bytes.size() / 4);
+    std::memcpy(x.data(), bytes.data(), bytes.size());
+    std::memcpy(y.data(), sb[name].data(), bytes.size());
+    for (size_t i = 0; i < x.size(); ++i)
+      ASSERT_NEAR(x[i], y[i], 1e-4f + 1e-3f * std::fabs(y[i])) << name << "[" << i << "]";
+  }
+}
+
+TEST_F(TrainingTest, ResumeContinuesBitForBit) {
+  struct Config {
+    test::TrainingDims dims;
+    uint32_t count;
+  };
+  for (Config c : {Config{{2, 4, 16, 8, false, 1}, 1}, Config{{2, 4, 16, 8, true, 2}, 2},
+                   Config{{2, 4, 16, 8, true, 1}, 3}}) {
+    SCOPED_TRACE("bf16 master " + std::to_string(c.dims.bf16Master) + ", micro-batches " +
+                 std::to_string(c.count));
+    LoadedPlan plan = loadSpec(test::trainingPlanSpec(c.dims));
+    std::string data = cyclicTokens(dir + "/tokens.bin", 611, 16);
+
+    // Twenty steps straight.
+    Executor straight(plan);
+    straight.initWeights(5);
+    TokenLoader loader(data, 2, 4, 16, 5);
+    TrainingPosition pos{0, 0, 5};
+    std::vector<float> expected;
+    train(straight, loader, pos, c.count, 20, expected);
+
+    // Ten, a checkpoint, a fresh executor resumed from it, ten more.
+    std::string ckpt = dir + "/ckpt";
+    test::removeTree(ckpt);
+    std::vector<float> losses;
+    {
+      Executor first(plan);
+      first.initWeights(5);
+      TokenLoader l(data, 2, 4, 16, 5);
+      TrainingPosition p{0, 0, 5};
+      train(first, l, p, c.count, 10, losses);
+      saveCheckpoint(ckpt, first, p);
+    }
+    Executor resumed(plan);
+    CheckpointManifest m = loadCheckpoint(resolveCheckpoint(ckpt), resumed);
+    TrainingPosition p = m.position;
+    EXPECT_EQ(p.step, 10u);
+    EXPECT_EQ(p.dataPosition, 10u * c.count);
+    TokenLoader l(data, 2, 4, 16, p.seed);
+    train(resumed, l, p, c.count, 10, losses);
+
+    ASSERT_EQ(losses.size(), expected.size());
+    for (size_t i = 0; i < losses.size(); ++i)
+      EXPECT_EQ(std::memcmp(&losses[i], &expected[i], 4), 0)
+          << "step " << i + 1 << ": " << losses[i] << " vs " << expected[i];
+    EXPECT_EQ(test::stateOf(resumed), test::stateOf(straight));
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// The tools.
+//===----------------------------------------------------------------------===//
+
+struct ToolResult {
+  int code = -1;
+  std::string out, err;
+};
+
+/// Runs `tool` with `args` (no shell), stdout and stderr to files (not a terminal).
+ToolResult runTool(const char *tool, const std::vector<std::string> &args,
+                   const std::string &scratch) {
+  std::string outPath = scratch + "/stdout", errPath = scratch + "/stderr";
+  std::fflush(nullptr);
+  pid_t child = ::fork();
+  if (child == 0) {
+    int out = ::open(outPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int err = ::open(errPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(out, 1);
+    ::dup2(err, 2);
+    std::vector<char *> argv = {const_cast<char *>(tool)};
+    for (const std::string &a : args)
+      argv.push_back(const_cast<char *>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(tool, argv.data());
+    ::_exit(127);
+  }
+  ToolResult r;
+  int status = 0;
+  if (child > 0 && ::waitpid(child, &status, 0) == child && WIFEXITED(status))
+    r.code = WEXITSTATUS(status);
+  r.out = test::readText(outPath);
+  r.err = test::readText(errPath);
+  return r;
+}
+
+/// The "step ..." lines of an output, in order.
+std::vector<std::string> stepLines(const std::string &out) {
+  std::vector<std::string> lines;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("step ", 0) == 0)
+      lines.push_back(line);
+  return lines;
+}
+
+class ToolTest : public TrainingTest {
+protected:
+  ToolResult run(std::vector<std::string> args) { return runTool(BONSAI_RUN_PATH, args, dir); }
+  std::string writePlan(const test::PlanSpec &spec, const std::string &name) {
+    std::string path = dir + "/" + name;
+    test::writeFile(path, test::buildPlan(spec));
+    return path;
+  }
+  /// Expects exit status 1 and exactly one stderr line starting "bonsai-run: error: " that
+  /// contains every part (a usage synopsis may follow a command-line mistake).
+  void expectError(const ToolResult &r, std::initializer_list<std::string> parts) {
+    EXPECT_EQ(r.code, 1) << r.out << r.err;
+    std::string first = r.err.substr(0, r.err.find('\n'));
+    EXPECT_EQ(first.rfind("bonsai-run: error: ", 0), 0u) << r.err;
+    for (const std::string &part : parts)
+      EXPECT_NE(first.find(part), std::string::npos) << "'" << part << "' not in: " << r.err;
+  }
+};
+
+TEST_F(ToolTest, ForwardOnlyPlanPrintsPlainStepLines) {
+  std::string plan = writePlan(test::smallPlanSpec(), "small.plan");
+  ToolResult r = run({plan, "--steps", "2", "--seed", "3"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::vector<std::string> lines = stepLines(r.out);
+  ASSERT_EQ(lines.size(), 2u) << r.out;
+  std::regex exact(R"(step [12] loss -?[0-9.]+(e[-+][0-9]+)?)");
+  for (const std::string &line : lines)
+    EXPECT_TRUE(std::regex_match(line, exact)) << line;
+  // The same losses as the library computes.
+  LoadedPlan loaded = loadSpec(test::smallPlanSpec());
+  Executor e(loaded);
+  e.initWeights(3);
+  TokenLoader loader("", 2, 4, 16, 3);
+  char expected[64];
+  std::snprintf(expected, sizeof expected, "step 1 loss %.9g",
+                double(e.trainStep(loader, 0, 1).loss));
+  EXPECT_EQ(lines[0], expected);
+  EXPECT_NE(r.out.find("memory: arena 0 'weights'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("time: 2 steps in"), std::string::npos) << r.out;
+}
+
+TEST_F(ToolTest, TrainingPrintsMetricsAndWritesJsonLines) {
+  std::string plan = writePlan(test::trainingPlanSpec(), "train.plan");
+  std::string data = cyclicTokens(dir + "/tokens.bin", 3000, 16);
+  std::string metrics = dir + "/metrics.jsonl";
+  ToolResult r = run({plan, "--data", data, "--steps", "6", "--seed", "2", "--metrics", metrics});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::vector<std::string> lines = stepLines(r.out);
+  ASSERT_EQ(lines.size(), 6u) << r.out;
+  std::regex exact(R"(step ([0-9]+) loss (\S+) grad_norm (\S+) lr (\S+))");
+  std::vector<float> losses;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(lines[i], m, exact)) << lines[i];
+    EXPECT_EQ(m[1], std::to_string(i + 1));
+    losses.push_back(std::strtof(m[2].str().c_str(), nullptr));
+  }
+  // The library, same plan, data and seed: the same losses to the bit.
+  LoadedPlan loaded = loadSpec(test::trainingPlanSpec());
+  Executor e(loaded);
+  e.initWeights(2);
+  TokenLoader loader(data, 2, 4, 16, 2);
+  for (uint64_t s = 0; s < 6; ++s)
+    EXPECT_EQ(e.trainStep(loader, s, 1).loss, losses[s]) << "step " << s + 1;
+
+  std::istringstream in(test::readText(metrics));
+  int count = 0;
+  for (std::string line; std::getline(in, line); ++count) {
+    JsonValue v = parseJson(line, "metrics line");
+    EXPECT_EQ(v.find("step")->unsignedValue(), uint64_t(count + 1));
+    EXPECT_EQ(float(v.find("loss")->numberValue()), losses[size_t(count)]);
+    EXPECT_TRUE(v.find("grad_norm")->isNumber());
+    EXPECT_TRUE(v.find("lr")->isNumber());
+    EXPECT_GT(v.find("tokens_per_s")->numberValue(), 0.0);
+    EXPECT_EQ(v.find("tokens")->unsignedValue(), 8u);
+    EXPECT_EQ(v.find("micro_batches")->unsignedValue(), 1u);
+    uint64_t planned = v.find("memory_planned_bytes")->unsignedValue();
+    uint64_t measured = v.find("memory_measured_bytes")->unsignedValue();
+    EXPECT_GT(measured, 0u);
+    EXPECT_LE(measured, planned);
+  }
+  EXPECT_EQ(count, 6);
+
+  // --lr overrides the schedule's peak: lr 0 leaves the weights where they are.
+  r = run({plan, "--data", data, "--steps", "3", "--lr", "0"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const std::string &line : stepLines(r.out))
+    EXPECT_NE(line.find(" lr 0"), std::string::npos) << line;
+}
+
+TEST_F(ToolTest, CheckpointAndResumeContinueTheRun) {
+  std::string plan = writePlan(test::trainingPlanSpec({2, 4, 16, 8, true, 2}), "train.plan");
+  std::string data = cyclicTokens(dir + "/tokens.bin", 777, 16);
+  std::string ckpt = dir + "/ckpt";
+  ToolResult straight = run({plan, "--data", data, "--steps", "8", "--seed", "4"});
+  ASSERT_EQ(straight.code, 0) << straight.err;
+  std::vector<std::string> expected = stepLines(straight.out);
+  ASSERT_EQ(expected.size(), 8u);
+
+  ToolResult first = run({plan, "--data", data, "--steps", "4", "--seed", "4", "--save-every", "2",
+                          "--ckpt-dir", ckpt});
+  ASSERT_EQ(first.code, 0) << first.err;
+  EXPECT_NE(first.out.find("checkpoint: step 2 saved to " + ckpt + "/step-00000002\n"),
+            std::string::npos)
+      << first.out;
+  EXPECT_NE(first.out.find("checkpoint: step 4 saved to " + ckpt + "/step-00000004\n"),
+            std::string::npos);
+  std::vector<std::string> lines = stepLines(first.out);
+  EXPECT_EQ(lines, std::vector<std::string>(expected.begin(), expected.begin() + 4));
+
+  // From the latest: steps 5..8 as the straight run printed them.
+  ToolResult resumed = run({plan, "--data", data, "--resume", "--ckpt-dir", ckpt, "--steps", "4"});
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("resume: " + ckpt + "/step-00000004 (step 4, micro-batch 8)\n"),
+            std::string::npos)
+      << resumed.out;
+  EXPECT_EQ(stepLines(resumed.out), std::vector<std::string>(expected.begin() + 4, expected.end()));
+  // From a named checkpoint: steps 3..8.
+  resumed = run({plan, "--resume", ckpt + "/step-00000002", "--data", data, "--steps", "6"});
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_EQ(stepLines(resumed.out), std::vector<std::string>(expected.begin() + 2, expected.end()));
+
+  // A resumed run keeps the checkpoint's seed.
+  expectError(run({plan, "--resume=" + ckpt, "--seed", "5", "--data", data}),
+              {"--seed 5 differs from the seed 4 of checkpoint"});
+  // A corrupt checkpoint: one line naming the file.
+  std::string model = ckpt + "/step-00000004/model.safetensors";
+  std::string bytes = test::readText(model);
+  bytes[bytes.size() / 2] ^= 4;
+  test::writeFile(model, std::vector<uint8_t>(bytes.begin(), bytes.end()));
+  ToolResult bad = run({plan, "--resume", ckpt, "--data", data});
+  expectError(bad, {model + "' fails its SHA-256 check"});
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+}
+
+TEST_F(ToolTest, DumpsOneMicroBatchOfGradients) {
+  test::TrainingTensors t;
+  test::PlanSpec spec = test::trainingPlanSpec({2, 4, 16, 8, false, 4}, &t);
+  std::string plan = writePlan(spec, "train.plan");
+  std::string grads = dir + "/grads.safetensors";
+  ToolResult r = run({plan, "--seed", "6", "--dump-gradients", grads});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("gradients: 5 tensors of micro-batch 0 written to " + grads + "\n"),
+            std::string::npos)
+      << r.out;
+  EXPECT_TRUE(stepLines(r.out).empty()) << "--dump-gradients alone trains no step";
+  // The gradient of micro-batch 0's own loss (loss scale 1, not 1/4), no update.
+  LoadedPlan loaded = loadSpec(spec);
+  Executor e(loaded);
+  e.initWeights(6);
+  TokenLoader loader("", 2, 4, 16, 6);
+  e.forwardBackward(loader.batch(0), 1.0f);
+  Checkpoint file = Checkpoint::open(grads);
+  for (auto [name, tensor] : {std::pair{"lm_head.weight", t.gradHead},
+                              std::pair{"model.embed_tokens.weight", t.gradTable}}) {
+    const SafetensorsEntry *entry = file.find(name);
+    ASSERT_NE(entry, nullptr) << name;
+    std::vector<float> got(128);
+    file.read(*entry, {got.data(), DType::F32, {16, 8}});
+    EXPECT_EQ(got, test::floatsOf(e, tensor)) << name;
+  }
+  expectError(run({writePlan(test::smallPlanSpec(), "small.plan"), "--dump-gradients", grads}),
+              {"--dump-gradients: plan", "has no backward phase"});
+}
+
+TEST_F(ToolTest, GeneratesBytesAfterTrainingAndFromACheckpoint) {
+  std::string text;
+  for (int i = 0; i < 400; ++i)
+    text += "abcdefgh";
+  std::string input = dir + "/corpus.txt";
+  test::writeFile(input, std::vector<uint8_t>(text.begin(), text.end()));
+  std::string tokens = dir + "/corpus.bin";
+  ToolResult tok = runTool(BONSAI_TOKENIZE_PATH, {input, "-o", tokens}, dir);
+  ASSERT_EQ(tok.code, 0) << tok.err;
+
+  test::TrainingDims dims{2, 8, 256, 16, false, 1, 5e-2};
+  std::string plan = writePlan(test::trainingPlanSpec(dims), "bytes.plan");
+  std::string ckpt = dir + "/ckpt";
+  ToolResult r = run({plan, "--data", tokens, "--steps", "40", "--save-every", "40", "--ckpt-dir",
+                      ckpt, "--generate", "abc", "--max-new-bytes", "10"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("prompt: abc\ngenerated: defghabcde\n"), std::string::npos) << r.out;
+  // The trained model, resumed: the same text, and no training step.
+  ToolResult again = run({plan, "--resume", ckpt, "--generate", "abc", "--max-new-bytes", "10"});
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_NE(again.out.find("prompt: abc\ngenerated: defghabcde\n"), std::string::npos) << again.out;
+  EXPECT_TRUE(stepLines(again.out).empty());
+  // Prompts longer than the context slide; non-printable bytes are escaped.
+  ToolResult escaped = run({plan, "--resume", ckpt, "--generate",
+                            "x\ty\\z\n\x01"
+                            "abcdefghabc",
+                            "--max-new-bytes", "3"});
+  ASSERT_EQ(escaped.code, 0) << escaped.err;
+  EXPECT_NE(escaped.out.find("prompt: x\\ty\\\\z\\n\\x01abcdefghabc\ngenerated: def\n"),
+            std::string::npos)
+      << escaped.out;
+  // A byte-level prompt needs a vocabulary that holds its bytes.
+  expectError(run({writePlan(test::trainingPlanSpec(), "small.plan"), "--generate", "abc"}),
+              {"--generate: prompt byte 0 is 97, not below the plan's vocabulary size 16"});
+}
+
+TEST_F(ToolTest, CommandLineMistakesAreOneLine) {
+  std::string plan = writePlan(test::trainingPlanSpec(), "train.plan");
+  std::string small = writePlan(test::smallPlanSpec(), "small.plan");
+  expectError(run({plan, "--micro-batches", "0"}), {"--micro-batches must be between 1"});
+  expectError(run({plan, "--save-every", "2"}), {"--save-every needs --ckpt-dir"});
+  expectError(run({plan, "--resume"}), {"--resume without a path needs --ckpt-dir"});
+  expectError(run({plan, "--resume", dir, "--weights", "w.safetensors"}),
+              {"--resume and --weights both give the parameters"});
+  expectError(run({plan, "--lr", "-1"}), {"--lr expects a finite non-negative number, got '-1'"});
+  expectError(run({plan, "--max-new-bytes", "3"}), {"--max-new-bytes needs --generate"});
+  expectError(run({small, "--lr", "0.1"}), {"has no LearningRate kernel"});
+  expectError(run({plan, "--resume", dir + "/none"}), {"checkpoint '" + dir + "/none'"});
+  // A plan whose update reads a per-micro-batch gradient cannot accumulate.
+  test::TrainingTensors t;
+  test::PlanSpec spec = test::trainingPlanSpec({}, &t);
+  for (test::KernelSpec &k : spec.kernels)
+    if (k.kind == KernelKind::GradNorm)
+      k.inputs[1] = t.stepGradHead;
+  std::string direct = writePlan(spec, "direct.plan");
+  EXPECT_EQ(run({direct}).code, 0);
+  expectError(run({direct, "--micro-batches", "2"}),
+              {"cannot run 2 micro-batches per step", "only the last one's value"});
+}
+
+TEST_F(ToolTest, TokenizeWritesByteTokens) {
+  std::string text = "Hello, world!\n";
+  text += '\0';
+  text += '\xff';
+  std::string input = dir + "/in.txt";
+  test::writeFile(input, std::vector<uint8_t>(text.begin(), text.end()));
+  for (uint32_t width : {2u, 4u}) {
+    std::string out = dir + "/out" + std::to_string(width) + ".bin";
+    ToolResult r = runTool(BONSAI_TOKENIZE_PATH,
+                           {input, "-o", out, "--token-bytes", std::to_string(width)}, dir);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out, "tokenize: " + input +
+                         ": 16 bytes -> 16 tokens (byte-level, vocabulary 256, " +
+                         std::to_string(width) + " bytes per token) -> " + out + "\n");
+    TokenFile file(out);
+    EXPECT_EQ(file.count(), 16u);
+    EXPECT_EQ(file.bytesPerToken(), width);
+    std::vector<uint32_t> ids;
+    file.read(0, 16, ids);
+    for (size_t i = 0; i < text.size(); ++i)
+      EXPECT_EQ(ids[i], uint32_t(static_cast<unsigned char>(text[i]))) << i;
+  }
+  auto expectFailure = [&](std::vector<std::string> args, const std::string &part) {
+    ToolResult r = runTool(BONSAI_TOKENIZE_PATH, args, dir);
+    EXPECT_EQ(r.code, 1);
+    EXPECT_EQ(r.err.rfind("bonsai-tokenize: error: ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.substr(0, r.err.find('\n')).find(part), std::string::npos) << r.err;
+  };
+  expectFailure({dir + "/missing.txt", "-o", dir + "/x.bin"}, "cannot open input");
+  expectFailure({input, "-o", dir + "/x.bin", "--token-bytes", "3"},
+                "--token-bytes must be 2 or 4");
+  expectFailure({input}, "no output file given");
+  std::string empty = dir + "/empty.txt";
+  test::writeFile(empty, {});
+  expectFailure({empty, "-o", dir + "/x.bin"}, "is empty");
+  std::ifstream none(dir + "/x.bin");
+  EXPECT_FALSE(none.good()) << "a failed run left an output file";
+}
+
+} // namespace
+} // namespace bonsai::rt
