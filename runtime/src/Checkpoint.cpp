@@ -229,6 +229,8 @@ std::string checkpointDirName(uint64_t step) {
 
 std::string saveCheckpoint(const std::string &root, const Executor &executor,
                            const TrainingPosition &position) {
+  // With a GPU the kernels wrote the device copy: bring it back first.
+  executor.syncToHost();
   checkAccumulatorsClear(executor, position.step);
   makeDirectories(root);
   std::string name = checkpointDirName(position.step);
@@ -470,6 +472,8 @@ CheckpointManifest loadCheckpoint(const std::string &dir, Executor &executor) {
 }
 
 size_t writeGradients(const std::string &path, const Executor &executor) {
+  // With a GPU the kernels wrote the device copy: bring it back first.
+  executor.syncToHost();
   const LoadedPlan &plan = executor.plan();
   std::map<std::string, uint32_t> chosen;
   for (uint32_t i = 0; i < plan.tensors.size(); ++i) {

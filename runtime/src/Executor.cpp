@@ -27,7 +27,7 @@ constexpr uint64_t kMinArenaAlignment = 256;
 
 void Executor::ArenaFree::operator()(void *p) const { std::free(p); }
 
-Executor::Executor(const LoadedPlan &plan) : plan_(plan) {
+Executor::Executor(const LoadedPlan &plan, const ExecutorOptions &options) : plan_(plan) {
   for (const ArenaInfo &arena : plan_.arenas) {
     uint64_t alignment = std::max(arena.alignment, kMinArenaAlignment);
     // aligned_alloc wants a size that is a multiple of the alignment, and never 0.
@@ -49,9 +49,42 @@ Executor::Executor(const LoadedPlan &plan) : plan_(plan) {
     v.shape = t.shape;
     views_.push_back(std::move(v));
   }
+  if (options.backend == Backend::Cuda)
+    device_ = createCudaBackend(plan_, options.device, options.cudaGraphs);
 }
 
 Executor::~Executor() = default;
+
+std::string Executor::describeBackend() const {
+  return device_ ? device_->describe() : std::string("cpu");
+}
+
+void Executor::syncToDevice() {
+  if (!device_ || !hostDirty_)
+    return;
+  for (size_t i = 0; i < plan_.arenas.size(); ++i)
+    device_->uploadArena(i, arenas_[i].get(), std::max<uint64_t>(plan_.arenas[i].size, 1));
+  hostDirty_ = false;
+}
+
+void Executor::syncToHost() const {
+  if (!device_ || !deviceAhead_)
+    return;
+  for (size_t i = 0; i < plan_.arenas.size(); ++i)
+    device_->downloadArena(i, arenas_[i].get(), std::max<uint64_t>(plan_.arenas[i].size, 1));
+  deviceAhead_ = false;
+}
+
+void Executor::downloadTensor(uint32_t tensor) const {
+  if (device_ && deviceAhead_)
+    device_->downloadTensor(tensor, views_[tensor].data);
+}
+
+void Executor::uploadTensor(uint32_t tensor) {
+  // Before the first run the whole host is copied anyway; after it, only this tensor.
+  if (device_ && !hostDirty_)
+    device_->uploadTensor(tensor, views_[tensor].data);
+}
 
 void Executor::touch(uint32_t tensor) {
   const TensorInfo &t = plan_.tensors[tensor];
@@ -75,6 +108,7 @@ void Executor::initWeights(uint64_t seed) {
 }
 
 void Executor::applyInits() {
+  hostDirty_ = true;
   // Zeros first: a copy may read a zero-initialized tensor, never the other way round (the
   // plan verifier forbids copies of copies).
   for (uint32_t i = 0; i < plan_.tensors.size(); ++i)
@@ -118,6 +152,8 @@ void Executor::setInputs(const TokenBatch &batch) {
   writeTokenBatch(batch, views_[plan_.inputs[0]], views_[plan_.inputs[1]]);
   touch(plan_.inputs[0]);
   touch(plan_.inputs[1]);
+  uploadTensor(plan_.inputs[0]);
+  uploadTensor(plan_.inputs[1]);
 }
 
 void Executor::setLossScale(float scale) {
@@ -125,6 +161,7 @@ void Executor::setLossScale(float scale) {
     return;
   std::memcpy(views_[*plan_.lossScale].data, &scale, sizeof scale);
   touch(*plan_.lossScale);
+  uploadTensor(*plan_.lossScale);
 }
 
 void Executor::runKernel(size_t index) {
@@ -293,6 +330,20 @@ void Executor::runKernel(size_t index) {
 }
 
 void Executor::runPhase(Phase phase) {
+  if (device_) {
+    syncToDevice();
+    // The device measures nothing per tensor; every tensor a kernel of the phase names counts.
+    for (const KernelInfo &k : plan_.kernels)
+      if (k.phase == phase) {
+        for (uint32_t t : k.inputs)
+          touch(t);
+        for (uint32_t t : k.outputs)
+          touch(t);
+      }
+    device_->runPhase(phase);
+    deviceAhead_ = true;
+    return;
+  }
   for (size_t i = 0; i < plan_.kernels.size(); ++i) {
     if (plan_.kernels[i].phase != phase)
       continue;
@@ -305,6 +356,7 @@ void Executor::runPhase(Phase phase) {
 }
 
 float Executor::loss() const {
+  downloadTensor(plan_.loss);
   float value;
   std::memcpy(&value, views_[plan_.loss].data, sizeof value);
   return value;
@@ -314,6 +366,7 @@ std::optional<float> Executor::metric(const std::string &name) const {
   std::optional<uint32_t> t = plan_.metric(name);
   if (!t)
     return std::nullopt;
+  downloadTensor(*t);
   float value;
   std::memcpy(&value, views_[*t].data, sizeof value);
   return value;

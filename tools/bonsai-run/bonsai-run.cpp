@@ -59,7 +59,7 @@ const char *const kSynopsis =
     "usage: bonsai-run PLAN [--weights FILE | --resume [CKPT]] [--data TOKENS.bin] [--seed N]\n"
     "                       [--steps N] [--micro-batches K] [--lr X] [--metrics FILE.jsonl]\n"
     "                       [--save-every N --ckpt-dir DIR] [--dump-gradients FILE.safetensors]\n"
-    "                       [--generate TEXT [--max-new-bytes N]] [--backend=cpu]\n";
+    "                       [--generate TEXT [--max-new-bytes N]] [--backend=cuda|cpu] [--device N]\n";
 
 const char *const kHelp =
     "\n"
@@ -84,7 +84,9 @@ const char *const kHelp =
     "                        without updating and write every gradient tensor to FILE\n"
     "  --generate TEXT       after the steps, greedily generate bytes after TEXT\n"
     "  --max-new-bytes N     bytes to generate (default 64)\n"
-    "  --backend NAME        cpu (default); cuda is not in this build\n"
+    "  --backend NAME        cuda or cpu (default: cuda when a GPU is present)\n"
+    "  --device N            CUDA device ordinal (default 0)\n"
+    "  --no-cuda-graphs      launch kernels one by one instead of replaying CUDA Graphs\n"
     "  --help                this text\n";
 
 /// A command-line mistake: reported with the usage.
@@ -108,7 +110,9 @@ struct Options {
   std::string dumpGradients;
   std::optional<std::string> generate;
   std::optional<uint64_t> maxNewBytes;
-  std::string backend = "cpu";
+  std::string backend;       ///< empty: cuda when a GPU is present, else cpu
+  int device = 0;
+  bool noCudaGraphs = false;
   bool help = false;
 };
 
@@ -187,6 +191,10 @@ Options parseOptions(int argc, char **argv) {
         o.maxNewBytes = parseCount(flag, takeValue());
       else if (flag == "--backend")
         o.backend = takeValue();
+      else if (flag == "--device")
+        o.device = int(parseCount(flag, takeValue()));
+      else if (flag == "--no-cuda-graphs")
+        o.noCudaGraphs = true;
       else if (flag == "--resume") {
         o.resume = true;
         // The path is optional: a following argument is taken as it when it is a directory
@@ -210,7 +218,7 @@ Options parseOptions(int argc, char **argv) {
     return o;
   if (o.plan.empty())
     throw UsageError{"no plan file given"};
-  if (o.backend != "cpu" && o.backend != "cuda")
+  if (!o.backend.empty() && o.backend != "cpu" && o.backend != "cuda")
     throw UsageError{"unknown backend '" + o.backend + "' (expected cpu or cuda)"};
   if (o.microBatches && (*o.microBatches == 0 || *o.microBatches > (uint64_t(1) << 20)))
     throw UsageError{"--micro-batches must be between 1 and 1048576"};
@@ -296,6 +304,7 @@ std::string generate(rt::Executor &executor, const std::string &prompt, uint64_t
     for (int64_t t = 0; t < T; ++t)
       batch.inputs[size_t(t)] = size_t(t) < length ? context[start + size_t(t)] : 0;
     executor.forward(batch);
+    executor.fetch(*logits);
     rt::TensorView last;
     last.dtype = view.dtype;
     last.shape = {V};
@@ -313,8 +322,12 @@ std::string generate(rt::Executor &executor, const std::string &prompt, uint64_t
 }
 
 int run(const Options &o) {
-  if (o.backend == "cuda")
-    throw rt::Error("this build has no CUDA backend (use --backend=cpu)");
+  rt::ExecutorOptions executorOptions;
+  executorOptions.device = o.device;
+  executorOptions.cudaGraphs = !o.noCudaGraphs;
+  std::string backend = o.backend.empty() ? (rt::cudaDeviceAvailable() ? "cuda" : "cpu")
+                                          : o.backend;
+  executorOptions.backend = backend == "cuda" ? rt::Backend::Cuda : rt::Backend::Cpu;
 
   rt::LoadedPlan plan = rt::loadPlanFile(o.plan);
   uint32_t microBatches = uint32_t(o.microBatches.value_or(plan.microBatches));
@@ -330,7 +343,9 @@ int run(const Options &o) {
               plan.tensors.size(), plan.arenas.size(), perStep.c_str());
   std::fflush(stdout);
 
-  rt::Executor executor(plan);
+  rt::Executor executor(plan, executorOptions);
+  std::printf("backend: %s\n", executor.describeBackend().c_str());
+  std::fflush(stdout);
   executor.checkMicroBatches(microBatches);
   if (o.lr)
     executor.overrideLearningRate(*o.lr);
@@ -439,6 +454,13 @@ int run(const Options &o) {
               "%.2f MiB\n",
               mib(planned), mib(m.weights), mib(m.gradients), mib(m.optimizerState),
               mib(m.activations), mib(m.workspace), mib(m.inputs), mib(measured));
+  if (uint64_t device = executor.measuredDeviceBytes())
+    // The driver's count (cudaMemGetInfo before and after the arenas, cuBLASLt workspace and
+    // the stream): the planned peak plus what the CUDA runtime itself holds.
+    std::printf("device memory: measured %" PRIu64 " bytes (%.2f MiB, driver), planned %.2f MiB, "
+                "%+.2f%%\n",
+                device, mib(device), mib(planned),
+                planned ? 100.0 * (double(device) - double(planned)) / double(planned) : 0.0);
   double tokens = double(steps) * double(tokensPerStep);
   std::printf("time: %" PRIu64 " steps in %.3f s, %.0f tokens/s\n", steps, seconds,
               seconds > 0 ? tokens / seconds : 0.0);

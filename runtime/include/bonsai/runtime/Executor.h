@@ -16,6 +16,7 @@
 #define BONSAI_RUNTIME_EXECUTOR_H
 
 #include "bonsai/runtime/Data.h"
+#include "bonsai/runtime/DeviceBackend.h"
 #include "bonsai/runtime/Plan.h"
 #include "bonsai/runtime/Safetensors.h"
 #include "bonsai/runtime/Tensor.h"
@@ -43,12 +44,26 @@ struct StepResult {
   std::optional<float> lr;             ///< The Metric tensor "lr" after the update.
 };
 
-/// Runs one verified plan on the CPU reference backend.
+/// Where the kernels run.
+enum class Backend { Cpu, Cuda };
+
+/// How an executor runs its plan.
+struct ExecutorOptions {
+  Backend backend = Backend::Cpu;
+  int device = 0;          ///< CUDA device ordinal
+  bool cudaGraphs = true;  ///< capture each phase once and replay it
+};
+
+/// Runs one verified plan on the CPU reference backend or, with Backend::Cuda, on a GPU. The
+/// host arenas are always there: weights are bound, inputs written and checkpoints read and
+/// written through them. With a GPU, the executor copies them to the device before the first
+/// kernel after any host write, and back when the host reads state the device wrote
+/// (syncToHost); per step only the inputs, the loss scale, the loss and the metrics cross.
 class Executor {
 public:
   /// Allocates and zeroes every arena of `plan` (which the executor copies). Throws rt::Error
   /// naming the arena when an allocation fails.
-  explicit Executor(const LoadedPlan &plan);
+  explicit Executor(const LoadedPlan &plan, const ExecutorOptions &options = {});
   ~Executor();
   /// Not copyable: it owns the arenas its views point into.
   Executor(const Executor &) = delete;
@@ -56,9 +71,26 @@ public:
 
   /// The plan it runs.
   const LoadedPlan &plan() const { return plan_; }
-  /// One view per plan tensor, in plan order.
-  const std::vector<TensorView> &views() const { return views_; }
-  const TensorView &view(uint32_t tensor) const { return views_.at(tensor); }
+  /// One host view per plan tensor, in plan order. With a GPU, taking a view first brings the
+  /// device's newer bytes back, and then marks the host as the copy to send before the next
+  /// kernel (the executor cannot tell whether the caller reads or writes, so both are safe).
+  const std::vector<TensorView> &views() const {
+    syncToHost();
+    hostDirty_ = true;
+    return views_;
+  }
+  const TensorView &view(uint32_t tensor) const {
+    syncToHost();
+    hostDirty_ = true;
+    return views_.at(tensor);
+  }
+
+  /// With a GPU: copies every arena back to the host if kernels ran since the last copy.
+  void syncToHost() const;
+  /// "cpu" or the GPU's description.
+  std::string describeBackend() const;
+  /// Device bytes the GPU backend holds as measured by the driver (0 on the CPU).
+  uint64_t measuredDeviceBytes() const { return device_ ? device_->measuredDeviceBytes() : 0; }
 
   /// Binds every parameter from `checkpoint` (see bindCheckpoint), then applies the
   /// initializers (applyInits).
@@ -72,7 +104,12 @@ public:
   /// optimizer state is loaded after it, over its result).
   void applyInits();
   /// Records that `tensor` was written from outside (a checkpoint), for the measured memory.
-  void markWritten(uint32_t tensor) { touch(tensor); }
+  void markWritten(uint32_t tensor) {
+    hostDirty_ = true;
+    touch(tensor);
+  }
+  /// With a GPU: copies one tensor the kernels wrote (the logits, say) to its host view.
+  void fetch(uint32_t tensor) const { downloadTensor(tensor); }
 
   /// Replaces the lr of every LearningRate kernel. Throws rt::Error when the plan has none or
   /// `lr` is negative or not finite.
@@ -116,6 +153,15 @@ public:
 private:
   void touch(uint32_t tensor);
   void runKernel(size_t index);
+  /// With a GPU: copies every host arena to the device if the host was written since.
+  void syncToDevice();
+  /// With a GPU: copies one small tensor (loss, metric, input) between host and device.
+  void downloadTensor(uint32_t tensor) const;
+  void uploadTensor(uint32_t tensor);
+
+  std::unique_ptr<DeviceBackend> device_;
+  mutable bool hostDirty_ = true;     ///< the host has bytes the device has not seen
+  mutable bool deviceAhead_ = false;  ///< kernels wrote the device since the last download
 
   LoadedPlan plan_;
   struct ArenaFree {

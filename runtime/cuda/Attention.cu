@@ -1,0 +1,1380 @@
+//===- Attention.cu - attention and attentionGrad on CUDA ------------------===//
+//
+// Exact softmax(scale q kᵀ [+ causal mask]) v and its gradients for [B, S, H, D] tensors,
+// never materialising the S x S scores (FlashAttention-2's scheme).
+//
+// Two paths. The tensor-core path takes bf16 or f16 storage with D a multiple of 8 up to 128
+// (padded in shared memory to 64 or 128) on sm_80 and newer: mma.sync m16n8k16 with fp32
+// accumulation, tiles staged through shared memory by cp.async (double-buffered), an online
+// softmax in base 2 with fp32 running maxima and sums. The generic path takes everything else
+// (f32 storage, mixed storage types, other head dims): one warp per query or key row, one lane per
+// key or query of a 32-wide tile, fp32 FMA arithmetic; it is the reference the tests hold f32 to.
+//
+// The forward pass writes no log-sum-exp (attention() has no such output). On the tensor-core
+// path attentionGrad runs two kernels: one per query tile forms D_i = dO_i . o_i and dq, looping
+// over key tiles with an online softmax as the forward does (so it needs no normaliser in
+// advance), and writes D and each row's log-sum-exp as by-products; then one per key tile forms
+// dk and dv from those, looping over the query heads that share the kv head, then over query
+// tiles. The generic path computes D and the log-sum-exp in passes of their own. Scratch (D and
+// the log-sum-exp) comes from cudaMallocAsync on ctx.stream, which graph capture accepts. No
+// atomics: every output element is summed by one thread in a fixed order, so results are
+// identical run to run.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/runtime/CudaKernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <string>
+#include <utility>
+
+namespace bonsai::rt::cuda {
+
+namespace {
+
+//===----------------------------------------------------------------------===//
+// Host-side checks
+//===----------------------------------------------------------------------===//
+
+[[noreturn]] void fail(const char *kernel, const std::string &message) {
+  throw Error(std::string("cuda ") + kernel + ": " + message);
+}
+
+// Messages as the rest of the backend words them: "cuda <kernel>: <call> failed: <name>: <text>".
+void checkCuda(const char *kernel, cudaError_t status, const char *call) {
+  if (status != cudaSuccess)
+    fail(kernel, std::string(call) + " failed: " + cudaGetErrorName(status) + ": " +
+                     cudaGetErrorString(status));
+}
+
+void checkFloat(const char *kernel, const char *operand, const TensorView &t) {
+  for (int64_t d : t.shape)
+    if (d < 0)
+      fail(kernel,
+           std::string(operand) + " has a negative dimension in shape " + formatShape(t.shape));
+  if (!t.data && t.numel() != 0)
+    fail(kernel, std::string(operand) + " of shape " + formatShape(t.shape) + " has no data");
+  if (!isComputeFloat(t.dtype))
+    fail(kernel, std::string(operand) + " must be f32, f16 or bf16, not " + dtypeName(t.dtype));
+}
+
+void checkSameShape(const char *kernel, const char *nameA, const TensorView &a, const char *nameB,
+                    const TensorView &b) {
+  if (a.shape != b.shape)
+    fail(kernel, std::string(nameA) + " shape " + formatShape(a.shape) + " does not match " +
+                     nameB + " shape " + formatShape(b.shape));
+}
+
+bool overlaps(const TensorView &a, const TensorView &b) {
+  if (a.numel() == 0 || b.numel() == 0)
+    return false;
+  auto a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
+  return a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
+}
+
+// Kernels read their inputs while other blocks write their outputs, so an output may share no
+// byte with an input or another output.
+void checkDisjoint(const char *kernel, const char *outName, const TensorView &out,
+                   std::initializer_list<std::pair<const char *, const TensorView *>> others) {
+  for (const auto &[name, t] : others)
+    if (overlaps(out, *t))
+      fail(kernel, std::string(outName) + " overlaps " + name);
+}
+
+/// The dimensions of an attention problem.
+struct Dims {
+  int64_t batch, seq, heads, kvHeads, d;
+};
+
+Dims checkOperands(const char *kn, const TensorView &q, const TensorView &k, const TensorView &v) {
+  checkFloat(kn, "q", q);
+  checkFloat(kn, "k", k);
+  checkFloat(kn, "v", v);
+  if (q.rank() != 4)
+    fail(kn, "q shape " + formatShape(q.shape) + " is not [batch, seq, heads, head_dim]");
+  Dims dims{q.dim(0), q.dim(1), q.dim(2), 0, q.dim(3)};
+  if (k.rank() != 4 || k.dim(0) != dims.batch || k.dim(1) != dims.seq || k.dim(3) != dims.d ||
+      k.dim(2) <= 0 || dims.heads % k.dim(2) != 0)
+    fail(kn, "k shape " + formatShape(k.shape) + " is not [" + std::to_string(dims.batch) + ", " +
+                 std::to_string(dims.seq) + ", kv_heads, " + std::to_string(dims.d) +
+                 "] with kv_heads dividing the heads of q shape " + formatShape(q.shape));
+  checkSameShape(kn, "v", v, "k", k);
+  dims.kvHeads = k.dim(2);
+  if (dims.seq > std::numeric_limits<int32_t>::max() / 2 ||
+      dims.batch * dims.heads > std::numeric_limits<int32_t>::max() ||
+      dims.d > std::numeric_limits<int32_t>::max() / 64)
+    fail(kn, "q shape " + formatShape(q.shape) + " is too large for the CUDA kernels");
+  return dims;
+}
+
+int deviceAttribute(const char *kn, cudaDeviceAttr attr) {
+  int device = 0, value = 0;
+  checkCuda(kn, cudaGetDevice(&device), "cudaGetDevice");
+  checkCuda(kn, cudaDeviceGetAttribute(&value, attr, device), "cudaDeviceGetAttribute");
+  return value;
+}
+
+bool aligned16(const TensorView &t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; }
+
+/// Whether the tensor-core kernels take these operands: one bf16 or f16 storage type, a head
+/// dim they can pad to 64 or 128 with 16-byte rows, 16-byte aligned data, an sm_80+ device.
+bool tensorCorePath(const char *kn, const Dims &dims,
+                    std::initializer_list<const TensorView *> operands) {
+  DType dtype = (*operands.begin())->dtype;
+  if (dtype != DType::BF16 && dtype != DType::F16)
+    return false;
+  if (dims.d % 8 != 0 || dims.d > 128)
+    return false;
+  for (const TensorView *t : operands)
+    if (t->dtype != dtype || !aligned16(*t))
+      return false;
+  return deviceAttribute(kn, cudaDevAttrComputeCapabilityMajor) >= 8;
+}
+
+/// Sets a kernel's dynamic shared-memory limit (needed above 48 KB) after checking the device's.
+template <typename Kernel> void allowSharedMemory(const char *kn, Kernel kernel, size_t bytes) {
+  int limit = deviceAttribute(kn, cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  if (bytes > size_t(limit))
+    fail(kn, "needs " + std::to_string(bytes) +
+                 " bytes of shared memory per block; the device has " + std::to_string(limit));
+  checkCuda(kn,
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
+            "cudaFuncSetAttribute");
+}
+
+/// Stream-ordered fp32 scratch for attentionGrad: the log-sum-exp and D of every query row.
+class Scratch {
+public:
+  Scratch(const char *kn, Stream stream, size_t floats) : stream_(stream) {
+    checkCuda(kn,
+              cudaMallocAsync(reinterpret_cast<void **>(&data_), floats * sizeof(float), stream),
+              "cudaMallocAsync");
+  }
+  ~Scratch() {
+    // Freed in stream order after the kernels that read it; a failure here has no one to tell.
+    (void)cudaFreeAsync(data_, stream_);
+  }
+  Scratch(const Scratch &) = delete;
+  Scratch &operator=(const Scratch &) = delete;
+  float *data() const { return data_; }
+
+private:
+  Stream stream_;
+  float *data_ = nullptr;
+};
+
+//===----------------------------------------------------------------------===//
+// Kernel arguments
+//===----------------------------------------------------------------------===//
+
+/// Everything a kernel of either path needs; unused pointers are null.
+struct Args {
+  const void *q, *k, *v, *o, *dout;
+  void *out, *dq, *dk, *dv;
+  float *lse, *dsum; ///< [B, H, S] scratch rows of attentionGrad
+  int qType, kType, vType, oType, doutType, outType, dqType, dkType, dvType;
+  int seq, heads, kvHeads, group, d;
+  int64_t qStride, kvStride; ///< elements from one position to the next
+  float scale, scaleLog2;
+  int causal;
+  int numTiles; ///< tiles along the sequence per (batch, head) or (batch, kv head)
+};
+
+Args makeArgs(const Dims &dims, bool causal, double scale) {
+  Args a{};
+  a.seq = int(dims.seq);
+  a.heads = int(dims.heads);
+  a.kvHeads = int(dims.kvHeads);
+  a.group = int(dims.heads / dims.kvHeads);
+  a.d = int(dims.d);
+  a.qStride = dims.heads * dims.d;
+  a.kvStride = dims.kvHeads * dims.d;
+  a.scale = float(scale);
+  a.scaleLog2 = float(scale * 1.4426950408889634); // log2(e)
+  a.causal = causal ? 1 : 0;
+  return a;
+}
+
+int typeCode(DType dtype) { return int(dtype); } // F32 = 0, F16 = 1, BF16 = 2
+
+//===----------------------------------------------------------------------===//
+// Device helpers shared by both paths
+//===----------------------------------------------------------------------===//
+
+__device__ __forceinline__ float loadElem(const void *p, int dtype, int64_t i) {
+  if (dtype == 2)
+    return __bfloat162float(static_cast<const __nv_bfloat16 *>(p)[i]);
+  if (dtype == 1)
+    return __half2float(static_cast<const __half *>(p)[i]);
+  return static_cast<const float *>(p)[i];
+}
+
+__device__ __forceinline__ void storeElem(void *p, int dtype, int64_t i, float x) {
+  if (dtype == 2)
+    static_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn(x);
+  else if (dtype == 1)
+    static_cast<__half *>(p)[i] = __float2half_rn(x);
+  else
+    static_cast<float *>(p)[i] = x;
+}
+
+__device__ __forceinline__ float warpMax(float x) {
+  for (int offset = 16; offset > 0; offset >>= 1)
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+
+__device__ __forceinline__ float warpSum(float x) {
+  for (int offset = 16; offset > 0; offset >>= 1)
+    x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+/// dsum[(b H + h) S + i] = sum_e dO[b, i, h, e] o[b, i, h, e]: one warp per row (the generic
+/// path's D; the tensor-core dq kernel forms its own).
+__global__ void rowDotKernel(const Args a, int64_t rows) {
+  int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  int lane = threadIdx.x & 31;
+  if (row >= rows)
+    return;
+  int64_t offset = row * a.d;
+  float dot = 0.f;
+  for (int e = lane; e < a.d; e += 32)
+    dot = fmaf(loadElem(a.dout, a.doutType, offset + e), loadElem(a.o, a.oType, offset + e), dot);
+  dot = warpSum(dot);
+  if (lane == 0) {
+    int64_t h = row % a.heads, bi = row / a.heads, i = bi % a.seq, b = bi / a.seq;
+    a.dsum[(b * a.heads + h) * a.seq + i] = dot;
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Generic path: fp32 FMA, any storage types, any head dim
+//===----------------------------------------------------------------------===//
+
+namespace generic {
+
+constexpr int kWarps = 8; ///< rows (queries or keys) per block, one warp each
+constexpr int kTile = 32; ///< keys (or queries) per shared-memory tile, one per lane
+constexpr int kThreads = kWarps * 32;
+
+// An odd pitch puts the 32 lanes' rows (lane * pitch + e) in 32 different banks.
+__host__ __device__ inline int pitchOf(int d) { return d | 1; }
+
+/// Loads rows [row0, row0 + kTile) of a [B, S, heads, D] operand at (b, head) as fp32 into
+/// smem[r * pitch + e]; rows past the sequence are zeros.
+__device__ void loadRows(float *smem, const void *src, int dtype, int64_t base, int64_t stride,
+                         int row0, int seq, int d) {
+  int pitch = pitchOf(d);
+  for (int idx = threadIdx.x; idx < kTile * d; idx += kThreads) {
+    int r = idx / d, e = idx - r * d;
+    int j = row0 + r;
+    smem[r * pitch + e] = j < seq ? loadElem(src, dtype, base + int64_t(j) * stride + e) : 0.f;
+  }
+}
+
+size_t forwardSmem(int d) {
+  return sizeof(float) * (2 * kTile * pitchOf(d) + 2 * kWarps * d + kWarps * kTile);
+}
+
+/// Forward (or, with lseOnly, the natural-log log-sum-exp of each row into a.lse): one warp per
+/// query row, the block's 8 rows sharing each key/value tile.
+__global__ void __launch_bounds__(kThreads) forwardKernel(const Args a, bool lseOnly) {
+  extern __shared__ float smem[];
+  const int d = a.d, pitch = pitchOf(d);
+  float *sK = smem, *sV = sK + kTile * pitch, *sQ = sV + kTile * pitch, *sAcc = sQ + kWarps * d;
+  float *sP = sAcc + kWarps * d;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int rank = blockIdx.x % a.numTiles, bh = blockIdx.x / a.numTiles;
+  const int tile = a.causal ? a.numTiles - 1 - rank : rank;
+  const int b = bh / a.heads, h = bh % a.heads, g = h / a.group;
+  const int i = tile * kWarps + warp;
+  const bool active = i < a.seq;
+  const int64_t qRow = ((int64_t(b) * a.seq + i) * a.heads + h) * d;
+  const int64_t kvBase = (int64_t(b) * a.seq * a.kvHeads + g) * d;
+  float *q = sQ + warp * d, *acc = sAcc + warp * d, *p = sP + warp * kTile;
+  for (int e = lane; e < d; e += 32) {
+    q[e] = active ? loadElem(a.q, a.qType, qRow + e) : 0.f;
+    acc[e] = 0.f;
+  }
+  float rowMax = -INFINITY, rowSum = 0.f;
+  const int keyEnd = a.causal ? min(a.seq, (tile + 1) * kWarps) : a.seq;
+  for (int t0 = 0; t0 < keyEnd; t0 += kTile) {
+    __syncthreads(); // the previous tile is consumed
+    loadRows(sK, a.k, a.kType, kvBase, a.kvStride, t0, a.seq, d);
+    if (!lseOnly)
+      loadRows(sV, a.v, a.vType, kvBase, a.kvStride, t0, a.seq, d);
+    __syncthreads();
+    if (!active)
+      continue;
+    const int j = t0 + lane;
+    float s = -INFINITY;
+    if (j < a.seq && !(a.causal && j > i)) {
+      const float *kj = sK + lane * pitch;
+      float dot = 0.f;
+      for (int e = 0; e < d; ++e)
+        dot = fmaf(q[e], kj[e], dot);
+      s = dot * a.scale;
+    }
+    const float newMax = fmaxf(rowMax, warpMax(s));
+    if (newMax == -INFINITY)
+      continue; // every key of this tile is masked for this row
+    const float correction = expf(rowMax - newMax), pj = expf(s - newMax);
+    rowSum = rowSum * correction + warpSum(pj);
+    rowMax = newMax;
+    if (lseOnly)
+      continue;
+    p[lane] = pj;
+    __syncwarp();
+    for (int e = lane; e < d; e += 32) {
+      float x = acc[e] * correction;
+      for (int jj = 0; jj < kTile; ++jj)
+        x = fmaf(p[jj], sV[jj * pitch + e], x);
+      acc[e] = x;
+    }
+    __syncwarp();
+  }
+  if (!active)
+    return;
+  if (lseOnly) {
+    if (lane == 0)
+      a.lse[int64_t(bh) * a.seq + i] = rowMax + logf(rowSum);
+    return;
+  }
+  const float inv = 1.f / rowSum;
+  for (int e = lane; e < d; e += 32)
+    storeElem(a.out, a.outType, qRow + e, acc[e] * inv);
+}
+
+size_t gradQSmem(int d) {
+  return sizeof(float) * (2 * kTile * pitchOf(d) + 3 * kWarps * d + kWarps * kTile);
+}
+
+/// dq: one warp per query row, looping over key tiles.
+__global__ void __launch_bounds__(kThreads) gradQKernel(const Args a) {
+  extern __shared__ float smem[];
+  const int d = a.d, pitch = pitchOf(d);
+  float *sK = smem, *sV = sK + kTile * pitch, *sQ = sV + kTile * pitch, *sDo = sQ + kWarps * d;
+  float *sAcc = sDo + kWarps * d, *sDs = sAcc + kWarps * d;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int rank = blockIdx.x % a.numTiles, bh = blockIdx.x / a.numTiles;
+  const int tile = a.causal ? a.numTiles - 1 - rank : rank;
+  const int b = bh / a.heads, h = bh % a.heads, g = h / a.group;
+  const int i = tile * kWarps + warp;
+  const bool active = i < a.seq;
+  const int64_t qRow = ((int64_t(b) * a.seq + i) * a.heads + h) * d;
+  const int64_t kvBase = (int64_t(b) * a.seq * a.kvHeads + g) * d;
+  float *q = sQ + warp * d, *dout = sDo + warp * d, *acc = sAcc + warp * d,
+        *ds = sDs + warp * kTile;
+  for (int e = lane; e < d; e += 32) {
+    q[e] = active ? loadElem(a.q, a.qType, qRow + e) : 0.f;
+    dout[e] = active ? loadElem(a.dout, a.doutType, qRow + e) : 0.f;
+    acc[e] = 0.f;
+  }
+  const float lse = active ? a.lse[int64_t(bh) * a.seq + i] : 0.f;
+  const float rowDot = active ? a.dsum[int64_t(bh) * a.seq + i] : 0.f;
+  const int keyEnd = a.causal ? min(a.seq, (tile + 1) * kWarps) : a.seq;
+  for (int t0 = 0; t0 < keyEnd; t0 += kTile) {
+    __syncthreads();
+    loadRows(sK, a.k, a.kType, kvBase, a.kvStride, t0, a.seq, d);
+    loadRows(sV, a.v, a.vType, kvBase, a.kvStride, t0, a.seq, d);
+    __syncthreads();
+    if (!active)
+      continue;
+    const int j = t0 + lane;
+    float dsj = 0.f;
+    if (j < a.seq && !(a.causal && j > i)) {
+      const float *kj = sK + lane * pitch, *vj = sV + lane * pitch;
+      float dot = 0.f, dp = 0.f;
+      for (int e = 0; e < d; ++e) {
+        dot = fmaf(q[e], kj[e], dot);
+        dp = fmaf(dout[e], vj[e], dp);
+      }
+      dsj = expf(dot * a.scale - lse) * (dp - rowDot);
+    }
+    ds[lane] = dsj;
+    __syncwarp();
+    for (int e = lane; e < d; e += 32) {
+      float x = acc[e];
+      for (int jj = 0; jj < kTile; ++jj)
+        x = fmaf(ds[jj], sK[jj * pitch + e], x);
+      acc[e] = x;
+    }
+    __syncwarp();
+  }
+  if (!active)
+    return;
+  for (int e = lane; e < d; e += 32)
+    storeElem(a.dq, a.dqType, qRow + e, acc[e] * a.scale);
+}
+
+size_t gradKVSmem(int d) {
+  return sizeof(float) * (2 * kTile * pitchOf(d) + 2 * kTile + 4 * kWarps * d + 2 * kWarps * kTile);
+}
+
+/// dk and dv: one warp per key row, looping over the query heads that read its kv head, then
+/// over query tiles, in order.
+__global__ void __launch_bounds__(kThreads) gradKVKernel(const Args a) {
+  extern __shared__ float smem[];
+  const int d = a.d, pitch = pitchOf(d);
+  float *sQ = smem, *sDo = sQ + kTile * pitch, *sLse = sDo + kTile * pitch, *sRowDot = sLse + kTile;
+  float *sK = sRowDot + kTile, *sV = sK + kWarps * d, *sAccK = sV + kWarps * d;
+  float *sAccV = sAccK + kWarps * d, *sP = sAccV + kWarps * d, *sDs = sP + kWarps * kTile;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int tile = blockIdx.x % a.numTiles, bg = blockIdx.x / a.numTiles;
+  const int b = bg / a.kvHeads, g = bg % a.kvHeads;
+  const int j = tile * kWarps + warp;
+  const bool active = j < a.seq;
+  const int64_t kvRow = ((int64_t(b) * a.seq + j) * a.kvHeads + g) * d;
+  float *kj = sK + warp * d, *vj = sV + warp * d, *accK = sAccK + warp * d,
+        *accV = sAccV + warp * d;
+  float *p = sP + warp * kTile, *ds = sDs + warp * kTile;
+  for (int e = lane; e < d; e += 32) {
+    kj[e] = active ? loadElem(a.k, a.kType, kvRow + e) : 0.f;
+    vj[e] = active ? loadElem(a.v, a.vType, kvRow + e) : 0.f;
+    accK[e] = accV[e] = 0.f;
+  }
+  // With the causal mask only queries at or after the block's first key see its keys.
+  const int queryStart = a.causal ? tile * kWarps : 0;
+  for (int hh = 0; hh < a.group; ++hh) {
+    const int h = g * a.group + hh;
+    const int64_t qBase = (int64_t(b) * a.seq * a.heads + h) * d;
+    const int64_t rowBase = (int64_t(b) * a.heads + h) * a.seq;
+    for (int t0 = queryStart; t0 < a.seq; t0 += kTile) {
+      __syncthreads();
+      loadRows(sQ, a.q, a.qType, qBase, a.qStride, t0, a.seq, d);
+      loadRows(sDo, a.dout, a.doutType, qBase, a.qStride, t0, a.seq, d);
+      if (threadIdx.x < kTile) {
+        int i = t0 + threadIdx.x;
+        sLse[threadIdx.x] = i < a.seq ? a.lse[rowBase + i] : 0.f;
+        sRowDot[threadIdx.x] = i < a.seq ? a.dsum[rowBase + i] : 0.f;
+      }
+      __syncthreads();
+      if (!active)
+        continue;
+      const int i = t0 + lane;
+      float pi = 0.f, dsi = 0.f;
+      if (i < a.seq && !(a.causal && j > i)) {
+        const float *qi = sQ + lane * pitch, *doi = sDo + lane * pitch;
+        float dot = 0.f, dp = 0.f;
+        for (int e = 0; e < d; ++e) {
+          dot = fmaf(qi[e], kj[e], dot);
+          dp = fmaf(doi[e], vj[e], dp);
+        }
+        pi = expf(dot * a.scale - sLse[lane]);
+        dsi = pi * (dp - sRowDot[lane]);
+      }
+      p[lane] = pi;
+      ds[lane] = dsi;
+      __syncwarp();
+      for (int e = lane; e < d; e += 32) {
+        float xk = accK[e], xv = accV[e];
+        for (int ii = 0; ii < kTile; ++ii) {
+          xk = fmaf(ds[ii], sQ[ii * pitch + e], xk);
+          xv = fmaf(p[ii], sDo[ii * pitch + e], xv);
+        }
+        accK[e] = xk;
+        accV[e] = xv;
+      }
+      __syncwarp();
+    }
+  }
+  if (!active)
+    return;
+  for (int e = lane; e < d; e += 32) {
+    storeElem(a.dk, a.dkType, kvRow + e, accK[e] * a.scale);
+    storeElem(a.dv, a.dvType, kvRow + e, accV[e]);
+  }
+}
+
+} // namespace generic
+
+//===----------------------------------------------------------------------===//
+// Tensor-core path: bf16/f16 storage, mma.sync m16n8k16, fp32 accumulation
+//===----------------------------------------------------------------------===//
+
+namespace tc {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+
+// Rows of every shared tile are padded by 16 bytes: the 8 rows an ldmatrix phase reads then
+// start 4 banks apart and cover all 32.
+template <int kD> constexpr int kPitch = kD + 8;
+
+__device__ __forceinline__ uint32_t smemAddr(const void *p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/// 16-byte global -> shared copy; with valid false, writes zeros and reads nothing.
+__device__ __forceinline__ void cpAsync16(void *dst, const void *src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smemAddr(dst)), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+/// 4-byte global -> shared copy; with valid false, writes zeros and reads nothing.
+__device__ __forceinline__ void cpAsync4(void *dst, const void *src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smemAddr(dst)), "l"(src),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
+
+__device__ __forceinline__ void cpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int kPending> __device__ __forceinline__ void cpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+__device__ __forceinline__ void ldsm(uint32_t (&r)[4], const void *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smemAddr(p))
+               : "memory");
+}
+
+__device__ __forceinline__ void ldsmTrans(uint32_t (&r)[4], const void *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smemAddr(p))
+               : "memory");
+}
+
+__device__ __forceinline__ void mma(__nv_bfloat16, float (&c)[4], const uint32_t (&a)[4],
+                                    uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma(__half, float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/// Two floats as one register of two 16-bit values, `lo` in the low half.
+__device__ __forceinline__ uint32_t pack(__nv_bfloat16, float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t *>(&v);
+}
+
+__device__ __forceinline__ uint32_t pack(__half, float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t *>(&v);
+}
+
+__device__ __forceinline__ float exp2Approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Per-lane offsets of the ldmatrix addresses (the 32 lanes give the rows of four 8x8 matrices).
+// A operand, row-major [m][k]: matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15).
+__device__ __forceinline__ int aOffset(int lane, int pitch) {
+  return (lane & 15) * pitch + (lane >> 4) * 8;
+}
+// B operand stored [n][k] (kᵀ for q kᵀ): b0, b1 of n-tile 0, then b0, b1 of n-tile 1.
+__device__ __forceinline__ int bOffset(int lane, int pitch) {
+  return ((lane & 7) + (lane >> 4) * 8) * pitch + ((lane >> 3) & 1) * 8;
+}
+// B operand stored [k][n] (v for p v), read transposed: b0, b1 of n-tile 0, then of n-tile 1.
+__device__ __forceinline__ int btOffset(int lane, int pitch) {
+  return ((lane & 7) + ((lane >> 3) & 1) * 8) * pitch + (lane >> 4) * 8;
+}
+
+/// Starts copying rows [row0, row0 + kRows) of an operand (row r at base + r * stride) into a
+/// padded shared tile; rows past `seq` and columns past `d` become zeros. Each thread copies one
+/// column chunk of every kRowStep-th row, so it keeps one source pointer, not one per copy.
+template <int kRows, int kD, typename T>
+__device__ __forceinline__ void loadTile(T *tile, const T *base, int64_t stride, int row0, int seq,
+                                         int d) {
+  constexpr int kChunks = kD / 8, kRowStep = kThreads / kChunks;
+  static_assert(kRows % kRowStep == 0, "whole rows per pass");
+  const int r0 = threadIdx.x / kChunks, col = (threadIdx.x % kChunks) * 8;
+  const bool colValid = col < d;
+  const T *src = base + int64_t(row0 + r0) * stride + col;
+  T *dst = tile + r0 * kPitch<kD> + col;
+#pragma unroll
+  for (int k = 0; k < kRows / kRowStep; ++k) {
+    const bool valid = colValid && row0 + r0 + k * kRowStep < seq;
+    cpAsync16(dst + k * kRowStep * kPitch<kD>, valid ? src + k * kRowStep * stride : base, valid);
+  }
+}
+
+/// Writes a warp's `kRows` rows of a shared tile to global rows [row0, ...), skipping rows past
+/// `seq` and columns past `d`. 16-byte stores.
+template <int kRows, int kD, typename T>
+__device__ __forceinline__ void storeRows(T *base, int64_t stride, const T *tile, int row0, int seq,
+                                          int d, int lane) {
+  constexpr int kChunks = kD / 8;
+  for (int c = lane; c < kRows * kChunks; c += 32) {
+    int r = c / kChunks, col = (c % kChunks) * 8;
+    if (row0 + r < seq && col < d)
+      *reinterpret_cast<uint4 *>(base + int64_t(row0 + r) * stride + col) =
+          *reinterpret_cast<const uint4 *>(tile + r * kPitch<kD> + col);
+  }
+}
+
+/// Stores 16 rows of fp32 accumulator fragments as T into a shared tile, rows 0-7 times f0 and
+/// rows 8-15 times f1.
+template <int kD, typename T>
+__device__ __forceinline__ void fragmentsToShared(T *tile, const float (&acc)[kD / 8][4], float f0,
+                                                  float f1, int lane) {
+#pragma unroll
+  for (int dt = 0; dt < kD / 8; ++dt) {
+    const int row = lane >> 2, col = dt * 8 + (lane & 3) * 2;
+    *reinterpret_cast<uint32_t *>(tile + row * kPitch<kD> + col) =
+        pack(T(), acc[dt][0] * f0, acc[dt][1] * f0);
+    *reinterpret_cast<uint32_t *>(tile + (row + 8) * kPitch<kD> + col) =
+        pack(T(), acc[dt][2] * f1, acc[dt][3] * f1);
+  }
+}
+
+constexpr int kFwdBlockM = 128; ///< queries per forward block (32 per warp)
+constexpr int kFwdBlockN = 64;  ///< keys per forward tile
+
+template <int kD> constexpr size_t forwardSmem() {
+  return sizeof(uint16_t) * kPitch<kD> * (kFwdBlockM + 4 * kFwdBlockN);
+}
+
+/// Forward over one tile of 128 queries of one (batch, head).
+template <typename T, int kD>
+__global__ void __launch_bounds__(kThreads, 2) forwardKernel(const Args a) {
+  constexpr int kBlockM = kFwdBlockM, kBlockN = kFwdBlockN, kP = kPitch<kD>;
+  constexpr int kMT = kBlockM / (16 * kWarps), kNT = kBlockN / 8, kDT = kD / 8;
+  constexpr int kWarpRows = kMT * 16;
+  extern __shared__ __align__(16) unsigned char smemBytes[];
+  T *sQ = reinterpret_cast<T *>(smemBytes);
+  T *sK = sQ + kBlockM * kP;     // two buffers
+  T *sV = sK + 2 * kBlockN * kP; // two buffers
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  const int rank = blockIdx.x % a.numTiles, bh = blockIdx.x / a.numTiles;
+  // Causal: the longest tiles (the last queries) first, so the short ones fill the tail.
+  const int mBlock = a.causal ? a.numTiles - 1 - rank : rank;
+  const int b = bh / a.heads, h = bh % a.heads, g = h / a.group;
+  const int m0 = mBlock * kBlockM, seq = a.seq;
+  const T *qBase = static_cast<const T *>(a.q) + (int64_t(b) * seq * a.heads + h) * a.d;
+  const T *kBase = static_cast<const T *>(a.k) + (int64_t(b) * seq * a.kvHeads + g) * a.d;
+  const T *vBase = static_cast<const T *>(a.v) + (int64_t(b) * seq * a.kvHeads + g) * a.d;
+
+  loadTile<kBlockM, kD>(sQ, qBase, a.qStride, m0, seq, a.d);
+  loadTile<kBlockN, kD>(sK, kBase, a.kvStride, 0, seq, a.d);
+  loadTile<kBlockN, kD>(sV, vBase, a.kvStride, 0, seq, a.d);
+  cpAsyncCommit();
+
+  float acc[kMT][kDT][4];
+  float rowMax[kMT][2], rowSum[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        acc[mt][dt][e] = 0.f;
+    rowMax[mt][0] = rowMax[mt][1] = -INFINITY;
+    rowSum[mt][0] = rowSum[mt][1] = 0.f;
+  }
+
+  const int warpRow0 = m0 + warp * kWarpRows;
+  const int keyEnd = a.causal ? min(seq, m0 + kBlockM) : seq;
+  const int tiles = (keyEnd + kBlockN - 1) / kBlockN;
+  const T *warpQ = sQ + warp * kWarpRows * kP;
+  for (int t = 0; t < tiles; ++t) {
+    const int buf = t & 1, n0 = t * kBlockN;
+    if (t + 1 < tiles) {
+      loadTile<kBlockN, kD>(sK + (buf ^ 1) * kBlockN * kP, kBase, a.kvStride, n0 + kBlockN, seq,
+                            a.d);
+      loadTile<kBlockN, kD>(sV + (buf ^ 1) * kBlockN * kP, vBase, a.kvStride, n0 + kBlockN, seq,
+                            a.d);
+      cpAsyncCommit();
+      cpAsyncWait<1>();
+    } else {
+      cpAsyncWait<0>();
+    }
+    __syncthreads();
+    const T *tK = sK + buf * kBlockN * kP, *tV = sV + buf * kBlockN * kP;
+
+    // s = q kᵀ for the warp's rows.
+    float s[kMT][kNT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          s[mt][nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      uint32_t qa[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+        ldsm(qa[mt], warpQ + mt * 16 * kP + kk * 16 + aOffset(lane, kP));
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        uint32_t kb[4];
+        ldsm(kb, tK + np * 16 * kP + kk * 16 + bOffset(lane, kP));
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma(T(), s[mt][2 * np], qa[mt], kb[0], kb[1]);
+          mma(T(), s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+        }
+      }
+    }
+
+    // Scale into base 2, mask, and update the running maxima and sums.
+    const bool needMask = n0 + kBlockN > seq || (a.causal && n0 + kBlockN - 1 > warpRow0);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = warpRow0 + mt * 16 + (lane >> 2) + r * 8;
+        float tileMax = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            float x = s[mt][nt][2 * r + c] * a.scaleLog2;
+            if (needMask) {
+              const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
+              if (j >= seq || (a.causal && j > i))
+                x = -INFINITY;
+            }
+            s[mt][nt][2 * r + c] = x;
+            tileMax = fmaxf(tileMax, x);
+          }
+        tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 1));
+        tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 2));
+        const float newMax = fmaxf(rowMax[mt][r], tileMax);
+        // A row with every key so far masked keeps max -inf; subtract 0 then, not -inf.
+        const float base = newMax == -INFINITY ? 0.f : newMax;
+        const float correction = exp2Approx(rowMax[mt][r] - base);
+        rowMax[mt][r] = newMax;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            float pv = exp2Approx(s[mt][nt][2 * r + c] - base);
+            s[mt][nt][2 * r + c] = pv;
+            sum += pv;
+          }
+        rowSum[mt][r] = rowSum[mt][r] * correction + sum;
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          acc[mt][dt][2 * r] *= correction;
+          acc[mt][dt][2 * r + 1] *= correction;
+        }
+      }
+
+    // acc += p v, with p rounded to T as the A operand straight from the s fragments.
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      uint32_t pa[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        pa[mt][0] = pack(T(), s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pa[mt][1] = pack(T(), s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][2] = pack(T(), s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pa[mt][3] = pack(T(), s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < kDT / 2; ++dp) {
+        uint32_t vb[4];
+        ldsmTrans(vb, tV + kk * 16 * kP + dp * 16 + btOffset(lane, kP));
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma(T(), acc[mt][2 * dp], pa[mt], vb[0], vb[1]);
+          mma(T(), acc[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+        }
+      }
+    }
+    __syncthreads(); // this buffer is refilled by the next iteration's prefetch
+  }
+
+  // The four lanes of a quad hold partial sums of the same rows.
+  float factor[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = rowSum[mt][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      factor[mt][r] = sum > 0.f ? 1.f / sum : 0.f;
+    }
+  // Each warp reuses its own rows of the q tile to stage o for 16-byte stores.
+  T *warpO = sQ + warp * kWarpRows * kP;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+    fragmentsToShared<kD>(warpO + mt * 16 * kP, acc[mt], factor[mt][0], factor[mt][1], lane);
+  __syncwarp();
+  storeRows<kWarpRows, kD>(static_cast<T *>(a.out) + (int64_t(b) * seq * a.heads + h) * a.d,
+                           a.qStride, warpO, warpRow0, seq, a.d, lane);
+}
+
+constexpr int kBwdBlock = 64;  ///< keys per dk/dv block and queries per step (16 rows per warp)
+constexpr int kDqBlockM = 128; ///< queries per dq block (32 per warp)
+constexpr int kDqBlockN = 32;  ///< keys per dq tile
+
+__device__ __forceinline__ float toFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float toFloat(__half x) { return __half2float(x); }
+
+template <int kD> constexpr size_t gradQSmem() {
+  return sizeof(uint16_t) * kPitch<kD> * (2 * kDqBlockM + 4 * kDqBlockN);
+}
+
+/// dq over one tile of 128 queries of one (batch, head), looping over key tiles, plus two rows
+/// for the dk/dv kernel: D_i = dO_i . o_i and the base-2 log-sum-exp. No pass computes the
+/// softmax normaliser first: like the forward, the kernel keeps the running maximum m of the
+/// scaled scores x = scale log2(e) s and the running sum l of 2^(x - m), accumulates
+/// dq~ = sum 2^(x - m) (dp - D) k with dp = dO vᵀ, rescales dq~ and l by 2^(m_old - m_new) when m
+/// grows, and ends with dq = scale dq~ / l (p = 2^(x - m) / l, ds = p (dp - D)) and
+/// lse = m + log2 l. Each warp owns 32 query rows, so every k and v fragment it reads from shared
+/// memory feeds two products.
+template <typename T, int kD>
+__global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
+  constexpr int kBlockM = kDqBlockM, kBlockN = kDqBlockN, kP = kPitch<kD>;
+  constexpr int kMT = kBlockM / (16 * kWarps), kNT = kBlockN / 8, kDT = kD / 8;
+  constexpr int kWarpRows = kMT * 16;
+  static_assert(4 * kBlockN == kBlockM, "the k and v buffers hold the o tile before the loop");
+  extern __shared__ __align__(16) unsigned char smemBytes[];
+  T *sQ = reinterpret_cast<T *>(smemBytes);
+  T *sDo = sQ + kBlockM * kP;
+  T *sK = sDo + kBlockM * kP;    // two buffers
+  T *sV = sK + 2 * kBlockN * kP; // two buffers
+  T *sO = sK;                    // the o tile, over all four, before the loop
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  const int rank = blockIdx.x % a.numTiles, bh = blockIdx.x / a.numTiles;
+  const int mBlock = a.causal ? a.numTiles - 1 - rank : rank;
+  const int b = bh / a.heads, h = bh % a.heads, g = h / a.group;
+  const int m0 = mBlock * kBlockM, seq = a.seq;
+  const int64_t qOffset = (int64_t(b) * seq * a.heads + h) * a.d;
+  const T *kBase = static_cast<const T *>(a.k) + (int64_t(b) * seq * a.kvHeads + g) * a.d;
+  const T *vBase = static_cast<const T *>(a.v) + (int64_t(b) * seq * a.kvHeads + g) * a.d;
+
+  loadTile<kBlockM, kD>(sQ, static_cast<const T *>(a.q) + qOffset, a.qStride, m0, seq, a.d);
+  loadTile<kBlockM, kD>(sDo, static_cast<const T *>(a.dout) + qOffset, a.qStride, m0, seq, a.d);
+  loadTile<kBlockM, kD>(sO, static_cast<const T *>(a.o) + qOffset, a.qStride, m0, seq, a.d);
+  cpAsyncCommit();
+  cpAsyncWait<0>();
+  __syncthreads();
+
+  // D for the warp's rows, from the stored dO and o; the four lanes of a quad split the columns.
+  const int warpRow0 = m0 + warp * kWarpRows;
+  float rowDot[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = warp * kWarpRows + mt * 16 + (lane >> 2) + r * 8;
+      const T *dOut = sDo + row * kP + (lane & 3) * (kD / 4),
+              *out = sO + row * kP + (lane & 3) * (kD / 4);
+      float dot = 0.f;
+#pragma unroll 8
+      for (int e = 0; e < kD / 4; ++e)
+        dot = fmaf(toFloat(dOut[e]), toFloat(out[e]), dot);
+      dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+      dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+      rowDot[mt][r] = dot;
+      const int i = m0 + row;
+      if ((lane & 3) == 0 && i < seq)
+        a.dsum[int64_t(bh) * seq + i] = dot;
+    }
+  __syncthreads(); // the first k and v tiles overwrite the o tile
+
+  loadTile<kBlockN, kD>(sK, kBase, a.kvStride, 0, seq, a.d);
+  loadTile<kBlockN, kD>(sV, vBase, a.kvStride, 0, seq, a.d);
+  cpAsyncCommit();
+
+  float dq[kMT][kDT][4];
+  float rowMax[kMT][2], rowSum[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        dq[mt][dt][e] = 0.f;
+    rowMax[mt][0] = rowMax[mt][1] = -INFINITY;
+    rowSum[mt][0] = rowSum[mt][1] = 0.f;
+  }
+
+  const int keyEnd = a.causal ? min(seq, m0 + kBlockM) : seq;
+  const int tiles = (keyEnd + kBlockN - 1) / kBlockN;
+  const T *warpQ = sQ + warp * kWarpRows * kP, *warpDo = sDo + warp * kWarpRows * kP;
+  for (int t = 0; t < tiles; ++t) {
+    const int buf = t & 1, n0 = t * kBlockN;
+    if (t + 1 < tiles) {
+      loadTile<kBlockN, kD>(sK + (buf ^ 1) * kBlockN * kP, kBase, a.kvStride, n0 + kBlockN, seq,
+                            a.d);
+      loadTile<kBlockN, kD>(sV + (buf ^ 1) * kBlockN * kP, vBase, a.kvStride, n0 + kBlockN, seq,
+                            a.d);
+      cpAsyncCommit();
+      cpAsyncWait<1>();
+    } else {
+      cpAsyncWait<0>();
+    }
+    __syncthreads();
+    const T *tK = sK + buf * kBlockN * kP, *tV = sV + buf * kBlockN * kP;
+
+    // s = q kᵀ and dp = dO vᵀ, sharing the k loop.
+    float s[kMT][kNT][4], dp[kMT][kNT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          s[mt][nt][e] = dp[mt][nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      uint32_t qa[kMT][4], da[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        ldsm(qa[mt], warpQ + mt * 16 * kP + kk * 16 + aOffset(lane, kP));
+        ldsm(da[mt], warpDo + mt * 16 * kP + kk * 16 + aOffset(lane, kP));
+      }
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        uint32_t kb[4], vb[4];
+        ldsm(kb, tK + np * 16 * kP + kk * 16 + bOffset(lane, kP));
+        ldsm(vb, tV + np * 16 * kP + kk * 16 + bOffset(lane, kP));
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma(T(), s[mt][2 * np], qa[mt], kb[0], kb[1]);
+          mma(T(), s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+          mma(T(), dp[mt][2 * np], da[mt], vb[0], vb[1]);
+          mma(T(), dp[mt][2 * np + 1], da[mt], vb[2], vb[3]);
+        }
+      }
+    }
+
+    // Scale into base 2, mask, update the running maxima and sums, and form
+    // 2^(x - m) (dp - D) in s.
+    const bool needMask = n0 + kBlockN > seq || (a.causal && n0 + kBlockN - 1 > warpRow0);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = warpRow0 + mt * 16 + (lane >> 2) + r * 8;
+        float tileMax = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            float x = s[mt][nt][2 * r + c] * a.scaleLog2;
+            if (needMask) {
+              const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
+              if (j >= seq || (a.causal && j > i))
+                x = -INFINITY;
+            }
+            s[mt][nt][2 * r + c] = x;
+            tileMax = fmaxf(tileMax, x);
+          }
+        tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 1));
+        tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 2));
+        const float newMax = fmaxf(rowMax[mt][r], tileMax);
+        const float base = newMax == -INFINITY ? 0.f : newMax;
+        const float correction = exp2Approx(rowMax[mt][r] - base);
+        rowMax[mt][r] = newMax;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float p = exp2Approx(s[mt][nt][2 * r + c] - base);
+            sum += p;
+            s[mt][nt][2 * r + c] = p * (dp[mt][nt][2 * r + c] - rowDot[mt][r]);
+          }
+        rowSum[mt][r] = rowSum[mt][r] * correction + sum;
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          dq[mt][dt][2 * r] *= correction;
+          dq[mt][dt][2 * r + 1] *= correction;
+        }
+      }
+
+    // dq += ds k, with ds rounded to T as the A operand.
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      uint32_t sa[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        sa[mt][0] = pack(T(), s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        sa[mt][1] = pack(T(), s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        sa[mt][2] = pack(T(), s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        sa[mt][3] = pack(T(), s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp2 = 0; dp2 < kDT / 2; ++dp2) {
+        uint32_t kb[4];
+        ldsmTrans(kb, tK + kk * 16 * kP + dp2 * 16 + btOffset(lane, kP));
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma(T(), dq[mt][2 * dp2], sa[mt], kb[0], kb[1]);
+          mma(T(), dq[mt][2 * dp2 + 1], sa[mt], kb[2], kb[3]);
+        }
+      }
+    }
+    __syncthreads(); // this buffer is refilled by the next iteration's prefetch
+  }
+
+  // Each warp stages its rows of dq in its rows of the q tile for 16-byte stores.
+  T *warpOut = sQ + warp * kWarpRows * kP;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+    float factor[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = rowSum[mt][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int i = warpRow0 + mt * 16 + (lane >> 2) + r * 8;
+      if ((lane & 3) == 0 && i < seq)
+        a.lse[int64_t(bh) * seq + i] = rowMax[mt][r] + __log2f(sum);
+      factor[r] = sum > 0.f ? a.scale / sum : 0.f;
+    }
+    fragmentsToShared<kD>(warpOut + mt * 16 * kP, dq[mt], factor[0], factor[1], lane);
+  }
+  __syncwarp();
+  storeRows<kWarpRows, kD>(static_cast<T *>(a.dq) + qOffset, a.qStride, warpOut, warpRow0, seq, a.d,
+                           lane);
+}
+
+template <int kD> constexpr size_t gradKVSmem() {
+  return sizeof(uint16_t) * kPitch<kD> * 6 * kBwdBlock + sizeof(float) * 4 * kBwdBlock;
+}
+
+/// dk and dv over one tile of 64 keys of one (batch, kv head), looping over the query heads that
+/// read it and their query tiles. Each warp owns 16 keys and works on transposed tiles:
+/// sᵀ = k qᵀ, pᵀ = 2^(sᵀ scale log2(e) - lse), dv += pᵀ dO, dpᵀ = v dOᵀ, dsᵀ = pᵀ (dpᵀ - D),
+/// dk += scale dsᵀ q.
+template <typename T, int kD>
+__global__ void __launch_bounds__(kThreads, 2) gradKVKernel(const Args a) {
+  constexpr int kBlockM = kBwdBlock, kBlockN = kBwdBlock, kP = kPitch<kD>;
+  constexpr int kMT = kBlockM / 8, kDT = kD / 8; // kMT: 8-wide query tiles of a step
+  extern __shared__ __align__(16) unsigned char smemBytes[];
+  T *sK = reinterpret_cast<T *>(smemBytes);
+  T *sV = sK + kBlockN * kP;
+  T *sQ = sV + kBlockN * kP;                                       // two buffers
+  T *sDo = sQ + 2 * kBlockM * kP;                                  // two buffers
+  float *sLse = reinterpret_cast<float *>(sDo + 2 * kBlockM * kP); // two buffers
+  float *sRowDot = sLse + 2 * kBlockM;                             // two buffers
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  const int nBlock = blockIdx.x % a.numTiles, bg = blockIdx.x / a.numTiles;
+  const int b = bg / a.kvHeads, g = bg % a.kvHeads;
+  const int n0 = nBlock * kBlockN, seq = a.seq;
+  const int64_t kvOffset = (int64_t(b) * seq * a.kvHeads + g) * a.d;
+
+  // Steps: (query head of the group, query tile), in order. With the causal mask the query
+  // tiles before the block's first key see none of its keys.
+  const int mStart = a.causal ? n0 / kBlockM : 0;
+  const int perHead = (seq + kBlockM - 1) / kBlockM - mStart;
+  const int steps = a.group * perHead;
+  auto loadStep = [&](int u, int buf) {
+    const int h = g * a.group + u / perHead, i0 = (mStart + u % perHead) * kBlockM;
+    const int64_t qOffset = (int64_t(b) * seq * a.heads + h) * a.d;
+    loadTile<kBlockM, kD>(sQ + buf * kBlockM * kP, static_cast<const T *>(a.q) + qOffset, a.qStride,
+                          i0, seq, a.d);
+    loadTile<kBlockM, kD>(sDo + buf * kBlockM * kP, static_cast<const T *>(a.dout) + qOffset,
+                          a.qStride, i0, seq, a.d);
+    const int64_t rowBase = (int64_t(b) * a.heads + h) * seq;
+    const int x = threadIdx.x % kBlockM, i = i0 + x;
+    const float *src = threadIdx.x < kBlockM ? a.lse : a.dsum;
+    float *dst = (threadIdx.x < kBlockM ? sLse : sRowDot) + buf * kBlockM + x;
+    cpAsync4(dst, i < seq ? src + rowBase + i : src, i < seq);
+  };
+  static_assert(kThreads == 2 * kBwdBlock, "one lse or D element per thread");
+
+  loadTile<kBlockN, kD>(sK, static_cast<const T *>(a.k) + kvOffset, a.kvStride, n0, seq, a.d);
+  loadTile<kBlockN, kD>(sV, static_cast<const T *>(a.v) + kvOffset, a.kvStride, n0, seq, a.d);
+  loadStep(0, 0);
+  cpAsyncCommit();
+
+  float dk[kDT][4], dv[kDT][4];
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      dk[dt][e] = dv[dt][e] = 0.f;
+
+  const int warpKey0 = n0 + warp * 16;
+  const T *warpK = sK + warp * 16 * kP, *warpV = sV + warp * 16 * kP;
+  for (int u = 0; u < steps; ++u) {
+    const int buf = u & 1, i0 = (mStart + u % perHead) * kBlockM;
+    if (u + 1 < steps) {
+      loadStep(u + 1, buf ^ 1);
+      cpAsyncCommit();
+      cpAsyncWait<1>();
+    } else {
+      cpAsyncWait<0>();
+    }
+    __syncthreads();
+    const T *tQ = sQ + buf * kBlockM * kP, *tDo = sDo + buf * kBlockM * kP;
+    const float *tLse = sLse + buf * kBlockM, *tRowDot = sRowDot + buf * kBlockM;
+
+    // sᵀ = k qᵀ and dpᵀ = v dOᵀ for the warp's 16 keys, sharing the k loop.
+    float st[kMT][4], dpt[kMT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        st[mt][e] = dpt[mt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      uint32_t ka[4], va[4];
+      ldsm(ka, warpK + kk * 16 + aOffset(lane, kP));
+      ldsm(va, warpV + kk * 16 + aOffset(lane, kP));
+#pragma unroll
+      for (int mp = 0; mp < kMT / 2; ++mp) {
+        uint32_t qb[4], db[4];
+        ldsm(qb, tQ + mp * 16 * kP + kk * 16 + bOffset(lane, kP));
+        ldsm(db, tDo + mp * 16 * kP + kk * 16 + bOffset(lane, kP));
+        mma(T(), st[2 * mp], ka, qb[0], qb[1]);
+        mma(T(), st[2 * mp + 1], ka, qb[2], qb[3]);
+        mma(T(), dpt[2 * mp], va, db[0], db[1]);
+        mma(T(), dpt[2 * mp + 1], va, db[2], db[3]);
+      }
+    }
+
+    // pᵀ into st, dsᵀ into dpt. Element e of tile mt: key row (lane >> 2) + 8 (e >> 1),
+    // query column mt * 8 + 2 (lane & 3) + (e & 1).
+    const bool needMask = i0 + kBlockM > seq || (a.causal && warpKey0 + 15 > i0);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = mt * 8 + (lane & 3) * 2 + (e & 1);
+        float p = exp2Approx(st[mt][e] * a.scaleLog2 - tLse[col]);
+        if (needMask) {
+          const int i = i0 + col, j = warpKey0 + (lane >> 2) + (e >> 1) * 8;
+          if (i >= seq || (a.causal && j > i))
+            p = 0.f;
+        }
+        st[mt][e] = p;
+        dpt[mt][e] = p * (dpt[mt][e] - tRowDot[col]);
+      }
+
+    // dv += pᵀ dO and dk += dsᵀ q; the A operands come straight from the fragments.
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      uint32_t pa[4], sa[4];
+      pa[0] = pack(T(), st[2 * kk][0], st[2 * kk][1]);
+      pa[1] = pack(T(), st[2 * kk][2], st[2 * kk][3]);
+      pa[2] = pack(T(), st[2 * kk + 1][0], st[2 * kk + 1][1]);
+      pa[3] = pack(T(), st[2 * kk + 1][2], st[2 * kk + 1][3]);
+      sa[0] = pack(T(), dpt[2 * kk][0], dpt[2 * kk][1]);
+      sa[1] = pack(T(), dpt[2 * kk][2], dpt[2 * kk][3]);
+      sa[2] = pack(T(), dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
+      sa[3] = pack(T(), dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+#pragma unroll
+      for (int dp2 = 0; dp2 < kDT / 2; ++dp2) {
+        uint32_t db[4], qb[4];
+        ldsmTrans(db, tDo + kk * 16 * kP + dp2 * 16 + btOffset(lane, kP));
+        ldsmTrans(qb, tQ + kk * 16 * kP + dp2 * 16 + btOffset(lane, kP));
+        mma(T(), dv[2 * dp2], pa, db[0], db[1]);
+        mma(T(), dv[2 * dp2 + 1], pa, db[2], db[3]);
+        mma(T(), dk[2 * dp2], sa, qb[0], qb[1]);
+        mma(T(), dk[2 * dp2 + 1], sa, qb[2], qb[3]);
+      }
+    }
+    __syncthreads();
+  }
+
+  // Each warp stages its 16 rows of dk in its rows of the k tile, dv in those of the v tile.
+  T *warpDk = sK + warp * 16 * kP, *warpDv = sV + warp * 16 * kP;
+  fragmentsToShared<kD>(warpDk, dk, a.scale, a.scale, lane);
+  fragmentsToShared<kD>(warpDv, dv, 1.f, 1.f, lane);
+  __syncwarp();
+  storeRows<16, kD>(static_cast<T *>(a.dk) + kvOffset, a.kvStride, warpDk, warpKey0, seq, a.d,
+                    lane);
+  storeRows<16, kD>(static_cast<T *>(a.dv) + kvOffset, a.kvStride, warpDv, warpKey0, seq, a.d,
+                    lane);
+}
+
+} // namespace tc
+
+//===----------------------------------------------------------------------===//
+// Launchers
+//===----------------------------------------------------------------------===//
+
+int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+template <typename... Params, typename... Values>
+void launch(const char *kn, const char *name, void (*kernel)(Params...), int64_t blocks,
+            int threads, size_t smem, Stream stream, const Values &...values) {
+  if (blocks <= 0)
+    return;
+  if (blocks > std::numeric_limits<int32_t>::max())
+    fail(kn, "needs " + std::to_string(blocks) + " thread blocks, more than one launch takes");
+  if (smem > 48 * 1024)
+    allowSharedMemory(kn, kernel, smem);
+  kernel<<<unsigned(blocks), threads, smem, stream>>>(values...);
+  checkCuda(kn, cudaGetLastError(), name);
+}
+
+template <typename T, int kD>
+void forwardTensorCore(const char *kn, Stream stream, Args a, const Dims &dims) {
+  a.numTiles = int(ceilDiv(dims.seq, tc::kFwdBlockM));
+  launch(kn, "launch of the forward kernel", tc::forwardKernel<T, kD>,
+         int64_t(a.numTiles) * dims.batch * dims.heads, tc::kThreads, tc::forwardSmem<kD>(), stream,
+         a);
+}
+
+template <typename T, int kD>
+void gradTensorCore(const char *kn, Stream stream, Args a, const Dims &dims) {
+  // The dq kernel writes the rows of D and log-sum-exp the dk/dv kernel reads.
+  a.numTiles = int(ceilDiv(dims.seq, tc::kDqBlockM));
+  launch(kn, "launch of the dq kernel", tc::gradQKernel<T, kD>,
+         int64_t(a.numTiles) * dims.batch * dims.heads, tc::kThreads, tc::gradQSmem<kD>(), stream,
+         a);
+  a.numTiles = int(ceilDiv(dims.seq, tc::kBwdBlock));
+  launch(kn, "launch of the dk/dv kernel", tc::gradKVKernel<T, kD>,
+         int64_t(a.numTiles) * dims.batch * dims.kvHeads, tc::kThreads, tc::gradKVSmem<kD>(),
+         stream, a);
+}
+
+template <typename T>
+void forwardTensorCoreD(const char *kn, Stream stream, const Args &a, const Dims &dims) {
+  if (dims.d <= 64)
+    forwardTensorCore<T, 64>(kn, stream, a, dims);
+  else
+    forwardTensorCore<T, 128>(kn, stream, a, dims);
+}
+
+template <typename T>
+void gradTensorCoreD(const char *kn, Stream stream, const Args &a, const Dims &dims) {
+  if (dims.d <= 64)
+    gradTensorCore<T, 64>(kn, stream, a, dims);
+  else
+    gradTensorCore<T, 128>(kn, stream, a, dims);
+}
+
+void forwardGeneric(const char *kn, Stream stream, Args a, const Dims &dims, bool lseOnly) {
+  a.numTiles = int(ceilDiv(dims.seq, generic::kWarps));
+  launch(kn, "launch of the generic forward kernel", generic::forwardKernel,
+         int64_t(a.numTiles) * dims.batch * dims.heads, generic::kThreads,
+         generic::forwardSmem(a.d), stream, a, lseOnly);
+}
+
+void gradGeneric(const char *kn, Stream stream, Args a, const Dims &dims) {
+  const int64_t rows = dims.batch * dims.seq * dims.heads;
+  launch(kn, "launch of the row-dot kernel", rowDotKernel, ceilDiv(rows, 8), 256, 0, stream, a,
+         rows);
+  forwardGeneric(kn, stream, a, dims, /*lseOnly=*/true);
+  a.numTiles = int(ceilDiv(dims.seq, generic::kWarps));
+  launch(kn, "launch of the generic dq kernel", generic::gradQKernel,
+         int64_t(a.numTiles) * dims.batch * dims.heads, generic::kThreads, generic::gradQSmem(a.d),
+         stream, a);
+  launch(kn, "launch of the generic dk/dv kernel", generic::gradKVKernel,
+         int64_t(a.numTiles) * dims.batch * dims.kvHeads, generic::kThreads,
+         generic::gradKVSmem(a.d), stream, a);
+}
+
+} // namespace
+
+void attention(const Context &ctx, const TensorView &q, const TensorView &k, const TensorView &v,
+               bool causal, double scale, const TensorView &o) {
+  const char *kn = "attention";
+  Dims dims = checkOperands(kn, q, k, v);
+  checkFloat(kn, "o", o);
+  checkSameShape(kn, "o", o, "q", q);
+  checkDisjoint(kn, "o", o, {{"q", &q}, {"k", &k}, {"v", &v}});
+  if (o.numel() == 0)
+    return;
+
+  Args a = makeArgs(dims, causal, scale);
+  a.q = q.data;
+  a.k = k.data;
+  a.v = v.data;
+  a.out = o.data;
+  a.qType = typeCode(q.dtype);
+  a.kType = typeCode(k.dtype);
+  a.vType = typeCode(v.dtype);
+  a.outType = typeCode(o.dtype);
+  if (tensorCorePath(kn, dims, {&q, &k, &v, &o})) {
+    if (q.dtype == DType::BF16)
+      forwardTensorCoreD<__nv_bfloat16>(kn, ctx.stream, a, dims);
+    else
+      forwardTensorCoreD<__half>(kn, ctx.stream, a, dims);
+  } else {
+    forwardGeneric(kn, ctx.stream, a, dims, false);
+  }
+}
+
+void attentionGrad(const Context &ctx, const TensorView &dout, const TensorView &q,
+                   const TensorView &k, const TensorView &v, const TensorView &o, bool causal,
+                   double scale, const TensorView &dq, const TensorView &dk, const TensorView &dv) {
+  const char *kn = "attention_grad";
+  Dims dims = checkOperands(kn, q, k, v);
+  checkFloat(kn, "dout", dout);
+  checkFloat(kn, "o", o);
+  checkFloat(kn, "dq", dq);
+  checkFloat(kn, "dk", dk);
+  checkFloat(kn, "dv", dv);
+  checkSameShape(kn, "o", o, "q", q);
+  checkSameShape(kn, "dout", dout, "q", q);
+  checkSameShape(kn, "dq", dq, "q", q);
+  checkSameShape(kn, "dk", dk, "k", k);
+  checkSameShape(kn, "dv", dv, "v", v);
+  std::initializer_list<std::pair<const char *, const TensorView *>> inputs = {
+      {"dout", &dout}, {"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}};
+  checkDisjoint(kn, "dq", dq, inputs);
+  checkDisjoint(kn, "dk", dk, inputs);
+  checkDisjoint(kn, "dv", dv, inputs);
+  checkDisjoint(kn, "dk", dk, {{"dq", &dq}, {"dv", &dv}});
+  checkDisjoint(kn, "dq", dq, {{"dv", &dv}});
+  if (q.numel() == 0) {
+    // No query reads any key (heads or head_dim is 0 with keys left): the gradients are zeros.
+    checkCuda(kn, cudaMemsetAsync(dk.data, 0, dk.bytes(), ctx.stream), "cudaMemsetAsync");
+    checkCuda(kn, cudaMemsetAsync(dv.data, 0, dv.bytes(), ctx.stream), "cudaMemsetAsync");
+    return;
+  }
+
+  Args a = makeArgs(dims, causal, scale);
+  a.q = q.data;
+  a.k = k.data;
+  a.v = v.data;
+  a.o = o.data;
+  a.dout = dout.data;
+  a.dq = dq.data;
+  a.dk = dk.data;
+  a.dv = dv.data;
+  a.qType = typeCode(q.dtype);
+  a.kType = typeCode(k.dtype);
+  a.vType = typeCode(v.dtype);
+  a.oType = typeCode(o.dtype);
+  a.doutType = typeCode(dout.dtype);
+  a.dqType = typeCode(dq.dtype);
+  a.dkType = typeCode(dk.dtype);
+  a.dvType = typeCode(dv.dtype);
+
+  const int64_t rows = dims.batch * dims.seq * dims.heads;
+  Scratch scratch(kn, ctx.stream, size_t(2 * rows));
+  a.lse = scratch.data();
+  a.dsum = scratch.data() + rows;
+  if (tensorCorePath(kn, dims, {&q, &k, &v, &o, &dout, &dq, &dk, &dv})) {
+    if (q.dtype == DType::BF16)
+      gradTensorCoreD<__nv_bfloat16>(kn, ctx.stream, a, dims);
+    else
+      gradTensorCoreD<__half>(kn, ctx.stream, a, dims);
+  } else {
+    gradGeneric(kn, ctx.stream, a, dims);
+  }
+}
+
+} // namespace bonsai::rt::cuda

@@ -1,0 +1,213 @@
+//===- CudaCheck.cpp - Error checks, operand checks and scratch of the CUDA backend ===//
+//
+// Implements CudaCheck.h: error messages that name the backend kernel and the CUDA call,
+// operand checks with the CPU backend's messages, per-device launch parameters (multiprocessor
+// count, shared-memory limit) cached after the first query, and stream-ordered scratch memory.
+//
+//===----------------------------------------------------------------------===//
+
+#include "CudaCheck.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdio>
+
+namespace bonsai::rt::cuda::detail {
+
+void fail(const char *kernel, const std::string &message) {
+  throw Error(std::string("cuda ") + kernel + ": " + message);
+}
+
+void checkCuda(cudaError_t status, const char *call, const char *kernel) {
+  if (status != cudaSuccess)
+    fail(kernel, std::string(call) + " failed: " + cudaGetErrorName(status) + ": " +
+                     cudaGetErrorString(status));
+}
+
+void checkLaunch(const char *kernel, const char *deviceKernel) {
+  cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess)
+    fail(kernel, std::string("launch of ") + deviceKernel + " failed: " +
+                     cudaGetErrorName(status) + ": " + cudaGetErrorString(status));
+}
+
+void checkView(const char *kernel, const char *operand, const TensorView &t) {
+  for (int64_t d : t.shape)
+    if (d < 0)
+      fail(kernel,
+           std::string(operand) + " has a negative dimension in shape " + formatShape(t.shape));
+  if (!t.data && t.numel() != 0)
+    fail(kernel, std::string(operand) + " of shape " + formatShape(t.shape) + " has no data");
+}
+
+void checkFloat(const char *kernel, const char *operand, const TensorView &t) {
+  checkView(kernel, operand, t);
+  if (!isComputeFloat(t.dtype))
+    fail(kernel, std::string(operand) + " must be f32, f16 or bf16, not " + dtypeName(t.dtype));
+}
+
+void checkIndex(const char *kernel, const char *operand, const TensorView &t) {
+  checkView(kernel, operand, t);
+  if (t.dtype != DType::I32 && t.dtype != DType::I64)
+    fail(kernel, std::string(operand) + " must be i32 or i64, not " + dtypeName(t.dtype));
+}
+
+void checkShape(const char *kernel, const char *operand, const TensorView &a,
+                const std::vector<int64_t> &expected, const std::string &context) {
+  if (a.shape != expected)
+    fail(kernel, std::string(operand) + " shape " + formatShape(a.shape) + " should be " +
+                     formatShape(expected) + " " + context);
+}
+
+void checkSameShape(const char *kernel, const char *nameA, const TensorView &a,
+                    const char *nameB, const TensorView &b) {
+  if (a.shape != b.shape)
+    fail(kernel, std::string(nameA) + " shape " + formatShape(a.shape) + " does not match " +
+                     nameB + " shape " + formatShape(b.shape));
+}
+
+int64_t normalizeAxis(const char *kernel, int64_t axis, int64_t rank) {
+  if (axis < -rank || axis >= rank)
+    fail(kernel,
+         "axis " + std::to_string(axis) + " is out of range for rank " + std::to_string(rank));
+  return axis < 0 ? axis + rank : axis;
+}
+
+void checkScalar(const char *kernel, const char *operand, const TensorView &t) {
+  checkFloat(kernel, operand, t);
+  if (t.numel() != 1)
+    fail(kernel, std::string(operand) + " shape " + formatShape(t.shape) + " is not a scalar");
+}
+
+bool overlaps(const TensorView &a, const TensorView &b) {
+  auto a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
+  size_t an = a.bytes(), bn = b.bytes();
+  return an && bn && a0 < b0 + bn && b0 < a0 + an;
+}
+
+bool safeInPlace(const TensorView &in, const TensorView &out) {
+  if (!overlaps(in, out))
+    return true;
+  return in.data == out.data && dtypeSize(in.dtype) == dtypeSize(out.dtype) &&
+         in.numel() == out.numel();
+}
+
+bool allDType(DType dtype, std::initializer_list<const TensorView *> tensors) {
+  for (const TensorView *t : tensors)
+    if (t && t->dtype != dtype)
+      return false;
+  return true;
+}
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+int currentDevice(const char *kernel) {
+  int device = 0;
+  checkCuda(cudaGetDevice(&device), "cudaGetDevice", kernel);
+  if (device < 0 || device >= kMaxDevices)
+    fail(kernel, "device ordinal " + std::to_string(device) + " is beyond the " +
+                     std::to_string(kMaxDevices) + " devices the backend caches");
+  return device;
+}
+
+/// A device attribute, queried once per device (0 = not yet queried; every cached attribute
+/// is positive).
+int cachedAttribute(std::array<std::atomic<int>, kMaxDevices> &cache, cudaDeviceAttr attr,
+                    const char *name, const char *kernel) {
+  int device = currentDevice(kernel);
+  int value = cache[size_t(device)].load(std::memory_order_relaxed);
+  if (value > 0)
+    return value;
+  checkCuda(cudaDeviceGetAttribute(&value, attr, device), name, kernel);
+  cache[size_t(device)].store(value, std::memory_order_relaxed);
+  return value;
+}
+
+} // namespace
+
+int multiprocessorCount(const char *kernel) {
+  static std::array<std::atomic<int>, kMaxDevices> cache{};
+  return cachedAttribute(cache, cudaDevAttrMultiProcessorCount,
+                         "cudaDeviceGetAttribute(MultiProcessorCount)", kernel);
+}
+
+size_t maxDynamicSharedMemory(const char *kernel) {
+  static std::array<std::atomic<int>, kMaxDevices> cache{};
+  return size_t(cachedAttribute(cache, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)", kernel));
+}
+
+unsigned gridFor(const char *kernel, int64_t work, int64_t perBlock, int blocksPerSm) {
+  int64_t needed = (work + perBlock - 1) / perBlock;
+  int64_t cap = int64_t(multiprocessorCount(kernel)) * blocksPerSm;
+  return unsigned(std::max<int64_t>(1, std::min(needed, cap)));
+}
+
+Scratch::Scratch(const char *kernel, Stream stream, size_t bytes)
+    : kernel_(kernel), stream_(stream) {
+  if (bytes)
+    checkCuda(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync", kernel);
+}
+
+Scratch::Scratch(Scratch &&other) noexcept
+    : kernel_(other.kernel_), stream_(other.stream_), ptr_(other.ptr_) {
+  other.ptr_ = nullptr;
+}
+
+Scratch::~Scratch() {
+  if (!ptr_)
+    return;
+  // A destructor cannot throw: a failed free is reported, the memory is lost.
+  cudaError_t status = cudaFreeAsync(ptr_, stream_);
+  if (status != cudaSuccess)
+    std::fprintf(stderr, "bonsai: cuda %s: cudaFreeAsync failed: %s: %s\n", kernel_,
+                 cudaGetErrorName(status), cudaGetErrorString(status));
+}
+
+TensorView copyToScratch(const char *kernel, Stream stream, const TensorView &t,
+                         std::vector<Scratch> &keep) {
+  keep.emplace_back(kernel, stream, t.bytes());
+  TensorView copy = t;
+  copy.data = keep.back().get();
+  if (t.bytes())
+    checkCuda(cudaMemcpyAsync(copy.data, t.data, t.bytes(), cudaMemcpyDeviceToDevice, stream),
+              "cudaMemcpyAsync", kernel);
+  return copy;
+}
+
+TensorView F32Staging::in(const TensorView &t) {
+  inputs_.push_back(t);
+  if (t.dtype == DType::F32)
+    return t;
+  keep_.emplace_back(kernel_, stream_, size_t(t.numel()) * sizeof(float));
+  TensorView f = t;
+  f.dtype = DType::F32;
+  f.data = keep_.back().get();
+  castOnDevice(kernel_, stream_, t, f);
+  return f;
+}
+
+TensorView F32Staging::out(const TensorView &t) {
+  bool direct = t.dtype == DType::F32;
+  for (const TensorView &in : inputs_)
+    direct = direct && safeInPlace(in, t);
+  if (direct)
+    return t;
+  keep_.emplace_back(kernel_, stream_, size_t(t.numel()) * sizeof(float));
+  TensorView f = t;
+  f.dtype = DType::F32;
+  f.data = keep_.back().get();
+  outputs_.emplace_back(f, t);
+  return f;
+}
+
+void F32Staging::finish() {
+  for (auto &[scratch, destination] : outputs_)
+    castOnDevice(kernel_, stream_, scratch, destination);
+  outputs_.clear();
+}
+
+} // namespace bonsai::rt::cuda::detail

@@ -1,0 +1,312 @@
+//===- Gemm.cpp - GemmEngine: row-major GEMMs through cuBLASLt --------------===//
+//
+// Implements GemmEngine and the LtEngine it holds (GemmImpl.h). Every GEMM accumulates in fp32
+// (CUBLAS_COMPUTE_32F, never the TF32 mode, so f32 GEMMs are f32 GEMMs) with f32, f16 or bf16
+// storage. A plan (matmul descriptor, layouts, and the algorithm cuBLASLt's heuristic ranks
+// first under the engine's workspace and the operands' actual pointer alignments) is built on
+// the first call of each shape and reused after: the same call always runs the same algorithm,
+// which keeps results identical run to run. Every cuBLASLt and CUDA call is checked.
+//
+//===----------------------------------------------------------------------===//
+
+#include "GemmImpl.h"
+
+#include "CudaCheck.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+namespace bonsai::rt::cuda {
+
+namespace detail {
+
+namespace {
+
+void checkCublas(cublasStatus_t status, const char *call, const char *kernel) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    fail(kernel, std::string(call) + " failed: " + cublasLtGetStatusName(status) + ": " +
+                     cublasLtGetStatusString(status));
+}
+
+cudaDataType_t cudaType(const char *kernel, DType dtype) {
+  switch (dtype) {
+  case DType::F32:
+    return CUDA_R_32F;
+  case DType::F16:
+    return CUDA_R_16F;
+  case DType::BF16:
+    return CUDA_R_16BF;
+  default:
+    fail(kernel, std::string("GEMM storage must be f32, f16 or bf16, not ") + dtypeName(dtype));
+  }
+}
+
+/// The alignment cuBLASLt may assume for a matrix: its address's, lowered by the batch
+/// stride's when the batch steps through memory; at most 256 (what cuBLASLt asks by default).
+int alignmentOf(const void *p, int64_t stride, int64_t batch, DType dtype) {
+  uintptr_t bits = reinterpret_cast<uintptr_t>(p) | 256u;
+  if (batch > 1 && stride != 0)
+    bits |= uintptr_t(stride) * dtypeSize(dtype);
+  return int(bits & (~bits + 1)); // the lowest set bit
+}
+
+void setDesc(const char *kernel, cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
+             const void *value, size_t size, const char *name) {
+  checkCublas(cublasLtMatmulDescSetAttribute(desc, attr, value, size),
+              (std::string("cublasLtMatmulDescSetAttribute(") + name + ")").c_str(), kernel);
+}
+
+/// A column-major layout of rows x cols with leading dimension ld, batched.
+cublasLtMatrixLayout_t makeLayout(const char *kernel, cudaDataType_t type, int64_t rows,
+                                  int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  checkCublas(cublasLtMatrixLayoutCreate(&layout, type, uint64_t(rows), uint64_t(cols), ld),
+              "cublasLtMatrixLayoutCreate", kernel);
+  if (batch > 1) {
+    int32_t count = int32_t(batch);
+    cublasStatus_t status = cublasLtMatrixLayoutSetAttribute(
+        layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count);
+    if (status == CUBLAS_STATUS_SUCCESS)
+      status = cublasLtMatrixLayoutSetAttribute(
+          layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride);
+    if (status != CUBLAS_STATUS_SUCCESS) {
+      cublasLtMatrixLayoutDestroy(layout); // the error being reported is the one that matters
+      checkCublas(status, "cublasLtMatrixLayoutSetAttribute(batch)", kernel);
+    }
+  }
+  return layout;
+}
+
+void destroyPlan(LtEngine::Plan &plan) {
+  // Destruction paths cannot throw; cuBLASLt's destroy functions only fail on a null handle.
+  if (plan.aLayout)
+    cublasLtMatrixLayoutDestroy(plan.aLayout);
+  if (plan.bLayout)
+    cublasLtMatrixLayoutDestroy(plan.bLayout);
+  if (plan.cLayout)
+    cublasLtMatrixLayoutDestroy(plan.cLayout);
+  if (plan.desc)
+    cublasLtMatmulDescDestroy(plan.desc);
+  plan = {};
+}
+
+/// Live engines: GemmEngine's constructor registers its LtEngine, the destructor removes it.
+std::mutex registryMutex;
+std::unordered_map<const GemmEngine *, LtEngine *> registry;
+
+} // namespace
+
+LtEngine::LtEngine(size_t workspaceBytes) {
+  const char *k = "GemmEngine";
+  checkCublas(cublasLtCreate(&handle_), "cublasLtCreate", k);
+  if (workspaceBytes) {
+    cudaError_t status = cudaMalloc(&workspace_, workspaceBytes);
+    if (status != cudaSuccess) {
+      cublasLtDestroy(handle_); // the allocation failure is the error to report
+      checkCuda(status, "cudaMalloc(workspace)", k);
+    }
+  }
+  workspaceBytes_ = workspaceBytes;
+}
+
+LtEngine::~LtEngine() {
+  for (auto &entry : plans_)
+    destroyPlan(entry.second);
+  // Destructors cannot throw: failures are reported on stderr.
+  if (workspace_) {
+    cudaError_t status = cudaFree(workspace_);
+    if (status != cudaSuccess)
+      std::fprintf(stderr, "bonsai: cuda GemmEngine: cudaFree(workspace) failed: %s\n",
+                   cudaGetErrorString(status));
+  }
+  if (handle_) {
+    cublasStatus_t status = cublasLtDestroy(handle_);
+    if (status != CUBLAS_STATUS_SUCCESS)
+      std::fprintf(stderr, "bonsai: cuda GemmEngine: cublasLtDestroy failed: %s\n",
+                   cublasLtGetStatusString(status));
+  }
+}
+
+LtEngine::Plan &LtEngine::plan(const char *kernel, const GemmCall &call, const Key &key) {
+  auto found = plans_.find(key);
+  if (found != plans_.end())
+    return found->second;
+
+  Plan p;
+  try {
+    cudaDataType_t ab = cudaType(kernel, call.abType), c = cudaType(kernel, call.cType);
+    checkCublas(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                "cublasLtMatmulDescCreate", kernel);
+    // cuBLASLt's A is our B and its B our A (see GemmImpl.h); the flags follow the operands.
+    cublasOperation_t opA = call.transB ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t opB = call.transA ? CUBLAS_OP_T : CUBLAS_OP_N;
+    setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof opA, "TRANSA");
+    setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof opB, "TRANSB");
+    if (call.bias) {
+      cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue,
+              "EPILOGUE");
+      int32_t biasType = int32_t(c);
+      setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &biasType, sizeof biasType,
+              "BIAS_DATA_TYPE");
+      // The heuristic reads the pointer's alignment.
+      setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias, sizeof call.bias,
+              "BIAS_POINTER");
+    }
+    int64_t m = call.m, n = call.n, k = call.k;
+    p.aLayout = call.transB ? makeLayout(kernel, ab, k, n, k, call.batch, call.strideB)
+                            : makeLayout(kernel, ab, n, k, n, call.batch, call.strideB);
+    p.bLayout = call.transA ? makeLayout(kernel, ab, m, k, m, call.batch, call.strideA)
+                            : makeLayout(kernel, ab, k, m, k, call.batch, call.strideA);
+    p.cLayout = makeLayout(kernel, c, n, m, n, call.batch, call.strideC);
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    checkCublas(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", kernel);
+    cublasLtMatmulHeuristicResult_t result{};
+    int returned = 0;
+    cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+    uint64_t wsBytes = workspaceBytes_;
+    uint32_t alignA = uint32_t(alignmentOf(call.b, call.strideB, call.batch, call.abType));
+    uint32_t alignB = uint32_t(alignmentOf(call.a, call.strideA, call.batch, call.abType));
+    uint32_t alignC = uint32_t(alignmentOf(call.c, call.strideC, call.batch, call.cType));
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, const void *> prefs[] = {
+        {CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsBytes},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &alignA},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &alignB},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alignC},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &alignC},
+    };
+    for (const auto &[attr, value] : prefs) {
+      if (status != CUBLAS_STATUS_SUCCESS)
+        break;
+      size_t size = attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES ? sizeof(uint64_t)
+                                                                     : sizeof(uint32_t);
+      status = cublasLtMatmulPreferenceSetAttribute(pref, attr, value, size);
+    }
+    if (status == CUBLAS_STATUS_SUCCESS)
+      status = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.aLayout, p.bLayout, p.cLayout,
+                                              p.cLayout, pref, 1, &result, &returned);
+    cublasStatus_t destroyed = cublasLtMatmulPreferenceDestroy(pref);
+    checkCublas(status, "cublasLtMatmulAlgoGetHeuristic", kernel);
+    checkCublas(destroyed, "cublasLtMatmulPreferenceDestroy", kernel);
+    if (returned == 0)
+      fail(kernel, "cuBLASLt has no algorithm for a " + std::string(dtypeName(call.abType)) +
+                       " GEMM m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                       " k=" + std::to_string(k) + " batch=" + std::to_string(call.batch) +
+                       (call.bias ? " with a bias" : ""));
+    p.algo = result.algo;
+  } catch (...) {
+    destroyPlan(p);
+    throw;
+  }
+  return plans_.emplace(key, p).first->second;
+}
+
+void LtEngine::run(const char *kernel, Stream stream, const GemmCall &call) {
+  if (call.m < 0 || call.n < 0 || call.k < 0 || call.batch < 0)
+    fail(kernel, "negative GEMM size m=" + std::to_string(call.m) + " n=" +
+                     std::to_string(call.n) + " k=" + std::to_string(call.k) +
+                     " batch=" + std::to_string(call.batch));
+  if (call.batch > INT32_MAX)
+    fail(kernel, "GEMM batch " + std::to_string(call.batch) + " exceeds cuBLASLt's int32 count");
+  if (call.m == 0 || call.n == 0 || call.batch == 0)
+    return;
+  if (call.k == 0) {
+    // An empty sum: C = beta C (+ bias). cuBLASLt wants k > 0; the zero case is a memset.
+    if (call.beta != 0.0f || call.bias)
+      fail(kernel, "a GEMM with k = 0 is supported only as C = 0 (no beta, no bias)");
+    size_t matrix = size_t(call.m * call.n) * dtypeSize(call.cType);
+    if (call.batch == 1 || call.strideC == 0) {
+      checkCuda(cudaMemsetAsync(call.c, 0, matrix, stream), "cudaMemsetAsync", kernel);
+    } else {
+      for (int64_t i = 0; i < call.batch; ++i)
+        checkCuda(cudaMemsetAsync(static_cast<char *>(call.c) +
+                                      size_t(i * call.strideC) * dtypeSize(call.cType),
+                                  0, matrix, stream),
+                  "cudaMemsetAsync", kernel);
+    }
+    return;
+  }
+
+  int64_t batch = call.batch;
+  Key key{int(call.abType),
+          int(call.cType),
+          call.transA,
+          call.transB,
+          call.m,
+          call.n,
+          call.k,
+          batch,
+          batch > 1 ? call.strideA : 0,
+          batch > 1 ? call.strideB : 0,
+          batch > 1 ? call.strideC : 0,
+          call.bias != nullptr,
+          call.beta != 0.0f,
+          alignmentOf(call.a, call.strideA, batch, call.abType),
+          alignmentOf(call.b, call.strideB, batch, call.abType),
+          alignmentOf(call.c, call.strideC, batch, call.cType),
+          call.bias ? alignmentOf(call.bias, 0, 1, call.cType) : 0};
+  Plan &p = plan(kernel, call, key);
+  if (call.bias)
+    setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias, sizeof call.bias,
+            "BIAS_POINTER");
+  checkCublas(cublasLtMatmul(handle_, p.desc, &call.alpha, call.b, p.aLayout, call.a, p.bLayout,
+                             &call.beta, call.c, p.cLayout, call.c, p.cLayout, &p.algo, workspace_,
+                             workspaceBytes_, stream),
+              "cublasLtMatmul", kernel);
+}
+
+LtEngine &ltEngineOf(const char *kernel, GemmEngine &engine) {
+  std::lock_guard<std::mutex> lock(registryMutex);
+  auto found = registry.find(&engine);
+  if (found == registry.end())
+    fail(kernel, "the context's GemmEngine is not a live engine");
+  return *found->second;
+}
+
+} // namespace detail
+
+struct GemmEngine::Impl {
+  explicit Impl(size_t workspaceBytes) : engine(workspaceBytes) {}
+  detail::LtEngine engine;
+};
+
+GemmEngine::GemmEngine(size_t workspaceBytes)
+    : impl_(std::make_unique<Impl>(workspaceBytes)) {
+  std::lock_guard<std::mutex> lock(detail::registryMutex);
+  detail::registry[this] = &impl_->engine;
+}
+
+GemmEngine::~GemmEngine() {
+  std::lock_guard<std::mutex> lock(detail::registryMutex);
+  detail::registry.erase(this);
+}
+
+void GemmEngine::gemm(Stream stream, DType dtype, bool transA, bool transB, int64_t m, int64_t n,
+                      int64_t k, float alpha, const void *a, int64_t strideA, const void *b,
+                      int64_t strideB, float beta, void *c, int64_t strideC, int64_t batch) {
+  detail::GemmCall call;
+  call.abType = call.cType = dtype;
+  call.transA = transA;
+  call.transB = transB;
+  call.m = m;
+  call.n = n;
+  call.k = k;
+  call.alpha = alpha;
+  call.beta = beta;
+  call.a = a;
+  call.b = b;
+  call.c = c;
+  call.strideA = strideA;
+  call.strideB = strideB;
+  call.strideC = strideC;
+  call.batch = batch;
+  impl_->engine.run("gemm", stream, call);
+}
+
+} // namespace bonsai::rt::cuda

@@ -1,0 +1,80 @@
+//===- GemmImpl.h - The cuBLASLt engine behind GemmEngine ------------------===//
+//
+// Private to runtime/cuda. LtEngine owns the cuBLASLt handle, the workspace and a cache of
+// matmul plans (descriptor, three layouts and the algorithm the heuristic chose) keyed by
+// everything that decides them: dtypes, transposes, sizes, batch and strides, epilogue and the
+// operands' pointer alignments. GemmEngine (whose Impl holds one LtEngine) forwards its public
+// gemm to `run`; the backend's linear kernel reaches the engine through ltEngineOf for what the
+// public signature cannot say: an output dtype other than the operands' (an fp32 result to add
+// a bias of another dtype into) and the fused bias epilogue. (GemmEngine::Impl is private to
+// GemmEngine, so the engine is registered by the constructor rather than reached through it.)
+//
+// Row-major matrices are handed to cuBLASLt (column-major) transposed: row-major C[m, n] is
+// column-major Cᵀ[n, m], and C = op(A) op(B) is computed as Cᵀ = op(B)ᵀ op(A)ᵀ, that is with
+// cuBLASLt's A = our B and its B = our A, the transpose flags unchanged.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BONSAI_RUNTIME_CUDA_GEMMIMPL_H
+#define BONSAI_RUNTIME_CUDA_GEMMIMPL_H
+
+#include "bonsai/runtime/CudaKernels.h"
+
+#include <cublasLt.h>
+
+#include <cstdint>
+#include <map>
+#include <tuple>
+
+namespace bonsai::rt::cuda::detail {
+
+/// One GEMM as the backend asks for it (row-major, see GemmEngine::gemm).
+struct GemmCall {
+  DType abType = DType::F32; ///< storage of A and B
+  DType cType = DType::F32;  ///< storage of C (and of the bias when there is one)
+  bool transA = false, transB = false;
+  int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  const void *a = nullptr, *b = nullptr;
+  void *c = nullptr;
+  int64_t strideA = 0, strideB = 0, strideC = 0, batch = 1;
+  /// With a bias, C[i, j] = alpha op(A) op(B) + beta C + bias[j] in fp32, rounded once; bias
+  /// has n elements of cType.
+  const void *bias = nullptr;
+};
+
+/// cuBLASLt handle, workspace and plan cache (not thread-safe: one per device and stream).
+class LtEngine {
+public:
+  /// Creates the handle and the workspace. Throws rt::Error on failure.
+  explicit LtEngine(size_t workspaceBytes);
+  ~LtEngine();
+  LtEngine(const LtEngine &) = delete;
+  LtEngine &operator=(const LtEngine &) = delete;
+
+  /// Enqueues one GEMM on `stream`; `kernel` names the backend kernel in errors.
+  void run(const char *kernel, Stream stream, const GemmCall &call);
+
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t aLayout = nullptr, bLayout = nullptr, cLayout = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+
+private:
+  using Key = std::tuple<int, int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t,
+                         int64_t, int64_t, bool, bool, int, int, int, int>;
+  Plan &plan(const char *kernel, const GemmCall &call, const Key &key);
+
+  cublasLtHandle_t handle_ = nullptr;
+  void *workspace_ = nullptr;
+  size_t workspaceBytes_ = 0;
+  std::map<Key, Plan> plans_;
+};
+
+/// The engine of a live GemmEngine. Throws rt::Error naming `kernel` for an unknown one.
+LtEngine &ltEngineOf(const char *kernel, GemmEngine &engine);
+
+} // namespace bonsai::rt::cuda::detail
+
+#endif // BONSAI_RUNTIME_CUDA_GEMMIMPL_H

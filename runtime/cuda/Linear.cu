@@ -1,0 +1,221 @@
+//===- Linear.cu - linear, matmul and the linear gradients on CUDA --------===//
+//
+// The GEMM kernels of the CUDA backend, all through the context's GemmEngine (cuBLASLt, fp32
+// accumulation, no TF32):
+//
+//   linear             y[rows, out] = x[rows, in] w[out, in]ᵀ (+ bias[out])
+//   matmul             c[b, m, n] = a[b, m, k] b[b, k, n] (strided batch)
+//   linear_grad_input  dx[rows, in] = dy[rows, out] w[out, in]
+//   linear_grad_weight dw[out, in] = dy[rows, out]ᵀ x[rows, in]
+//
+// When A, B and C share a dtype (the usual case) the GEMM writes the output directly, and
+// linear's bias is added by cuBLASLt's CUBLASLT_EPILOGUE_BIAS in fp32 before the single rounding
+// (cuBLASLt wants the bias in the output's dtype). Otherwise the GEMM runs on the common
+// operand dtype (fp32 copies when A and B differ) into an fp32 result, and one small kernel adds
+// the bias and rounds once into the output. Either way the result is the CPU kernel's: fp32
+// products and sums of the stored values, rounded once. cuBLASLt's results are bit-identical
+// run to run for one algorithm (its split-K reductions are ordered), and the engine always
+// reruns the algorithm it chose first for a shape, so linear_grad_weight's long sums over
+// positions are deterministic too (the tests check it).
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/runtime/CudaKernels.h"
+
+#include "CudaCheck.h"
+#include "DeviceUtil.cuh"
+#include "GemmImpl.h"
+
+#include <string>
+
+namespace bonsai::rt::cuda {
+
+using namespace detail;
+
+namespace {
+
+/// y[r, j] = src[r, j] + bias[j] (fp32 sum, rounded once into TY); src may be y when TY is f32.
+template <typename TB, typename TY>
+__global__ void addBiasKernel(const float *src, const TB *bias, TY *y, int64_t rows,
+                              int64_t cols) {
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < cols;
+         j += int64_t(gridDim.x) * blockDim.x)
+      y[r * cols + j] = fromFloat<TY>(src[r * cols + j] + toFloat(bias[j]));
+}
+
+/// One row-major GEMM with operands of any float dtypes: C = op(A) op(B) (+ bias[n] per row),
+/// `batch` matrices at the given element strides. Inputs overlapping C are read from copies.
+void runGemm(const char *kernel, const Context &ctx, bool transA, bool transB, int64_t m,
+             int64_t n, int64_t k, const TensorView &aIn, int64_t strideA, const TensorView &bIn,
+             int64_t strideB, const TensorView *biasIn, const TensorView &c, int64_t strideC,
+             int64_t batch) {
+  if (!ctx.gemm)
+    fail(kernel, "the context has no GemmEngine");
+  if (m == 0 || n == 0 || batch == 0)
+    return;
+  std::vector<Scratch> keep;
+  auto unaliased = [&](const TensorView &t) {
+    return overlaps(t, c) ? copyToScratch(kernel, ctx.stream, t, keep) : t;
+  };
+  TensorView a = unaliased(aIn), b = unaliased(bIn);
+  TensorView bias = biasIn ? unaliased(*biasIn) : TensorView{};
+
+  // A and B share one storage type in cuBLASLt: fp32 copies when they differ.
+  DType ab = a.dtype == b.dtype ? a.dtype : DType::F32;
+  F32Staging staging(kernel, ctx.stream);
+  if (a.dtype != ab)
+    a = staging.in(a);
+  if (b.dtype != ab)
+    b = staging.in(b);
+
+  LtEngine &engine = ltEngineOf(kernel, *ctx.gemm);
+  GemmCall call;
+  call.abType = ab;
+  call.transA = transA;
+  call.transB = transB;
+  call.m = m;
+  call.n = n;
+  call.k = k;
+  call.a = a.data;
+  call.b = b.data;
+  call.strideA = strideA;
+  call.strideB = strideB;
+  call.strideC = strideC;
+  call.batch = batch;
+
+  bool epilogue = !biasIn || (bias.dtype == c.dtype && k > 0);
+  if (c.dtype == ab && epilogue) {
+    call.cType = c.dtype;
+    call.c = c.data;
+    call.bias = biasIn ? bias.data : nullptr;
+    engine.run(kernel, ctx.stream, call);
+    return;
+  }
+
+  // An fp32 result (c itself when it is f32), then the bias and one rounding into c.
+  Scratch result(kernel, ctx.stream, c.dtype == DType::F32 ? 0 : size_t(c.numel()) * 4);
+  TensorView r = c;
+  if (c.dtype != DType::F32) {
+    r.dtype = DType::F32;
+    r.data = result.get();
+  }
+  call.cType = DType::F32;
+  call.c = r.data;
+  engine.run(kernel, ctx.stream, call);
+  if (biasIn) {
+    // The bias adds along n of every row of every batch matrix: batch * m rows of n when the
+    // output is dense, which it is for linear (the only caller with a bias).
+    int64_t rows = batch * m;
+    dim3 grid(unsigned(std::min<int64_t>((n + 255) / 256, 1024)),
+              unsigned(std::min<int64_t>(rows, 65535)));
+    dispatchFloat(bias.dtype, [&](auto bTag) {
+      dispatchFloat(c.dtype, [&](auto yTag) {
+        using TB = decltype(bTag);
+        using TY = decltype(yTag);
+        addBiasKernel<TB, TY><<<grid, 256, 0, ctx.stream>>>(
+            static_cast<const float *>(r.data), static_cast<const TB *>(bias.data),
+            static_cast<TY *>(c.data), rows, n);
+        checkLaunch(kernel, "addBiasKernel");
+      });
+    });
+  } else if (r.data != c.data) {
+    castOnDevice(kernel, ctx.stream, r, c);
+  }
+}
+
+/// The product of every dimension but the last.
+int64_t leadingRows(const TensorView &t) {
+  int64_t rows = 1;
+  for (int64_t i = 0; i + 1 < t.rank(); ++i)
+    rows *= t.shape[size_t(i)];
+  return rows;
+}
+
+} // namespace
+
+void linear(const Context &ctx, const TensorView &x, const TensorView &w,
+            const TensorView *bias, const TensorView &y) {
+  const char *k = "linear";
+  checkFloat(k, "x", x);
+  checkFloat(k, "w", w);
+  checkFloat(k, "y", y);
+  if (x.rank() < 1)
+    fail(k, "x must have at least one dimension, got shape " + formatShape(x.shape));
+  if (w.rank() != 2 || w.dim(1) != x.dim(-1))
+    fail(k, "w shape " + formatShape(w.shape) + " should be [out, " + std::to_string(x.dim(-1)) +
+                "] for x shape " + formatShape(x.shape));
+  int64_t in = x.dim(-1), out = w.dim(0);
+  if (bias) {
+    checkFloat(k, "bias", *bias);
+    checkShape(k, "bias", *bias, {out}, "for w shape " + formatShape(w.shape));
+  }
+  std::vector<int64_t> expected(x.shape.begin(), x.shape.end() - 1);
+  expected.push_back(out);
+  checkShape(k, "y", y, expected,
+             "for x shape " + formatShape(x.shape) + " and w shape " + formatShape(w.shape));
+  // y [rows, out] = x [rows, in] wᵀ.
+  runGemm(k, ctx, /*transA=*/false, /*transB=*/true, leadingRows(x), out, in, x, 0, w, 0, bias,
+          y, 0, 1);
+}
+
+void matmul(const Context &ctx, const TensorView &a, const TensorView &b, const TensorView &c) {
+  const char *k = "matmul";
+  checkFloat(k, "a", a);
+  checkFloat(k, "b", b);
+  checkFloat(k, "c", c);
+  int64_t rank = a.rank();
+  if (rank < 2 || b.rank() != rank ||
+      !std::equal(a.shape.begin(), a.shape.end() - 2, b.shape.begin()) || b.dim(-2) != a.dim(-1))
+    fail(k, "a shape " + formatShape(a.shape) + " and b shape " + formatShape(b.shape) +
+                " are not [..., m, k] and [..., k, n] with the same batch dimensions");
+  int64_t m = a.dim(-2), kk = a.dim(-1), n = b.dim(-1);
+  std::vector<int64_t> expected(a.shape.begin(), a.shape.end() - 1);
+  expected.push_back(n);
+  checkShape(k, "c", c, expected,
+             "for a shape " + formatShape(a.shape) + " and b shape " + formatShape(b.shape));
+  int64_t batch = 1;
+  for (int64_t i = 0; i + 2 < rank; ++i)
+    batch *= a.shape[size_t(i)];
+  runGemm(k, ctx, false, false, m, n, kk, a, m * kk, b, kk * n, nullptr, c, m * n, batch);
+}
+
+void linearGradInput(const Context &ctx, const TensorView &dy, const TensorView &w,
+                     const TensorView &dx) {
+  const char *k = "linear_grad_input";
+  checkFloat(k, "dy", dy);
+  checkFloat(k, "w", w);
+  checkFloat(k, "dx", dx);
+  if (dy.rank() < 1)
+    fail(k, "dy must have at least one dimension, got shape " + formatShape(dy.shape));
+  if (w.rank() != 2 || w.dim(0) != dy.dim(-1))
+    fail(k, "w shape " + formatShape(w.shape) + " should be [" + std::to_string(dy.dim(-1)) +
+                ", in] for dy shape " + formatShape(dy.shape));
+  int64_t out = w.dim(0), in = w.dim(1);
+  std::vector<int64_t> expected(dy.shape.begin(), dy.shape.end() - 1);
+  expected.push_back(in);
+  checkShape(k, "dx", dx, expected,
+             "for dy shape " + formatShape(dy.shape) + " and w shape " + formatShape(w.shape));
+  // dx [rows, in] = dy [rows, out] w [out, in].
+  runGemm(k, ctx, false, false, leadingRows(dy), in, out, dy, 0, w, 0, nullptr, dx, 0, 1);
+}
+
+void linearGradWeight(const Context &ctx, const TensorView &dy, const TensorView &x,
+                      const TensorView &dw) {
+  const char *k = "linear_grad_weight";
+  checkFloat(k, "dy", dy);
+  checkFloat(k, "x", x);
+  checkFloat(k, "dw", dw);
+  if (dy.rank() < 1 || x.rank() != dy.rank() ||
+      !std::equal(dy.shape.begin(), dy.shape.end() - 1, x.shape.begin()))
+    fail(k, "x shape " + formatShape(x.shape) + " and dy shape " + formatShape(dy.shape) +
+                " are not [..., in] and [..., out] with the same leading dimensions");
+  int64_t out = dy.dim(-1), in = x.dim(-1);
+  checkShape(k, "dw", dw, {out, in},
+             "for dy shape " + formatShape(dy.shape) + " and x shape " + formatShape(x.shape));
+  // dw [out, in] = dyᵀ [out, rows] x [rows, in].
+  runGemm(k, ctx, /*transA=*/true, false, out, in, leadingRows(dy), dy, 0, x, 0, nullptr, dw, 0,
+          1);
+}
+
+} // namespace bonsai::rt::cuda

@@ -1,0 +1,625 @@
+//===- Norm.cu - rms_norm, layer_norm, softmax and their gradients on CUDA -===//
+//
+// Row kernels: one warp per row for short rows (eight rows per block), else one block per row
+// (up to 1024 threads, about four 16-byte vectors each), reductions by warp shuffles and one
+// shared-memory step, in fp32 and in an order fixed by the launch shape, so results are the
+// same run to run. Rows are read with 16-byte vectors after a scalar head that brings the row
+// to a 16-byte boundary, so odd row lengths vectorise too; re-reads of a row within a kernel
+// come from cache. Softmax over an inner axis (inner size > 1) runs one thread per column.
+//
+// The weight and bias gradients of the norms are two-stage and deterministic: a persistent
+// grid of G blocks walks the rows (block b takes rows b, b + G, ...), each thread adding the
+// contributions of its own columns (the same columns for every row) into its block's
+// accumulator row (shared memory when it fits, else the block's row of the partial buffer);
+// a second kernel sums the G partial rows of each column in block order.
+//
+// The weight (and bias) may have a dtype other than x's (e.g. f32 weights with bf16
+// activations); other mixes run through fp32 copies (F32Staging).
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/runtime/CudaKernels.h"
+
+#include "CudaCheck.h"
+#include "DeviceUtil.cuh"
+
+#include <string>
+
+namespace bonsai::rt::cuda {
+
+using namespace detail;
+
+namespace {
+
+/// Block shape and grid for one row per warp (short rows) or one row per block.
+struct RowLaunch {
+  dim3 block;
+  unsigned grid;
+};
+
+RowLaunch rowLaunch(int64_t rows, int64_t d, int vw) {
+  int tpr = threadsPerRow(d, vw);
+  if (tpr == 32)
+    return {dim3(32, 8), unsigned((rows + 7) / 8)};
+  return {dim3(unsigned(tpr), 1), unsigned(rows)};
+}
+
+//===----------------------------------------------------------------------===//
+// Forward norms
+//===----------------------------------------------------------------------===//
+
+template <typename T, typename W, int VW, bool Layer>
+__global__ void normKernel(const T *x, const W *w, const W *b, T *y, int64_t rows, int64_t d,
+                           float eps) {
+  __shared__ float scratch[32];
+  int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (row >= rows)
+    return; // a whole warp-row (no barrier in its reductions) or, for block rows, never
+  const T *xr = x + row * d;
+  T *yr = y + row * d;
+  const int tid = threadIdx.x, threads = blockDim.x;
+  float mean = 0.0f;
+  if constexpr (Layer) {
+    float sum = 0.0f;
+    forRow<VW>(xr, d, tid, threads, [&](int64_t i, auto width) {
+      constexpr int N = decltype(width)::value;
+      float v[N];
+      loadF<N>(xr + i, v);
+#pragma unroll
+      for (int e = 0; e < N; ++e)
+        sum += v[e];
+    });
+    mean = rowReduce(sum, scratch, SumOp{}) / float(d);
+  }
+  // The variance from the mean (two passes, as the CPU kernel), or the mean square.
+  float sumSq = 0.0f;
+  forRow<VW>(xr, d, tid, threads, [&](int64_t i, auto width) {
+    constexpr int N = decltype(width)::value;
+    float v[N];
+    loadF<N>(xr + i, v);
+#pragma unroll
+    for (int e = 0; e < N; ++e)
+      sumSq += (v[e] - mean) * (v[e] - mean);
+  });
+  sumSq = rowReduce(sumSq, scratch, SumOp{});
+  const float inv = 1.0f / sqrtf(sumSq / float(d) + eps);
+  const int64_t head = rowHead<VW>(xr, d);
+  const bool wVec = sideAligned<VW>(w + head) && (!Layer || sideAligned<VW>(b + head));
+  forRow<VW>(xr, d, tid, threads, [&](int64_t i, auto width) {
+    constexpr int N = decltype(width)::value;
+    float v[N], wv[N];
+    [[maybe_unused]] float bv[N];
+    loadF<N>(xr + i, v);
+    loadSide<N>(w + i, wv, wVec);
+    if constexpr (Layer)
+      loadSide<N>(b + i, bv, wVec);
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      v[e] = (v[e] - mean) * inv * wv[e];
+      if constexpr (Layer)
+        v[e] += bv[e];
+    }
+    storeF<N>(yr + i, v);
+  });
+}
+
+/// Checks x [..., D], a weight (and bias) [D] and y like x; returns D.
+int64_t checkNorm(const char *kernel, const TensorView &x, const TensorView &w,
+                  const TensorView *b, const TensorView &y) {
+  checkFloat(kernel, "x", x);
+  checkFloat(kernel, "weight", w);
+  checkFloat(kernel, "y", y);
+  if (x.rank() < 1)
+    fail(kernel, "x must have at least one dimension, got shape " + formatShape(x.shape));
+  int64_t d = x.dim(-1);
+  checkShape(kernel, "weight", w, {d}, "for x shape " + formatShape(x.shape));
+  if (b) {
+    checkFloat(kernel, "bias", *b);
+    checkShape(kernel, "bias", *b, {d}, "for x shape " + formatShape(x.shape));
+  }
+  checkSameShape(kernel, "y", y, "x", x);
+  return d;
+}
+
+/// Calls f(T{}, W{}) for the storage types of the activations and the side operands when they
+/// are one of the pairs the kernels are built for: W = T, or W = float.
+template <typename F> bool dispatchNormTypes(DType t, DType w, F &&f) {
+  if (w != t && w != DType::F32)
+    return false;
+  dispatchFloat(t, [&](auto tTag) {
+    using T = decltype(tTag);
+    if (w == t)
+      f(tTag, tTag);
+    else
+      f(tTag, float{});
+  });
+  return true;
+}
+
+template <bool Layer>
+void norm(const char *kernel, const Context &ctx, const TensorView &xIn, const TensorView &wIn,
+          const TensorView *bIn, double eps, const TensorView &yIn) {
+  int64_t d = checkNorm(kernel, xIn, wIn, bIn, yIn);
+  int64_t rows = d ? xIn.numel() / d : 0;
+  if (rows == 0 || d == 0)
+    return;
+  std::vector<Scratch> keep;
+  TensorView x = safeInPlace(xIn, yIn) ? xIn : copyToScratch(kernel, ctx.stream, xIn, keep);
+  TensorView w = overlaps(wIn, yIn) ? copyToScratch(kernel, ctx.stream, wIn, keep) : wIn;
+  TensorView b = bIn ? *bIn : wIn;
+  if (bIn && overlaps(b, yIn))
+    b = copyToScratch(kernel, ctx.stream, b, keep);
+  TensorView y = yIn;
+  F32Staging staging(kernel, ctx.stream);
+  bool sideOk = w.dtype == b.dtype && (w.dtype == x.dtype || w.dtype == DType::F32);
+  if (x.dtype != y.dtype || !sideOk) {
+    x = staging.in(x);
+    w = staging.in(w);
+    b = staging.in(b);
+    y = staging.out(y);
+  }
+  dispatchNormTypes(x.dtype, w.dtype, [&](auto tTag, auto wTag) {
+    using T = decltype(tTag);
+    using W = decltype(wTag);
+    int vw = rowVectorWidth<T>({x.data, y.data});
+    RowLaunch l = rowLaunch(rows, d, vw);
+    auto xp = static_cast<const T *>(x.data);
+    auto wp = static_cast<const W *>(w.data), bp = static_cast<const W *>(b.data);
+    auto yp = static_cast<T *>(y.data);
+    if (vw > 1)
+      normKernel<T, W, kVec<T>, Layer>
+          <<<l.grid, l.block, 0, ctx.stream>>>(xp, wp, bp, yp, rows, d, float(eps));
+    else
+      normKernel<T, W, 1, Layer>
+          <<<l.grid, l.block, 0, ctx.stream>>>(xp, wp, bp, yp, rows, d, float(eps));
+    checkLaunch(kernel, "normKernel");
+  });
+  staging.finish();
+}
+
+//===----------------------------------------------------------------------===//
+// Softmax
+//===----------------------------------------------------------------------===//
+
+template <typename T, int VW>
+__global__ void softmaxRowKernel(const T *x, T *y, int64_t rows, int64_t d) {
+  __shared__ float scratch[64];
+  int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (row >= rows)
+    return;
+  const T *xr = x + row * d;
+  T *yr = y + row * d;
+  SoftmaxState st;
+  forRow<VW>(xr, d, threadIdx.x, blockDim.x, [&](int64_t i, auto width) {
+    constexpr int N = decltype(width)::value;
+    float v[N];
+    loadF<N>(xr + i, v);
+    softmaxAccumulate(st, v);
+  });
+  st = rowSoftmaxReduce(st, scratch);
+  const float inv = 1.0f / st.s;
+  forRow<VW>(xr, d, threadIdx.x, blockDim.x, [&](int64_t i, auto width) {
+    constexpr int N = decltype(width)::value;
+    float v[N];
+    loadF<N>(xr + i, v);
+#pragma unroll
+    for (int e = 0; e < N; ++e)
+      v[e] = exp2f(fmaf(v[e], kLog2e, -st.m)) * inv;
+    storeF<N>(yr + i, v);
+  });
+}
+
+/// Softmax down the columns of [outer, len, inner] blocks: one thread per (outer, inner) column,
+/// consecutive threads on consecutive columns (coalesced).
+template <typename T>
+__global__ void softmaxColumnKernel(const T *x, T *y, int64_t outer, int64_t len, int64_t inner) {
+  for (int64_t col = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; col < outer * inner;
+       col += int64_t(gridDim.x) * blockDim.x) {
+    int64_t o = col / inner, c = col % inner;
+    const T *xc = x + o * len * inner + c;
+    T *yc = y + o * len * inner + c;
+    SoftmaxState st;
+    for (int64_t i = 0; i < len; ++i) {
+      float v[1] = {toFloat(xc[i * inner])};
+      softmaxAccumulate(st, v);
+    }
+    const float inv = 1.0f / st.s;
+    for (int64_t i = 0; i < len; ++i)
+      yc[i * inner] = fromFloat<T>(exp2f(fmaf(toFloat(xc[i * inner]), kLog2e, -st.m)) * inv);
+  }
+}
+
+template <typename T, int VW>
+__global__ void softmaxGradRowKernel(const T *dy, const T *y, T *dx, int64_t rows, int64_t d) {
+  __shared__ float scratch[32];
+  int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (row >= rows)
+    return;
+  const T *gr = dy + row * d, *pr = y + row * d;
+  T *outr = dx + row * d;
+  float dot = 0.0f;
+  forRow<VW>(gr, d, threadIdx.x, blockDim.x, [&](int64_t i, auto width) {
+    constexpr int N = decltype(width)::value;
+    float g[N], p[N];
+    loadF<N>(gr + i, g);
+    loadF<N>(pr + i, p);
+#pragma unroll
+    for (int e = 0; e < N; ++e)
+      dot += g[e] * p[e];
+  });
+  dot = rowReduce(dot, scratch, SumOp{});
+  forRow<VW>(gr, d, threadIdx.x, blockDim.x, [&](int64_t i, auto width) {
+    constexpr int N = decltype(width)::value;
+    float g[N], p[N];
+    loadF<N>(gr + i, g);
+    loadF<N>(pr + i, p);
+#pragma unroll
+    for (int e = 0; e < N; ++e)
+      g[e] = p[e] * (g[e] - dot);
+    storeF<N>(outr + i, g);
+  });
+}
+
+template <typename T>
+__global__ void softmaxGradColumnKernel(const T *dy, const T *y, T *dx, int64_t outer,
+                                        int64_t len, int64_t inner) {
+  for (int64_t col = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; col < outer * inner;
+       col += int64_t(gridDim.x) * blockDim.x) {
+    int64_t base = (col / inner) * len * inner + col % inner;
+    float dot = 0.0f;
+    for (int64_t i = 0; i < len; ++i)
+      dot += toFloat(dy[base + i * inner]) * toFloat(y[base + i * inner]);
+    for (int64_t i = 0; i < len; ++i) {
+      int64_t e = base + i * inner;
+      dx[e] = fromFloat<T>(toFloat(y[e]) * (toFloat(dy[e]) - dot));
+    }
+  }
+}
+
+/// [outer, len, inner] around `axis`.
+void splitAxis(const TensorView &t, int64_t axis, int64_t &outer, int64_t &len, int64_t &inner) {
+  outer = 1;
+  inner = 1;
+  len = t.dim(axis);
+  for (int64_t i = 0; i < axis; ++i)
+    outer *= t.shape[size_t(i)];
+  for (int64_t i = axis + 1; i < t.rank(); ++i)
+    inner *= t.shape[size_t(i)];
+}
+
+//===----------------------------------------------------------------------===//
+// Norm gradients
+//===----------------------------------------------------------------------===//
+
+/// Rows are visited with a fixed column split: VW > 1 only when every row starts on a 16-byte
+/// boundary (so thread t owns columns [t VW, t VW + VW) + k threads VW in every row).
+template <typename T, typename W, int VW, bool Layer>
+__global__ void normGradKernel(const T *dy, const T *x, const W *w, T *dx, float *partial,
+                               bool sharedAcc, int64_t rows, int64_t d, float eps) {
+  extern __shared__ float sharedMem[];
+  __shared__ float scratch[64];
+  constexpr int kAcc = Layer ? 2 : 1;
+  float *accW = sharedAcc ? sharedMem : partial + int64_t(blockIdx.x) * kAcc * d;
+  float *accB = accW + d; // layer norm only
+  const int64_t first = int64_t(threadIdx.x) * VW, step = int64_t(blockDim.x) * VW;
+  const bool wVec = sideAligned<VW>(w);
+  for (int64_t c = first; c < d; c += step)
+#pragma unroll
+    for (int e = 0; e < VW; ++e) {
+      accW[c + e] = 0.0f;
+      if constexpr (Layer)
+        accB[c + e] = 0.0f;
+    }
+
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T *gr = dy + row * d, *xr = x + row * d;
+    T *outr = dx + row * d;
+    if constexpr (!Layer) {
+      // y = x r w, r = (mean(x^2) + eps)^-1/2, g = dy w: dx = r g - x r^3 mean(g x).
+      float sumSq = 0.0f, dot = 0.0f;
+      for (int64_t c = first; c < d; c += step) {
+        float g[VW], v[VW], wv[VW];
+        loadF<VW>(gr + c, g);
+        loadF<VW>(xr + c, v);
+        loadSide<VW>(w + c, wv, wVec);
+#pragma unroll
+        for (int e = 0; e < VW; ++e) {
+          sumSq += v[e] * v[e];
+          dot += g[e] * wv[e] * v[e];
+        }
+      }
+      rowReduceSum2(sumSq, dot, scratch);
+      const float r = 1.0f / sqrtf(sumSq / float(d) + eps);
+      const float coef = r * r * r * dot / float(d);
+      for (int64_t c = first; c < d; c += step) {
+        float g[VW], v[VW], wv[VW], out[VW];
+        loadF<VW>(gr + c, g);
+        loadF<VW>(xr + c, v);
+        loadSide<VW>(w + c, wv, wVec);
+#pragma unroll
+        for (int e = 0; e < VW; ++e) {
+          out[e] = r * g[e] * wv[e] - coef * v[e];
+          accW[c + e] += g[e] * v[e] * r;
+        }
+        storeF<VW>(outr + c, out);
+      }
+    } else {
+      // xhat = (x - mean) r, g = dy w: dx = r (g - mean(g) - xhat mean(g xhat)).
+      float sum = 0.0f;
+      for (int64_t c = first; c < d; c += step) {
+        float v[VW];
+        loadF<VW>(xr + c, v);
+#pragma unroll
+        for (int e = 0; e < VW; ++e)
+          sum += v[e];
+      }
+      const float mean = rowReduce(sum, scratch, SumOp{}) / float(d);
+      float sumSq = 0.0f;
+      for (int64_t c = first; c < d; c += step) {
+        float v[VW];
+        loadF<VW>(xr + c, v);
+#pragma unroll
+        for (int e = 0; e < VW; ++e)
+          sumSq += (v[e] - mean) * (v[e] - mean);
+      }
+      const float r = 1.0f / sqrtf(rowReduce(sumSq, scratch, SumOp{}) / float(d) + eps);
+      float sumG = 0.0f, sumGX = 0.0f;
+      for (int64_t c = first; c < d; c += step) {
+        float g[VW], v[VW], wv[VW];
+        loadF<VW>(gr + c, g);
+        loadF<VW>(xr + c, v);
+        loadSide<VW>(w + c, wv, wVec);
+#pragma unroll
+        for (int e = 0; e < VW; ++e) {
+          float gw = g[e] * wv[e];
+          sumG += gw;
+          sumGX += gw * (v[e] - mean) * r;
+        }
+      }
+      rowReduceSum2(sumG, sumGX, scratch);
+      const float meanG = sumG / float(d), meanGX = sumGX / float(d);
+      for (int64_t c = first; c < d; c += step) {
+        float g[VW], v[VW], wv[VW], out[VW];
+        loadF<VW>(gr + c, g);
+        loadF<VW>(xr + c, v);
+        loadSide<VW>(w + c, wv, wVec);
+#pragma unroll
+        for (int e = 0; e < VW; ++e) {
+          float xhat = (v[e] - mean) * r;
+          out[e] = r * (g[e] * wv[e] - meanG - xhat * meanGX);
+          accW[c + e] += g[e] * xhat;
+          accB[c + e] += g[e];
+        }
+        storeF<VW>(outr + c, out);
+      }
+    }
+  }
+  if (sharedAcc) {
+    float *dst = partial + int64_t(blockIdx.x) * kAcc * d;
+    for (int64_t c = first; c < d; c += step)
+#pragma unroll
+      for (int e = 0; e < VW; ++e) {
+        dst[c + e] = accW[c + e];
+        if constexpr (Layer)
+          dst[d + c + e] = accB[c + e];
+      }
+  }
+}
+
+/// out[c] = sum over blocks b = 0, 1, ... of partial[b * rowStride + c], in that order.
+template <typename W>
+__global__ void sumPartialsKernel(const float *partial, int64_t blocks, int64_t rowStride,
+                                  int64_t d, W *out) {
+  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < d;
+       c += int64_t(gridDim.x) * blockDim.x) {
+    float sum = 0.0f;
+    for (int64_t b = 0; b < blocks; ++b)
+      sum += partial[b * rowStride + c];
+    out[c] = fromFloat<W>(sum);
+  }
+}
+
+template <bool Layer>
+void normGrad(const char *kernel, const Context &ctx, const TensorView &dyIn,
+              const TensorView &xIn, const TensorView &wIn, double eps, const TensorView &dxIn,
+              const TensorView &dwIn, const TensorView *dbIn) {
+  checkFloat(kernel, "dy", dyIn);
+  checkFloat(kernel, "x", xIn);
+  checkFloat(kernel, "weight", wIn);
+  checkFloat(kernel, "dx", dxIn);
+  if (xIn.rank() < 1)
+    fail(kernel, "x must have at least one dimension, got shape " + formatShape(xIn.shape));
+  checkSameShape(kernel, "dy", dyIn, "x", xIn);
+  int64_t d = xIn.dim(-1);
+  checkShape(kernel, "weight", wIn, {d}, "for x shape " + formatShape(xIn.shape));
+  checkSameShape(kernel, "dx", dxIn, "x", xIn);
+  checkFloat(kernel, "dw", dwIn);
+  checkShape(kernel, "dw", dwIn, {d}, "for x shape " + formatShape(xIn.shape));
+  if (dbIn) {
+    checkFloat(kernel, "db", *dbIn);
+    checkShape(kernel, "db", *dbIn, {d}, "for x shape " + formatShape(xIn.shape));
+  }
+  int64_t rows = d ? xIn.numel() / d : 0;
+  if (d == 0)
+    return;
+
+  // Inputs are read while dx, dw and db are written: any overlap reads from copies.
+  std::vector<Scratch> keep;
+  std::vector<const TensorView *> outputs = {&dxIn, &dwIn};
+  if (dbIn)
+    outputs.push_back(dbIn);
+  auto unaliased = [&](const TensorView &t) {
+    for (const TensorView *o : outputs)
+      if (overlaps(t, *o))
+        return copyToScratch(kernel, ctx.stream, t, keep);
+    return t;
+  };
+  TensorView dy = unaliased(dyIn), x = unaliased(xIn), w = unaliased(wIn);
+  TensorView dx = dxIn, dw = dwIn, db = dbIn ? *dbIn : dwIn;
+  F32Staging staging(kernel, ctx.stream);
+  bool activationsOk = dy.dtype == x.dtype && dx.dtype == x.dtype;
+  bool sideOk = (w.dtype == x.dtype || w.dtype == DType::F32) && dw.dtype == w.dtype &&
+                (!dbIn || db.dtype == w.dtype);
+  if (!activationsOk || !sideOk) {
+    dy = staging.in(dy);
+    x = staging.in(x);
+    w = staging.in(w);
+    dx = staging.out(dx);
+    dw = staging.out(dw);
+    if (dbIn)
+      db = staging.out(db);
+  }
+  if (rows == 0) {
+    // Empty sums.
+    checkCuda(cudaMemsetAsync(dw.data, 0, dw.bytes(), ctx.stream), "cudaMemsetAsync", kernel);
+    if (dbIn)
+      checkCuda(cudaMemsetAsync(db.data, 0, db.bytes(), ctx.stream), "cudaMemsetAsync", kernel);
+    staging.finish();
+    return;
+  }
+
+  dispatchNormTypes(x.dtype, w.dtype, [&](auto tTag, auto wTag) {
+    using T = decltype(tTag);
+    using W = decltype(wTag);
+    constexpr int kAcc = Layer ? 2 : 1;
+    bool vector = aligned16(dy.data) && aligned16(x.data) && aligned16(dx.data) &&
+                  (d * int64_t(sizeof(T))) % 16 == 0;
+    int vw = vector ? kVec<T> : 1;
+    int threads = threadsPerRow(d, vw);
+    size_t accBytes = size_t(kAcc) * size_t(d) * sizeof(float);
+    bool sharedAcc = accBytes <= 48 * 1024;
+    size_t smem = sharedAcc ? accBytes : 0;
+    auto kernelFn = vector ? normGradKernel<T, W, kVec<T>, Layer> : normGradKernel<T, W, 1, Layer>;
+    int perSm = 0;
+    checkCuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernelFn, threads, smem),
+              "cudaOccupancyMaxActiveBlocksPerMultiprocessor", kernel);
+    int64_t blocks = std::min<int64_t>(rows, int64_t(multiprocessorCount(kernel)) *
+                                                 std::max(1, perSm));
+    Scratch partial(kernel, ctx.stream, size_t(blocks) * accBytes);
+    kernelFn<<<unsigned(blocks), threads, smem, ctx.stream>>>(
+        static_cast<const T *>(dy.data), static_cast<const T *>(x.data),
+        static_cast<const W *>(w.data), static_cast<T *>(dx.data), partial.as<float>(), sharedAcc,
+        rows, d, float(eps));
+    checkLaunch(kernel, "normGradKernel");
+    unsigned grid = gridFor(kernel, d, 256);
+    sumPartialsKernel<W><<<grid, 256, 0, ctx.stream>>>(partial.as<float>(), blocks, kAcc * d, d,
+                                                       static_cast<W *>(dw.data));
+    checkLaunch(kernel, "sumPartialsKernel");
+    if (Layer) {
+      sumPartialsKernel<W><<<grid, 256, 0, ctx.stream>>>(partial.as<float>() + d, blocks,
+                                                         kAcc * d, d, static_cast<W *>(db.data));
+      checkLaunch(kernel, "sumPartialsKernel");
+    }
+  });
+  staging.finish();
+}
+
+} // namespace
+
+void rmsNorm(const Context &ctx, const TensorView &x, const TensorView &w, double eps,
+             const TensorView &y) {
+  norm<false>("rms_norm", ctx, x, w, nullptr, eps, y);
+}
+
+void layerNorm(const Context &ctx, const TensorView &x, const TensorView &w,
+               const TensorView &b, double eps, const TensorView &y) {
+  norm<true>("layer_norm", ctx, x, w, &b, eps, y);
+}
+
+void softmax(const Context &ctx, const TensorView &xIn, int axis, const TensorView &y) {
+  const char *k = "softmax";
+  checkFloat(k, "x", xIn);
+  checkFloat(k, "y", y);
+  checkSameShape(k, "y", y, "x", xIn);
+  int64_t a = normalizeAxis(k, axis, xIn.rank());
+  int64_t outer, len, inner;
+  splitAxis(xIn, a, outer, len, inner);
+  if (outer * len * inner == 0)
+    return;
+  std::vector<Scratch> keep;
+  // The column kernel reads a column twice while writing it; the row kernel likewise per row.
+  TensorView x = safeInPlace(xIn, y) ? xIn : copyToScratch(k, ctx.stream, xIn, keep);
+  F32Staging staging(k, ctx.stream);
+  TensorView xs = x, ys = y;
+  if (x.dtype != y.dtype) {
+    xs = staging.in(x);
+    ys = staging.out(y);
+  }
+  dispatchFloat(xs.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    auto xp = static_cast<const T *>(xs.data);
+    auto yp = static_cast<T *>(ys.data);
+    if (inner == 1) {
+      int vw = rowVectorWidth<T>({xs.data, ys.data});
+      RowLaunch l = rowLaunch(outer, len, vw);
+      if (vw > 1)
+        softmaxRowKernel<T, kVec<T>><<<l.grid, l.block, 0, ctx.stream>>>(xp, yp, outer, len);
+      else
+        softmaxRowKernel<T, 1><<<l.grid, l.block, 0, ctx.stream>>>(xp, yp, outer, len);
+      checkLaunch(k, "softmaxRowKernel");
+    } else {
+      softmaxColumnKernel<T><<<gridFor(k, outer * inner, 256), 256, 0, ctx.stream>>>(
+          xp, yp, outer, len, inner);
+      checkLaunch(k, "softmaxColumnKernel");
+    }
+  });
+  staging.finish();
+}
+
+void softmaxGrad(const Context &ctx, const TensorView &dyIn, const TensorView &yIn, int axis,
+                 const TensorView &dx) {
+  const char *k = "softmax_grad";
+  checkFloat(k, "dy", dyIn);
+  checkFloat(k, "y", yIn);
+  checkFloat(k, "dx", dx);
+  checkSameShape(k, "y", yIn, "dy", dyIn);
+  checkSameShape(k, "dx", dx, "dy", dyIn);
+  int64_t a = normalizeAxis(k, axis, dyIn.rank());
+  int64_t outer, len, inner;
+  splitAxis(dyIn, a, outer, len, inner);
+  if (outer * len * inner == 0)
+    return;
+  std::vector<Scratch> keep;
+  TensorView dy = safeInPlace(dyIn, dx) ? dyIn : copyToScratch(k, ctx.stream, dyIn, keep);
+  TensorView y = safeInPlace(yIn, dx) ? yIn : copyToScratch(k, ctx.stream, yIn, keep);
+  TensorView out = dx;
+  F32Staging staging(k, ctx.stream);
+  if (!(dy.dtype == y.dtype && y.dtype == dx.dtype)) {
+    dy = staging.in(dy);
+    y = staging.in(y);
+    out = staging.out(dx);
+  }
+  dispatchFloat(out.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    auto gp = static_cast<const T *>(dy.data), pp = static_cast<const T *>(y.data);
+    auto op = static_cast<T *>(out.data);
+    if (inner == 1) {
+      int vw = rowVectorWidth<T>({dy.data, y.data, out.data});
+      RowLaunch l = rowLaunch(outer, len, vw);
+      if (vw > 1)
+        softmaxGradRowKernel<T, kVec<T>>
+            <<<l.grid, l.block, 0, ctx.stream>>>(gp, pp, op, outer, len);
+      else
+        softmaxGradRowKernel<T, 1><<<l.grid, l.block, 0, ctx.stream>>>(gp, pp, op, outer, len);
+      checkLaunch(k, "softmaxGradRowKernel");
+    } else {
+      softmaxGradColumnKernel<T><<<gridFor(k, outer * inner, 256), 256, 0, ctx.stream>>>(
+          gp, pp, op, outer, len, inner);
+      checkLaunch(k, "softmaxGradColumnKernel");
+    }
+  });
+  staging.finish();
+}
+
+void rmsNormGrad(const Context &ctx, const TensorView &dy, const TensorView &x,
+                 const TensorView &w, double eps, const TensorView &dx, const TensorView &dw) {
+  normGrad<false>("rms_norm_grad", ctx, dy, x, w, eps, dx, dw, nullptr);
+}
+
+void layerNormGrad(const Context &ctx, const TensorView &dy, const TensorView &x,
+                   const TensorView &w, double eps, const TensorView &dx, const TensorView &dw,
+                   const TensorView &db) {
+  normGrad<true>("layer_norm_grad", ctx, dy, x, w, eps, dx, dw, &db);
+}
+
+} // namespace bonsai::rt::cuda

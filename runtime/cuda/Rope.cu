@@ -1,0 +1,118 @@
+//===- Rope.cu - rope and rope_grad on CUDA --------------------------------===//
+//
+// Rotary embedding of x [batch, seq, heads, head_dim] (Hugging Face's rotate-half convention)
+// and its adjoint, the inverse rotation. One block per token (all heads of one position): the
+// block first computes the position's cos and sin table in fp64, as the CPU kernel does (an
+// fp32 angle s * theta^(-2i/D) is off by up to 2.4e-4 rad at position 4096), rounds it to fp32
+// in shared memory, then rotates every (i, i + D/2) pair of every head with 16-byte loads. Each
+// pair is read and written by one thread, so y may be x (in place).
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/runtime/CudaKernels.h"
+
+#include "CudaCheck.h"
+#include "DeviceUtil.cuh"
+
+#include <string>
+
+namespace bonsai::rt::cuda {
+
+using namespace detail;
+
+namespace {
+
+/// y_lo = lo cos - hi sin, y_hi = hi cos + lo sin with sin scaled by `sign` (-1: the inverse).
+template <typename T, int VW>
+__global__ void ropeKernel(const T *x, T *y, int64_t tokens, int64_t seq, int64_t heads,
+                           int64_t d, double theta, float sign) {
+  extern __shared__ float table[]; // cos[half], then sign * sin[half]
+  const int64_t half = d / 2, vectorsPerHead = half / VW, row = heads * d;
+  for (int64_t token = blockIdx.x; token < tokens; token += gridDim.x) {
+    const double s = double(token % seq);
+    __syncthreads(); // the previous token's readers are done with the table
+    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+      double angle = s * pow(theta, -2.0 * double(i) / double(d));
+      double sn, cs;
+      sincos(angle, &sn, &cs);
+      table[i] = float(cs);
+      table[half + i] = sign * float(sn);
+    }
+    __syncthreads();
+    const T *xr = x + token * row;
+    T *yr = y + token * row;
+    for (int64_t p = threadIdx.x; p < heads * vectorsPerHead; p += blockDim.x) {
+      int64_t h = p / vectorsPerHead, i = (p - h * vectorsPerHead) * VW;
+      float lo[VW], hi[VW], outLo[VW], outHi[VW];
+      loadF<VW>(xr + h * d + i, lo);
+      loadF<VW>(xr + h * d + half + i, hi);
+#pragma unroll
+      for (int e = 0; e < VW; ++e) {
+        float c = table[i + e], sn = table[half + i + e];
+        outLo[e] = lo[e] * c - hi[e] * sn;
+        outHi[e] = hi[e] * c + lo[e] * sn;
+      }
+      storeF<VW>(yr + h * d + i, outLo);
+      storeF<VW>(yr + h * d + half + i, outHi);
+    }
+  }
+}
+
+void runRope(const char *kernel, const char *xName, const char *yName, const Context &ctx,
+             const TensorView &xIn, double theta, const TensorView &y, float sign) {
+  checkFloat(kernel, xName, xIn);
+  checkFloat(kernel, yName, y);
+  if (xIn.rank() != 4 || xIn.dim(3) % 2 != 0)
+    fail(kernel, std::string(xName) + " shape " + formatShape(xIn.shape) +
+                     " is not [batch, seq, heads, head_dim] with an even head_dim");
+  checkSameShape(kernel, yName, y, xName, xIn);
+  if (!(theta > 0.0))
+    fail(kernel, "theta " + std::to_string(theta) + " is not positive");
+  int64_t batch = xIn.dim(0), seq = xIn.dim(1), heads = xIn.dim(2), d = xIn.dim(3);
+  int64_t tokens = batch * seq;
+  if (xIn.numel() == 0)
+    return;
+  std::vector<Scratch> keep;
+  TensorView x = safeInPlace(xIn, y) ? xIn : copyToScratch(kernel, ctx.stream, xIn, keep);
+  F32Staging staging(kernel, ctx.stream);
+  TensorView xs = x, ys = y;
+  if (x.dtype != y.dtype) {
+    xs = staging.in(x);
+    ys = staging.out(y);
+  }
+  int64_t half = d / 2;
+  size_t smem = size_t(d) * sizeof(float);
+  if (smem > 48 * 1024)
+    fail(kernel, "head_dim " + std::to_string(d) + " exceeds the 12288 the kernel's table holds");
+  dispatchFloat(xs.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int VW = kVec<T>;
+    bool vector = half % VW == 0 && aligned16(xs.data) && aligned16(ys.data);
+    int64_t work = heads * (vector ? half / VW : half);
+    int threads = int(std::min<int64_t>(256, std::max<int64_t>(32, (work + 31) / 32 * 32)));
+    unsigned grid = unsigned(std::min<int64_t>(tokens, int64_t(1) << 30));
+    auto xp = static_cast<const T *>(xs.data);
+    auto yp = static_cast<T *>(ys.data);
+    if (vector)
+      ropeKernel<T, VW>
+          <<<grid, threads, smem, ctx.stream>>>(xp, yp, tokens, seq, heads, d, theta, sign);
+    else
+      ropeKernel<T, 1>
+          <<<grid, threads, smem, ctx.stream>>>(xp, yp, tokens, seq, heads, d, theta, sign);
+    checkLaunch(kernel, "ropeKernel");
+  });
+  staging.finish();
+}
+
+} // namespace
+
+void rope(const Context &ctx, const TensorView &x, double theta, const TensorView &y) {
+  runRope("rope", "x", "y", ctx, x, theta, y, 1.0f);
+}
+
+void ropeGrad(const Context &ctx, const TensorView &dy, double theta, const TensorView &dx) {
+  // The transpose of [[c, -s], [s, c]] is the rotation by -angle.
+  runRope("rope_grad", "dy", "dx", ctx, dy, theta, dx, -1.0f);
+}
+
+} // namespace bonsai::rt::cuda

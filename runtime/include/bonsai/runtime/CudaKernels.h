@@ -1,0 +1,162 @@
+//===- CudaKernels.h - The CUDA backend's kernels --------------------------===//
+//
+// One function per plan kernel kind, as in CpuKernels.h (same operands, same semantics, same
+// storage types: f32, f16, bf16 storage with fp32 compute), for tensors in device memory. Every
+// function enqueues its work on `ctx.stream` and returns without synchronising; launch errors
+// are checked at once (rt::Error naming the kernel and the CUDA error). Data-dependent errors
+// (an id or label out of range) cannot throw from the device: the kernel records the first one
+// in `ctx.deviceError` and the executor reports it after the step (see DeviceError).
+//
+// GEMMs go through cuBLASLt (fp32 accumulation, bf16/f16/f32 storage). The CPU kernels are the
+// reference every function here is tested against.
+//
+// This header has no CUDA include: cudaStream_t is forward-declared so that the executor's
+// headers stay plain C++.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BONSAI_RUNTIME_CUDAKERNELS_H
+#define BONSAI_RUNTIME_CUDAKERNELS_H
+
+#include "bonsai/runtime/CpuKernels.h"
+#include "bonsai/runtime/Tensor.h"
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+struct CUstream_st;
+
+namespace bonsai::rt::cuda {
+
+using Stream = CUstream_st *;
+
+/// Codes a kernel stores in DeviceError::code (the first error of a step wins).
+enum DeviceErrorCode : int32_t {
+  kNoDeviceError = 0,
+  kIdOutOfRange = 1,    ///< embedding: ids[index] = value is not below the vocabulary size
+  kLabelOutOfRange = 2, ///< cross-entropy: labels[index] = value is neither ignored nor valid
+};
+
+/// A device-side error record: the executor zeroes it, kernels fill it, the executor reads it
+/// back after the step and throws rt::Error naming the kernel.
+struct DeviceError {
+  int32_t code;
+  int32_t kernel; ///< plan kernel index, set by the executor through Context::kernelIndex
+  int64_t index;  ///< flat position of the offending element
+  int64_t value;  ///< its value
+};
+
+/// cuBLASLt handle, workspace and cached matmul descriptors; one per device and stream.
+class GemmEngine {
+public:
+  /// Creates the handle and a `workspaceBytes` device workspace. Throws rt::Error on failure.
+  explicit GemmEngine(size_t workspaceBytes = size_t(32) << 20);
+  ~GemmEngine();
+  GemmEngine(const GemmEngine &) = delete;
+  GemmEngine &operator=(const GemmEngine &) = delete;
+
+  /// Row-major C[m, n] = alpha * op(A) * op(B) + beta * C with op = transpose when the flag is
+  /// set; A is [m, k] (or [k, m] transposed), B is [k, n] (or [n, k] transposed). All three
+  /// share one storage dtype (f32, f16 or bf16); accumulation is fp32. `batch` matrices at
+  /// the given element strides (0 = the same matrix for every batch).
+  void gemm(Stream stream, DType dtype, bool transA, bool transB, int64_t m, int64_t n,
+            int64_t k, float alpha, const void *a, int64_t strideA, const void *b,
+            int64_t strideB, float beta, void *c, int64_t strideC, int64_t batch = 1);
+
+private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// What every kernel needs besides its tensors.
+struct Context {
+  Stream stream = nullptr;
+  GemmEngine *gemm = nullptr;
+  DeviceError *deviceError = nullptr; ///< device memory
+  int32_t kernelIndex = 0;            ///< recorded with a device error
+};
+
+// Forward kernels (see CpuKernels.h for the semantics of each).
+void embedding(const Context &ctx, const TensorView &table, const TensorView &ids,
+               const TensorView &out);
+void linear(const Context &ctx, const TensorView &x, const TensorView &w,
+            const TensorView *bias, const TensorView &y);
+void matmul(const Context &ctx, const TensorView &a, const TensorView &b, const TensorView &c);
+void add(const Context &ctx, const TensorView &lhs, const TensorView &rhs,
+         const TensorView &out);
+void mul(const Context &ctx, const TensorView &lhs, const TensorView &rhs,
+         const TensorView &out);
+void rmsNorm(const Context &ctx, const TensorView &x, const TensorView &w, double eps,
+             const TensorView &y);
+void layerNorm(const Context &ctx, const TensorView &x, const TensorView &w,
+               const TensorView &b, double eps, const TensorView &y);
+void rope(const Context &ctx, const TensorView &x, double theta, const TensorView &y);
+void attention(const Context &ctx, const TensorView &q, const TensorView &k,
+               const TensorView &v, bool causal, double scale, const TensorView &o);
+void silu(const Context &ctx, const TensorView &x, const TensorView &y);
+void gelu(const Context &ctx, const TensorView &x, bool tanh, const TensorView &y);
+void swiglu(const Context &ctx, const TensorView &gate, const TensorView &up,
+            const TensorView &y);
+void softmax(const Context &ctx, const TensorView &x, int axis, const TensorView &y);
+void crossEntropy(const Context &ctx, const TensorView &logits, const TensorView &labels,
+                  int64_t ignoreIndex, const TensorView &loss);
+void transpose(const Context &ctx, const TensorView &x, const std::vector<int64_t> &perm,
+               const TensorView &y);
+void slice(const Context &ctx, const TensorView &x, int axis, int64_t start,
+           const TensorView &y);
+void cast(const Context &ctx, const TensorView &x, const TensorView &y);
+void copy(const Context &ctx, const TensorView &x, const TensorView &y);
+
+// Backward kernels.
+void fill(const Context &ctx, double value, const TensorView &y);
+void embeddingGrad(const Context &ctx, const TensorView &dy, const TensorView &ids,
+                   const TensorView &dtable);
+void linearGradInput(const Context &ctx, const TensorView &dy, const TensorView &w,
+                     const TensorView &dx);
+void linearGradWeight(const Context &ctx, const TensorView &dy, const TensorView &x,
+                      const TensorView &dw);
+void reduceTo(const Context &ctx, const TensorView &x, const TensorView &y);
+void rmsNormGrad(const Context &ctx, const TensorView &dy, const TensorView &x,
+                 const TensorView &w, double eps, const TensorView &dx, const TensorView &dw);
+void layerNormGrad(const Context &ctx, const TensorView &dy, const TensorView &x,
+                   const TensorView &w, double eps, const TensorView &dx, const TensorView &dw,
+                   const TensorView &db);
+void ropeGrad(const Context &ctx, const TensorView &dy, double theta, const TensorView &dx);
+void attentionGrad(const Context &ctx, const TensorView &dout, const TensorView &q,
+                   const TensorView &k, const TensorView &v, const TensorView &o, bool causal,
+                   double scale, const TensorView &dq, const TensorView &dk,
+                   const TensorView &dv);
+void siluGrad(const Context &ctx, const TensorView &dy, const TensorView &x,
+              const TensorView &dx);
+void geluGrad(const Context &ctx, const TensorView &dy, const TensorView &x, bool tanh,
+              const TensorView &dx);
+void swigluGrad(const Context &ctx, const TensorView &dy, const TensorView &gate,
+                const TensorView &up, const TensorView &dgate, const TensorView &dup);
+void softmaxGrad(const Context &ctx, const TensorView &dy, const TensorView &y, int axis,
+                 const TensorView &dx);
+void crossEntropyGrad(const Context &ctx, const TensorView &dloss, const TensorView &logits,
+                      const TensorView &labels, int64_t ignoreIndex,
+                      const TensorView &dlogits);
+void sliceGrad(const Context &ctx, const TensorView &dy, int axis, int64_t start,
+               const TensorView &dx);
+
+// Optimizer kernels (the multi-tensor forms take every parameter of one update at once).
+void gradNorm(const Context &ctx, const std::vector<TensorView> &grads,
+              const TensorView &norm);
+void learningRate(const Context &ctx, const TensorView &step,
+                  const cpu::LearningRateSchedule &schedule, const TensorView &lr);
+void adamwUpdate(const Context &ctx, const TensorView &grad, const TensorView &step,
+                 const TensorView &lr, const TensorView &gradNorm, const cpu::AdamWHyper &hyper,
+                 const TensorView &param, const TensorView &m, const TensorView &v,
+                 const TensorView *master);
+void sgdUpdate(const Context &ctx, const TensorView &grad, const TensorView &lr,
+               const TensorView &gradNorm, const cpu::SGDHyper &hyper, const TensorView &param,
+               const TensorView &momentum, const TensorView *master);
+void stepIncrement(const Context &ctx, const TensorView &step);
+void accumulate(const Context &ctx, const TensorView &g, const TensorView &acc);
+void zero(const Context &ctx, const TensorView &x);
+
+} // namespace bonsai::rt::cuda
+
+#endif // BONSAI_RUNTIME_CUDAKERNELS_H

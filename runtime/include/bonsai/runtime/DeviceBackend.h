@@ -1,0 +1,56 @@
+//===- DeviceBackend.h - Runs a plan's kernels on an accelerator -----------===//
+//
+// The executor runs kernels on the CPU itself; with an accelerator it hands them to a
+// DeviceBackend, which owns device copies of the arenas, runs whole phases (captured once as
+// CUDA Graphs and replayed), and moves bytes between the executor's host arenas and the
+// device. The executor's host arenas stay the place where weights are bound, inputs written
+// and checkpoints read and written; the executor decides when to copy (docs/cuda.md).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BONSAI_RUNTIME_DEVICEBACKEND_H
+#define BONSAI_RUNTIME_DEVICEBACKEND_H
+
+#include "bonsai/runtime/Plan.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace bonsai::rt {
+
+/// An accelerator running one plan.
+class DeviceBackend {
+public:
+  virtual ~DeviceBackend() = default;
+
+  /// "NVIDIA H200 (sm_90, 139.8 GiB), CUDA Graphs on".
+  virtual std::string describe() const = 0;
+  /// Copies `bytes` host bytes to the start of device arena `arena`.
+  virtual void uploadArena(size_t arena, const void *host, uint64_t bytes) = 0;
+  /// Copies device arena `arena` into `bytes` host bytes.
+  virtual void downloadArena(size_t arena, void *host, uint64_t bytes) = 0;
+  /// Copies one tensor's bytes between host memory and its place on the device.
+  virtual void uploadTensor(uint32_t tensor, const void *host) = 0;
+  virtual void downloadTensor(uint32_t tensor, void *host) = 0;
+  /// Enqueues the kernels of `phase`, in plan order. Errors are reported by `synchronize`.
+  virtual void runPhase(Phase phase) = 0;
+  /// Waits for all enqueued work and throws rt::Error for a failed kernel or a device-side
+  /// error (an id or label out of range), naming the kernel.
+  virtual void synchronize() = 0;
+  /// Device memory the backend holds (arenas and its own workspaces), measured by the driver.
+  virtual uint64_t measuredDeviceBytes() const = 0;
+};
+
+/// True when this build has the CUDA backend and a CUDA device is present.
+bool cudaDeviceAvailable();
+
+/// The CUDA backend for `plan` on device `ordinal`: allocates and zeroes one device arena per
+/// plan arena. Throws rt::Error when the build has no CUDA backend, the device is missing, or
+/// an allocation fails (naming the arena and the bytes asked for).
+std::unique_ptr<DeviceBackend> createCudaBackend(const LoadedPlan &plan, int ordinal,
+                                                 bool useGraphs);
+
+} // namespace bonsai::rt
+
+#endif // BONSAI_RUNTIME_DEVICEBACKEND_H

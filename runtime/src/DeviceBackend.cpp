@@ -1,0 +1,406 @@
+//===- DeviceBackend.cpp - Runs a plan's phases on a CUDA device ----------===//
+//
+// In a build with the CUDA backend (BONSAI_HAVE_CUDA), the CUDA DeviceBackend: one device arena per plan arena (cudaMalloc once, zeroed), a view per
+// plan tensor at the same offsets as on the host, and a dispatch of every kernel kind to the
+// CUDA kernels. Each phase is captured as a CUDA Graph the first time it runs and replayed
+// after, so a step costs a few graph launches instead of hundreds of kernel launches; if a
+// capture fails (a kernel that cannot be captured), the phase runs eagerly and says so once.
+// In a build without it, asking for a GPU is an error that says why.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/runtime/DeviceBackend.h"
+
+#ifdef BONSAI_HAVE_CUDA
+
+#include "bonsai/runtime/CudaKernels.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+namespace bonsai::rt {
+
+namespace {
+
+/// Throws rt::Error naming the call unless `status` is cudaSuccess.
+void check(cudaError_t status, const char *call) {
+  if (status != cudaSuccess)
+    throw Error(std::string("cuda backend: ") + call + " failed: " + cudaGetErrorName(status) +
+                ": " + cudaGetErrorString(status));
+}
+
+class CudaBackend final : public DeviceBackend {
+public:
+  CudaBackend(const LoadedPlan &plan, int ordinal, bool useGraphs)
+      : plan_(plan), useGraphs_(useGraphs) {
+    int count = 0;
+    check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+    if (ordinal < 0 || ordinal >= count)
+      throw Error("cuda backend: device " + std::to_string(ordinal) + " requested, " +
+                  std::to_string(count) + " present");
+    check(cudaSetDevice(ordinal), "cudaSetDevice");
+    check(cudaGetDeviceProperties(&props_, ordinal), "cudaGetDeviceProperties");
+    size_t freeBefore = 0, total = 0;
+    check(cudaMemGetInfo(&freeBefore, &total), "cudaMemGetInfo");
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    gemm_ = std::make_unique<cuda::GemmEngine>();
+    check(cudaMalloc(&deviceError_, sizeof(cuda::DeviceError)), "cudaMalloc(device error)");
+    check(cudaMemset(deviceError_, 0, sizeof(cuda::DeviceError)), "cudaMemset(device error)");
+    for (const ArenaInfo &arena : plan_.arenas) {
+      void *p = nullptr;
+      size_t bytes = std::max<uint64_t>(arena.size, 1);
+      cudaError_t status = cudaMalloc(&p, bytes);
+      if (status != cudaSuccess)
+        throw Error("cuda backend: cannot allocate arena '" + arena.name + "' of " +
+                    std::to_string(arena.size) + " bytes on " + props_.name + ": " +
+                    cudaGetErrorString(status));
+      arenas_.push_back(p);
+      check(cudaMemset(p, 0, bytes), "cudaMemset(arena)");
+    }
+    for (const TensorInfo &t : plan_.tensors) {
+      TensorView v;
+      v.data = static_cast<char *>(arenas_[t.arena]) + t.offset;
+      v.dtype = t.dtype;
+      v.shape = t.shape;
+      views_.push_back(std::move(v));
+    }
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    size_t freeAfter = 0;
+    check(cudaMemGetInfo(&freeAfter, &total), "cudaMemGetInfo");
+    measured_ = freeBefore > freeAfter ? freeBefore - freeAfter : 0;
+  }
+
+  ~CudaBackend() override {
+    for (auto &entry : graphs_)
+      if (entry.second)
+        cudaGraphExecDestroy(entry.second);
+    for (void *p : arenas_)
+      cudaFree(p);
+    if (deviceError_)
+      cudaFree(deviceError_);
+    gemm_.reset();
+    if (stream_)
+      cudaStreamDestroy(stream_);
+  }
+
+  std::string describe() const override {
+    char text[256];
+    std::snprintf(text, sizeof text, "%s (sm_%d%d, %.1f GiB), CUDA Graphs %s", props_.name,
+                  props_.major, props_.minor, double(props_.totalGlobalMem) / (1 << 30),
+                  useGraphs_ ? "on" : "off");
+    return text;
+  }
+
+  void uploadArena(size_t arena, const void *host, uint64_t bytes) override {
+    check(cudaMemcpyAsync(arenas_.at(arena), host, bytes, cudaMemcpyHostToDevice, stream_),
+          "cudaMemcpyAsync(upload arena)");
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(upload arena)");
+  }
+
+  void downloadArena(size_t arena, void *host, uint64_t bytes) override {
+    check(cudaMemcpyAsync(host, arenas_.at(arena), bytes, cudaMemcpyDeviceToHost, stream_),
+          "cudaMemcpyAsync(download arena)");
+    synchronize();
+  }
+
+  void uploadTensor(uint32_t tensor, const void *host) override {
+    // Waits, so that the caller may reuse the host bytes at once.
+    check(cudaMemcpyAsync(views_.at(tensor).data, host, plan_.tensors[tensor].bytes,
+                          cudaMemcpyHostToDevice, stream_),
+          "cudaMemcpyAsync(upload tensor)");
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(upload tensor)");
+  }
+
+  void downloadTensor(uint32_t tensor, void *host) override {
+    check(cudaMemcpyAsync(host, views_.at(tensor).data, plan_.tensors[tensor].bytes,
+                          cudaMemcpyDeviceToHost, stream_),
+          "cudaMemcpyAsync(download tensor)");
+    synchronize();
+  }
+
+  void runPhase(Phase phase) override {
+    if (!useGraphs_) {
+      runPhaseEagerly(phase);
+      return;
+    }
+    auto it = graphs_.find(phase);
+    if (it == graphs_.end())
+      it = graphs_.emplace(phase, capture(phase)).first;
+    if (!it->second) {
+      runPhaseEagerly(phase);
+      return;
+    }
+    check(cudaGraphLaunch(it->second, stream_), "cudaGraphLaunch");
+  }
+
+  void synchronize() override {
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    cuda::DeviceError error;
+    check(cudaMemcpy(&error, deviceError_, sizeof error, cudaMemcpyDeviceToHost),
+          "cudaMemcpy(device error)");
+    if (error.code == cuda::kNoDeviceError)
+      return;
+    check(cudaMemset(deviceError_, 0, sizeof error), "cudaMemset(device error)");
+    std::string what = error.code == cuda::kIdOutOfRange ? "an id" : "a label";
+    std::string kernel = error.kernel >= 0 && size_t(error.kernel) < plan_.kernels.size()
+                             ? plan_.describeKernel(size_t(error.kernel))
+                             : "kernel " + std::to_string(error.kernel);
+    throw Error(kernel + ": " + what + " out of range: element " + std::to_string(error.index) +
+                " is " + std::to_string(error.value));
+  }
+
+  uint64_t measuredDeviceBytes() const override { return measured_; }
+
+private:
+  /// Captures the kernels of `phase` into an executable graph; null if capture fails.
+  cudaGraphExec_t capture(Phase phase) {
+    cudaGraph_t graph = nullptr;
+    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+          "cudaStreamBeginCapture");
+    std::string failure;
+    try {
+      runPhaseEagerly(phase);
+    } catch (const Error &e) {
+      failure = e.what();
+    }
+    cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+    if (failure.empty() && end != cudaSuccess)
+      failure = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
+    cudaGetLastError(); // Clear the error a failed capture leaves behind.
+    if (!failure.empty()) {
+      if (graph)
+        cudaGraphDestroy(graph);
+      std::fprintf(stderr, "cuda backend: phase %d runs without a CUDA Graph: %s\n",
+                   int(phase), failure.c_str());
+      return nullptr;
+    }
+    cudaGraphExec_t exec = nullptr;
+    check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    cudaGraphDestroy(graph);
+    return exec;
+  }
+
+  void runPhaseEagerly(Phase phase) {
+    for (size_t i = 0; i < plan_.kernels.size(); ++i) {
+      if (plan_.kernels[i].phase != phase)
+        continue;
+      try {
+        runKernel(i);
+      } catch (const Error &e) {
+        throw Error(plan_.describeKernel(i) + ": " + e.what());
+      }
+    }
+  }
+
+  void runKernel(size_t index) {
+    const KernelInfo &k = plan_.kernels[index];
+    cuda::Context ctx;
+    ctx.stream = stream_;
+    ctx.gemm = gemm_.get();
+    ctx.deviceError = deviceError_;
+    ctx.kernelIndex = int32_t(index);
+    auto in = [&](size_t i) -> const TensorView & { return views_[k.inputs[i]]; };
+    auto outAt = [&](size_t i) -> const TensorView & { return views_[k.outputs[i]]; };
+    auto optionalOut = [&](size_t i) -> const TensorView * {
+      return k.outputs.size() > i ? &views_[k.outputs[i]] : nullptr;
+    };
+    const TensorView &out = outAt(0);
+    const KernelAttrsInfo &a = k.attrs;
+    switch (k.kind) {
+    case KernelKind::Embedding:
+      cuda::embedding(ctx, in(0), in(1), out);
+      break;
+    case KernelKind::Linear:
+      cuda::linear(ctx, in(0), in(1), k.inputs.size() == 3 ? &in(2) : nullptr, out);
+      break;
+    case KernelKind::Matmul:
+      cuda::matmul(ctx, in(0), in(1), out);
+      break;
+    case KernelKind::Add:
+      cuda::add(ctx, in(0), in(1), out);
+      break;
+    case KernelKind::Mul:
+      cuda::mul(ctx, in(0), in(1), out);
+      break;
+    case KernelKind::RMSNorm:
+      cuda::rmsNorm(ctx, in(0), in(1), a.epsilon, out);
+      break;
+    case KernelKind::LayerNorm:
+      cuda::layerNorm(ctx, in(0), in(1), in(2), a.epsilon, out);
+      break;
+    case KernelKind::RoPE:
+      cuda::rope(ctx, in(0), a.theta, out);
+      break;
+    case KernelKind::Attention:
+      cuda::attention(ctx, in(0), in(1), in(2), a.causal, a.scale, out);
+      break;
+    case KernelKind::SiLU:
+      cuda::silu(ctx, in(0), out);
+      break;
+    case KernelKind::GeLU:
+      cuda::gelu(ctx, in(0), a.geluTanh, out);
+      break;
+    case KernelKind::SwiGLU:
+      cuda::swiglu(ctx, in(0), in(1), out);
+      break;
+    case KernelKind::Softmax:
+      cuda::softmax(ctx, in(0), a.axis, out);
+      break;
+    case KernelKind::CrossEntropy:
+      cuda::crossEntropy(ctx, in(0), in(1), a.ignoreIndex, out);
+      break;
+    case KernelKind::Transpose:
+      cuda::transpose(ctx, in(0), a.permutation, out);
+      break;
+    case KernelKind::Slice:
+      cuda::slice(ctx, in(0), a.axis, a.start, out);
+      break;
+    case KernelKind::Cast:
+      cuda::cast(ctx, in(0), out);
+      break;
+    case KernelKind::Copy:
+      // An exact alias is a no-op; the verifier allows no other overlap.
+      if (in(0).data != out.data)
+        cuda::copy(ctx, in(0), out);
+      break;
+    case KernelKind::Fill:
+      cuda::fill(ctx, a.value, out);
+      break;
+    case KernelKind::EmbeddingGrad:
+      cuda::embeddingGrad(ctx, in(0), in(1), out);
+      break;
+    case KernelKind::LinearGradInput:
+      cuda::linearGradInput(ctx, in(0), in(1), out);
+      break;
+    case KernelKind::LinearGradWeight:
+      cuda::linearGradWeight(ctx, in(0), in(1), out);
+      break;
+    case KernelKind::ReduceTo:
+      cuda::reduceTo(ctx, in(0), out);
+      break;
+    case KernelKind::RMSNormGrad:
+      cuda::rmsNormGrad(ctx, in(0), in(1), in(2), a.epsilon, outAt(0), outAt(1));
+      break;
+    case KernelKind::LayerNormGrad:
+      cuda::layerNormGrad(ctx, in(0), in(1), in(2), a.epsilon, outAt(0), outAt(1), outAt(2));
+      break;
+    case KernelKind::RoPEGrad:
+      cuda::ropeGrad(ctx, in(0), a.theta, out);
+      break;
+    case KernelKind::AttentionGrad:
+      cuda::attentionGrad(ctx, in(0), in(1), in(2), in(3), in(4), a.causal, a.scale, outAt(0), outAt(1),
+                         outAt(2));
+      break;
+    case KernelKind::SiLUGrad:
+      cuda::siluGrad(ctx, in(0), in(1), out);
+      break;
+    case KernelKind::GeLUGrad:
+      cuda::geluGrad(ctx, in(0), in(1), a.geluTanh, out);
+      break;
+    case KernelKind::SwiGLUGrad:
+      cuda::swigluGrad(ctx, in(0), in(1), in(2), outAt(0), outAt(1));
+      break;
+    case KernelKind::SoftmaxGrad:
+      cuda::softmaxGrad(ctx, in(0), in(1), a.axis, out);
+      break;
+    case KernelKind::CrossEntropyGrad:
+      cuda::crossEntropyGrad(ctx, in(0), in(1), in(2), a.ignoreIndex, out);
+      break;
+    case KernelKind::SliceGrad:
+      cuda::sliceGrad(ctx, in(0), a.axis, a.start, out);
+      break;
+    case KernelKind::GradNorm: {
+      std::vector<TensorView> grads;
+      grads.reserve(k.inputs.size());
+      for (uint32_t t : k.inputs)
+        grads.push_back(views_[t]);
+      cuda::gradNorm(ctx, grads, out);
+      break;
+    }
+    case KernelKind::LearningRate: {
+      cpu::LearningRateSchedule schedule;
+      schedule.lr = a.lr;
+      schedule.cosine = a.cosine;
+      schedule.warmupSteps = a.warmupSteps;
+      schedule.totalSteps = a.totalSteps;
+      schedule.minLrRatio = a.minLrRatio;
+      cuda::learningRate(ctx, in(0), schedule, out);
+      break;
+    }
+    case KernelKind::AdamWUpdate: {
+      cpu::AdamWHyper hyper;
+      hyper.beta1 = a.beta1;
+      hyper.beta2 = a.beta2;
+      hyper.eps = a.eps;
+      hyper.weightDecay = a.weightDecay;
+      hyper.gradClip = a.gradClip;
+      cuda::adamwUpdate(ctx, in(0), in(1), in(2), in(3), hyper, outAt(0), outAt(1), outAt(2),
+                       optionalOut(3));
+      break;
+    }
+    case KernelKind::SGDUpdate: {
+      cpu::SGDHyper hyper;
+      hyper.momentum = a.momentum;
+      hyper.weightDecay = a.weightDecay;
+      hyper.gradClip = a.gradClip;
+      cuda::sgdUpdate(ctx, in(0), in(1), in(2), hyper, outAt(0), outAt(1), optionalOut(2));
+      break;
+    }
+    case KernelKind::StepIncrement:
+      cuda::stepIncrement(ctx, out);
+      break;
+    case KernelKind::Accumulate:
+      cuda::accumulate(ctx, in(0), out);
+      break;
+    case KernelKind::Zero:
+      cuda::zero(ctx, out);
+      break;
+    }
+  }
+
+  LoadedPlan plan_;
+  bool useGraphs_;
+  cudaDeviceProp props_{};
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<cuda::GemmEngine> gemm_;
+  cuda::DeviceError *deviceError_ = nullptr;
+  std::vector<void *> arenas_;
+  std::vector<TensorView> views_;
+  std::map<Phase, cudaGraphExec_t> graphs_;
+  uint64_t measured_ = 0;
+};
+} // namespace
+
+bool cudaDeviceAvailable() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+std::unique_ptr<DeviceBackend> createCudaBackend(const LoadedPlan &plan, int ordinal,
+                                                 bool useGraphs) {
+  return std::make_unique<CudaBackend>(plan, ordinal, useGraphs);
+}
+
+} // namespace bonsai::rt
+
+#else // !BONSAI_HAVE_CUDA
+
+namespace bonsai::rt {
+
+bool cudaDeviceAvailable() { return false; }
+
+std::unique_ptr<DeviceBackend> createCudaBackend(const LoadedPlan &, int, bool) {
+  throw Error("this build has no CUDA backend: it was configured without a CUDA toolkit "
+              "(use --backend=cpu, or rebuild where nvcc is installed)");
+}
+
+} // namespace bonsai::rt
+
+#endif // BONSAI_HAVE_CUDA

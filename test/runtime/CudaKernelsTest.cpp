@@ -1,0 +1,1136 @@
+//===- CudaKernelsTest.cpp - The CUDA kernels against the CPU reference ----===//
+//
+// Every kernel of CudaKernels.h (but attention and attention_grad, tested with their own file)
+// against the CPU kernel of the same name on the same data: fresh random inputs from fixed
+// seeds (never zeros), device outputs poisoned with NaN bytes before each call so that an
+// element left unwritten fails, every output element compared with a tolerance that fits the
+// output dtype (relative 1e-5 for f32, 2e-3 for f16, 1e-2 for bf16, plus the same fraction of
+// the output's largest magnitude as an absolute floor for results that cancel). Shapes are
+// ragged (odd sizes, unaligned row starts, vocabularies of 32000 and 50257); the reductions are
+// run twice and must agree bit for bit; data-dependent errors must land in the DeviceError
+// record. f32 GEMMs are held to the f32 tolerance, which TF32 would fail.
+//
+// CudaPerf measures one elementwise kernel's bandwidth and an 8192^3 bf16 GEMM's throughput
+// (printed, not asserted). Built only with the CUDA backend; every test skips without a GPU.
+//
+//===----------------------------------------------------------------------===//
+
+#ifdef BONSAI_HAVE_CUDA
+
+#include "bonsai/runtime/CpuKernels.h"
+#include "bonsai/runtime/CudaKernels.h"
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+using namespace bonsai::rt;
+namespace cpu = bonsai::rt::cpu;
+namespace cuda = bonsai::rt::cuda;
+
+namespace {
+
+using Shape = std::vector<int64_t>;
+
+void cudaOk(cudaError_t status, const char *call) {
+  if (status != cudaSuccess)
+    throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorString(status));
+}
+
+bool haveGpu() {
+  static const bool have = [] {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      cudaGetLastError(); // clear the error of a machine without a driver
+      return false;
+    }
+    return count > 0;
+  }();
+  return have;
+}
+
+int64_t numelOf(const Shape &shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  return n;
+}
+
+/// A host tensor: storage, dtype and shape, with exact encode and decode.
+struct Host {
+  Host(DType dtype, Shape shape)
+      : dtype(dtype), shape(std::move(shape)),
+        bytes(size_t(numelOf(this->shape)) * dtypeSize(dtype)) {}
+
+  TensorView view() const { return TensorView{const_cast<uint8_t *>(bytes.data()), dtype, shape}; }
+  int64_t numel() const { return numelOf(shape); }
+
+  void set(const std::vector<double> &values) {
+    for (size_t i = 0; i < values.size(); ++i) {
+      uint8_t *p = &bytes[i * dtypeSize(dtype)];
+      switch (dtype) {
+      case DType::F32: {
+        float f = float(values[i]);
+        std::memcpy(p, &f, 4);
+        break;
+      }
+      case DType::F16: {
+        uint16_t h = f32ToF16(float(values[i]));
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DType::BF16: {
+        uint16_t h = f32ToBf16(float(values[i]));
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DType::I32: {
+        int32_t v = int32_t(values[i]);
+        std::memcpy(p, &v, 4);
+        break;
+      }
+      case DType::I64: {
+        int64_t v = int64_t(values[i]);
+        std::memcpy(p, &v, 8);
+        break;
+      }
+      default:
+        throw std::runtime_error("Host::set: unsupported dtype");
+      }
+    }
+  }
+
+  std::vector<double> get() const {
+    std::vector<double> values(static_cast<size_t>(numel()));
+    for (size_t i = 0; i < values.size(); ++i) {
+      const uint8_t *p = &bytes[i * dtypeSize(dtype)];
+      switch (dtype) {
+      case DType::F32: {
+        float f;
+        std::memcpy(&f, p, 4);
+        values[i] = f;
+        break;
+      }
+      case DType::F16: {
+        uint16_t h;
+        std::memcpy(&h, p, 2);
+        values[i] = f16ToF32(h);
+        break;
+      }
+      case DType::BF16: {
+        uint16_t h;
+        std::memcpy(&h, p, 2);
+        values[i] = bf16ToF32(h);
+        break;
+      }
+      case DType::I32: {
+        int32_t v;
+        std::memcpy(&v, p, 4);
+        values[i] = v;
+        break;
+      }
+      case DType::I64: {
+        int64_t v;
+        std::memcpy(&v, p, 8);
+        values[i] = double(v);
+        break;
+      }
+      default:
+        throw std::runtime_error("Host::get: unsupported dtype");
+      }
+    }
+    return values;
+  }
+
+  DType dtype;
+  Shape shape;
+  std::vector<uint8_t> bytes;
+};
+
+/// Uniform values in [lo, hi), none near zero, rounded to the dtype.
+Host randomHost(std::mt19937 &rng, DType dtype, Shape shape, double lo = -1.0, double hi = 1.0) {
+  Host h(dtype, std::move(shape));
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<double> values(size_t(h.numel()));
+  for (double &v : values) {
+    do
+      v = dist(rng);
+    while (std::fabs(v) < 1e-3 * (hi - lo));
+  }
+  h.set(values);
+  return h;
+}
+
+/// Integers uniform in [lo, hi).
+Host randomInts(std::mt19937 &rng, DType dtype, Shape shape, int64_t lo, int64_t hi) {
+  Host h(dtype, std::move(shape));
+  std::uniform_int_distribution<int64_t> dist(lo, hi - 1);
+  std::vector<double> values(size_t(h.numel()));
+  for (double &v : values)
+    v = double(dist(rng));
+  h.set(values);
+  return h;
+}
+
+/// A NaN-filled host tensor (the CPU kernel's output before it runs).
+Host poisonedHost(DType dtype, Shape shape) {
+  Host h(dtype, std::move(shape));
+  std::fill(h.bytes.begin(), h.bytes.end(), uint8_t(0xff));
+  return h;
+}
+
+/// A device tensor, optionally `offset` bytes past a 256-byte boundary (unaligned paths).
+class Dev {
+public:
+  Dev(DType dtype, Shape shape, size_t offset = 0)
+      : dtype_(dtype), shape_(std::move(shape)), offset_(offset) {
+    size_t bytes = size_t(numelOf(shape_)) * dtypeSize(dtype_) + offset_;
+    cudaOk(cudaMalloc(&base_, std::max<size_t>(bytes, 1)), "cudaMalloc");
+  }
+  explicit Dev(const Host &h, size_t offset = 0) : Dev(h.dtype, h.shape, offset) { upload(h); }
+  ~Dev() {
+    if (base_)
+      cudaFree(base_);
+  }
+  Dev(const Dev &) = delete;
+  Dev &operator=(const Dev &) = delete;
+  Dev(Dev &&o) noexcept
+      : dtype_(o.dtype_), shape_(std::move(o.shape_)), offset_(o.offset_), base_(o.base_) {
+    o.base_ = nullptr;
+  }
+
+  void *data() const { return static_cast<char *>(base_) + offset_; }
+  size_t bytes() const { return size_t(numelOf(shape_)) * dtypeSize(dtype_); }
+  TensorView view() const { return TensorView{data(), dtype_, shape_}; }
+
+  void upload(const Host &h) {
+    cudaOk(cudaMemcpy(data(), h.bytes.data(), h.bytes.size(), cudaMemcpyHostToDevice),
+           "cudaMemcpy(upload)");
+  }
+  Host download() const {
+    cudaOk(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    Host h(dtype_, shape_);
+    cudaOk(cudaMemcpy(h.bytes.data(), data(), h.bytes.size(), cudaMemcpyDeviceToHost),
+           "cudaMemcpy(download)");
+    return h;
+  }
+  /// All bytes 0xff: NaN in f32, f16 and bf16.
+  void poison() { cudaOk(cudaMemset(data(), 0xff, bytes()), "cudaMemset(poison)"); }
+
+private:
+  DType dtype_;
+  Shape shape_;
+  size_t offset_;
+  void *base_ = nullptr;
+};
+
+/// A poisoned device output.
+Dev poisonedDev(DType dtype, Shape shape, size_t offset = 0) {
+  Dev d(dtype, std::move(shape), offset);
+  d.poison();
+  return d;
+}
+
+double relTol(DType dtype) {
+  switch (dtype) {
+  case DType::F16:
+    return 2e-3;
+  case DType::BF16:
+    return 1e-2;
+  default:
+    return 1e-5;
+  }
+}
+
+/// Every element of `got` within rel * |want| + rel * scale * max|want| of `want`; NaN only
+/// where want is NaN.
+void expectClose(const std::string &what, const Host &got, const Host &want, double rel,
+                 double scale = 1.0) {
+  ASSERT_EQ(got.shape, want.shape) << what;
+  std::vector<double> g = got.get(), w = want.get();
+  double maxAbs = 0.0;
+  for (double v : w)
+    if (std::isfinite(v))
+      maxAbs = std::max(maxAbs, std::fabs(v));
+  double abs = rel * scale * std::max(maxAbs, 1e-30);
+  int64_t bad = 0;
+  std::string first;
+  for (size_t i = 0; i < g.size(); ++i) {
+    bool ok;
+    if (std::isnan(w[i]))
+      ok = std::isnan(g[i]);
+    else if (std::isinf(w[i]))
+      ok = g[i] == w[i];
+    else
+      ok = !std::isnan(g[i]) && std::fabs(g[i] - w[i]) <= abs + rel * std::fabs(w[i]);
+    if (!ok && bad++ < 5)
+      first += "\n  [" + std::to_string(i) + "] got " + std::to_string(g[i]) + " want " +
+               std::to_string(w[i]);
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << g.size()
+                    << " elements differ (rel " << rel << ", abs " << abs << ")" << first;
+}
+
+void expectClose(const std::string &what, const Host &got, const Host &want) {
+  expectClose(what, got, want, relTol(want.dtype));
+}
+
+void expectSameBytes(const std::string &what, const Host &a, const Host &b) {
+  ASSERT_EQ(a.bytes.size(), b.bytes.size()) << what;
+  size_t diff = 0;
+  for (size_t i = 0; i < a.bytes.size(); ++i)
+    diff += a.bytes[i] != b.bytes[i];
+  EXPECT_EQ(diff, 0u) << what << ": " << diff << " bytes differ";
+}
+
+const char *name(DType d) { return dtypeName(d); }
+
+class CudaKernelsTest : public ::testing::Test {
+protected:
+  void SetUp() override {
+    if (!haveGpu())
+      GTEST_SKIP() << "no GPU here";
+    cudaOk(cudaStreamCreate(&stream_), "cudaStreamCreate");
+    engine_ = std::make_unique<cuda::GemmEngine>();
+    cudaOk(cudaMalloc(reinterpret_cast<void **>(&error_), sizeof(cuda::DeviceError)),
+           "cudaMalloc(error)");
+    cudaOk(cudaMemset(error_, 0, sizeof(cuda::DeviceError)), "cudaMemset(error)");
+    ctx.stream = stream_;
+    ctx.gemm = engine_.get();
+    ctx.deviceError = error_;
+    ctx.kernelIndex = 7;
+  }
+
+  void TearDown() override {
+    if (!stream_)
+      return;
+    cuda::DeviceError e = deviceError();
+    EXPECT_EQ(e.code, 0) << "unexpected device error at index " << e.index << " value "
+                         << e.value;
+    engine_.reset();
+    cudaFree(error_);
+    cudaStreamDestroy(stream_);
+  }
+
+  cuda::DeviceError deviceError() {
+    cudaOk(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    cuda::DeviceError e{};
+    cudaOk(cudaMemcpy(&e, error_, sizeof e, cudaMemcpyDeviceToHost), "cudaMemcpy(error)");
+    return e;
+  }
+  void clearDeviceError() {
+    cudaOk(cudaMemset(error_, 0, sizeof(cuda::DeviceError)), "cudaMemset(error)");
+  }
+  void sync() { cudaOk(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+
+  cuda::Context ctx;
+  std::mt19937 rng{20240917};
+
+private:
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<cuda::GemmEngine> engine_;
+  cuda::DeviceError *error_ = nullptr;
+};
+
+const DType kFloatTypes[] = {DType::F32, DType::F16, DType::BF16};
+
+//===----------------------------------------------------------------------===//
+// Elementwise
+//===----------------------------------------------------------------------===//
+
+TEST_F(CudaKernelsTest, AddMulBroadcastMatchCpu) {
+  struct Case {
+    Shape lhs, rhs;
+  };
+  const Case cases[] = {{{37, 129}, {37, 129}},       {{4, 33, 64}, {64}},
+                        {{4, 33, 64}, {1}},           {{6, 5, 7}, {5, 1}},
+                        {{3, 1, 8, 16}, {1, 8, 1}},   {{1000003}, {1000003}},
+                        {{2, 9, 5, 3}, {9, 1, 3}},    {{5, 128}, {1, 128}}};
+  for (DType dt : kFloatTypes)
+    for (const Case &c : cases)
+      for (size_t offset : {size_t(0), dtypeSize(dt)}) {
+        for (int op = 0; op < 2; ++op) {
+          SCOPED_TRACE(std::string(op ? "mul " : "add ") + name(dt) + " " + formatShape(c.lhs) +
+                       " x " + formatShape(c.rhs) + " offset " + std::to_string(offset));
+          Host a = randomHost(rng, dt, c.lhs), b = randomHost(rng, dt, c.rhs);
+          Dev da(a, offset), db(b), dout = poisonedDev(dt, c.lhs);
+          Host want = poisonedHost(dt, c.lhs);
+          if (op) {
+            cuda::mul(ctx, da.view(), db.view(), dout.view());
+            cpu::mul(a.view(), b.view(), want.view());
+          } else {
+            cuda::add(ctx, da.view(), db.view(), dout.view());
+            cpu::add(a.view(), b.view(), want.view());
+          }
+          expectClose("out", dout.download(), want);
+        }
+      }
+}
+
+TEST_F(CudaKernelsTest, AddInPlaceAndMixedDTypes) {
+  Host a = randomHost(rng, DType::BF16, {17, 96}), b = randomHost(rng, DType::BF16, {96});
+  Host want = poisonedHost(DType::BF16, {17, 96});
+  cpu::add(a.view(), b.view(), want.view());
+  Dev da(a), db(b);
+  cuda::add(ctx, da.view(), db.view(), da.view()); // out = lhs
+  expectClose("in place", da.download(), want);
+
+  // bf16 lhs, f32 rhs, f16 out: computed in fp32, rounded once.
+  Host l = randomHost(rng, DType::BF16, {5, 33}), r = randomHost(rng, DType::F32, {33});
+  Host w2 = poisonedHost(DType::F16, {5, 33});
+  cpu::add(l.view(), r.view(), w2.view());
+  Dev dl(l), dr(r), dout = poisonedDev(DType::F16, {5, 33});
+  cuda::add(ctx, dl.view(), dr.view(), dout.view());
+  expectClose("mixed", dout.download(), w2);
+}
+
+TEST_F(CudaKernelsTest, ActivationsAndTheirGradientsMatchCpu) {
+  const Shape shapes[] = {{1000003}, {3, 17}, {64, 256}};
+  for (DType dt : kFloatTypes)
+    for (const Shape &s : shapes)
+      for (size_t offset : {size_t(0), dtypeSize(dt)}) {
+        SCOPED_TRACE(std::string(name(dt)) + " " + formatShape(s) + " offset " +
+                     std::to_string(offset));
+        Host x = randomHost(rng, dt, s, -4, 4), up = randomHost(rng, dt, s, -2, 2);
+        Host dy = randomHost(rng, dt, s);
+        Dev dx(x, offset), dup(up), ddy(dy);
+        auto check = [&](const char *what, auto gpu, auto ref) {
+          Dev out = poisonedDev(dt, s);
+          Host want = poisonedHost(dt, s);
+          gpu(out.view());
+          ref(want.view());
+          expectClose(what, out.download(), want);
+        };
+        check("silu", [&](TensorView o) { cuda::silu(ctx, dx.view(), o); },
+              [&](TensorView o) { cpu::silu(x.view(), o); });
+        for (bool tanh : {false, true})
+          check(tanh ? "gelu tanh" : "gelu erf",
+                [&](TensorView o) { cuda::gelu(ctx, dx.view(), tanh, o); },
+                [&](TensorView o) { cpu::gelu(x.view(), tanh, o); });
+        check("swiglu", [&](TensorView o) { cuda::swiglu(ctx, dx.view(), dup.view(), o); },
+              [&](TensorView o) { cpu::swiglu(x.view(), up.view(), o); });
+        check("silu_grad", [&](TensorView o) { cuda::siluGrad(ctx, ddy.view(), dx.view(), o); },
+              [&](TensorView o) { cpu::siluGrad(dy.view(), x.view(), o); });
+        for (bool tanh : {false, true})
+          check(tanh ? "gelu_grad tanh" : "gelu_grad erf",
+                [&](TensorView o) { cuda::geluGrad(ctx, ddy.view(), dx.view(), tanh, o); },
+                [&](TensorView o) { cpu::geluGrad(dy.view(), x.view(), tanh, o); });
+        Dev dg = poisonedDev(dt, s), du = poisonedDev(dt, s);
+        Host wg = poisonedHost(dt, s), wu = poisonedHost(dt, s);
+        cuda::swigluGrad(ctx, ddy.view(), dx.view(), dup.view(), dg.view(), du.view());
+        cpu::swigluGrad(dy.view(), x.view(), up.view(), wg.view(), wu.view());
+        expectClose("swiglu_grad dgate", dg.download(), wg);
+        expectClose("swiglu_grad dup", du.download(), wu);
+      }
+}
+
+TEST_F(CudaKernelsTest, FillCastAccumulateCopyZero) {
+  const Shape s = {7, 1001};
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(name(dt));
+    for (double value : {0.0, -1.7, 3.14159}) {
+      Dev out = poisonedDev(dt, s);
+      Host want = poisonedHost(dt, s);
+      cuda::fill(ctx, value, out.view());
+      cpu::fill(value, want.view());
+      expectSameBytes("fill", out.download(), want);
+    }
+    for (DType to : kFloatTypes) {
+      for (size_t offset : {size_t(0), size_t(4)}) {
+        Host x = randomHost(rng, dt, s, -70000, 70000); // overflows f16 on purpose
+        Dev dx(x, offset), out = poisonedDev(to, s);
+        Host want = poisonedHost(to, s);
+        cuda::cast(ctx, dx.view(), out.view());
+        cpu::cast(x.view(), want.view());
+        expectSameBytes(std::string("cast to ") + name(to), out.download(), want);
+      }
+      Host g = randomHost(rng, dt, s), acc = randomHost(rng, to, s);
+      Dev dg(g), dacc(acc);
+      cuda::accumulate(ctx, dg.view(), dacc.view());
+      cpu::accumulate(g.view(), acc.view());
+      expectClose(std::string("accumulate into ") + name(to), dacc.download(), acc);
+    }
+    Host x = randomHost(rng, dt, s);
+    Dev dx(x), out = poisonedDev(dt, s);
+    cuda::copy(ctx, dx.view(), out.view());
+    expectSameBytes("copy", out.download(), x);
+    cuda::zero(ctx, out.view());
+    Host zeros(dt, s);
+    expectSameBytes("zero", out.download(), zeros);
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Norms and softmax
+//===----------------------------------------------------------------------===//
+
+TEST_F(CudaKernelsTest, RmsAndLayerNormMatchCpu) {
+  const Shape shapes[] = {{64, 4096}, {33, 100}, {5, 5001}, {2, 3, 768}, {7, 1}};
+  for (DType dt : kFloatTypes)
+    for (DType wt : {dt, DType::F32})
+      for (const Shape &s : shapes) {
+        SCOPED_TRACE(std::string(name(dt)) + " weight " + name(wt) + " " + formatShape(s));
+        int64_t d = s.back();
+        Host x = randomHost(rng, dt, s, -2, 3), w = randomHost(rng, wt, {d}, 0.5, 1.5);
+        Host b = randomHost(rng, wt, {d});
+        Dev dx(x, dtypeSize(dt)), dw(w), db(b);
+        Dev y1 = poisonedDev(dt, s), y2 = poisonedDev(dt, s);
+        Host w1 = poisonedHost(dt, s), w2 = poisonedHost(dt, s);
+        cuda::rmsNorm(ctx, dx.view(), dw.view(), 1e-5, y1.view());
+        cpu::rmsNorm(x.view(), w.view(), 1e-5, w1.view());
+        cuda::layerNorm(ctx, dx.view(), dw.view(), db.view(), 1e-5, y2.view());
+        cpu::layerNorm(x.view(), w.view(), b.view(), 1e-5, w2.view());
+        expectClose("rms_norm", y1.download(), w1);
+        expectClose("layer_norm", y2.download(), w2);
+      }
+}
+
+TEST_F(CudaKernelsTest, NormGradientsMatchCpuAndRepeat) {
+  const Shape shapes[] = {{256, 4096}, {33, 100}, {5, 5001}, {3, 7, 768}, {1000, 64}};
+  for (DType dt : {DType::F32, DType::BF16})
+    for (DType wt : {dt, DType::F32})
+      for (const Shape &s : shapes) {
+        SCOPED_TRACE(std::string(name(dt)) + " weight " + name(wt) + " " + formatShape(s));
+        int64_t d = s.back();
+        Host x = randomHost(rng, dt, s, -2, 3), dy = randomHost(rng, dt, s);
+        Host w = randomHost(rng, wt, {d}, 0.5, 1.5);
+        Dev dx(x), ddy(dy), dw(w);
+        // rms_norm_grad
+        {
+          Dev gx = poisonedDev(dt, s), gw = poisonedDev(wt, {d}), gw2 = poisonedDev(wt, {d});
+          Host wx = poisonedHost(dt, s), ww = poisonedHost(wt, {d});
+          cuda::rmsNormGrad(ctx, ddy.view(), dx.view(), dw.view(), 1e-5, gx.view(), gw.view());
+          cpu::rmsNormGrad(dy.view(), x.view(), w.view(), 1e-5, wx.view(), ww.view());
+          expectClose("rms dx", gx.download(), wx);
+          // dw sums over every row: fp32 sums of many rows against fp64 ones.
+          expectClose("rms dw", gw.download(), ww, relTol(wt), 10.0);
+          Dev gx2 = poisonedDev(dt, s);
+          cuda::rmsNormGrad(ctx, ddy.view(), dx.view(), dw.view(), 1e-5, gx2.view(), gw2.view());
+          expectSameBytes("rms dw repeat", gw2.download(), gw.download());
+        }
+        // layer_norm_grad
+        {
+          Dev gx = poisonedDev(dt, s), gw = poisonedDev(wt, {d}), gb = poisonedDev(wt, {d});
+          Host wx = poisonedHost(dt, s), ww = poisonedHost(wt, {d}), wb = poisonedHost(wt, {d});
+          cuda::layerNormGrad(ctx, ddy.view(), dx.view(), dw.view(), 1e-5, gx.view(), gw.view(),
+                              gb.view());
+          cpu::layerNormGrad(dy.view(), x.view(), w.view(), 1e-5, wx.view(), ww.view(),
+                             wb.view());
+          expectClose("layer dx", gx.download(), wx, relTol(dt), 10.0);
+          expectClose("layer dw", gw.download(), ww, relTol(wt), 10.0);
+          expectClose("layer db", gb.download(), wb, relTol(wt), 10.0);
+          Dev gx2 = poisonedDev(dt, s), gw2 = poisonedDev(wt, {d}), gb2 = poisonedDev(wt, {d});
+          cuda::layerNormGrad(ctx, ddy.view(), dx.view(), dw.view(), 1e-5, gx2.view(),
+                              gw2.view(), gb2.view());
+          expectSameBytes("layer dx repeat", gx2.download(), gx.download());
+          expectSameBytes("layer dw repeat", gw2.download(), gw.download());
+          expectSameBytes("layer db repeat", gb2.download(), gb.download());
+        }
+      }
+}
+
+TEST_F(CudaKernelsTest, SoftmaxAndGradientMatchCpu) {
+  struct Case {
+    Shape shape;
+    int axis;
+  };
+  const Case cases[] = {{{17, 1000}, -1}, {{8, 50257}, 1}, {{3, 50, 7}, 1},
+                        {{4, 5, 6}, 0},   {{64, 128}, -1}, {{2, 3, 4, 33}, 3}};
+  for (DType dt : kFloatTypes)
+    for (const Case &c : cases) {
+      SCOPED_TRACE(std::string(name(dt)) + " " + formatShape(c.shape) + " axis " +
+                   std::to_string(c.axis));
+      Host x = randomHost(rng, dt, c.shape, -5, 5), dy = randomHost(rng, dt, c.shape);
+      Dev dx(x, dtypeSize(dt)), ddy(dy), y = poisonedDev(dt, c.shape);
+      Host wy = poisonedHost(dt, c.shape);
+      cuda::softmax(ctx, dx.view(), c.axis, y.view());
+      cpu::softmax(x.view(), c.axis, wy.view());
+      expectClose("softmax", y.download(), wy);
+      // The gradient from the CPU's y, so both sides see the same probabilities.
+      Dev py(wy), g = poisonedDev(dt, c.shape);
+      Host wg = poisonedHost(dt, c.shape);
+      cuda::softmaxGrad(ctx, ddy.view(), py.view(), c.axis, g.view());
+      cpu::softmaxGrad(dy.view(), wy.view(), c.axis, wg.view());
+      expectClose("softmax_grad", g.download(), wg, relTol(dt), 10.0);
+    }
+}
+
+//===----------------------------------------------------------------------===//
+// Cross-entropy
+//===----------------------------------------------------------------------===//
+
+TEST_F(CudaKernelsTest, CrossEntropyMatchesCpuAndRepeats) {
+  struct Case {
+    int64_t rows, vocab;
+  };
+  const Case cases[] = {{64, 32000}, {33, 50257}, {100, 17}, {5, 1000}};
+  for (DType dt : kFloatTypes)
+    for (DType lt : {DType::I32, DType::I64})
+      for (const Case &c : cases) {
+        SCOPED_TRACE(std::string(name(dt)) + " labels " + name(lt) + " " +
+                     std::to_string(c.rows) + " x " + std::to_string(c.vocab));
+        Host logits = randomHost(rng, dt, {c.rows, c.vocab}, -6, 6);
+        Host labels = randomInts(rng, lt, {c.rows}, 0, c.vocab);
+        std::vector<double> lv = labels.get();
+        for (size_t i = 0; i < lv.size(); i += 5)
+          lv[i] = -100; // ignored
+        labels.set(lv);
+        Dev dlogits(logits, dtypeSize(dt)), dlabels(labels);
+        Dev loss = poisonedDev(DType::F32, {}), loss2 = poisonedDev(DType::F32, {});
+        Host wloss = poisonedHost(DType::F32, {});
+        cuda::crossEntropy(ctx, dlogits.view(), dlabels.view(), -100, loss.view());
+        cpu::crossEntropy(logits.view(), labels.view(), -100, wloss.view());
+        expectClose("loss", loss.download(), wloss, 1e-5);
+        cuda::crossEntropy(ctx, dlogits.view(), dlabels.view(), -100, loss2.view());
+        expectSameBytes("loss repeat", loss2.download(), loss.download());
+
+        Host dloss(DType::F32, {});
+        dloss.set({1.75});
+        Dev ddloss(dloss), g = poisonedDev(dt, {c.rows, c.vocab});
+        Host wg = poisonedHost(dt, {c.rows, c.vocab});
+        cuda::crossEntropyGrad(ctx, ddloss.view(), dlogits.view(), dlabels.view(), -100,
+                               g.view());
+        cpu::crossEntropyGrad(dloss.view(), logits.view(), labels.view(), -100, wg.view());
+        expectClose("dlogits", g.download(), wg, relTol(dt), 1e-2);
+      }
+}
+
+TEST_F(CudaKernelsTest, CrossEntropyAllIgnoredAndBadLabels) {
+  Host logits = randomHost(rng, DType::BF16, {6, 301}, -3, 3);
+  Host labels(DType::I64, {6});
+  labels.set({-100, -100, -100, -100, -100, -100});
+  Dev dlogits(logits), dlabels(labels), loss = poisonedDev(DType::F32, {});
+  cuda::crossEntropy(ctx, dlogits.view(), dlabels.view(), -100, loss.view());
+  EXPECT_TRUE(std::isnan(loss.download().get()[0]));
+  Host dloss(DType::F32, {});
+  dloss.set({1.0});
+  Dev ddloss(dloss), g = poisonedDev(DType::BF16, {6, 301});
+  cuda::crossEntropyGrad(ctx, ddloss.view(), dlogits.view(), dlabels.view(), -100, g.view());
+  expectSameBytes("all ignored dlogits", g.download(), Host(DType::BF16, {6, 301}));
+
+  labels.set({3, 5, 301, 7, -1, 2}); // 301 and -1 are out of range
+  dlabels.upload(labels);
+  cuda::crossEntropy(ctx, dlogits.view(), dlabels.view(), -100, loss.view());
+  cuda::DeviceError e = deviceError();
+  EXPECT_EQ(e.code, cuda::kLabelOutOfRange);
+  EXPECT_EQ(e.kernel, 7);
+  EXPECT_TRUE((e.index == 2 && e.value == 301) || (e.index == 4 && e.value == -1))
+      << e.index << " " << e.value;
+  clearDeviceError();
+  cuda::crossEntropyGrad(ctx, ddloss.view(), dlogits.view(), dlabels.view(), -100, g.view());
+  EXPECT_EQ(deviceError().code, cuda::kLabelOutOfRange);
+  clearDeviceError();
+}
+
+//===----------------------------------------------------------------------===//
+// Embedding
+//===----------------------------------------------------------------------===//
+
+TEST_F(CudaKernelsTest, EmbeddingMatchesCpu) {
+  for (DType tt : kFloatTypes)
+    for (DType ot : {tt, DType::F32, DType::BF16})
+      for (DType it : {DType::I32, DType::I64})
+        for (int64_t hidden : {int64_t(72), int64_t(33)}) {
+          SCOPED_TRACE(std::string(name(tt)) + " -> " + name(ot) + " ids " + name(it) +
+                       " hidden " + std::to_string(hidden));
+          Host table = randomHost(rng, tt, {1000, hidden});
+          Host ids = randomInts(rng, it, {4, 33}, 0, 1000);
+          Dev dt(table), di(ids), out = poisonedDev(ot, {4, 33, hidden});
+          Host want = poisonedHost(ot, {4, 33, hidden});
+          cuda::embedding(ctx, dt.view(), di.view(), out.view());
+          cpu::embedding(table.view(), ids.view(), want.view());
+          expectSameBytes("embedding", out.download(), want);
+        }
+  Host table = randomHost(rng, DType::BF16, {10, 8});
+  Host ids(DType::I32, {3});
+  ids.set({1, 10, 2});
+  Dev dt(table), di(ids), out = poisonedDev(DType::BF16, {3, 8});
+  cuda::embedding(ctx, dt.view(), di.view(), out.view());
+  cuda::DeviceError e = deviceError();
+  EXPECT_EQ(e.code, cuda::kIdOutOfRange);
+  EXPECT_EQ(e.kernel, 7);
+  EXPECT_EQ(e.index, 1);
+  EXPECT_EQ(e.value, 10);
+  clearDeviceError();
+}
+
+TEST_F(CudaKernelsTest, EmbeddingGradMatchesCpuAndRepeats) {
+  struct Case {
+    int64_t vocab, hidden, positions;
+  };
+  const Case cases[] = {{50257, 64, 4096}, {1000, 33, 517}, {32000, 768, 2048}, {7, 8, 0}};
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const Case &c : cases) {
+      SCOPED_TRACE(std::string(name(dt)) + " vocab " + std::to_string(c.vocab) + " hidden " +
+                   std::to_string(c.hidden) + " positions " + std::to_string(c.positions));
+      // Half the positions draw from 16 hot ids, so rows sum many positions.
+      Host ids = randomInts(rng, DType::I64, {c.positions}, 0, c.vocab);
+      std::vector<double> iv = ids.get();
+      std::uniform_int_distribution<int> hot(0, 15);
+      for (size_t i = 0; i < iv.size(); i += 2)
+        iv[i] = double(hot(rng) * (c.vocab / 16));
+      ids.set(iv);
+      Host dy = randomHost(rng, dt, {c.positions, c.hidden});
+      Dev di(ids), ddy(dy), g = poisonedDev(dt, {c.vocab, c.hidden});
+      Dev g2 = poisonedDev(dt, {c.vocab, c.hidden});
+      Host want = poisonedHost(dt, {c.vocab, c.hidden});
+      cuda::embeddingGrad(ctx, ddy.view(), di.view(), g.view());
+      cpu::embeddingGrad(dy.view(), ids.view(), want.view());
+      Host got = g.download();
+      expectClose("dtable", got, want, relTol(dt), 10.0);
+      cuda::embeddingGrad(ctx, ddy.view(), di.view(), g2.view());
+      expectSameBytes("dtable repeat", g2.download(), got);
+    }
+  Host ids(DType::I64, {4});
+  ids.set({0, 3, -2, 1});
+  Host dy = randomHost(rng, DType::F32, {4, 5});
+  Dev di(ids), ddy(dy), g = poisonedDev(DType::F32, {3, 5});
+  cuda::embeddingGrad(ctx, ddy.view(), di.view(), g.view());
+  cuda::DeviceError e = deviceError();
+  EXPECT_EQ(e.code, cuda::kIdOutOfRange);
+  EXPECT_TRUE((e.index == 1 && e.value == 3) || (e.index == 2 && e.value == -2));
+  clearDeviceError();
+}
+
+//===----------------------------------------------------------------------===//
+// GEMMs
+//===----------------------------------------------------------------------===//
+
+TEST_F(CudaKernelsTest, LinearMatchesCpu) {
+  for (DType dt : kFloatTypes)
+    for (int withBias = 0; withBias < 2; ++withBias)
+      for (size_t offset : {size_t(0), dtypeSize(dt)}) {
+        SCOPED_TRACE(std::string(name(dt)) + (withBias ? " bias" : "") + " offset " +
+                     std::to_string(offset));
+        Host x = randomHost(rng, dt, {3, 37, 65}), w = randomHost(rng, dt, {129, 65});
+        Host b = randomHost(rng, dt, {129});
+        Dev dx(x, offset), dw(w), db(b), y = poisonedDev(dt, {3, 37, 129});
+        Host want = poisonedHost(dt, {3, 37, 129});
+        const TensorView bv = b.view(), dbv = db.view();
+        cuda::linear(ctx, dx.view(), dw.view(), withBias ? &dbv : nullptr, y.view());
+        cpu::linear(x.view(), w.view(), withBias ? &bv : nullptr, want.view());
+        expectClose("y", y.download(), want);
+      }
+  // A bias in another dtype than y (no cuBLASLt epilogue), and x, w of different dtypes.
+  Host x = randomHost(rng, DType::BF16, {19, 40}), w = randomHost(rng, DType::BF16, {24, 40});
+  Host b = randomHost(rng, DType::F32, {24}), w32 = randomHost(rng, DType::F32, {24, 40});
+  Dev dx(x), dw(w), db(b), dw32(w32), y = poisonedDev(DType::BF16, {19, 24});
+  Host want = poisonedHost(DType::BF16, {19, 24});
+  const TensorView bv = b.view(), dbv = db.view();
+  cuda::linear(ctx, dx.view(), dw.view(), &dbv, y.view());
+  cpu::linear(x.view(), w.view(), &bv, want.view());
+  expectClose("f32 bias", y.download(), want);
+  Dev y32 = poisonedDev(DType::F32, {19, 24});
+  Host want32 = poisonedHost(DType::F32, {19, 24});
+  cuda::linear(ctx, dx.view(), dw32.view(), &dbv, y32.view());
+  cpu::linear(x.view(), w32.view(), &bv, want32.view());
+  expectClose("mixed x, w", y32.download(), want32);
+  // k = 0: y is the bias.
+  Host x0(DType::F32, {3, 0}), w0(DType::F32, {4, 0});
+  Host b0 = randomHost(rng, DType::F32, {4});
+  Dev dx0(x0), dw0(w0), db0(b0), y0 = poisonedDev(DType::F32, {3, 4});
+  Host want0 = poisonedHost(DType::F32, {3, 4});
+  const TensorView b0v = b0.view(), db0v = db0.view();
+  cuda::linear(ctx, dx0.view(), dw0.view(), &db0v, y0.view());
+  cpu::linear(x0.view(), w0.view(), &b0v, want0.view());
+  expectClose("k = 0", y0.download(), want0);
+}
+
+TEST_F(CudaKernelsTest, MatmulAndLinearGradientsMatchCpu) {
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(name(dt));
+    Host a = randomHost(rng, dt, {2, 3, 33, 47}), b = randomHost(rng, dt, {2, 3, 47, 29});
+    Dev da(a), db(b), c = poisonedDev(dt, {2, 3, 33, 29});
+    Host wc = poisonedHost(dt, {2, 3, 33, 29});
+    cuda::matmul(ctx, da.view(), db.view(), c.view());
+    cpu::matmul(a.view(), b.view(), wc.view());
+    expectClose("matmul", c.download(), wc);
+
+    Host dy = randomHost(rng, dt, {4, 111, 96}), w = randomHost(rng, dt, {96, 81});
+    Host x = randomHost(rng, dt, {4, 111, 81});
+    Dev ddy(dy), dw(w), dx(x), gx = poisonedDev(dt, {4, 111, 81});
+    Dev gw = poisonedDev(dt, {96, 81}), gw2 = poisonedDev(dt, {96, 81});
+    Host wgx = poisonedHost(dt, {4, 111, 81}), wgw = poisonedHost(dt, {96, 81});
+    cuda::linearGradInput(ctx, ddy.view(), dw.view(), gx.view());
+    cpu::linearGradInput(dy.view(), w.view(), wgx.view());
+    expectClose("linear_grad_input", gx.download(), wgx);
+    cuda::linearGradWeight(ctx, ddy.view(), dx.view(), gw.view());
+    cpu::linearGradWeight(dy.view(), x.view(), wgw.view());
+    Host got = gw.download();
+    expectClose("linear_grad_weight", got, wgw);
+    cuda::linearGradWeight(ctx, ddy.view(), dx.view(), gw2.view());
+    expectSameBytes("linear_grad_weight repeat", gw2.download(), got);
+  }
+  // A long reduction (many positions) for the weight gradient, as in training.
+  Host dy = randomHost(rng, DType::BF16, {8192, 256}), x = randomHost(rng, DType::BF16, {8192, 192});
+  Dev ddy(dy), dx(x), gw = poisonedDev(DType::BF16, {256, 192}), gw2 = poisonedDev(DType::BF16, {256, 192});
+  Host want = poisonedHost(DType::BF16, {256, 192});
+  cuda::linearGradWeight(ctx, ddy.view(), dx.view(), gw.view());
+  cpu::linearGradWeight(dy.view(), x.view(), want.view());
+  Host got = gw.download();
+  expectClose("long linear_grad_weight", got, want);
+  cuda::linearGradWeight(ctx, ddy.view(), dx.view(), gw2.view());
+  expectSameBytes("long linear_grad_weight repeat", gw2.download(), got);
+}
+
+TEST_F(CudaKernelsTest, GemmEngineTransposesAlphaBetaBatch) {
+  const int64_t m = 23, n = 31, k = 19, batch = 3;
+  for (DType dt : {DType::F32, DType::BF16})
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb)
+        for (int64_t sharedB : {int64_t(0), int64_t(1)}) {
+          SCOPED_TRACE(std::string(name(dt)) + " transA " + std::to_string(ta) + " transB " +
+                       std::to_string(tb) + " shared B " + std::to_string(sharedB));
+          Host a = randomHost(rng, dt, {batch, ta ? k : m, ta ? m : k});
+          Host b = randomHost(rng, dt, {sharedB ? 1 : batch, tb ? n : k, tb ? k : n});
+          Host c = randomHost(rng, dt, {batch, m, n});
+          Dev da(a), db(b), dc(c);
+          const float alpha = 0.75f, beta = -0.5f;
+          cuda::GemmEngine &engine = *ctx.gemm;
+          engine.gemm(ctx.stream, dt, ta, tb, m, n, k, alpha, da.data(), m * k, db.data(),
+                      sharedB ? 0 : k * n, beta, dc.data(), m * n, batch);
+          std::vector<double> av = a.get(), bv = b.get(), cv = c.get(), want(cv.size());
+          for (int64_t i = 0; i < batch; ++i)
+            for (int64_t r = 0; r < m; ++r)
+              for (int64_t j = 0; j < n; ++j) {
+                double s = 0.0;
+                for (int64_t l = 0; l < k; ++l) {
+                  double x = ta ? av[size_t(i * m * k + l * m + r)] : av[size_t(i * m * k + r * k + l)];
+                  int64_t bb = sharedB ? 0 : i * k * n;
+                  double y = tb ? bv[size_t(bb + j * k + l)] : bv[size_t(bb + l * n + j)];
+                  s += x * y;
+                }
+                size_t e = size_t(i * m * n + r * n + j);
+                want[e] = alpha * s + beta * cv[e];
+              }
+          Host w(dt, {batch, m, n});
+          w.set(want);
+          expectClose("C", dc.download(), w, relTol(dt), 1.0);
+        }
+}
+
+//===----------------------------------------------------------------------===//
+// Shape kernels
+//===----------------------------------------------------------------------===//
+
+TEST_F(CudaKernelsTest, TransposeMatchesCpu) {
+  // Every permutation of a small ragged 4-d shape, in several element sizes.
+  const Shape small = {2, 3, 5, 7};
+  std::vector<int64_t> perm = {0, 1, 2, 3};
+  do {
+    for (DType dt : {DType::F32, DType::BF16, DType::I64}) {
+      SCOPED_TRACE(std::string(name(dt)) + " perm " + formatShape(perm));
+      Host x = dt == DType::I64 ? randomInts(rng, dt, small, -1000000, 1000000)
+                                : randomHost(rng, dt, small);
+      Shape ys(4);
+      for (size_t i = 0; i < 4; ++i)
+        ys[i] = small[size_t(perm[i])];
+      Dev dx(x), y = poisonedDev(dt, ys);
+      Host want = poisonedHost(dt, ys);
+      cuda::transpose(ctx, dx.view(), perm, y.view());
+      cpu::transpose(x.view(), perm, want.view());
+      expectSameBytes("transpose", y.download(), want);
+    }
+  } while (std::next_permutation(perm.begin(), perm.end()));
+
+  struct Case {
+    Shape shape;
+    std::vector<int64_t> perm;
+  };
+  const Case cases[] = {{{8, 64, 12, 64}, {0, 2, 1, 3}},
+                        {{513, 257}, {1, 0}},
+                        {{4, 1, 33, 1, 65}, {4, 3, 2, 1, 0}},
+                        {{3, 128, 96}, {0, 2, 1}},
+                        {{2, 16, 8, 64}, {0, 2, 3, 1}}};
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const Case &c : cases) {
+      SCOPED_TRACE(std::string(name(dt)) + " " + formatShape(c.shape) + " perm " +
+                   formatShape(c.perm));
+      Host x = randomHost(rng, dt, c.shape);
+      Shape ys(c.shape.size());
+      for (size_t i = 0; i < ys.size(); ++i)
+        ys[i] = c.shape[size_t(c.perm[i])];
+      Dev dx(x), y = poisonedDev(dt, ys);
+      Host want = poisonedHost(dt, ys);
+      cuda::transpose(ctx, dx.view(), c.perm, y.view());
+      cpu::transpose(x.view(), c.perm, want.view());
+      expectSameBytes("transpose", y.download(), want);
+    }
+}
+
+TEST_F(CudaKernelsTest, SliceAndSliceGradMatchCpu) {
+  struct Case {
+    Shape x;
+    int axis;
+    int64_t start, len;
+  };
+  const Case cases[] = {{{4, 10, 6}, 1, 3, 5},   {{4, 10, 6}, 0, 1, 2},  {{5, 7, 9}, -1, 2, 5},
+                        {{2, 64, 128}, 2, 64, 64}, {{3, 17}, 1, 0, 17},   {{6, 8, 16}, 1, 4, 0}};
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const Case &c : cases) {
+      SCOPED_TRACE(std::string(name(dt)) + " " + formatShape(c.x) + " axis " +
+                   std::to_string(c.axis) + " [" + std::to_string(c.start) + ", +" +
+                   std::to_string(c.len) + ")");
+      int64_t a = c.axis < 0 ? c.axis + int64_t(c.x.size()) : c.axis;
+      Shape ys = c.x;
+      ys[size_t(a)] = c.len;
+      Host x = randomHost(rng, dt, c.x), dy = randomHost(rng, dt, ys);
+      Dev dx(x), y = poisonedDev(dt, ys), ddy(dy), g = poisonedDev(dt, c.x);
+      Host wy = poisonedHost(dt, ys), wg = poisonedHost(dt, c.x);
+      cuda::slice(ctx, dx.view(), c.axis, c.start, y.view());
+      cpu::slice(x.view(), c.axis, c.start, wy.view());
+      expectSameBytes("slice", y.download(), wy);
+      cuda::sliceGrad(ctx, ddy.view(), c.axis, c.start, g.view());
+      cpu::sliceGrad(dy.view(), c.axis, c.start, wg.view());
+      expectSameBytes("slice_grad", g.download(), wg);
+    }
+}
+
+TEST_F(CudaKernelsTest, RopeAndGradientMatchCpu) {
+  const Shape shapes[] = {{2, 33, 4, 64}, {1, 5, 3, 6}, {2, 700, 2, 128}};
+  for (DType dt : kFloatTypes)
+    for (const Shape &s : shapes) {
+      SCOPED_TRACE(std::string(name(dt)) + " " + formatShape(s));
+      Host x = randomHost(rng, dt, s);
+      Dev dx(x), y = poisonedDev(dt, s), g = poisonedDev(dt, s);
+      Host wy = poisonedHost(dt, s), wg = poisonedHost(dt, s);
+      cuda::rope(ctx, dx.view(), 10000.0, y.view());
+      cpu::rope(x.view(), 10000.0, wy.view());
+      expectClose("rope", y.download(), wy, relTol(dt), 1.0);
+      cuda::ropeGrad(ctx, dx.view(), 500000.0, g.view());
+      cpu::ropeGrad(x.view(), 500000.0, wg.view());
+      expectClose("rope_grad", g.download(), wg, relTol(dt), 1.0);
+      cuda::rope(ctx, dx.view(), 10000.0, dx.view()); // in place
+      expectClose("rope in place", dx.download(), wy, relTol(dt), 1.0);
+    }
+}
+
+TEST_F(CudaKernelsTest, ReduceToMatchesCpuAndRepeats) {
+  struct Case {
+    Shape x, y;
+  };
+  const Case cases[] = {{{4, 33, 64}, {64}},      {{4, 33, 64}, {1}},      {{4, 33, 64}, {4, 1, 64}},
+                        {{4, 33, 64}, {4, 33, 1}}, {{4, 33, 64}, {33, 1}}, {{1000003}, {1}},
+                        {{4096, 768}, {768}},      {{6, 7}, {6, 7}},       {{2, 3, 4, 5}, {3, 1, 5}},
+                        {{65, 1, 3}, {1, 3}}};
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const Case &c : cases) {
+      SCOPED_TRACE(std::string(name(dt)) + " " + formatShape(c.x) + " -> " + formatShape(c.y));
+      Host x = randomHost(rng, dt, c.x);
+      Dev dx(x, dtypeSize(dt)), y = poisonedDev(dt, c.y), y2 = poisonedDev(dt, c.y);
+      Host want = poisonedHost(dt, c.y);
+      cuda::reduceTo(ctx, dx.view(), y.view());
+      cpu::reduceTo(x.view(), want.view());
+      Host got = y.download();
+      expectClose("reduce_to", got, want, relTol(dt), 10.0);
+      cuda::reduceTo(ctx, dx.view(), y2.view());
+      expectSameBytes("reduce_to repeat", y2.download(), got);
+    }
+}
+
+//===----------------------------------------------------------------------===//
+// Optimizer
+//===----------------------------------------------------------------------===//
+
+TEST_F(CudaKernelsTest, GradNormMatchesCpuAndRepeats) {
+  // 130 tensors (more than one launch's set), of mixed dtypes and ragged sizes, one empty.
+  std::vector<Host> hosts;
+  std::vector<Dev> devs;
+  std::uniform_int_distribution<int64_t> size(1, 40000);
+  for (int i = 0; i < 130; ++i) {
+    DType dt = kFloatTypes[i % 3];
+    int64_t n = i == 5 ? 0 : (i == 9 ? 3000017 : size(rng));
+    hosts.push_back(randomHost(rng, dt, {n}));
+    devs.emplace_back(hosts.back(), i % 2 ? 0 : dtypeSize(dt));
+  }
+  std::vector<TensorView> hv, dv;
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    hv.push_back(hosts[i].view());
+    dv.push_back(devs[i].view());
+  }
+  Dev norm = poisonedDev(DType::F32, {}), norm2 = poisonedDev(DType::F32, {});
+  Host want = poisonedHost(DType::F32, {});
+  cuda::gradNorm(ctx, dv, norm.view());
+  cpu::gradNorm(hv, want.view());
+  Host got = norm.download();
+  expectClose("grad_norm", got, want, 1e-5);
+  cuda::gradNorm(ctx, dv, norm2.view());
+  expectSameBytes("grad_norm repeat", norm2.download(), got);
+  Dev empty = poisonedDev(DType::BF16, {});
+  cuda::gradNorm(ctx, {}, empty.view());
+  EXPECT_EQ(empty.download().get()[0], 0.0);
+}
+
+TEST_F(CudaKernelsTest, LearningRateAndStepIncrementMatchCpu) {
+  cpu::LearningRateSchedule cosine{3e-4, true, 10, 100, 0.1};
+  cpu::LearningRateSchedule constant{1e-3, false, 5, 0, 0.0};
+  for (const auto &sched : {cosine, constant})
+    for (int64_t done : {int64_t(0), int64_t(4), int64_t(9), int64_t(10), int64_t(55),
+                         int64_t(99), int64_t(150)}) {
+      SCOPED_TRACE("cosine " + std::to_string(sched.cosine) + " step " + std::to_string(done));
+      Host step(DType::I64, {});
+      step.set({double(done)});
+      Dev dstep(step), lr = poisonedDev(DType::F32, {});
+      Host want = poisonedHost(DType::F32, {});
+      cuda::learningRate(ctx, dstep.view(), sched, lr.view());
+      cpu::learningRate(step.view(), sched, want.view());
+      expectClose("lr", lr.download(), want, 1e-6);
+      cuda::stepIncrement(ctx, dstep.view());
+      cpu::stepIncrement(step.view());
+      expectSameBytes("step", dstep.download(), step);
+    }
+}
+
+TEST_F(CudaKernelsTest, AdamWAndSgdMatchCpu) {
+  const Shape s = {1000, 37};
+  for (DType gt : {DType::F32, DType::BF16})
+    for (DType pt : {DType::F32, DType::BF16})
+      for (int withMaster = 0; withMaster < 2; ++withMaster) {
+        SCOPED_TRACE(std::string("grad ") + name(gt) + " param " + name(pt) +
+                     (withMaster ? " master" : ""));
+        Host grad = randomHost(rng, gt, s), param = randomHost(rng, pt, s);
+        Host m = randomHost(rng, DType::F32, s, -0.1, 0.1);
+        Host v = randomHost(rng, DType::F32, s, 0.0, 0.01);
+        Host master = randomHost(rng, DType::F32, s);
+        Host step(DType::I64, {}), lr(DType::F32, {}), norm(DType::BF16, {});
+        step.set({6});
+        lr.set({1e-3});
+        norm.set({3.5});
+        Dev dgrad(grad), dparam(param), dm(m), dv(v), dmaster(master), dstep(step), dlr(lr),
+            dnorm(norm);
+        cpu::AdamWHyper hyper{0.9, 0.95, 1e-8, 0.1, 1.0};
+        const TensorView mv = master.view();
+        const TensorView dmv = dmaster.view();
+        cuda::adamwUpdate(ctx, dgrad.view(), dstep.view(), dlr.view(), dnorm.view(), hyper,
+                          dparam.view(), dm.view(), dv.view(), withMaster ? &dmv : nullptr);
+        cpu::adamwUpdate(grad.view(), step.view(), lr.view(), norm.view(), hyper, param.view(),
+                         m.view(), v.view(), withMaster ? &mv : nullptr);
+        expectClose("adamw param", dparam.download(), param, relTol(pt), 1.0);
+        expectClose("adamw m", dm.download(), m, 1e-5, 1.0);
+        expectClose("adamw v", dv.download(), v, 1e-5, 1.0);
+        if (withMaster)
+          expectClose("adamw master", dmaster.download(), master, 1e-5, 1.0);
+
+        for (double momentum : {0.0, 0.9}) {
+          Host p2 = randomHost(rng, pt, s), buf = randomHost(rng, DType::F32, s);
+          Dev dp2(p2), dbuf(buf);
+          cpu::SGDHyper sh{momentum, 0.01, 2.0};
+          cuda::sgdUpdate(ctx, dgrad.view(), dlr.view(), dnorm.view(), sh, dp2.view(),
+                          dbuf.view(), withMaster ? &dmv : nullptr);
+          cpu::sgdUpdate(grad.view(), lr.view(), norm.view(), sh, p2.view(), buf.view(),
+                         withMaster ? &mv : nullptr);
+          expectClose("sgd param", dp2.download(), p2, relTol(pt), 1.0);
+          expectClose("sgd momentum", dbuf.download(), buf, 1e-5, 1.0);
+          if (withMaster)
+            expectClose("sgd master", dmaster.download(), master, 1e-5, 1.0);
+        }
+      }
+}
+
+TEST_F(CudaKernelsTest, ShapeErrorsThrowBeforeAnythingRuns) {
+  Dev a(DType::F32, {3, 4}), b(DType::F32, {5}), c(DType::F32, {3, 4});
+  EXPECT_THROW(cuda::add(ctx, a.view(), b.view(), c.view()), Error);
+  Dev w(DType::F32, {7, 5});
+  EXPECT_THROW(cuda::linear(ctx, a.view(), w.view(), nullptr, c.view()), Error);
+  cuda::Context noGemm = ctx;
+  noGemm.gemm = nullptr;
+  Dev w2(DType::F32, {4, 4});
+  EXPECT_THROW(cuda::linear(noGemm, a.view(), w2.view(), nullptr, c.view()), Error);
+}
+
+//===----------------------------------------------------------------------===//
+// Performance (printed, not asserted)
+//===----------------------------------------------------------------------===//
+
+/// Median milliseconds of `reps` timed runs of fn after `warm` untimed ones.
+double medianMs(cudaStream_t stream, int warm, int reps, const std::function<void()> &fn) {
+  for (int i = 0; i < warm; ++i)
+    fn();
+  cudaEvent_t start, stop;
+  cudaOk(cudaEventCreate(&start), "cudaEventCreate");
+  cudaOk(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<float> times;
+  for (int i = 0; i < reps; ++i) {
+    cudaOk(cudaEventRecord(start, stream), "cudaEventRecord");
+    fn();
+    cudaOk(cudaEventRecord(stop, stream), "cudaEventRecord");
+    cudaOk(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0;
+    cudaOk(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    times.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return double(times[times.size() / 2]);
+}
+
+/// A device tensor of random bf16 (a 1 Mi-element random block tiled), never zeros.
+Dev randomDeviceBf16(std::mt19937 &rng, Shape shape) {
+  Dev d(DType::BF16, shape);
+  const int64_t block = int64_t(1) << 20;
+  Host h = randomHost(rng, DType::BF16, {block});
+  int64_t n = numelOf(shape);
+  for (int64_t off = 0; off < n; off += block) {
+    int64_t count = std::min(block, n - off);
+    cudaOk(cudaMemcpy(static_cast<char *>(d.data()) + off * 2, h.bytes.data(), size_t(count) * 2,
+                      cudaMemcpyHostToDevice),
+           "cudaMemcpy");
+  }
+  return d;
+}
+
+TEST_F(CudaKernelsTest, PerfElementwiseBandwidthAndGemmThroughput) {
+  cudaStream_t stream = ctx.stream;
+  // Elementwise: out = lhs + rhs on 2^28 bf16 elements (1.5 GiB moved per call).
+  const int64_t n = int64_t(1) << 28;
+  Dev lhs = randomDeviceBf16(rng, {n}), rhs = randomDeviceBf16(rng, {n});
+  Dev out(DType::BF16, {n});
+  double addMs = medianMs(stream, 3, 20, [&] { cuda::add(ctx, lhs.view(), rhs.view(), out.view()); });
+  double addGBs = 3.0 * double(n) * 2.0 / (addMs * 1e-3) / 1e9;
+  double copyMs = medianMs(stream, 3, 20, [&] {
+    cudaOk(cudaMemcpyAsync(out.data(), lhs.data(), size_t(n) * 2, cudaMemcpyDeviceToDevice, stream),
+           "cudaMemcpyAsync");
+  });
+  double copyGBs = 2.0 * double(n) * 2.0 / (copyMs * 1e-3) / 1e9;
+  Dev accF32(DType::F32, {n});
+  double castMs = medianMs(stream, 3, 20, [&] { cuda::cast(ctx, lhs.view(), accF32.view()); });
+  double castGBs = double(n) * 6.0 / (castMs * 1e-3) / 1e9;
+
+  // GEMM: 8192^3 bf16 through GemmEngine (linear: y = x wᵀ).
+  const int64_t s = 8192;
+  Dev x = randomDeviceBf16(rng, {s, s}), w = randomDeviceBf16(rng, {s, s});
+  Dev y(DType::BF16, {s, s});
+  double gemmMs =
+      medianMs(stream, 3, 20, [&] { cuda::linear(ctx, x.view(), w.view(), nullptr, y.view()); });
+  double tflops = 2.0 * double(s) * double(s) * double(s) / (gemmMs * 1e-3) / 1e12;
+  double mmMs = medianMs(stream, 3, 20, [&] {
+    ctx.gemm->gemm(stream, DType::BF16, false, false, s, s, s, 1.0f, x.data(), 0, w.data(), 0,
+                   0.0f, y.data(), 0, 1);
+  });
+  double mmTflops = 2.0 * double(s) * double(s) * double(s) / (mmMs * 1e-3) / 1e12;
+
+  std::printf("[perf] add bf16 n=2^28: %.3f ms, %.0f GB/s (read 2 + write 1)\n", addMs, addGBs);
+  std::printf("[perf] cast bf16->f32 n=2^28: %.3f ms, %.0f GB/s\n", castMs, castGBs);
+  std::printf("[perf] cudaMemcpy D2D 512 MiB: %.3f ms, %.0f GB/s (read + write)\n", copyMs,
+              copyGBs);
+  std::printf("[perf] linear bf16 8192^3 (NT): %.3f ms, %.1f TFLOP/s\n", gemmMs, tflops);
+  std::printf("[perf] GemmEngine::gemm bf16 8192^3 (NN): %.3f ms, %.1f TFLOP/s\n", mmMs, mmTflops);
+  RecordProperty("add_bf16_GBps", std::to_string(addGBs));
+  RecordProperty("gemm_bf16_8192_TFLOPs", std::to_string(tflops));
+}
+
+} // namespace
+
+#endif // BONSAI_HAVE_CUDA
