@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# bench/prepare_gpu_run.sh - prepare, on the build machine, what bench/run_h200.sh needs on a GPU
+# machine: a CUDA build of bonsai-run, the shared libraries it needs that a GPU image may lack
+# (OpenBLAS), the tiny models' weights, tokens and training plans for the parity checks, and the
+# benchmark plans. Everything goes into one folder (default .gpu-run/, ignored by git), which is
+# copied to the GPU machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir="${1:-.gpu-run}"
+build="${BONSAI_BUILD_DIR:-build}"
+archs="${BONSAI_GPU_ARCHS:-90-real}"
+scripts/build.sh
+cmake -G Ninja -S runtime -B build-gpu -DCMAKE_BUILD_TYPE=Release -DBONSAI_CUDA_ARCHS="$archs"
+ninja -C build-gpu bonsai-run
+rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib" "$dir/cases" "$dir/plans"
+cp build-gpu/bin/bonsai-run "$dir/bin/"
+for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do
+  cp "$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')" "$dir/lib/"
+done
+# Parity: fp32 tiny models, AdamW lr 1e-3 (the settings test/gpu/hf_parity.py uses for PyTorch).
+printf 'bonsai.recipe @parity {\n  bonsai.optimizer "adamw" lr 1.000000e-03\n}\n' > "$dir/parity_recipe.mlir"
+for model in tiny_llama tiny_gpt2; do
+  /usr/bin/python3 test/reference/make_case.py --model "$model" --out "$dir/cases"
+  "$build/bin/bonsai-compile" "examples/models/$model.mlir" "$dir/parity_recipe.mlir" \
+    -o "$dir/cases/${model}_train.plan" > /dev/null
+done
+# Benchmarks: AdamW as bench/train_bench.py gives PyTorch (lr 3e-4, weight decay 0.01).
+printf 'bonsai.recipe @bench {\n  bonsai.target "sm_90"\n  bonsai.optimizer "adamw" lr 3.000000e-04 {weight_decay = 1.000000e-02 : f64}\n}\n' \
+  > "$dir/bench_recipe.mlir"
+for model in llama_124m gpt2_124m; do
+  "$build/bin/bonsai-compile" "examples/models/$model.mlir" "$dir/bench_recipe.mlir" \
+    --target=h200 -o "$dir/plans/${model}_train.plan"
+done
+du -sh "$dir"
