@@ -74,6 +74,8 @@ public:
   }
 
   ~CudaBackend() override {
+    for (cudaEvent_t e : events_)
+      cudaEventDestroy(e);
     for (auto &entry : graphs_)
       if (entry.second)
         cudaGraphExecDestroy(entry.second);
@@ -121,7 +123,18 @@ public:
     synchronize();
   }
 
+  void setProfiling(bool on) override {
+    profiling_ = on;
+    times_.assign(plan_.kernels.size(), 0.0);
+  }
+
+  const std::vector<double> &kernelMilliseconds() const override { return times_; }
+
   void runPhase(Phase phase) override {
+    if (profiling_) {
+      runPhaseProfiled(phase);
+      return;
+    }
     if (!useGraphs_) {
       runPhaseEagerly(phase);
       return;
@@ -181,6 +194,35 @@ private:
     check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
     cudaGraphDestroy(graph);
     return exec;
+  }
+
+  /// Each kernel between two events; the times are read once the phase is done.
+  void runPhaseProfiled(Phase phase) {
+    std::vector<size_t> kernels;
+    for (size_t i = 0; i < plan_.kernels.size(); ++i)
+      if (plan_.kernels[i].phase == phase)
+        kernels.push_back(i);
+    while (events_.size() < 2 * kernels.size()) {
+      cudaEvent_t e;
+      check(cudaEventCreate(&e), "cudaEventCreate");
+      events_.push_back(e);
+    }
+    for (size_t j = 0; j < kernels.size(); ++j) {
+      check(cudaEventRecord(events_[2 * j], stream_), "cudaEventRecord");
+      try {
+        runKernel(kernels[j]);
+      } catch (const Error &e) {
+        throw Error(plan_.describeKernel(kernels[j]) + ": " + e.what());
+      }
+      check(cudaEventRecord(events_[2 * j + 1], stream_), "cudaEventRecord");
+    }
+    synchronize();
+    for (size_t j = 0; j < kernels.size(); ++j) {
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, events_[2 * j], events_[2 * j + 1]),
+            "cudaEventElapsedTime");
+      times_[kernels[j]] += ms;
+    }
   }
 
   void runPhaseEagerly(Phase phase) {
@@ -371,6 +413,9 @@ private:
   std::vector<TensorView> views_;
   std::map<Phase, cudaGraphExec_t> graphs_;
   uint64_t measured_ = 0;
+  bool profiling_ = false;
+  std::vector<double> times_;
+  std::vector<cudaEvent_t> events_;
 };
 } // namespace
 

@@ -14,6 +14,7 @@
 #include "bonsai/runtime/Init.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -54,6 +55,17 @@ Executor::Executor(const LoadedPlan &plan, const ExecutorOptions &options) : pla
 }
 
 Executor::~Executor() = default;
+
+void Executor::setProfiling(bool on) {
+  profiling_ = on;
+  cpuTimes_.assign(plan_.kernels.size(), 0.0);
+  if (device_)
+    device_->setProfiling(on);
+}
+
+std::vector<double> Executor::kernelMilliseconds() const {
+  return device_ ? device_->kernelMilliseconds() : cpuTimes_;
+}
 
 std::string Executor::describeBackend() const {
   return device_ ? device_->describe() : std::string("cpu");
@@ -347,11 +359,16 @@ void Executor::runPhase(Phase phase) {
   for (size_t i = 0; i < plan_.kernels.size(); ++i) {
     if (plan_.kernels[i].phase != phase)
       continue;
+    auto start = std::chrono::steady_clock::now();
     try {
       runKernel(i);
     } catch (const Error &e) {
       throw Error(plan_.describeKernel(i) + ": " + e.what());
     }
+    if (profiling_)
+      cpuTimes_[i] += std::chrono::duration<double, std::milli>(
+                          std::chrono::steady_clock::now() - start)
+                          .count();
   }
 }
 

@@ -46,6 +46,7 @@
 #include <memory>
 #include <new>
 #include <optional>
+#include <map>
 #include <string>
 
 #include <sys/stat.h>
@@ -87,6 +88,7 @@ const char *const kHelp =
     "  --backend NAME        cuda or cpu (default: cuda when a GPU is present)\n"
     "  --device N            CUDA device ordinal (default 0)\n"
     "  --no-cuda-graphs      launch kernels one by one instead of replaying CUDA Graphs\n"
+    "  --profile             time every kernel of the last step and print where the time goes\n"
     "  --help                this text\n";
 
 /// A command-line mistake: reported with the usage.
@@ -113,6 +115,7 @@ struct Options {
   std::string backend;       ///< empty: cuda when a GPU is present, else cpu
   int device = 0;
   bool noCudaGraphs = false;
+  bool profile = false;
   bool help = false;
 };
 
@@ -195,6 +198,8 @@ Options parseOptions(int argc, char **argv) {
         o.device = int(parseCount(flag, takeValue()));
       else if (flag == "--no-cuda-graphs")
         o.noCudaGraphs = true;
+      else if (flag == "--profile")
+        o.profile = true;
       else if (flag == "--resume") {
         o.resume = true;
         // The path is optional: a following argument is taken as it when it is a directory
@@ -321,6 +326,45 @@ std::string generate(rt::Executor &executor, const std::string &prompt, uint64_t
   return out;
 }
 
+/// Where the profiled step's time went: by kernel kind and phase, then the slowest kernels.
+void printProfile(const rt::Executor &executor) {
+  const rt::LoadedPlan &plan = executor.plan();
+  std::vector<double> ms = executor.kernelMilliseconds();
+  double total = 0;
+  for (double t : ms)
+    total += t;
+  if (total <= 0)
+    return;
+  static const char *phases[] = {"forward", "backward", "update"};
+  std::map<std::pair<std::string, int>, std::pair<double, int>> byKind;
+  for (size_t i = 0; i < ms.size(); ++i) {
+    auto &entry = byKind[{rt::kernelKindName(plan.kernels[i].kind), int(plan.kernels[i].phase)}];
+    entry.first += ms[i];
+    entry.second += 1;
+  }
+  std::vector<std::pair<double, std::string>> rows;
+  for (auto &[key, value] : byKind) {
+    char line[160];
+    std::snprintf(line, sizeof line, "profile: %-18s %-8s %6d kernels %9.3f ms %5.1f%%",
+                  key.first.c_str(), phases[key.second], value.second, value.first,
+                  100.0 * value.first / total);
+    rows.push_back({value.first, line});
+  }
+  std::sort(rows.rbegin(), rows.rend());
+  std::printf("profile: one step, %.3f ms in kernels (timed one by one, without CUDA Graphs)\n",
+              total);
+  for (auto &row : rows)
+    std::printf("%s\n", row.second.c_str());
+  std::vector<size_t> order(ms.size());
+  for (size_t i = 0; i < order.size(); ++i)
+    order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ms[a] > ms[b]; });
+  for (size_t j = 0; j < std::min<size_t>(8, order.size()); ++j)
+    std::printf("profile: slowest %zu: %.3f ms %s\n", j + 1, ms[order[j]],
+                plan.describeKernel(order[j]).c_str());
+  std::fflush(stdout);
+}
+
 int run(const Options &o) {
   rt::ExecutorOptions executorOptions;
   executorOptions.device = o.device;
@@ -385,6 +429,9 @@ int run(const Options &o) {
   auto start = std::chrono::steady_clock::now();
   try {
     for (uint64_t s = 0; s < steps; ++s) {
+      // The last step is the profiled one: earlier steps warm caches, graphs and plans up.
+      if (o.profile && s + 1 == steps)
+        executor.setProfiling(true);
       auto stepStart = std::chrono::steady_clock::now();
       rt::StepResult result = executor.trainStep(loader, position.dataPosition, microBatches);
       auto now = std::chrono::steady_clock::now();
@@ -429,6 +476,8 @@ int run(const Options &o) {
                 position.dataPosition, o.dumpGradients.c_str());
     std::fflush(stdout);
   }
+  if (o.profile && steps > 0)
+    printProfile(executor);
   if (o.generate) {
     std::string text = generate(executor, *o.generate, o.maxNewBytes.value_or(64));
     std::printf("prompt: %s\ngenerated: %s\n", escapeBytes(*o.generate).c_str(),

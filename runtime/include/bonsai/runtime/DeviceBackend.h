@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace bonsai::rt {
 
@@ -40,6 +41,10 @@ public:
   virtual void synchronize() = 0;
   /// Device memory the backend holds (arenas and its own workspaces), measured by the driver.
   virtual uint64_t measuredDeviceBytes() const = 0;
+  /// With profiling on, phases run kernel by kernel (no graphs) between CUDA events, and each
+  /// kernel's time is added to kernelMilliseconds()[kernel index].
+  virtual void setProfiling(bool on) = 0;
+  virtual const std::vector<double> &kernelMilliseconds() const = 0;
 };
 
 /// True when this build has the CUDA backend and a CUDA device is present.

@@ -89,6 +89,11 @@ public:
   void syncToHost() const;
   /// "cpu" or the GPU's description.
   std::string describeBackend() const;
+  /// Turns per-kernel timing on (GPU: kernel by kernel between CUDA events, no graphs; CPU:
+  /// wall-clock around each kernel) and clears the times.
+  void setProfiling(bool on);
+  /// Milliseconds spent in each plan kernel since profiling was turned on.
+  std::vector<double> kernelMilliseconds() const;
   /// Device bytes the GPU backend holds as measured by the driver (0 on the CPU).
   uint64_t measuredDeviceBytes() const { return device_ ? device_->measuredDeviceBytes() : 0; }
 
@@ -160,6 +165,8 @@ private:
   void uploadTensor(uint32_t tensor);
 
   std::unique_ptr<DeviceBackend> device_;
+  bool profiling_ = false;
+  std::vector<double> cpuTimes_;
   mutable bool hostDirty_ = true;     ///< the host has bytes the device has not seen
   mutable bool deviceAhead_ = false;  ///< kernels wrote the device since the last download
 
