@@ -88,8 +88,9 @@ static LogicalResult checkSupportedDirectives(ModuleOp module) {
       if (auto remat = dyn_cast<RematDirectiveOp>(op); remat && remat.getPolicy() == "none")
         continue;
       return op.emitError() << "'" << op.getName()
-                            << "' is not carried out by this version of bonsai-compile (its "
-                               "pass is not implemented yet); remove it from the recipe";
+                            << "' is not carried out by this version of bonsai-compile (the "
+                               "pass that applies it is part of a later release); remove it "
+                               "from the recipe";
     }
   return success();
 }
