@@ -37,7 +37,11 @@ public:
   CudaBackend(const LoadedPlan &plan, int ordinal, bool useGraphs)
       : plan_(plan), useGraphs_(useGraphs) {
     int count = 0;
-    check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+    cudaError_t status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess || count == 0)
+      throw Error(std::string("no CUDA device is available (") +
+                  (status != cudaSuccess ? cudaGetErrorString(status) : "none found") +
+                  "); use --backend=cpu");
     if (ordinal < 0 || ordinal >= count)
       throw Error("cuda backend: device " + std::to_string(ordinal) + " requested, " +
                   std::to_string(count) + " present");
