@@ -3,9 +3,15 @@ import glob
 import os
 import subprocess
 import sys
+import tempfile
 
 bonsai_opt, folder = sys.argv[1], sys.argv[2]
 files = sorted(glob.glob(os.path.join(folder, "*.mlir")))
+# Binary garbage is made here rather than kept in git.
+garbage = os.path.join(tempfile.mkdtemp(), "binary.mlir")
+with open(garbage, "wb") as f:
+    f.write(b"\x00\x01\xff\xfe garbage \x7f\x80 {{{{ ]]]\n")
+files.append(garbage)
 if not files:
     sys.exit("no inputs in %s" % folder)
 failed = 0
