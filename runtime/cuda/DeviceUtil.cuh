@@ -2,7 +2,8 @@
 //
 // Private to runtime/cuda. Storage types (float, __half, __nv_bfloat16) and their conversions
 // to and from fp32 (round to nearest even), 16-byte vector loads and stores converting to fp32,
-// warp and row reductions with a fixed combination order (so results are the same run to run),
+// warp, row and row-group reductions with a fixed combination order (so results are the same run
+// to run), the second stage of the deterministic column sums (partial rows added in order),
 // a row visitor that peels unaligned heads so rows of any length use vector accesses, the
 // device error record, and the host-side dispatch from DType to storage type.
 //
@@ -50,16 +51,29 @@ template <> struct RawType<4> { using type = uint32_t; };
 template <> struct RawType<2> { using type = uint16_t; };
 template <> struct RawType<1> { using type = uint8_t; };
 
-/// Loads N consecutive elements (one access of N * sizeof(T) bytes, which must be aligned to
-/// that size) as fp32.
-template <int N, typename T> __device__ __forceinline__ void loadF(const T *p, float (&out)[N]) {
-  using R = typename RawType<int(N * sizeof(T))>::type;
-  R raw = *reinterpret_cast<const R *>(p);
+/// The raw bits of N consecutive elements of T, for one access.
+template <int N, typename T> using RawOf = typename RawType<int(N * sizeof(T))>::type;
+
+/// Loads the raw bits of N consecutive elements (one access of N * sizeof(T) bytes, which must
+/// be aligned to that size).
+template <int N, typename T> __device__ __forceinline__ RawOf<N, T> loadRaw(const T *p) {
+  return *reinterpret_cast<const RawOf<N, T> *>(p);
+}
+
+/// The N elements of T held in `raw`, as fp32.
+template <int N, typename T>
+__device__ __forceinline__ void unpackF(const RawOf<N, T> &raw, float (&out)[N]) {
   T e[N];
   memcpy(e, &raw, sizeof raw);
 #pragma unroll
   for (int i = 0; i < N; ++i)
     out[i] = toFloat(e[i]);
+}
+
+/// Loads N consecutive elements (one access of N * sizeof(T) bytes, which must be aligned to
+/// that size) as fp32.
+template <int N, typename T> __device__ __forceinline__ void loadF(const T *p, float (&out)[N]) {
+  unpackF<N, T>(loadRaw<N>(p), out);
 }
 
 /// Stores N fp32 values rounded to T as one aligned access.
@@ -158,6 +172,72 @@ __device__ __forceinline__ void rowReduceSum2(float &a, float &b, float *scratch
   __syncthreads();
   a = warpReduce(lane < warps ? scratch[lane] : 0.0f, SumOp{});
   b = warpReduce(lane < warps ? scratch[32 + lane] : 0.0f, SumOp{});
+}
+
+/// Sums each of the N values over the blockDim.x threads of its row group (threadIdx.y) and
+/// returns the sums to every thread of the group. With blockDim.x == 32 a group is one warp and
+/// no barrier is used; otherwise every thread of the block must call it (the groups step
+/// together). `scratch` holds 32 N floats per group.
+template <int N> __device__ __forceinline__ void groupReduceSum(float (&v)[N], float *scratch) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+    v[i] = warpReduce(v[i], SumOp{});
+  if (blockDim.x == 32)
+    return;
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  float *s = scratch + threadIdx.y * 32 * N;
+  __syncthreads(); // the previous reduction's readers are done with scratch
+  if (lane == 0)
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+      s[i * 32 + warp] = v[i];
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+    v[i] = warpReduce(lane < warps ? s[i * 32 + lane] : 0.0f, SumOp{});
+}
+
+/// Row groups of sumPartialRowsKernel's blocks (blockDim = (32, kPartialGroups)).
+constexpr int kPartialGroups = 16;
+
+/// The second stage of a deterministic column sum: out[c] = the sum over rows b = 0, 1, ...,
+/// count - 1 of partial[b, c] ([count, cols] fp32), as TY, into out0[c] for c < split and
+/// out1[c - split] for the rest (a weight and a bias gradient from one buffer). Each block
+/// takes 32 columns; its row group y adds the rows y, y + kPartialGroups, ... in that order, and
+/// the groups' sums are added in group order, so the result depends only on count and cols.
+template <typename TY>
+__global__ void sumPartialRowsKernel(const float *partial, int64_t count, int64_t cols,
+                                     TY *out0, int64_t split, TY *out1) {
+  __shared__ float sums[kPartialGroups][32];
+  const int64_t c = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  float sum = 0.0f;
+  if (c < cols) {
+#pragma unroll 8
+    for (int64_t b = threadIdx.y; b < count; b += kPartialGroups)
+      sum += partial[b * cols + c];
+  }
+  sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols)
+    return;
+  sum = sums[0][threadIdx.x];
+#pragma unroll
+  for (int g = 1; g < kPartialGroups; ++g)
+    sum += sums[g][threadIdx.x];
+  if (c < split)
+    out0[c] = fromFloat<TY>(sum);
+  else
+    out1[c - split] = fromFloat<TY>(sum);
+}
+
+/// Enqueues sumPartialRowsKernel over `cols` columns.
+template <typename TY>
+void sumPartialRows(const char *kernel, Stream stream, const float *partial, int64_t count,
+                    int64_t cols, TY *out0, int64_t split, TY *out1) {
+  dim3 grid(unsigned((cols + 31) / 32));
+  sumPartialRowsKernel<TY><<<grid, dim3(32, kPartialGroups), 0, stream>>>(partial, count, cols,
+                                                                          out0, split, out1);
+  checkLaunch(kernel, "sumPartialRowsKernel");
 }
 
 /// An online softmax accumulator: the running maximum `m` (scaled by log2 e) and the sum of

@@ -5,7 +5,9 @@
 // storage. A plan (matmul descriptor, layouts, and the algorithm cuBLASLt's heuristic ranks
 // first under the engine's workspace and the operands' actual pointer alignments) is built on
 // the first call of each shape and reused after: the same call always runs the same algorithm,
-// which keeps results identical run to run. Every cuBLASLt and CUDA call is checked.
+// which keeps results identical run to run. Matrices whose rows are not 16-byte aligned are
+// staged through aligned scratch copies first (GemmImpl.h says why). Every cuBLASLt and CUDA
+// call is checked.
 //
 //===----------------------------------------------------------------------===//
 
@@ -20,6 +22,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace bonsai::rt::cuda {
 
@@ -80,6 +83,58 @@ cublasLtMatrixLayout_t makeLayout(const char *kernel, cudaDataType_t type, int64
     }
   }
   return layout;
+}
+
+/// The leading dimension of matrix 'a', 'b' or 'c' of a call (its row length when dense).
+int64_t leadingDim(const GemmCall &call, char which) {
+  switch (which) {
+  case 'a':
+    return call.lda ? call.lda : call.transA ? call.m : call.k;
+  case 'b':
+    return call.ldb ? call.ldb : call.transB ? call.k : call.n;
+  default:
+    return call.ldc ? call.ldc : call.n;
+  }
+}
+
+/// Matrix 'a', 'b' or 'c' of a call as it lies in memory.
+MatrixSpan matrixOf(const GemmCall &call, char which) {
+  int64_t ld = leadingDim(call, which);
+  switch (which) {
+  case 'a':
+    return {call.a, call.transA ? call.k : call.m, call.transA ? call.m : call.k, ld,
+            call.strideA};
+  case 'b':
+    return {call.b, call.transB ? call.n : call.k, call.transB ? call.k : call.n, ld,
+            call.strideB};
+  default:
+    return {call.c, call.m, call.n, ld, call.strideC};
+  }
+}
+
+/// Whether every row of every matrix of `mat` starts on a 16-byte boundary.
+bool rowsAligned(const MatrixSpan &mat, int64_t batch, DType dtype) {
+  if (alignmentOf(mat.data, mat.stride, batch, dtype) < 16)
+    return false;
+  return mat.rows <= 1 || (size_t(mat.ld) * dtypeSize(dtype)) % 16 == 0;
+}
+
+/// `v` rounded up to a multiple of `unit`.
+int64_t roundUp(int64_t v, int64_t unit) { return (v + unit - 1) / unit * unit; }
+
+/// A scratch matrix (kept alive by `keep`) of rows x cols elements, each row on a 16-byte
+/// boundary, dense over the batch when `mat` steps through memory; `mat` copied in with zero
+/// padding when `copyIn`.
+MatrixSpan staged(const char *kernel, Stream stream, const MatrixSpan &mat, int64_t rows,
+                  int64_t cols, int64_t batch, DType dtype, bool copyIn,
+                  std::vector<Scratch> &keep) {
+  int64_t ld = roundUp(cols, int64_t(16 / dtypeSize(dtype)));
+  int64_t count = batch > 1 && mat.stride != 0 ? batch : 1;
+  keep.emplace_back(kernel, stream, size_t(count * rows * ld) * dtypeSize(dtype));
+  MatrixSpan copy{keep.back().get(), rows, cols, ld, count > 1 ? rows * ld : 0};
+  if (copyIn)
+    copyMatrices(kernel, stream, dtype, mat, copy, count);
+  return copy;
 }
 
 void destroyPlan(LtEngine::Plan &plan) {
@@ -159,11 +214,12 @@ LtEngine::Plan &LtEngine::plan(const char *kernel, const GemmCall &call, const K
               "BIAS_POINTER");
     }
     int64_t m = call.m, n = call.n, k = call.k;
-    p.aLayout = call.transB ? makeLayout(kernel, ab, k, n, k, call.batch, call.strideB)
-                            : makeLayout(kernel, ab, n, k, n, call.batch, call.strideB);
-    p.bLayout = call.transA ? makeLayout(kernel, ab, m, k, m, call.batch, call.strideA)
-                            : makeLayout(kernel, ab, k, m, k, call.batch, call.strideA);
-    p.cLayout = makeLayout(kernel, c, n, m, n, call.batch, call.strideC);
+    int64_t lda = leadingDim(call, 'a'), ldb = leadingDim(call, 'b'), ldc = leadingDim(call, 'c');
+    p.aLayout = call.transB ? makeLayout(kernel, ab, k, n, ldb, call.batch, call.strideB)
+                            : makeLayout(kernel, ab, n, k, ldb, call.batch, call.strideB);
+    p.bLayout = call.transA ? makeLayout(kernel, ab, m, k, lda, call.batch, call.strideA)
+                            : makeLayout(kernel, ab, k, m, lda, call.batch, call.strideA);
+    p.cLayout = makeLayout(kernel, c, n, m, ldc, call.batch, call.strideC);
 
     cublasLtMatmulPreference_t pref = nullptr;
     checkCublas(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", kernel);
@@ -233,6 +289,60 @@ void LtEngine::run(const char *kernel, Stream stream, const GemmCall &call) {
     return;
   }
 
+  // m, n and k rounded up to 16 bytes, and aligned copies of the matrices that need them
+  // (GemmImpl.h says why).
+  const int64_t unit = int64_t(16 / dtypeSize(call.abType));
+  GemmCall aligned = call;
+  aligned.m = roundUp(call.m, unit);
+  aligned.n = roundUp(call.n, unit);
+  aligned.k = roundUp(call.k, unit);
+  aligned.lda = aligned.ldb = aligned.ldc = 0;
+  std::vector<Scratch> keep;
+  auto needsCopy = [&](const MatrixSpan &mat, const MatrixSpan &padded, DType dtype) {
+    return mat.rows != padded.rows || mat.cols != padded.cols ||
+           !rowsAligned(mat, call.batch, dtype);
+  };
+  MatrixSpan a = matrixOf(call, 'a'), aPad = matrixOf(aligned, 'a');
+  if (needsCopy(a, aPad, call.abType)) {
+    MatrixSpan s =
+        staged(kernel, stream, a, aPad.rows, aPad.cols, call.batch, call.abType, true, keep);
+    aligned.a = s.data;
+    aligned.lda = s.ld;
+    aligned.strideA = s.stride;
+  } else {
+    aligned.lda = a.ld;
+  }
+  MatrixSpan b = matrixOf(call, 'b'), bPad = matrixOf(aligned, 'b');
+  if (needsCopy(b, bPad, call.abType)) {
+    MatrixSpan s =
+        staged(kernel, stream, b, bPad.rows, bPad.cols, call.batch, call.abType, true, keep);
+    aligned.b = s.data;
+    aligned.ldb = s.ld;
+    aligned.strideB = s.stride;
+  } else {
+    aligned.ldb = b.ld;
+  }
+  MatrixSpan c = matrixOf(call, 'c'), cPad = matrixOf(aligned, 'c'), cs = c;
+  bool stageC = needsCopy(c, cPad, call.cType);
+  if (stageC) {
+    cs = staged(kernel, stream, c, cPad.rows, cPad.cols, call.batch, call.cType,
+                call.beta != 0.0f, keep);
+    aligned.c = const_cast<void *>(cs.data);
+    aligned.ldc = cs.ld;
+    aligned.strideC = cs.stride;
+  } else {
+    aligned.ldc = c.ld;
+  }
+  if (call.bias && aligned.n != call.n) {
+    MatrixSpan bias{call.bias, 1, call.n, call.n, 0};
+    aligned.bias = staged(kernel, stream, bias, 1, aligned.n, 1, call.cType, true, keep).data;
+  }
+  runAligned(kernel, stream, aligned);
+  if (stageC)
+    copyMatrices(kernel, stream, call.cType, cs, c, cs.stride != 0 ? call.batch : 1);
+}
+
+void LtEngine::runAligned(const char *kernel, Stream stream, const GemmCall &call) {
   int64_t batch = call.batch;
   Key key{int(call.abType),
           int(call.cType),
@@ -245,6 +355,9 @@ void LtEngine::run(const char *kernel, Stream stream, const GemmCall &call) {
           batch > 1 ? call.strideA : 0,
           batch > 1 ? call.strideB : 0,
           batch > 1 ? call.strideC : 0,
+          leadingDim(call, 'a'),
+          leadingDim(call, 'b'),
+          leadingDim(call, 'c'),
           call.bias != nullptr,
           call.beta != 0.0f,
           alignmentOf(call.a, call.strideA, batch, call.abType),

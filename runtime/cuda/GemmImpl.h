@@ -9,6 +9,15 @@
 // a bias of another dtype into) and the fused bias epilogue. (GemmEngine::Impl is private to
 // GemmEngine, so the engine is registered by the constructor rather than reached through it.)
 //
+// cuBLASLt's fast kernels want every row of every matrix on a 16-byte boundary and m, n and k
+// multiples of 16 bytes of elements: GPT-2's vocabulary of 50257 as n (the lm_head) or k (its
+// input gradient) makes it fall back to kernels six to eight times slower, even with aligned
+// leading dimensions. LtEngine::run therefore rounds m, n and k up to multiples of 16 bytes and
+// runs the GEMM on copies in stream-ordered scratch of every matrix whose extent grows or whose
+// rows are not aligned: the operands copied in with zero padding (so the padded k adds exact
+// zeros), the output copied out (and in first when beta reads it), the bias padded with zeros.
+// The GEMM on the copies computes the same fp32 sums, rounded once into C.
+//
 // Row-major matrices are handed to cuBLASLt (column-major) transposed: row-major C[m, n] is
 // column-major Cᵀ[n, m], and C = op(A) op(B) is computed as Cᵀ = op(B)ᵀ op(A)ᵀ, that is with
 // cuBLASLt's A = our B and its B = our A, the transpose flags unchanged.
@@ -38,6 +47,9 @@ struct GemmCall {
   const void *a = nullptr, *b = nullptr;
   void *c = nullptr;
   int64_t strideA = 0, strideB = 0, strideC = 0, batch = 1;
+  /// Leading dimensions (elements between rows of the row-major matrices); 0 means dense: A's
+  /// is k (m when transA), B's n (k when transB), C's n.
+  int64_t lda = 0, ldb = 0, ldc = 0;
   /// With a bias, C[i, j] = alpha op(A) op(B) + beta C + bias[j] in fp32, rounded once; bias
   /// has n elements of cType.
   const void *bias = nullptr;
@@ -63,14 +75,30 @@ public:
 
 private:
   using Key = std::tuple<int, int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t,
-                         int64_t, int64_t, bool, bool, int, int, int, int>;
+                         int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int, int, int,
+                         int>;
   Plan &plan(const char *kernel, const GemmCall &call, const Key &key);
+  /// Runs a call whose matrices all have 16-byte aligned rows (or any call, slowly).
+  void runAligned(const char *kernel, Stream stream, const GemmCall &call);
 
   cublasLtHandle_t handle_ = nullptr;
   void *workspace_ = nullptr;
   size_t workspaceBytes_ = 0;
   std::map<Key, Plan> plans_;
 };
+
+/// One of `count` row-major matrices of `rows` x `cols` elements, `ld` elements from one row to
+/// the next and `stride` from one matrix to the next.
+struct MatrixSpan {
+  const void *data;
+  int64_t rows, cols, ld, stride;
+};
+
+/// Copies `count` matrices of `dtype` (f32, f16 or bf16) from src into dst on `stream`, bit for
+/// bit, over dst's extent: elements of dst outside src's extent are set to zero (padding);
+/// implemented in Linear.cu.
+void copyMatrices(const char *kernel, Stream stream, DType dtype, const MatrixSpan &src,
+                  const MatrixSpan &dst, int64_t count);
 
 /// The engine of a live GemmEngine. Throws rt::Error naming `kernel` for an unknown one.
 LtEngine &ltEngineOf(const char *kernel, GemmEngine &engine);

@@ -16,7 +16,8 @@
 // products and sums of the stored values, rounded once. cuBLASLt's results are bit-identical
 // run to run for one algorithm (its split-K reductions are ordered), and the engine always
 // reruns the algorithm it chose first for a shape, so linear_grad_weight's long sums over
-// positions are deterministic too (the tests check it).
+// positions are deterministic too (the tests check it). The engine runs GEMMs of sizes or rows
+// that are not 16-byte multiples on padded, aligned copies made by copyMatrices, defined here.
 //
 //===----------------------------------------------------------------------===//
 
@@ -26,9 +27,76 @@
 #include "DeviceUtil.cuh"
 #include "GemmImpl.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
 namespace bonsai::rt::cuda {
+
+namespace detail {
+
+namespace {
+
+constexpr int kCopyThreads = 256;
+/// Elements of a row each thread of copyMatricesKernel moves per row (16 loads in flight).
+constexpr int kCopyPerThread = 16;
+
+/// dst = src over dst's extent, zero outside src's: `count` matrices, the rows of all of them
+/// (b, r) walked by blockIdx.y, y + gridDim.y, ...; block x moves the columns [x, x + 1)
+/// kCopyThreads kCopyPerThread of a row, consecutive threads on consecutive elements, so both
+/// sides coalesce whatever the alignment of their rows.
+template <typename E>
+__global__ void copyMatricesKernel(MatrixSpan src, MatrixSpan dst, int64_t count) {
+  const int64_t c0 = int64_t(blockIdx.x) * kCopyThreads * kCopyPerThread + threadIdx.x;
+  const int64_t totalRows = count * dst.rows;
+  for (int64_t rr = blockIdx.y; rr < totalRows; rr += gridDim.y) {
+    const int64_t b = count == 1 ? 0 : rr / dst.rows, r = rr - b * dst.rows;
+    const bool inside = r < src.rows;
+    const E *s = static_cast<const E *>(src.data) + b * src.stride + r * src.ld;
+    E *t = static_cast<E *>(const_cast<void *>(dst.data)) + b * dst.stride + r * dst.ld;
+    E v[kCopyPerThread];
+#pragma unroll
+    for (int i = 0; i < kCopyPerThread; ++i) {
+      int64_t c = c0 + int64_t(i) * kCopyThreads;
+      v[i] = inside && c < src.cols ? s[c] : E(0);
+    }
+#pragma unroll
+    for (int i = 0; i < kCopyPerThread; ++i) {
+      int64_t c = c0 + int64_t(i) * kCopyThreads;
+      if (c < dst.cols)
+        t[c] = v[i];
+    }
+  }
+}
+
+} // namespace
+
+void copyMatrices(const char *kernel, Stream stream, DType dtype, const MatrixSpan &src,
+                  const MatrixSpan &dst, int64_t count) {
+  int64_t totalRows = dst.rows * count;
+  if (totalRows == 0 || dst.cols == 0)
+    return;
+  const int64_t perBlock = int64_t(kCopyThreads) * kCopyPerThread;
+  dim3 grid(unsigned((dst.cols + perBlock - 1) / perBlock),
+            unsigned(std::min<int64_t>(totalRows, 65535)));
+  auto launch = [&](auto tag) {
+    using E = decltype(tag);
+    copyMatricesKernel<E><<<grid, kCopyThreads, 0, stream>>>(src, dst, count);
+  };
+  switch (dtypeSize(dtype)) {
+  case 2:
+    launch(uint16_t{});
+    break;
+  case 4:
+    launch(uint32_t{});
+    break;
+  default:
+    fail(kernel, std::string("GEMM storage must be f32, f16 or bf16, not ") + dtypeName(dtype));
+  }
+  checkLaunch(kernel, "copyMatricesKernel");
+}
+
+} // namespace detail
 
 using namespace detail;
 

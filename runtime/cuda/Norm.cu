@@ -7,11 +7,15 @@
 // to a 16-byte boundary, so odd row lengths vectorise too; re-reads of a row within a kernel
 // come from cache. Softmax over an inner axis (inner size > 1) runs one thread per column.
 //
-// The weight and bias gradients of the norms are two-stage and deterministic: a persistent
-// grid of G blocks walks the rows (block b takes rows b, b + G, ...), each thread adding the
-// contributions of its own columns (the same columns for every row) into its block's
-// accumulator row (shared memory when it fits, else the block's row of the partial buffer);
-// a second kernel sums the G partial rows of each column in block order.
+// The norm gradients are one pass over the rows plus a small second stage, deterministic (no
+// atomics, sums in an order fixed by the shapes and the device). Each of G blocks (a few per
+// multiprocessor, at least kMinRowsPerBlock rows each) takes a contiguous chunk of rows in row
+// groups of just enough warps for two vectors per thread, computes dx row by row from dy and x
+// held in registers, and adds its columns' weight (and bias) gradient terms into registers;
+// the groups' sums are added in group order into the block's fp32 partial row, and
+// sumPartialRowsKernel adds the G partial rows of each column in block order. Rows of over 512
+// vectors go through a slower kernel of one block per row that accumulates in shared or global
+// memory (same two stages).
 //
 // The weight (and bias) may have a dtype other than x's (e.g. f32 weights with bf16
 // activations); other mixes run through fp32 copies (F32Staging).
@@ -23,6 +27,8 @@
 #include "CudaCheck.h"
 #include "DeviceUtil.cuh"
 
+#include <algorithm>
+#include <optional>
 #include <string>
 
 namespace bonsai::rt::cuda {
@@ -291,11 +297,187 @@ void splitAxis(const TensorView &t, int64_t axis, int64_t &outer, int64_t &len, 
 // Norm gradients
 //===----------------------------------------------------------------------===//
 
-/// Rows are visited with a fixed column split: VW > 1 only when every row starts on a 16-byte
-/// boundary (so thread t owns columns [t VW, t VW + VW) + k threads VW in every row).
+/// Vectors of each row a thread of normGradKernel holds: with two, dy, x and the layer norm's
+/// two accumulators fit in registers for two blocks per multiprocessor.
+constexpr int kRowVectors = 2;
+/// Threads of a normGradKernel block: row groups of enough warps for kRowVectors vectors each,
+/// as many groups as fit. Longer rows (over 512 vectors: bf16 rows over 4096) take
+/// normGradWideKernel.
+constexpr int kNormGradThreads = 256;
+/// Fewest rows a block of the gradient kernels takes (unless there are fewer rows), so the
+/// partial sums (a row of fp32 per block) stay a small fraction of the traffic.
+constexpr int64_t kMinRowsPerBlock = 32;
+
+/// The norm gradients over a contiguous chunk of rows per block. The block is row groups of
+/// blockDim.x threads (threadIdx.y the group); the groups take the chunk's rows in turn (group
+/// y the rows r0 + y, r0 + y + blockDim.y, ...) and step together, since their row reductions
+/// share barriers when blockDim.x > 32. Thread t of a group owns the vectors t, t + blockDim.x,
+/// ... of every row (at most kRowVectors): it keeps that row's dy and x in registers between
+/// the statistics and the output, and adds its columns' weight (and bias) gradient terms into
+/// registers. At the end the groups' sums are added in group order (through shared memory) into
+/// the block's row of `partial` ([gridDim.x, kAcc d]: dw, then db). VW > 1 only when every row
+/// starts on a 16-byte boundary.
 template <typename T, typename W, int VW, bool Layer>
-__global__ void normGradKernel(const T *dy, const T *x, const W *w, T *dx, float *partial,
-                               bool sharedAcc, int64_t rows, int64_t d, float eps) {
+__global__ void __launch_bounds__(kNormGradThreads, 2)
+    normGradKernel(const T *dy, const T *x, const W *w, T *dx, float *partial, int64_t rows,
+                   int64_t rowsPerBlock, int64_t d, float eps) {
+  constexpr int NV = kRowVectors, kAcc = Layer ? 2 : 1;
+  // Three sums per group; groups of more than one warp are at most kNormGradThreads / 64.
+  static_assert(kNormGradThreads % 64 == 0, "scratch holds whole groups of two warps or more");
+  __shared__ float scratch[3 * 32 * (kNormGradThreads / 64)];
+  extern __shared__ float combine[]; // kAcc d floats when blockDim.y > 1
+  using Raw = RawOf<VW, T>;
+  const int64_t first = int64_t(threadIdx.x) * VW, step = int64_t(blockDim.x) * VW;
+  const bool wVec = sideAligned<VW>(w);
+  float accW[NV][VW] = {};
+  [[maybe_unused]] float accB[NV][VW] = {};
+  const int64_t r0 = int64_t(blockIdx.x) * rowsPerBlock;
+  const int64_t r1 = r0 + rowsPerBlock < rows ? r0 + rowsPerBlock : rows;
+
+  for (int64_t base = r0; base < r1; base += blockDim.y) {
+    const int64_t row = base + threadIdx.y;
+    const bool active = row < r1; // an idle group still joins the reductions' barriers
+    const T *gr = dy + row * d, *xr = x + row * d;
+    Raw gRaw[NV], xRaw[NV];
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      int64_t c = first + k * step;
+      gRaw[k] = xRaw[k] = Raw{};
+      if (active && c < d) {
+        gRaw[k] = loadRaw<VW>(gr + c);
+        xRaw[k] = loadRaw<VW>(xr + c);
+      }
+    }
+    T *outr = dx + row * d;
+    if constexpr (!Layer) {
+      // y = x r w, r = (mean(x^2) + eps)^-1/2, g = dy w: dx = r g - x r^3 mean(g x).
+      float s[2] = {0.0f, 0.0f}; // sum x^2, sum g x
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        int64_t c = first + k * step;
+        if (c >= d)
+          continue;
+        float g[VW], v[VW], wv[VW];
+        unpackF<VW, T>(gRaw[k], g);
+        unpackF<VW, T>(xRaw[k], v);
+        loadSide<VW>(w + c, wv, wVec);
+#pragma unroll
+        for (int e = 0; e < VW; ++e) {
+          s[0] += v[e] * v[e];
+          s[1] += g[e] * wv[e] * v[e];
+        }
+      }
+      groupReduceSum(s, scratch);
+      const float r = 1.0f / sqrtf(s[0] / float(d) + eps);
+      const float coef = r * r * r * s[1] / float(d);
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        int64_t c = first + k * step;
+        if (!active || c >= d)
+          continue;
+        float g[VW], v[VW], wv[VW], out[VW];
+        unpackF<VW, T>(gRaw[k], g);
+        unpackF<VW, T>(xRaw[k], v);
+        loadSide<VW>(w + c, wv, wVec);
+#pragma unroll
+        for (int e = 0; e < VW; ++e) {
+          out[e] = r * g[e] * wv[e] - coef * v[e];
+          accW[k][e] += g[e] * v[e] * r;
+        }
+        storeF<VW>(outr + c, out);
+      }
+    } else {
+      // xhat = (x - mean) r, g = dy w: dx = r (g - mean(g) - xhat mean(g xhat)).
+      float s1[1] = {0.0f};
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        float v[VW];
+        unpackF<VW, T>(xRaw[k], v); // zeros past the row
+#pragma unroll
+        for (int e = 0; e < VW; ++e)
+          s1[0] += v[e];
+      }
+      groupReduceSum(s1, scratch);
+      const float mean = s1[0] / float(d);
+      float s[3] = {0.0f, 0.0f, 0.0f}; // sum (x - mean)^2, sum g, sum g (x - mean)
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        int64_t c = first + k * step;
+        if (c >= d)
+          continue;
+        float g[VW], v[VW], wv[VW];
+        unpackF<VW, T>(gRaw[k], g);
+        unpackF<VW, T>(xRaw[k], v);
+        loadSide<VW>(w + c, wv, wVec);
+#pragma unroll
+        for (int e = 0; e < VW; ++e) {
+          float gw = g[e] * wv[e], xc = v[e] - mean;
+          s[0] += xc * xc;
+          s[1] += gw;
+          s[2] += gw * xc;
+        }
+      }
+      groupReduceSum(s, scratch);
+      const float r = 1.0f / sqrtf(s[0] / float(d) + eps);
+      const float meanG = s[1] / float(d), meanGX = r * s[2] / float(d);
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        int64_t c = first + k * step;
+        if (!active || c >= d)
+          continue;
+        float g[VW], v[VW], wv[VW], out[VW];
+        unpackF<VW, T>(gRaw[k], g);
+        unpackF<VW, T>(xRaw[k], v);
+        loadSide<VW>(w + c, wv, wVec);
+#pragma unroll
+        for (int e = 0; e < VW; ++e) {
+          float xhat = (v[e] - mean) * r;
+          out[e] = r * (g[e] * wv[e] - meanG - xhat * meanGX);
+          accW[k][e] += g[e] * xhat;
+          accB[k][e] += g[e];
+        }
+        storeF<VW>(outr + c, out);
+      }
+    }
+  }
+
+  // The groups' sums, added in group order; the last group writes the block's partial row.
+  float *dst = partial + int64_t(blockIdx.x) * kAcc * d;
+  for (int group = 0; group < int(blockDim.y); ++group) {
+    if (int(threadIdx.y) == group) {
+      const bool last = group + 1 == int(blockDim.y);
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        int64_t c = first + k * step;
+        if (c >= d)
+          continue;
+#pragma unroll
+        for (int e = 0; e < VW; ++e) {
+          float sw = accW[k][e];
+          if (group > 0)
+            sw = combine[c + e] + sw;
+          (last ? dst : combine)[c + e] = sw;
+          if constexpr (Layer) {
+            float sb = accB[k][e];
+            if (group > 0)
+              sb = combine[d + c + e] + sb;
+            (last ? dst : combine)[d + c + e] = sb;
+          }
+        }
+      }
+    }
+    if (group + 1 < int(blockDim.y))
+      __syncthreads();
+  }
+}
+
+/// The norm gradients for rows too long for normGradKernel's registers: one block of blockDim.x
+/// threads per row, block b taking rows b, b + gridDim.x, ...; each thread adds its columns'
+/// terms into the block's accumulator row (shared memory when it fits, else the block's row of
+/// `partial`), re-reading dy and x from cache for the output.
+template <typename T, typename W, int VW, bool Layer>
+__global__ void normGradWideKernel(const T *dy, const T *x, const W *w, T *dx, float *partial,
+                                   bool sharedAcc, int64_t rows, int64_t d, float eps) {
   extern __shared__ float sharedMem[];
   __shared__ float scratch[64];
   constexpr int kAcc = Layer ? 2 : 1;
@@ -315,7 +497,6 @@ __global__ void normGradKernel(const T *dy, const T *x, const W *w, T *dx, float
     const T *gr = dy + row * d, *xr = x + row * d;
     T *outr = dx + row * d;
     if constexpr (!Layer) {
-      // y = x r w, r = (mean(x^2) + eps)^-1/2, g = dy w: dx = r g - x r^3 mean(g x).
       float sumSq = 0.0f, dot = 0.0f;
       for (int64_t c = first; c < d; c += step) {
         float g[VW], v[VW], wv[VW];
@@ -344,7 +525,6 @@ __global__ void normGradKernel(const T *dy, const T *x, const W *w, T *dx, float
         storeF<VW>(outr + c, out);
       }
     } else {
-      // xhat = (x - mean) r, g = dy w: dx = r (g - mean(g) - xhat mean(g xhat)).
       float sum = 0.0f;
       for (int64_t c = first; c < d; c += step) {
         float v[VW];
@@ -406,17 +586,14 @@ __global__ void normGradKernel(const T *dy, const T *x, const W *w, T *dx, float
   }
 }
 
-/// out[c] = sum over blocks b = 0, 1, ... of partial[b * rowStride + c], in that order.
-template <typename W>
-__global__ void sumPartialsKernel(const float *partial, int64_t blocks, int64_t rowStride,
-                                  int64_t d, W *out) {
-  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < d;
-       c += int64_t(gridDim.x) * blockDim.x) {
-    float sum = 0.0f;
-    for (int64_t b = 0; b < blocks; ++b)
-      sum += partial[b * rowStride + c];
-    out[c] = fromFloat<W>(sum);
-  }
+/// Blocks for `rows` rows, `rowsPerGroup` at a time per block sweep: at most what stays resident
+/// (perSm per multiprocessor), and no more than one per kMinRowsPerBlock rows beyond one per
+/// multiprocessor.
+int64_t gradBlocks(const char *kernel, int64_t rows, int64_t rowsPerSweep, int perSm) {
+  int64_t sms = multiprocessorCount(kernel);
+  int64_t blocks = std::min((rows + rowsPerSweep - 1) / rowsPerSweep, sms * std::max(1, perSm));
+  return std::max<int64_t>(
+      1, std::min(blocks, std::max(sms, (rows + kMinRowsPerBlock - 1) / kMinRowsPerBlock)));
 }
 
 template <bool Layer>
@@ -485,31 +662,52 @@ void normGrad(const char *kernel, const Context &ctx, const TensorView &dyIn,
     bool vector = aligned16(dy.data) && aligned16(x.data) && aligned16(dx.data) &&
                   (d * int64_t(sizeof(T))) % 16 == 0;
     int vw = vector ? kVec<T> : 1;
-    int threads = threadsPerRow(d, vw);
+    int64_t vectors = (d + vw - 1) / vw;
+    int64_t groupThreads = (vectors + kRowVectors - 1) / kRowVectors;
+    groupThreads = (groupThreads + 31) / 32 * 32;
+    auto dyp = static_cast<const T *>(dy.data), xp = static_cast<const T *>(x.data);
+    auto wp = static_cast<const W *>(w.data);
+    auto dxp = static_cast<T *>(dx.data);
     size_t accBytes = size_t(kAcc) * size_t(d) * sizeof(float);
-    bool sharedAcc = accBytes <= 48 * 1024;
-    size_t smem = sharedAcc ? accBytes : 0;
-    auto kernelFn = vector ? normGradKernel<T, W, kVec<T>, Layer> : normGradKernel<T, W, 1, Layer>;
-    int perSm = 0;
-    checkCuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernelFn, threads, smem),
-              "cudaOccupancyMaxActiveBlocksPerMultiprocessor", kernel);
-    int64_t blocks = std::min<int64_t>(rows, int64_t(multiprocessorCount(kernel)) *
-                                                 std::max(1, perSm));
-    Scratch partial(kernel, ctx.stream, size_t(blocks) * accBytes);
-    kernelFn<<<unsigned(blocks), threads, smem, ctx.stream>>>(
-        static_cast<const T *>(dy.data), static_cast<const T *>(x.data),
-        static_cast<const W *>(w.data), static_cast<T *>(dx.data), partial.as<float>(), sharedAcc,
-        rows, d, float(eps));
-    checkLaunch(kernel, "normGradKernel");
-    unsigned grid = gridFor(kernel, d, 256);
-    sumPartialsKernel<W><<<grid, 256, 0, ctx.stream>>>(partial.as<float>(), blocks, kAcc * d, d,
-                                                       static_cast<W *>(dw.data));
-    checkLaunch(kernel, "sumPartialsKernel");
-    if (Layer) {
-      sumPartialsKernel<W><<<grid, 256, 0, ctx.stream>>>(partial.as<float>() + d, blocks,
-                                                         kAcc * d, d, static_cast<W *>(db.data));
-      checkLaunch(kernel, "sumPartialsKernel");
+    int64_t blocks;
+    std::optional<Scratch> partial;
+    if (groupThreads <= kNormGradThreads) {
+      // The groups' sums meet in kAcc d floats of shared memory (at most 2 x 2048 when a
+      // block has several groups, groupThreads <= 128).
+      int threads = int(groupThreads);
+      int groups = kNormGradThreads / threads;
+      size_t smem = groups > 1 ? accBytes : 0;
+      auto kernelFn = vector ? normGradKernel<T, W, kVec<T>, Layer>
+                             : normGradKernel<T, W, 1, Layer>;
+      int perSm = 0;
+      checkCuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernelFn,
+                                                              threads * groups, smem),
+                "cudaOccupancyMaxActiveBlocksPerMultiprocessor", kernel);
+      blocks = gradBlocks(kernel, rows, groups, perSm);
+      int64_t rowsPerBlock = (rows + blocks - 1) / blocks;
+      blocks = (rows + rowsPerBlock - 1) / rowsPerBlock;
+      partial.emplace(kernel, ctx.stream, size_t(blocks) * accBytes);
+      kernelFn<<<unsigned(blocks), dim3(unsigned(threads), unsigned(groups)), smem,
+                 ctx.stream>>>(dyp, xp, wp, dxp, partial->as<float>(), rows, rowsPerBlock, d,
+                               float(eps));
+      checkLaunch(kernel, "normGradKernel");
+    } else {
+      int threads = threadsPerRow(d, vw);
+      bool sharedAcc = accBytes <= 48 * 1024;
+      size_t smem = sharedAcc ? accBytes : 0;
+      auto kernelFn = vector ? normGradWideKernel<T, W, kVec<T>, Layer>
+                             : normGradWideKernel<T, W, 1, Layer>;
+      int perSm = 0;
+      checkCuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernelFn, threads, smem),
+                "cudaOccupancyMaxActiveBlocksPerMultiprocessor", kernel);
+      blocks = gradBlocks(kernel, rows, 1, perSm);
+      partial.emplace(kernel, ctx.stream, size_t(blocks) * accBytes);
+      kernelFn<<<unsigned(blocks), threads, smem, ctx.stream>>>(
+          dyp, xp, wp, dxp, partial->as<float>(), sharedAcc, rows, d, float(eps));
+      checkLaunch(kernel, "normGradWideKernel");
     }
+    sumPartialRows<W>(kernel, ctx.stream, partial->as<float>(), blocks, kAcc * d,
+                      static_cast<W *>(dw.data), d, static_cast<W *>(db.data));
   });
   staging.finish();
 }

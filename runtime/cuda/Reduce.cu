@@ -4,9 +4,9 @@
 // (the adjoint of add/mul's rhs broadcast). x's shape is collapsed into alternating groups of
 // kept (K) and reduced (R) dimensions, and the common layouts get their own kernels:
 //
-//   [R, K]  columns (a bias gradient): a grid of (column vector, row chunk) threads sums its
-//           chunk's rows into a partial row, then one thread per column adds the chunks' partial
-//           rows in chunk order;
+//   [R, K]  columns (a bias gradient): a block per (column tile, chunk of rows) sums its
+//           chunk into a partial row (row groups over 16-byte column vectors, coalesced along
+//           the row), then sumPartialRowsKernel adds the chunks' partial rows in chunk order;
 //   [K, R]  rows: one warp or block per row, as the norm kernels;
 //   [R]     everything: chunks reduced by blocks into partials, then one block adds them;
 //   other   one thread per y element walks its terms (correct for any layout, not fast).
@@ -21,6 +21,8 @@
 #include "CudaCheck.h"
 #include "DeviceUtil.cuh"
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
 namespace bonsai::rt::cuda {
@@ -31,37 +33,47 @@ namespace {
 
 constexpr int kMaxGroups = 8;
 
-/// partial[q, c..c+VW) = sum of x[r, c..c+VW) over the rows r of chunk q (rowsPerChunk rows).
+/// Row groups of a columnPartialKernel block (blockDim = (32, kColumnGroups)).
+constexpr int kColumnGroups = 8;
+/// Fewest rows per chunk of the column sums (unless there are fewer rows), so the partial rows
+/// stay a small fraction of the traffic.
+constexpr int64_t kMinRowsPerChunk = 64;
+
+/// partial[q, c] = the sum of x[r, c] over the rows r of chunk q (rowsPerChunk rows, q =
+/// blockIdx.y) for the 32 VW columns of block column blockIdx.x: row group y adds the rows
+/// r0 + y, r0 + y + kColumnGroups, ... (16-byte loads when VW > 1), and the groups' sums are
+/// added in group order.
 template <typename T, int VW>
 __global__ void columnPartialKernel(const T *x, int64_t rows, int64_t cols, int64_t rowsPerChunk,
-                                    int64_t chunks, float *partial) {
-  int64_t c = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VW;
-  int64_t q = int64_t(blockIdx.y) * blockDim.y + threadIdx.y;
-  if (c >= cols || q >= chunks)
-    return;
-  int64_t r0 = q * rowsPerChunk, r1 = r0 + rowsPerChunk < rows ? r0 + rowsPerChunk : rows;
+                                    float *partial) {
+  __shared__ float sums[kColumnGroups][32 * VW];
+  const int64_t c = (int64_t(blockIdx.x) * 32 + threadIdx.x) * VW;
+  const int64_t q = blockIdx.y, r0 = q * rowsPerChunk;
+  const int64_t r1 = r0 + rowsPerChunk < rows ? r0 + rowsPerChunk : rows;
   float acc[VW] = {};
-  for (int64_t r = r0; r < r1; ++r) {
-    float v[VW];
-    loadF<VW>(x + r * cols + c, v);
+  if (c < cols) {
+#pragma unroll 4
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kColumnGroups) {
+      float v[VW];
+      loadF<VW>(x + r * cols + c, v);
 #pragma unroll
-    for (int e = 0; e < VW; ++e)
-      acc[e] += v[e];
+      for (int e = 0; e < VW; ++e)
+        acc[e] += v[e];
+    }
   }
 #pragma unroll
   for (int e = 0; e < VW; ++e)
-    partial[q * cols + c + e] = acc[e];
-}
-
-/// y[c] = sum over chunks q = 0, 1, ... of partial[q, c], in that order.
-template <typename TY>
-__global__ void columnFinishKernel(const float *partial, int64_t chunks, int64_t cols, TY *y) {
-  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < cols;
-       c += int64_t(gridDim.x) * blockDim.x) {
-    float sum = 0.0f;
-    for (int64_t q = 0; q < chunks; ++q)
-      sum += partial[q * cols + c];
-    y[c] = fromFloat<TY>(sum);
+    sums[threadIdx.y][threadIdx.x * VW + e] = acc[e];
+  __syncthreads();
+  for (int t = threadIdx.y * 32 + threadIdx.x; t < 32 * VW; t += 32 * kColumnGroups) {
+    int64_t col = int64_t(blockIdx.x) * 32 * VW + t;
+    if (col >= cols)
+      continue;
+    float sum = sums[0][t];
+#pragma unroll
+    for (int g = 1; g < kColumnGroups; ++g)
+      sum += sums[g][t];
+    partial[q * cols + col] = sum;
   }
 }
 
@@ -210,30 +222,29 @@ void reduceTo(const Context &ctx, const TensorView &xIn, const TensorView &yIn) 
       rowSums<T, float>(k, ctx.stream, xp, blocks, chunk, n, partial.as<float>());
       rowSums<float, T>(k, ctx.stream, partial.as<float>(), 1, blocks, blocks, yp);
     } else if (sizes.size() == 2 && reduced[0]) {
-      // [R, K]: column sums.
+      // [R, K]: column sums, chunks of rows into partial rows, then the chunks in order.
       int64_t rows = sizes[0], cols = sizes[1];
       int vw = cols % kVec<T> == 0 && aligned16(xp) ? kVec<T> : 1;
-      int64_t colThreads = (cols / vw + 31) / 32 * 32;
-      int64_t chunks = std::max<int64_t>(
-          1, std::min<int64_t>(rows, int64_t(multiprocessorCount(k)) * 2048 / colThreads));
+      int64_t tiles = (cols + 32 * vw - 1) / (32 * vw);
+      // About eight blocks of 256 threads per multiprocessor, each chunk kMinRowsPerChunk rows
+      // or more.
+      int64_t chunks = std::max<int64_t>(1, int64_t(multiprocessorCount(k)) * 8 / tiles);
+      chunks = std::min({chunks, (rows + kMinRowsPerChunk - 1) / kMinRowsPerChunk,
+                         int64_t(65535)});
       int64_t rowsPerChunk = (rows + chunks - 1) / chunks;
       chunks = (rows + rowsPerChunk - 1) / rowsPerChunk;
-      if ((chunks + 7) / 8 > 65535) {
-        rowsPerChunk = (rows + 65535 * 8 - 1) / (65535 * 8);
-        chunks = (rows + rowsPerChunk - 1) / rowsPerChunk;
-      }
+      if (tiles > INT32_MAX)
+        fail(k, "x shape " + formatShape(x.shape) + " has too many columns");
       Scratch partial(k, ctx.stream, size_t(chunks * cols) * sizeof(float));
-      dim3 grid(unsigned(colThreads / 32), unsigned((chunks + 7) / 8));
+      dim3 grid{unsigned(tiles), unsigned(chunks)}, block{32, kColumnGroups};
       if (vw > 1)
-        columnPartialKernel<T, kVec<T>><<<grid, dim3(32, 8), 0, ctx.stream>>>(
-            xp, rows, cols, rowsPerChunk, chunks, partial.as<float>());
+        columnPartialKernel<T, kVec<T>><<<grid, block, 0, ctx.stream>>>(
+            xp, rows, cols, rowsPerChunk, partial.as<float>());
       else
-        columnPartialKernel<T, 1><<<grid, dim3(32, 8), 0, ctx.stream>>>(
-            xp, rows, cols, rowsPerChunk, chunks, partial.as<float>());
+        columnPartialKernel<T, 1><<<grid, block, 0, ctx.stream>>>(xp, rows, cols, rowsPerChunk,
+                                                                  partial.as<float>());
       checkLaunch(k, "columnPartialKernel");
-      columnFinishKernel<T><<<gridFor(k, cols, 256), 256, 0, ctx.stream>>>(partial.as<float>(),
-                                                                          chunks, cols, yp);
-      checkLaunch(k, "columnFinishKernel");
+      sumPartialRows<T>(k, ctx.stream, partial.as<float>(), chunks, cols, yp, cols, yp);
     } else if (sizes.size() == 2) {
       // [K, R]: row sums.
       rowSums<T, T>(k, ctx.stream, xp, sizes[0], sizes[1], n, yp);

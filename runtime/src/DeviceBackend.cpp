@@ -72,9 +72,8 @@ public:
       views_.push_back(std::move(v));
     }
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    size_t freeAfter = 0;
-    check(cudaMemGetInfo(&freeAfter, &total), "cudaMemGetInfo");
-    measured_ = freeBefore > freeAfter ? freeBefore - freeAfter : 0;
+    freeAtStart_ = freeBefore;
+    samplePeak();
   }
 
   ~CudaBackend() override {
@@ -155,6 +154,7 @@ public:
 
   void synchronize() override {
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    samplePeak();
     cuda::DeviceError error;
     check(cudaMemcpy(&error, deviceError_, sizeof error, cudaMemcpyDeviceToHost),
           "cudaMemcpy(device error)");
@@ -172,6 +172,16 @@ public:
   uint64_t measuredDeviceBytes() const override { return measured_; }
 
 private:
+  /// The driver's view of what this process holds on the device (arenas, the cuBLASLt
+  /// workspace, the graphs' memory pools with the kernels' scratch), sampled at every
+  /// synchronisation: the measured peak.
+  void samplePeak() {
+    size_t freeNow = 0, total = 0;
+    check(cudaMemGetInfo(&freeNow, &total), "cudaMemGetInfo");
+    if (freeAtStart_ > freeNow)
+      measured_ = std::max<uint64_t>(measured_, freeAtStart_ - freeNow);
+  }
+
   /// Captures the kernels of `phase` into an executable graph; null if capture fails.
   cudaGraphExec_t capture(Phase phase) {
     cudaGraph_t graph = nullptr;
@@ -417,6 +427,7 @@ private:
   std::vector<TensorView> views_;
   std::map<Phase, cudaGraphExec_t> graphs_;
   uint64_t measured_ = 0;
+  size_t freeAtStart_ = 0;
   bool profiling_ = false;
   std::vector<double> times_;
   std::vector<cudaEvent_t> events_;

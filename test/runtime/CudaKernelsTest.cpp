@@ -10,8 +10,10 @@
 // run twice and must agree bit for bit; data-dependent errors must land in the DeviceError
 // record. f32 GEMMs are held to the f32 tolerance, which TF32 would fail.
 //
-// CudaPerf measures one elementwise kernel's bandwidth and an 8192^3 bf16 GEMM's throughput
-// (printed, not asserted). Built only with the CUDA backend; every test skips without a GPU.
+// The Perf tests measure one elementwise kernel's bandwidth and an 8192^3 bf16 GEMM's
+// throughput, and time the norm gradients, a bias-gradient reduce_to and the GPT-2 lm_head GEMMs
+// at training shapes (printed, not asserted). Built only with the CUDA backend; every test skips
+// without a GPU.
 //
 //===----------------------------------------------------------------------===//
 
@@ -497,7 +499,11 @@ TEST_F(CudaKernelsTest, RmsAndLayerNormMatchCpu) {
 }
 
 TEST_F(CudaKernelsTest, NormGradientsMatchCpuAndRepeat) {
-  const Shape shapes[] = {{256, 4096}, {33, 100}, {5, 5001}, {3, 7, 768}, {1000, 64}};
+  // Row groups of one warp (64) and of several (768, 100 unaligned), one row group per block
+  // (4096 bf16), the wide kernel (4096 f32, 5001 unaligned), partial last blocks (2050 rows), and
+  // the training shape.
+  const Shape shapes[] = {{256, 4096}, {33, 100}, {5, 5001}, {3, 7, 768},
+                          {1000, 64},  {2050, 768}, {16, 1024, 768}};
   for (DType dt : {DType::F32, DType::BF16})
     for (DType wt : {dt, DType::F32})
       for (const Shape &s : shapes) {
@@ -784,6 +790,34 @@ TEST_F(CudaKernelsTest, MatmulAndLinearGradientsMatchCpu) {
   expectSameBytes("long linear_grad_weight repeat", gw2.download(), got);
 }
 
+TEST_F(CudaKernelsTest, VocabularyGemmsWithUnalignedRowsMatchCpu) {
+  // GPT-2's lm_head: 50257 columns are not a multiple of 16 bytes, so y (linear), dy
+  // (linear_grad_input, linear_grad_weight) go through aligned copies.
+  const int64_t rows = 96, in = 768, vocab = 50257;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(name(dt));
+    Host x = randomHost(rng, dt, {rows, in}), w = randomHost(rng, dt, {vocab, in});
+    Host dy = randomHost(rng, dt, {rows, vocab});
+    Dev dx(x), dw(w), ddy(dy);
+    Dev y = poisonedDev(dt, {rows, vocab}), gx = poisonedDev(dt, {rows, in});
+    Dev gw = poisonedDev(dt, {vocab, in}), gw2 = poisonedDev(dt, {vocab, in});
+    Host wy = poisonedHost(dt, {rows, vocab}), wgx = poisonedHost(dt, {rows, in});
+    Host wgw = poisonedHost(dt, {vocab, in});
+    cuda::linear(ctx, dx.view(), dw.view(), nullptr, y.view());
+    cpu::linear(x.view(), w.view(), nullptr, wy.view());
+    expectClose("linear", y.download(), wy);
+    cuda::linearGradInput(ctx, ddy.view(), dw.view(), gx.view());
+    cpu::linearGradInput(dy.view(), w.view(), wgx.view());
+    expectClose("linear_grad_input", gx.download(), wgx);
+    cuda::linearGradWeight(ctx, ddy.view(), dx.view(), gw.view());
+    cpu::linearGradWeight(dy.view(), x.view(), wgw.view());
+    Host got = gw.download();
+    expectClose("linear_grad_weight", got, wgw);
+    cuda::linearGradWeight(ctx, ddy.view(), dx.view(), gw2.view());
+    expectSameBytes("linear_grad_weight repeat", gw2.download(), got);
+  }
+}
+
 TEST_F(CudaKernelsTest, GemmEngineTransposesAlphaBetaBatch) {
   const int64_t m = 23, n = 31, k = 19, batch = 3;
   for (DType dt : {DType::F32, DType::BF16})
@@ -923,20 +957,23 @@ TEST_F(CudaKernelsTest, ReduceToMatchesCpuAndRepeats) {
   const Case cases[] = {{{4, 33, 64}, {64}},      {{4, 33, 64}, {1}},      {{4, 33, 64}, {4, 1, 64}},
                         {{4, 33, 64}, {4, 33, 1}}, {{4, 33, 64}, {33, 1}}, {{1000003}, {1}},
                         {{4096, 768}, {768}},      {{6, 7}, {6, 7}},       {{2, 3, 4, 5}, {3, 1, 5}},
-                        {{65, 1, 3}, {1, 3}}};
+                        {{65, 1, 3}, {1, 3}},      {{3000, 3072}, {3072}},
+                        {{100000, 40}, {40}}};
   for (DType dt : {DType::F32, DType::BF16})
-    for (const Case &c : cases) {
-      SCOPED_TRACE(std::string(name(dt)) + " " + formatShape(c.x) + " -> " + formatShape(c.y));
-      Host x = randomHost(rng, dt, c.x);
-      Dev dx(x, dtypeSize(dt)), y = poisonedDev(dt, c.y), y2 = poisonedDev(dt, c.y);
-      Host want = poisonedHost(dt, c.y);
-      cuda::reduceTo(ctx, dx.view(), y.view());
-      cpu::reduceTo(x.view(), want.view());
-      Host got = y.download();
-      expectClose("reduce_to", got, want, relTol(dt), 10.0);
-      cuda::reduceTo(ctx, dx.view(), y2.view());
-      expectSameBytes("reduce_to repeat", y2.download(), got);
-    }
+    for (const Case &c : cases)
+      for (size_t offset : {size_t(0), dtypeSize(dt)}) {
+        SCOPED_TRACE(std::string(name(dt)) + " " + formatShape(c.x) + " -> " + formatShape(c.y) +
+                     " offset " + std::to_string(offset));
+        Host x = randomHost(rng, dt, c.x);
+        Dev dx(x, offset), y = poisonedDev(dt, c.y), y2 = poisonedDev(dt, c.y);
+        Host want = poisonedHost(dt, c.y);
+        cuda::reduceTo(ctx, dx.view(), y.view());
+        cpu::reduceTo(x.view(), want.view());
+        Host got = y.download();
+        expectClose("reduce_to", got, want, relTol(dt), 10.0);
+        cuda::reduceTo(ctx, dx.view(), y2.view());
+        expectSameBytes("reduce_to repeat", y2.download(), got);
+      }
 }
 
 //===----------------------------------------------------------------------===//
@@ -1129,6 +1166,115 @@ TEST_F(CudaKernelsTest, PerfElementwiseBandwidthAndGemmThroughput) {
   std::printf("[perf] GemmEngine::gemm bf16 8192^3 (NN): %.3f ms, %.1f TFLOP/s\n", mmMs, mmTflops);
   RecordProperty("add_bf16_GBps", std::to_string(addGBs));
   RecordProperty("gemm_bf16_8192_TFLOPs", std::to_string(tflops));
+}
+
+/// Median milliseconds of `reps` replays of fn captured once as a CUDA graph (how the training
+/// step runs its kernels: scratch comes from the graph's own memory), or -1 if capture fails.
+double medianGraphMs(cudaStream_t stream, int reps, const std::function<void()> &fn) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cudaOk(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+         "cudaStreamBeginCapture");
+  try {
+    fn();
+  } catch (const std::exception &e) {
+    std::printf("[perf] capture failed: %s\n", e.what());
+  }
+  cudaError_t status = cudaStreamEndCapture(stream, &graph);
+  if (status == cudaSuccess && graph)
+    status = cudaGraphInstantiate(&exec, graph, 0);
+  if (graph)
+    cudaGraphDestroy(graph);
+  if (status != cudaSuccess || !exec) {
+    std::printf("[perf] graph capture failed: %s\n", cudaGetErrorString(status));
+    cudaGetLastError();
+    return -1.0;
+  }
+  double ms = medianMs(stream, 3, reps,
+                       [&] { cudaOk(cudaGraphLaunch(exec, stream), "cudaGraphLaunch"); });
+  cudaGraphExecDestroy(exec);
+  return ms;
+}
+
+TEST_F(CudaKernelsTest, PerfNormGradReduceAndVocabularyGemms) {
+  // The slow spots of a GPT-2 / Llama-124M training step (batch 16 x 1024, hidden 768, bf16),
+  // each timed as a plain stream call and as a graph replay (median of 20, CUDA events).
+  cudaStream_t stream = ctx.stream;
+  const int64_t rows = 16 * 1024, hidden = 768, vocab = 50257;
+  struct Row {
+    std::string what;
+    double ms, graphMs, bytes, flops;
+  };
+  std::vector<Row> table;
+  auto measure = [&](const std::string &what, double bytes, double flops,
+                  const std::function<void()> &fn) {
+    double ms = medianMs(stream, 3, 20, fn);
+    double graphMs = medianGraphMs(stream, 20, fn);
+    table.push_back({what, ms, graphMs, bytes, flops});
+  };
+
+  Dev x = randomDeviceBf16(rng, {16, 1024, hidden}), dy = randomDeviceBf16(rng, {16, 1024, hidden});
+  Dev dx(DType::BF16, {16, 1024, hidden});
+  Host wh = randomHost(rng, DType::BF16, {hidden}, 0.5, 1.5);
+  Dev w(wh), dw(DType::BF16, {hidden}), db(DType::BF16, {hidden});
+  double normBytes = 3.0 * double(rows * hidden) * 2.0; // dy, x read; dx written
+  measure("rms_norm_grad bf16 [16,1024,768]", normBytes, 0, [&] {
+    cuda::rmsNormGrad(ctx, dy.view(), x.view(), w.view(), 1e-5, dx.view(), dw.view());
+  });
+  measure("layer_norm_grad bf16 [16,1024,768]", normBytes, 0, [&] {
+    cuda::layerNormGrad(ctx, dy.view(), x.view(), w.view(), 1e-5, dx.view(), dw.view(),
+                        db.view());
+  });
+
+  Dev big = randomDeviceBf16(rng, {rows, 3072});
+  Dev col(DType::BF16, {3072});
+  measure("reduce_to bf16 [16384,3072]->[3072]", double(rows * 3072) * 2.0, 0,
+       [&] { cuda::reduceTo(ctx, big.view(), col.view()); });
+
+  Dev xs = randomDeviceBf16(rng, {rows, hidden}), wv = randomDeviceBf16(rng, {vocab, hidden});
+  Dev logits(DType::BF16, {rows, vocab});
+  Dev dlogits = randomDeviceBf16(rng, {rows, vocab});
+  Dev gx(DType::BF16, {rows, hidden}), gw(DType::BF16, {vocab, hidden});
+  double flops = 2.0 * double(rows) * double(vocab) * double(hidden);
+  double gemmBytes = double(rows * vocab) * 2.0;
+  measure("linear bf16 [16384,768] x [50257,768]^T", gemmBytes, flops,
+       [&] { cuda::linear(ctx, xs.view(), wv.view(), nullptr, logits.view()); });
+  measure("linear_grad_input bf16 dy [16384,50257]", gemmBytes, flops,
+       [&] { cuda::linearGradInput(ctx, dlogits.view(), wv.view(), gx.view()); });
+  measure("linear_grad_weight bf16 dy [16384,50257]", gemmBytes, flops,
+       [&] { cuda::linearGradWeight(ctx, dlogits.view(), xs.view(), gw.view()); });
+  {
+    // The floors: the same GEMMs on an aligned vocabulary (50264 = 50257 rounded up to 8), and
+    // the pitched copy that staging needs.
+    const int64_t padded = 50264;
+    Dev wp = randomDeviceBf16(rng, {padded, hidden});
+    Dev yp = randomDeviceBf16(rng, {rows, padded});
+    Dev gwp(DType::BF16, {padded, hidden});
+    measure("linear bf16 aligned [16384,768] x [50264,768]^T", 0, flops,
+            [&] { cuda::linear(ctx, xs.view(), wp.view(), nullptr, yp.view()); });
+    measure("gemm bf16 aligned grad_input (k = 50264)", 0, flops, [&] {
+      ctx.gemm->gemm(stream, DType::BF16, false, false, rows, hidden, padded, 1.0f, yp.data(), 0,
+                     wp.data(), 0, 0.0f, gx.data(), 0, 1);
+    });
+    measure("gemm bf16 aligned grad_weight (m = 50264)", 0, flops, [&] {
+      ctx.gemm->gemm(stream, DType::BF16, true, false, padded, hidden, rows, 1.0f, yp.data(), 0,
+                     xs.data(), 0, 0.0f, gwp.data(), 0, 1);
+    });
+    measure("cudaMemcpy2DAsync [16384,50257] -> ld 50264", 2.0 * gemmBytes, 0, [&] {
+      cudaOk(cudaMemcpy2DAsync(yp.data(), size_t(padded) * 2, dlogits.data(), size_t(vocab) * 2,
+                               size_t(vocab) * 2, size_t(rows), cudaMemcpyDeviceToDevice, stream),
+             "cudaMemcpy2DAsync");
+    });
+  }
+
+  for (const Row &r : table) {
+    std::printf("[perf] %-48s %9.4f ms  graph %9.4f ms", r.what.c_str(), r.ms, r.graphMs);
+    if (r.flops > 0)
+      std::printf("  %6.1f TFLOP/s", r.flops / (r.ms * 1e-3) / 1e12);
+    else if (r.bytes > 0)
+      std::printf("  %6.0f GB/s", r.bytes / (r.ms * 1e-3) / 1e9);
+    std::printf("\n");
+  }
 }
 
 } // namespace

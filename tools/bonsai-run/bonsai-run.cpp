@@ -504,9 +504,9 @@ int run(const Options &o) {
               mib(planned), mib(m.weights), mib(m.gradients), mib(m.optimizerState),
               mib(m.activations), mib(m.workspace), mib(m.inputs), mib(measured));
   if (uint64_t device = executor.measuredDeviceBytes())
-    // The driver's count (cudaMemGetInfo before and after the arenas, cuBLASLt workspace and
-    // the stream): the planned peak plus what the CUDA runtime itself holds.
-    std::printf("device memory: measured %" PRIu64 " bytes (%.2f MiB, driver), planned %.2f MiB, "
+    // The driver's count (cudaMemGetInfo at start and at every synchronisation): the arenas
+    // plus what the CUDA runtime holds for the kernels (cuBLASLt workspace, scratch pools).
+    std::printf("device memory: measured peak %" PRIu64 " bytes (%.2f MiB, driver), planned %.2f MiB, "
                 "%+.2f%%\n",
                 device, mib(device), mib(planned),
                 planned ? 100.0 * (double(device) - double(planned)) / double(planned) : 0.0);

@@ -39,7 +39,8 @@ public:
   /// Waits for all enqueued work and throws rt::Error for a failed kernel or a device-side
   /// error (an id or label out of range), naming the kernel.
   virtual void synchronize() = 0;
-  /// Device memory the backend holds (arenas and its own workspaces), measured by the driver.
+  /// The peak device memory the process held, by the driver's count (cudaMemGetInfo at start
+  /// and at every synchronisation): arenas, workspaces and the kernels' scratch pools.
   virtual uint64_t measuredDeviceBytes() const = 0;
   /// With profiling on, phases run kernel by kernel (no graphs) between CUDA events, and each
   /// kernel's time is added to kernelMilliseconds()[kernel index].
