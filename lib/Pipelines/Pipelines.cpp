@@ -23,6 +23,16 @@ void mlir::bonsai::buildCompilePipeline(OpPassManager &pm, const PipelineOptions
     pm.addPass(createBonsaiAutodiffPass());
     // The update needs the gradient accumulators the backward pass created.
     pm.addPass(createBonsaiOptimizerPass());
+    // What to recompute is decided on the whole step: after the update is expanded (its state
+    // is part of the peak that must fit the budget) and before lowering, so that the clones
+    // are ordinary ops whose lifetimes the memory planner sees. Only the summary remark: a
+    // remark per recomputed tensor is for bonsai-opt.
+    BonsaiRematPassOptions remat;
+    remat.policy = options.remat;
+    remat.deviceMemory = options.deviceMemory;
+    remat.target = options.target;
+    remat.perValueRemarks = false;
+    pm.addPass(createBonsaiRematPass(remat));
   }
   // Tensors become buffers and ops become launches; the recipe's target is recorded so that
   // the memory planner can hold the step to its budget.

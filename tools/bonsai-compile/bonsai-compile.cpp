@@ -4,10 +4,11 @@
 //                [--device-memory=24GiB]
 //
 // Parses the model (and the recipe, if given, into the same module), runs the standard
-// pipeline (with the backward pass and the optimizer when the recipe has a bonsai.optimizer),
-// writes the flatbuffer plan and prints what the step needs: parameters and FLOPs from the
-// cost model, and the planned memory by class. A plan over the memory budget is an error that
-// says by how much and what dominates.
+// pipeline (with the backward pass, the optimizer and activation recomputation when the
+// recipe has a bonsai.optimizer: the recipe's bonsai.remat policy, else `auto` when there is
+// a budget), writes the flatbuffer plan and prints what the step needs: parameters and FLOPs
+// from the cost model, and the planned memory by class. A plan over the memory budget is an
+// error that says by how much and what dominates.
 //
 //===----------------------------------------------------------------------===//
 
@@ -83,9 +84,7 @@ static void appendModule(ModuleOp into, ModuleOp from) {
 static LogicalResult checkSupportedDirectives(ModuleOp module) {
   for (auto recipe : module.getOps<RecipeOp>())
     for (Operation &op : recipe.getBody().front()) {
-      if (isa<TargetDirectiveOp, OptimizerDirectiveOp>(op))
-        continue;
-      if (auto remat = dyn_cast<RematDirectiveOp>(op); remat && remat.getPolicy() == "none")
+      if (isa<TargetDirectiveOp, OptimizerDirectiveOp, RematDirectiveOp>(op))
         continue;
       return op.emitError() << "'" << op.getName()
                             << "' is not carried out by this version of bonsai-compile (the "
@@ -143,6 +142,17 @@ int main(int argc, char **argv) {
       options.train = true;
       options.microBatches = optimizer.getMicroBatchesAttr().getInt();
     }
+    for (auto remat : recipe.getBody().getOps<RematDirectiveOp>())
+      options.remat = remat.getPolicy().str();
+  }
+  // Recomputation trades backward work for memory: without a backward pass it cannot apply.
+  if (!options.train && !options.remat.empty() && options.remat != "none") {
+    for (auto recipe : module->getOps<RecipeOp>())
+      for (auto remat : recipe.getBody().getOps<RematDirectiveOp>())
+        remat.emitError() << "policy '" << remat.getPolicy()
+                          << "' recomputes activations in the backward pass, but the recipe "
+                             "has no bonsai.optimizer, so the step has none";
+    return 1;
   }
   if (!targetOption.empty())
     options.target = targetOption;

@@ -25,13 +25,20 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
       *this, "train",
       llvm::cl::desc("Compile a training step: backward pass and the recipe's optimizer"),
       llvm::cl::init(false)};
+  PassOptions::Option<std::string> remat{
+      *this, "remat",
+      llvm::cl::desc("Activation recomputation when training: none, full, selective or auto "
+                     "(default: the recipe's bonsai.remat; without one, auto when there is a "
+                     "budget, else none)"),
+      llvm::cl::init("")};
   PassOptions::Option<int64_t> microBatches{
       *this, "micro-batches", llvm::cl::desc("Forward and backward runs per update"),
       llvm::cl::init(1)};
 };
 
 /// Model (bonsai dialect) to a scheduled, memory-planned and verified bonsai_plan.step; with
-/// `train`, the step also runs the backward pass and the recipe's optimizer.
+/// `train`, the step also runs the backward pass and the recipe's optimizer, and recomputes
+/// activations as `remat` says (to fit `deviceMemory` under policy auto).
 void buildCompilePipeline(OpPassManager &pm, const PipelineOptions &options);
 
 /// Registers `--bonsai-compile-pipeline` with the pass registry.

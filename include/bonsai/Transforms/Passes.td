@@ -99,6 +99,81 @@ def BonsaiOptimizerPass : Pass<"bonsai-optimizer", "::mlir::ModuleOp"> {
   ];
 }
 
+def BonsaiRematPass : Pass<"bonsai-remat", "::mlir::ModuleOp"> {
+  let summary = "Choose the activations the backward pass recomputes instead of keeping";
+  let description = [{
+    Works on the joint forward+backward graph (after bonsai-autodiff and bonsai-optimizer,
+    before bonsai-lower-to-plan). A saved activation is the result of a forward op (an op
+    without `bonsai.phase`; not a parameter, state or function argument) that a backward op
+    reads. Recomputing it clones its defining op right before its first backward use, together
+    with any recomputed value the clone reads (in forward order), and makes the backward ops
+    read the clone; the original then dies after its last forward use, which the memory
+    planner sees. Clones are marked `bonsai.phase = "backward"` and `bonsai.recomputed`.
+    Views (reshapes) follow their source: a view is recomputed exactly when its source is.
+
+    Policies (the `policy` option, else the recipe's `bonsai.remat`, else `auto` when there is
+    a budget and `none` without one):
+    - `none`: keep every saved activation.
+    - `full`: keep only block inputs, the values a `NormalizationOpInterface` op normalises
+      (the residual stream each sublayer starts from); recompute everything else.
+    - `selective`: also keep GEMM outputs (ops whose forward cost has tensor-core FLOPs:
+      linear, matmul, attention); recompute the cheap, memory-heavy rest (norms, activations,
+      rope, slices, transposes).
+    - `auto`: the recompute set with the fewest recomputed FLOPs whose planned device peak
+      fits `device-memory` (else the recipe target's `device_memory`). Every candidate set is
+      evaluated with the real planner: a copy of the function is lowered through
+      bonsai-lower-to-plan, bonsai-schedule and bonsai-plan-memory and its arenas summed.
+      The search is greedy by peak bytes freed per recomputed FLOP (moves drop a candidate
+      alone or with the values only it would keep alive), with memoisation, and keeps again
+      whatever the budget does not need; the fixed policies are fallbacks. `search=exhaustive`
+      tries every set instead (small graphs), and `search=compare` reports, for every budget
+      on the exhaustive frontier, the optimum next to the greedy search's result (docs/remat.md).
+      A budget that no recomputation meets is an error giving the smallest peak found.
+
+    Remarks name each recomputed tensor and its FLOPs, and sum up the policy's cost as a
+    share of the step's FLOPs and its effect on the planned peak.
+
+    Before (`full`; `%n` is not a block input, `%h` is):
+    ```mlir
+    %n = bonsai.rms_norm %h, %w : ...
+    %y = bonsai.linear %n, %lm : ...
+    ...
+    %dw = bonsai.linear_grad_weight %dy, %n {bonsai.phase = "backward"} : ...
+    ```
+    After:
+    ```mlir
+    %n = bonsai.rms_norm %h, %w : ...
+    %y = bonsai.linear %n, %lm : ...
+    ...
+    %n2 = bonsai.rms_norm %h, %w {bonsai.phase = "backward", bonsai.recomputed} : ...
+    %dw = bonsai.linear_grad_weight %dy, %n2 {bonsai.phase = "backward"} : ...
+    ```
+  }];
+  let options = [
+    Option<"policy", "policy", "std::string", /*default=*/"\"\"",
+           "none, full, selective or auto (default: the recipe's bonsai.remat; without one, " #
+           "auto when there is a budget, else none)">,
+    Option<"deviceMemory", "device-memory", "int64_t", /*default=*/"0",
+           "Per-device budget in bytes for auto (0: the recipe target's device_memory)">,
+    Option<"target", "target", "std::string", /*default=*/"\"cpu\"",
+           "Architecture the trial plans of auto are lowered for">,
+    Option<"search", "search", "std::string", /*default=*/"\"greedy\"",
+           "How auto searches: greedy, or exhaustive (every recompute set; at most 24 " #
+           "candidate tensors); compare plans every set and reports, for each budget on the " #
+           "exhaustive frontier, the optimum and the greedy's FLOPs (the IR is unchanged)">,
+    Option<"perValueRemarks", "per-value-remarks", "bool", /*default=*/"true",
+           "A remark at every recomputed tensor, besides the summary">,
+  ];
+  let statistics = [
+    Statistic<"numRecomputed", "recomputed", "Tensors recomputed in the backward pass">,
+    Statistic<"recomputedFlops", "recomputed-flops", "FLOPs of the recomputation per step">,
+    Statistic<"peakBefore", "peak-before", "Planned device peak (bytes) without recomputation">,
+    Statistic<"peakAfter", "peak-after", "Planned device peak (bytes) with the chosen set">,
+    Statistic<"numPlans", "plans-evaluated", "Trial plans lowered and planned">,
+  ];
+  let dependentDialects = ["::mlir::bonsai::plan::PlanDialect"];
+}
+
 //===----------------------------------------------------------------------===//
 // Plan passes (on bonsai_plan.step)
 //===----------------------------------------------------------------------===//

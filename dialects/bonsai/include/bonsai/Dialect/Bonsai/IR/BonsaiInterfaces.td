@@ -1,7 +1,8 @@
 //===- BonsaiInterfaces.td - bonsai op interfaces ------------*- tablegen -*-===//
 //
 // Behaviour that passes ask ops about, instead of switching on op kinds: what an op costs, how
-// to differentiate it, and how a recipe directive checks itself against a model.
+// to differentiate it, whether it opens a block of the network, and how a recipe directive
+// checks itself against a model.
 //
 //===----------------------------------------------------------------------===//
 
@@ -57,6 +58,26 @@ def Bonsai_GradientOpInterface : OpInterface<"GradientOpInterface"> {
            "::mlir::ValueRange":$resultGradients,
            "::llvm::function_ref<bool(::mlir::Value)>":$needsGradient,
            "::llvm::SmallVectorImpl<::mlir::Value> &":$operandGradients)>,
+  ];
+}
+
+def Bonsai_NormalizationOpInterface : OpInterface<"NormalizationOpInterface"> {
+  let cppNamespace = "::mlir::bonsai";
+  let description = [{
+    A normalisation that opens a block of the network: a pre-norm transformer normalises the
+    residual stream at the start of each attention and MLP sublayer, and once more before the
+    LM head. The value it normalises is the block's input. The remat pass asks this interface
+    which values are block inputs: policy `full` keeps only those (and recomputes each block
+    from its input in the backward pass), `selective` keeps them as well as GEMM outputs.
+  }];
+  let methods = [
+    InterfaceMethod<[{
+        The value normalised: the residual stream entering the block. The default is the op's
+        `input` operand.
+      }],
+      "::mlir::Value", "getNormalizedInput", (ins), [{}], [{
+        return $_op.getInput();
+      }]>,
   ];
 }
 

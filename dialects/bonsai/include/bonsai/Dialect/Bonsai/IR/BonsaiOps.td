@@ -132,7 +132,8 @@ def Bonsai_MulOp : Bonsai_BroadcastBinaryOp<"mul"> {
   let summary = "elementwise product with trailing broadcast";
 }
 
-def Bonsai_RMSNormOp : Bonsai_ModelOp<"rms_norm", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>],
+def Bonsai_RMSNormOp : Bonsai_ModelOp<"rms_norm", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>,
+    Bonsai_NormalizationOpInterface],
     ["getKernelParams"]> {
   let summary = "root-mean-square normalisation over the last dimension, times a weight";
   let description = [{
@@ -148,7 +149,8 @@ def Bonsai_RMSNormOp : Bonsai_ModelOp<"rms_norm", [DeclareOpInterfaceMethods<Bon
   let results = (outs Bonsai_ComputeTensor:$result);
 }
 
-def Bonsai_LayerNormOp : Bonsai_ModelOp<"layer_norm", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>],
+def Bonsai_LayerNormOp : Bonsai_ModelOp<"layer_norm", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>,
+    Bonsai_NormalizationOpInterface],
     ["getKernelParams"]> {
   let summary = "layer normalisation over the last dimension with weight and bias";
   let description = [{
@@ -520,9 +522,10 @@ def Bonsai_RingDirectiveOp : Bonsai_DirectiveOp<"ring"> {
 def Bonsai_RematDirectiveOp : Bonsai_DirectiveOp<"remat"> {
   let summary = "activation rematerialization policy";
   let description = [{
-    `none`, `full` (keep only block inputs), `selective` (keep GEMM outputs, recompute cheap
-    memory-heavy ops) or `auto` (fit the target's device memory with the fewest recomputed FLOPs;
-    needs `device_memory` on the target).
+    `none`, `full` (keep only block inputs), `selective` (keep block inputs and GEMM outputs,
+    recompute cheap memory-heavy ops) or `auto` (fit the target's device memory with the fewest
+    recomputed FLOPs; needs `device_memory` on the target). The `bonsai-remat` pass carries it
+    out (docs/remat.md); a training step under a budget gets `auto` without the directive.
 
     ```mlir
     bonsai.remat "selective"

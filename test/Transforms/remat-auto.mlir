@@ -1,0 +1,288 @@
+// Policy `auto` on one Llama decoder layer (planned device peak 147,968 bytes without
+// recomputation), the default when there is a budget (here the device-memory option): the
+// cheapest recompute set whose planned peak fits the budget, each
+// candidate set judged by a real trial plan (lowered, scheduled and memory-planned).
+// search=exhaustive plans every set (test/Transforms/remat-optimality.test compares the two
+// searches over every budget of small graphs).
+//
+// RUN: rm -rf %t && split-file %s %t
+//
+// A budget of 136,000 bytes forces recomputation. The optimum (both searches agree, and
+// state it: 9,216 FLOPs, peak 135,680 bytes) recomputes the embedding, the first two norms
+// and the second residual add: in this small step freeing 4 KiB tensors at the forward /
+// backward boundary is what counts, not the block structure.
+// RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer --bonsai-remat=device-memory=136000 %t/forced.mlir -verify-diagnostics | FileCheck %t/forced.mlir
+// RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer --bonsai-remat="device-memory=136000 search=exhaustive" %t/forced.mlir -verify-diagnostics | FileCheck %t/forced.mlir
+//
+// A tighter budget (129,000 bytes) takes GEMMs: the optimum is 77,824 FLOPs.
+// RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer --bonsai-remat=device-memory=129000 %t/deeper.mlir -verify-diagnostics | FileCheck %t/deeper.mlir
+//
+// Auto is the default when there is a budget (here the recipe target's); a step that fits
+// recomputes nothing.
+// RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer --bonsai-remat %t/fits.mlir -verify-diagnostics | FileCheck %t/fits.mlir
+//
+// Budgets no recompute set meets: below the smallest peak any set reaches (119,552 bytes)
+// and below what recomputation cannot move (weights, gradients, optimizer state, inputs).
+// RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer --bonsai-remat=device-memory=115000 %t/infeasible.mlir -verify-diagnostics -o /dev/null
+// RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer --bonsai-remat=device-memory=50000 %t/floor.mlir -verify-diagnostics -o /dev/null
+
+//--- forced.mlir
+// CHECK-LABEL: func.func @block
+// CHECK: %[[EMBED:.*]] = bonsai.param "embed"
+// CHECK-NEXT: %[[H:.*]] = bonsai.embedding %[[EMBED]], %arg0
+// CHECK: %[[RES1:.*]] = bonsai.add %[[H]]
+// CHECK: %[[RES2:.*]] = bonsai.add %[[RES1]], %[[DOWN:.*]] :
+// CHECK: bonsai.loss_scale
+// CHECK-NOT: bonsai.recomputed
+// CHECK: %[[RES2B:.*]] = bonsai.add %[[RES1]], %[[DOWN]] {bonsai.phase = "backward", bonsai.recomputed}
+// CHECK-NEXT: bonsai.rms_norm_grad %{{.*}}, %[[RES2B]]
+// CHECK: %[[LN2:.*]] = bonsai.rms_norm %[[RES1]], %{{.*}} {bonsai.phase = "backward", bonsai.recomputed}
+// CHECK: %[[H2:.*]] = bonsai.embedding %[[EMBED]], %arg0 {bonsai.phase = "backward", bonsai.recomputed}
+// CHECK-NEXT: %[[LN1:.*]] = bonsai.rms_norm %[[H2]], %{{.*}} {bonsai.phase = "backward", bonsai.recomputed}
+// CHECK: bonsai.rms_norm_grad %{{.*}}, %[[H2]]
+// CHECK-NOT: bonsai.recomputed
+// expected-remark @below {{bonsai-remat (policy 'auto'): recomputes 4 tensors (1 embedding, 2 rms_norm, 1 add) for 9,216 FLOPs per step, 0.58% of the step's 1,600,529; planned device peak 144.50 KiB -> 132.50 KiB}}
+func.func @block(%ids: tensor<2x32xi32>, %labels: tensor<2x32xi32>) -> tensor<f32> {
+  %embed = bonsai.param "embed" trainable : tensor<32x16xf32>
+  // expected-remark @below {{recomputed in the backward pass: 'tensor<2x32x16xf32>' (4.00 KiB), 0 FLOPs (0.00% of the step)}}
+  %h = bonsai.embedding %embed, %ids : (tensor<32x16xf32>, tensor<2x32xi32>) -> tensor<2x32x16xf32>
+  %ln1_w = bonsai.param "ln1" trainable : tensor<16xf32>
+  // expected-remark @below {{recomputed in the backward pass: 'tensor<2x32x16xf32>' (4.00 KiB), 4,096 FLOPs (0.26% of the step)}}
+  %ln1 = bonsai.rms_norm %h, %ln1_w : (tensor<2x32x16xf32>, tensor<16xf32>) -> tensor<2x32x16xf32>
+  %q_w = bonsai.param "q" trainable : tensor<16x16xf32>
+  %q = bonsai.linear %ln1, %q_w : (tensor<2x32x16xf32>, tensor<16x16xf32>) -> tensor<2x32x16xf32>
+  %k_w = bonsai.param "k" trainable : tensor<16x16xf32>
+  %k = bonsai.linear %ln1, %k_w : (tensor<2x32x16xf32>, tensor<16x16xf32>) -> tensor<2x32x16xf32>
+  %v_w = bonsai.param "v" trainable : tensor<16x16xf32>
+  %v = bonsai.linear %ln1, %v_w : (tensor<2x32x16xf32>, tensor<16x16xf32>) -> tensor<2x32x16xf32>
+  %q4 = bonsai.reshape %q : (tensor<2x32x16xf32>) -> tensor<2x32x2x8xf32>
+  %k4 = bonsai.reshape %k : (tensor<2x32x16xf32>) -> tensor<2x32x2x8xf32>
+  %v4 = bonsai.reshape %v : (tensor<2x32x16xf32>) -> tensor<2x32x2x8xf32>
+  %qr = bonsai.rope %q4 : (tensor<2x32x2x8xf32>) -> tensor<2x32x2x8xf32>
+  %kr = bonsai.rope %k4 : (tensor<2x32x2x8xf32>) -> tensor<2x32x2x8xf32>
+  %attn = bonsai.attention %qr, %kr, %v4 {causal, scale = 2.500000e-01 : f64} : (tensor<2x32x2x8xf32>, tensor<2x32x2x8xf32>, tensor<2x32x2x8xf32>) -> tensor<2x32x2x8xf32>
+  %attn2 = bonsai.reshape %attn : (tensor<2x32x2x8xf32>) -> tensor<2x32x16xf32>
+  %o_w = bonsai.param "o" trainable : tensor<16x16xf32>
+  %o = bonsai.linear %attn2, %o_w : (tensor<2x32x16xf32>, tensor<16x16xf32>) -> tensor<2x32x16xf32>
+  %res1 = bonsai.add %h, %o : (tensor<2x32x16xf32>, tensor<2x32x16xf32>) -> tensor<2x32x16xf32>
+  %ln2_w = bonsai.param "ln2" trainable : tensor<16xf32>
+  // expected-remark @below {{recomputed in the backward pass}}
+  %ln2 = bonsai.rms_norm %res1, %ln2_w : (tensor<2x32x16xf32>, tensor<16xf32>) -> tensor<2x32x16xf32>
+  %gate_w = bonsai.param "gate" trainable : tensor<32x16xf32>
+  %gate = bonsai.linear %ln2, %gate_w : (tensor<2x32x16xf32>, tensor<32x16xf32>) -> tensor<2x32x32xf32>
+  %up_w = bonsai.param "up" trainable : tensor<32x16xf32>
+  %up = bonsai.linear %ln2, %up_w : (tensor<2x32x16xf32>, tensor<32x16xf32>) -> tensor<2x32x32xf32>
+  %act = bonsai.swiglu %gate, %up : (tensor<2x32x32xf32>, tensor<2x32x32xf32>) -> tensor<2x32x32xf32>
+  %down_w = bonsai.param "down" trainable : tensor<16x32xf32>
+  %down = bonsai.linear %act, %down_w : (tensor<2x32x32xf32>, tensor<16x32xf32>) -> tensor<2x32x16xf32>
+  // expected-remark @below {{recomputed in the backward pass: 'tensor<2x32x16xf32>' (4.00 KiB), 1,024 FLOPs (0.06% of the step)}}
+  %res2 = bonsai.add %res1, %down : (tensor<2x32x16xf32>, tensor<2x32x16xf32>) -> tensor<2x32x16xf32>
+  %norm_w = bonsai.param "norm" trainable : tensor<16xf32>
+  %norm = bonsai.rms_norm %res2, %norm_w : (tensor<2x32x16xf32>, tensor<16xf32>) -> tensor<2x32x16xf32>
+  %head_w = bonsai.param "lm_head" trainable : tensor<32x16xf32>
+  %logits = bonsai.linear %norm, %head_w : (tensor<2x32x16xf32>, tensor<32x16xf32>) -> tensor<2x32x32xf32>
+  %loss = bonsai.cross_entropy %logits, %labels : (tensor<2x32x32xf32>, tensor<2x32xi32>) -> tensor<f32>
+  return %loss : tensor<f32>
+}
+bonsai.recipe @r {
+  bonsai.optimizer "adamw" lr 1.000000e-03
+}
+
+//--- deeper.mlir
+// The second residual add and the second norm; the embedding, the first norm, the q and v
+// projections (with their views) and q's rope, before the attention's backward.
+// CHECK-LABEL: func.func @block
+// CHECK: bonsai.add {{.*}}bonsai.recomputed
+// CHECK: bonsai.rms_norm {{.*}}bonsai.recomputed
+// CHECK: %[[H:.*]] = bonsai.embedding {{.*}}bonsai.recomputed
+// CHECK-NEXT: %[[LN1:.*]] = bonsai.rms_norm %[[H]], {{.*}}bonsai.recomputed
+// CHECK-NEXT: %[[Q:.*]] = bonsai.linear %[[LN1]], {{.*}}bonsai.recomputed
+// CHECK-NEXT: %[[V:.*]] = bonsai.linear %[[LN1]], {{.*}}bonsai.recomputed
+// CHECK-NEXT: %[[Q4:.*]] = bonsai.reshape %[[Q]] {{.*}}bonsai.recomputed
+// CHECK-NEXT: %[[V4:.*]] = bonsai.reshape %[[V]] {{.*}}bonsai.recomputed
+// CHECK-NEXT: %[[QR:.*]] = bonsai.rope %[[Q4]] {{.*}}bonsai.recomputed
+// CHECK-NEXT: bonsai.attention_grad %{{.*}}, %[[QR]], %{{.*}}, %[[V4]], %{{.*}}
+// CHECK-NOT: bonsai.recomputed
+// expected-remark @below {{bonsai-remat (policy 'auto'): recomputes 7 tensors (1 embedding, 2 rms_norm, 2 linear, 1 rope, 1 add) for 77,824 FLOPs per step, 4.86% of the step's 1,600,529; planned device peak 144.50 KiB -> 124.75 KiB (search greedy}}
+func.func @block(%ids: tensor<2x32xi32>, %labels: tensor<2x32xi32>) -> tensor<f32> {
+  %embed = bonsai.param "embed" trainable : tensor<32x16xf32>
+  // expected-remark @below {{recomputed in the backward pass}}
+  %h = bonsai.embedding %embed, %ids : (tensor<32x16xf32>, tensor<2x32xi32>) -> tensor<2x32x16xf32>
+  %ln1_w = bonsai.param "ln1" trainable : tensor<16xf32>
+  // expected-remark @below {{recomputed in the backward pass}}
+  %ln1 = bonsai.rms_norm %h, %ln1_w : (tensor<2x32x16xf32>, tensor<16xf32>) -> tensor<2x32x16xf32>
+  %q_w = bonsai.param "q" trainable : tensor<16x16xf32>
+  // expected-remark @below {{recomputed in the backward pass: 'tensor<2x32x16xf32>' (4.00 KiB), 32,768 FLOPs (2.05% of the step)}}
+  %q = bonsai.linear %ln1, %q_w : (tensor<2x32x16xf32>, tensor<16x16xf32>) -> tensor<2x32x16xf32>
+  %k_w = bonsai.param "k" trainable : tensor<16x16xf32>
+  %k = bonsai.linear %ln1, %k_w : (tensor<2x32x16xf32>, tensor<16x16xf32>) -> tensor<2x32x16xf32>
+  %v_w = bonsai.param "v" trainable : tensor<16x16xf32>
+  // expected-remark @below {{recomputed in the backward pass}}
+  %v = bonsai.linear %ln1, %v_w : (tensor<2x32x16xf32>, tensor<16x16xf32>) -> tensor<2x32x16xf32>
+  %q4 = bonsai.reshape %q : (tensor<2x32x16xf32>) -> tensor<2x32x2x8xf32>
+  %k4 = bonsai.reshape %k : (tensor<2x32x16xf32>) -> tensor<2x32x2x8xf32>
+  %v4 = bonsai.reshape %v : (tensor<2x32x16xf32>) -> tensor<2x32x2x8xf32>
+  // expected-remark @below {{recomputed in the backward pass}}
+  %qr = bonsai.rope %q4 : (tensor<2x32x2x8xf32>) -> tensor<2x32x2x8xf32>
+  %kr = bonsai.rope %k4 : (tensor<2x32x2x8xf32>) -> tensor<2x32x2x8xf32>
+  %attn = bonsai.attention %qr, %kr, %v4 {causal, scale = 2.500000e-01 : f64} : (tensor<2x32x2x8xf32>, tensor<2x32x2x8xf32>, tensor<2x32x2x8xf32>) -> tensor<2x32x2x8xf32>
+  %attn2 = bonsai.reshape %attn : (tensor<2x32x2x8xf32>) -> tensor<2x32x16xf32>
+  %o_w = bonsai.param "o" trainable : tensor<16x16xf32>
+  %o = bonsai.linear %attn2, %o_w : (tensor<2x32x16xf32>, tensor<16x16xf32>) -> tensor<2x32x16xf32>
+  %res1 = bonsai.add %h, %o : (tensor<2x32x16xf32>, tensor<2x32x16xf32>) -> tensor<2x32x16xf32>
+  %ln2_w = bonsai.param "ln2" trainable : tensor<16xf32>
+  // expected-remark @below {{recomputed in the backward pass}}
+  %ln2 = bonsai.rms_norm %res1, %ln2_w : (tensor<2x32x16xf32>, tensor<16xf32>) -> tensor<2x32x16xf32>
+  %gate_w = bonsai.param "gate" trainable : tensor<32x16xf32>
+  %gate = bonsai.linear %ln2, %gate_w : (tensor<2x32x16xf32>, tensor<32x16xf32>) -> tensor<2x32x32xf32>
+  %up_w = bonsai.param "up" trainable : tensor<32x16xf32>
+  %up = bonsai.linear %ln2, %up_w : (tensor<2x32x16xf32>, tensor<32x16xf32>) -> tensor<2x32x32xf32>
+  %act = bonsai.swiglu %gate, %up : (tensor<2x32x32xf32>, tensor<2x32x32xf32>) -> tensor<2x32x32xf32>
+  %down_w = bonsai.param "down" trainable : tensor<16x32xf32>
+  %down = bonsai.linear %act, %down_w : (tensor<2x32x32xf32>, tensor<16x32xf32>) -> tensor<2x32x16xf32>
+  // expected-remark @below {{recomputed in the backward pass}}
+  %res2 = bonsai.add %res1, %down : (tensor<2x32x16xf32>, tensor<2x32x16xf32>) -> tensor<2x32x16xf32>
+  %norm_w = bonsai.param "norm" trainable : tensor<16xf32>
+  %norm = bonsai.rms_norm %res2, %norm_w : (tensor<2x32x16xf32>, tensor<16xf32>) -> tensor<2x32x16xf32>
+  %head_w = bonsai.param "lm_head" trainable : tensor<32x16xf32>
+  %logits = bonsai.linear %norm, %head_w : (tensor<2x32x16xf32>, tensor<32x16xf32>) -> tensor<2x32x32xf32>
+  %loss = bonsai.cross_entropy %logits, %labels : (tensor<2x32x32xf32>, tensor<2x32xi32>) -> tensor<f32>
+  return %loss : tensor<f32>
+}
+bonsai.recipe @r {
+  bonsai.optimizer "adamw" lr 1.000000e-03
+}
+
+//--- fits.mlir
+// CHECK-NOT: bonsai.recomputed
+// expected-remark @below {{bonsai-remat (policy 'auto'): the plan fits the budget of 1.00 MiB without recomputation (planned device peak 144.50 KiB)}}
+func.func @block(%ids: tensor<2x32xi32>, %labels: tensor<2x32xi32>) -> tensor<f32> {
+  %embed = bonsai.param "embed" trainable : tensor<32x16xf32>
+  %h = bonsai.embedding %embed, %ids : (tensor<32x16xf32>, tensor<2x32xi32>) -> tensor<2x32x16xf32>
+  %ln1_w = bonsai.param "ln1" trainable : tensor<16xf32>
+  %ln1 = bonsai.rms_norm %h, %ln1_w : (tensor<2x32x16xf32>, tensor<16xf32>) -> tensor<2x32x16xf32>
+  %q_w = bonsai.param "q" trainable : tensor<16x16xf32>
+  %q = bonsai.linear %ln1, %q_w : (tensor<2x32x16xf32>, tensor<16x16xf32>) -> tensor<2x32x16xf32>
+  %k_w = bonsai.param "k" trainable : tensor<16x16xf32>
+  %k = bonsai.linear %ln1, %k_w : (tensor<2x32x16xf32>, tensor<16x16xf32>) -> tensor<2x32x16xf32>
+  %v_w = bonsai.param "v" trainable : tensor<16x16xf32>
+  %v = bonsai.linear %ln1, %v_w : (tensor<2x32x16xf32>, tensor<16x16xf32>) -> tensor<2x32x16xf32>
+  %q4 = bonsai.reshape %q : (tensor<2x32x16xf32>) -> tensor<2x32x2x8xf32>
+  %k4 = bonsai.reshape %k : (tensor<2x32x16xf32>) -> tensor<2x32x2x8xf32>
+  %v4 = bonsai.reshape %v : (tensor<2x32x16xf32>) -> tensor<2x32x2x8xf32>
+  %qr = bonsai.rope %q4 : (tensor<2x32x2x8xf32>) -> tensor<2x32x2x8xf32>
+  %kr = bonsai.rope %k4 : (tensor<2x32x2x8xf32>) -> tensor<2x32x2x8xf32>
+  %attn = bonsai.attention %qr, %kr, %v4 {causal, scale = 2.500000e-01 : f64} : (tensor<2x32x2x8xf32>, tensor<2x32x2x8xf32>, tensor<2x32x2x8xf32>) -> tensor<2x32x2x8xf32>
+  %attn2 = bonsai.reshape %attn : (tensor<2x32x2x8xf32>) -> tensor<2x32x16xf32>
+  %o_w = bonsai.param "o" trainable : tensor<16x16xf32>
+  %o = bonsai.linear %attn2, %o_w : (tensor<2x32x16xf32>, tensor<16x16xf32>) -> tensor<2x32x16xf32>
+  %res1 = bonsai.add %h, %o : (tensor<2x32x16xf32>, tensor<2x32x16xf32>) -> tensor<2x32x16xf32>
+  %ln2_w = bonsai.param "ln2" trainable : tensor<16xf32>
+  %ln2 = bonsai.rms_norm %res1, %ln2_w : (tensor<2x32x16xf32>, tensor<16xf32>) -> tensor<2x32x16xf32>
+  %gate_w = bonsai.param "gate" trainable : tensor<32x16xf32>
+  %gate = bonsai.linear %ln2, %gate_w : (tensor<2x32x16xf32>, tensor<32x16xf32>) -> tensor<2x32x32xf32>
+  %up_w = bonsai.param "up" trainable : tensor<32x16xf32>
+  %up = bonsai.linear %ln2, %up_w : (tensor<2x32x16xf32>, tensor<32x16xf32>) -> tensor<2x32x32xf32>
+  %act = bonsai.swiglu %gate, %up : (tensor<2x32x32xf32>, tensor<2x32x32xf32>) -> tensor<2x32x32xf32>
+  %down_w = bonsai.param "down" trainable : tensor<16x32xf32>
+  %down = bonsai.linear %act, %down_w : (tensor<2x32x32xf32>, tensor<16x32xf32>) -> tensor<2x32x16xf32>
+  %res2 = bonsai.add %res1, %down : (tensor<2x32x16xf32>, tensor<2x32x16xf32>) -> tensor<2x32x16xf32>
+  %norm_w = bonsai.param "norm" trainable : tensor<16xf32>
+  %norm = bonsai.rms_norm %res2, %norm_w : (tensor<2x32x16xf32>, tensor<16xf32>) -> tensor<2x32x16xf32>
+  %head_w = bonsai.param "lm_head" trainable : tensor<32x16xf32>
+  %logits = bonsai.linear %norm, %head_w : (tensor<2x32x16xf32>, tensor<32x16xf32>) -> tensor<2x32x32xf32>
+  %loss = bonsai.cross_entropy %logits, %labels : (tensor<2x32x32xf32>, tensor<2x32xi32>) -> tensor<f32>
+  return %loss : tensor<f32>
+}
+bonsai.recipe @r {
+  bonsai.target "cpu" device_memory 1 MiB
+  bonsai.optimizer "adamw" lr 1.000000e-03
+}
+
+//--- infeasible.mlir
+// expected-error @below {{no recomputation fits the budget of 112.30 KiB: the smallest planned device peak the greedy search reached is 116.75 KiB (119552 bytes, recomputing 10 tensors for 191,808 FLOPs; 150 trial plans), over by 4.45 KiB; activations take 57.00 KiB: lower the batch size or the sequence length}}
+func.func @block(%ids: tensor<2x32xi32>, %labels: tensor<2x32xi32>) -> tensor<f32> {
+  %embed = bonsai.param "embed" trainable : tensor<32x16xf32>
+  %h = bonsai.embedding %embed, %ids : (tensor<32x16xf32>, tensor<2x32xi32>) -> tensor<2x32x16xf32>
+  %ln1_w = bonsai.param "ln1" trainable : tensor<16xf32>
+  %ln1 = bonsai.rms_norm %h, %ln1_w : (tensor<2x32x16xf32>, tensor<16xf32>) -> tensor<2x32x16xf32>
+  %q_w = bonsai.param "q" trainable : tensor<16x16xf32>
+  %q = bonsai.linear %ln1, %q_w : (tensor<2x32x16xf32>, tensor<16x16xf32>) -> tensor<2x32x16xf32>
+  %k_w = bonsai.param "k" trainable : tensor<16x16xf32>
+  %k = bonsai.linear %ln1, %k_w : (tensor<2x32x16xf32>, tensor<16x16xf32>) -> tensor<2x32x16xf32>
+  %v_w = bonsai.param "v" trainable : tensor<16x16xf32>
+  %v = bonsai.linear %ln1, %v_w : (tensor<2x32x16xf32>, tensor<16x16xf32>) -> tensor<2x32x16xf32>
+  %q4 = bonsai.reshape %q : (tensor<2x32x16xf32>) -> tensor<2x32x2x8xf32>
+  %k4 = bonsai.reshape %k : (tensor<2x32x16xf32>) -> tensor<2x32x2x8xf32>
+  %v4 = bonsai.reshape %v : (tensor<2x32x16xf32>) -> tensor<2x32x2x8xf32>
+  %qr = bonsai.rope %q4 : (tensor<2x32x2x8xf32>) -> tensor<2x32x2x8xf32>
+  %kr = bonsai.rope %k4 : (tensor<2x32x2x8xf32>) -> tensor<2x32x2x8xf32>
+  %attn = bonsai.attention %qr, %kr, %v4 {causal, scale = 2.500000e-01 : f64} : (tensor<2x32x2x8xf32>, tensor<2x32x2x8xf32>, tensor<2x32x2x8xf32>) -> tensor<2x32x2x8xf32>
+  %attn2 = bonsai.reshape %attn : (tensor<2x32x2x8xf32>) -> tensor<2x32x16xf32>
+  %o_w = bonsai.param "o" trainable : tensor<16x16xf32>
+  %o = bonsai.linear %attn2, %o_w : (tensor<2x32x16xf32>, tensor<16x16xf32>) -> tensor<2x32x16xf32>
+  %res1 = bonsai.add %h, %o : (tensor<2x32x16xf32>, tensor<2x32x16xf32>) -> tensor<2x32x16xf32>
+  %ln2_w = bonsai.param "ln2" trainable : tensor<16xf32>
+  %ln2 = bonsai.rms_norm %res1, %ln2_w : (tensor<2x32x16xf32>, tensor<16xf32>) -> tensor<2x32x16xf32>
+  %gate_w = bonsai.param "gate" trainable : tensor<32x16xf32>
+  %gate = bonsai.linear %ln2, %gate_w : (tensor<2x32x16xf32>, tensor<32x16xf32>) -> tensor<2x32x32xf32>
+  %up_w = bonsai.param "up" trainable : tensor<32x16xf32>
+  %up = bonsai.linear %ln2, %up_w : (tensor<2x32x16xf32>, tensor<32x16xf32>) -> tensor<2x32x32xf32>
+  %act = bonsai.swiglu %gate, %up : (tensor<2x32x32xf32>, tensor<2x32x32xf32>) -> tensor<2x32x32xf32>
+  %down_w = bonsai.param "down" trainable : tensor<16x32xf32>
+  %down = bonsai.linear %act, %down_w : (tensor<2x32x32xf32>, tensor<16x32xf32>) -> tensor<2x32x16xf32>
+  %res2 = bonsai.add %res1, %down : (tensor<2x32x16xf32>, tensor<2x32x16xf32>) -> tensor<2x32x16xf32>
+  %norm_w = bonsai.param "norm" trainable : tensor<16xf32>
+  %norm = bonsai.rms_norm %res2, %norm_w : (tensor<2x32x16xf32>, tensor<16xf32>) -> tensor<2x32x16xf32>
+  %head_w = bonsai.param "lm_head" trainable : tensor<32x16xf32>
+  %logits = bonsai.linear %norm, %head_w : (tensor<2x32x16xf32>, tensor<32x16xf32>) -> tensor<2x32x32xf32>
+  %loss = bonsai.cross_entropy %logits, %labels : (tensor<2x32x32xf32>, tensor<2x32xi32>) -> tensor<f32>
+  return %loss : tensor<f32>
+}
+bonsai.recipe @r {
+  bonsai.optimizer "adamw" lr 1.000000e-03
+}
+
+//--- floor.mlir
+// expected-error @below {{no recomputation fits the budget of 48.83 KiB: weights, gradients, optimizer state and inputs alone take 59.75 KiB, and recomputation moves only activations; the smallest planned device peak of the fixed policies is 124.50 KiB}}
+func.func @block(%ids: tensor<2x32xi32>, %labels: tensor<2x32xi32>) -> tensor<f32> {
+  %embed = bonsai.param "embed" trainable : tensor<32x16xf32>
+  %h = bonsai.embedding %embed, %ids : (tensor<32x16xf32>, tensor<2x32xi32>) -> tensor<2x32x16xf32>
+  %ln1_w = bonsai.param "ln1" trainable : tensor<16xf32>
+  %ln1 = bonsai.rms_norm %h, %ln1_w : (tensor<2x32x16xf32>, tensor<16xf32>) -> tensor<2x32x16xf32>
+  %q_w = bonsai.param "q" trainable : tensor<16x16xf32>
+  %q = bonsai.linear %ln1, %q_w : (tensor<2x32x16xf32>, tensor<16x16xf32>) -> tensor<2x32x16xf32>
+  %k_w = bonsai.param "k" trainable : tensor<16x16xf32>
+  %k = bonsai.linear %ln1, %k_w : (tensor<2x32x16xf32>, tensor<16x16xf32>) -> tensor<2x32x16xf32>
+  %v_w = bonsai.param "v" trainable : tensor<16x16xf32>
+  %v = bonsai.linear %ln1, %v_w : (tensor<2x32x16xf32>, tensor<16x16xf32>) -> tensor<2x32x16xf32>
+  %q4 = bonsai.reshape %q : (tensor<2x32x16xf32>) -> tensor<2x32x2x8xf32>
+  %k4 = bonsai.reshape %k : (tensor<2x32x16xf32>) -> tensor<2x32x2x8xf32>
+  %v4 = bonsai.reshape %v : (tensor<2x32x16xf32>) -> tensor<2x32x2x8xf32>
+  %qr = bonsai.rope %q4 : (tensor<2x32x2x8xf32>) -> tensor<2x32x2x8xf32>
+  %kr = bonsai.rope %k4 : (tensor<2x32x2x8xf32>) -> tensor<2x32x2x8xf32>
+  %attn = bonsai.attention %qr, %kr, %v4 {causal, scale = 2.500000e-01 : f64} : (tensor<2x32x2x8xf32>, tensor<2x32x2x8xf32>, tensor<2x32x2x8xf32>) -> tensor<2x32x2x8xf32>
+  %attn2 = bonsai.reshape %attn : (tensor<2x32x2x8xf32>) -> tensor<2x32x16xf32>
+  %o_w = bonsai.param "o" trainable : tensor<16x16xf32>
+  %o = bonsai.linear %attn2, %o_w : (tensor<2x32x16xf32>, tensor<16x16xf32>) -> tensor<2x32x16xf32>
+  %res1 = bonsai.add %h, %o : (tensor<2x32x16xf32>, tensor<2x32x16xf32>) -> tensor<2x32x16xf32>
+  %ln2_w = bonsai.param "ln2" trainable : tensor<16xf32>
+  %ln2 = bonsai.rms_norm %res1, %ln2_w : (tensor<2x32x16xf32>, tensor<16xf32>) -> tensor<2x32x16xf32>
+  %gate_w = bonsai.param "gate" trainable : tensor<32x16xf32>
+  %gate = bonsai.linear %ln2, %gate_w : (tensor<2x32x16xf32>, tensor<32x16xf32>) -> tensor<2x32x32xf32>
+  %up_w = bonsai.param "up" trainable : tensor<32x16xf32>
+  %up = bonsai.linear %ln2, %up_w : (tensor<2x32x16xf32>, tensor<32x16xf32>) -> tensor<2x32x32xf32>
+  %act = bonsai.swiglu %gate, %up : (tensor<2x32x32xf32>, tensor<2x32x32xf32>) -> tensor<2x32x32xf32>
+  %down_w = bonsai.param "down" trainable : tensor<16x32xf32>
+  %down = bonsai.linear %act, %down_w : (tensor<2x32x32xf32>, tensor<16x32xf32>) -> tensor<2x32x16xf32>
+  %res2 = bonsai.add %res1, %down : (tensor<2x32x16xf32>, tensor<2x32x16xf32>) -> tensor<2x32x16xf32>
+  %norm_w = bonsai.param "norm" trainable : tensor<16xf32>
+  %norm = bonsai.rms_norm %res2, %norm_w : (tensor<2x32x16xf32>, tensor<16xf32>) -> tensor<2x32x16xf32>
+  %head_w = bonsai.param "lm_head" trainable : tensor<32x16xf32>
+  %logits = bonsai.linear %norm, %head_w : (tensor<2x32x16xf32>, tensor<32x16xf32>) -> tensor<2x32x32xf32>
+  %loss = bonsai.cross_entropy %logits, %labels : (tensor<2x32x32xf32>, tensor<2x32xi32>) -> tensor<f32>
+  return %loss : tensor<f32>
+}
+bonsai.recipe @r {
+  bonsai.optimizer "adamw" lr 1.000000e-03
+}
