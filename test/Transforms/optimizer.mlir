@@ -1,21 +1,22 @@
 // RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer %s -split-input-file -verify-diagnostics | FileCheck %s
 
 // AdamW: the learning rate from the step counter and the schedule, the global gradient norm,
-// one in-place update per accumulator with its moments, an fp32 master copy for the bf16
-// parameter only, zeroed accumulators, the step increment, and the two metrics.
+// one in-place update per accumulator (in the order the backward pass completes them) with
+// its moments, an fp32 master copy for the bf16 parameter only, zeroed accumulators, the step
+// increment, and the two metrics.
 
 // CHECK-LABEL: func.func @adamw
 // CHECK: %[[STEP:.*]] = bonsai.state optimizer "optimizer.step" : tensor<i64>
 // CHECK: %[[LR:.*]] = bonsai.learning_rate %[[STEP]] {bonsai.phase = "update", lr = 1.000000e-03 : f64, min_lr_ratio = 1.000000e-01 : f64, schedule = "cosine", total_steps = 100 : i64, warmup_steps = 10 : i64}
-// CHECK: %[[NORM:.*]] = bonsai.grad_norm %[[G0:.*]], %[[G1:.*]] {bonsai.phase = "update"} : (tensor<8xf32>, tensor<16x8xf32>) -> tensor<f32>
+// CHECK: %[[NORM:.*]] = bonsai.grad_norm %[[G1:.*]], %[[G0:.*]] {bonsai.phase = "update"} : (tensor<16x8xf32>, tensor<8xf32>) -> tensor<f32>
+// CHECK: %[[MASTER:.*]] = bonsai.state optimizer "lm.master" copy_of "lm" : tensor<16x8xf32>
+// CHECK: bonsai.adamw_update %[[G1]], %[[STEP]], %[[LR]], %[[NORM]], %{{.*}}, %{{.*}}, %{{.*}}, %[[MASTER]]
+// CHECK: bonsai.zero %[[G1]]
 // CHECK: %[[M0:.*]] = bonsai.state optimizer "n.exp_avg" : tensor<8xf32>
 // CHECK: %[[V0:.*]] = bonsai.state optimizer "n.exp_avg_sq" : tensor<8xf32>
 // CHECK-NOT: "n.master"
 // CHECK: bonsai.adamw_update %[[G0]], %[[STEP]], %[[LR]], %[[NORM]], %{{.*}}, %[[M0]], %[[V0]] {beta1 = 9.000000e-01 : f64, beta2 = 0.9499{{[0-9]+}} : f64, bonsai.phase = "update", eps = 1.000000e-08 : f64, grad_clip = 1.000000e+00 : f64, weight_decay = 1.000000e-01 : f64}
 // CHECK: bonsai.zero %[[G0]]
-// CHECK: %[[MASTER:.*]] = bonsai.state optimizer "lm.master" copy_of "lm" : tensor<16x8xf32>
-// CHECK: bonsai.adamw_update %[[G1]], %[[STEP]], %[[LR]], %[[NORM]], %{{.*}}, %{{.*}}, %{{.*}}, %[[MASTER]]
-// CHECK: bonsai.zero %[[G1]]
 // CHECK: bonsai.step_increment %[[STEP]]
 // CHECK: bonsai.metric "grad_norm" %[[NORM]]
 // CHECK: bonsai.metric "lr" %[[LR]]

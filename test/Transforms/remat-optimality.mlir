@@ -15,34 +15,33 @@
 // RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer --bonsai-remat=search=compare %t/mlp.mlir -o /dev/null 2>&1 | FileCheck %s --check-prefix=MLP
 // RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer --bonsai-remat=search=compare %t/layer.mlir -o /dev/null 2>&1 | FileCheck %s --check-prefix=LAYER
 
-// MLP: remark: budget 195072 bytes: optimum 0 FLOPs, greedy 0 FLOPs
-// MLP: remark: budget 190976 bytes: optimum 0 FLOPs, greedy 0 FLOPs
-// MLP: remark: budget 186880 bytes: optimum 7,168 FLOPs, greedy 7,168 FLOPs
-// MLP: remark: budget 182784 bytes: optimum 14,336 FLOPs, greedy 16,384 FLOPs (1.143x)
-// MLP: remark: budget 178688 bytes: optimum 16,384 FLOPs, greedy 16,384 FLOPs
-// MLP: remark: budget 174592 bytes: optimum 16,384 FLOPs, greedy 16,384 FLOPs
-// MLP: remark: budget 170496 bytes: optimum 23,552 FLOPs, greedy 23,552 FLOPs
-// MLP: remark: budget 166400 bytes: optimum 30,720 FLOPs, greedy 30,720 FLOPs
-// MLP: remark: budget 162560 bytes: optimum 147,456 FLOPs, greedy 147,456 FLOPs
-// MLP: remark: budget 158464 bytes: optimum 154,624 FLOPs, greedy 154,624 FLOPs
-// MLP: remark: bonsai-remat (search 'compare'): greedy is optimal at 9 of 10 budgets on the exhaustive frontier (13 candidate tensors, 4608 distinct recompute sets planned); worst greedy/optimum FLOPs 1.143
+// MLP: remark: budget 192768 bytes: optimum 0 FLOPs, greedy 0 FLOPs
+// MLP: remark: budget 188672 bytes: optimum 0 FLOPs, greedy 0 FLOPs
+// MLP: remark: budget 184576 bytes: optimum 7,168 FLOPs, greedy 7,168 FLOPs
+// MLP: remark: budget 180480 bytes: optimum 14,336 FLOPs, greedy 16,384 FLOPs (1.143x)
+// MLP: remark: budget 176384 bytes: optimum 16,384 FLOPs, greedy 16,384 FLOPs
+// MLP: remark: budget 172288 bytes: optimum 16,384 FLOPs, greedy 16,384 FLOPs
+// MLP: remark: budget 168192 bytes: optimum 23,552 FLOPs, greedy 23,552 FLOPs
+// MLP: remark: budget 164096 bytes: optimum 30,720 FLOPs, greedy 30,720 FLOPs
+// MLP: remark: budget 160000 bytes: optimum 147,456 FLOPs, greedy 147,456 FLOPs
+// MLP: remark: budget 155904 bytes: optimum 147,456 FLOPs, greedy 147,456 FLOPs
+// MLP: remark: budget 151808 bytes: optimum 154,624 FLOPs, greedy 154,624 FLOPs
+// MLP: remark: bonsai-remat (search 'compare'): greedy is optimal at 10 of 11 budgets on the exhaustive frontier (13 candidate tensors, 4608 distinct recompute sets planned); worst greedy/optimum FLOPs 1.143
 
-// LAYER: remark: budget 147968 bytes: optimum 0 FLOPs, greedy 0 FLOPs
-// LAYER: remark: budget 143872 bytes: optimum 0 FLOPs, greedy 0 FLOPs
-// LAYER: remark: budget 141824 bytes: optimum 1,024 FLOPs, greedy 1,024 FLOPs
-// LAYER: remark: budget 139776 bytes: optimum 4,096 FLOPs, greedy 4,096 FLOPs
-// LAYER: remark: budget 137728 bytes: optimum 5,120 FLOPs, greedy 5,120 FLOPs
-// LAYER: remark: budget 135680 bytes: optimum 9,216 FLOPs, greedy 9,216 FLOPs
-// LAYER: remark: budget 133632 bytes: optimum 37,888 FLOPs, greedy 37,888 FLOPs
-// LAYER: remark: budget 131840 bytes: optimum 41,984 FLOPs, greedy 41,984 FLOPs
-// LAYER: remark: budget 131584 bytes: optimum 47,104 FLOPs, greedy 47,104 FLOPs
-// LAYER: remark: budget 129536 bytes: optimum 52,224 FLOPs, greedy 73,728 FLOPs (1.412x)
-// LAYER: remark: budget 127744 bytes: optimum 77,824 FLOPs, greedy 77,824 FLOPs
-// LAYER: remark: budget 125440 bytes: optimum 84,992 FLOPs, greedy 113,664 FLOPs (1.337x)
-// LAYER: remark: budget 123648 bytes: optimum 113,664 FLOPs, greedy 113,664 FLOPs
-// LAYER: remark: budget 121344 bytes: optimum 120,832 FLOPs, greedy 191,808 FLOPs (1.587x)
-// LAYER: remark: budget 119552 bytes: optimum 156,672 FLOPs, greedy 191,808 FLOPs (1.224x)
-// LAYER: remark: bonsai-remat (search 'compare'): greedy is optimal at 11 of 15 budgets on the exhaustive frontier (18 candidate tensors, 82944 distinct recompute sets planned); worst greedy/optimum FLOPs 1.587
+// LAYER: remark: budget 143616 bytes: optimum 0 FLOPs, greedy 0 FLOPs
+// LAYER: remark: budget 139520 bytes: optimum 0 FLOPs, greedy 0 FLOPs
+// LAYER: remark: budget 135424 bytes: optimum 4,096 FLOPs, greedy 4,096 FLOPs
+// LAYER: remark: budget 131328 bytes: optimum 8,192 FLOPs, greedy 8,192 FLOPs
+// LAYER: remark: budget 129280 bytes: optimum 13,312 FLOPs, greedy 18,432 FLOPs (1.385x)
+// LAYER: remark: budget 127232 bytes: optimum 18,432 FLOPs, greedy 18,432 FLOPs
+// LAYER: remark: budget 125184 bytes: optimum 46,080 FLOPs, greedy 51,200 FLOPs (1.111x)
+// LAYER: remark: budget 123136 bytes: optimum 51,200 FLOPs, greedy 51,200 FLOPs
+// LAYER: remark: budget 121088 bytes: optimum 81,920 FLOPs, greedy 84,992 FLOPs (1.038x)
+// LAYER: remark: budget 119040 bytes: optimum 84,992 FLOPs, greedy 84,992 FLOPs
+// LAYER: remark: budget 116992 bytes: optimum 117,760 FLOPs, greedy 120,832 FLOPs (1.026x)
+// LAYER: remark: budget 114944 bytes: optimum 120,832 FLOPs, greedy 120,832 FLOPs
+// LAYER: remark: budget 110848 bytes: optimum 156,672 FLOPs, greedy 156,672 FLOPs
+// LAYER: remark: bonsai-remat (search 'compare'): greedy is optimal at 9 of 13 budgets on the exhaustive frontier (18 candidate tensors, 82944 distinct recompute sets planned); worst greedy/optimum FLOPs 1.385
 
 //--- mlp.mlir
 func.func @mlp(%ids: tensor<2x32xi32>, %labels: tensor<2x32xi32>) -> tensor<f32> {
