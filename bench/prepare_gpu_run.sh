@@ -31,4 +31,27 @@ for model in llama_124m gpt2_124m; do
   "$build/bin/bonsai-compile" "examples/models/$model.mlir" "$dir/bench_recipe.mlir" \
     --target=h200 -o "$dir/plans/${model}_train.plan"
 done
+
+# Recomputation (bench/remat_bench.py): one plan per policy and budget, each with the compiler's
+# report (the remat remark and planned memory, or the error of a budget nothing meets).
+mkdir -p "$dir/remat"
+remat_recipe() {  # $1 = policy, $2 = budget in MiB (0: none)
+  local target='  bonsai.target "sm_90"'
+  [ "$2" != 0 ] && target="  bonsai.target \"sm_90\" device_memory $2 MiB"
+  printf 'bonsai.recipe @remat {\n%s\n  bonsai.optimizer "adamw" lr 3.000000e-04 {weight_decay = 1.000000e-02 : f64}\n  bonsai.remat "%s"\n}\n' "$target" "$1"
+}
+for model in llama_124m tinyllama_1_1b; do
+  for policy in none selective full auto-24GiB auto-16GiB auto-8GiB auto-6GiB; do
+    case "$policy" in
+      auto-*) gib="${policy#auto-}"; remat_recipe auto $(( ${gib%GiB} * 1024 )) ;;
+      *) remat_recipe "$policy" 0 ;;
+    esac > "$dir/remat/recipe.mlir"
+    if ! "$build/bin/bonsai-compile" "examples/models/$model.mlir" "$dir/remat/recipe.mlir" \
+        -o "$dir/remat/$model.$policy.plan" > "$dir/remat/$model.$policy.txt" 2>&1; then
+      rm -f "$dir/remat/$model.$policy.plan"
+    fi
+    echo "remat $model $policy: $(grep -E 'peak device|error:' "$dir/remat/$model.$policy.txt" | head -1)"
+  done
+done
+rm -f "$dir/remat/recipe.mlir"
 du -sh "$dir"

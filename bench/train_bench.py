@@ -25,6 +25,8 @@ SHAPES = {
     "llama_124m": dict(kind="llama", vocab=32000, hidden=768, layers=12, heads=12, kv_heads=12,
                        intermediate=2048),
     "gpt2_124m": dict(kind="gpt2", vocab=50257, hidden=768, layers=12, heads=12, positions=1024),
+    "tinyllama_1_1b": dict(kind="llama", vocab=32000, hidden=2048, layers=22, heads=32,
+                           kv_heads=4, intermediate=5632),
 }
 
 
@@ -45,9 +47,14 @@ def hf_model(name, seq):
     return transformers.GPT2LMHeadModel(config)
 
 
-def bench_torch(name, batch, seq, steps, warmup, compile_model):
+def bench_torch(name, batch, seq, steps, warmup, compile_model, checkpointing=False):
+    """PyTorch's tokens/s, step time, peak bytes and last loss; `checkpointing` turns on
+    Hugging Face's full activation checkpointing (every decoder layer recomputed)."""
     torch.manual_seed(0)
     model = hf_model(name, seq).cuda()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
     step_fn = model
     if compile_model:
@@ -95,15 +102,20 @@ def bench_bonsai(bonsai_run, plan, steps, warmup, workdir):
     elapsed = timed[-1]["elapsed_s"] - rows[warmup - 1]["elapsed_s"] if warmup else \
         timed[-1]["elapsed_s"]
     tokens = sum(r["tokens"] for r in timed)
-    device_line = [l for l in p.stdout.splitlines() if l.startswith("device memory")]
-    peak = None
-    for line in device_line:
-        # "device memory: measured X bytes (driver) ..."
-        for part in line.split():
-            if part.isdigit():
-                peak = int(part)
-                break
+    peak, _ = device_memory(p.stdout)
     return tokens / elapsed, elapsed / len(timed), peak, timed[-1]["loss"], p.stdout
+
+
+def device_memory(stdout):
+    """(measured peak bytes, planned bytes) from bonsai-run's line
+    "device memory: measured peak N bytes (X MiB, driver), planned Y MiB, +Z%"."""
+    for line in stdout.splitlines():
+        if line.startswith("device memory: measured peak"):
+            words = line.split()
+            measured = int(words[4])
+            planned = float(words[words.index("planned") + 1]) * (1 << 20)
+            return measured, planned
+    return None, None
 
 
 def main():

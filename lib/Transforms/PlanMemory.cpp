@@ -108,7 +108,9 @@ struct PlanMemoryPass : impl::BonsaiPlanMemoryPassBase<PlanMemoryPass> {
                                   << " of device memory but the budget is "
                                   << formatBytes(budget) << " (over by "
                                   << formatBytes(summary.peakDevice - budget) << "); "
-                                  << dominant << " take " << formatBytes(bytes);
+                                  << dominant
+                                  << (StringRef(dominant).ends_with("s") ? " take " : " takes ")
+                                  << formatBytes(bytes);
         if (StringRef(dominant) == "weights")
           diag << ": quantize the frozen base weights (bonsai.quantize), shard them over "
                   "ranks (bonsai.shard) or offload them (bonsai.offload)";

@@ -815,7 +815,8 @@ LogicalResult RematPass::reportInfeasible(func::FuncOp function, const ForwardGr
        << " tensors for " << withCommas(g.getFlops(set)) << " FLOPs; " << planner.getNumPlans()
        << " trial plans), over by " << formatBytes(peak - budget);
   auto [dominant, bytes] = summary->dominant();
-  diag << "; " << dominant << " take " << formatBytes(bytes);
+  diag << "; " << dominant << (StringRef(dominant).ends_with("s") ? " take " : " takes ")
+       << formatBytes(bytes);
   if (StringRef(dominant) == "weights")
     diag << ": quantize the frozen base weights (bonsai.quantize), shard them over ranks "
             "(bonsai.shard) or offload them (bonsai.offload)";

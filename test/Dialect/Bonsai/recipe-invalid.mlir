@@ -514,23 +514,6 @@ func.func @f() {
 
 // -----
 
-// recipe: remat "auto" without any target.
-bonsai.recipe @r {
-  // expected-error @+1 {{policy 'auto' fits the plan to a memory budget: the recipe needs 'bonsai.target ... device_memory N MiB'}}
-  bonsai.remat "auto"
-}
-
-// -----
-
-// recipe: remat "auto" with a target that has no device_memory.
-bonsai.recipe @r {
-  bonsai.target "sm_90"
-  // expected-error @+1 {{policy 'auto' fits the plan to a memory budget}}
-  bonsai.remat "auto"
-}
-
-// -----
-
 // recipe: galore with an sgd optimizer.
 bonsai.recipe @r {
   bonsai.optimizer "sgd" lr 1.0e-2 {momentum = 0.9 : f64}

@@ -378,11 +378,8 @@ LogicalResult RecipeOp::verifyRegions() {
              << "first occurrence";
   }
   Directives d(*this);
-  if (d.remat && d.remat.getPolicy() == "auto" &&
-      !(d.target && d.target.getDeviceMemoryMib()))
-    return d.remat.emitOpError(
-        "policy 'auto' fits the plan to a memory budget: the recipe needs "
-        "'bonsai.target ... device_memory N MiB'");
+  // `bonsai.remat "auto"` without a recipe budget is valid: the budget may come from the
+  // command line (bonsai-compile --device-memory); bonsai-remat reports a step with none.
   if (d.galore && d.optimizer && d.optimizer.getKind() != "adamw")
     return d.galore.emitOpError() << "rewrites AdamW's moments, but the optimizer is '"
                                   << d.optimizer.getKind() << "'";
