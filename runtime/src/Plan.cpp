@@ -115,6 +115,21 @@ bool isUpdateOnly(KernelKind kind) {
   }
 }
 
+/// Optimizer kinds a plan may also run in the backward pass, each parameter's update as soon
+/// as its gradient is complete (the recipe's update_in_backward), when a step has one
+/// micro-batch.
+bool mayUpdateInBackward(KernelKind kind) {
+  switch (kind) {
+  case KernelKind::GradNorm:
+  case KernelKind::LearningRate:
+  case KernelKind::AdamWUpdate:
+  case KernelKind::SGDUpdate:
+    return true;
+  default:
+    return false;
+  }
+}
+
 } // namespace
 
 const char *kernelKindName(KernelKind kind) {
@@ -184,6 +199,14 @@ bool LoadedPlan::trains() const {
   return false;
 }
 
+std::optional<size_t> LoadedPlan::updateInBackward() const {
+  for (size_t i = 0; i < kernels.size(); ++i)
+    if (kernels[i].phase == Phase::Backward &&
+        (kernels[i].kind == KernelKind::AdamWUpdate || kernels[i].kind == KernelKind::SGDUpdate))
+      return i;
+  return std::nullopt;
+}
+
 bool LoadedPlan::hasBackward() const {
   for (const KernelInfo &k : kernels)
     if (k.phase == Phase::Backward)
@@ -206,6 +229,11 @@ std::string LoadedPlan::microBatchProblem(uint32_t count) const {
   if (hasBackward() && !lossScale)
     return "the plan has no LossScale tensor, so " + std::to_string(count) +
            " micro-batches would sum their gradients instead of averaging them";
+  if (std::optional<size_t> update = updateInBackward())
+    return describeKernel(*update) +
+           " updates its parameter in the backward pass (the recipe's update_in_backward), "
+           "so every micro-batch would update the weights: the plan runs one micro-batch per "
+           "step";
   // What an update kernel reads from a step arena must be written in the update phase: the
   // nearest earlier kernel that writes those bytes decides (the planner reuses step-arena bytes
   // across phases, so sharing storage with a backward tensor is not by itself a problem).
@@ -694,9 +722,11 @@ void KernelChecker::checkOverlap() const {
 }
 
 void KernelChecker::checkPhase() const {
-  if (isUpdateOnly(kernel.kind) && kernel.phase != Phase::Update)
+  if (isUpdateOnly(kernel.kind) && kernel.phase != Phase::Update &&
+      !(kernel.phase == Phase::Backward && mayUpdateInBackward(kernel.kind)))
     fail(std::string("runs in the ") + phaseName(kernel.phase) +
-         " phase, but optimizer kernels run once per step, in the update phase");
+         " phase, but optimizer kernels run once per step, in the update phase (or, for "
+         "updates applied as gradients complete, in the backward pass)");
 }
 
 void KernelChecker::checkState() const {

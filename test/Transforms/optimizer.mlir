@@ -58,6 +58,44 @@ bonsai.recipe @r {
 
 // -----
 
+// update_in_backward: the learning rate where the backward pass starts; each parameter's
+// update (and its gradient's norm) right where its gradient is complete, reading the gradient
+// itself (bf16 for the bf16 parameter); no accumulators and no zeroing; the update phase
+// combines the norms for the metric and increments the step.
+// CHECK-LABEL: func.func @in_backward
+// CHECK: bonsai.loss_scale
+// CHECK-NEXT: %[[STEP:.*]] = bonsai.state optimizer "optimizer.step" : tensor<i64>
+// CHECK-NEXT: %[[LR:.*]] = bonsai.learning_rate %[[STEP]] {bonsai.phase = "backward"
+// CHECK: %[[DLM:.*]] = bonsai.linear_grad_weight
+// CHECK-NEXT: %[[NLM:.*]] = bonsai.grad_norm %[[DLM]] {bonsai.phase = "backward"} : (tensor<16x8xbf16>) -> tensor<f32>
+// CHECK: bonsai.adamw_update %[[DLM]], %[[STEP]], %[[LR]], %[[NLM]], {{.*}}bonsai.phase = "backward"{{.*}} : tensor<16x8xbf16>,
+// CHECK: bonsai.rms_norm_grad
+// CHECK-NEXT: %[[NN:.*]] = bonsai.grad_norm %{{.*}} {bonsai.phase = "backward"} : (tensor<8xf32>) -> tensor<f32>
+// CHECK: bonsai.adamw_update {{.*}}bonsai.phase = "backward"
+// CHECK-NEXT: %[[NORM:.*]] = bonsai.grad_norm %[[NLM]], %[[NN]] {bonsai.phase = "update"}
+// CHECK-NEXT: bonsai.step_increment %[[STEP]] {bonsai.phase = "update"}
+// CHECK-NEXT: bonsai.metric "grad_norm" %[[NORM]]
+// CHECK-NOT: bonsai.state gradient
+// CHECK-NOT: bonsai.accumulate
+// CHECK-NOT: bonsai.zero
+func.func @in_backward(%ids: tensor<1x4xi32>, %labels: tensor<1x4xi32>) -> tensor<f32> {
+  %emb = bonsai.param "e" frozen : tensor<16x8xbf16>
+  %h = bonsai.embedding %emb, %ids : (tensor<16x8xbf16>, tensor<1x4xi32>) -> tensor<1x4x8xbf16>
+  %nw = bonsai.param "n" trainable : tensor<8xf32>
+  %hf = bonsai.cast %h : (tensor<1x4x8xbf16>) -> tensor<1x4x8xf32>
+  %n = bonsai.rms_norm %hf, %nw : (tensor<1x4x8xf32>, tensor<8xf32>) -> tensor<1x4x8xf32>
+  %nb = bonsai.cast %n : (tensor<1x4x8xf32>) -> tensor<1x4x8xbf16>
+  %lm = bonsai.param "lm" trainable : tensor<16x8xbf16>
+  %logits = bonsai.linear %nb, %lm : (tensor<1x4x8xbf16>, tensor<16x8xbf16>) -> tensor<1x4x16xbf16>
+  %loss = bonsai.cross_entropy %logits, %labels : (tensor<1x4x16xbf16>, tensor<1x4xi32>) -> tensor<f32>
+  return %loss : tensor<f32>
+}
+bonsai.recipe @r {
+  bonsai.optimizer "adamw" lr 1.0e-3 {update_in_backward = true, weight_decay = 0.1 : f64}
+}
+
+// -----
+
 // expected-error @+1 {{bonsai-optimizer needs exactly one bonsai.optimizer directive in the module's recipe, found 0}}
 module {
   func.func @forward(%ids: tensor<1x4xi32>, %labels: tensor<1x4xi32>) -> tensor<f32> {

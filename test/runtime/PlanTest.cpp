@@ -548,12 +548,24 @@ TEST(PlanTrainingTest, PhasesAreOrderedAndOptimizerKernelsUpdate) {
   expectError(spec, {"kernel 4 'k4' (LinearGradWeight) runs in the forward phase but comes after "
                      "kernel 3 'k3' (CrossEntropyGrad) of the backward phase",
                      "ordered forward, backward, update"});
+  // The norm, learning rate and updates may run in the backward pass (update_in_backward);
+  // such a plan runs one micro-batch per step. The step counter always moves in the update
+  // phase.
   spec = test::trainingPlanSpec();
   size_t adam = kernelOf(spec, KernelKind::AdamWUpdate);
   for (size_t i = kernelOf(spec, KernelKind::GradNorm); i <= adam; ++i)
     spec.kernels[i].phase = Phase::Backward;
-  expectError(spec, {"(GradNorm): runs in the backward phase, but optimizer kernels run once per "
-                     "step, in the update phase"});
+  LoadedPlan inBackward = load(buildPlan(spec));
+  ASSERT_TRUE(inBackward.updateInBackward().has_value());
+  EXPECT_EQ(*inBackward.updateInBackward(), adam);
+  EXPECT_NE(inBackward.microBatchProblem(2).find(
+                "(AdamWUpdate) updates its parameter in the backward pass"),
+            std::string::npos);
+  EXPECT_EQ(inBackward.microBatchProblem(1), "");
+  for (size_t i = adam + 1; i < spec.kernels.size(); ++i)
+    spec.kernels[i].phase = Phase::Backward;
+  expectError(spec, {"(StepIncrement): runs in the backward phase, but optimizer kernels run "
+                     "once per step, in the update phase"});
   spec = test::trainingPlanSpec();
   spec.kernels[0].phase = Phase(9);
   expectError(spec, {"kernel 0 'k0' (Embedding) has an unknown phase 9"});

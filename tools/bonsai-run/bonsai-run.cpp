@@ -391,6 +391,12 @@ int run(const Options &o) {
   std::printf("backend: %s\n", executor.describeBackend().c_str());
   std::fflush(stdout);
   executor.checkMicroBatches(microBatches);
+  if (!o.dumpGradients.empty())
+    if (std::optional<size_t> update = plan.updateInBackward())
+      throw rt::Error("--dump-gradients: plan '" + plan.path + "' keeps no gradients: " +
+                      plan.describeKernel(*update) +
+                      " applies its update in the backward pass (the recipe's "
+                      "update_in_backward)");
   if (o.lr)
     executor.overrideLearningRate(*o.lr);
 

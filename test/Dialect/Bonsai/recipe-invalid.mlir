@@ -316,6 +316,31 @@ bonsai.recipe @r {
   bonsai.optimizer "adamw" lr 1.0e-3 {micro_batches = 0 : i64}
 }
 
+// -----
+
+// optimizer: updates in the backward pass cannot wait for the global norm clipping needs.
+bonsai.recipe @r {
+  // expected-error @+1 {{update_in_backward updates each parameter as soon as its gradient is complete, before the global norm that grad_clip needs is known: set grad_clip = 0 or drop update_in_backward}}
+  bonsai.optimizer "adamw" lr 1.0e-3 {update_in_backward = true, grad_clip = 1.0 : f64}
+}
+
+// -----
+
+// optimizer: updates in the backward pass with several micro-batches per step.
+bonsai.recipe @r {
+  // expected-error @+1 {{update_in_backward updates each parameter in the backward pass, so a step has one micro-batch, not 4}}
+  bonsai.optimizer "adamw" lr 1.0e-3 {update_in_backward = true, micro_batches = 4 : i64}
+}
+
+// -----
+
+// recipe: GaLore rewrites the update phase, which update_in_backward leaves without updates.
+bonsai.recipe @r {
+  bonsai.optimizer "adamw" lr 1.0e-3 {update_in_backward = true}
+  // expected-error @+1 {{rewrites the update phase's AdamW, but the optimizer has update_in_backward}}
+  bonsai.galore rank 4 update_proj_gap 10 scale 2.500000e-01 projector "randomized" targets ["q_proj"]
+}
+
 //===----------------------------------------------------------------------===//
 // bonsai.galore (local)
 //===----------------------------------------------------------------------===//

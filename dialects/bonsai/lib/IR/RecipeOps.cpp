@@ -202,6 +202,15 @@ LogicalResult OptimizerDirectiveOp::verify() {
   }
   if (int64_t(getMicroBatches()) < 1)
     return emitOpError() << "micro_batches must be at least 1, got " << int64_t(getMicroBatches());
+  // Both need every gradient of the step before the first update.
+  if (getUpdateInBackward() && getGradClip().convertToDouble() > 0)
+    return emitOpError("update_in_backward updates each parameter as soon as its gradient is "
+                       "complete, before the global norm that grad_clip needs is known: set "
+                       "grad_clip = 0 or drop update_in_backward");
+  if (getUpdateInBackward() && int64_t(getMicroBatches()) > 1)
+    return emitOpError() << "update_in_backward updates each parameter in the backward pass, "
+                            "so a step has one micro-batch, not "
+                         << int64_t(getMicroBatches());
   return success();
 }
 
@@ -380,6 +389,9 @@ LogicalResult RecipeOp::verifyRegions() {
   Directives d(*this);
   // `bonsai.remat "auto"` without a recipe budget is valid: the budget may come from the
   // command line (bonsai-compile --device-memory); bonsai-remat reports a step with none.
+  if (d.galore && d.optimizer && d.optimizer.getUpdateInBackward())
+    return d.galore.emitOpError("rewrites the update phase's AdamW, but the optimizer has "
+                                "update_in_backward");
   if (d.galore && d.optimizer && d.optimizer.getKind() != "adamw")
     return d.galore.emitOpError() << "rewrites AdamW's moments, but the optimizer is '"
                                   << d.optimizer.getKind() << "'";

@@ -209,6 +209,9 @@ struct LoadedPlan {
   bool trains() const;
   /// Whether the plan has Backward kernels.
   bool hasBackward() const;
+  /// The first kernel that updates a parameter in the backward pass (a plan compiled with the
+  /// recipe's update_in_backward keeps no gradients), if any.
+  std::optional<size_t> updateInBackward() const;
   /// The Metric tensor named `name`, if there is one.
   std::optional<uint32_t> metric(const std::string &name) const;
   /// Why `microBatches` Forward+Backward runs per Update would compute something else than the

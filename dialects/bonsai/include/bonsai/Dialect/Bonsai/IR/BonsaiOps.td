@@ -428,8 +428,14 @@ def Bonsai_OptimizerDirectiveOp : Bonsai_DirectiveOp<"optimizer"> {
     `warmup_steps`, then cosine decay to `min_lr_ratio * lr` at `total_steps`).
     `grad_clip` (global norm) is off when 0.
 
+    `update_in_backward` applies each parameter's update in the backward pass, as soon as its
+    gradient is complete, instead of accumulating every gradient for an update phase: the step
+    then keeps no gradient accumulators (4 bytes per trainable parameter less). It needs one
+    micro-batch per step and no clipping (both need every gradient before any update).
+
     ```mlir
     bonsai.optimizer "adamw" lr 3.000000e-04 {weight_decay = 1.000000e-01 : f64, schedule = "cosine", warmup_steps = 100 : i64, total_steps = 1000 : i64}
+    bonsai.optimizer "adamw" lr 3.000000e-04 {update_in_backward = true}
     ```
   }];
   let arguments = (ins StrAttr:$kind, F64Attr:$lr,
@@ -443,7 +449,8 @@ def Bonsai_OptimizerDirectiveOp : Bonsai_DirectiveOp<"optimizer"> {
                    DefaultValuedAttr<I64Attr, "0">:$warmup_steps,
                    DefaultValuedAttr<I64Attr, "0">:$total_steps,
                    DefaultValuedAttr<F64Attr, "0.0">:$min_lr_ratio,
-                   DefaultValuedAttr<I64Attr, "1">:$micro_batches);
+                   DefaultValuedAttr<I64Attr, "1">:$micro_batches,
+                   DefaultValuedAttr<BoolAttr, "false">:$update_in_backward);
   let assemblyFormat = "$kind `lr` $lr attr-dict";
 }
 

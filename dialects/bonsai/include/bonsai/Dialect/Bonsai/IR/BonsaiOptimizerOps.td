@@ -102,9 +102,10 @@ def Bonsai_LearningRateOp : Bonsai_ModelOp<"learning_rate"> {
 def Bonsai_AdamWUpdateOp : Bonsai_UpdateOp<"adamw_update", [4, 5, 6, 7]> {
   let summary = "one AdamW step, in place on the parameter, its moments and master copy";
   let description = [{
-    Operands: gradient, step counter, learning rate, global gradient norm (read); parameter,
-    first and second moment, optional fp32 master copy (updated in place). PyTorch's AdamW with
-    global-norm clipping (see AdamWAttrs in runtime/schema/plan.fbs).
+    Operands: gradient, step counter, learning rate, global gradient norm (read, and only
+    read when `grad_clip` > 0); parameter, first and second moment, optional fp32 master copy
+    (updated in place). PyTorch's AdamW with global-norm clipping (see AdamWAttrs in
+    runtime/schema/plan.fbs).
 
     ```mlir
     bonsai.adamw_update %g, %step, %lr, %norm, %w, %m, %v {beta1 = 0.9 : f64, beta2 = 0.999 : f64, eps = 1.0e-08 : f64, weight_decay = 0.0 : f64, grad_clip = 1.0 : f64} : tensor<8xf32>, tensor<i64>, tensor<f32>, tensor<f32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>
