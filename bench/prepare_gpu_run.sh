@@ -35,16 +35,22 @@ done
 # Recomputation (bench/remat_bench.py): one plan per policy and budget, each with the compiler's
 # report (the remat remark and planned memory, or the error of a budget nothing meets).
 mkdir -p "$dir/remat"
-remat_recipe() {  # $1 = policy, $2 = budget in MiB (0: none)
+remat_recipe() {  # $1 = policy, $2 = budget in MiB (0: none), $3 = extra optimizer attributes
   local target='  bonsai.target "sm_90"'
   [ "$2" != 0 ] && target="  bonsai.target \"sm_90\" device_memory $2 MiB"
-  printf 'bonsai.recipe @remat {\n%s\n  bonsai.optimizer "adamw" lr 3.000000e-04 {weight_decay = 1.000000e-02 : f64}\n  bonsai.remat "%s"\n}\n' "$target" "$1"
+  printf 'bonsai.recipe @remat {\n%s\n  bonsai.optimizer "adamw" lr 3.000000e-04 {weight_decay = 1.000000e-02 : f64%s}\n  bonsai.remat "%s"\n}\n' "$target" "${3:-}" "$1"
 }
+# A "uib-" policy also applies the updates in the backward pass (no gradient accumulators).
 for model in llama_124m tinyllama_1_1b; do
-  for policy in none selective full auto-24GiB auto-16GiB auto-8GiB auto-6GiB; do
-    case "$policy" in
-      auto-*) gib="${policy#auto-}"; remat_recipe auto $(( ${gib%GiB} * 1024 )) ;;
-      *) remat_recipe "$policy" 0 ;;
+  policies="none selective full auto-24GiB auto-16GiB auto-8GiB auto-6GiB"
+  [ "$model" = tinyllama_1_1b ] && policies="$policies uib-none uib-full uib-auto-18GiB uib-auto-16GiB"
+  for policy in $policies; do
+    extra=""
+    case "$policy" in uib-*) extra=", update_in_backward = true" ;; esac
+    base="${policy#uib-}"
+    case "$base" in
+      auto-*) gib="${base#auto-}"; remat_recipe auto $(( ${gib%GiB} * 1024 )) "$extra" ;;
+      *) remat_recipe "$base" 0 "$extra" ;;
     esac > "$dir/remat/recipe.mlir"
     if ! "$build/bin/bonsai-compile" "examples/models/$model.mlir" "$dir/remat/recipe.mlir" \
         -o "$dir/remat/$model.$policy.plan" > "$dir/remat/$model.$policy.txt" 2>&1; then
