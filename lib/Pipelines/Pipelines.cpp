@@ -13,16 +13,35 @@
 using namespace mlir;
 using namespace mlir::bonsai;
 
-void mlir::bonsai::buildCompilePipeline(OpPassManager &pm, const PipelineOptions &options) {
+void mlir::bonsai::buildModelPipeline(OpPassManager &pm, const PipelineOptions &options) {
   // Whole-function rules first, so that every later pass can assume one named parameter per
   // checkpoint tensor, integer inputs and a scalar loss.
   pm.addPass(createBonsaiVerifyModelPass());
+  // Adapters are model ops and parameters like any other: inserted before quantization (which
+  // then finds their frozen base weights) and before autodiff (which differentiates them).
+  // Without a bonsai.lora directive in the module the pass changes nothing.
+  pm.addPass(createBonsaiInsertLoraPass());
+  // NF4 storage of the recipe's frozen linear weights: after LoRA has frozen the base weights
+  // it adapts, before autodiff (whose backward then reads the dequantized weights, which
+  // bonsai-remat recomputes) and before lowering (NF4 buffers are sized by their layout).
+  // Without a bonsai.quantize directive the pass changes nothing.
+  pm.addPass(createBonsaiQuantizePass());
+}
+
+void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &options) {
   if (options.train) {
     // The backward pass is built on the verified forward graph, before any lowering, so that
     // every gradient rule sees model ops.
     pm.addPass(createBonsaiAutodiffPass());
     // The update needs the gradient accumulators the backward pass created.
     pm.addPass(createBonsaiOptimizerPass());
+    // GaLore rewrites the AdamW updates the optimizer pass expanded (a no-op without a
+    // bonsai.galore directive), before remat so that the budget sees the smaller moments.
+    // Only the summary remark: a remark per weight is for bonsai-opt.
+    BonsaiGaLorePassOptions galore;
+    galore.target = options.target;
+    galore.perWeightRemarks = false;
+    pm.addPass(createBonsaiGaLorePass(galore));
     // What to recompute is decided on the whole step: after the update is expanded (its state
     // is part of the peak that must fit the budget) and before lowering, so that the clones
     // are ordinary ops whose lifetimes the memory planner sees. Only the summary remark: a
@@ -47,6 +66,11 @@ void mlir::bonsai::buildCompilePipeline(OpPassManager &pm, const PipelineOptions
   // An independent check of the planner's result: a plan that overlaps live buffers would
   // corrupt training silently, so it must never reach a file.
   pm.addPass(createBonsaiVerifyPlanPass());
+}
+
+void mlir::bonsai::buildCompilePipeline(OpPassManager &pm, const PipelineOptions &options) {
+  buildModelPipeline(pm, options);
+  buildStepPipeline(pm, options);
 }
 
 void mlir::bonsai::registerPipelines() {

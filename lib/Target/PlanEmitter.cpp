@@ -9,6 +9,7 @@
 #include "bonsai/Target/PlanEmitter.h"
 
 #include "bonsai/Analysis/PlanSummary.h"
+#include "bonsai/Dialect/Bonsai/IR/BonsaiDialect.h"
 #include "bonsai/runtime/plan_generated.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringMap.h"
@@ -35,6 +36,8 @@ std::optional<fb::DType> getDType(Type type) {
     return fb::DType::I32;
   if (type.isSignlessInteger(64))
     return fb::DType::I64;
+  if (isa<NF4Type>(type))
+    return fb::DType::NF4;
   return std::nullopt;
 }
 
@@ -80,6 +83,11 @@ std::optional<fb::KernelKind> getKernelKind(StringRef name) {
       .Case("step_increment", fb::KernelKind::StepIncrement)
       .Case("accumulate", fb::KernelKind::Accumulate)
       .Case("zero", fb::KernelKind::Zero)
+      .Case("dequantize", fb::KernelKind::Dequantize)
+      .Case("galore_refresh", fb::KernelKind::GaloreRefresh)
+      .Case("galore_project", fb::KernelKind::GaloreProject)
+      .Case("galore_adamw_update", fb::KernelKind::GaloreAdamWUpdate)
+      .Case("dora_scale", fb::KernelKind::DoraScale)
       .Default(std::nullopt);
 }
 
@@ -249,6 +257,50 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     attrs = fb::CreateSGDAttrs(fbb, *momentum, *wd, *clip).Union();
     return success();
   }
+  case fb::KernelKind::DoraScale: {
+    FailureOr<double> scale = f64("scale");
+    if (failed(scale))
+      return failure();
+    type = fb::KernelAttrs::DoraScaleAttrs;
+    attrs = fb::CreateDoraScaleAttrs(fbb, *scale).Union();
+    return success();
+  }
+  case fb::KernelKind::GaloreRefresh: {
+    FailureOr<int64_t> rank = i64("rank"), gap = i64("update_proj_gap"), offset = i64("offset"),
+                       slot = i64("slot"), power = i64("power_iterations"), seed = i64("seed");
+    FailureOr<BoolAttr> left = getParam<BoolAttr>(launch, "left");
+    FailureOr<StringAttr> kind = getParam<StringAttr>(launch, "projector_kind");
+    if (failed(rank) || failed(gap) || failed(offset) || failed(slot) || failed(power) ||
+        failed(seed) || failed(left) || failed(kind))
+      return failure();
+    type = fb::KernelAttrs::GaloreRefreshAttrs;
+    attrs = fb::CreateGaloreRefreshAttrs(fbb, *rank, *gap, *offset, *slot, left->getValue(),
+                                         kind->getValue() == "randomized", *power, *seed)
+                .Union();
+    return success();
+  }
+  case fb::KernelKind::GaloreProject: {
+    FailureOr<BoolAttr> left = getParam<BoolAttr>(launch, "left");
+    FailureOr<BoolAttr> bf16 = getParam<BoolAttr>(launch, "bf16_operands");
+    if (failed(left) || failed(bf16))
+      return failure();
+    type = fb::KernelAttrs::GaloreProjectAttrs;
+    attrs = fb::CreateGaloreProjectAttrs(fbb, left->getValue(), bf16->getValue()).Union();
+    return success();
+  }
+  case fb::KernelKind::GaloreAdamWUpdate: {
+    FailureOr<double> b1 = f64("beta1"), b2 = f64("beta2"), eps = f64("eps"),
+                      wd = f64("weight_decay"), clip = f64("grad_clip"), scale = f64("scale");
+    FailureOr<BoolAttr> left = getParam<BoolAttr>(launch, "left");
+    if (failed(b1) || failed(b2) || failed(eps) || failed(wd) || failed(clip) ||
+        failed(scale) || failed(left))
+      return failure();
+    type = fb::KernelAttrs::GaloreAdamWAttrs;
+    attrs = fb::CreateGaloreAdamWAttrs(fbb, *b1, *b2, *eps, *wd, *clip, *scale,
+                                       left->getValue())
+                .Union();
+    return success();
+  }
   default:
     type = fb::KernelAttrs::NONE;
     return success();
@@ -306,12 +358,39 @@ LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes) {
         initSource = it->second;
       }
     }
+    // Adapter parameters (bonsai-insert-lora) carry the initializer the runtime applies when
+    // the weights file does not hold them.
+    if (auto rule = buffer->getAttrOfType<StringAttr>("bonsai.init");
+        rule && value == buffer.getResult()) {
+      std::optional<fb::TensorInit> parsed =
+          llvm::StringSwitch<std::optional<fb::TensorInit>>(rule.getValue())
+              .Case("kaiming_uniform", fb::TensorInit::KaimingUniform)
+              .Case("zeros", fb::TensorInit::Zeros)
+              .Case("row_norm", fb::TensorInit::RowNorm)
+              .Default(std::nullopt);
+      if (!parsed)
+        return buffer.emitError() << "unknown initializer '" << rule.getValue() << "' of '"
+                                  << buffer.getName() << "'";
+      init = *parsed;
+      if (init == fb::TensorInit::RowNorm) {
+        auto source = buffer->getAttrOfType<StringAttr>("bonsai.init_source");
+        auto it = source ? parameterIndex.find(source.getValue()) : parameterIndex.end();
+        if (it == parameterIndex.end())
+          return buffer.emitError() << "'" << buffer.getName()
+                                    << "' is initialized from the row norms of a parameter "
+                                       "not declared before it";
+        initSource = it->second;
+      }
+    }
     if (role == fb::TensorRole::Parameter)
       parameterIndex[name] = tensors.size();
     tensorIndex[value] = tensors.size();
+    // NF4 tensors carry their block sizes: the runtime sizes, binds and dequantizes by them.
+    auto nf4 = dyn_cast<NF4Type>(type.getElementType());
     tensors.push_back(fb::CreateTensorDirect(
         fbb, name.str().c_str(), *dtype, &shape, role, buffer.getTrainable() && value == buffer, arenaIndex.lookup(buffer.getArena()),
-        buffer.getOffsetAttr().getInt(), plan::getMemRefBytes(type), init, initSource));
+        buffer.getOffsetAttr().getInt(), plan::getMemRefBytes(type), init, initSource,
+        nf4 ? nf4.getBlockSize() : 0, nf4 ? nf4.getDoubleQuantBlockSize() : 0));
     return success();
   };
 
@@ -374,6 +453,48 @@ LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes) {
   for (auto [position, index] : inputs)
     inputIndices.push_back(index);
 
+  // Adapters: the names bonsai-insert-lora recorded, resolved to tensor indices.
+  std::vector<flatbuffers::Offset<fb::Adapter>> adapters;
+  auto lookupParam = [&](DictionaryAttr entry, StringRef key,
+                         uint32_t &index) -> LogicalResult {
+    auto name = entry.getAs<StringAttr>(key);
+    auto it = name ? parameterIndex.find(name.getValue()) : parameterIndex.end();
+    if (it == parameterIndex.end())
+      return step.emitError() << "adapter " << entry << ": '" << key
+                              << "' does not name a parameter of the step";
+    index = it->second;
+    return success();
+  };
+  if (auto list = step->getAttrOfType<ArrayAttr>("bonsai.adapters")) {
+    for (Attribute attr : list) {
+      auto entry = dyn_cast<DictionaryAttr>(attr);
+      auto module = entry ? entry.getAs<StringAttr>("module") : StringAttr();
+      auto rank = entry ? entry.getAs<IntegerAttr>("rank") : IntegerAttr();
+      auto alpha = entry ? entry.getAs<FloatAttr>("alpha") : FloatAttr();
+      if (!module || !rank || !alpha)
+        return step.emitError() << "malformed adapter record " << attr
+                                << " (needs module, rank and alpha)";
+      uint32_t base, a, b, magnitude;
+      if (failed(lookupParam(entry, "base", base)) || failed(lookupParam(entry, "lora_a", a)) ||
+          failed(lookupParam(entry, "lora_b", b)))
+        return failure();
+      int32_t magnitudeIndex = -1;
+      if (entry.get("magnitude")) {
+        if (failed(lookupParam(entry, "magnitude", magnitude)))
+          return failure();
+        magnitudeIndex = int32_t(magnitude);
+      }
+      adapters.push_back(fb::CreateAdapterDirect(fbb, base, a, b, magnitudeIndex,
+                                                 uint32_t(rank.getInt()),
+                                                 alpha.getValueAsDouble(),
+                                                 module.getValue().str().c_str()));
+    }
+  }
+  std::vector<flatbuffers::Offset<flatbuffers::String>> adapterTargets;
+  if (auto list = step->getAttrOfType<ArrayAttr>("bonsai.adapter_targets"))
+    for (auto target : list.getAsValueRange<StringAttr>())
+      adapterTargets.push_back(fbb.CreateString(target.str()));
+
   PlanMemorySummary summary = summarizePlanMemory(step);
   auto memory = fb::CreateMemorySummary(
       fbb, summary.weights, summary.gradients, summary.optimizerState, summary.activations,
@@ -384,7 +505,9 @@ LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes) {
                                    &arenas, &tensors, &kernels, &inputIndices, *loss, memory,
                                    step.getTokensPerStepAttr().getInt(),
                                    step.getMicroBatchesAttr().getInt(),
-                                   step.getVocabSizeAttr().getInt());
+                                   step.getVocabSizeAttr().getInt(),
+                                   adapters.empty() ? nullptr : &adapters,
+                                   adapterTargets.empty() ? nullptr : &adapterTargets);
   fb::FinishPlanBuffer(fbb, root);
   bytes.assign(reinterpret_cast<const char *>(fbb.GetBufferPointer()), fbb.GetSize());
   return success();

@@ -106,6 +106,9 @@ struct ForwardGraph {
   SmallVector<int> viewRoot;
   /// Block inputs (values a NormalizationOpInterface op normalises) and GEMM outputs.
   BitVector blockInput, gemm;
+  /// Candidates that RecomputeOpInterface says are always recomputed (dequantized weights):
+  /// every choice drops them.
+  BitVector alwaysRecomputed;
   /// Forward FLOPs and result bytes of each op.
   SmallVector<int64_t> flops, bytes;
   /// The owners (see viewRoot) of each op's operands that forward ops own.
@@ -132,6 +135,7 @@ struct ForwardGraph {
   BitVector getRelevant() const {
     BitVector relevant = resolve(candidate);
     relevant &= candidate;
+    relevant.reset(alwaysRecomputed); // Not a choice.
     return relevant;
   }
 };
@@ -150,6 +154,7 @@ ForwardGraph analyzeForwardGraph(func::FuncOp function) {
   g.viewRoot.assign(n, -1);
   g.blockInput.resize(n);
   g.gemm.resize(n);
+  g.alwaysRecomputed.resize(n);
   g.flops.assign(n, 0);
   g.bytes.assign(n, 0);
   g.operandRoots.resize(n);
@@ -201,6 +206,9 @@ ForwardGraph analyzeForwardGraph(func::FuncOp function) {
     g.candidate[i] = !g.isView.test(i) && !pinned.test(i) && isa<CostOpInterface>(op) &&
                      isa<KernelOpInterface>(op) && op->getNumRegions() == 0 &&
                      isMemoryEffectFree(op);
+  for (auto [i, op] : llvm::enumerate(g.ops))
+    if (auto recompute = dyn_cast<RecomputeOpInterface>(op))
+      g.alwaysRecomputed[i] = g.candidate[i] && recompute.isAlwaysRecomputed();
 
   for (Operation &op : function.getBody().front()) {
     g.hasBackward |= isBackward(&op);
@@ -216,7 +224,8 @@ BitVector ForwardGraph::resolve(const BitVector &dropped) const {
   // Users come after their operands: walking backwards, every user's decision is known.
   for (unsigned i = n; i-- > 0;) {
     int owner = isView.test(i) ? viewRoot[i] : int(i);
-    if (owner < 0 || !candidate.test(owner) || !dropped.test(owner))
+    if (owner < 0 || !candidate.test(owner) ||
+        !(dropped.test(owner) || alwaysRecomputed.test(owner)))
       continue;
     if (backwardUse.test(i) ||
         llvm::any_of(users[i], [&](unsigned user) { return recompute.test(user); }))
@@ -244,7 +253,8 @@ BitVector ForwardGraph::getChain(unsigned c, const BitVector &dropped,
   while (!work.empty()) {
     unsigned x = work.pop_back_val();
     for (unsigned root : operandRoots[x]) {
-      if (!candidate.test(root) || dropped.test(root) || chain.test(root) || savedRoots.test(root))
+      if (!candidate.test(root) || dropped.test(root) || alwaysRecomputed.test(root) ||
+          chain.test(root) || savedRoots.test(root))
         continue;
       chain.set(root);
       work.push_back(root);
@@ -843,7 +853,8 @@ LogicalResult RematPass::rematFunction(func::FuncOp function, StringRef chosen, 
                               "device_memory");
 
   TrialPlanner planner(function, target);
-  FailureOr<Trial> none = evaluate(g, planner, BitVector(g.size()));
+  // The baseline keeps everything it may: only what is always recomputed is.
+  FailureOr<Trial> none = evaluate(g, planner, g.resolve(BitVector(g.size())));
   if (failed(none))
     return failure();
 
@@ -856,6 +867,7 @@ LogicalResult RematPass::rematFunction(func::FuncOp function, StringRef chosen, 
           << " without recomputation (planned device peak " << formatBytes(none->peak) << ")";
       peakBefore = peakAfter = none->peak;
       numPlans += planner.getNumPlans();
+      applyRecompute(g.ops, none->recompute);
       return success();
     }
     SmallVector<std::pair<StringRef, Trial>> fixed;
@@ -964,7 +976,14 @@ void RematPass::runOnOperation() {
   }
   if (search == "compare")
     chosen = "auto";
-  if (chosen == "none")
+  // Policy none keeps every activation, except those RecomputeOpInterface always recomputes.
+  bool anyAlwaysRecomputed = module
+                                 .walk([](RecomputeOpInterface op) {
+                                   return op.isAlwaysRecomputed() ? WalkResult::interrupt()
+                                                                  : WalkResult::advance();
+                                 })
+                                 .wasInterrupted();
+  if (chosen == "none" && !anyAlwaysRecomputed)
     return;
   for (auto function : module.getOps<func::FuncOp>())
     if (!function.isExternal() && !function.getBody().getOps<ParamOp>().empty())

@@ -175,7 +175,13 @@ std::vector<SafetensorsTensor> tensorsOfRole(const Executor &executor, TensorRol
   std::vector<SafetensorsTensor> out;
   for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
     const TensorInfo &t = plan.tensors[i];
-    if (t.role == role)
+    if (t.role != role)
+      continue;
+    // A frozen NF4 weight is saved as its storage bytes (U8 [bytes]): resuming binds exactly
+    // the quantized values the run used, without the full-precision weights.
+    if (t.dtype == DType::NF4)
+      out.push_back({t.name, t.dtype, {int64_t(t.bytes)}, executor.view(i).data});
+    else
       out.push_back({t.name, t.dtype, t.shape, executor.view(i).data});
   }
   std::sort(out.begin(), out.end(),
@@ -430,7 +436,8 @@ CheckpointManifest loadCheckpoint(const std::string &dir, Executor &executor) {
       const SafetensorsEntry *e = ckpt.find(t.name);
       if (!e) {
         missing.push_back(t.name);
-      } else if (e->shape != t.shape || e->runtimeDType != t.dtype) {
+      } else if (t.dtype == DType::NF4 ? !isNf4Storage(*e, t.bytes)
+                                       : e->shape != t.shape || e->runtimeDType != t.dtype) {
         // Exact dtypes only: a conversion would make the continuation differ from the run.
         mismatched.push_back(t.name + " (plan " + formatShape(t.shape) + " " + dtypeName(t.dtype) +
                              ", checkpoint " + formatShape(e->shape) + " " + e->dtype + ")");

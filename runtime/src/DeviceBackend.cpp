@@ -14,6 +14,7 @@
 #ifdef BONSAI_HAVE_CUDA
 
 #include "bonsai/runtime/CudaKernels.h"
+#include "bonsai/runtime/GaLore.h"
 
 #include <cuda_runtime.h>
 
@@ -69,6 +70,8 @@ public:
       v.data = static_cast<char *>(arenas_[t.arena]) + t.offset;
       v.dtype = t.dtype;
       v.shape = t.shape;
+      v.quantBlock = t.quantBlock;
+      v.quantDoubleBlock = t.quantDoubleBlock;
       views_.push_back(std::move(v));
     }
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
@@ -165,6 +168,9 @@ public:
     std::string kernel = error.kernel >= 0 && size_t(error.kernel) < plan_.kernels.size()
                              ? plan_.describeKernel(size_t(error.kernel))
                              : "kernel " + std::to_string(error.kernel);
+    if (error.code == cuda::kZeroNorm)
+      throw Error(kernel + ": row " + std::to_string(error.index) +
+                  " of w + scale·lora_b·lora_a has norm 0: its direction is undefined");
     throw Error(kernel + ": " + what + " out of range: element " + std::to_string(error.index) +
                 " is " + std::to_string(error.value));
   }
@@ -405,6 +411,33 @@ private:
       cuda::sgdUpdate(ctx, in(0), in(1), in(2), hyper, outAt(0), outAt(1), optionalOut(2));
       break;
     }
+    case KernelKind::GaloreRefresh: {
+      galore::RefreshParams params;
+      params.rank = a.rank;
+      params.updateProjGap = a.updateProjGap;
+      params.offset = a.offset;
+      params.slot = a.slot;
+      params.left = a.left;
+      params.randomized = a.randomized;
+      params.powerIterations = a.powerIterations;
+      params.seed = uint64_t(a.seed);
+      cuda::galoreRefresh(ctx, in(0), in(1), params, outAt(0), outAt(1), outAt(2));
+      break;
+    }
+    case KernelKind::GaloreProject:
+      cuda::galoreProject(ctx, in(0), in(1), a.left, a.bf16Operands, out);
+      break;
+    case KernelKind::GaloreAdamWUpdate: {
+      cpu::AdamWHyper hyper;
+      hyper.beta1 = a.beta1;
+      hyper.beta2 = a.beta2;
+      hyper.eps = a.eps;
+      hyper.weightDecay = a.weightDecay;
+      hyper.gradClip = a.gradClip;
+      cuda::galoreAdamwUpdate(ctx, in(0), in(1), in(2), in(3), hyper, a.scale, a.left,
+                              outAt(0), outAt(1), outAt(2), outAt(3), optionalOut(4));
+      break;
+    }
     case KernelKind::StepIncrement:
       cuda::stepIncrement(ctx, out);
       break;
@@ -413,6 +446,12 @@ private:
       break;
     case KernelKind::Zero:
       cuda::zero(ctx, out);
+      break;
+    case KernelKind::DoraScale:
+      cuda::doraScale(ctx, in(0), in(1), in(2), in(3), a.scale, out);
+      break;
+    case KernelKind::Dequantize:
+      cuda::dequantize(ctx, in(0), out);
       break;
     }
   }

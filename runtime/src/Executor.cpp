@@ -11,6 +11,7 @@
 #include "bonsai/runtime/Executor.h"
 
 #include "bonsai/runtime/CpuKernels.h"
+#include "bonsai/runtime/GaLore.h"
 #include "bonsai/runtime/Init.h"
 
 #include <algorithm>
@@ -48,6 +49,8 @@ Executor::Executor(const LoadedPlan &plan, const ExecutorOptions &options) : pla
     v.data = static_cast<char *>(arenas_[t.arena].get()) + t.offset;
     v.dtype = t.dtype;
     v.shape = t.shape;
+    v.quantBlock = t.quantBlock;
+    v.quantDoubleBlock = t.quantDoubleBlock;
     views_.push_back(std::move(v));
   }
   if (options.backend == Backend::Cuda)
@@ -103,8 +106,9 @@ void Executor::touch(uint32_t tensor) {
   measured_[t.arena] = std::max(measured_[t.arena], t.offset + t.bytes);
 }
 
-void Executor::bindWeights(const Checkpoint &checkpoint) {
-  bindCheckpoint(plan_, checkpoint, views_);
+void Executor::bindWeights(const Checkpoint &checkpoint, uint64_t seed) {
+  std::vector<bool> bound = bindCheckpoint(plan_, checkpoint, views_);
+  initUnboundParameters(plan_, views_, seed, bound);
   for (uint32_t i = 0; i < plan_.tensors.size(); ++i)
     if (plan_.tensors[i].role == TensorRole::Parameter)
       touch(i);
@@ -122,9 +126,11 @@ void Executor::initWeights(uint64_t seed) {
 void Executor::applyInits() {
   hostDirty_ = true;
   // Zeros first: a copy may read a zero-initialized tensor, never the other way round (the
-  // plan verifier forbids copies of copies).
+  // plan verifier forbids copies of copies). Parameters are bound or initialized before
+  // (an adapter's zero init applies only when the weights lack it).
   for (uint32_t i = 0; i < plan_.tensors.size(); ++i)
-    if (plan_.tensors[i].init == TensorInit::Zeros) {
+    if (plan_.tensors[i].init == TensorInit::Zeros &&
+        plan_.tensors[i].role != TensorRole::Parameter) {
       std::memset(views_[i].data, 0, size_t(plan_.tensors[i].bytes));
       touch(i);
     }
@@ -329,6 +335,33 @@ void Executor::runKernel(size_t index) {
     cpu::sgdUpdate(in(0), in(1), in(2), hyper, outAt(0), outAt(1), optionalOut(2));
     break;
   }
+  case KernelKind::GaloreRefresh: {
+    galore::RefreshParams params;
+    params.rank = a.rank;
+    params.updateProjGap = a.updateProjGap;
+    params.offset = a.offset;
+    params.slot = a.slot;
+    params.left = a.left;
+    params.randomized = a.randomized;
+    params.powerIterations = a.powerIterations;
+    params.seed = uint64_t(a.seed);
+    cpu::galoreRefresh(in(0), in(1), params, outAt(0), outAt(1), outAt(2));
+    break;
+  }
+  case KernelKind::GaloreProject:
+    cpu::galoreProject(in(0), in(1), a.left, a.bf16Operands, out);
+    break;
+  case KernelKind::GaloreAdamWUpdate: {
+    cpu::AdamWHyper hyper;
+    hyper.beta1 = a.beta1;
+    hyper.beta2 = a.beta2;
+    hyper.eps = a.eps;
+    hyper.weightDecay = a.weightDecay;
+    hyper.gradClip = a.gradClip;
+    cpu::galoreAdamwUpdate(in(0), in(1), in(2), in(3), hyper, a.scale, a.left, outAt(0),
+                           outAt(1), outAt(2), outAt(3), optionalOut(4));
+    break;
+  }
   case KernelKind::StepIncrement:
     cpu::stepIncrement(out);
     break;
@@ -337,6 +370,12 @@ void Executor::runKernel(size_t index) {
     break;
   case KernelKind::Zero:
     cpu::zero(out);
+    break;
+  case KernelKind::DoraScale:
+    cpu::doraScale(in(0), in(1), in(2), in(3), a.scale, out);
+    break;
+  case KernelKind::Dequantize:
+    cpu::dequantize(in(0), out);
     break;
   }
 }
@@ -434,7 +473,27 @@ StepResult Executor::trainStep(TokenLoader &loader, uint64_t firstMicroBatch, ui
   result.loss = count == 1 ? result.microBatchLosses[0] : float(sum / double(count));
   result.gradNorm = metric("grad_norm");
   result.lr = metric("lr");
+  result.galoreSkipped = galoreSkipped();
   return result;
+}
+
+std::vector<std::pair<std::string, int>> Executor::galoreSkipped() const {
+  // Every refresh writes its slot of one status vector: one small read per step.
+  std::vector<std::pair<std::string, int>> skipped;
+  std::optional<uint32_t> status;
+  for (const KernelInfo &k : plan_.kernels)
+    if (k.kind == KernelKind::GaloreRefresh) {
+      if (!status) {
+        status = k.outputs[2];
+        downloadTensor(*status);
+      }
+      float value;
+      std::memcpy(&value, static_cast<const float *>(views_[*status].data) + k.attrs.slot,
+                  sizeof value);
+      if (value != 0.0f)
+        skipped.emplace_back(plan_.tensors[k.inputs[0]].name, int(value));
+    }
+  return skipped;
 }
 
 float Executor::runStep() {

@@ -7,9 +7,15 @@
 
 #include "bonsai/runtime/Init.h"
 
+#include "bonsai/runtime/Nf4.h"
 #include "bonsai/runtime/Random.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <exception>
+#include <mutex>
+#include <thread>
 
 namespace bonsai::rt {
 
@@ -30,9 +36,20 @@ InitRule initRuleFor(const std::string &name, size_t rank) {
 }
 
 void initTensor(const std::string &name, InitRule rule, uint64_t seed, const TensorView &view) {
+  if (view.dtype == DType::NF4) {
+    // The same draw an f32 parameter would get, then quantized as bound weights are.
+    std::vector<float> values(size_t(view.numel()));
+    TensorView staging = view;
+    staging.data = values.data();
+    staging.dtype = DType::F32;
+    initTensor(name, rule, seed, staging);
+    quantizeNf4(values.data(), uint64_t(values.size()), view.quantBlock, view.quantDoubleBlock,
+                static_cast<uint8_t *>(view.data));
+    return;
+  }
   if (view.dtype != DType::F32 && view.dtype != DType::F16 && view.dtype != DType::BF16)
     throw Error("cannot initialize parameter '" + name + "' of dtype " + dtypeName(view.dtype) +
-                ": random init covers f32, f16 and bf16 (pass --weights)");
+                ": random init covers f32, f16, bf16 and nf4 (pass --weights)");
   std::vector<float> values(size_t(view.numel()));
   if (rule == InitRule::Normal) {
     // The stream is a function of the seed and the name only.
@@ -48,11 +65,107 @@ void initTensor(const std::string &name, InitRule rule, uint64_t seed, const Ten
 void initParameters(const LoadedPlan &plan, const std::vector<TensorView> &views, uint64_t seed) {
   if (views.size() != plan.tensors.size())
     throw Error("internal error: initialization needs one view per plan tensor");
+  // Each tensor's values depend on the seed and its name only, so the tensors are drawn on
+  // several threads (a 7B model is 6.7e9 normal draws) with the same result as on one.
+  std::vector<size_t> todo;
   for (size_t i = 0; i < plan.tensors.size(); ++i) {
     const TensorInfo &t = plan.tensors[i];
-    if (t.role == TensorRole::Parameter)
-      initTensor(t.name, initRuleFor(t.name, t.shape.size()), seed, views[i]);
+    // Adapter parameters have their own initializer, applied below.
+    if (t.role == TensorRole::Parameter && t.init == TensorInit::None)
+      todo.push_back(i);
   }
+  std::atomic<size_t> next{0};
+  std::exception_ptr failure;
+  std::mutex failureMutex;
+  auto work = [&] {
+    for (size_t k; (k = next.fetch_add(1)) < todo.size();) {
+      const TensorInfo &t = plan.tensors[todo[k]];
+      try {
+        initTensor(t.name, initRuleFor(t.name, t.shape.size()), seed, views[todo[k]]);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(failureMutex);
+        if (!failure)
+          failure = std::current_exception();
+      }
+    }
+  };
+  unsigned threads = std::min<unsigned>(std::max(1u, std::thread::hardware_concurrency()), 32);
+  threads = unsigned(std::min<size_t>(threads, todo.size()));
+  std::vector<std::thread> pool;
+  for (unsigned i = 1; i < threads; ++i)
+    pool.emplace_back(work);
+  work();
+  for (std::thread &thread : pool)
+    thread.join();
+  if (failure)
+    std::rethrow_exception(failure);
+  initUnboundParameters(plan, views, seed, std::vector<bool>(plan.tensors.size(), false));
+}
+
+void initKaimingUniform(const std::string &name, uint64_t seed, const TensorView &view) {
+  if (view.rank() != 2)
+    throw Error("KaimingUniform init of '" + name + "' needs a 2-D tensor");
+  // torch.nn.init.kaiming_uniform_(a=sqrt(5)), PEFT's lora_A init: bound = 1/sqrt(fan_in).
+  double bound = 1.0 / std::sqrt(double(view.dim(1)));
+  Rng rng(seed ^ fnv1a64(name));
+  std::vector<float> values(size_t(view.numel()));
+  for (float &v : values)
+    v = float(bound * (2.0 * rng.uniform() - 1.0));
+  storeF32(values.data(), view);
+}
+
+void initRowNorm(const TensorView &source, const TensorView &view) {
+  int64_t rows = source.dim(0), cols = source.dim(1);
+  std::vector<float> w(size_t(source.numel()));
+  if (source.dtype == DType::NF4)
+    dequantizeNf4(static_cast<const uint8_t *>(source.data), uint64_t(w.size()),
+                  source.quantBlock, source.quantDoubleBlock, w.data());
+  else
+    loadF32(source, w.data());
+  // The norm of the values the kernels compute with: a dequantized NF4 weight reaches them in
+  // the compute dtype, the magnitude's. Rounded like this, the magnitude equals the norm that
+  // dora_scale computes at B = 0, and the step-0 scale is exactly 1.
+  if (source.dtype == DType::NF4 && view.dtype != DType::F32) {
+    std::vector<uint16_t> rounded(w.size());
+    TensorView staging{rounded.data(), view.dtype, source.shape};
+    storeF32(w.data(), staging);
+    loadF32(staging, w.data());
+  }
+  std::vector<float> norms(static_cast<size_t>(rows));
+  for (int64_t o = 0; o < rows; ++o) {
+    double sum = 0;
+    for (int64_t i = 0; i < cols; ++i) {
+      double x = w[size_t(o * cols + i)];
+      sum += x * x;
+    }
+    norms[size_t(o)] = float(std::sqrt(sum));
+  }
+  storeF32(norms.data(), view);
+}
+
+void initUnboundParameters(const LoadedPlan &plan, const std::vector<TensorView> &views,
+                           uint64_t seed, const std::vector<bool> &bound) {
+  // Row norms read their base weight, which is bound or initialized (its init is None).
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t i = 0; i < plan.tensors.size(); ++i) {
+      const TensorInfo &t = plan.tensors[i];
+      if (t.role != TensorRole::Parameter || bound[i] || t.init == TensorInit::None ||
+          (t.init == TensorInit::RowNorm) != (pass == 1))
+        continue;
+      switch (t.init) {
+      case TensorInit::Zeros:
+        initTensor(t.name, InitRule::Zeros, seed, views[i]);
+        break;
+      case TensorInit::KaimingUniform:
+        initKaimingUniform(t.name, seed, views[i]);
+        break;
+      case TensorInit::RowNorm:
+        initRowNorm(views[t.initSource], views[i]);
+        break;
+      default:
+        throw Error("internal error: parameter '" + t.name + "' has init CopyOf");
+      }
+    }
 }
 
 } // namespace bonsai::rt

@@ -14,6 +14,9 @@
 
 #include "bonsai/runtime/Plan.h"
 
+#include "bonsai/runtime/GaLore.h"
+#include "bonsai/runtime/Nf4.h"
+
 #include "bonsai/runtime/plan_generated.h"
 
 #include <algorithm>
@@ -31,6 +34,7 @@ namespace fb = ::bonsai::plan;
 
 // The runtime's enums are copies of the schema's, so that headers need no generated code.
 static_assert(uint8_t(fb::DType::I64) == uint8_t(DType::I64) &&
+                  uint8_t(fb::DType::NF4) == uint8_t(DType::NF4) &&
                   uint8_t(fb::DType::F8E5M2) == uint8_t(DType::F8E5M2),
               "rt::DType must match plan.fbs");
 static_assert(uint8_t(fb::TensorRole::LossScale) == uint8_t(TensorRole::LossScale) &&
@@ -41,13 +45,17 @@ static_assert(uint16_t(fb::KernelKind::Copy) == uint16_t(KernelKind::Copy) &&
                   uint16_t(fb::KernelKind::CrossEntropyGrad) ==
                       uint16_t(KernelKind::CrossEntropyGrad) &&
                   uint16_t(fb::KernelKind::AdamWUpdate) == uint16_t(KernelKind::AdamWUpdate) &&
-                  uint16_t(fb::KernelKind::MAX) == uint16_t(KernelKind::Zero),
+                  uint16_t(fb::KernelKind::Dequantize) == uint16_t(KernelKind::Dequantize) &&
+                  uint16_t(fb::KernelKind::GaloreRefresh) == uint16_t(KernelKind::GaloreRefresh) &&
+                  uint16_t(fb::KernelKind::MAX) == uint16_t(KernelKind::GaloreAdamWUpdate),
               "rt::KernelKind must match plan.fbs");
 static_assert(uint8_t(fb::MemorySpace::PinnedHost) == uint8_t(MemorySpace::PinnedHost) &&
                   uint8_t(fb::Lifetime::Step) == uint8_t(Lifetime::Step),
               "rt::MemorySpace and rt::Lifetime must match plan.fbs");
 static_assert(uint8_t(fb::TensorInit::CopyOf) == uint8_t(TensorInit::CopyOf) &&
-                  uint8_t(fb::TensorInit::MAX) == uint8_t(TensorInit::CopyOf),
+                  uint8_t(fb::TensorInit::KaimingUniform) ==
+                      uint8_t(TensorInit::KaimingUniform) &&
+                  uint8_t(fb::TensorInit::MAX) == uint8_t(TensorInit::RowNorm),
               "rt::TensorInit must match plan.fbs");
 static_assert(uint8_t(fb::Phase::Update) == uint8_t(Phase::Update) &&
                   uint8_t(fb::Phase::MAX) == uint8_t(Phase::Update),
@@ -109,6 +117,8 @@ bool isUpdateOnly(KernelKind kind) {
   case KernelKind::AdamWUpdate:
   case KernelKind::SGDUpdate:
   case KernelKind::StepIncrement:
+  case KernelKind::GaloreRefresh:
+  case KernelKind::GaloreAdamWUpdate:
     return true;
   default:
     return false;
@@ -401,7 +411,32 @@ private:
            " (" + why + ")");
   }
 
+  /// GaLore projects the smaller side of a 2-D gradient (`left`: rows); either for a square one.
+  void checkGaloreSide(const std::vector<int64_t> &shape, bool left) const {
+    if ((left && shape[0] > shape[1]) || (!left && shape[0] < shape[1]))
+      fail("projects the " + std::string(left ? "left" : "right") + " side of a " +
+           formatShape(shape) + " matrix; GaLore projects the smaller side");
+  }
+  /// Input `i` is a GaLore projector: f32 [rows, rank] with 0 < rank < rows.
+  void expectGaloreProjector(size_t i, int64_t rows) const {
+    const TensorInfo &p = in(i);
+    if (p.dtype != DType::F32 || p.shape.size() != 2 || p.shape[0] != rows || p.shape[1] < 1 ||
+        p.shape[1] >= rows)
+      fail(inName(i) + ": expected an f32 [" + std::to_string(rows) +
+           ", rank] projector with 0 < rank < " + std::to_string(rows) + ", got " +
+           formatShape(p.shape) + " " + dtypeName(p.dtype));
+  }
   void checkArity();
+  /// NF4 tensors are read by Dequantize only (no other kernel knows the layout) and written
+  /// by none (weights are quantized when they are bound).
+  void checkNf4Operands() const {
+    for (size_t i = 0; i < kernel.inputs.size(); ++i)
+      if (in(i).dtype == DType::NF4 && kernel.kind != KernelKind::Dequantize)
+        fail(inName(i) + " is nf4, which only a Dequantize kernel reads");
+    for (size_t j = 0; j < kernel.outputs.size(); ++j)
+      if (out(j).dtype == DType::NF4)
+        fail(outName(j) + " is nf4: no kernel writes NF4 (weights are quantized when bound)");
+  }
   void checkAttrs();
   void checkOverlap() const;
   void checkShapes();
@@ -573,6 +608,28 @@ void KernelChecker::checkArity() {
   case KernelKind::Zero:
     resultNames = {"x"};
     break;
+  case KernelKind::DoraScale:
+    operandNames = {"magnitude", "w", "lora_a", "lora_b"};
+    resultNames = {"y"};
+    break;
+  case KernelKind::Dequantize:
+    operandNames = {"q"};
+    resultNames = {"y"};
+    break;
+  case KernelKind::GaloreRefresh:
+    operandNames = {"grad", "step"};
+    resultNames = {"workspace", "projector", "status"};
+    break;
+  case KernelKind::GaloreProject:
+    operandNames = {"grad", "projector"};
+    resultNames = {"r"};
+    break;
+  case KernelKind::GaloreAdamWUpdate:
+    operandNames = {"step", "lr", "norm", "projector"};
+    resultNames = {"r", "param", "m", "v", "master"};
+    minOut = 4;
+    optionalLast = true;
+    break;
   }
   if (minIn == 0)
     minIn = operandNames.size();
@@ -673,6 +730,10 @@ void KernelChecker::checkAttrs() {
     if (!std::isfinite(a.value))
       fail("value must be finite, got " + num(a.value));
     break;
+  case KernelKind::DoraScale:
+    if (!std::isfinite(a.scale))
+      fail("scale must be finite, got " + num(a.scale));
+    break;
   case KernelKind::LearningRate:
     finiteAtLeast0("lr", a.lr);
     if (a.warmupSteps < 0)
@@ -697,6 +758,27 @@ void KernelChecker::checkAttrs() {
     finiteAtLeast0("momentum", a.momentum);
     finiteAtLeast0("weight_decay", a.weightDecay);
     finiteAtLeast0("grad_clip", a.gradClip);
+    break;
+  case KernelKind::GaloreRefresh:
+    if (a.updateProjGap <= 0)
+      fail("update_proj_gap must be positive, got " + std::to_string(a.updateProjGap));
+    if (a.offset < 0 || a.offset >= a.updateProjGap)
+      fail("offset " + std::to_string(a.offset) + " is outside [0, update_proj_gap = " +
+           std::to_string(a.updateProjGap) + ")");
+    if (a.powerIterations < 0 || a.powerIterations > 16)
+      fail("power_iterations must be in [0, 16], got " + std::to_string(a.powerIterations));
+    break;
+  case KernelKind::GaloreAdamWUpdate:
+    if (!(a.beta1 >= 0 && a.beta1 < 1))
+      fail("beta1 must be in [0, 1), got " + num(a.beta1));
+    if (!(a.beta2 >= 0 && a.beta2 < 1))
+      fail("beta2 must be in [0, 1), got " + num(a.beta2));
+    if (!(a.eps > 0) || !std::isfinite(a.eps))
+      fail("eps must be positive and finite, got " + num(a.eps));
+    finiteAtLeast0("weight_decay", a.weightDecay);
+    finiteAtLeast0("grad_clip", a.gradClip);
+    if (!(a.scale > 0) || !std::isfinite(a.scale))
+      fail("scale must be positive and finite, got " + num(a.scale));
     break;
   default:
     break;
@@ -752,6 +834,26 @@ void KernelChecker::checkState() const {
   case KernelKind::StepIncrement:
     expectPersistent(0);
     expectInit(0, TensorInit::Zeros, "the step counter starts at zero");
+    break;
+  case KernelKind::GaloreRefresh:
+    expectPersistent(1);
+    expectPersistent(2);
+    expectInit(1, TensorInit::Zeros, "the projector is zero until its first refresh");
+    expectInit(2, TensorInit::Zeros, "no refresh has failed before the first step");
+    break;
+  case KernelKind::GaloreAdamWUpdate:
+    // The projected gradient (output 0) is this step's scratch; the rest is state.
+    for (size_t j = 1; j < kernel.outputs.size(); ++j)
+      expectPersistent(j);
+    expectInit(2, TensorInit::Zeros, "moments start at zero");
+    expectInit(3, TensorInit::Zeros, "moments start at zero");
+    if (kernel.outputs.size() > 4) {
+      expectInit(4, TensorInit::CopyOf, "master weights start as a copy of the parameter");
+      const TensorInfo &source = plan.tensors[out(4).initSource];
+      if (!sameStorage(source, out(1)))
+        fail(outName(4) + " is a copy of " + plan.describeTensor(out(4).initSource) +
+             ", not of " + outName(1));
+    }
     break;
   default:
     break;
@@ -927,6 +1029,84 @@ void KernelChecker::checkShapes() {
       fail(outName() + " dtype: expected f32, f16, bf16, i32 or i64, got " +
            dtypeName(out().dtype));
     break;
+  case KernelKind::DoraScale: {
+    // magnitude [out], w [out, in], lora_a [r, in], lora_b [out, r]; y like magnitude.
+    for (size_t i = 0; i < 4; ++i)
+      expectFloat(i);
+    expectRank(1, 2);
+    expectRank(2, 2);
+    int64_t outRows = in(1).shape[0], inCols = in(1).shape[1], rank = in(2).shape[0];
+    expectInputShape(0, {outRows});
+    expectInputShape(2, {rank, inCols});
+    expectInputShape(3, {outRows, rank});
+    expectFloatOutput(0, {outRows});
+    for (size_t i = 0; i < 4; ++i)
+      if (in(i).dtype != in(1).dtype)
+        fail(inName(i) + " dtype " + dtypeName(in(i).dtype) + " differs from " + inName(1) +
+             "'s " + dtypeName(in(1).dtype));
+    if (out().dtype != in(1).dtype)
+      fail(outName() + " dtype " + dtypeName(out().dtype) + " differs from " + inName(1) + "'s " +
+           dtypeName(in(1).dtype));
+    break;
+  }
+  case KernelKind::Dequantize:
+    if (in(0).dtype != DType::NF4)
+      fail(inName(0) + " dtype: expected nf4, got " + dtypeName(in(0).dtype));
+    expectFloatOutput(0, in(0).shape);
+    break;
+  case KernelKind::GaloreRefresh: {
+    const KernelAttrsInfo &a = kernel.attrs;
+    expectFloat(0);
+    expectRank(0, 2);
+    const std::vector<int64_t> &g = in(0).shape;
+    checkGaloreSide(g, a.left);
+    int64_t small = std::min(g[0], g[1]), large = std::max(g[0], g[1]);
+    if (a.rank <= 0 || a.rank >= small)
+      fail("rank " + std::to_string(a.rank) + " must be positive and below min(m, n) = " +
+           std::to_string(small));
+    expectScalarInput(1, DType::I64);
+    expectF32Output(0, {galore::workspaceElements(small, large, a.rank)});
+    expectF32Output(1, {small, a.rank});
+    if (out(2).dtype != DType::F32 || out(2).shape.size() != 1)
+      fail(outName(2) + ": expected a 1-D f32 status vector, got " + formatShape(out(2).shape) +
+           " " + dtypeName(out(2).dtype));
+    if (a.slot < 0 || a.slot >= out(2).shape[0])
+      fail("slot " + std::to_string(a.slot) + " is outside " + outName(2) + " of " +
+           std::to_string(out(2).shape[0]) + " weights");
+    break;
+  }
+  case KernelKind::GaloreProject: {
+    expectFloat(0);
+    expectRank(0, 2);
+    const std::vector<int64_t> &g = in(0).shape;
+    bool left = kernel.attrs.left;
+    checkGaloreSide(g, left);
+    expectGaloreProjector(1, left ? g[0] : g[1]);
+    int64_t r = in(1).shape[1];
+    expectF32Output(0, left ? std::vector<int64_t>{r, g[1]} : std::vector<int64_t>{g[0], r});
+    break;
+  }
+  case KernelKind::GaloreAdamWUpdate: {
+    expectScalarInput(0, DType::I64);
+    expectScalarInput(1, DType::F32); // lr
+    expectScalarInput(2, DType::F32); // norm
+    if (out(1).shape.size() != 2)
+      fail(outName(1) + " rank: expected 2, got " + formatShape(out(1).shape));
+    const std::vector<int64_t> w = out(1).shape;
+    bool left = kernel.attrs.left;
+    checkGaloreSide(w, left);
+    expectFloatOutput(1, w);
+    expectGaloreProjector(3, left ? w[0] : w[1]);
+    int64_t r = in(3).shape[1];
+    std::vector<int64_t> reduced = left ? std::vector<int64_t>{r, w[1]}
+                                        : std::vector<int64_t>{w[0], r};
+    expectF32Output(0, reduced);
+    expectF32Output(2, reduced);
+    expectF32Output(3, reduced);
+    if (kernel.outputs.size() > 4)
+      expectF32Output(4, w);
+    break;
+  }
   default:
     break;
   }
@@ -1093,6 +1273,7 @@ void KernelChecker::checkShapesV1() {
 
 void KernelChecker::check() {
   checkArity();
+  checkNf4Operands();
   checkAttrs();
   checkShapes();
   checkOverlap();
@@ -1130,12 +1311,20 @@ fb::KernelAttrs requiredAttrs(fb::KernelKind kind) {
     return fb::KernelAttrs::SliceAttrs;
   case fb::KernelKind::Fill:
     return fb::KernelAttrs::FillAttrs;
+  case fb::KernelKind::DoraScale:
+    return fb::KernelAttrs::DoraScaleAttrs;
   case fb::KernelKind::LearningRate:
     return fb::KernelAttrs::LearningRateAttrs;
   case fb::KernelKind::AdamWUpdate:
     return fb::KernelAttrs::AdamWAttrs;
   case fb::KernelKind::SGDUpdate:
     return fb::KernelAttrs::SGDAttrs;
+  case fb::KernelKind::GaloreRefresh:
+    return fb::KernelAttrs::GaloreRefreshAttrs;
+  case fb::KernelKind::GaloreProject:
+    return fb::KernelAttrs::GaloreProjectAttrs;
+  case fb::KernelKind::GaloreAdamWUpdate:
+    return fb::KernelAttrs::GaloreAdamWAttrs;
   default:
     return fb::KernelAttrs::NONE;
   }
@@ -1164,6 +1353,7 @@ private:
   void readInputsAndLoss();
   void checkTraining();
   void checkVocabulary();
+  void readAdapters();
 
   const fb::Plan &root;
   LoadedPlan plan;
@@ -1236,10 +1426,30 @@ void PlanReader::readTensors() {
       numel *= uint64_t(d);
     }
     info.numel = int64_t(numel);
+    info.quantBlock = t->quant_block();
+    info.quantDoubleBlock = t->quant_double_block();
     uint64_t expectedBytes = numel * dtypeSize(info.dtype);
+    if (info.dtype == DType::NF4) {
+      // Even blocks start on whole bytes of codes; the limits are the compiler's.
+      if (info.quantBlock < 16 || info.quantBlock > 4096 ||
+          (info.quantBlock & (info.quantBlock - 1)) != 0)
+        fail(what + " is nf4 with block size " + std::to_string(info.quantBlock) +
+             ": expected a power of two in [16, 4096]");
+      if (info.quantDoubleBlock == 0 || info.quantDoubleBlock > (1u << 20))
+        fail(what + " is nf4 with double-quantization block " +
+             std::to_string(info.quantDoubleBlock) + ": expected 1 to 1048576 blocks");
+      if (info.role == TensorRole::Parameter && info.trainable)
+        fail(what + " is a trainable nf4 parameter: NF4 weights are frozen");
+      expectedBytes = nf4StorageBytes(numel, info.quantBlock, info.quantDoubleBlock);
+    } else if (info.quantBlock || info.quantDoubleBlock) {
+      fail(what + " is " + dtypeName(info.dtype) +
+           " but has NF4 block sizes (quant_block " + std::to_string(info.quantBlock) +
+           ", quant_double_block " + std::to_string(info.quantDoubleBlock) + ")");
+    }
     if (info.bytes != expectedBytes)
       fail(what + " bytes: expected " + std::to_string(expectedBytes) + " (" +
-           formatShape(info.shape) + " " + dtypeName(info.dtype) + "), got " +
+           formatShape(info.shape) + " " + dtypeName(info.dtype) +
+           (info.dtype == DType::NF4 ? " layout" : "") + "), got " +
            std::to_string(info.bytes));
     if (info.arena >= plan.arenas.size())
       fail(what + " is in arena " + std::to_string(info.arena) + ", but the plan has " +
@@ -1250,7 +1460,11 @@ void PlanReader::readTensors() {
            " + " + std::to_string(info.bytes) + ") are outside arena " +
            std::to_string(info.arena) + " '" + arena.name + "' of " + std::to_string(arena.size) +
            " bytes");
-    // Kernels access elements through typed pointers: each must be naturally aligned.
+    // Kernels access elements through typed pointers: each must be naturally aligned (the f32
+    // scales of an NF4 layout sit at multiples of 4 from its start).
+    if (info.dtype == DType::NF4 && info.offset % 4 != 0)
+      fail(what + " offset " + std::to_string(info.offset) +
+           " is not a multiple of 4, which the f32 scales of its nf4 layout need");
     if (info.offset % dtypeSize(info.dtype) != 0)
       fail(what + " offset " + std::to_string(info.offset) + " is not a multiple of its " +
            dtypeName(info.dtype) + " element size");
@@ -1301,15 +1515,45 @@ void PlanReader::checkTensorRoles() {
 
     if (t.init == TensorInit::None)
       continue;
-    const char *init = t.init == TensorInit::Zeros ? "Zeros" : "CopyOf";
-    if (t.role == TensorRole::Parameter || t.role == TensorRole::Input ||
-        t.role == TensorRole::LossScale)
+    const char *init = t.init == TensorInit::Zeros            ? "Zeros"
+                       : t.init == TensorInit::CopyOf         ? "CopyOf"
+                       : t.init == TensorInit::KaimingUniform ? "KaimingUniform"
+                                                              : "RowNorm";
+    // Adapter parameters (docs/lora.md) carry the initializer applied when the weights do
+    // not hold them: Zeros, KaimingUniform or RowNorm; these two are for parameters only.
+    bool adapterInit = t.init == TensorInit::KaimingUniform || t.init == TensorInit::RowNorm;
+    if (t.role == TensorRole::Parameter && t.init != TensorInit::CopyOf) {
+      if (!isFloatStorage(t.dtype))
+        fail(what + " has init " + init + " but dtype " + dtypeName(t.dtype) +
+             " (initializers write f32, f16 or bf16)");
+      if (t.init == TensorInit::KaimingUniform && t.shape.size() != 2)
+        fail(what + " has init KaimingUniform but shape " + formatShape(t.shape) +
+             " (fan_in is the second dimension of a 2-D tensor)");
+    } else if (adapterInit || t.role == TensorRole::Parameter || t.role == TensorRole::Input ||
+               t.role == TensorRole::LossScale) {
       fail(what + " has role " + tensorRoleName(t.role) + " and init " + init +
-           ", but the runtime binds or writes it (only computed state has an initializer)");
+           (adapterInit ? ", which only a parameter can have"
+                        : ", but the runtime binds or writes it (only computed state and "
+                          "adapter parameters have an initializer)"));
+    }
     const ArenaInfo &arena = plan.arenas[t.arena];
     if (arena.lifetime != Lifetime::Persistent)
       fail(what + " has init " + init + " but is in step arena " + std::to_string(t.arena) + " '" +
            arena.name + "' (initialized state must live in a persistent arena)");
+    if (t.init == TensorInit::RowNorm) {
+      if (t.initSource >= plan.tensors.size())
+        fail(what + " is the row norms of tensor " + std::to_string(t.initSource) +
+             ", but the plan has " + std::to_string(plan.tensors.size()) + " tensors");
+      const TensorInfo &source = plan.tensors[t.initSource];
+      std::string sourceName = plan.describeTensor(t.initSource);
+      if (source.role != TensorRole::Parameter || source.init != TensorInit::None)
+        fail(what + " is the row norms of " + sourceName +
+             ", which is not a bound parameter (role " + tensorRoleName(source.role) + ")");
+      if (source.shape.size() != 2 || t.shape != std::vector<int64_t>{source.shape[0]})
+        fail(what + " shape " + formatShape(t.shape) + " is not the row count of " + sourceName +
+             " " + formatShape(source.shape) + " (RowNorm gives one norm per row)");
+      continue;
+    }
     if (t.init != TensorInit::CopyOf)
       continue;
     if (t.initSource >= plan.tensors.size())
@@ -1397,6 +1641,9 @@ void PlanReader::readKernels() {
     case fb::KernelAttrs::FillAttrs:
       a.value = k->attrs_as_FillAttrs()->value();
       break;
+    case fb::KernelAttrs::DoraScaleAttrs:
+      a.scale = k->attrs_as_DoraScaleAttrs()->scale();
+      break;
     case fb::KernelAttrs::LearningRateAttrs: {
       const fb::LearningRateAttrs *lr = k->attrs_as_LearningRateAttrs();
       a.lr = lr->lr();
@@ -1413,6 +1660,33 @@ void PlanReader::readKernels() {
       a.eps = adam->eps();
       a.weightDecay = adam->weight_decay();
       a.gradClip = adam->grad_clip();
+      break;
+    }
+    case fb::KernelAttrs::GaloreRefreshAttrs: {
+      const fb::GaloreRefreshAttrs *g = k->attrs_as_GaloreRefreshAttrs();
+      a.rank = g->rank();
+      a.updateProjGap = g->update_proj_gap();
+      a.offset = g->offset();
+      a.slot = g->slot();
+      a.left = g->left();
+      a.randomized = g->randomized();
+      a.powerIterations = g->power_iterations();
+      a.seed = g->seed();
+      break;
+    }
+    case fb::KernelAttrs::GaloreProjectAttrs:
+      a.left = k->attrs_as_GaloreProjectAttrs()->left();
+      a.bf16Operands = k->attrs_as_GaloreProjectAttrs()->bf16_operands();
+      break;
+    case fb::KernelAttrs::GaloreAdamWAttrs: {
+      const fb::GaloreAdamWAttrs *g = k->attrs_as_GaloreAdamWAttrs();
+      a.beta1 = g->beta1();
+      a.beta2 = g->beta2();
+      a.eps = g->eps();
+      a.weightDecay = g->weight_decay();
+      a.gradClip = g->grad_clip();
+      a.scale = g->scale();
+      a.left = g->left();
       break;
     }
     case fb::KernelAttrs::SGDAttrs: {
@@ -1549,6 +1823,70 @@ void PlanReader::checkVocabulary() {
   }
 }
 
+/// Adapter metadata (docs/lora.md): every index names a parameter of the right shape, and no
+/// tensor belongs to two adapters. Exporters (PEFT adapters, merged weights) rely on it.
+void PlanReader::readAdapters() {
+  if (const auto *targets = root.adapter_targets())
+    for (const flatbuffers::String *target : *targets)
+      plan.adapterTargets.push_back(str(target));
+  const auto *adapters = root.adapters();
+  if (!adapters)
+    return;
+  std::map<uint32_t, size_t> owner; // tensor -> adapter that uses it
+  for (flatbuffers::uoffset_t i = 0; i < adapters->size(); ++i) {
+    const fb::Adapter *a = adapters->Get(i);
+    AdapterInfo info;
+    info.module = str(a->module_()); // flatc renames `module` (a C++20 keyword)
+    std::string what = "adapter " + std::to_string(i) + " '" + info.module + "'";
+    if (info.module.empty())
+      fail(what + " has no module name");
+    info.rank = a->rank();
+    info.alpha = a->alpha();
+    if (info.rank == 0)
+      fail(what + " has rank 0");
+    if (!(info.alpha > 0) || !std::isfinite(info.alpha))
+      fail(what + " alpha must be positive and finite, got " + num(info.alpha));
+    auto param = [&](const char *field, int64_t index) -> uint32_t {
+      if (index < 0 || uint64_t(index) >= plan.tensors.size())
+        fail(what + " " + field + " is tensor " + std::to_string(index) + ", but the plan has " +
+             std::to_string(plan.tensors.size()) + " tensors");
+      uint32_t t = uint32_t(index);
+      if (plan.tensors[t].role != TensorRole::Parameter)
+        fail(what + " " + field + " is " + plan.describeTensor(t) + " of role " +
+             tensorRoleName(plan.tensors[t].role) + ", not a parameter");
+      auto [it, inserted] = owner.emplace(t, i);
+      if (!inserted)
+        fail(what + " " + field + " is " + plan.describeTensor(t) + ", already used by adapter " +
+             std::to_string(it->second));
+      return t;
+    };
+    info.base = param("base", a->base());
+    info.loraA = param("lora_a", a->lora_a());
+    info.loraB = param("lora_b", a->lora_b());
+    if (a->magnitude() != -1)
+      info.magnitude = param("magnitude", a->magnitude());
+    const TensorInfo &base = plan.tensors[info.base];
+    if (base.shape.size() != 2)
+      fail(what + " base " + plan.describeTensor(info.base) + " has shape " +
+           formatShape(base.shape) + ", expected [out, in]");
+    int64_t out = base.shape[0], in = base.shape[1], r = int64_t(info.rank);
+    auto expectShape = [&](const char *field, uint32_t t, std::vector<int64_t> shape) {
+      if (plan.tensors[t].shape != shape)
+        fail(what + " " + field + " " + plan.describeTensor(t) + " has shape " +
+             formatShape(plan.tensors[t].shape) + ", expected " + formatShape(shape) +
+             " (base " + formatShape(base.shape) + ", rank " + std::to_string(r) + ")");
+      if (!isFloatStorage(plan.tensors[t].dtype))
+        fail(what + " " + field + " " + plan.describeTensor(t) + " has dtype " +
+             dtypeName(plan.tensors[t].dtype) + ", expected f32, f16 or bf16");
+    };
+    expectShape("lora_a", info.loraA, {r, in});
+    expectShape("lora_b", info.loraB, {out, r});
+    if (info.magnitude)
+      expectShape("magnitude", *info.magnitude, {out});
+    plan.adapters.push_back(std::move(info));
+  }
+}
+
 LoadedPlan PlanReader::read() {
   plan.version = root.version();
   if (plan.version != kPlanVersion)
@@ -1577,6 +1915,7 @@ LoadedPlan PlanReader::read() {
   readInputsAndLoss();
   checkTraining();
   checkVocabulary();
+  readAdapters();
   return std::move(plan);
 }
 

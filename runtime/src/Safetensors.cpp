@@ -9,6 +9,8 @@
 
 #include "bonsai/runtime/Safetensors.h"
 
+#include "bonsai/runtime/Nf4.h"
+
 #include "bonsai/runtime/Json.h"
 
 #include <algorithm>
@@ -84,7 +86,14 @@ std::string shapeOf(const std::vector<int64_t> &shape) { return formatShape(shap
 
 } // namespace
 
+bool isNf4Storage(const SafetensorsEntry &entry, uint64_t bytes) {
+  return entry.dtype == "U8" && entry.shape == std::vector<int64_t>{int64_t(bytes)};
+}
+
 const char *safetensorsDTypeName(DType dtype) {
+  // NF4 tensors are written as their storage bytes (shape [bytes]).
+  if (dtype == DType::NF4)
+    return "U8";
   for (const DTypeSpelling &d : kDTypes)
     if (d.runtime == dtype)
       return d.name;
@@ -296,6 +305,32 @@ Checkpoint Checkpoint::open(const std::string &path) {
 
 void Checkpoint::read(const SafetensorsEntry &entry, const TensorView &dst) const {
   std::string what = "tensor '" + entry.name + "' of '" + entry.file + "'";
+  if (dst.dtype == DType::NF4) {
+    if (isNf4Storage(entry, dst.bytes())) {
+      // A checkpoint of the quantized weight: its bytes, as they were.
+      std::ifstream in(entry.file, std::ios::binary);
+      in.seekg(std::streamoff(entry.offset));
+      if (!in || !in.read(static_cast<char *>(dst.data), std::streamsize(entry.bytes)))
+        throw Error(what + ": cannot read " + std::to_string(entry.bytes) + " bytes at offset " +
+                    std::to_string(entry.offset) + " (was the file truncated?)");
+      return;
+    }
+    // Full-precision weights are quantized as they are bound (docs/quantization.md).
+    if (dst.shape != entry.shape)
+      throw Error(what + ": shape " + formatShape(entry.shape) +
+                  " does not match the destination " + formatShape(dst.shape));
+    if (!entry.runtimeDType || !isFloatStorage(*entry.runtimeDType))
+      throw Error(what + ": an nf4 weight is quantized from F32, F16 or BF16, not " +
+                  entry.dtype);
+    std::vector<float> values(size_t(entry.numel));
+    TensorView staging = dst;
+    staging.data = values.data();
+    staging.dtype = DType::F32;
+    read(entry, staging);
+    quantizeNf4(values.data(), uint64_t(values.size()), dst.quantBlock, dst.quantDoubleBlock,
+                static_cast<uint8_t *>(dst.data));
+    return;
+  }
   if (dst.shape != entry.shape)
     throw Error(what + ": shape " + formatShape(entry.shape) + " does not match the destination " +
                 formatShape(dst.shape));
@@ -410,8 +445,8 @@ void writeSafetensors(const std::string &path, const std::vector<SafetensorsTens
   }
 }
 
-void bindCheckpoint(const LoadedPlan &plan, const Checkpoint &checkpoint,
-                    const std::vector<TensorView> &views) {
+std::vector<bool> bindCheckpoint(const LoadedPlan &plan, const Checkpoint &checkpoint,
+                                 const std::vector<TensorView> &views) {
   if (views.size() != plan.tensors.size())
     throw Error("internal error: binding needs one view per plan tensor");
   std::vector<std::string> missing, misShaped;
@@ -424,12 +459,23 @@ void bindCheckpoint(const LoadedPlan &plan, const Checkpoint &checkpoint,
     planNames.insert(t.name);
     const SafetensorsEntry *e = checkpoint.find(t.name);
     if (!e) {
-      missing.push_back(t.name);
+      // An adapter the file does not hold starts from its initializer (docs/lora.md).
+      if (t.init == TensorInit::None)
+        missing.push_back(t.name);
       continue;
     }
     bool convertible = e->runtimeDType &&
                        (*e->runtimeDType == t.dtype ||
                         (isFloatStorage(*e->runtimeDType) && isFloatStorage(t.dtype)));
+    // An NF4 parameter binds full-precision weights (quantized as they are read) or the
+    // storage bytes a checkpoint saved.
+    if (t.dtype == DType::NF4) {
+      if (isNf4Storage(*e, t.bytes)) {
+        bindings.emplace_back(i, e);
+        continue;
+      }
+      convertible = e->runtimeDType && isFloatStorage(*e->runtimeDType);
+    }
     if (e->shape != t.shape || !convertible) {
       misShaped.push_back(t.name + " (plan " + formatShape(t.shape) + " " + dtypeName(t.dtype) +
                           ", checkpoint " + formatShape(e->shape) + " " + e->dtype + ")");
@@ -457,8 +503,12 @@ void bindCheckpoint(const LoadedPlan &plan, const Checkpoint &checkpoint,
                           list("mis-shaped", misShaped);
     throw Error(message);
   }
-  for (const auto &[index, entry] : bindings)
+  std::vector<bool> bound(plan.tensors.size(), false);
+  for (const auto &[index, entry] : bindings) {
     checkpoint.read(*entry, views[index]);
+    bound[index] = true;
+  }
+  return bound;
 }
 
 } // namespace bonsai::rt

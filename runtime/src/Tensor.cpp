@@ -8,6 +8,8 @@
 
 #include "bonsai/runtime/Tensor.h"
 
+#include "bonsai/runtime/Nf4.h"
+
 #include <cstring>
 #include <string>
 
@@ -29,6 +31,7 @@ size_t dtypeSize(DType dtype) {
     return 2;
   case DType::F8E4M3FN:
   case DType::F8E5M2:
+  case DType::NF4:
     return 1;
   case DType::I64:
     return 8;
@@ -53,8 +56,16 @@ const char *dtypeName(DType dtype) {
     return "i32";
   case DType::I64:
     return "i64";
+  case DType::NF4:
+    return "nf4";
   }
   return "unknown";
+}
+
+size_t TensorView::bytes() const {
+  if (dtype == DType::NF4)
+    return size_t(nf4StorageBytes(uint64_t(numel()), quantBlock, quantDoubleBlock));
+  return size_t(numel()) * dtypeSize(dtype);
 }
 
 bool isComputeFloat(DType dtype) {

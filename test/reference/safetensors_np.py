@@ -29,11 +29,13 @@ _NUMPY = {
     "BF16": np.dtype("<u2"),  # bit patterns
     "I64": np.dtype("<i8"),
     "I32": np.dtype("<i4"),
+    "U8": np.dtype("u1"),  # raw bytes (the runtime checkpoints NF4 tensors as their storage)
 }
 # NumPy dtype -> safetensors dtype, for write() without an explicit dtype (uint16 is ambiguous,
 # so BF16 must be named).
 _INFER = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32",
-          np.dtype(np.float16): "F16", np.dtype(np.int64): "I64", np.dtype(np.int32): "I32"}
+          np.dtype(np.float16): "F16", np.dtype(np.int64): "I64", np.dtype(np.int32): "I32",
+          np.dtype(np.uint8): "U8"}
 
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 MAX_HEADER = 100 * 1024 * 1024  # the limit of the reference implementation

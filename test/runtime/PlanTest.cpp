@@ -510,8 +510,10 @@ TEST(PlanTrainingTest, OptimizerStateNamesAreUnique) {
 TEST(PlanTrainingTest, InitializerRules) {
   test::TrainingTensors t;
   PlanSpec spec = test::trainingPlanSpec({}, &t);
-  spec.tensors[t.table].init = TensorInit::Zeros;
-  expectError(spec, {"tensor 0 'model.embed_tokens.weight' has role parameter and init Zeros",
+  // A parameter's initializer is an adapter's (Zeros, KaimingUniform, RowNorm; docs/lora.md),
+  // never a copy.
+  spec.tensors[t.table].init = TensorInit::CopyOf;
+  expectError(spec, {"tensor 0 'model.embed_tokens.weight' has role parameter and init CopyOf",
                      "the runtime binds or writes it"});
   spec = test::trainingPlanSpec({}, &t);
   spec.tensors[t.stepGradHead].init = TensorInit::Zeros;

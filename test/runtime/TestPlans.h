@@ -52,6 +52,8 @@ struct TensorSpec {
   bool trainable = false;
   TensorInit init = TensorInit::None;
   uint32_t initSource = 0;
+  uint32_t quantBlock = 0;       ///< NF4: elements per block
+  uint32_t quantDoubleBlock = 0; ///< NF4: blocks per double-quantization group
 };
 
 /// A kernel of a test plan; `attrs` builds the union member, of type `attrsType`.
@@ -63,6 +65,15 @@ struct KernelSpec {
   std::function<flatbuffers::Offset<void>(flatbuffers::FlatBufferBuilder &)> attrs;
   std::string name;
   Phase phase = Phase::Forward;
+};
+
+/// An adapter of a test plan (plan.fbs's Adapter: tensor indices, magnitude -1 for LoRA).
+struct AdapterSpec {
+  int64_t base = 0, loraA = 0, loraB = 0;
+  int32_t magnitude = -1;
+  uint32_t rank = 0;
+  double alpha = 0;
+  std::string module;
 };
 
 /// A whole test plan.
@@ -78,6 +89,8 @@ struct PlanSpec {
   uint64_t tokensPerStep = 0;
   uint32_t microBatches = 1;
   uint64_t vocabSize = 0;
+  std::vector<AdapterSpec> adapters;
+  std::vector<std::string> adapterTargets;
   /// The phase of the kernels `kernel` appends.
   Phase phase = Phase::Forward;
 
@@ -213,7 +226,8 @@ inline std::vector<uint8_t> buildPlan(const PlanSpec &spec, const char *identifi
     tensors.push_back(fb::CreateTensorDirect(b, t.name.c_str(), static_cast<fb::DType>(t.dtype),
                                              &t.shape, static_cast<fb::TensorRole>(t.role),
                                              t.trainable, t.arena, t.offset, bytes,
-                                             static_cast<fb::TensorInit>(t.init), t.initSource));
+                                             static_cast<fb::TensorInit>(t.init), t.initSource,
+                                             t.quantBlock, t.quantDoubleBlock));
   }
   std::vector<flatbuffers::Offset<fb::Kernel>> kernels;
   for (const KernelSpec &k : spec.kernels) {
@@ -227,9 +241,19 @@ inline std::vector<uint8_t> buildPlan(const PlanSpec &spec, const char *identifi
   for (const ArenaSpec &a : spec.arenas)
     (a.lifetime == Lifetime::Persistent ? weights : activations) += a.size;
   auto memory = fb::CreateMemorySummary(b, weights, 0, 0, activations, 0, inputs, weights + activations, 0);
+  std::vector<flatbuffers::Offset<fb::Adapter>> adapters;
+  for (const AdapterSpec &a : spec.adapters)
+    adapters.push_back(fb::CreateAdapterDirect(b, uint32_t(a.base), uint32_t(a.loraA),
+                                               uint32_t(a.loraB), a.magnitude, a.rank, a.alpha,
+                                               a.module.c_str()));
+  std::vector<flatbuffers::Offset<flatbuffers::String>> targets;
+  for (const std::string &t : spec.adapterTargets)
+    targets.push_back(b.CreateString(t));
   auto plan = fb::CreatePlanDirect(b, spec.version, spec.model.c_str(), target, &arenas, &tensors,
                                    &kernels, &spec.inputs, spec.loss, memory, spec.tokensPerStep,
-                                   spec.microBatches, spec.vocabSize);
+                                   spec.microBatches, spec.vocabSize,
+                                   adapters.empty() ? nullptr : &adapters,
+                                   targets.empty() ? nullptr : &targets);
   b.Finish(plan, identifier);
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }

@@ -84,7 +84,8 @@ static void appendModule(ModuleOp into, ModuleOp from) {
 static LogicalResult checkSupportedDirectives(ModuleOp module) {
   for (auto recipe : module.getOps<RecipeOp>())
     for (Operation &op : recipe.getBody().front()) {
-      if (isa<TargetDirectiveOp, OptimizerDirectiveOp, RematDirectiveOp>(op))
+      if (isa<TargetDirectiveOp, OptimizerDirectiveOp, RematDirectiveOp, LoraDirectiveOp,
+              GaloreDirectiveOp, QuantizeDirectiveOp>(op))
         continue;
       return op.emitError() << "'" << op.getName()
                             << "' is not carried out by this version of bonsai-compile (the "
@@ -179,14 +180,19 @@ int main(int argc, char **argv) {
     options.deviceMemory = *bytes;
   }
 
-  // The cost report comes from the model, before it is lowered.
+  // The cost report comes from the model as the recipe rewrote it (adapters, NF4 weights),
+  // before it is lowered.
+  PassManager modelPm(&context);
+  buildModelPipeline(modelPm, options);
+  if (failed(modelPm.run(*module)))
+    return 1;
   std::vector<ModelCost> costs;
   for (auto function : module->getOps<FunctionOpInterface>())
     if (!function.isExternal() && !function.getFunctionBody().getOps<ParamOp>().empty())
       costs.push_back(computeModelCost(function));
 
   PassManager pm(&context);
-  buildCompilePipeline(pm, options);
+  buildStepPipeline(pm, options);
   if (failed(pm.run(*module)))
     return 1;
 

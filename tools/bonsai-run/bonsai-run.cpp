@@ -17,6 +17,9 @@
 //   step <n> loss <%.9g>[ grad_norm <%.6g>][ lr <%.6g>]        once per step (not a terminal)
 //   checkpoint: step <n> saved to <dir>                        with --save-every
 //   gradients: <n> tensors of micro-batch <p> written to <file> with --dump-gradients
+//   adapter: <n> adapters (<n> tensors, LoRA|DoRA r<r> alpha <a>) written to <dir>
+//                                                              with --export-adapter
+//   merged: <n> tensors (<m> adapted weights merged) written to <file> with --export-merged
 //   prompt: <escaped>                                          with --generate
 //   generated: <escaped>
 //   memory: arena <i> '<name>' (<lifetime>, <space>): planned <X> MiB (<x> B), measured <Y> MiB
@@ -30,6 +33,7 @@
 #include "bonsai/runtime/Checkpoint.h"
 #include "bonsai/runtime/Data.h"
 #include "bonsai/runtime/Executor.h"
+#include "bonsai/runtime/Export.h"
 #include "bonsai/runtime/Metrics.h"
 #include "bonsai/runtime/Plan.h"
 #include "bonsai/runtime/Safetensors.h"
@@ -60,6 +64,8 @@ const char *const kSynopsis =
     "usage: bonsai-run PLAN [--weights FILE | --resume [CKPT]] [--data TOKENS.bin] [--seed N]\n"
     "                       [--steps N] [--micro-batches K] [--lr X] [--metrics FILE.jsonl]\n"
     "                       [--save-every N --ckpt-dir DIR] [--dump-gradients FILE.safetensors]\n"
+    "                       [--export-adapter DIR [--base-model NAME]]\n"
+    "                       [--export-merged FILE.safetensors]\n"
     "                       [--generate TEXT [--max-new-bytes N]] [--backend=cuda|cpu] [--device N]\n";
 
 const char *const kHelp =
@@ -75,7 +81,8 @@ const char *const kHelp =
     "                        --ckpt-dir whose 'latest' names one (default: --ckpt-dir)\n"
     "  --data FILE           a Bonsai token file (docs/data-format.md) (default: random tokens)\n"
     "  --seed N              seed of random init and random tokens (default 0)\n"
-    "  --steps N             steps to run (default 1; 0 with --generate or --dump-gradients)\n"
+    "  --steps N             steps to run (default 1; 0 with --generate, --dump-gradients or\n"
+    "                        an export)\n"
     "  --micro-batches K     forward+backward runs per update (default: the plan's)\n"
     "  --lr X                peak learning rate of every LearningRate kernel\n"
     "  --metrics FILE        one JSON object per step (appended to when resuming)\n"
@@ -83,6 +90,11 @@ const char *const kHelp =
     "  --ckpt-dir DIR        where checkpoints go (DIR/step-NNNNNNNN, DIR/latest)\n"
     "  --dump-gradients FILE after the steps, run forward+backward on the next micro-batch\n"
     "                        without updating and write every gradient tensor to FILE\n"
+    "  --export-adapter DIR  after the steps, write the LoRA/DoRA adapters as a PEFT adapter\n"
+    "                        directory (adapter_config.json, adapter_model.safetensors)\n"
+    "  --base-model NAME     base_model_name_or_path of the adapter's config (default empty)\n"
+    "  --export-merged FILE  after the steps, write every model weight with the adapters\n"
+    "                        merged into their base weights (docs/import-export.md)\n"
     "  --generate TEXT       after the steps, greedily generate bytes after TEXT\n"
     "  --max-new-bytes N     bytes to generate (default 64)\n"
     "  --backend NAME        cuda or cpu (default: cuda when a GPU is present)\n"
@@ -110,6 +122,9 @@ struct Options {
   bool resume = false;
   std::string resumePath;
   std::string dumpGradients;
+  std::string exportAdapter;
+  std::optional<std::string> baseModel;
+  std::string exportMerged;
   std::optional<std::string> generate;
   std::optional<uint64_t> maxNewBytes;
   std::string backend;       ///< empty: cuda when a GPU is present, else cpu
@@ -188,6 +203,12 @@ Options parseOptions(int argc, char **argv) {
         o.ckptDir = takeValue();
       else if (flag == "--dump-gradients")
         o.dumpGradients = takeValue();
+      else if (flag == "--export-adapter")
+        o.exportAdapter = takeValue();
+      else if (flag == "--base-model")
+        o.baseModel = takeValue();
+      else if (flag == "--export-merged")
+        o.exportMerged = takeValue();
       else if (flag == "--generate")
         o.generate = takeValue();
       else if (flag == "--max-new-bytes")
@@ -233,6 +254,8 @@ Options parseOptions(int argc, char **argv) {
     throw UsageError{"--resume without a path needs --ckpt-dir"};
   if (o.resume && !o.weights.empty())
     throw UsageError{"--resume and --weights both give the parameters: use one"};
+  if (o.baseModel && o.exportAdapter.empty())
+    throw UsageError{"--base-model needs --export-adapter"};
   if (o.maxNewBytes && !o.generate)
     throw UsageError{"--max-new-bytes needs --generate"};
   if (o.generate && o.generate->empty())
@@ -374,6 +397,13 @@ int run(const Options &o) {
   executorOptions.backend = backend == "cuda" ? rt::Backend::Cuda : rt::Backend::Cpu;
 
   rt::LoadedPlan plan = rt::loadPlanFile(o.plan);
+  // An export that cannot happen is reported before the steps, not after them.
+  if (!o.exportAdapter.empty()) {
+    rt::checkPeftExportable(plan);
+    rt::checkExportDestination(o.exportAdapter, "--export-adapter", /*directory=*/true);
+  }
+  if (!o.exportMerged.empty())
+    rt::checkExportDestination(o.exportMerged, "--export-merged", /*directory=*/false);
   uint32_t microBatches = uint32_t(o.microBatches.value_or(plan.microBatches));
   const std::vector<int64_t> &inputShape = plan.tensors[plan.inputs[0]].shape;
   uint64_t tokensPerMicroBatch = uint64_t(inputShape[0] * inputShape[1]);
@@ -414,14 +444,16 @@ int run(const Options &o) {
                 position.step, position.dataPosition);
     std::fflush(stdout);
   } else if (!o.weights.empty()) {
-    executor.bindWeights(rt::Checkpoint::open(o.weights));
+    executor.bindWeights(rt::Checkpoint::open(o.weights), position.seed);
   } else {
     executor.initWeights(position.seed);
   }
 
   std::vector<int64_t> shape = executor.inputShape();
   rt::TokenLoader loader(o.data, shape[0], shape[1], plan.vocabularySize(), position.seed);
-  uint64_t steps = o.steps.value_or(o.generate || !o.dumpGradients.empty() ? 0 : 1);
+  bool exports = !o.exportAdapter.empty() || !o.exportMerged.empty();
+  uint64_t steps =
+      o.steps.value_or(o.generate || !o.dumpGradients.empty() || exports ? 0 : 1);
   uint64_t tokensPerStep = uint64_t(microBatches) * uint64_t(shape[0] * shape[1]);
   std::unique_ptr<rt::MetricsFile> metrics;
   if (!o.metrics.empty())
@@ -443,6 +475,11 @@ int run(const Options &o) {
       auto now = std::chrono::steady_clock::now();
       position.step += 1;
       position.dataPosition += microBatches;
+      for (const auto &[name, why] : result.galoreSkipped)
+        std::fprintf(stderr,
+                     "warning: step %" PRIu64 ": GaLore projector of '%s' not refreshed: %s\n",
+                     position.step, name.c_str(),
+                     why == 1 ? "non-finite gradient" : "rank-deficient gradient sketch");
 
       rt::StepReport report;
       report.step = position.step;
@@ -472,6 +509,22 @@ int run(const Options &o) {
   progress.finish();
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
+  // Exports read the trained parameters; nothing after this point changes them.
+  if (!o.exportAdapter.empty()) {
+    rt::ExportSummary written =
+        rt::exportPeftAdapter(o.exportAdapter, executor, o.baseModel.value_or(""));
+    const rt::AdapterInfo &a = plan.adapters.front();
+    std::printf("adapter: %zu adapters (%zu tensors, %s r%u alpha %g) written to %s\n",
+                plan.adapters.size(), written.tensors, a.magnitude ? "DoRA" : "LoRA", a.rank,
+                a.alpha, o.exportAdapter.c_str());
+    std::fflush(stdout);
+  }
+  if (!o.exportMerged.empty()) {
+    rt::ExportSummary written = rt::exportMergedWeights(o.exportMerged, executor);
+    std::printf("merged: %zu tensors (%zu adapted weights merged) written to %s\n",
+                written.tensors, written.merged, o.exportMerged.c_str());
+    std::fflush(stdout);
+  }
   if (!o.dumpGradients.empty()) {
     if (!plan.hasBackward())
       throw rt::Error("--dump-gradients: plan '" + plan.path + "' has no backward phase");

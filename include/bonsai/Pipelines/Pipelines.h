@@ -41,6 +41,15 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
 /// activations as `remat` says (to fit `deviceMemory` under policy auto).
 void buildCompilePipeline(OpPassManager &pm, const PipelineOptions &options);
 
+/// The first part of buildCompilePipeline: verification and the recipe's rewrites of the model
+/// itself (adapters, NF4 quantization), after which the model is what the step trains and what
+/// a cost report describes.
+void buildModelPipeline(OpPassManager &pm, const PipelineOptions &options);
+
+/// The rest of buildCompilePipeline: backward pass, optimizer, recomputation, lowering,
+/// scheduling, memory planning and the plan's verification.
+void buildStepPipeline(OpPassManager &pm, const PipelineOptions &options);
+
 /// Registers `--bonsai-compile-pipeline` with the pass registry.
 void registerPipelines();
 

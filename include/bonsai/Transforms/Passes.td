@@ -42,6 +42,102 @@ def BonsaiVerifyModelPass : Pass<"bonsai-verify-model", "::mlir::ModuleOp"> {
   }];
 }
 
+def BonsaiInsertLoraPass : Pass<"bonsai-insert-lora", "::mlir::ModuleOp"> {
+  let summary = "Add LoRA or DoRA adapters to the targeted linears and freeze the base model";
+  let description = [{
+    Carries out the recipe's `bonsai.lora` directive (or, when `targets` is given, the pass
+    options). For every linear whose weight `M.weight` a target pattern matches (PEFT's
+    `target_modules` rule: a plain name matches a module path suffix, `*`/`?` glob the full
+    weight name), it adds the trainable parameters `M.lora_A.weight` [r, in] (Kaiming-uniform
+    initializer) and `M.lora_B.weight` [out, r] (zero initializer), and rewrites
+
+      y = x·Wᵀ  into  y = x·Wᵀ + s·(x·Aᵀ)·Bᵀ,   s = alpha / r
+
+    (the scale is applied to the rank-r intermediate, where it is cheapest). With `dora`, it
+    also adds `M.lora_magnitude_vector` [out] (initialized to the row norms of W) and scales
+    the result's rows by `bonsai.dora_scale`: m / ||W + s·B·A||, the norm detached. Every
+    other parameter becomes frozen (PEFT trains only the adapters). Because B starts at zero,
+    the adapted model computes exactly what the base model did at step 0.
+
+    Initializers are recorded on the new parameters as `bonsai.init` ("kaiming_uniform",
+    "zeros", "row_norm") and `bonsai.init_source` (the base weight's name); the adapters are
+    recorded on the function as `bonsai.adapters` (one dictionary per adapted linear: module,
+    base, lora_a, lora_b, magnitude, rank, alpha) and `bonsai.adapter_targets` (the patterns).
+    bonsai-lower-to-plan carries both into the plan (docs/lora.md).
+
+    Errors name the cause: a pattern that matches no linear, a rank not below min(in, out), a
+    weight shared by several uses (tied embeddings), DoRA on a linear with a bias or on a
+    weight that is not a parameter in [out, in] layout, an adapter name already declared.
+
+    Before (`bonsai.lora rank 8 alpha 16.0 targets ["q_proj"]`):
+    ```mlir
+    %w = bonsai.param "model.layers.0.self_attn.q_proj.weight" trainable : tensor<64x64xf32>
+    %q = bonsai.linear %h, %w : (tensor<4x64x64xf32>, tensor<64x64xf32>) -> tensor<4x64x64xf32>
+    ```
+    After:
+    ```mlir
+    %s = bonsai.fill {value = 2.0 : f64} : () -> tensor<f32>
+    %w = bonsai.param "model.layers.0.self_attn.q_proj.weight" frozen : tensor<64x64xf32>
+    %a = bonsai.param "model.layers.0.self_attn.q_proj.lora_A.weight" trainable {bonsai.init = "kaiming_uniform"} : tensor<8x64xf32>
+    %b = bonsai.param "model.layers.0.self_attn.q_proj.lora_B.weight" trainable {bonsai.init = "zeros"} : tensor<64x8xf32>
+    %q = bonsai.linear %h, %w : ...
+    %xa = bonsai.linear %h, %a : ... -> tensor<4x64x8xf32>
+    %xs = bonsai.mul %xa, %s : (tensor<4x64x8xf32>, tensor<f32>) -> tensor<4x64x8xf32>
+    %l = bonsai.linear %xs, %b : ... -> tensor<4x64x64xf32>
+    %q2 = bonsai.add %q, %l : ...
+    ```
+  }];
+  let options = [
+    Option<"rank", "rank", "int64_t", /*default=*/"0",
+           "Adapter rank (with `targets`; otherwise the recipe's bonsai.lora applies)">,
+    Option<"alpha", "alpha", "double", /*default=*/"0.0",
+           "LoRA alpha; the scale is alpha / rank (default: the rank, a scale of 1)">,
+    Option<"dora", "dora", "bool", /*default=*/"false", "Weight-decomposed adapters (DoRA)">,
+    ListOption<"targets", "targets", "std::string",
+               "Target patterns; when given, the options replace the recipe's bonsai.lora">,
+  ];
+  let statistics = [
+    Statistic<"numAdapters", "adapters", "Linears that got an adapter">,
+    Statistic<"numFrozen", "frozen", "Parameters frozen (trainable before the pass)">,
+    Statistic<"adapterParams", "adapter-params", "Elements of the adapter parameters">,
+  ];
+}
+
+def BonsaiQuantizePass : Pass<"bonsai-quantize", "::mlir::ModuleOp"> {
+  let summary = "Store the recipe's frozen linear weights as NF4, dequantized where they are used";
+  let description = [{
+    Carries out the recipe's `bonsai.quantize` directive (QLoRA): every parameter that is the
+    weight of a linear a target pattern matches (PEFT's `target_modules` rule, as for
+    bonsai.lora) becomes a tensor of `!bonsai.nf4<block, double_quant>` (4-bit NormalFloat
+    codes, an 8-bit absmax per block, an fp32 scale per `double_quant` blocks: about 4.127
+    bits per element), and a `bonsai.dequantize` back to the weight's compute type is inserted
+    before its first use. The runtime quantizes the weights when it binds them (from the
+    checkpoint's bf16/f32 values, or after random initialization), deterministically
+    (docs/quantization.md).
+
+    Quantized weights are frozen: a targeted weight that is trainable is an error naming it
+    (the LoRA pass, which runs first, freezes the base weights it adapts). `bonsai.dequantize`
+    implements `RecomputeOpInterface`, so bonsai-remat dequantizes again in the backward pass
+    instead of keeping the bf16 weight alive from forward to backward.
+
+    Before (`bonsai.quantize "nf4" block 64 double_quant 256 targets ["q_proj"]`):
+    ```mlir
+    %w = bonsai.param "model.layers.0.self_attn.q_proj.weight" frozen : tensor<64x64xbf16>
+    %q = bonsai.linear %h, %w : (tensor<4x64x64xbf16>, tensor<64x64xbf16>) -> tensor<4x64x64xbf16>
+    ```
+    After:
+    ```mlir
+    %w = bonsai.param "model.layers.0.self_attn.q_proj.weight" frozen : tensor<64x64x!bonsai.nf4<64, 256>>
+    %d = bonsai.dequantize %w : (tensor<64x64x!bonsai.nf4<64, 256>>) -> tensor<64x64xbf16>
+    %q = bonsai.linear %h, %d : (tensor<4x64x64xbf16>, tensor<64x64xbf16>) -> tensor<4x64x64xbf16>
+    ```
+  }];
+  let statistics = [
+    Statistic<"numQuantized", "quantized", "Parameters stored as NF4">,
+    Statistic<"bytesSaved", "bytes-saved", "Weight bytes saved by quantization">,
+  ];
+}
+
 //===----------------------------------------------------------------------===//
 // Training passes
 //===----------------------------------------------------------------------===//
@@ -96,6 +192,55 @@ def BonsaiOptimizerPass : Pass<"bonsai-optimizer", "::mlir::ModuleOp"> {
   let statistics = [
     Statistic<"numUpdates", "updates", "Parameters updated">,
     Statistic<"stateBytes", "state-bytes", "Bytes of optimizer state created">,
+  ];
+}
+
+def BonsaiGaLorePass : Pass<"bonsai-galore", "::mlir::ModuleOp"> {
+  let summary = "Keep the AdamW moments of the recipe's 2-D weights in a rank-r subspace";
+  let description = [{
+    Carries out the recipe's `bonsai.galore` directive after bonsai-optimizer: the
+    `bonsai.adamw_update` of every weight the directive's targets match (a 2-D trainable
+    parameter of a linear) is replaced by a GaLore update whose moments have the projected
+    gradient's shape (r x n when m <= n, else m x r) plus a projector state (m x r, or n x r):
+    2 r n + m r floats instead of 2 m n (on the left side). Other parameters (embeddings,
+    norms, untargeted linears) keep plain AdamW. Every GaLore weight gets a slot in one f32
+    status vector `galore.status`, where its refresh records a skipped refresh.
+
+    Refreshes are staggered: weight i of the n GaLore weights refreshes when
+    (step + offset_i) mod T = 0 with offset_i = floor(i T / n), so each step refreshes about
+    n / T projectors instead of all of them every T steps; at step 0 every projector is
+    computed. The refresh kernel runs every step and returns at once when it is not due.
+
+    Before:
+    ```mlir
+    %m = bonsai.state optimizer "w.exp_avg" : tensor<16x64xf32>
+    %v = bonsai.state optimizer "w.exp_avg_sq" : tensor<16x64xf32>
+    bonsai.adamw_update %g, %step, %lr, %norm, %w, %m, %v {...}
+    ```
+    After (rank 4):
+    ```mlir
+    %p = bonsai.state optimizer "w.galore_projector" : tensor<16x4xf32>
+    %m = bonsai.state optimizer "w.exp_avg" : tensor<4x64xf32>
+    %v = bonsai.state optimizer "w.exp_avg_sq" : tensor<4x64xf32>
+    %ws = bonsai.galore_refresh %g, %step, %p, %status {...}
+    %r = bonsai.galore_project %g, %p {left = true}
+    bonsai.galore_adamw_update %r, %step, %lr, %norm, %p, %w, %m, %v {...}
+    ```
+  }];
+  let options = [
+    Option<"target", "target", "std::string", /*default=*/"\"cpu\"",
+           "Architecture the plan is for: the exact ('svd') projector has a CPU kernel only">,
+    Option<"seed", "seed", "int64_t", /*default=*/"0",
+           "Seed of the randomized range finder's Gaussian sketches">,
+    Option<"powerIterations", "power-iterations", "int64_t", /*default=*/"1",
+           "Power iterations of the randomized range finder">,
+    Option<"perWeightRemarks", "per-weight-remarks", "bool", /*default=*/"true",
+           "A remark per GaLore weight with its state shapes (else only the summary)">,
+  ];
+  let statistics = [
+    Statistic<"numGalore", "galore-weights", "Weights whose moments GaLore projects">,
+    Statistic<"numAdamW", "adamw-weights", "Parameters that keep plain AdamW">,
+    Statistic<"stateBytesSaved", "state-bytes-saved", "Optimizer state bytes saved">,
   ];
 }
 

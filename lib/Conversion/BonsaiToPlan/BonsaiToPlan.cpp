@@ -44,14 +44,10 @@ std::string getInputName(BlockArgument arg) {
 struct LowerToPlanPass : impl::BonsaiLowerToPlanPassBase<LowerToPlanPass> {
   using Base::Base;
 
-  /// The buffer type of a tensor; fails for element types with no runtime layout yet.
+  /// The buffer type of a tensor: a memref of the same shape and element type (NF4 buffers
+  /// are sized by their packed layout, PackedElementTypeInterface).
   FailureOr<MemRefType> getBufferType(Operation *op, Type type) {
     auto tensor = cast<RankedTensorType>(type);
-    if (isa<NF4Type>(tensor.getElementType())) {
-      op->emitError() << "NF4 tensors have no runtime layout yet: run the quantize pass's "
-                         "lowering first (" << tensor << ")";
-      return failure();
-    }
     return MemRefType::get(tensor.getShape(), tensor.getElementType());
   }
 
@@ -72,6 +68,10 @@ struct LowerToPlanPass : impl::BonsaiLowerToPlanPassBase<LowerToPlanPass> {
     });
     auto step = plan::StepOp::create(builder, loc, function.getSymName(), target, deviceMemory,
                                      tokens, microBatches, vocab);
+    // The adapters bonsai-insert-lora recorded become the plan's adapter metadata.
+    for (StringRef name : {"bonsai.adapters", "bonsai.adapter_targets"})
+      if (Attribute attr = function->getAttr(name))
+        step->setAttr(name, attr);
     builder.createBlock(&step.getBody());
 
     // Arenas: parameters, gradient accumulators and optimizer state persist across steps;
@@ -120,6 +120,11 @@ struct LowerToPlanPass : impl::BonsaiLowerToPlanPassBase<LowerToPlanPass> {
                            arena(kWeightsArena, plan::Lifetime::Persistent),
                            plan::BufferRole::Parameter, param.getName(), param.getTrainable())))
           return failure();
+        // An adapter's initializer (bonsai-insert-lora) travels with its buffer to the plan.
+        Operation *buffer = mapping.lookup(param.getResult()).getDefiningOp();
+        for (StringRef name : {"bonsai.init", "bonsai.init_source"})
+          if (Attribute attr = param->getAttr(name))
+            buffer->setAttr(name, attr);
         continue;
       }
       if (auto state = dyn_cast<StateOp>(op)) {

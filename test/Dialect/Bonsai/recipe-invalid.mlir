@@ -664,7 +664,7 @@ func.func @forward(%x: tensor<2x8x16xf32>) -> tensor<2x8x32xf32> {
   return %y : tensor<2x8x32xf32>
 }
 bonsai.recipe @r {
-  // expected-error @+1 {{rank 32 exceeds min(in, out) = 16 of weight 'model.layers.0.self_attn.q_proj.weight'}}
+  // expected-error @+1 {{rank 32 is not below min(in, out) = 16 of weight 'model.layers.0.self_attn.q_proj.weight'}}
   bonsai.lora rank 32 alpha 64.0 targets ["q_proj"]
 }
 

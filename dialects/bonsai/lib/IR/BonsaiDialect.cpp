@@ -58,9 +58,10 @@ LogicalResult NF4Type::verify(function_ref<InFlightDiagnostic()> emitError,
 uint64_t NF4Type::getStorageBytes(uint64_t numElements) const {
   uint64_t blocks = llvm::divideCeil(numElements, getBlockSize());
   uint64_t scaleBlocks = llvm::divideCeil(blocks, getDoubleQuantBlockSize());
-  // Packed 4-bit codes, one 8-bit absmax per block, one fp32 scale per double-quantization
-  // block, one fp32 offset (the mean of the absmax values, subtracted before quantizing them).
-  return llvm::divideCeil(numElements, 2) + blocks + 4 * scaleBlocks + 4;
+  // Packed 4-bit codes, one 8-bit absmax per block, zero padding so that the fp32 parts are
+  // aligned, one fp32 scale per double-quantization block, one fp32 offset (the mean of the
+  // absmax values, subtracted before quantizing them). Must equal runtime nf4Layout().bytes.
+  return llvm::alignTo(llvm::divideCeil(numElements, 2) + blocks, 4) + 4 * scaleBlocks + 4;
 }
 
 //===----------------------------------------------------------------------===//

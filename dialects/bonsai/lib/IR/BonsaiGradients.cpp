@@ -273,3 +273,15 @@ LogicalResult CastOp::buildGradients(OpBuilder &b, ValueRange resultGrads,
     grads[0] = CastOp::create(b, getLoc(), getInput().getType(), dy);
   return success();
 }
+
+LogicalResult DoraScaleOp::buildGradients(OpBuilder &b, ValueRange resultGrads,
+                                          function_ref<bool(Value)> needsGradient,
+                                          SmallVectorImpl<Value> &grads) {
+  resetGradients(*this, grads);
+  // The norm is detached (DoRA, section 4.3): the op is linear in the magnitude, and the
+  // weight, lora_a and lora_b get no gradient through it.
+  if (Value dy = resultGrads[0]; dy && needsGradient(getMagnitude()))
+    grads[0] = DoraScaleOp::create(b, getLoc(), getMagnitude().getType(), dy, getWeight(),
+                                   getLoraA(), getLoraB(), getScaleAttr());
+  return success();
+}

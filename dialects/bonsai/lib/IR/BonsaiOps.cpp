@@ -14,6 +14,8 @@
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallBitVector.h"
 
+#include <cmath>
+
 using namespace mlir;
 using namespace mlir::bonsai;
 
@@ -268,6 +270,50 @@ LogicalResult AddOp::verify() { return verifyBroadcastBinary(*this); }
 LogicalResult MulOp::verify() { return verifyBroadcastBinary(*this); }
 OpCost AddOp::getForwardCost() { return elementwiseCost(*this, 1); }
 OpCost MulOp::getForwardCost() { return elementwiseCost(*this, 1); }
+
+//===----------------------------------------------------------------------===//
+// DoraScaleOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult DoraScaleOp::verify() {
+  RankedTensorType weight = tensorType(getWeight()), a = tensorType(getLoraA()),
+                   b = tensorType(getLoraB()), m = tensorType(getMagnitude());
+  if (failed(expectRank(*this, "weight", weight, 2)))
+    return failure();
+  int64_t out = weight.getDimSize(0), in = weight.getDimSize(1);
+  if (failed(expectRank(*this, "lora_a", a, 2)))
+    return failure();
+  int64_t rank = a.getDimSize(0);
+  Type element = weight.getElementType();
+  if (failed(expectShape(*this, "lora_a", a.getShape(), {rank, in})) ||
+      failed(expectShape(*this, "lora_b", b.getShape(), {out, rank})) ||
+      failed(expectShape(*this, "magnitude", m.getShape(), {out})) ||
+      failed(expectElementType(*this, "lora_a", a.getElementType(), element)) ||
+      failed(expectElementType(*this, "lora_b", b.getElementType(), element)) ||
+      failed(expectElementType(*this, "magnitude", m.getElementType(), element)))
+    return failure();
+  double scale = getScale().convertToDouble();
+  if (!std::isfinite(scale))
+    return emitOpError() << "scale must be finite, got " << scale;
+  return expectSameTypeAsOperand(*this, "magnitude", getMagnitude());
+}
+
+OpCost DoraScaleOp::getForwardCost() {
+  // Per output row: r multiply-adds per weight element (the row of B·A), then the square
+  // and sum; one division per row. Vector work: the kernel is a reduction, not a GEMM.
+  RankedTensorType weight = tensorType(getWeight());
+  int64_t rank = tensorType(getLoraA()).getDimSize(0);
+  OpCost cost = streamingBytes(*this);
+  cost.vectorFlops = getNumElements(weight) * (2 * rank + 3) + weight.getDimSize(0);
+  return cost;
+}
+
+OpCost DoraScaleOp::getBackwardCost(function_ref<bool(Value)> needsGradient) {
+  // Only the magnitude has a gradient, the same op on the incoming gradient.
+  if (!needsGradient(getMagnitude()))
+    return {};
+  return getForwardCost();
+}
 
 //===----------------------------------------------------------------------===//
 // RMSNormOp, LayerNormOp

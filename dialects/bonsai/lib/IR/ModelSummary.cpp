@@ -92,3 +92,66 @@ ModelSummary::matchLinears(ArrayRef<StringRef> patterns) const {
       matched.push_back(&linear);
   return matched;
 }
+
+LogicalResult mlir::bonsai::verifyLoraTargets(function_ref<InFlightDiagnostic()> emitError,
+                                              ArrayRef<StringRef> targets, int64_t rank,
+                                              bool dora, const ModelSummary &model) {
+  if (rank <= 0)
+    return emitError() << "rank must be positive, got " << rank;
+  for (StringRef pattern : targets) {
+    if (!model.matchLinears(pattern).empty())
+      continue;
+    InFlightDiagnostic diag = emitError() << "target '" << pattern
+                                          << "' matches no linear of the model";
+    if (!model.getLinears().empty())
+      diag << " (linear weights are named like '" << model.getLinears().front().weight->name
+           << "')";
+    return diag;
+  }
+  for (const LinearSummary *linear : model.matchLinears(targets)) {
+    StringRef name = linear->weight->name;
+    int64_t smaller = std::min(linear->inFeatures, linear->outFeatures);
+    if (rank >= smaller)
+      return emitError() << "rank " << rank << " is not below min(in, out) = " << smaller
+                         << " of weight '" << name
+                         << "': the adapter would be as large as the weight";
+    // The weight reaches the linear through single-use views only, and the parameter has no
+    // other user: an adapter on a tied weight (an LM head tied to the embeddings) would change
+    // the head but not the embedding lookup, silently untying them.
+    auto lin = cast<LinearOp>(linear->op);
+    Value value = lin.getWeight();
+    Operation *consumer = lin;
+    bool directOrConverted = true;
+    while (true) {
+      for (OpOperand &use : value.getUses()) {
+        if (use.getOwner() == consumer && use.getOperandNumber() == (consumer == lin ? 1u : 0u))
+          continue;
+        InFlightDiagnostic diag = emitError()
+                                  << "weight '" << name
+                                  << "' has another use (a tied or shared weight); an adapter "
+                                     "on one use would untie them: leave it out of the targets";
+        diag.attachNote(use.getOwner()->getLoc()) << "the other use";
+        return diag;
+      }
+      Operation *def = value.getDefiningOp();
+      if (!def || isa<ParamOp>(def))
+        break;
+      if (!isa<CastOp, DequantizeOp>(def))
+        directOrConverted = false;
+      consumer = def;
+      value = def->getOperand(0);
+    }
+    if (!dora)
+      continue;
+    if (lin.getBias())
+      return emitError() << "DoRA on weight '" << name
+                         << "', whose linear has a bias, is not supported: the magnitude "
+                            "would scale the bias too";
+    if (!directOrConverted || linear->weight->type.getShape() !=
+                                  cast<RankedTensorType>(lin.getWeight().getType()).getShape())
+      return emitError() << "DoRA needs weight '" << name
+                         << "' in [out, in] layout (the magnitude is initialized to its row "
+                            "norms), but the linear reads it through a transpose or reshape";
+  }
+  return success();
+}

@@ -18,6 +18,7 @@ using namespace mlir::bonsai::plan;
 
 #include "bonsai/Dialect/Plan/IR/PlanDialect.cpp.inc"
 #include "bonsai/Dialect/Plan/IR/PlanEnums.cpp.inc"
+#include "bonsai/Dialect/Plan/IR/PlanTypeInterfaces.cpp.inc"
 
 void PlanDialect::initialize() {
   addOperations<
@@ -30,6 +31,8 @@ int64_t mlir::bonsai::plan::getMemRefBytes(MemRefType type) {
   int64_t n = 1;
   for (int64_t d : type.getShape())
     n *= d;
+  if (auto packed = dyn_cast<PackedElementTypeInterface>(type.getElementType()))
+    return int64_t(packed.getStorageBytes(uint64_t(n)));
   return n * llvm::divideCeil(type.getElementTypeBitWidth(), 8);
 }
 
@@ -72,6 +75,10 @@ LogicalResult ArenaOp::verify() {
 int64_t BufferOp::getSizeInBytes() { return getMemRefBytes(getResult().getType()); }
 
 LogicalResult BufferOp::verify() {
+  Type element = getResult().getType().getElementType();
+  // Sizes come from the bit width or, for packed formats, from the type itself.
+  if (!element.isIntOrFloat() && !isa<PackedElementTypeInterface>(element))
+    return emitOpError() << "element type " << element << " has no storage size";
   if (IntegerAttr offset = getOffsetAttr(); offset && offset.getInt() < 0)
     return emitOpError() << "offset must be non-negative, got " << offset.getInt();
   bool isInput = getRole() == BufferRole::Input;

@@ -65,6 +65,8 @@ void slice(const TensorView &x, int axis, int64_t start, const TensorView &y);
 void cast(const TensorView &x, const TensorView &y);
 /// Byte copy between tensors of equal size.
 void copy(const TensorView &x, const TensorView &y);
+/// y = the NF4 tensor q dequantized (Nf4.h) into f32, f16 or bf16 of the same shape.
+void dequantize(const TensorView &q, const TensorView &y);
 
 //===----------------------------------------------------------------------===//
 // Backward kernels (plan version 2). `dy` is the gradient of an op's result; every kernel
@@ -163,6 +165,13 @@ void stepIncrement(const TensorView &step);
 void accumulate(const TensorView &g, const TensorView &acc);
 /// x = 0.
 void zero(const TensorView &x);
+
+/// DoRA's row scale (docs/lora.md): y[o] = m[o] / n[o], n[o] = ||w[o, :] + scale (b a)[o, :]||_2
+/// for m [out], w [out, in], a [r, in], b [out, r]. Each row's square sum is accumulated in
+/// fp64 in order (the row of b·a formed element by element, never stored) and n is rounded to
+/// y's dtype before the division, so that n equals the RowNorm initializer at b = 0.
+void doraScale(const TensorView &m, const TensorView &w, const TensorView &a, const TensorView &b,
+               double scale, const TensorView &y);
 
 } // namespace bonsai::rt::cpu
 

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 struct CUstream_st;
@@ -36,6 +37,7 @@ enum DeviceErrorCode : int32_t {
   kNoDeviceError = 0,
   kIdOutOfRange = 1,    ///< embedding: ids[index] = value is not below the vocabulary size
   kLabelOutOfRange = 2, ///< cross-entropy: labels[index] = value is neither ignored nor valid
+  kZeroNorm = 3,        ///< dora_scale: row `index` of w + s·b·a has norm 0
 };
 
 /// A device-side error record: the executor zeroes it, kernels fill it, the executor reads it
@@ -107,6 +109,15 @@ void slice(const Context &ctx, const TensorView &x, int axis, int64_t start,
            const TensorView &y);
 void cast(const Context &ctx, const TensorView &x, const TensorView &y);
 void copy(const Context &ctx, const TensorView &x, const TensorView &y);
+/// NF4 -> f32/f16/bf16, vectorised (Nf4.cu); f32 results are bit-identical to the CPU's.
+void dequantize(const Context &ctx, const TensorView &q, const TensorView &y);
+/// y[..., out] = x[..., in] · Wᵀ with W an NF4 [out, in] weight dequantized tile by tile in
+/// shared memory, never in device memory (Nf4Gemm.cu): bf16 x and y, fp32 accumulation. Not
+/// yet emitted by plans; bench/nf4_gemm_bench.cu measures it.
+void nf4Linear(const Context &ctx, const TensorView &x, const TensorView &q, const TensorView &y);
+/// Why nf4Linear cannot take these operands ("" when it can): bf16 x and y, an NF4 weight
+/// with block 64, out % 128 == 0, in % 64 == 0, 16-byte aligned x and weight.
+std::string nf4LinearProblem(const TensorView &x, const TensorView &q, const TensorView &y);
 
 // Backward kernels.
 void fill(const Context &ctx, double value, const TensorView &y);
@@ -156,6 +167,10 @@ void sgdUpdate(const Context &ctx, const TensorView &grad, const TensorView &lr,
 void stepIncrement(const Context &ctx, const TensorView &step);
 void accumulate(const Context &ctx, const TensorView &g, const TensorView &acc);
 void zero(const Context &ctx, const TensorView &x);
+
+// LoRA / DoRA (docs/lora.md).
+void doraScale(const Context &ctx, const TensorView &m, const TensorView &w, const TensorView &a,
+               const TensorView &b, double scale, const TensorView &y);
 
 } // namespace bonsai::rt::cuda
 

@@ -42,6 +42,9 @@ struct StepResult {
   std::vector<float> microBatchLosses; ///< In micro-batch order.
   std::optional<float> gradNorm;       ///< The Metric tensor "grad_norm" after the update.
   std::optional<float> lr;             ///< The Metric tensor "lr" after the update.
+  /// GaLore weights whose due projector refresh was skipped at this step (the projector was
+  /// kept), with the reason: galore::Status (1: non-finite gradient, 2: rank-deficient sketch).
+  std::vector<std::pair<std::string, int>> galoreSkipped;
 };
 
 /// Where the kernels run.
@@ -97,13 +100,13 @@ public:
   /// Device bytes the GPU backend holds as measured by the driver (0 on the CPU).
   uint64_t measuredDeviceBytes() const { return device_ ? device_->measuredDeviceBytes() : 0; }
 
-  /// Binds every parameter from `checkpoint` (see bindCheckpoint), then applies the
-  /// initializers (applyInits).
-  void bindWeights(const Checkpoint &checkpoint);
+  /// Binds every parameter from `checkpoint` (see bindCheckpoint), initializes the adapters
+  /// it lacks from `seed` (initUnboundParameters), then applies the initializers (applyInits).
+  void bindWeights(const Checkpoint &checkpoint, uint64_t seed = 0);
   /// Initializes every parameter from `seed` (see initParameters), then applies the
   /// initializers (applyInits).
   void initWeights(uint64_t seed);
-  /// Applies every tensor's TensorInit: Zeros first, then each CopyOf converts its source's
+  /// Applies the TensorInit of every tensor but the parameters: Zeros first, then each CopyOf converts its source's
   /// current values (the bound parameters) into the copy's dtype. Called by bindWeights and
   /// initWeights; call it again after writing parameters some other way (a checkpoint's
   /// optimizer state is loaded after it, over its result).
@@ -151,6 +154,10 @@ public:
   /// Runs every kernel in plan order (Forward, Backward, Update) on the inputs already set,
   /// with LossScale 1, and returns the loss: one step of one micro-batch.
   float runStep();
+
+  /// The GaLore weights (named like their parameters) whose due projector refresh was skipped
+  /// in the last update, with the galore::Status that says why; empty without GaLore.
+  std::vector<std::pair<std::string, int>> galoreSkipped() const;
 
   /// Planned and measured bytes of each arena, in plan order.
   std::vector<ArenaUsage> memoryUsage() const;

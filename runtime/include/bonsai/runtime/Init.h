@@ -4,7 +4,9 @@
 // normal(0, 0.02) for matrices and higher-rank tensors (GPT-2's and Llama's initializer range),
 // 1 for normalization weights, 0 for biases and every other vector or scalar. Each tensor draws
 // from its own stream, derived from the seed and its name, so a tensor's values do not change
-// when other tensors are added to or removed from the plan.
+// when other tensors are added to or removed from the plan. Adapter parameters (docs/lora.md)
+// carry their own initializer in the plan (KaimingUniform, Zeros, RowNorm), applied without
+// weights and whenever the weights file does not hold them.
 //
 //===----------------------------------------------------------------------===//
 
@@ -32,11 +34,28 @@ enum class InitRule { Normal, Ones, Zeros };
 /// scalars.
 InitRule initRuleFor(const std::string &name, size_t rank);
 
-/// Fills `view` (F32, F16 or BF16) by `rule` from the stream of (`seed`, `name`).
+/// Fills `view` (F32, F16 or BF16) by `rule` from the stream of (`seed`, `name`); an NF4
+/// view gets the quantization (Nf4.h) of the values an F32 view would get.
 void initTensor(const std::string &name, InitRule rule, uint64_t seed, const TensorView &view);
 
-/// Initializes every Parameter tensor of `plan` through `views` (one per plan tensor).
+/// Initializes every Parameter tensor of `plan` through `views` (one per plan tensor): by
+/// initRuleFor, or by the tensor's own initializer (adapters, initUnboundParameters).
 void initParameters(const LoadedPlan &plan, const std::vector<TensorView> &views, uint64_t seed);
+
+/// Fills a 2-D `view` with U(-b, b), b = 1/sqrt(shape[1]) (torch's kaiming_uniform_ with
+/// a = sqrt(5), PEFT's lora_A init), from the stream of (`seed`, `name`).
+void initKaimingUniform(const std::string &name, uint64_t seed, const TensorView &view);
+
+/// Writes the L2 norm of each row of the 2-D `source` (dequantized when NF4, then rounded to
+/// `view`'s dtype) into `view` [rows] (DoRA's magnitude). Each row is summed in double, in
+/// order, as the CPU dora_scale kernel does.
+void initRowNorm(const TensorView &source, const TensorView &view);
+
+/// Applies the initializer (TensorInit Zeros, KaimingUniform, RowNorm) of every Parameter
+/// tensor that has one and is not `bound` (adapters absent from the weights file); row norms
+/// last, from their (bound or initialized) base weights. Indices are plan tensor indices.
+void initUnboundParameters(const LoadedPlan &plan, const std::vector<TensorView> &views,
+                           uint64_t seed, const std::vector<bool> &bound);
 
 } // namespace bonsai::rt
 

@@ -46,7 +46,10 @@ enum class TensorRole : uint8_t {
 enum class TensorInit : uint8_t {
   None = 0,  ///< Parameters are bound; everything else is computed by kernels.
   Zeros = 1, ///< Optimizer moments, gradient accumulators, the step counter.
-  CopyOf = 2 ///< A dtype-converting copy of TensorInfo::initSource (fp32 master weights).
+  CopyOf = 2, ///< A dtype-converting copy of TensorInfo::initSource (fp32 master weights).
+  /// Adapter parameters (docs/lora.md), applied when the weights do not hold the tensor:
+  KaimingUniform = 3, ///< U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = shape[1] (lora_A).
+  RowNorm = 4 ///< y[o] = ||W[o, :]||_2 of the 2-D parameter initSource (DoRA's magnitude).
 };
 /// When a kernel runs; values match bonsai.plan.Phase. A training step runs Forward and
 /// Backward once per micro-batch, then Update once; generation runs Forward alone.
@@ -92,7 +95,12 @@ enum class KernelKind : uint16_t {
   SGDUpdate = 36,
   StepIncrement = 37,
   Accumulate = 38,
-  Zero = 39
+  Zero = 39,
+  Dequantize = 40, ///< NF4 -> f32/f16/bf16 (docs/quantization.md).
+  DoraScale = 45, ///< m / ||W + s·B·A||_row, the norm detached (docs/lora.md).
+  GaloreRefresh = 55,     ///< GaLore (docs/galore.md): refresh a projector on its steps.
+  GaloreProject = 56,     ///< GaLore: project a gradient onto its subspace.
+  GaloreAdamWUpdate = 57, ///< GaLore: AdamW on the projection, projected back.
 };
 
 /// "Linear", "RMSNorm", ... as spelled in plan.fbs.
@@ -112,7 +120,8 @@ struct ArenaInfo {
 };
 
 /// One verified tensor: bytes [offset, offset + bytes) of arena `arena`, dense row-major.
-/// Several tensors may share storage (views); `bytes == numel * dtypeSize(dtype)`.
+/// Several tensors may share storage (views); `bytes == numel * dtypeSize(dtype)`, or the NF4
+/// layout's size (nf4StorageBytes) for an NF4 tensor.
 struct TensorInfo {
   std::string name; ///< Checkpoint key of a parameter; "ids"/"labels" or a debug name otherwise.
   DType dtype = DType::F32;
@@ -125,6 +134,10 @@ struct TensorInfo {
   int64_t numel = 1; ///< Product of the dimensions (1 for a scalar).
   TensorInit init = TensorInit::None;
   uint32_t initSource = 0; ///< The tensor copied, for TensorInit::CopyOf.
+  /// NF4 only: elements per block and blocks per double-quantization group (Nf4.h); `bytes`
+  /// is then the layout's size.
+  uint32_t quantBlock = 0;
+  uint32_t quantDoubleBlock = 0;
 };
 
 /// The attributes of a kernel, flattened: only the fields of the kind's attribute table are
@@ -155,6 +168,17 @@ struct KernelAttrsInfo {
   double weightDecay = 0;
   double gradClip = 0;
   double momentum = 0;
+  /// GaloreRefreshAttrs (GaloreProjectAttrs: left and bf16Operands; GaloreAdamWAttrs: beta1 ..
+  /// gradClip, left and `scale`, the factor the back-projected direction is multiplied by).
+  int64_t rank = 0;
+  int64_t updateProjGap = 0;
+  int64_t offset = 0;
+  int64_t slot = 0;
+  bool left = false;
+  bool randomized = false;
+  int64_t powerIterations = 0;
+  int64_t seed = 0;
+  bool bf16Operands = false;
 };
 
 /// One verified kernel: indices into LoadedPlan::tensors, checked against the kind's operand
@@ -181,6 +205,19 @@ struct MemorySummaryInfo {
   uint64_t peakHost = 0;
 };
 
+/// One verified LoRA/DoRA adapter (bonsai-insert-lora; docs/lora.md): indices into
+/// LoadedPlan::tensors, shapes checked (base [out, in], loraA [rank, in], loraB [out, rank],
+/// magnitude [out]).
+struct AdapterInfo {
+  uint32_t base = 0;
+  uint32_t loraA = 0;
+  uint32_t loraB = 0;
+  std::optional<uint32_t> magnitude; ///< DoRA only.
+  uint32_t rank = 0;
+  double alpha = 0;
+  std::string module; ///< "model.layers.0.self_attn.q_proj"
+};
+
 /// A plan that passed every verification layer, as plain C++ values.
 struct LoadedPlan {
   std::string path; ///< Where it was loaded from, for messages.
@@ -198,6 +235,8 @@ struct LoadedPlan {
   uint32_t microBatches = 1;  ///< Forward+Backward runs per Update the plan was compiled for.
   uint64_t vocabSize = 0;     ///< Token ids must be below it (checked as data is read).
   std::optional<uint32_t> lossScale; ///< The LossScale tensor, if the plan has one.
+  std::vector<AdapterInfo> adapters;       ///< LoRA/DoRA adapters (Plan.adapters).
+  std::vector<std::string> adapterTargets; ///< The recipe's patterns (PEFT target_modules).
 
   /// "tensor 3 'h.0.ln_1.weight'", for messages.
   std::string describeTensor(uint32_t index) const;

@@ -25,7 +25,8 @@
 
 namespace bonsai::rt {
 
-/// The safetensors spelling of a runtime dtype ("F32", "BF16", "F8_E4M3", "I64", ...).
+/// The safetensors spelling of a runtime dtype ("F32", "BF16", "F8_E4M3", "I64", ...); "U8"
+/// for NF4, whose tensors are written as their storage bytes.
 const char *safetensorsDTypeName(DType dtype);
 
 /// One tensor of a checkpoint, as its header describes it.
@@ -60,7 +61,9 @@ public:
 
   /// Reads `entry`'s data into `dst`, whose shape must equal the entry's. Same dtypes copy the
   /// bytes; F32, F16 and BF16 convert into one another (exact widening, round-to-nearest-even
-  /// narrowing). Throws rt::Error on any other dtype pair or a read failure.
+  /// narrowing). An NF4 `dst` takes either its storage bytes (isNf4Storage) or F32, F16 or
+  /// BF16 values of its shape, which are quantized (Nf4.h). Throws rt::Error on any other
+  /// dtype pair or a read failure.
   void read(const SafetensorsEntry &entry, const TensorView &dst) const;
 
 private:
@@ -68,6 +71,10 @@ private:
   std::vector<SafetensorsEntry> tensors_;
   std::map<std::string, std::string> metadata_;
 };
+
+/// Whether `entry` is the storage of an NF4 tensor of `bytes` bytes as checkpoints write it:
+/// U8 of shape [bytes].
+bool isNf4Storage(const SafetensorsEntry &entry, uint64_t bytes);
 
 /// Parses and validates the header of one safetensors file; entries in file order.
 std::vector<SafetensorsEntry> readSafetensorsHeader(const std::string &path,
@@ -90,9 +97,11 @@ void writeSafetensors(const std::string &path, const std::vector<SafetensorsTens
 /// Binds every Parameter tensor of `plan` from `checkpoint`, writing through `views` (one per
 /// plan tensor). Checks everything first and throws one rt::Error that lists all missing
 /// (in the plan, not the checkpoint), extra (in the checkpoint, not the plan) and mis-shaped
-/// (shape differs, or a dtype that does not convert) names; only then reads any data.
-void bindCheckpoint(const LoadedPlan &plan, const Checkpoint &checkpoint,
-                    const std::vector<TensorView> &views);
+/// (shape differs, or a dtype that does not convert) names; only then reads any data. A
+/// parameter with an initializer (an adapter, docs/lora.md) may be absent: it is left unbound.
+/// Returns, per plan tensor, whether it was bound.
+std::vector<bool> bindCheckpoint(const LoadedPlan &plan, const Checkpoint &checkpoint,
+                                 const std::vector<TensorView> &views);
 
 } // namespace bonsai::rt
 

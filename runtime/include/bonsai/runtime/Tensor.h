@@ -24,10 +24,21 @@ public:
   explicit Error(const std::string &message) : std::runtime_error(message) {}
 };
 
-/// Storage element types; the values match bonsai.plan.DType in plan.fbs.
-enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, F8E4M3FN = 3, F8E5M2 = 4, I32 = 5, I64 = 6 };
+/// Storage element types; the values match bonsai.plan.DType in plan.fbs. NF4 is QLoRA's
+/// 4-bit NormalFloat with double-quantized block scales (Nf4.h): its storage is a byte layout
+/// whose size nf4StorageBytes gives, not a number of bytes per element.
+enum class DType : uint8_t {
+  F32 = 0,
+  F16 = 1,
+  BF16 = 2,
+  F8E4M3FN = 3,
+  F8E5M2 = 4,
+  I32 = 5,
+  I64 = 6,
+  NF4 = 7
+};
 
-/// Bytes per element.
+/// Bytes per element; 1 for NF4, whose storage is counted (and checkpointed) in bytes.
 size_t dtypeSize(DType dtype);
 /// "f32", "bf16", ... as in safetensors headers (F32, BF16, ...) lower-cased.
 const char *dtypeName(DType dtype);
@@ -62,6 +73,9 @@ struct TensorView {
   void *data = nullptr;
   DType dtype = DType::F32;
   std::vector<int64_t> shape;
+  /// NF4 only: elements per block and blocks per double-quantization group.
+  uint32_t quantBlock = 0;
+  uint32_t quantDoubleBlock = 0;
 
   int64_t numel() const {
     int64_t n = 1;
@@ -72,7 +86,8 @@ struct TensorView {
   int64_t rank() const { return int64_t(shape.size()); }
   /// Dimension `i`; negative counts from the back (-1 is the last).
   int64_t dim(int64_t i) const { return shape[i < 0 ? shape.size() + i : i]; }
-  size_t bytes() const { return size_t(numel()) * dtypeSize(dtype); }
+  /// Bytes of storage: numel * dtypeSize, or the NF4 layout's size.
+  size_t bytes() const;
 };
 
 /// Converts a F32/F16/BF16 tensor to `numel()` floats at `dst`.

@@ -14,6 +14,8 @@
 #include "mlir/IR/Dialect.h"
 #include "mlir/IR/OpImplementation.h"
 
+#include "bonsai/Dialect/Plan/IR/PlanTypeInterfaces.h"
+
 #include "bonsai/Dialect/Bonsai/IR/BonsaiDialect.h.inc"
 #include "bonsai/Dialect/Bonsai/IR/BonsaiEnums.h.inc"
 

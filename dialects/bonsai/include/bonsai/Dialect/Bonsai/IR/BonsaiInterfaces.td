@@ -81,6 +81,24 @@ def Bonsai_NormalizationOpInterface : OpInterface<"NormalizationOpInterface"> {
   ];
 }
 
+def Bonsai_RecomputeOpInterface : OpInterface<"RecomputeOpInterface"> {
+  let cppNamespace = "::mlir::bonsai";
+  let description = [{
+    An op whose results the backward pass recomputes instead of keeping, whatever the remat
+    policy: they are cheap to compute from persistent state and large to keep. A dequantized
+    NF4 weight is the example: kept from forward to backward, the bf16 weights of every layer
+    would be alive at once (the whole model in bf16); dequantized again before the backward
+    GEMM, one layer's weight is alive at a time. bonsai-remat asks this interface.
+  }];
+  let methods = [
+    InterfaceMethod<"Whether bonsai-remat must recompute this op's results for the backward "
+                    "pass rather than keep them.",
+      "bool", "isAlwaysRecomputed", (ins), [{}], [{
+        return true;
+      }]>,
+  ];
+}
+
 def Bonsai_RecipeDirectiveOpInterface : OpInterface<"RecipeDirectiveOpInterface"> {
   let cppNamespace = "::mlir::bonsai";
   let description = [{

@@ -132,6 +132,29 @@ def Bonsai_MulOp : Bonsai_BroadcastBinaryOp<"mul"> {
   let summary = "elementwise product with trailing broadcast";
 }
 
+def Bonsai_DoraScaleOp : Bonsai_ModelOp<"dora_scale", [
+    DeclareOpInterfaceMethods<Bonsai_CostOpInterface, ["getBackwardCost"]>,
+    DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
+  let summary = "DoRA's per-row scale m / ||W + s·B·A||, the norm detached";
+  let description = [{
+    `result[o] = magnitude[o] / ||weight[o, :] + scale · (lora_b · lora_a)[o, :]||_2` for a
+    weight [out, in], lora_a [r, in], lora_b [out, r] and magnitude [out]: the factor DoRA
+    multiplies a linear's output rows by (`bonsai-insert-lora`, docs/lora.md). The norm is
+    treated as a constant in the backward pass, as the DoRA paper (section 4.3) and PEFT do
+    (`weight_norm.detach()`), so that no [out, in] gradient is ever formed: the op is linear
+    in `magnitude` and its only gradient is `d magnitude = dora_scale(d result, weight,
+    lora_a, lora_b)`, the same op applied to the incoming gradient. The kernel never
+    materializes B·A: each row's norm is accumulated from W's row and r dot products.
+
+    ```mlir
+    %s = bonsai.dora_scale %m, %w, %a, %b {scale = 2.000000e+00 : f64} : (tensor<64xf32>, tensor<64x32xf32>, tensor<8x32xf32>, tensor<64x8xf32>) -> tensor<64xf32>
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$magnitude, Bonsai_ComputeTensor:$weight,
+                   Bonsai_ComputeTensor:$lora_a, Bonsai_ComputeTensor:$lora_b, F64Attr:$scale);
+  let results = (outs Bonsai_ComputeTensor:$result);
+}
+
 def Bonsai_RMSNormOp : Bonsai_ModelOp<"rms_norm", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>,
     Bonsai_NormalizationOpInterface],
     ["getKernelParams"]> {
@@ -319,9 +342,14 @@ def Bonsai_CastOp : Bonsai_ModelOp<"cast", [DeclareOpInterfaceMethods<Bonsai_Gra
   let results = (outs Bonsai_FloatTensor:$result);
 }
 
-def Bonsai_DequantizeOp : Bonsai_ModelOp<"dequantize"> {
+def Bonsai_DequantizeOp : Bonsai_ModelOp<"dequantize", [Bonsai_RecomputeOpInterface]> {
   let summary = "NF4 (double-quantized) tensor to a compute type";
   let description = [{
+    Each element is its NormalFloat level times its block's absmax, itself dequantized from 8
+    bits with its group's fp32 scale and the tensor's offset (docs/quantization.md). Inserted
+    by bonsai-quantize before the uses of a quantized weight; the backward pass dequantizes
+    again rather than keeping the result (RecomputeOpInterface).
+
     ```mlir
     %w = bonsai.dequantize %q : (tensor<128x64x!bonsai.nf4<64, 256>>) -> tensor<128x64xbf16>
     ```
@@ -332,6 +360,7 @@ def Bonsai_DequantizeOp : Bonsai_ModelOp<"dequantize"> {
 
 include "bonsai/Dialect/Bonsai/IR/BonsaiTrainingOps.td"
 include "bonsai/Dialect/Bonsai/IR/BonsaiOptimizerOps.td"
+include "bonsai/Dialect/Bonsai/IR/BonsaiGaLoreOps.td"
 
 //===----------------------------------------------------------------------===//
 // Recipe ops

@@ -8,6 +8,8 @@
 #define BONSAI_DIALECT_BONSAI_IR_BONSAITYPES_TD
 
 include "bonsai/Dialect/Bonsai/IR/BonsaiDialect.td"
+include "bonsai/Dialect/Plan/IR/PlanTypeInterfaces.td"
+include "mlir/IR/BuiltinTypeInterfaces.td"
 include "mlir/IR/BuiltinTypes.td"
 include "mlir/IR/CommonTypeConstraints.td"
 
@@ -16,14 +18,17 @@ class Bonsai_Type<string name, string typeMnemonic, list<Trait> traits = []>
   let mnemonic = typeMnemonic;
 }
 
-def Bonsai_NF4Type : Bonsai_Type<"NF4", "nf4"> {
+def Bonsai_NF4Type : Bonsai_Type<"NF4", "nf4", [MemRefElementTypeInterface,
+    Plan_PackedElementTypeInterface]> {
   let summary = "4-bit NormalFloat element with double-quantized block scales";
   let description = [{
     The element type of a QLoRA-quantized tensor. Each element is one of the 16 NormalFloat
     levels; every `block_size` consecutive elements share an absmax scale. With double
     quantization the absmax scales are themselves stored as 8-bit values, with one fp32 scale per
     `double_quant_block` absmax values and one fp32 offset per tensor. With the defaults (64, 256)
-    a tensor costs 4 + 8/64 + 32/(64*256) = 4.127 bits per element.
+    a tensor costs 4 + 8/64 + 32/(64*256) = 4.127 bits per element. The byte layout (codes,
+    absmax codes, padding to 4 bytes, scales, offset) is the runtime's (runtime/include/bonsai/
+    runtime/Nf4.h, docs/quantization.md); buffers of NF4 memrefs take getStorageBytes bytes.
 
     ```mlir
     tensor<4096x4096x!bonsai.nf4<64, 256>>
@@ -34,7 +39,8 @@ def Bonsai_NF4Type : Bonsai_Type<"NF4", "nf4"> {
   let genVerifyDecl = 1;
   let extraClassDeclaration = [{
     /// Bytes needed to store `numElements` elements: packed 4-bit codes, 8-bit absmax per block,
-    /// an fp32 scale per double-quantization block and one fp32 offset.
+    /// zero padding to a multiple of 4 bytes, an fp32 scale per double-quantization block and
+    /// one fp32 offset (the runtime's NF4 layout).
     uint64_t getStorageBytes(uint64_t numElements) const;
   }];
 }

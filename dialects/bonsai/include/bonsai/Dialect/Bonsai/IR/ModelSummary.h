@@ -10,6 +10,7 @@
 #define BONSAI_DIALECT_BONSAI_IR_MODELSUMMARY_H
 
 #include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/Operation.h"
 #include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringRef.h"
@@ -66,6 +67,17 @@ private:
 /// "." followed by it.
 bool matchesTargetPattern(llvm::StringRef pattern, llvm::StringRef modulePath,
                           llvm::StringRef weightName);
+
+/// Checks that LoRA (with `dora`, DoRA) adapters of rank `rank` apply to the linears that
+/// `targets` match: every pattern matches a linear; the rank is positive and below min(in, out)
+/// of each; no matched weight has another use (a tied weight would be adapted in one use
+/// only); for DoRA, no matched linear has a bias and each weight is its parameter in [out, in]
+/// layout (possibly cast or dequantized), whose row norms initialize the magnitude. Emits the
+/// first problem through `emitError` (the directive or the pass) and fails.
+llvm::LogicalResult
+verifyLoraTargets(llvm::function_ref<InFlightDiagnostic()> emitError,
+                  llvm::ArrayRef<llvm::StringRef> targets, int64_t rank, bool dora,
+                  const ModelSummary &model);
 
 } // namespace mlir::bonsai
 

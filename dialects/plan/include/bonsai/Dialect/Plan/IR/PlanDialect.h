@@ -19,13 +19,15 @@
 
 #include "bonsai/Dialect/Plan/IR/PlanDialect.h.inc"
 #include "bonsai/Dialect/Plan/IR/PlanEnums.h.inc"
+#include "bonsai/Dialect/Plan/IR/PlanTypeInterfaces.h"
 
 #define GET_OP_CLASSES
 #include "bonsai/Dialect/Plan/IR/PlanOps.h.inc"
 
 namespace mlir::bonsai::plan {
 
-/// Bytes of a statically shaped memref (elements rounded up to whole bytes).
+/// Bytes of a statically shaped memref: elements rounded up to whole bytes, or the packed
+/// layout's size for an element type with PackedElementTypeInterface.
 int64_t getMemRefBytes(MemRefType type);
 
 /// The buffer a memref value is stored in, looking through views; null if it is not one.

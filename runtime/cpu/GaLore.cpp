@@ -1,0 +1,401 @@
+//===- GaLore.cpp - GaLore refresh, projection and update on the CPU ------===//
+//
+// The reference of the three GaLore kernels (GaLore.h, docs/galore.md). Everything is
+// computed in fp64 from the f32/bf16 tensors and rounded once into each tensor written, in a
+// fixed order, so that the results do not depend on the thread count.
+//
+// The exact projector is the eigenvectors of the s x s Gram matrix A·Aᵀ (A the gradient with
+// its smaller side first), found by cyclic Jacobi rotations: slow for large s, exact to fp64
+// rounding, and enough for the CPU backend's models. The randomized projector is the thin QR
+// factor (positive diagonal) of A·Ω after `power_iterations` re-orthonormalised power
+// iterations, computed by shifted CholeskyQR then CholeskyQR (Fukaya et al., 2020): the same
+// algorithm as the CUDA kernels, whose Q is unique, so a NumPy reference with a Householder QR
+// gets the same projector.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/runtime/GaLore.h"
+
+#include "KernelUtil.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace bonsai::rt::cpu {
+
+using namespace detail;
+
+namespace {
+
+/// A row-major fp64 matrix.
+struct Matrix {
+  int64_t rows = 0, cols = 0;
+  std::vector<double> data;
+  Matrix() = default;
+  Matrix(int64_t r, int64_t c) : rows(r), cols(c), data(size_t(r * c), 0.0) {}
+  double &operator()(int64_t i, int64_t j) { return data[size_t(i * cols + j)]; }
+  double operator()(int64_t i, int64_t j) const { return data[size_t(i * cols + j)]; }
+};
+
+/// C = op(A)·op(B), op = transpose when the flag is set; rows of C in parallel.
+Matrix multiply(const Matrix &a, bool transA, const Matrix &b, bool transB) {
+  int64_t m = transA ? a.cols : a.rows, k = transA ? a.rows : a.cols;
+  int64_t n = transB ? b.rows : b.cols;
+  Matrix c(m, n);
+  parallelFor(m, 8, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double sum = 0.0;
+        for (int64_t p = 0; p < k; ++p)
+          sum += (transA ? a(p, i) : a(i, p)) * (transB ? b(j, p) : b(p, j));
+        c(i, j) = sum;
+      }
+  });
+  return c;
+}
+
+/// The tensor as an fp64 matrix, transposed when `transpose` is set.
+Matrix loadMatrix(const TensorView &t, bool transpose) {
+  std::vector<float> values(static_cast<size_t>(t.numel()));
+  loadF32(t, values.data());
+  int64_t r = t.shape[0], c = t.shape[1];
+  Matrix out(transpose ? c : r, transpose ? r : c);
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j)
+      (transpose ? out(j, i) : out(i, j)) = double(values[size_t(i * c + j)]);
+  return out;
+}
+
+/// Rounds every element to the nearest bf16 (ties to even), as a bf16 GEMM operand.
+void roundToBf16(Matrix &a) {
+  for (double &x : a.data)
+    x = double(bf16ToF32(f32ToBf16(float(x))));
+}
+
+/// Upper-triangular R with RᵀR = G (G symmetric positive definite), or false when a pivot is
+/// not positive or falls below `tolerance` times the largest diagonal of G.
+bool cholesky(const Matrix &g, double tolerance, Matrix &r) {
+  int64_t n = g.rows;
+  r = Matrix(n, n);
+  double largest = 0.0;
+  for (int64_t i = 0; i < n; ++i)
+    largest = std::max(largest, g(i, i));
+  for (int64_t j = 0; j < n; ++j) {
+    double d = g(j, j);
+    for (int64_t p = 0; p < j; ++p)
+      d -= r(p, j) * r(p, j);
+    if (!(d > tolerance * largest) || !std::isfinite(d))
+      return false;
+    r(j, j) = std::sqrt(d);
+    for (int64_t i = j + 1; i < n; ++i) {
+      double v = g(j, i);
+      for (int64_t p = 0; p < j; ++p)
+        v -= r(p, j) * r(p, i);
+      r(j, i) = v / r(j, j);
+    }
+  }
+  return true;
+}
+
+/// Y·R⁻¹ for upper-triangular R (forward substitution along each row of Y).
+Matrix solveUpper(const Matrix &y, const Matrix &r) {
+  Matrix q(y.rows, y.cols);
+  for (int64_t i = 0; i < y.rows; ++i)
+    for (int64_t j = 0; j < y.cols; ++j) {
+      double v = y(i, j);
+      for (int64_t p = 0; p < j; ++p)
+        v -= q(i, p) * r(p, j);
+      q(i, j) = v / r(j, j);
+    }
+  return q;
+}
+
+/// Pivots below this share of the Gram matrix's largest diagonal mean dependent columns: the
+/// f32 data the CUDA kernels orthonormalise carry about 7 significant digits, so columns
+/// independent to fewer digits than that are not distinguishable from dependent ones.
+constexpr double kRankTolerance = 1e-12;
+
+/// The orthonormal factor of Y's thin QR with a positive diagonal: shifted CholeskyQR, then
+/// CholeskyQR. False when Y's columns are numerically dependent.
+bool orthonormalize(const Matrix &y, Matrix &q) {
+  Matrix gram = multiply(y, true, y, false);
+  double frobenius = 0.0;
+  for (int64_t i = 0; i < gram.rows; ++i)
+    frobenius += gram(i, i);
+  // Fukaya et al.'s shift: keeps the first factorisation from breaking down on an
+  // ill-conditioned Y; the second pass restores orthogonality.
+  double shift = 11.0 * double(y.rows * y.cols + y.cols * (y.cols + 1)) * 0x1p-53 * frobenius;
+  for (int64_t i = 0; i < gram.rows; ++i)
+    gram(i, i) += shift;
+  Matrix r;
+  if (!cholesky(gram, kRankTolerance, r))
+    return false;
+  Matrix q1 = solveUpper(y, r);
+  if (!cholesky(multiply(q1, true, q1, false), kRankTolerance, r))
+    return false;
+  q = solveUpper(q1, r);
+  return true;
+}
+
+/// Eigenvectors of the symmetric matrix `a` (columns of the result), eigenvalues descending,
+/// by cyclic Jacobi rotations to fp64 convergence.
+Matrix symmetricEigenvectors(Matrix a, std::vector<double> &values) {
+  int64_t n = a.rows;
+  Matrix v(n, n);
+  for (int64_t i = 0; i < n; ++i)
+    v(i, i) = 1.0;
+  for (int sweep = 0; sweep < 100; ++sweep) {
+    double off = 0.0, diag = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      diag += a(i, i) * a(i, i);
+      for (int64_t j = i + 1; j < n; ++j)
+        off += a(i, j) * a(i, j);
+    }
+    if (off <= 1e-30 * diag || off == 0.0)
+      break;
+    for (int64_t p = 0; p < n; ++p)
+      for (int64_t q = p + 1; q < n; ++q) {
+        if (a(p, q) == 0.0)
+          continue;
+        double theta = (a(q, q) - a(p, p)) / (2.0 * a(p, q));
+        double t = (theta >= 0 ? 1.0 : -1.0) / (std::fabs(theta) + std::sqrt(theta * theta + 1));
+        double c = 1.0 / std::sqrt(t * t + 1), s = t * c;
+        for (int64_t k = 0; k < n; ++k) { // columns p, q of A·J
+          double akp = a(k, p), akq = a(k, q);
+          a(k, p) = c * akp - s * akq;
+          a(k, q) = s * akp + c * akq;
+        }
+        for (int64_t k = 0; k < n; ++k) { // rows p, q of Jᵀ·A
+          double apk = a(p, k), aqk = a(q, k);
+          a(p, k) = c * apk - s * aqk;
+          a(q, k) = s * apk + c * aqk;
+        }
+        for (int64_t k = 0; k < n; ++k) {
+          double vkp = v(k, p), vkq = v(k, q);
+          v(k, p) = c * vkp - s * vkq;
+          v(k, q) = s * vkp + c * vkq;
+        }
+      }
+  }
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t x, int64_t y) { return a(x, x) > a(y, y); });
+  Matrix sorted(n, n);
+  values.assign(size_t(n), 0.0);
+  for (int64_t j = 0; j < n; ++j) {
+    values[size_t(j)] = a(order[size_t(j)], order[size_t(j)]);
+    for (int64_t i = 0; i < n; ++i)
+      sorted(i, j) = v(i, order[size_t(j)]);
+  }
+  return sorted;
+}
+
+/// Checks that `t` is an f32 tensor of `shape`.
+void checkF32(const char *kernel, const char *operand, const TensorView &t,
+              const std::vector<int64_t> &shape) {
+  checkView(kernel, operand, t);
+  if (t.dtype != DType::F32)
+    fail(kernel, std::string(operand) + " must be f32, not " + dtypeName(t.dtype));
+  if (t.shape != shape)
+    fail(kernel, std::string(operand) + " shape " + formatShape(t.shape) + " should be " +
+                     formatShape(shape));
+}
+
+/// The value of a scalar operand (i64 step or f32 scalar).
+int64_t loadStepValue(const char *kernel, const TensorView &step) {
+  checkView(kernel, "step", step);
+  if (step.dtype != DType::I64 || step.numel() != 1)
+    fail(kernel, "step must be an i64 scalar");
+  int64_t value;
+  std::memcpy(&value, step.data, sizeof value);
+  if (value < 0)
+    fail(kernel, "step " + std::to_string(value) + " is negative");
+  return value;
+}
+
+double loadScalarValue(const char *kernel, const char *operand, const TensorView &t) {
+  checkFloat(kernel, operand, t);
+  if (t.numel() != 1)
+    fail(kernel, std::string(operand) + " shape " + formatShape(t.shape) + " is not a scalar");
+  float value;
+  loadF32(t, &value);
+  return double(value);
+}
+
+/// Checks a 2-D gradient-shaped tensor against the side and returns (m, n).
+std::pair<int64_t, int64_t> checkSide(const char *kernel, const char *operand, const TensorView &t,
+                                      bool left) {
+  checkFloat(kernel, operand, t);
+  if (t.shape.size() != 2)
+    fail(kernel, std::string(operand) + " shape " + formatShape(t.shape) + " is not 2-D");
+  int64_t m = t.shape[0], n = t.shape[1];
+  if ((left && m > n) || (!left && m < n))
+    fail(kernel, std::string("the ") + (left ? "left" : "right") + " side of " +
+                     formatShape(t.shape) + " is not its smaller side");
+  return {m, n};
+}
+
+} // namespace
+
+void galoreRefresh(const TensorView &grad, const TensorView &step,
+                   const galore::RefreshParams &params, const TensorView &workspace,
+                   const TensorView &projector, const TensorView &status) {
+  const char *k = "galore_refresh";
+  auto [m, n] = checkSide(k, "grad", grad, params.left);
+  int64_t small = params.left ? m : n, large = params.left ? n : m, rank = params.rank;
+  if (rank <= 0 || rank >= small)
+    fail(k, "rank " + std::to_string(rank) + " is not in (0, " + std::to_string(small) + ")");
+  checkF32(k, "workspace", workspace, {galore::workspaceElements(small, large, rank)});
+  checkF32(k, "projector", projector, {small, rank});
+  checkView(k, "status", status);
+  if (status.dtype != DType::F32 || status.shape.size() != 1 || params.slot < 0 ||
+      params.slot >= status.shape[0])
+    fail(k, "status must be an f32 vector with slot " + std::to_string(params.slot));
+  if (params.updateProjGap <= 0)
+    fail(k, "update_proj_gap must be positive");
+  int64_t done = loadStepValue(k, step);
+  float *flag = static_cast<float *>(status.data) + params.slot;
+  if (!galore::refreshDue(done, params.updateProjGap, params.offset, *flag))
+    return;
+
+  // A = the gradient with its smaller side first (s x l).
+  Matrix a = loadMatrix(grad, !params.left);
+  for (double x : a.data)
+    if (!std::isfinite(x)) {
+      *flag = float(galore::kNonFinite);
+      return;
+    }
+
+  Matrix p(small, rank);
+  if (!params.randomized) {
+    std::vector<double> values;
+    Matrix vectors = symmetricEigenvectors(multiply(a, false, a, true), values);
+    for (int64_t i = 0; i < small; ++i)
+      for (int64_t j = 0; j < rank; ++j)
+        p(i, j) = vectors(i, j);
+  } else {
+    uint64_t key = galore::sketchKey(params.seed, params.slot, done);
+    Matrix omega(large, rank);
+    for (int64_t i = 0; i < large * rank; ++i)
+      omega.data[size_t(i)] = galore::gaussian(key, i);
+    Matrix q;
+    if (!orthonormalize(multiply(a, false, omega, false), q)) {
+      *flag = float(galore::kRankDeficient);
+      return;
+    }
+    for (int64_t it = 0; it < params.powerIterations; ++it) {
+      Matrix z = multiply(a, true, q, false);
+      if (!orthonormalize(multiply(a, false, z, false), q)) {
+        *flag = float(galore::kRankDeficient);
+        return;
+      }
+    }
+    p = q;
+  }
+  if (params.randomized == false) {
+    // Singular vectors are defined up to sign: the largest-magnitude entry of each is made
+    // positive (the first such entry on a tie), so that references agree.
+    for (int64_t j = 0; j < rank; ++j) {
+      int64_t best = 0;
+      for (int64_t i = 1; i < small; ++i)
+        if (std::fabs(p(i, j)) > std::fabs(p(best, j)))
+          best = i;
+      if (p(best, j) < 0)
+        for (int64_t i = 0; i < small; ++i)
+          p(i, j) = -p(i, j);
+    }
+  }
+  float *out = static_cast<float *>(projector.data);
+  for (int64_t i = 0; i < small * rank; ++i)
+    out[i] = float(p.data[size_t(i)]);
+  *flag = float(galore::kRefreshed);
+}
+
+void galoreProject(const TensorView &grad, const TensorView &projector, bool left,
+                   bool bf16Operands, const TensorView &r) {
+  const char *k = "galore_project";
+  auto [m, n] = checkSide(k, "grad", grad, left);
+  checkView(k, "projector", projector);
+  if (projector.dtype != DType::F32 || projector.shape.size() != 2 ||
+      projector.shape[0] != (left ? m : n))
+    fail(k, "projector shape " + formatShape(projector.shape) + " does not fit grad " +
+                formatShape(grad.shape));
+  int64_t rank = projector.shape[1];
+  checkF32(k, "r", r, left ? std::vector<int64_t>{rank, n} : std::vector<int64_t>{m, rank});
+  Matrix g = loadMatrix(grad, false), p = loadMatrix(projector, false);
+  if (bf16Operands) {
+    roundToBf16(g);
+    roundToBf16(p);
+  }
+  Matrix result = left ? multiply(p, true, g, false) : multiply(g, false, p, false);
+  float *out = static_cast<float *>(r.data);
+  for (size_t i = 0; i < result.data.size(); ++i)
+    out[i] = float(result.data[i]);
+}
+
+void galoreAdamwUpdate(const TensorView &step, const TensorView &lr, const TensorView &gradNorm,
+                       const TensorView &projector, const AdamWHyper &hyper, double scale,
+                       bool left, const TensorView &r, const TensorView &param, const TensorView &m,
+                       const TensorView &v, const TensorView *master) {
+  const char *k = "galore_adamw_update";
+  auto [rows, cols] = checkSide(k, "param", param, left);
+  checkView(k, "projector", projector);
+  if (projector.dtype != DType::F32 || projector.shape.size() != 2 ||
+      projector.shape[0] != (left ? rows : cols))
+    fail(k, "projector shape " + formatShape(projector.shape) + " does not fit param " +
+                formatShape(param.shape));
+  int64_t rank = projector.shape[1];
+  std::vector<int64_t> reduced =
+      left ? std::vector<int64_t>{rank, cols} : std::vector<int64_t>{rows, rank};
+  checkF32(k, "r", r, reduced);
+  checkF32(k, "m", m, reduced);
+  checkF32(k, "v", v, reduced);
+  if (master)
+    checkF32(k, "master", *master, param.shape);
+  int64_t done = loadStepValue(k, step);
+  double rate = loadScalarValue(k, "lr", lr), norm = loadScalarValue(k, "grad_norm", gradNorm);
+  if (!(hyper.beta1 >= 0.0 && hyper.beta1 < 1.0 && hyper.beta2 >= 0.0 && hyper.beta2 < 1.0))
+    fail(k, "betas are not in [0, 1)");
+
+  // AdamW on the projection, exactly as adamwUpdate does on a full gradient (GaLore.h).
+  double t = double(done) + 1.0;
+  double clip = 1.0;
+  if (hyper.gradClip > 0.0)
+    clip = std::min(1.0, hyper.gradClip / (norm + 1e-6));
+  double bc1 = 1.0 - std::pow(hyper.beta1, t), bc2Sqrt = std::sqrt(1.0 - std::pow(hyper.beta2, t));
+  float *rp = static_cast<float *>(r.data), *mp = static_cast<float *>(m.data),
+        *vp = static_cast<float *>(v.data);
+  // N' = -lr scale N, rounded to f32 as the kernel leaves it in r; the back-projection adds
+  // P·N' (in bf16 operands for a half-precision weight, as the GPU's tensor cores take them).
+  Matrix delta(reduced[0], reduced[1]);
+  for (int64_t i = 0; i < delta.rows * delta.cols; ++i) {
+    double g = double(rp[i]) * clip;
+    double mi = hyper.beta1 * double(mp[i]) + (1.0 - hyper.beta1) * g;
+    double vi = hyper.beta2 * double(vp[i]) + (1.0 - hyper.beta2) * g * g;
+    mp[i] = float(mi);
+    vp[i] = float(vi);
+    rp[i] = float(-rate * scale * (mi / bc1) / (std::sqrt(vi) / bc2Sqrt + hyper.eps));
+    delta.data[size_t(i)] = double(rp[i]);
+  }
+  Matrix p = loadMatrix(projector, false);
+  if (param.dtype != DType::F32) {
+    roundToBf16(p);
+    roundToBf16(delta);
+  }
+  Matrix update = left ? multiply(p, false, delta, false) : multiply(delta, false, p, true);
+  std::vector<float> w(static_cast<size_t>(param.numel()));
+  loadF32(master ? *master : param, w.data());
+  double decay = 1.0 - rate * hyper.weightDecay;
+  for (size_t i = 0; i < w.size(); ++i)
+    w[i] = float(double(w[i]) * decay + update.data[i]);
+  if (master)
+    storeF32(w.data(), *master);
+  storeF32(w.data(), param);
+}
+
+} // namespace bonsai::rt::cpu

@@ -1,0 +1,79 @@
+//===- Export.h - PEFT adapters and merged weights from a trained plan ----===//
+//
+// Two ways out of Bonsai for a LoRA/DoRA fine-tune (docs/import-export.md):
+//
+//  * a PEFT adapter directory (adapter_config.json + adapter_model.safetensors) that
+//    `PeftModel.from_pretrained(base, dir)` loads onto the Hugging Face base model: keys
+//    `base_model.model.<module>.lora_A.weight`, `.lora_B.weight` and, for DoRA,
+//    `.lora_magnitude_vector`, in the dtype the adapters were trained in;
+//  * one safetensors file with every model weight under its Hugging Face name and each adapted
+//    weight merged: W' = W + s·B·A (LoRA) or W' = m / ||W + s·B·A||_row ⊙ (W + s·B·A) (DoRA),
+//    s = alpha / rank, W dequantized first when the base is NF4.
+//
+// Both read the plan's adapter metadata (Plan.adapters, Plan.adapter_targets) and the
+// executor's current parameters; neither runs a kernel. Files are written under temporary
+// names and renamed into place. No MLIR.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BONSAI_RUNTIME_EXPORT_H
+#define BONSAI_RUNTIME_EXPORT_H
+
+#include "bonsai/runtime/Plan.h"
+#include "bonsai/runtime/Tensor.h"
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace bonsai::rt {
+
+class Executor;
+
+/// The adapter file names of a PEFT adapter directory.
+inline constexpr const char kPeftConfigFile[] = "adapter_config.json";
+inline constexpr const char kPeftWeightsFile[] = "adapter_model.safetensors";
+
+/// What an export wrote.
+struct ExportSummary {
+  size_t tensors = 0; ///< Tensors in the safetensors file.
+  size_t merged = 0;  ///< Adapted weights merged (merged export only).
+};
+
+/// Throws rt::Error unless `plan` can be exported as one PEFT adapter: it has adapters, all
+/// of one rank, alpha and kind (LoRA or DoRA). Checked before training so that a run does not
+/// end in an export that cannot happen.
+void checkPeftExportable(const LoadedPlan &plan);
+
+/// Throws rt::Error when `path` cannot be an export's destination: its directory does not
+/// exist, or (for a file) it is a directory. `what` names the option in the message.
+void checkExportDestination(const std::string &path, const std::string &what, bool directory);
+
+/// The adapter_config.json of `plan`'s adapters: peft_type LORA, task_type CAUSAL_LM, r,
+/// lora_alpha, use_dora, target_modules (the plan's adapter_targets when PEFT's matching rule
+/// over the plan's weights selects exactly the adapted modules, otherwise the module paths),
+/// bias "none", lora_dropout 0 and the rest of LoraConfig's keys at their defaults.
+std::string peftAdapterConfig(const LoadedPlan &plan, const std::string &baseModel);
+
+/// Writes the PEFT adapter directory `dir` from the executor's current parameters. A new
+/// directory is written under a temporary name and renamed into place; into an existing one,
+/// each file is written under a temporary name and renamed (other files are left alone).
+/// Throws rt::Error naming the path on any failure.
+ExportSummary exportPeftAdapter(const std::string &dir, const Executor &executor,
+                                const std::string &baseModel);
+
+/// Writes every model weight (every named Parameter that is not an adapter tensor) to the
+/// safetensors file `path` under its name, each adapted weight merged with its adapter in fp32
+/// and stored in the base's dtype (the adapter's dtype when the base is NF4). NF4 weights
+/// without an adapter are dequantized into the dtype their Dequantize kernel produces.
+/// Throws rt::Error when the plan has no parameter or a write fails.
+ExportSummary exportMergedWeights(const std::string &path, const Executor &executor);
+
+/// The merge itself, on host views: `out` (f32, [out, in]) = W + s·B·A, then, with a
+/// magnitude, each row r scaled by m[r] / ||row r||_2. `base` may be NF4, F32, F16 or BF16.
+void mergeAdapter(const TensorView &base, const TensorView &loraA, const TensorView &loraB,
+                  const TensorView *magnitude, double scale, std::vector<float> &out);
+
+} // namespace bonsai::rt
+
+#endif // BONSAI_RUNTIME_EXPORT_H

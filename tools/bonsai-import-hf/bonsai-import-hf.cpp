@@ -1,0 +1,661 @@
+//===- bonsai-import-hf.cpp - Import a Hugging Face checkpoint as bonsai IR ===//
+//
+// bonsai-import-hf DIR [-o model.mlir] [--batch B] [--seq S] [--dtype bf16|f32|f16]
+//
+// Reads DIR/config.json and DIR's safetensors (model.safetensors, or a sharded checkpoint's
+// model.safetensors.index.json) and writes the model as bonsai IR: `func.func @forward(%ids,
+// %labels) -> tensor<f32>` with one `bonsai.param` per checkpoint tensor the model uses, under
+// the checkpoint's own name, so that `bonsai-run --weights DIR/model.safetensors` binds the
+// checkpoint as it is. The graph is the one scripts/gen_models.py writes for the same
+// configuration (op for op, value names included), built with the dialect's builders and
+// verified before anything is written.
+//
+// Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (q/k/v biases) and
+// GPT2LMHeadModel. Everything the graph would get wrong is refused with an error that names
+// it: another architecture, rope_scaling, a hidden_act other than silu, attention or MLP
+// biases on Llama, a sliding window shorter than the sequence, a missing config key, a missing
+// tensor or one whose shape differs from the config's. Checkpoint tensors the model does not
+// use (rotary_emb.inv_freq, GPT-2's attention-mask buffers, a tied lm_head.weight) are
+// ignored with a note. Only headers are read: the tool never loads tensor data.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/Dialect/Bonsai/IR/BonsaiDialect.h"
+#include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
+#include "bonsai/runtime/Json.h"
+#include "bonsai/runtime/Plan.h"
+#include "bonsai/runtime/Safetensors.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/Verifier.h"
+#include "mlir/Support/FileUtilities.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/ToolOutputFile.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <cmath>
+#include <map>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+using namespace mlir;
+using namespace mlir::bonsai;
+namespace rt = ::bonsai::rt;
+
+static llvm::cl::opt<std::string> hfDir(llvm::cl::Positional, llvm::cl::Required,
+                                        llvm::cl::desc("<hf-dir>"));
+static llvm::cl::opt<std::string> outputFile("o", llvm::cl::desc("Output file (default: stdout)"),
+                                             llvm::cl::value_desc("model.mlir"),
+                                             llvm::cl::init("-"));
+static llvm::cl::opt<unsigned> batchOption("batch", llvm::cl::desc("Batch size (default 1)"),
+                                           llvm::cl::init(1));
+static llvm::cl::opt<unsigned>
+    seqOption("seq", llvm::cl::desc("Sequence length (default: min(2048, the config's "
+                                    "max_position_embeddings or n_positions))"));
+static llvm::cl::opt<std::string>
+    dtypeOption("dtype", llvm::cl::desc("Element type of the model: bf16, f32 or f16 (default: "
+                                        "the config's torch_dtype, else the checkpoint's)"));
+
+namespace {
+
+/// A reason the checkpoint cannot be imported; main prints it as one error line.
+struct ImportError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Typed access to config.json: every required key that is missing or of the wrong kind is an
+/// error naming the key and the file.
+class Config {
+public:
+  Config(rt::JsonValue root, std::string path) : root(std::move(root)), path(std::move(path)) {}
+
+  /// The member `key`, or nullptr when it is absent or null (HF writes unset options as null).
+  const rt::JsonValue *find(llvm::StringRef key) const {
+    const rt::JsonValue *value = root.find(std::string_view(key.data(), key.size()));
+    return value && !value->isNull() ? value : nullptr;
+  }
+
+  int64_t positive(llvm::StringRef key) const {
+    const rt::JsonValue *value = find(key);
+    if (!value)
+      throw ImportError(missing(key));
+    return positive(key, *value);
+  }
+  std::optional<int64_t> optionalPositive(llvm::StringRef key) const {
+    const rt::JsonValue *value = find(key);
+    return value ? std::optional<int64_t>(positive(key, *value)) : std::nullopt;
+  }
+
+  double number(llvm::StringRef key) const {
+    const rt::JsonValue *value = find(key);
+    if (!value)
+      throw ImportError(missing(key));
+    if (!value->isNumber() || !std::isfinite(value->numberValue()) || value->numberValue() <= 0)
+      throw ImportError(where(key) + " must be a positive number");
+    return value->numberValue();
+  }
+
+  std::string string(llvm::StringRef key) const {
+    const rt::JsonValue *value = find(key);
+    if (!value)
+      throw ImportError(missing(key));
+    if (!value->isString())
+      throw ImportError(where(key) + " must be a string, not " + value->kindName());
+    return value->stringValue();
+  }
+  std::optional<std::string> optionalString(llvm::StringRef key) const {
+    return find(key) ? std::optional<std::string>(string(key)) : std::nullopt;
+  }
+
+  bool flag(llvm::StringRef key, bool defaultValue) const {
+    const rt::JsonValue *value = find(key);
+    if (!value)
+      return defaultValue;
+    if (!value->isBool())
+      throw ImportError(where(key) + " must be true or false, not " + value->kindName());
+    return value->boolValue();
+  }
+
+  /// "config.json: 'key'", for messages.
+  std::string where(llvm::StringRef key) const { return path + ": '" + key.str() + "'"; }
+
+private:
+  std::string missing(llvm::StringRef key) const {
+    return path + " has no '" + key.str() + "' (a required key of this architecture)";
+  }
+  int64_t positive(llvm::StringRef key, const rt::JsonValue &value) const {
+    int64_t result;
+    if (!value.getInt64(result) || result <= 0)
+      throw ImportError(where(key) + " must be a positive integer");
+    return result;
+  }
+
+  rt::JsonValue root;
+  std::string path;
+};
+
+enum class Family { Llama, GPT2 };
+
+/// What the graph depends on, read from config.json and checked.
+struct ModelConfig {
+  std::string architecture;
+  Family family = Family::Llama;
+  int64_t vocab = 0, hidden = 0, layers = 0, heads = 0, kvHeads = 0, intermediate = 0;
+  int64_t positions = 0; ///< max_position_embeddings / n_positions
+  double eps = 0, ropeTheta = 0;
+  bool tied = false;
+  bool qkvBias = false;                                   ///< Qwen2
+  GeluApproximation gelu = GeluApproximation::Tanh;       ///< GPT-2
+  std::optional<std::string> torchDType;                  ///< "bfloat16", ... if given
+  std::optional<int64_t> slidingWindow;                   ///< the active window, if any
+};
+
+void printNote(const std::string &message) {
+  llvm::errs() << "bonsai-import-hf: note: " << message << "\n";
+}
+
+/// Rejects an option of the config that changes the model in a way the graph does not express.
+void refuseIf(bool condition, const Config &config, llvm::StringRef key, llvm::StringRef what) {
+  if (condition)
+    throw ImportError(config.where(key) + ": " + what.str() + " is not supported");
+}
+
+ModelConfig readLlamaFamily(const Config &config, const std::string &architecture) {
+  ModelConfig c;
+  c.architecture = architecture;
+  c.family = Family::Llama;
+  c.vocab = config.positive("vocab_size");
+  c.hidden = config.positive("hidden_size");
+  c.layers = config.positive("num_hidden_layers");
+  c.heads = config.positive("num_attention_heads");
+  // HF's default: as many key/value heads as query heads (multi-head attention).
+  c.kvHeads = config.optionalPositive("num_key_value_heads").value_or(c.heads);
+  c.intermediate = config.positive("intermediate_size");
+  c.positions = config.positive("max_position_embeddings");
+  c.eps = config.number("rms_norm_eps");
+  c.tied = config.flag("tie_word_embeddings", false);
+  c.qkvBias = architecture == "Qwen2ForCausalLM";
+
+  std::string act = config.string("hidden_act");
+  if (act != "silu")
+    throw ImportError(config.where("hidden_act") + ": activation '" + act +
+                      "' is not supported (the gated MLP computes silu(gate) * up)");
+  // Transformers 5 moves the RoPE settings into "rope_parameters"; 4.x writes rope_theta and
+  // rope_scaling at the top level.
+  refuseIf(config.find("rope_scaling") != nullptr, config, "rope_scaling",
+           "scaled RoPE (rope_scaling)");
+  if (const rt::JsonValue *rope = config.find("rope_parameters")) {
+    if (!rope->isObject())
+      throw ImportError(config.where("rope_parameters") + " must be an object");
+    const rt::JsonValue *type = rope->find("rope_type");
+    if (type && !(type->isString() && type->stringValue() == "default"))
+      throw ImportError(config.where("rope_parameters") + ": rope_type " +
+                        (type->isString() ? "'" + type->stringValue() + "'" : "(not a string)") +
+                        " is not supported (only 'default' RoPE)");
+    const rt::JsonValue *theta = rope->find("rope_theta");
+    if (!theta || !theta->isNumber() || theta->numberValue() <= 0)
+      throw ImportError(config.where("rope_parameters") + " has no positive 'rope_theta'");
+    c.ropeTheta = theta->numberValue();
+  } else if (config.find("rope_theta")) {
+    c.ropeTheta = config.number("rope_theta");
+  } else {
+    // Configs written before transformers 4.31 have no rope_theta; transformers reads them
+    // with 10000.
+    c.ropeTheta = 10000.0;
+    printNote(config.where("rope_theta") + " is absent: using transformers' default 10000");
+  }
+  if (architecture == "LlamaForCausalLM") {
+    refuseIf(config.flag("attention_bias", false), config, "attention_bias",
+             "a Llama with attention biases");
+  }
+  refuseIf(config.flag("mlp_bias", false), config, "mlp_bias", "an MLP with biases");
+
+  if (c.hidden % c.heads != 0)
+    throw ImportError(config.where("hidden_size") + " " + std::to_string(c.hidden) +
+                      " is not a multiple of num_attention_heads " + std::to_string(c.heads));
+  if (c.heads % c.kvHeads != 0)
+    throw ImportError(config.where("num_key_value_heads") + " " + std::to_string(c.kvHeads) +
+                      " does not divide num_attention_heads " + std::to_string(c.heads));
+  int64_t headDim = c.hidden / c.heads;
+  if (std::optional<int64_t> explicitHeadDim = config.optionalPositive("head_dim"))
+    if (*explicitHeadDim != headDim)
+      throw ImportError(config.where("head_dim") + " " + std::to_string(*explicitHeadDim) +
+                        " differs from hidden_size / num_attention_heads = " +
+                        std::to_string(headDim) + ", which is not supported");
+  if (headDim % 2 != 0)
+    throw ImportError(config.where("hidden_size") + ": head dimension " +
+                      std::to_string(headDim) + " is odd, and RoPE rotates pairs");
+
+  // Mistral always slides; Qwen2 only with use_sliding_window.
+  bool slides = architecture == "MistralForCausalLM" ||
+                (architecture == "Qwen2ForCausalLM" && config.flag("use_sliding_window", false));
+  if (slides)
+    c.slidingWindow = config.optionalPositive("sliding_window");
+  return c;
+}
+
+ModelConfig readGPT2(const Config &config) {
+  ModelConfig c;
+  c.architecture = "GPT2LMHeadModel";
+  c.family = Family::GPT2;
+  c.vocab = config.positive("vocab_size");
+  c.hidden = config.positive("n_embd");
+  c.layers = config.positive("n_layer");
+  c.heads = config.positive("n_head");
+  c.kvHeads = c.heads;
+  c.positions = config.positive("n_positions");
+  c.intermediate = config.optionalPositive("n_inner").value_or(4 * c.hidden);
+  c.eps = config.number("layer_norm_epsilon");
+  c.tied = config.flag("tie_word_embeddings", true);
+  std::string act = config.string("activation_function");
+  if (act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast")
+    c.gelu = GeluApproximation::Tanh;
+  else if (act == "gelu")
+    c.gelu = GeluApproximation::None;
+  else
+    throw ImportError(config.where("activation_function") + ": activation '" + act +
+                      "' is not supported (gelu_new, gelu_pytorch_tanh or gelu)");
+  refuseIf(!config.flag("scale_attn_weights", true), config, "scale_attn_weights",
+           "attention without the 1/sqrt(head_dim) scale");
+  refuseIf(config.flag("scale_attn_by_inverse_layer_idx", false), config,
+           "scale_attn_by_inverse_layer_idx", "scaling attention by the layer index");
+  refuseIf(config.flag("add_cross_attention", false), config, "add_cross_attention",
+           "cross-attention");
+  if (c.hidden % c.heads != 0)
+    throw ImportError(config.where("n_embd") + " " + std::to_string(c.hidden) +
+                      " is not a multiple of n_head " + std::to_string(c.heads));
+  return c;
+}
+
+ModelConfig readConfig(const std::string &path) {
+  std::vector<uint8_t> bytes = rt::readFileBytes(path);
+  Config config(rt::parseJson(std::string_view(reinterpret_cast<const char *>(bytes.data()),
+                                               bytes.size()),
+                              path),
+                path);
+  const rt::JsonValue *archs = config.find("architectures");
+  if (!archs)
+    throw ImportError(path + " has no 'architectures'");
+  if (!archs->isArray() || archs->elements().size() != 1 || !archs->elements()[0].isString())
+    throw ImportError(config.where("architectures") + " must list exactly one architecture");
+  std::string arch = archs->elements()[0].stringValue();
+  ModelConfig c;
+  if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "Qwen2ForCausalLM")
+    c = readLlamaFamily(config, arch);
+  else if (arch == "GPT2LMHeadModel")
+    c = readGPT2(config);
+  else
+    throw ImportError(config.where("architectures") + ": architecture '" + arch +
+                      "' is not supported (LlamaForCausalLM, MistralForCausalLM, "
+                      "Qwen2ForCausalLM, GPT2LMHeadModel)");
+  // Transformers 5 writes "dtype"; 4.x "torch_dtype".
+  c.torchDType = config.optionalString("dtype");
+  if (!c.torchDType)
+    c.torchDType = config.optionalString("torch_dtype");
+  return c;
+}
+
+/// A parameter the graph declares: the checkpoint must hold it with this shape.
+struct ExpectedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+/// Builds `func.func @forward` op by op as scripts/gen_models.py writes it: each value carries
+/// the generator's name as a NameLoc, printed as the SSA name.
+class ModelBuilder {
+public:
+  ModelBuilder(ModuleOp module, Type dtype) : b(module.getBodyRegion()), dtype(dtype) {}
+
+  RankedTensorType type(llvm::ArrayRef<int64_t> shape) {
+    return RankedTensorType::get(shape, dtype);
+  }
+  Location loc(llvm::StringRef name) { return NameLoc::get(b.getStringAttr(name)); }
+
+  Value param(llvm::StringRef name, const std::string &hfName, llvm::ArrayRef<int64_t> shape) {
+    expected.push_back({hfName, std::vector<int64_t>(shape.begin(), shape.end())});
+    return ParamOp::create(b, loc(name), type(shape), hfName, /*trainable=*/true, nullptr,
+                           nullptr)
+        .getResult();
+  }
+
+  template <typename OpTy, typename... Args>
+  Value op(llvm::StringRef name, llvm::ArrayRef<int64_t> shape, Args &&...args) {
+    return OpTy::create(b, loc(name), type(shape), std::forward<Args>(args)...).getResult();
+  }
+
+  OpBuilder b;
+  Type dtype;
+  std::vector<ExpectedTensor> expected;
+};
+
+llvm::APFloat f64(double value) { return llvm::APFloat(value); }
+
+/// The Llama family (Llama, Mistral, Qwen2): pre-norm blocks of grouped-query attention with
+/// RoPE and a SwiGLU MLP; Qwen2 adds biases to the q, k and v projections.
+Value buildLlama(ModelBuilder &e, const ModelConfig &c, int64_t B, int64_t S, Value ids,
+                 Value labels) {
+  int64_t D = c.hidden, V = c.vocab, H = c.heads, KV = c.kvHeads, I = c.intermediate;
+  int64_t hd = D / H;
+  llvm::SmallVector<int64_t> x_t{B, S, D};
+  Value emb = e.param("embed", "model.embed_tokens.weight", {V, D});
+  Value x = e.op<EmbeddingOp>("h", x_t, emb, ids);
+  llvm::APFloat scale = f64(1.0 / std::sqrt(double(hd)));
+  for (int64_t i = 0; i < c.layers; ++i) {
+    std::string p = "model.layers." + std::to_string(i) + ".";
+    std::string n = "l" + std::to_string(i) + "_";
+    auto linear = [&](llvm::StringRef name, Value input, llvm::StringRef hf, int64_t out,
+                      int64_t in, bool bias) {
+      Value w = e.param(n + name.str() + "_w", p + hf.str() + ".weight", {out, in});
+      Value bv = bias ? e.param(n + name.str() + "_b", p + hf.str() + ".bias", {out}) : Value();
+      return e.op<LinearOp>(n + name.str(), {B, S, out}, input, w, bv);
+    };
+    Value w = e.param(n + "ln1_w", p + "input_layernorm.weight", {D});
+    Value h = e.op<RMSNormOp>(n + "ln1", x_t, x, w, f64(c.eps));
+    Value q = linear("q", h, "self_attn.q_proj", H * hd, D, c.qkvBias);
+    Value k = linear("k", h, "self_attn.k_proj", KV * hd, D, c.qkvBias);
+    Value v = linear("v", h, "self_attn.v_proj", KV * hd, D, c.qkvBias);
+    llvm::SmallVector<int64_t> q4_t{B, S, H, hd}, kv4_t{B, S, KV, hd};
+    q = e.op<ReshapeOp>(n + "q4", q4_t, q);
+    k = e.op<ReshapeOp>(n + "k4", kv4_t, k);
+    v = e.op<ReshapeOp>(n + "v4", kv4_t, v);
+    q = e.op<RoPEOp>(n + "qr", q4_t, q, f64(c.ropeTheta));
+    k = e.op<RoPEOp>(n + "kr", kv4_t, k, f64(c.ropeTheta));
+    Value a = e.op<AttentionOp>(n + "attn", q4_t, q, k, v, /*causal=*/true, scale);
+    a = e.op<ReshapeOp>(n + "attn2", {B, S, H * hd}, a);
+    Value o = linear("o", a, "self_attn.o_proj", D, H * hd, false);
+    x = e.op<AddOp>(n + "res1", x_t, x, o);
+    w = e.param(n + "ln2_w", p + "post_attention_layernorm.weight", {D});
+    h = e.op<RMSNormOp>(n + "ln2", x_t, x, w, f64(c.eps));
+    Value g = linear("gate", h, "mlp.gate_proj", I, D, false);
+    Value u = linear("up", h, "mlp.up_proj", I, D, false);
+    Value m = e.op<SwiGLUOp>(n + "act", {B, S, I}, g, u);
+    Value d = linear("down", m, "mlp.down_proj", D, I, false);
+    x = e.op<AddOp>(n + "res2", x_t, x, d);
+  }
+  Value w = e.param("norm_w", "model.norm.weight", {D});
+  Value h = e.op<RMSNormOp>("norm", x_t, x, w, f64(c.eps));
+  Value head = c.tied ? emb : e.param("lm_head", "lm_head.weight", {V, D});
+  Value logits = e.op<LinearOp>("logits", {B, S, V}, h, head, Value());
+  return CrossEntropyOp::create(e.b, e.loc("loss"), RankedTensorType::get({}, e.b.getF32Type()),
+                                logits, labels)
+      .getResult();
+}
+
+/// GPT-2: learned positions, pre-norm blocks with LayerNorm, a fused q/k/v Conv1D and a GELU
+/// MLP. Conv1D stores its weight [in, out]: each is transposed to linear's [out, in].
+/// `prefix` is "transformer." or "" (the original GPT-2 checkpoints have no prefix).
+Value buildGPT2(ModelBuilder &e, const ModelConfig &c, int64_t B, int64_t S, Value ids,
+                Value labels, const std::string &prefix) {
+  int64_t D = c.hidden, V = c.vocab, H = c.heads, P = c.positions, I = c.intermediate;
+  int64_t hd = D / H;
+  llvm::SmallVector<int64_t> x_t{B, S, D}, h4_t{B, S, H, hd};
+  Value wte = e.param("wte", prefix + "wte.weight", {V, D});
+  Value wpe = e.param("wpe", prefix + "wpe.weight", {P, D});
+  Value tok = e.op<EmbeddingOp>("tok", x_t, wte, ids);
+  Value pos = e.op<SliceOp>("pos", {S, D}, wpe, /*axis=*/0, /*start=*/0);
+  Value x = e.op<AddOp>("h", x_t, tok, pos);
+  llvm::APFloat scale = f64(1.0 / std::sqrt(double(hd)));
+  for (int64_t i = 0; i < c.layers; ++i) {
+    std::string p = prefix + "h." + std::to_string(i) + ".";
+    std::string n = "l" + std::to_string(i) + "_";
+    auto layerNorm = [&](llvm::StringRef name, Value input, llvm::StringRef hf) {
+      Value w = e.param(n + name.str() + "_w", p + hf.str() + ".weight", {D});
+      Value b = e.param(n + name.str() + "_b", p + hf.str() + ".bias", {D});
+      return e.op<LayerNormOp>(n + name.str(), x_t, input, w, b, f64(c.eps));
+    };
+    auto conv1d = [&](llvm::StringRef name, Value input, llvm::StringRef hf, int64_t in,
+                      int64_t out) {
+      Value w = e.param(n + name.str() + "_w", p + hf.str() + ".weight", {in, out});
+      Value b = e.param(n + name.str() + "_b", p + hf.str() + ".bias", {out});
+      Value wt = e.op<TransposeOp>(n + name.str() + "_wt", {out, in}, w,
+                                   llvm::ArrayRef<int64_t>{1, 0});
+      return e.op<LinearOp>(n + name.str(), {B, S, out}, input, wt, b);
+    };
+    Value h = layerNorm("ln1", x, "ln_1");
+    Value qkv = conv1d("qkv", h, "attn.c_attn", D, 3 * D);
+    llvm::SmallVector<Value, 3> heads;
+    for (int j = 0; j < 3; ++j) {
+      std::string part(1, "qkv"[j]);
+      Value t = e.op<SliceOp>(n + part, x_t, qkv, /*axis=*/2, /*start=*/uint64_t(j * D));
+      heads.push_back(e.op<ReshapeOp>(n + part + "4", h4_t, t));
+    }
+    Value a = e.op<AttentionOp>(n + "attn", h4_t, heads[0], heads[1], heads[2],
+                                /*causal=*/true, scale);
+    a = e.op<ReshapeOp>(n + "attn2", x_t, a);
+    Value o = conv1d("proj", a, "attn.c_proj", D, D);
+    x = e.op<AddOp>(n + "res1", x_t, x, o);
+    h = layerNorm("ln2", x, "ln_2");
+    Value f = conv1d("fc", h, "mlp.c_fc", D, I);
+    Value g = e.op<GeLUOp>(n + "gelu", {B, S, I}, f, c.gelu);
+    Value m = conv1d("mlp", g, "mlp.c_proj", I, D);
+    x = e.op<AddOp>(n + "res2", x_t, x, m);
+  }
+  Value w = e.param("lnf_w", prefix + "ln_f.weight", {D});
+  Value b = e.param("lnf_b", prefix + "ln_f.bias", {D});
+  Value h = e.op<LayerNormOp>("lnf", x_t, x, w, b, f64(c.eps));
+  // GPT-2 ties the output projection to the token embedding (unless the config says not).
+  Value head = c.tied ? wte : e.param("lm_head", "lm_head.weight", {V, D});
+  Value logits = e.op<LinearOp>("logits", {B, S, V}, h, head, Value());
+  return CrossEntropyOp::create(e.b, e.loc("loss"), RankedTensorType::get({}, e.b.getF32Type()),
+                                logits, labels)
+      .getResult();
+}
+
+/// "a, b, c and 4 more".
+std::string listNames(const std::vector<std::string> &names, size_t limit = 8) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < limit; ++i)
+    out += (i ? ", " : "") + names[i];
+  if (names.size() > limit)
+    out += " and " + std::to_string(names.size() - limit) + " more";
+  return out;
+}
+
+/// Every expected tensor must be in the checkpoint with the expected shape and a float dtype;
+/// all problems are reported in one error. Tensors the model does not use get a note.
+void checkCheckpoint(const rt::Checkpoint &checkpoint,
+                     const std::vector<ExpectedTensor> &expected) {
+  std::vector<std::string> missing, mismatched;
+  std::set<std::string> used;
+  for (const ExpectedTensor &t : expected) {
+    used.insert(t.name);
+    const rt::SafetensorsEntry *entry = checkpoint.find(t.name);
+    if (!entry) {
+      missing.push_back(t.name);
+      continue;
+    }
+    if (entry->shape != t.shape)
+      mismatched.push_back(t.name + " is " + rt::formatShape(entry->shape) +
+                           ", the config gives " + rt::formatShape(t.shape));
+    else if (!entry->runtimeDType || !rt::isComputeFloat(*entry->runtimeDType))
+      mismatched.push_back(t.name + " has dtype " + entry->dtype +
+                           ", not a float (F32, F16, BF16)");
+  }
+  if (!missing.empty() || !mismatched.empty()) {
+    std::string message = "checkpoint '" + checkpoint.path() + "' does not match the config:";
+    if (!missing.empty())
+      message += " missing " + std::to_string(missing.size()) + " tensor" +
+                 (missing.size() == 1 ? "" : "s") + ": " + listNames(missing) + ";";
+    for (const std::string &m : mismatched)
+      message += " " + m + ";";
+    message.pop_back();
+    throw ImportError(message);
+  }
+  std::vector<std::string> extra;
+  for (const rt::SafetensorsEntry &entry : checkpoint.tensors())
+    if (!used.count(entry.name))
+      extra.push_back(entry.name);
+  if (!extra.empty())
+    printNote("ignoring " + std::to_string(extra.size()) + " checkpoint tensor" +
+              (extra.size() == 1 ? "" : "s") + " the model does not use: " + listNames(extra));
+}
+
+std::string joinPath(const std::string &dir, const std::string &name) {
+  llvm::SmallString<256> path(dir);
+  llvm::sys::path::append(path, name);
+  return std::string(path);
+}
+
+/// The element type ("bf16", "f32", "f16") a --dtype value, a config torch_dtype or a
+/// safetensors dtype names; `spelling` 0, 1 or 2 picks which of the three `name` is.
+std::optional<std::string> elementType(llvm::StringRef name, int spelling) {
+  static const char *const kNames[][3] = {
+      {"bf16", "bfloat16", "BF16"}, {"f32", "float32", "F32"}, {"f16", "float16", "F16"}};
+  for (const auto &row : kNames)
+    if (name == row[spelling])
+      return std::string(row[0]);
+  return std::nullopt;
+}
+
+int importModel() {
+  if (batchOption == 0)
+    throw ImportError("--batch must be positive");
+  std::string configPath = joinPath(hfDir, "config.json");
+  if (!llvm::sys::fs::is_directory(hfDir))
+    throw ImportError("'" + hfDir + "' is not a directory");
+  ModelConfig c = readConfig(configPath);
+
+  int64_t B = batchOption;
+  int64_t S = seqOption.getNumOccurrences() ? int64_t(seqOption) : std::min<int64_t>(2048, c.positions);
+  if (S <= 0)
+    throw ImportError("--seq must be positive");
+  if (S > c.positions)
+    throw ImportError("--seq " + std::to_string(S) + " is longer than the model's " +
+                      std::to_string(c.positions) + " positions (" +
+                      (c.family == Family::GPT2 ? "n_positions" : "max_position_embeddings") +
+                      " in " + configPath + ")");
+  if (c.slidingWindow && *c.slidingWindow < S)
+    throw ImportError(configPath + ": 'sliding_window' " + std::to_string(*c.slidingWindow) +
+                      " is shorter than --seq " + std::to_string(S) +
+                      ": sliding-window attention is not supported (import with --seq " +
+                      std::to_string(*c.slidingWindow) + " or less)");
+
+  std::string single = joinPath(hfDir, "model.safetensors");
+  std::string index = joinPath(hfDir, "model.safetensors.index.json");
+  std::string weights;
+  if (llvm::sys::fs::exists(index))
+    weights = index;
+  else if (llvm::sys::fs::exists(single))
+    weights = single;
+  else
+    throw ImportError("'" + hfDir +
+                      "' has neither model.safetensors nor model.safetensors.index.json");
+  rt::Checkpoint checkpoint = rt::Checkpoint::open(weights);
+
+  // GPT-2 checkpoints come with and without the "transformer." prefix; keep the checkpoint's.
+  std::string prefix = "transformer.";
+  if (c.family == Family::GPT2 && !checkpoint.find("transformer.wte.weight") &&
+      checkpoint.find("wte.weight"))
+    prefix = "";
+
+  std::string dtypeName;
+  if (dtypeOption.getNumOccurrences()) {
+    std::optional<std::string> d = elementType(dtypeOption, 0);
+    if (!d)
+      throw ImportError("--dtype '" + dtypeOption + "' is not one of bf16, f32, f16");
+    dtypeName = *d;
+  } else if (c.torchDType) {
+    std::optional<std::string> d = elementType(*c.torchDType, 1);
+    if (!d)
+      throw ImportError(configPath + ": torch_dtype '" + *c.torchDType +
+                        "' is not supported (bfloat16, float32, float16); choose the element "
+                        "type with --dtype");
+    dtypeName = *d;
+  } else {
+    std::string embed = c.family == Family::GPT2 ? prefix + "wte.weight"
+                                                 : "model.embed_tokens.weight";
+    const rt::SafetensorsEntry *entry = checkpoint.find(embed);
+    std::optional<std::string> d = entry ? elementType(entry->dtype, 2) : std::nullopt;
+    if (!d)
+      throw ImportError(configPath + " has no torch_dtype and the checkpoint's '" + embed +
+                        "' is " + (entry ? entry->dtype : std::string("missing")) +
+                        ": choose the element type with --dtype");
+    dtypeName = *d;
+  }
+
+  DialectRegistry registry;
+  registry.insert<BonsaiDialect, func::FuncDialect>();
+  MLIRContext context(registry);
+  context.loadAllAvailableDialects();
+  OpBuilder top(&context);
+  Type dtype = dtypeName == "bf16"  ? Type(top.getBF16Type())
+               : dtypeName == "f16" ? Type(top.getF16Type())
+                                    : Type(top.getF32Type());
+  OwningOpRef<ModuleOp> module = ModuleOp::create(top.getUnknownLoc());
+  ModelBuilder e(*module, dtype);
+  auto ids_t = RankedTensorType::get({B, S}, top.getI32Type());
+  auto loss_t = RankedTensorType::get({}, top.getF32Type());
+  e.b.setInsertionPointToEnd(module->getBody());
+  auto func = func::FuncOp::create(e.b, e.loc("forward"), "forward",
+                                   top.getFunctionType({ids_t, ids_t}, {loss_t}));
+  Block *entry = func.addEntryBlock();
+  entry->getArgument(0).setLoc(e.loc("ids"));
+  entry->getArgument(1).setLoc(e.loc("labels"));
+  e.b.setInsertionPointToEnd(entry);
+  Value loss = c.family == Family::GPT2
+                   ? buildGPT2(e, c, B, S, entry->getArgument(0), entry->getArgument(1), prefix)
+                   : buildLlama(e, c, B, S, entry->getArgument(0), entry->getArgument(1));
+  func::ReturnOp::create(e.b, e.loc("return"), loss);
+
+  checkCheckpoint(checkpoint, e.expected);
+  // The builders cannot produce an op the verifier rejects unless the config is one the
+  // checks above missed: say so rather than write an invalid model.
+  if (failed(verify(*module)))
+    throw ImportError("the imported model does not verify (the errors above); this "
+                      "configuration is not supported");
+
+  std::string error;
+  std::unique_ptr<llvm::ToolOutputFile> file = openOutputFile(outputFile, &error);
+  if (!file)
+    throw ImportError(error);
+  llvm::raw_ostream &os = file->os();
+  std::string name = outputFile == "-" ? "model.mlir"
+                                       : std::string(llvm::sys::path::filename(outputFile));
+  os << "// " << name << " - " << c.architecture << " forward pass and loss, batch " << B
+     << ", sequence " << S << ", " << dtypeName << ".\n//\n";
+  os << "// Imported by bonsai-import-hf from " << hfDir << " (" << weights << ").\n";
+  os << "// Config: vocab=" << c.vocab << ", hidden=" << c.hidden << ", layers=" << c.layers
+     << ", heads=" << c.heads;
+  if (c.family == Family::Llama)
+    os << ", kv_heads=" << c.kvHeads << ", intermediate=" << c.intermediate
+       << ", rope_theta=" << c.ropeTheta << ", eps=" << c.eps
+       << ", qkv_bias=" << (c.qkvBias ? "True" : "False");
+  else
+    os << ", positions=" << c.positions << ", intermediate=" << c.intermediate
+       << ", eps=" << c.eps << ", gelu=" << stringifyGeluApproximation(c.gelu);
+  os << ", tied=" << (c.tied ? "True" : "False") << ", batch=" << B << ", seq=" << S
+     << ", dtype=" << dtypeName << "\n\n";
+  func->print(os, OpPrintingFlags().printNameLocAsPrefix());
+  os << "\n";
+  file->keep();
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  llvm::InitLLVM init(argc, argv);
+  llvm::cl::ParseCommandLineOptions(
+      argc, argv,
+      "Bonsai importer: Hugging Face checkpoint directory (config.json + safetensors) -> "
+      "bonsai IR\n");
+  try {
+    return importModel();
+  } catch (const ImportError &e) {
+    llvm::errs() << "bonsai-import-hf: error: " << e.what() << "\n";
+  } catch (const rt::Error &e) {
+    llvm::errs() << "bonsai-import-hf: error: " << e.what() << "\n";
+  }
+  return 1;
+}
