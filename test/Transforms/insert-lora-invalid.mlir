@@ -86,6 +86,21 @@ bonsai.recipe @r {
 
 // -----
 
+// LoRA on a transposed weight (GPT-2's Conv1D layout): the plan's adapters, the runtime and
+// PEFT's export take the base in [out, in].
+func.func @forward(%x: tensor<2x8x16xf32>) -> tensor<2x8x32xf32> {
+  %w = bonsai.param "h.0.attn.c_attn.weight" trainable : tensor<16x32xf32>
+  %t = bonsai.transpose %w {permutation = array<i64: 1, 0>} : (tensor<16x32xf32>) -> tensor<32x16xf32>
+  %y = bonsai.linear %x, %t : (tensor<2x8x16xf32>, tensor<32x16xf32>) -> tensor<2x8x32xf32>
+  return %y : tensor<2x8x32xf32>
+}
+bonsai.recipe @r {
+  // expected-error @+1 {{LoRA on weight 'h.0.attn.c_attn.weight', which the linear reads through a transpose or reshape (GPT-2's Conv1D [in, out] layout), is not supported: adapters need the weight stored in [out, in] layout}}
+  bonsai.lora rank 4 alpha 8.0 targets ["c_attn"]
+}
+
+// -----
+
 // Dropout is not carried out.
 func.func @forward(%x: tensor<2x8x16xf32>) -> tensor<2x8x32xf32> {
   %w = bonsai.param "model.layers.0.self_attn.q_proj.weight" trainable : tensor<32x16xf32>

@@ -141,14 +141,24 @@ LogicalResult mlir::bonsai::verifyLoraTargets(function_ref<InFlightDiagnostic()>
       consumer = def;
       value = def->getOperand(0);
     }
+    bool layoutAsStored = directOrConverted && linear->weight->type.getShape() ==
+                                                   cast<RankedTensorType>(lin.getWeight().getType())
+                                                       .getShape();
+    // The plan's Adapter table, the runtime's checks and PEFT's export all take the base in
+    // [out, in]; GPT-2's Conv1D weights are stored [in, out] and transposed by the model
+    // (PEFT's fan_in_fan_out), which none of them expresses yet.
+    if (!dora && !layoutAsStored)
+      return emitError() << "LoRA on weight '" << name
+                         << "', which the linear reads through a transpose or reshape (GPT-2's "
+                            "Conv1D [in, out] layout), is not supported: adapters need the "
+                            "weight stored in [out, in] layout";
     if (!dora)
       continue;
     if (lin.getBias())
       return emitError() << "DoRA on weight '" << name
                          << "', whose linear has a bias, is not supported: the magnitude "
                             "would scale the bias too";
-    if (!directOrConverted || linear->weight->type.getShape() !=
-                                  cast<RankedTensorType>(lin.getWeight().getType()).getShape())
+    if (!layoutAsStored)
       return emitError() << "DoRA needs weight '" << name
                          << "' in [out, in] layout (the magnitude is initialized to its row "
                             "norms), but the linear reads it through a transpose or reshape";
