@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/demo.sh - the main job (the README's first command): install, build, train the tiny
 # Llama on the CPU on a text every Debian machine has (loss falling, checkpoints, then a greedy
-# completion of a prompt), then verify every example model and recipe and print cost reports.
+# completion of a prompt), fine-tune it with QLoRA on another text and export the adapter, then
+# verify every example model and recipe and print cost reports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -23,6 +24,23 @@ rm -rf out/ckpt
 "$bin/bonsai-run" out/tiny_train.plan --data out/gpl3.tokens --steps 1500 --seed 1 \
   --metrics out/metrics.jsonl --save-every 500 --ckpt-dir out/ckpt \
   --generate "This License " --max-new-bytes 80 | awk 'NR <= 2 || /^step/ && (++n % 100 == 1) || !/^step/'
+
+echo
+echo "== QLoRA: fine-tuning the trained model on another text, NF4 base, LoRA adapters =="
+# The checkpoint's weights become the frozen base: the block linears are quantized to NF4 as
+# they are bound, LoRA r8 adapters on all seven train (docs/lora.md, docs/quantization.md),
+# and the adapters are exported as a PEFT adapter directory (docs/import-export.md).
+"$bin/bonsai-tokenize" /usr/share/common-licenses/Apache-2.0 -o out/apache.tokens
+targets='["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]'
+printf 'bonsai.recipe @qlora_tiny {\n  bonsai.quantize "nf4" block 64 double_quant 256 targets %s\n  bonsai.lora rank 8 alpha 1.600000e+01 targets %s\n  bonsai.optimizer "adamw" lr 5.000000e-03\n}\n' \
+  "$targets" "$targets" > out/qlora_tiny.mlir
+"$bin/bonsai-compile" examples/models/tiny_llama.mlir out/qlora_tiny.mlir -o out/qlora_tiny.plan \
+  2> /dev/null | grep -E "trainable|quantized|peak device"
+rm -rf out/qlora-adapter
+"$bin/bonsai-run" out/qlora_tiny.plan --weights out/ckpt/step-00001500/model.safetensors \
+  --data out/apache.tokens --steps 400 --seed 1 --export-adapter out/qlora-adapter \
+  --generate "Licensed under the " --max-new-bytes 60 |
+  awk '/^step/ && (++n % 100 == 1) || /^(adapter|prompt|generated|time)/'
 
 echo
 echo "== Recipes, each verified against the model it is written for =="
