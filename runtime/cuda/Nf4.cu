@@ -61,15 +61,6 @@ __device__ __forceinline__ void loadLevels(float *levels) {
   __syncthreads();
 }
 
-template <typename T> __device__ __forceinline__ T fromFloat(float v);
-template <> __device__ __forceinline__ float fromFloat<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <> __device__ __forceinline__ __half fromFloat<__half>(float v) {
-  return __float2half_rn(v);
-}
-
 /// Stores eight values at `y` (16-byte aligned).
 template <typename T> __device__ __forceinline__ void storeOctet(T *y, const float (&v)[8]) {
   if constexpr (sizeof(T) == 4) {

@@ -14,6 +14,8 @@
 #include "bonsai/runtime/GaLore.h"
 #include "bonsai/runtime/Init.h"
 
+#include "KernelParams.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -306,62 +308,26 @@ void Executor::runKernel(size_t index) {
     cpu::gradNorm(grads, out);
     break;
   }
-  case KernelKind::LearningRate: {
-    cpu::LearningRateSchedule schedule;
-    schedule.lr = a.lr;
-    schedule.cosine = a.cosine;
-    schedule.warmupSteps = a.warmupSteps;
-    schedule.totalSteps = a.totalSteps;
-    schedule.minLrRatio = a.minLrRatio;
-    cpu::learningRate(in(0), schedule, out);
+  case KernelKind::LearningRate:
+    cpu::learningRate(in(0), learningRateSchedule(a), out);
     break;
-  }
-  case KernelKind::AdamWUpdate: {
-    cpu::AdamWHyper hyper;
-    hyper.beta1 = a.beta1;
-    hyper.beta2 = a.beta2;
-    hyper.eps = a.eps;
-    hyper.weightDecay = a.weightDecay;
-    hyper.gradClip = a.gradClip;
-    cpu::adamwUpdate(in(0), in(1), in(2), in(3), hyper, outAt(0), outAt(1), outAt(2),
+  case KernelKind::AdamWUpdate:
+    cpu::adamwUpdate(in(0), in(1), in(2), in(3), adamwHyper(a), outAt(0), outAt(1), outAt(2),
                      optionalOut(3));
     break;
-  }
-  case KernelKind::SGDUpdate: {
-    cpu::SGDHyper hyper;
-    hyper.momentum = a.momentum;
-    hyper.weightDecay = a.weightDecay;
-    hyper.gradClip = a.gradClip;
-    cpu::sgdUpdate(in(0), in(1), in(2), hyper, outAt(0), outAt(1), optionalOut(2));
+  case KernelKind::SGDUpdate:
+    cpu::sgdUpdate(in(0), in(1), in(2), sgdHyper(a), outAt(0), outAt(1), optionalOut(2));
     break;
-  }
-  case KernelKind::GaloreRefresh: {
-    galore::RefreshParams params;
-    params.rank = a.rank;
-    params.updateProjGap = a.updateProjGap;
-    params.offset = a.offset;
-    params.slot = a.slot;
-    params.left = a.left;
-    params.randomized = a.randomized;
-    params.powerIterations = a.powerIterations;
-    params.seed = uint64_t(a.seed);
-    cpu::galoreRefresh(in(0), in(1), params, outAt(0), outAt(1), outAt(2));
+  case KernelKind::GaloreRefresh:
+    cpu::galoreRefresh(in(0), in(1), galoreRefreshParams(a), outAt(0), outAt(1), outAt(2));
     break;
-  }
   case KernelKind::GaloreProject:
     cpu::galoreProject(in(0), in(1), a.left, a.bf16Operands, out);
     break;
-  case KernelKind::GaloreAdamWUpdate: {
-    cpu::AdamWHyper hyper;
-    hyper.beta1 = a.beta1;
-    hyper.beta2 = a.beta2;
-    hyper.eps = a.eps;
-    hyper.weightDecay = a.weightDecay;
-    hyper.gradClip = a.gradClip;
-    cpu::galoreAdamwUpdate(in(0), in(1), in(2), in(3), hyper, a.scale, a.left, outAt(0),
+  case KernelKind::GaloreAdamWUpdate:
+    cpu::galoreAdamwUpdate(in(0), in(1), in(2), in(3), adamwHyper(a), a.scale, a.left, outAt(0),
                            outAt(1), outAt(2), outAt(3), optionalOut(4));
     break;
-  }
   case KernelKind::StepIncrement:
     cpu::stepIncrement(out);
     break;

@@ -410,6 +410,31 @@ private:
       fail(outName(j) + " must have init " + (init == TensorInit::Zeros ? "Zeros" : "CopyOf") +
            " (" + why + ")");
   }
+  /// Output `master` holds the fp32 master weights of output `param`: a copy of it at init.
+  void expectMasterCopy(size_t master, size_t param) const {
+    expectInit(master, TensorInit::CopyOf, "master weights start as a copy of the parameter");
+    const TensorInfo &source = plan.tensors[out(master).initSource];
+    if (!sameStorage(source, out(param)))
+      fail(outName(master) + " is a copy of " + plan.describeTensor(out(master).initSource) +
+           ", not of " + outName(param));
+  }
+  /// Attribute `name` is finite and non-negative.
+  void finiteAtLeast0(const char *name, double v) const {
+    if (!(v >= 0) || !std::isfinite(v))
+      fail(std::string(name) + " must be finite and non-negative, got " + num(v));
+  }
+  /// The hyperparameters AdamW and GaLore's AdamW share.
+  void checkAdamWAttrs() const {
+    const KernelAttrsInfo &a = kernel.attrs;
+    if (!(a.beta1 >= 0 && a.beta1 < 1))
+      fail("beta1 must be in [0, 1), got " + num(a.beta1));
+    if (!(a.beta2 >= 0 && a.beta2 < 1))
+      fail("beta2 must be in [0, 1), got " + num(a.beta2));
+    if (!(a.eps > 0) || !std::isfinite(a.eps))
+      fail("eps must be positive and finite, got " + num(a.eps));
+    finiteAtLeast0("weight_decay", a.weightDecay);
+    finiteAtLeast0("grad_clip", a.gradClip);
+  }
 
   /// GaLore projects the smaller side of a 2-D gradient (`left`: rows); either for a square one.
   void checkGaloreSide(const std::vector<int64_t> &shape, bool left) const {
@@ -678,10 +703,6 @@ void KernelChecker::checkArity() {
 
 void KernelChecker::checkAttrs() {
   const KernelAttrsInfo &a = kernel.attrs;
-  auto finiteAtLeast0 = [&](const char *name, double v) {
-    if (!(v >= 0) || !std::isfinite(v))
-      fail(std::string(name) + " must be finite and non-negative, got " + num(v));
-  };
   switch (kernel.kind) {
   case KernelKind::RMSNorm:
   case KernelKind::LayerNorm:
@@ -745,14 +766,7 @@ void KernelChecker::checkAttrs() {
       fail("min_lr_ratio must be in [0, 1], got " + num(a.minLrRatio));
     break;
   case KernelKind::AdamWUpdate:
-    if (!(a.beta1 >= 0 && a.beta1 < 1))
-      fail("beta1 must be in [0, 1), got " + num(a.beta1));
-    if (!(a.beta2 >= 0 && a.beta2 < 1))
-      fail("beta2 must be in [0, 1), got " + num(a.beta2));
-    if (!(a.eps > 0) || !std::isfinite(a.eps))
-      fail("eps must be positive and finite, got " + num(a.eps));
-    finiteAtLeast0("weight_decay", a.weightDecay);
-    finiteAtLeast0("grad_clip", a.gradClip);
+    checkAdamWAttrs();
     break;
   case KernelKind::SGDUpdate:
     finiteAtLeast0("momentum", a.momentum);
@@ -769,14 +783,7 @@ void KernelChecker::checkAttrs() {
       fail("power_iterations must be in [0, 16], got " + std::to_string(a.powerIterations));
     break;
   case KernelKind::GaloreAdamWUpdate:
-    if (!(a.beta1 >= 0 && a.beta1 < 1))
-      fail("beta1 must be in [0, 1), got " + num(a.beta1));
-    if (!(a.beta2 >= 0 && a.beta2 < 1))
-      fail("beta2 must be in [0, 1), got " + num(a.beta2));
-    if (!(a.eps > 0) || !std::isfinite(a.eps))
-      fail("eps must be positive and finite, got " + num(a.eps));
-    finiteAtLeast0("weight_decay", a.weightDecay);
-    finiteAtLeast0("grad_clip", a.gradClip);
+    checkAdamWAttrs();
     if (!(a.scale > 0) || !std::isfinite(a.scale))
       fail("scale must be positive and finite, got " + num(a.scale));
     break;
@@ -822,13 +829,8 @@ void KernelChecker::checkState() const {
     if (adam)
       expectInit(2, TensorInit::Zeros, "moments start at zero");
     size_t master = adam ? 3 : 2;
-    if (kernel.outputs.size() > master) {
-      expectInit(master, TensorInit::CopyOf, "master weights start as a copy of the parameter");
-      const TensorInfo &source = plan.tensors[out(master).initSource];
-      if (!sameStorage(source, out(0)))
-        fail(outName(master) + " is a copy of " + plan.describeTensor(out(master).initSource) +
-             ", not of " + outName(0));
-    }
+    if (kernel.outputs.size() > master)
+      expectMasterCopy(master, 0);
     break;
   }
   case KernelKind::StepIncrement:
@@ -847,13 +849,8 @@ void KernelChecker::checkState() const {
       expectPersistent(j);
     expectInit(2, TensorInit::Zeros, "moments start at zero");
     expectInit(3, TensorInit::Zeros, "moments start at zero");
-    if (kernel.outputs.size() > 4) {
-      expectInit(4, TensorInit::CopyOf, "master weights start as a copy of the parameter");
-      const TensorInfo &source = plan.tensors[out(4).initSource];
-      if (!sameStorage(source, out(1)))
-        fail(outName(4) + " is a copy of " + plan.describeTensor(out(4).initSource) +
-             ", not of " + outName(1));
-    }
+    if (kernel.outputs.size() > 4)
+      expectMasterCopy(4, 1);
     break;
   default:
     break;
@@ -1281,6 +1278,15 @@ void KernelChecker::check() {
   checkState();
 }
 
+/// Reads the hyperparameters AdamWAttrs and GaloreAdamWAttrs share.
+template <typename AdamWTable> void readAdamWAttrs(const AdamWTable &t, KernelAttrsInfo &a) {
+  a.beta1 = t.beta1();
+  a.beta2 = t.beta2();
+  a.eps = t.eps();
+  a.weightDecay = t.weight_decay();
+  a.gradClip = t.grad_clip();
+}
+
 /// The union member each kind requires (NONE: the kind takes no attributes).
 fb::KernelAttrs requiredAttrs(fb::KernelKind kind) {
   switch (kind) {
@@ -1653,15 +1659,9 @@ void PlanReader::readKernels() {
       a.minLrRatio = lr->min_lr_ratio();
       break;
     }
-    case fb::KernelAttrs::AdamWAttrs: {
-      const fb::AdamWAttrs *adam = k->attrs_as_AdamWAttrs();
-      a.beta1 = adam->beta1();
-      a.beta2 = adam->beta2();
-      a.eps = adam->eps();
-      a.weightDecay = adam->weight_decay();
-      a.gradClip = adam->grad_clip();
+    case fb::KernelAttrs::AdamWAttrs:
+      readAdamWAttrs(*k->attrs_as_AdamWAttrs(), a);
       break;
-    }
     case fb::KernelAttrs::GaloreRefreshAttrs: {
       const fb::GaloreRefreshAttrs *g = k->attrs_as_GaloreRefreshAttrs();
       a.rank = g->rank();
@@ -1680,11 +1680,7 @@ void PlanReader::readKernels() {
       break;
     case fb::KernelAttrs::GaloreAdamWAttrs: {
       const fb::GaloreAdamWAttrs *g = k->attrs_as_GaloreAdamWAttrs();
-      a.beta1 = g->beta1();
-      a.beta2 = g->beta2();
-      a.eps = g->eps();
-      a.weightDecay = g->weight_decay();
-      a.gradClip = g->grad_clip();
+      readAdamWAttrs(*g, a);
       a.scale = g->scale();
       a.left = g->left();
       break;
