@@ -8,9 +8,10 @@
 // its smaller side first), found by cyclic Jacobi rotations: slow for large s, exact to fp64
 // rounding, and enough for the CPU backend's models. The randomized projector is the thin QR
 // factor (positive diagonal) of A·Ω after `power_iterations` re-orthonormalised power
-// iterations, computed by shifted CholeskyQR then CholeskyQR (Fukaya et al., 2020): the same
-// algorithm as the CUDA kernels, whose Q is unique, so a NumPy reference with a Householder QR
-// gets the same projector.
+// iterations, computed by shifted CholeskyQR then a rank-revealing CholeskyQR (Fukaya et al.,
+// 2020) whose left-out columns are completed by projected unit vectors: the same algorithm as
+// the CUDA kernels. For a sketch of full column rank Q is unique, so a NumPy reference with a
+// Householder QR gets the same projector; for a rank-deficient one Q still spans the sketch.
 //
 //===----------------------------------------------------------------------===//
 
@@ -76,20 +77,29 @@ void roundToBf16(Matrix &a) {
     x = double(bf16ToF32(f32ToBf16(float(x))));
 }
 
-/// Upper-triangular R with RᵀR = G (G symmetric positive definite), or false when a pivot is
-/// not positive or falls below `tolerance` times the largest diagonal of G.
-bool cholesky(const Matrix &g, double tolerance, Matrix &r) {
-  int64_t n = g.rows;
+/// Rank-revealing Cholesky: upper-triangular R with RᵀR = G over the columns it accepts,
+/// taken greedily in order. Column j is accepted while fewer than `limit` are and its pivot
+/// (the squared distance of that column to the span of the accepted ones before it) exceeds
+/// `tolerance`; a column left out gets a -1 on R's diagonal and zeros elsewhere in its row
+/// and column, so that Y·R⁻¹ still runs (the column passes through, negated, to be replaced)
+/// and the sign marks it. Returns whether each column was accepted.
+std::vector<bool> rankRevealingCholesky(const Matrix &g, double tolerance, int64_t limit,
+                                        Matrix &r) {
+  int64_t n = g.rows, count = 0;
   r = Matrix(n, n);
-  double largest = 0.0;
-  for (int64_t i = 0; i < n; ++i)
-    largest = std::max(largest, g(i, i));
+  std::vector<bool> accepted(size_t(n), false);
   for (int64_t j = 0; j < n; ++j) {
     double d = g(j, j);
     for (int64_t p = 0; p < j; ++p)
       d -= r(p, j) * r(p, j);
-    if (!(d > tolerance * largest) || !std::isfinite(d))
-      return false;
+    if (count >= limit || !(d > tolerance) || !std::isfinite(d)) {
+      for (int64_t p = 0; p < j; ++p)
+        r(p, j) = 0.0;
+      r(j, j) = -1.0;
+      continue;
+    }
+    accepted[size_t(j)] = true;
+    ++count;
     r(j, j) = std::sqrt(d);
     for (int64_t i = j + 1; i < n; ++i) {
       double v = g(j, i);
@@ -98,7 +108,7 @@ bool cholesky(const Matrix &g, double tolerance, Matrix &r) {
       r(j, i) = v / r(j, j);
     }
   }
-  return true;
+  return accepted;
 }
 
 /// Y·R⁻¹ for upper-triangular R (forward substitution along each row of Y).
@@ -114,31 +124,81 @@ Matrix solveUpper(const Matrix &y, const Matrix &r) {
   return q;
 }
 
-/// Pivots below this share of the Gram matrix's largest diagonal mean dependent columns: the
-/// f32 data the CUDA kernels orthonormalise carry about 7 significant digits, so columns
-/// independent to fewer digits than that are not distinguishable from dependent ones.
-constexpr double kRankTolerance = 1e-12;
+double largestDiagonal(const Matrix &g) {
+  double largest = 0.0;
+  for (int64_t i = 0; i < g.rows; ++i)
+    largest = std::max(largest, g(i, i));
+  return largest;
+}
 
-/// The orthonormal factor of Y's thin QR with a positive diagonal: shifted CholeskyQR, then
-/// CholeskyQR. False when Y's columns are numerically dependent.
-bool orthonormalize(const Matrix &y, Matrix &q) {
+/// The orthonormal s x r factor Q of the sketch Y: the thin QR factor with a positive diagonal
+/// when Y has full column rank; otherwise Y's columns that depend on the ones before them are
+/// replaced, in order, by an orthonormal completion, so that Q always has orthonormal columns
+/// and spans Y's range. Three steps (docs/galore.md):
+///   1. shifted CholeskyQR (Fukaya et al., 2020): Q1 = Y·R1⁻¹ with R1ᵀR1 = YᵀY + shift·I,
+///      which cannot break down on an ill-conditioned or rank-deficient Y;
+///   2. rank-revealing CholeskyQR of Q1 (galore::kRankTolerance): Q2 = Q1·R2⁻¹ over the
+///      accepted columns;
+///   3. for the k columns left out: the unit vectors e_0 .. e_{r-1} projected off the accepted
+///      columns, S = I - Q2[0:r, acc]·Q2[0:r, acc]ᵀ their Gram matrix, taken greedily
+///      (galore::completionTolerance) until k are found, orthonormalised by the Cholesky factor
+///      of S, and put into the left-out columns in order.
+/// The CUDA kernels run the same steps. Fails (galore::Status) only when Y is zero or not
+/// finite, or in the safety nets of steps 1 and 3 that exact arithmetic never reaches.
+galore::Status orthonormalize(const Matrix &y, Matrix &q) {
+  int64_t s = y.rows, r = y.cols;
   Matrix gram = multiply(y, true, y, false);
-  double frobenius = 0.0;
-  for (int64_t i = 0; i < gram.rows; ++i)
-    frobenius += gram(i, i);
-  // Fukaya et al.'s shift: keeps the first factorisation from breaking down on an
-  // ill-conditioned Y; the second pass restores orthogonality.
-  double shift = 11.0 * double(y.rows * y.cols + y.cols * (y.cols + 1)) * 0x1p-53 * frobenius;
-  for (int64_t i = 0; i < gram.rows; ++i)
+  double trace = 0.0;
+  for (int64_t i = 0; i < r; ++i)
+    trace += gram(i, i);
+  if (!std::isfinite(trace))
+    return galore::kNonFinite;
+  if (trace == 0.0)
+    return galore::kRankDeficient; // a zero sketch spans nothing
+  // Fukaya et al.'s shift keeps every pivot above it: step 1 never breaks down.
+  double shift = 11.0 * double(s * r + r * (r + 1)) * 0x1p-53 * trace;
+  for (int64_t i = 0; i < r; ++i)
     gram(i, i) += shift;
-  Matrix r;
-  if (!cholesky(gram, kRankTolerance, r))
-    return false;
-  Matrix q1 = solveUpper(y, r);
-  if (!cholesky(multiply(q1, true, q1, false), kRankTolerance, r))
-    return false;
-  q = solveUpper(q1, r);
-  return true;
+  Matrix factor;
+  std::vector<bool> accepted = rankRevealingCholesky(gram, 0.0, r, factor);
+  if (std::find(accepted.begin(), accepted.end(), false) != accepted.end())
+    return galore::kRankDeficient;
+  Matrix q1 = solveUpper(y, factor);
+
+  Matrix gram1 = multiply(q1, true, q1, false);
+  accepted = rankRevealingCholesky(gram1, galore::kRankTolerance * largestDiagonal(gram1), r,
+                                   factor);
+  q = solveUpper(q1, factor);
+  std::vector<int64_t> missing;
+  for (int64_t j = 0; j < r; ++j)
+    if (!accepted[size_t(j)])
+      missing.push_back(j);
+  if (missing.empty())
+    return galore::kRefreshed;
+
+  // The completion: U = (I - Qa·Qaᵀ)·[e_0 .. e_{r-1}], S = I - Qa[0:r]·Qa[0:r]ᵀ its Gram matrix.
+  Matrix u(s, r), sGram(r, r);
+  for (int64_t x = 0; x < s; ++x)
+    for (int64_t i = 0; i < r; ++i) {
+      double v = x == i ? 1.0 : 0.0;
+      for (int64_t p = 0; p < r; ++p)
+        if (accepted[size_t(p)])
+          v -= q(x, p) * q(i, p);
+      u(x, i) = v;
+      if (x < r)
+        sGram(x, i) = v;
+    }
+  std::vector<bool> chosen = rankRevealingCholesky(
+      sGram, galore::completionTolerance(r), int64_t(missing.size()), factor);
+  Matrix completion = solveUpper(u, factor);
+  size_t next = 0;
+  for (int64_t i = 0; i < r && next < missing.size(); ++i)
+    if (chosen[size_t(i)]) {
+      for (int64_t x = 0; x < s; ++x)
+        q(x, missing[next]) = completion(x, i);
+      ++next;
+    }
+  return next == missing.size() ? galore::kRefreshed : galore::kRankDeficient;
 }
 
 /// Eigenvectors of the symmetric matrix `a` (columns of the result), eigenvalues descending,
@@ -260,8 +320,11 @@ void galoreRefresh(const TensorView &grad, const TensorView &step,
     fail(k, "update_proj_gap must be positive");
   int64_t done = loadStepValue(k, step);
   float *flag = static_cast<float *>(status.data) + params.slot;
-  if (!galore::refreshDue(done, params.updateProjGap, params.offset, *flag))
+  if (!galore::refreshDue(done, params.updateProjGap, params.offset, *flag, params.slot,
+                          status.shape[0])) {
+    *flag = galore::pendingStatus(*flag);
     return;
+  }
 
   // A = the gradient with its smaller side first (s x l).
   Matrix a = loadMatrix(grad, !params.left);
@@ -284,16 +347,12 @@ void galoreRefresh(const TensorView &grad, const TensorView &step,
     for (int64_t i = 0; i < large * rank; ++i)
       omega.data[size_t(i)] = galore::gaussian(key, i);
     Matrix q;
-    if (!orthonormalize(multiply(a, false, omega, false), q)) {
-      *flag = float(galore::kRankDeficient);
+    galore::Status outcome = orthonormalize(multiply(a, false, omega, false), q);
+    for (int64_t it = 0; it < params.powerIterations && outcome == galore::kRefreshed; ++it)
+      outcome = orthonormalize(multiply(a, false, multiply(a, true, q, false), false), q);
+    if (outcome != galore::kRefreshed) {
+      *flag = float(outcome);
       return;
-    }
-    for (int64_t it = 0; it < params.powerIterations; ++it) {
-      Matrix z = multiply(a, true, q, false);
-      if (!orthonormalize(multiply(a, false, z, false), q)) {
-        *flag = float(galore::kRankDeficient);
-        return;
-      }
     }
     p = q;
   }

@@ -15,13 +15,17 @@
 // cannot be told to skip, so the refresh's GEMMs are this file's own tiled kernels (fp32
 // multiply-add, 64 x 64 tiles). The randomized range finder: Ω (l x r, Gaussian from the
 // sketch key) into Z, Y = A·Ω, then per power iteration Z = Aᵀ·Q and Y = A·Z, each Y
-// orthonormalised by shifted CholeskyQR and CholeskyQR with an fp64 Gram matrix, an fp64
-// Cholesky in one block, and Q = Y·R⁻¹ with R⁻¹ in fp64. A non-finite gradient (checked first)
-// or a numerically singular Gram matrix stops the chain: the projector is kept and the status
-// records why.
+// orthonormalised as the CPU reference does (runtime/cpu/GaLore.cpp, orthonormalize): shifted
+// CholeskyQR, then a rank-revealing CholeskyQR, each with an fp64 Gram matrix, an fp64
+// Cholesky in one block and Q = Y·R⁻¹ with R⁻¹ in fp64; when the second pass leaves columns
+// out, two more kernels (gated on that) complete them with projected unit vectors. A
+// non-finite gradient (checked first), a non-finite or zero sketch stop the chain: the
+// projector is kept and the status records why.
 //
 // Workspace (GaLore.h, galore::workspaceElements), from its first 8-byte boundary: the Gram
 // matrix and R⁻¹ (r x r doubles each), Y (s x r floats), Z (l x r floats), then the gate words.
+// The completion reuses them: the Gram region for S, its factor and then K, the R⁻¹ region for
+// S's inverse, and Z (free once Q2 is in Y) for the column-to-unit-vector map.
 //
 //===----------------------------------------------------------------------===//
 
@@ -42,9 +46,6 @@ namespace {
 constexpr int kThreads = 256;
 /// What PyTorch's clip_grad_norm_ adds to the norm before dividing by it.
 constexpr double kClipEpsilon = 1e-6;
-/// Pivots of the Cholesky factorisation below this share of the largest diagonal mean the
-/// sketch's columns are numerically dependent (the CPU reference uses the same bound).
-constexpr double kRankTolerance = 1e-12;
 
 /// The gate words of a refresh, at the end of its workspace.
 struct Gate {
@@ -52,6 +53,7 @@ struct Gate {
   int go;        ///< due, and nothing has failed yet: the heavy kernels run
   int nonFinite; ///< the gradient holds a NaN or an infinity
   int failed;    ///< galore::Status of a failure after the finite check
+  int deficient; ///< the rank-revealing pass left columns out: the completion runs
 };
 
 /// The pieces of a refresh's workspace.
@@ -73,13 +75,16 @@ Workspace carve(const TensorView &workspace, int64_t small, int64_t large, int64
   return w;
 }
 
-__global__ void beginKernel(const int64_t *step, const float *status, int64_t gap, int64_t offset,
-                            Gate *gate) {
-  bool due = galore::refreshDue(*step, gap, offset, *status);
+__global__ void beginKernel(const int64_t *step, float *status, int64_t gap, int64_t offset,
+                            int64_t slot, int64_t weights, Gate *gate) {
+  bool due = galore::refreshDue(*step, gap, offset, *status, slot, weights);
   gate->active = due;
   gate->go = due;
   gate->nonFinite = 0;
   gate->failed = 0;
+  gate->deficient = 0;
+  if (!due && *status > 0.0f)
+    *status = galore::pendingStatus(*status);
 }
 
 template <typename T>
@@ -193,57 +198,96 @@ __global__ void gramKernel(const float *y, int64_t s, int64_t r, double *gram, c
     gram[(i0 + ty) * r + j0 + tx] = acc;
 }
 
-/// In one block: the Cholesky factor R (upper, RᵀR = gram + shift·I) over the gram matrix's
-/// upper triangle. `shifted` adds Fukaya et al.'s shift (from the trace) for the first pass of
-/// shifted CholeskyQR. Closes the gate on a non-positive or tiny pivot (dependent columns).
+/// In one block: the rank-revealing Cholesky factor over `a`'s upper triangle, in place
+/// (runtime/cpu/GaLore.cpp, rankRevealingCholesky): column j is accepted while fewer than
+/// `limit` are and its pivot exceeds `tolerance`; a column left out gets -1 on the diagonal
+/// and zeros elsewhere in its row and column. Right-looking: row j of R, then the trailing
+/// upper triangle loses its outer product. Returns the number accepted (to every thread).
+__device__ int64_t blockCholesky(double *a, int64_t r, double tolerance, int64_t limit) {
+  __shared__ int64_t count;
+  if (threadIdx.x == 0)
+    count = 0;
+  __syncthreads();
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  for (int64_t j = 0; j < r; ++j) {
+    double d = a[j * r + j];
+    bool accept = count < limit && d > tolerance && isfinite(d);
+    __syncthreads(); // every thread has read the pivot and the count
+    if (!accept) {
+      for (int64_t i = threadIdx.x; i < r; i += blockDim.x) {
+        if (i < j)
+          a[i * r + j] = 0.0;
+        else if (i > j)
+          a[j * r + i] = 0.0;
+      }
+      if (threadIdx.x == 0)
+        a[j * r + j] = -1.0;
+      __syncthreads();
+      continue;
+    }
+    double pivot = sqrt(d);
+    for (int64_t i = j + 1 + threadIdx.x; i < r; i += blockDim.x)
+      a[j * r + i] /= pivot;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      a[j * r + j] = pivot;
+      ++count;
+    }
+    // A warp per row of the trailing triangle, its lanes along the row (coalesced).
+    for (int64_t x = j + 1 + warp; x < r; x += blockDim.x / 32) {
+      double rx = a[j * r + x];
+      for (int64_t y = x + lane; y < r; y += 32)
+        a[x * r + y] -= rx * a[j * r + y];
+    }
+    __syncthreads();
+  }
+  return count;
+}
+
+/// The Cholesky pass of one CholeskyQR step over the Gram matrix. The shifted pass (first)
+/// adds Fukaya et al.'s shift (from the trace), after failing the refresh on a zero or
+/// non-finite sketch, and must accept every column; the rank-revealing pass (second) leaves
+/// out columns whose pivot is below galore::kRankTolerance of the largest diagonal and opens
+/// the completion's gate when it does.
 __global__ void __launch_bounds__(1024)
     choleskyKernel(double *gram, int64_t s, int64_t r, bool shifted, Gate *gate) {
   if (!gate->go)
     return;
-  __shared__ double largest, shift;
-  __shared__ int broken;
+  __shared__ double tolerance, shift;
+  __shared__ int stop;
   if (threadIdx.x == 0) {
     double trace = 0.0, top = 0.0;
     for (int64_t i = 0; i < r; ++i) {
       trace += gram[i * r + i];
       top = fmax(top, gram[i * r + i]);
     }
+    stop = 0;
+    if (shifted && !isfinite(trace))
+      stop = galore::kNonFinite; // the f32 sketch overflowed
+    else if (shifted && trace == 0.0)
+      stop = galore::kRankDeficient; // a zero sketch spans nothing
     shift = shifted ? 11.0 * double(s * r + r * (r + 1)) * 0x1p-53 * trace : 0.0;
-    largest = top + shift;
-    broken = 0;
+    tolerance = shifted ? 0.0 : galore::kRankTolerance * top;
   }
   __syncthreads();
+  if (stop) {
+    if (threadIdx.x == 0) {
+      gate->failed = stop;
+      gate->go = 0;
+    }
+    return;
+  }
   for (int64_t i = threadIdx.x; i < r; i += blockDim.x)
     gram[i * r + i] += shift;
   __syncthreads();
-  // Right-looking: row j of R, then the trailing upper triangle loses its outer product.
-  for (int64_t j = 0; j < r; ++j) {
-    double d = gram[j * r + j];
-    if (!(d > kRankTolerance * largest) || !isfinite(d)) {
-      if (threadIdx.x == 0)
-        broken = 1;
-      break;
+  int64_t accepted = blockCholesky(gram, r, tolerance, r);
+  if (threadIdx.x == 0) {
+    if (shifted && accepted < r) { // never in exact arithmetic: every pivot exceeds the shift
+      gate->failed = galore::kRankDeficient;
+      gate->go = 0;
     }
-    double pivot = sqrt(d);
-    __syncthreads();
-    for (int64_t i = j + 1 + threadIdx.x; i < r; i += blockDim.x)
-      gram[j * r + i] /= pivot;
-    __syncthreads();
-    if (threadIdx.x == 0)
-      gram[j * r + j] = pivot;
-    // A warp per row of the trailing triangle, its lanes along the row (coalesced).
-    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-    for (int64_t a = j + 1 + warp; a < r; a += blockDim.x / 32) {
-      double ra = gram[j * r + a];
-      for (int64_t b = a + lane; b < r; b += 32)
-        gram[a * r + b] -= ra * gram[j * r + b];
-    }
-    __syncthreads();
-  }
-  __syncthreads();
-  if (broken && threadIdx.x == 0) {
-    gate->failed = galore::kRankDeficient;
-    gate->go = 0;
+    if (!shifted)
+      gate->deficient = accepted < r;
   }
 }
 
@@ -283,6 +327,99 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+/// In one block, when the rank-revealing pass left k columns out (their R⁻¹ diagonal is -1;
+/// `q` = Q2, s x r f32): S = I - Q2[0:r, acc]·Q2[0:r, acc]ᵀ (the Gram matrix of the unit vectors
+/// projected off the accepted columns) into `gram`, its rank-revealing Cholesky factor taking
+/// the first k with a squared residual above galore::completionTolerance, R_S⁻¹ into `inverse`,
+/// then K = Q2[0:r, acc]ᵀ·R_S⁻¹ into `gram`; `target[j]` becomes the unit vector of left-out
+/// column j (-1 for an accepted one). Fails the refresh if fewer than k are found (never in
+/// exact arithmetic: GaLore.h, completionTolerance).
+__global__ void __launch_bounds__(1024)
+    completionKernel(const float *q, int64_t s, int64_t r, double *gram, double *inverse,
+                     int *target, Gate *gate) {
+  if (!gate->go || !gate->deficient)
+    return;
+  __shared__ int64_t missing;
+  if (threadIdx.x == 0) {
+    missing = 0;
+    for (int64_t j = 0; j < r; ++j)
+      if (inverse[j * r + j] < 0.0) {
+        target[j] = 0; // left out: its unit vector is set below
+        ++missing;
+      } else {
+        target[j] = -1;
+      }
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < r * r; e += blockDim.x) {
+    int64_t x = e / r, i = e % r;
+    double v = x == i ? 1.0 : 0.0;
+    for (int64_t p = 0; p < r; ++p)
+      if (target[p] < 0)
+        v -= double(q[x * r + p]) * double(q[i * r + p]);
+    gram[e] = v;
+  }
+  __syncthreads();
+  int64_t found = blockCholesky(gram, r, galore::completionTolerance(r), missing);
+  // R_S⁻¹, a column per thread (an upper-triangular back substitution).
+  for (int64_t c = threadIdx.x; c < r; c += blockDim.x) {
+    for (int64_t i = c + 1; i < r; ++i)
+      inverse[i * r + c] = 0.0;
+    inverse[c * r + c] = 1.0 / gram[c * r + c];
+    for (int64_t i = c - 1; i >= 0; --i) {
+      double sum = 0.0;
+      for (int64_t k = i + 1; k <= c; ++k)
+        sum += gram[i * r + k] * inverse[k * r + c];
+      inverse[i * r + c] = -sum / gram[i * r + i];
+    }
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < r * r; e += blockDim.x) { // K[p, i]
+    int64_t p = e / r, i = e % r;
+    double sum = 0.0;
+    if (target[p] < 0)
+      for (int64_t k = 0; k <= i; ++k)
+        sum += double(q[k * r + p]) * inverse[k * r + i];
+    gram[e] = sum;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int64_t i = 0;
+    for (int64_t j = 0; j < r; ++j) {
+      if (target[j] < 0)
+        continue;
+      while (i < r && inverse[i * r + i] < 0.0)
+        ++i;
+      target[j] = int(i < r ? i++ : 0);
+    }
+    if (found < missing) {
+      gate->failed = galore::kRankDeficient;
+      gate->go = 0;
+    }
+  }
+}
+
+/// The left-out columns of Q2: column j (unit vector i = target[j]) becomes
+/// R_S⁻¹[x, i] (x < r) - Σ_{p accepted} Q2[x, p]·K[p, i]. Reads accepted columns only.
+__global__ void __launch_bounds__(kThreads)
+    completeKernel(float *q, int64_t s, int64_t r, const double *k, const double *inverse,
+                   const int *target, const Gate *gate) {
+  if (!gate->go || !gate->deficient)
+    return;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < s * r;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    int64_t x = e / r, j = e % r;
+    int i = target[j];
+    if (i < 0)
+      continue;
+    double v = x < r ? inverse[x * r + i] : 0.0;
+    for (int64_t p = 0; p < r; ++p)
+      if (target[p] < 0)
+        v -= double(q[x * r + p]) * k[p * r + i];
+    q[e] = float(v);
+  }
+}
+
 /// The end of a due refresh: the projector from Y and a clear status, or the status of the
 /// failure with the projector as it was.
 __global__ void __launch_bounds__(kThreads)
@@ -313,8 +450,9 @@ void launchGemm(const char *k, Stream stream, const T *a, int64_t lda, bool tran
   checkLaunch(k, "gemmKernel");
 }
 
-/// Y (in place) = the Q of Y's thin QR: shifted CholeskyQR into `scratch`, then CholeskyQR
-/// back into Y.
+/// Y (in place) = the orthonormal factor of Y (runtime/cpu/GaLore.cpp, orthonormalize):
+/// shifted CholeskyQR into `scratch`, the rank-revealing CholeskyQR back into Y, and the
+/// completion of the columns it left out (two kernels that return at once when none was).
 void orthonormalize(const char *k, Stream stream, const Workspace &w, float *y, float *scratch,
                     int64_t s, int64_t r) {
   dim3 tiles(unsigned((r + 15) / 16), unsigned((r + 15) / 16)), block(16, 16);
@@ -331,6 +469,12 @@ void orthonormalize(const char *k, Stream stream, const Workspace &w, float *y, 
     applyInverseKernel<<<grid, kThreads, 0, stream>>>(from, w.inverse, to, s, r, w.gate);
     checkLaunch(k, "applyInverseKernel");
   }
+  // Z holds Q1, no longer needed: its first r ints become the column map.
+  int *target = reinterpret_cast<int *>(scratch);
+  completionKernel<<<1, 1024, 0, stream>>>(y, s, r, w.gram, w.inverse, target, w.gate);
+  checkLaunch(k, "completionKernel");
+  completeKernel<<<grid, kThreads, 0, stream>>>(y, s, r, w.gram, w.inverse, target, w.gate);
+  checkLaunch(k, "completeKernel");
 }
 
 template <typename T>
@@ -486,7 +630,8 @@ void galoreRefresh(const Context &ctx, const TensorView &grad, const TensorView 
   Workspace w = carve(workspace, small, large, r);
   const auto *stepPtr = static_cast<const int64_t *>(step.data);
   float *slot = static_cast<float *>(status.data) + params.slot;
-  beginKernel<<<1, 1, 0, ctx.stream>>>(stepPtr, slot, params.updateProjGap, params.offset, w.gate);
+  beginKernel<<<1, 1, 0, ctx.stream>>>(stepPtr, slot, params.updateProjGap, params.offset,
+                                       params.slot, status.shape[0], w.gate);
   checkLaunch(k, "beginKernel");
   switch (grad.dtype) {
   case DType::BF16:

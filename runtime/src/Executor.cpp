@@ -456,7 +456,8 @@ std::vector<std::pair<std::string, int>> Executor::galoreSkipped() const {
       float value;
       std::memcpy(&value, static_cast<const float *>(views_[*status].data) + k.attrs.slot,
                   sizeof value);
-      if (value != 0.0f)
+      // Positive: this step's refresh failed; negative: an earlier failure not retried now.
+      if (value > 0.0f)
         skipped.emplace_back(plan_.tensors[k.inputs[0]].name, int(value));
     }
   return skipped;

@@ -9,13 +9,21 @@ plan.fbs's Galore*Attrs, not from the runtime's code:
   slots      the matched weights in model order; n of them; offset_i = floor(i T / n)
   side       left (P is m x r, R = Pᵀ G, r x n) when m <= n, else right (P n x r, R = G P)
   refresh    before update t (t = s + 1; `done` = s updates so far) when done == 0, or
-             (done + offset) % T == 0, or the last due refresh failed; from the unclipped G:
+             (done + offset) % T == 0, or the last attempted refresh met a non-finite gradient
+             and done % n == slot (round robin: one retry per step at most; a zero sketch
+             waits for the schedule); from the unclipped G:
              A = G (left) or Gᵀ (right), s x l
     svd         P = the top-r left singular vectors of A (np.linalg.svd), each signed so that
                 its largest-magnitude entry is positive
     randomized  Ω[i, j] = gaussian(key, i r + j) (l x r), key = sketch_key(seed, slot, done);
-                Q = qr(A Ω); `power_iterations` times Q = qr(A (Aᵀ Q)); P = Q, where qr is the
-                thin QR's Q with R's diagonal made positive (unique)
+                Q = basis(A Ω); `power_iterations` times Q = basis(A (Aᵀ Q)); P = Q, where
+                basis is the thin QR's Q with R's diagonal made positive (unique) when the
+                sketch Y has full column rank; a column of Y whose distance to the span of
+                the ones before it is at most 1e-4 sqrt(shift) (shift = 11 (s r + r (r + 1))
+                2^-53 ||Y||_F^2) is dependent, and its place is taken, in order, by the unit
+                vectors e_0, e_1, ... (i < r) orthonormalised against the kept columns and
+                the ones taken before (Gram-Schmidt), taken when their squared residual
+                exceeds 1 / (4 r); a zero Y fails (the projector is kept)
   update     c = clip coefficient; m = b1 m + (1 - b1) c R; v = b2 v + (1 - b2) (c R)²;
              N = (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps);
              W = W (1 - lr wd) - lr scale (P N  or  N Pᵀ)
@@ -93,9 +101,40 @@ def gaussians(key, count):
     return out
 
 
-def qr_positive(y):
-    q, r = np.linalg.qr(y)
-    return q * np.where(np.diag(r) < 0, -1.0, 1.0)
+def range_basis(y):
+    """docs/galore.md's orthonormal basis of the sketch's range, completed by unit vectors;
+    None for a zero sketch."""
+    s, r = y.shape
+    frobenius2 = float(np.sum(y * y))
+    if frobenius2 == 0.0:
+        return None
+    q, rr = np.linalg.qr(y)
+    q = q * np.where(np.diag(rr) < 0, -1.0, 1.0)
+    shift = 11.0 * (s * r + r * (r + 1)) * 2.0 ** -53 * frobenius2
+    kept = np.abs(np.diag(rr)) > 1e-4 * math.sqrt(shift)
+    if np.all(kept):
+        return q
+    basis = [q[:, j] for j in range(r) if kept[j]]
+    completion = []
+    for i in range(r):
+        if len(completion) == r - len(basis):
+            break
+        w = np.zeros(s)
+        w[i] = 1.0
+        for _ in range(2):
+            for b in basis + completion:
+                w -= (b @ w) * b
+        if w @ w > 0.25 / r:
+            completion.append(w / math.sqrt(w @ w))
+    out, taken, filled = np.empty((s, r)), 0, 0
+    for j in range(r):
+        if kept[j]:
+            out[:, j] = basis[taken]
+            taken += 1
+        else:
+            out[:, j] = completion[filled]
+            filled += 1
+    return out
 
 
 def projector(a, rank, kind, seed, slot, done, power_iterations):
@@ -104,9 +143,11 @@ def projector(a, rank, kind, seed, slot, done, power_iterations):
         signs = np.where(u[np.argmax(np.abs(u), axis=0), np.arange(rank)] < 0, -1.0, 1.0)
         return u * signs
     omega = gaussians(sketch_key(seed, slot, done), a.shape[1] * rank).reshape(a.shape[1], rank)
-    q = qr_positive(a @ omega)
+    q = range_basis(a @ omega)
     for _ in range(power_iterations):
-        q = qr_positive(a @ (a.T @ q))
+        if q is None:
+            break
+        q = range_basis(a @ (a.T @ q))
     return q
 
 
@@ -122,7 +163,7 @@ class GaLoreAdamW(tr.AdamW):
         n, r = len(self.names), galore["rank"]
         self.offset = {k: i * galore["gap"] // n for i, k in enumerate(self.names)}
         self.slot = {k: i for i, k in enumerate(self.names)}
-        self.failed = {k: False for k in self.names}
+        self.failed = {k: None for k in self.names}  # None, "non-finite" or "zero sketch"
         self.p = {}
         for k in self.names:
             m, nn = params[k].shape
@@ -143,13 +184,17 @@ class GaLoreAdamW(tr.AdamW):
             g = grads[k]
             m, n = g.shape
             left = m <= n
-            if done == 0 or (done + self.offset[k]) % gap == 0 or self.failed[k]:
+            retry = self.failed[k] == "non-finite" and done % len(self.names) == self.slot[k]
+            if done == 0 or (done + self.offset[k]) % gap == 0 or retry:
                 if np.all(np.isfinite(g)):
-                    self.p[k] = projector(g if left else g.T, rank, self.g["projector"],
-                                          self.seed, self.slot[k], done, self.power)
-                    self.failed[k] = False
+                    p = projector(g if left else g.T, rank, self.g["projector"],
+                                  self.seed, self.slot[k], done, self.power)
+                    if p is None:
+                        self.failed[k] = "zero sketch"
+                    else:
+                        self.p[k], self.failed[k] = p, None
                 else:
-                    self.failed[k] = True
+                    self.failed[k] = "non-finite"
             p = self.p[k]
             r = (p.T @ g if left else g @ p) * c
             self.m[k] = b1 * self.m[k] + (1.0 - b1) * r

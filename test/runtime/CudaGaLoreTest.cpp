@@ -2,12 +2,16 @@
 //
 // galore_refresh, galore_project and galore_adamw_update on the GPU against the CPU reference
 // (GaLore.h) on fresh random data from fixed seeds: the randomized projector of both sides
-// (its QR factor is unique, so the two backends must agree to f32 rounding), a refresh that is
-// not due (every byte of the projector and status unchanged), a non-finite gradient (projector
-// kept, status 1), the projection in f32 and bf16, and the update with an f32 parameter and
-// with a bf16 parameter and its fp32 master. Device outputs are poisoned with NaN before each
-// call, so an unwritten element fails. The Perf test times one refresh and the not-due chain
-// at TinyLlama-1.1B's MLP shape (printed, not asserted). Every test skips without a GPU.
+// (its QR factor is unique, so the two backends must agree to f32 rounding), rank-deficient
+// gradients (rank 3 with exact zero rows: the whole completed projector against the CPU's;
+// rank 1 from an exact outer product: the first column, orthonormality and the range), a
+// refresh that is not due (every byte of the projector and status unchanged), a non-finite
+// gradient (projector kept, status 1) and its round-robin retries, the projection in f32 and
+// bf16, and the update with an f32 parameter and with a bf16 parameter and its fp32 master.
+// Device outputs are poisoned with NaN before each call, so an unwritten element fails. The
+// Perf test times one refresh, one of a rank-100 gradient (the completion runs) and the
+// not-due chain at TinyLlama-1.1B's MLP shape (printed, not asserted). Every test skips
+// without a GPU.
 //
 //===----------------------------------------------------------------------===//
 
@@ -192,6 +196,150 @@ TEST_F(CudaGaLoreTest, RandomizedRefreshMatchesCpu) {
   checkRefresh(96, 200, DType::F32, 70, 1); // rank above a 64 tile
 }
 
+/// The s x r projector's largest deviation from orthonormal columns.
+double orthonormalityError(const std::vector<float> &p, int64_t s, int64_t r) {
+  double worst = 0.0;
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < r; ++j) {
+      double dot = 0.0;
+      for (int64_t k = 0; k < s; ++k)
+        dot += double(p[size_t(k * r + i)]) * p[size_t(k * r + j)];
+      worst = std::max(worst, std::fabs(dot - (i == j ? 1.0 : 0.0)));
+    }
+  return worst;
+}
+
+TEST_F(CudaGaLoreTest, RankDeficientRefreshMatchesCpu) {
+  for (bool left : {true, false}) {
+    // Rank 3 < 12 with exact zeros: only rows 1, 9 and 30 of A (the gradient, or its
+    // transpose) are nonzero, so the f32 sketch is exactly rank-deficient on the GPU too, both
+    // backends leave out the same columns and complete them with the same unit vectors.
+    int64_t s = 40, l = 90, rank = 12, m = left ? s : l, n = left ? l : s;
+    std::mt19937 rng(21);
+    Pair grad(DType::F32, {m, n}), step(DType::I64, {}),
+        ws(DType::F32, {galore::workspaceElements(s, l, rank)});
+    Pair projector(DType::F32, {s, rank}), status(DType::F32, {2});
+    grad.random(rng, 0.05);
+    std::vector<float> g = grad.hostValues();
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t k = 0; k < n; ++k) {
+        int64_t row = left ? i : k;
+        if (row != 1 && row != 9 && row != 30)
+          g[size_t(i * n + k)] = 0.0f;
+      }
+    storeF32(g.data(), grad.hostView());
+    grad.upload();
+    step.upload();
+    projector.fill(NAN);
+    status.fill(0.0f);
+    galore::RefreshParams p;
+    p.rank = rank;
+    p.updateProjGap = 4;
+    p.slot = 1;
+    p.left = left;
+    p.seed = 3;
+    cuda::galoreRefresh(ctx, grad.deviceView(), step.deviceView(), p, ws.deviceView(),
+                        projector.deviceView(), status.deviceView());
+    sync();
+    cpu::galoreRefresh(grad.hostView(), step.hostView(), p, ws.hostView(), projector.hostView(),
+                       status.hostView());
+    std::string what = std::string(left ? "left" : "right") + " rank 3";
+    EXPECT_EQ(status.deviceValues(), std::vector<float>(2, 0.0f)) << what;
+    ASSERT_EQ(status.hostValues(), std::vector<float>(2, 0.0f)) << what;
+    expectClose(what + " projector", projector.deviceValues(), projector.hostValues(), 2e-4);
+    EXPECT_LT(orthonormalityError(projector.deviceValues(), s, rank), 2e-5) << what;
+  }
+
+  // Rank 1, G = u·vᵀ exactly in f32 (products of few-bit values): on the GPU the f32 sketch
+  // carries rounding noise in the other directions, which it may keep rather than complete,
+  // so only what both must share is compared: the first column (u's direction), orthonormal
+  // columns, and the gradient inside P's span.
+  int64_t m = 48, n = 100, rank = 6;
+  Pair grad(DType::F32, {m, n}), step(DType::I64, {}),
+      ws(DType::F32, {galore::workspaceElements(m, n, rank)});
+  Pair projector(DType::F32, {m, rank}), status(DType::F32, {1});
+  std::vector<float> g(size_t(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t k = 0; k < n; ++k)
+      g[size_t(i * n + k)] = float(((i * 5 + 3) % 11) - 5) / 8.0f * float(((k * 7 + 2) % 13) - 6);
+  storeF32(g.data(), grad.hostView());
+  grad.upload();
+  step.upload();
+  projector.fill(NAN);
+  status.fill(0.0f);
+  galore::RefreshParams p;
+  p.rank = rank;
+  p.updateProjGap = 4;
+  cuda::galoreRefresh(ctx, grad.deviceView(), step.deviceView(), p, ws.deviceView(),
+                      projector.deviceView(), status.deviceView());
+  sync();
+  cpu::galoreRefresh(grad.hostView(), step.hostView(), p, ws.hostView(), projector.hostView(),
+                     status.hostView());
+  EXPECT_EQ(status.deviceValues(), std::vector<float>{0.0f});
+  std::vector<float> gpu = projector.deviceValues(), cpu = projector.hostValues();
+  std::vector<float> gpuFirst, cpuFirst;
+  for (int64_t i = 0; i < m; ++i) {
+    gpuFirst.push_back(gpu[size_t(i * rank)]);
+    cpuFirst.push_back(cpu[size_t(i * rank)]);
+  }
+  expectClose("rank 1 first column", gpuFirst, cpuFirst, 1e-5);
+  EXPECT_LT(orthonormalityError(gpu, m, rank), 2e-5);
+  double residual = 0.0, norm = 0.0;
+  for (int64_t k = 0; k < n; ++k)
+    for (int64_t i = 0; i < m; ++i) {
+      double back = 0.0;
+      for (int64_t c = 0; c < rank; ++c) {
+        double pta = 0.0;
+        for (int64_t j = 0; j < m; ++j)
+          pta += double(gpu[size_t(j * rank + c)]) * g[size_t(j * n + k)];
+        back += gpu[size_t(i * rank + c)] * pta;
+      }
+      residual = std::max(residual, std::fabs(back - g[size_t(i * n + k)]));
+      norm = std::max(norm, double(std::fabs(g[size_t(i * n + k)])));
+    }
+  EXPECT_LT(residual, 1e-5 * norm) << "G = P·Pᵀ·G";
+}
+
+TEST_F(CudaGaLoreTest, NonFiniteRetriesAreRoundRobin) {
+  // Slot 2 of 4 weights, T = 100 (offset 10): the staggered refreshes are at steps 0 and 90. A
+  // NaN at step 90, then the status after each later step on both backends: retried (positive)
+  // only when step % 4 == 2, pending (negative) otherwise; the NaN goes at step 100, and the
+  // retry at 102 refreshes.
+  std::mt19937 rng(8);
+  Pair grad(DType::F32, {16, 40}), step(DType::I64, {}),
+      ws(DType::F32, {galore::workspaceElements(16, 40, 4)});
+  Pair projector(DType::F32, {16, 4}), status(DType::F32, {4});
+  grad.random(rng, 1.0);
+  projector.random(rng, 1.0);
+  status.fill(0.0f);
+  galore::RefreshParams p;
+  p.rank = 4;
+  p.updateProjGap = 100;
+  p.offset = 10;
+  p.slot = 2;
+  std::vector<float> values = grad.hostValues();
+  for (int64_t done = 90; done <= 104; ++done) {
+    values[7] = done < 100 ? NAN : 0.25f;
+    storeF32(values.data(), grad.hostView());
+    grad.upload();
+    std::memcpy(step.host.data(), &done, 8);
+    step.upload();
+    cuda::galoreRefresh(ctx, grad.deviceView(), step.deviceView(), p, ws.deviceView(),
+                        projector.deviceView(), status.deviceView());
+    sync();
+    cpu::galoreRefresh(grad.hostView(), step.hostView(), p, ws.hostView(), projector.hostView(),
+                       status.hostView());
+    std::vector<float> got = status.deviceValues(), want = status.hostValues();
+    EXPECT_EQ(got, want) << "step " << done;
+    float expected = done == 90 || (done < 100 && done % 4 == 2) ? 1.0f
+                     : done < 102                                ? -1.0f
+                                                                 : 0.0f;
+    EXPECT_EQ(got[2], expected) << "step " << done;
+    expectClose("projector at step " + std::to_string(done), projector.deviceValues(),
+                projector.hostValues(), 2e-4);
+  }
+}
+
 TEST_F(CudaGaLoreTest, RefreshNotDueOrNonFiniteKeepsProjector) {
   std::mt19937 rng(5);
   Pair grad(DType::F32, {16, 40}), step(DType::I64, {}),
@@ -343,10 +491,20 @@ TEST_F(CudaGaLoreTest, PerfRefreshTinyLlamaMlp) {
   };
   time(0); // warm up
   double due = time(0), idle = time(1);
-  std::printf("galore_refresh 5632x2048 rank 512 (1 power iteration): due %.2f ms, not due "
-              "%.3f ms\n",
-              due, idle);
   EXPECT_EQ(status.deviceValues(), std::vector<float>{0.0f});
+  // Rank 100: only the first 100 columns of G (rows of A = Gᵀ) are nonzero, so 412 columns of
+  // each sketch are completed.
+  std::vector<float> g = grad.hostValues();
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t k = 100; k < n; ++k)
+      g[size_t(i * n + k)] = 0.0f;
+  storeF32(g.data(), grad.hostView());
+  grad.upload();
+  double deficient = time(0);
+  EXPECT_EQ(status.deviceValues(), std::vector<float>{0.0f});
+  std::printf("galore_refresh 5632x2048 rank 512 (1 power iteration): due %.2f ms, due at "
+              "gradient rank 100 %.2f ms, not due %.3f ms\n",
+              due, deficient, idle);
 }
 
 } // namespace

@@ -3,7 +3,9 @@
 // The CPU GaLore kernels' properties that the end-to-end NumPy comparison
 // (test/EndToEnd/galore.test) does not single out: the randomized projector is orthonormal and
 // reproducible, the exact one holds eigenvectors of A·Aᵀ, a refresh that is not due or meets a
-// non-finite or rank-deficient gradient leaves the projector untouched and records why; and
+// non-finite or zero gradient leaves the projector untouched and records why, a non-finite
+// one is retried round-robin (one weight per step) and a zero one waits for the schedule, a
+// rank-1 or rank-3 gradient still refreshes (P spans it, completed by unit vectors); and
 // the plan verifier's rules for the three kinds, one planted mistake at a time, on the
 // training test plan whose lm_head update is replaced by GaLore's (16 x 8: projected on the
 // right, rank 2). A few steps of that plan run, and a NaN gradient surfaces as a skipped
@@ -137,17 +139,179 @@ TEST(GaLoreKernelTest, SkippedRefreshesKeepTheProjector) {
   EXPECT_EQ(r.status[1], float(galore::kNonFinite));
   EXPECT_EQ(r.status[0], 0.0f) << "another weight's slot";
 
-  r.step = 4; // not on the schedule, but the failure is retried
+  r.step = 5; // slot 1 of 2 weights: 5 % 2 == 1, the failure's retry, now with a zero gradient
   r.grad.assign(r.grad.size(), 0.0f);
   r.run();
   EXPECT_EQ(r.projector, kept);
   EXPECT_EQ(r.status[1], float(galore::kRankDeficient)) << "a zero gradient has no subspace";
 
-  r.step = 6; // retried again, now with a usable gradient
   r.grad = randomValues(r.grad.size(), 4);
+  for (int64_t step : {6, 7}) { // a zero sketch waits for the schedule: not retried
+    r.step = step;
+    r.run();
+    EXPECT_EQ(r.projector, kept) << "step " << step;
+    EXPECT_EQ(r.status[1], -float(galore::kRankDeficient)) << "pending, not reported again";
+  }
+  r.step = 8; // (8 + 2) % 5 == 0: the next scheduled refresh
   r.run();
   EXPECT_NE(r.projector, kept);
   EXPECT_EQ(r.status[1], 0.0f);
+}
+
+TEST(GaLoreKernelTest, NonFiniteRetriesAreRoundRobin) {
+  // Slot 2 of 4 weights, T = 100 (offset 10): the staggered refreshes are at steps 0 and 90.
+  // A refresh that met a NaN is retried only on steps with step % 4 == 2, so over all weights
+  // together at most one retry runs per step.
+  Refresh r(12, 30, 4, true);
+  r.status.assign(4, 0.0f);
+  r.params.slot = 2;
+  r.params.updateProjGap = 100;
+  r.params.offset = 10;
+  auto run = [&] {
+    cpu::galoreRefresh(viewOf(r.grad, {12, 30}), TensorView{&r.step, DType::I64, {}}, r.params,
+                       viewOf(r.workspace, {galore::workspaceElements(12, 30, 4)}),
+                       viewOf(r.projector, {12, 4}), viewOf(r.status, {4}));
+  };
+  r.step = 0;
+  run();
+  ASSERT_EQ(r.status[2], 0.0f);
+  std::vector<float> kept = r.projector;
+  r.grad[5] = INFINITY;
+  r.step = 90;
+  run();
+  ASSERT_EQ(r.status[2], float(galore::kNonFinite));
+  int attempts = 0;
+  for (r.step = 91; r.step < 110; ++r.step) {
+    run();
+    bool retried = r.status[2] > 0.0f;
+    attempts += retried;
+    EXPECT_EQ(retried, r.step % 4 == 2) << "step " << r.step;
+    EXPECT_EQ(std::fabs(r.status[2]), float(galore::kNonFinite)) << "step " << r.step;
+    EXPECT_EQ(r.projector, kept);
+  }
+  EXPECT_EQ(attempts, 4); // 94, 98, 102 and 106
+  // A finite gradient is taken at the next turn only, then the weight is back on schedule.
+  r.grad[5] = 0.5f;
+  r.step = 111;
+  run();
+  EXPECT_EQ(r.projector, kept) << "not slot 2's turn";
+  EXPECT_EQ(r.status[2], -float(galore::kNonFinite));
+  r.step = 114;
+  run();
+  EXPECT_NE(r.projector, kept);
+  EXPECT_EQ(r.status[2], 0.0f);
+  kept = r.projector;
+  r.step = 118; // 118 % 4 == 2, but nothing is pending and (118 + 10) % 100 != 0
+  run();
+  EXPECT_EQ(r.projector, kept);
+}
+
+/// Columns i, j of the s x rank projector.
+double columnDot(const std::vector<float> &p, int64_t s, int64_t rank, int64_t i, int64_t j) {
+  double dot = 0.0;
+  for (int64_t k = 0; k < s; ++k)
+    dot += double(p[size_t(k * rank + i)]) * p[size_t(k * rank + j)];
+  return dot;
+}
+
+void expectOrthonormal(const std::vector<float> &p, int64_t s, int64_t rank, double tol) {
+  for (int64_t i = 0; i < rank; ++i)
+    for (int64_t j = 0; j < rank; ++j)
+      EXPECT_NEAR(columnDot(p, s, rank, i, j), i == j ? 1.0 : 0.0, tol) << "columns " << i << j;
+}
+
+TEST(GaLoreKernelTest, RankOneGradientStillRefreshes) {
+  // G = u·vᵀ exactly in f32 (entries with few significant bits, products exact), rank 1 < 6:
+  // the sketch A·Ω has one independent column. The refresh succeeds; P's first column spans
+  // u, and the other five complete it: the unit vectors e_0, e_1, ... projected off the
+  // columns before them (Gram-Schmidt, taken when their squared residual exceeds 1 / (4 r)),
+  // computed here independently of the kernel.
+  for (bool left : {true, false}) {
+    int64_t m = left ? 10 : 26, n = left ? 26 : 10, s = 10, rank = 6;
+    Refresh r(m, n, rank, true);
+    std::vector<double> u(static_cast<size_t>(s)), v(26);
+    for (int64_t i = 0; i < s; ++i)
+      u[size_t(i)] = double((i * 5 + 3) % 11 - 5) / 8.0;
+    for (int64_t k = 0; k < 26; ++k)
+      v[size_t(k)] = double((k * 7 + 2) % 13 - 6) / 4.0;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t k = 0; k < n; ++k)
+        r.grad[size_t(i * n + k)] = float(left ? u[size_t(i)] * v[size_t(k)]
+                                               : v[size_t(i)] * u[size_t(k)]);
+    r.step = 0;
+    r.run();
+    ASSERT_EQ(r.status[1], 0.0f) << "a rank-1 gradient refreshes";
+    expectOrthonormal(r.projector, s, rank, 1e-6);
+
+    double unorm = 0.0;
+    for (double x : u)
+      unorm += x * x;
+    unorm = std::sqrt(unorm);
+    double sign = r.projector[0] * u[0] >= 0 ? 1.0 : -1.0;
+    std::vector<std::vector<double>> basis{{}};
+    for (int64_t i = 0; i < s; ++i)
+      basis[0].push_back(sign * u[size_t(i)] / unorm);
+    for (int64_t e = 0; e < rank && int64_t(basis.size()) < rank; ++e) {
+      std::vector<double> w(static_cast<size_t>(s), 0.0);
+      w[size_t(e)] = 1.0;
+      for (int pass = 0; pass < 2; ++pass)
+        for (const auto &b : basis) {
+          double dot = 0.0;
+          for (int64_t i = 0; i < s; ++i)
+            dot += b[size_t(i)] * w[size_t(i)];
+          for (int64_t i = 0; i < s; ++i)
+            w[size_t(i)] -= dot * b[size_t(i)];
+        }
+      double norm = 0.0;
+      for (double x : w)
+        norm += x * x;
+      if (norm <= 0.25 / double(rank))
+        continue;
+      for (double &x : w)
+        x /= std::sqrt(norm);
+      basis.push_back(w);
+    }
+    ASSERT_EQ(int64_t(basis.size()), rank);
+    for (int64_t c = 0; c < rank; ++c)
+      for (int64_t i = 0; i < s; ++i)
+        EXPECT_NEAR(r.projector[size_t(i * rank + c)], basis[size_t(c)][size_t(i)], 1e-6)
+            << (left ? "left" : "right") << " column " << c << " row " << i;
+  }
+}
+
+TEST(GaLoreKernelTest, LowRankGradientSpansItsRange) {
+  // Rank 3 < 8: only rows 2, 5 and 7 of A are nonzero (random), so every sketch lies in
+  // span(e_2, e_5, e_7) exactly. P is orthonormal, its first three columns span that space
+  // (A = P·Pᵀ·A), and the refresh is the same when repeated.
+  int64_t m = 12, n = 40, rank = 8;
+  Refresh r(m, n, rank, true);
+  for (int64_t i = 0; i < m; ++i)
+    if (i != 2 && i != 5 && i != 7)
+      for (int64_t k = 0; k < n; ++k)
+        r.grad[size_t(i * n + k)] = 0.0f;
+  r.step = 0;
+  r.run();
+  ASSERT_EQ(r.status[1], 0.0f);
+  expectOrthonormal(r.projector, m, rank, 1e-6);
+  for (int64_t c = 0; c < 3; ++c)
+    for (int64_t i = 0; i < m; ++i)
+      if (i != 2 && i != 5 && i != 7)
+        EXPECT_NEAR(r.projector[size_t(i * rank + c)], 0.0, 1e-7) << "column " << c;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t k = 0; k < n; ++k) {
+      double back = 0.0;
+      for (int64_t c = 0; c < rank; ++c) {
+        double pta = 0.0;
+        for (int64_t j = 0; j < m; ++j)
+          pta += double(r.projector[size_t(j * rank + c)]) * r.a(j, k);
+        back += r.projector[size_t(i * rank + c)] * pta;
+      }
+      EXPECT_NEAR(back, r.a(i, k), 1e-5) << i << ", " << k;
+    }
+  std::vector<float> first = r.projector;
+  r.projector.assign(r.projector.size(), 0.0f);
+  r.run();
+  EXPECT_EQ(r.projector, first) << "the completion is deterministic";
 }
 
 //===----------------------------------------------------------------------===//

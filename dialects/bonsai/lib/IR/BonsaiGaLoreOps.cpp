@@ -77,22 +77,25 @@ LogicalResult GaloreRefreshOp::verify() {
     return emitOpError() << "rank " << rank << " must be positive and below min(m, n) = " << small;
   if (gap <= 0)
     return emitOpError() << "update_proj_gap must be positive, got " << gap;
-  if (getOffset() < 0 || getOffset() >= gap)
-    return emitOpError() << "offset " << getOffset() << " must be in [0, update_proj_gap = " << gap
+  // The accessors return the attributes' raw bits unsigned: read them back as signed.
+  int64_t offset = int64_t(getOffset()), powerIterations = int64_t(getPowerIterations());
+  int64_t slot = int64_t(getSlot());
+  if (offset < 0 || offset >= gap)
+    return emitOpError() << "offset " << offset << " must be in [0, update_proj_gap = " << gap
                          << ")";
   if (getProjectorKind() != "svd" && getProjectorKind() != "randomized")
     return emitOpError() << "unknown projector_kind '" << getProjectorKind()
                          << "'; expected 'svd' or 'randomized'";
-  if (getPowerIterations() < 0 || getPowerIterations() > 16)
-    return emitOpError() << "power_iterations must be in [0, 16], got " << getPowerIterations();
+  if (powerIterations < 0 || powerIterations > 16)
+    return emitOpError() << "power_iterations must be in [0, 16], got " << powerIterations;
   if (failed(expectF32(*this, "projector", getProjector(),
                        projectorShape(gradient.getShape(), getLeft(), rank))))
     return failure();
   RankedTensorType status = tensorType(getStatus());
   if (!status.getElementType().isF32() || status.getRank() != 1)
     return emitOpError() << "status must be a 1-D f32 tensor, got " << status;
-  if (getSlot() < 0 || getSlot() >= status.getDimSize(0))
-    return emitOpError() << "slot " << getSlot() << " is outside the status vector of "
+  if (slot < 0 || slot >= status.getDimSize(0))
+    return emitOpError() << "slot " << slot << " is outside the status vector of "
                          << status.getDimSize(0) << " weights";
   int64_t workspace =
       getWorkspaceElements(small, std::max(gradient.getDimSize(0), gradient.getDimSize(1)), rank);

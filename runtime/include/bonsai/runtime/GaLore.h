@@ -30,11 +30,14 @@
 
 namespace bonsai::rt::galore {
 
-/// What a refresh records in its slot of the status vector.
+/// What a refresh records in its slot of the status vector. A failure is recorded as +reason
+/// on the step whose refresh failed (the runtime warns about positive slots after each step)
+/// and turned into -reason on the following steps that do not retry it, so that the reason
+/// stays known (galore::refreshDue reads it) without being reported again.
 enum Status : int {
   kRefreshed = 0,     ///< refreshed, or not due
-  kNonFinite = 1,     ///< the gradient held a NaN or an infinity: the projector was kept
-  kRankDeficient = 2, ///< the sketch had numerically dependent columns: the projector was kept
+  kNonFinite = 1,     ///< the gradient (or its f32 sketch) held a NaN or an infinity
+  kRankDeficient = 2, ///< the sketch spans nothing (a zero gradient): the projector was kept
 };
 
 /// f32 elements of a refresh's workspace for a gradient with sides small <= large at `rank`
@@ -44,11 +47,37 @@ inline int64_t workspaceElements(int64_t small, int64_t large, int64_t rank) {
   return (small + large) * rank + 4 * rank * rank + 64;
 }
 
-/// Whether a refresh is due before the update numbered `step` + 1: at the first update (every
-/// projector), on the weight's staggered steps, and after a failed refresh (a retry).
-BONSAI_GALORE_HD inline bool refreshDue(int64_t step, int64_t gap, int64_t offset, float status) {
-  return step == 0 || (step + offset) % gap == 0 || status != 0.0f;
+/// Whether a refresh is due before the update numbered `step` + 1, for the weight in `slot` of
+/// `weights` GaLore weights whose status slot holds `status`: at the first update (every
+/// projector) and on the weight's staggered steps; besides, a refresh that met a non-finite
+/// gradient is retried on the steps with step % weights == slot, so that at most one retry
+/// runs per step over all weights together and failures cannot pile up into every step. A
+/// rank-deficient (zero) sketch waits for the next staggered step.
+BONSAI_GALORE_HD inline bool refreshDue(int64_t step, int64_t gap, int64_t offset, float status,
+                                        int64_t slot, int64_t weights) {
+  if (step == 0 || (step + offset) % gap == 0)
+    return true;
+  return fabsf(status) == float(kNonFinite) && weights > 0 && step % weights == slot;
 }
+
+/// The status a refresh that is not due leaves in its slot: a failure is kept, as -reason
+/// (0 and a pending -reason stay as they are, bit for bit).
+BONSAI_GALORE_HD inline float pendingStatus(float status) {
+  return status > 0.0f ? -status : status;
+}
+
+/// Pivots of the rank-revealing Cholesky factorisation (the second pass of the range finder's
+/// orthonormalisation, on the Gram matrix of the shifted pass's nearly orthonormal factor)
+/// at or below this share of the largest diagonal mark a sketch column as dependent on the
+/// ones before it: it is left out and replaced by a completion vector. Above it, the factor
+/// has a condition number below ~1e4, so one CholeskyQR pass in fp64 is orthogonal to ~1e-8.
+constexpr double kRankTolerance = 1e-8;
+
+/// A completion vector (a unit vector e_i, i < rank, projected off the accepted columns) is
+/// taken when its squared residual exceeds 1 / (4 rank): the greedy pass over e_0 .. e_{r-1}
+/// then always finds enough of them (the missing directions of span(e_0 .. e_{r-1}) would
+/// otherwise have a unit vector v with 1 = sum_i (v·e_i)^2 <= rank / (4 rank)).
+BONSAI_GALORE_HD inline double completionTolerance(int64_t rank) { return 0.25 / double(rank); }
 
 /// SplitMix64's finaliser: a bijective mix of 64 bits.
 BONSAI_GALORE_HD inline uint64_t mix64(uint64_t x) {
@@ -91,7 +120,8 @@ namespace bonsai::rt::cpu {
 /// GaloreRefresh on the CPU: when due (galore::refreshDue with the status slot's value), P
 /// (f32 [s, rank]) becomes the top-`rank` left singular vectors of A = grad (left) or gradᵀ
 /// (right), exact or from the randomized range finder, and status[slot] becomes 0; with a
-/// non-finite gradient or a rank-deficient sketch P is kept and status[slot] records why.
+/// non-finite gradient or a zero sketch P is kept and status[slot] records why (galore::Status).
+/// A sketch of rank below `rank` still refreshes: P spans it, completed by unit vectors.
 /// The workspace is not used on the CPU (its size is checked).
 void galoreRefresh(const TensorView &grad, const TensorView &step,
                    const galore::RefreshParams &params, const TensorView &workspace,

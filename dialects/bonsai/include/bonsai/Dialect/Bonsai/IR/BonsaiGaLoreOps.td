@@ -18,19 +18,23 @@ def Bonsai_GaloreRefreshOp : Bonsai_UpdateOp<"galore_refresh", [2, 3]> {
     status vector of all GaLore weights (updated in place). Result: f32 scratch the device
     implementation works in (`getGaloreWorkspaceElements`); nothing reads it afterwards.
 
-    With t the step counter (updates done), the refresh is due when t = 0 (every projector
-    is computed before the first update) or (t + offset) mod update_proj_gap = 0, or when the
-    previous due refresh of this weight failed (`status[slot]` is not 0). When due, P becomes
-    the top-r left singular vectors of A = G (left side) or Gᵀ (right side): exactly
-    (`svd`, the eigenvectors of the s x s Gram matrix A·Aᵀ, largest first, each signed so
-    that its largest-magnitude entry is positive) or from a randomized range finder
-    (`randomized`: Y = A·Ω with Ω an l x r Gaussian matrix drawn from (seed, slot, t), then
-    `power_iterations` times Y = A·(Aᵀ·Q), Q the orthonormal factor of the previous Y;
-    P = the Q of the last Y: the unique thin QR factor with a positive diagonal, computed by
-    shifted CholeskyQR followed by CholeskyQR). A gradient with a non-finite element, or one
-    whose sketch is numerically rank-deficient, leaves P as it was and sets `status[slot]`
-    to 1 (non-finite) or 2 (rank-deficient); a successful or skipped (not due) refresh sets
-    it to 0.
+    With t the step counter (updates done) and n the length of `status` (the GaLore
+    weights), the refresh is due when t = 0 (every projector is computed before the first
+    update) or (t + offset) mod update_proj_gap = 0, or when this weight's last refresh met a
+    non-finite gradient (|status[slot]| = 1) and t mod n = slot: retries are round robin, at
+    most one per step over all weights. When due, P becomes the top-r left singular vectors
+    of A = G (left side) or Gᵀ (right side): exactly (`svd`, the eigenvectors of the s x s
+    Gram matrix A·Aᵀ, largest first, each signed so that its largest-magnitude entry is
+    positive) or from a randomized range finder (`randomized`: Y = A·Ω with Ω an l x r
+    Gaussian matrix drawn from (seed, slot, t), then `power_iterations` times
+    Y = A·(Aᵀ·Q), Q the orthonormal factor of the previous Y; P = the Q of the last Y: the
+    unique thin QR factor with a positive diagonal when Y has full column rank, computed by
+    shifted CholeskyQR followed by a rank-revealing CholeskyQR; columns of a rank-deficient
+    Y are completed by projected unit vectors, so P always spans Y). A gradient with a
+    non-finite element, or a zero one, leaves P as it was and sets `status[slot]` to 1
+    (non-finite) or 2 (nothing to span; waits for the next scheduled refresh); a successful
+    refresh sets it to 0, and a refresh that is not due turns a failure into its negative
+    (pending, not reported again).
 
     ```mlir
     %ws = bonsai.galore_refresh %g, %step, %p, %status {rank = 4 : i64, update_proj_gap = 200 : i64, offset = 0 : i64, slot = 0 : i64, left = true, projector_kind = "randomized", power_iterations = 1 : i64, seed = 0 : i64} : (tensor<16x64xf32>, tensor<i64>, tensor<16x4xf32>, tensor<2xf32>) -> tensor<448xf32>
