@@ -97,11 +97,12 @@ public:
   }
 
   std::string describe() const override {
-    char text[256];
-    std::snprintf(text, sizeof text, "%s (sm_%d%d, %.1f GiB), CUDA Graphs %s", props_.name,
-                  props_.major, props_.minor, double(props_.totalGlobalMem) / (1 << 30),
+    // The device name is up to 256 characters: build the string instead of bounding a buffer.
+    char rest[96];
+    std::snprintf(rest, sizeof rest, " (sm_%d%d, %.1f GiB), CUDA Graphs %s", props_.major,
+                  props_.minor, double(props_.totalGlobalMem) / (1 << 30),
                   useGraphs_ ? "on" : "off");
-    return text;
+    return std::string(props_.name) + rest;
   }
 
   void uploadArena(size_t arena, const void *host, uint64_t bytes) override {
