@@ -75,11 +75,6 @@ struct GaLorePass : impl::BonsaiGaLorePassBase<GaLorePass> {
 
     int64_t rank = directive.getRank(), gap = directive.getUpdateProjGap();
     StringRef kind = directive.getProjector();
-    if (directive.getMoments() != "keep")
-      return directive.emitOpError()
-             << "moments \"" << directive.getMoments()
-             << "\" is not implemented; the GaLore pass keeps the moments across refreshes "
-                "(moments \"keep\", docs/galore.md)";
     // The exact projector needs a symmetric eigensolver on the device, which only the CPU
     // backend has; saying so here beats a plan that fails at its first step.
     if (kind == "svd" && target != "cpu")

@@ -18,24 +18,6 @@ bonsai.recipe @r {
 
 // -----
 
-// Rotating the moments into the new basis is not implemented: say so rather than keep them.
-func.func @rotate(%ids: tensor<1x4xi32>, %labels: tensor<1x4xi32>) -> tensor<f32> {
-  %emb = bonsai.param "e" trainable : tensor<16x8xf32>
-  %h = bonsai.embedding %emb, %ids : (tensor<16x8xf32>, tensor<1x4xi32>) -> tensor<1x4x8xf32>
-  %w = bonsai.param "blk.q_proj.weight" trainable : tensor<8x8xf32>
-  %q = bonsai.linear %h, %w : (tensor<1x4x8xf32>, tensor<8x8xf32>) -> tensor<1x4x8xf32>
-  %logits = bonsai.linear %q, %emb : (tensor<1x4x8xf32>, tensor<16x8xf32>) -> tensor<1x4x16xf32>
-  %loss = bonsai.cross_entropy %logits, %labels : (tensor<1x4x16xf32>, tensor<1x4xi32>) -> tensor<f32>
-  return %loss : tensor<f32>
-}
-bonsai.recipe @r {
-  bonsai.optimizer "adamw" lr 1.0e-3
-  // expected-error @+1 {{moments "rotate" is not implemented; the GaLore pass keeps the moments across refreshes (moments "keep", docs/galore.md)}}
-  bonsai.galore rank 2 update_proj_gap 6 scale 0.25 projector "randomized" targets ["q_proj"] {moments = "rotate"}
-}
-
-// -----
-
 // A rank that is not below min(m, n) is a recipe error (the recipe verifier's, before any
 // pass runs).
 func.func @rank(%ids: tensor<1x4xi32>, %labels: tensor<1x4xi32>) -> tensor<f32> {

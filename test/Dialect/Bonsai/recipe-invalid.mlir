@@ -379,10 +379,18 @@ bonsai.recipe @r {
 
 // -----
 
-// galore: unknown moment policy.
+// galore: an option the directive does not have (the moments are always kept).
 bonsai.recipe @r {
-  // expected-error @+1 {{unknown moment policy 'reset'; expected one of: 'keep', 'rotate'}}
-  bonsai.galore rank 4 update_proj_gap 200 scale 0.25 projector "randomized" targets ["q_proj"] {moments = "reset"}
+  // expected-error @+1 {{'bonsai.galore' op has no option 'moments' (see docs/recipes.md)}}
+  bonsai.galore rank 4 update_proj_gap 200 scale 0.25 projector "randomized" targets ["q_proj"] {moments = "rotate"}
+}
+
+// -----
+
+// optimizer: a misspelt option is an error, not a silent default.
+bonsai.recipe @r {
+  // expected-error @+1 {{'bonsai.optimizer' op has no option 'weight_decy' (see docs/recipes.md)}}
+  bonsai.optimizer "adamw" lr 1.0e-3 {weight_decy = 0.1 : f64}
 }
 
 // -----

@@ -228,8 +228,7 @@ LogicalResult GaloreDirectiveOp::verify() {
                          << int64_t(getUpdateProjGap());
   if (!(getScale().convertToDouble() > 0))
     return emitOpError() << "scale must be positive, got " << getScale().convertToDouble();
-  if (failed(expectOneOf(*this, "projector", getProjector(), {"svd", "randomized"})) ||
-      failed(expectOneOf(*this, "moment policy", getMoments(), {"keep", "rotate"})))
+  if (failed(expectOneOf(*this, "projector", getProjector(), {"svd", "randomized"})))
     return failure();
   return verifyTargetList(*this, getTargets());
 }
@@ -377,6 +376,11 @@ LogicalResult RecipeOp::verifyRegions() {
   for (Operation &op : getBody().front()) {
     if (!isa<RecipeDirectiveOpInterface>(op))
       return op.emitOpError("is not a recipe directive");
+    // A directive's options are its inherent attributes; any other would be ignored by every
+    // pass, so a misspelt or unsupported option is an error rather than a silent default.
+    for (NamedAttribute attr : op.getDiscardableAttrs())
+      return op.emitOpError() << "has no option '" << attr.getName().getValue()
+                              << "' (see docs/recipes.md)";
     auto [it, inserted] = seen.try_emplace(op.getName().getStringRef(), &op);
     if (!inserted)
       return (op.emitOpError("appears twice in recipe @") << getSymName())

@@ -487,16 +487,15 @@ def Bonsai_GaloreDirectiveOp : Bonsai_TargetedDirectiveOp<"galore"> {
   let summary = "GaLore: optimizer moments of the targeted 2-D weights in a rank-r subspace";
   let description = [{
     `projector` is `svd` (top-r singular vectors) or `randomized` (range finder with power
-    iterations); `moments` says what happens to the moments when the projector is refreshed:
-    `keep` (as in the GaLore paper) or `rotate` (into the new basis).
+    iterations). Adam's moments are kept across refreshes, as in the GaLore paper
+    (docs/galore.md says why rotating them into the new basis is not offered).
 
     ```mlir
     bonsai.galore rank 128 update_proj_gap 200 scale 2.500000e-01 projector "svd" targets ["*_proj"]
     ```
   }];
   let arguments = (ins I64Attr:$rank, I64Attr:$update_proj_gap, F64Attr:$scale,
-                   StrAttr:$projector, DefaultValuedAttr<StrAttr, "\"keep\"">:$moments,
-                   StrArrayAttr:$targets);
+                   StrAttr:$projector, StrArrayAttr:$targets);
   let assemblyFormat = [{
     `rank` $rank `update_proj_gap` $update_proj_gap `scale` $scale `projector` $projector
     `targets` $targets attr-dict
