@@ -59,12 +59,6 @@ struct InsertLoraPass : impl::BonsaiInsertLoraPassBase<InsertLoraPass> {
       return failure();
     }
     LoraDirectiveOp directive = found.front();
-    if (double dropout = directive.getDropout().convertToDouble(); dropout != 0) {
-      directive.emitError() << "LoRA dropout " << dropout
-                            << " is not carried out by bonsai-insert-lora (dropout 0 only): "
-                               "remove the dropout attribute";
-      return failure();
-    }
     LoraConfig config{int64_t(directive.getRank()), directive.getAlpha().convertToDouble(),
                       directive.getDora(), {}, directive.getLoc()};
     for (StringRef t : directive.getTargets().getAsValueRange<StringAttr>())

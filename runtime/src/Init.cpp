@@ -67,21 +67,21 @@ void initParameters(const LoadedPlan &plan, const std::vector<TensorView> &views
     throw Error("internal error: initialization needs one view per plan tensor");
   // Each tensor's values depend on the seed and its name only, so the tensors are drawn on
   // several threads (a 7B model is 6.7e9 normal draws) with the same result as on one.
-  std::vector<size_t> todo;
+  std::vector<size_t> pending;
   for (size_t i = 0; i < plan.tensors.size(); ++i) {
     const TensorInfo &t = plan.tensors[i];
     // Adapter parameters have their own initializer, applied below.
     if (t.role == TensorRole::Parameter && t.init == TensorInit::None)
-      todo.push_back(i);
+      pending.push_back(i);
   }
   std::atomic<size_t> next{0};
   std::exception_ptr failure;
   std::mutex failureMutex;
   auto work = [&] {
-    for (size_t k; (k = next.fetch_add(1)) < todo.size();) {
-      const TensorInfo &t = plan.tensors[todo[k]];
+    for (size_t k; (k = next.fetch_add(1)) < pending.size();) {
+      const TensorInfo &t = plan.tensors[pending[k]];
       try {
-        initTensor(t.name, initRuleFor(t.name, t.shape.size()), seed, views[todo[k]]);
+        initTensor(t.name, initRuleFor(t.name, t.shape.size()), seed, views[pending[k]]);
       } catch (...) {
         std::lock_guard<std::mutex> lock(failureMutex);
         if (!failure)
@@ -90,7 +90,7 @@ void initParameters(const LoadedPlan &plan, const std::vector<TensorView> &views
     }
   };
   unsigned threads = std::min<unsigned>(std::max(1u, std::thread::hardware_concurrency()), 32);
-  threads = unsigned(std::min<size_t>(threads, todo.size()));
+  threads = unsigned(std::min<size_t>(threads, pending.size()));
   std::vector<std::thread> pool;
   for (unsigned i = 1; i < threads; ++i)
     pool.emplace_back(work);

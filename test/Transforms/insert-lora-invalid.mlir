@@ -101,19 +101,6 @@ bonsai.recipe @r {
 
 // -----
 
-// Dropout is not carried out.
-func.func @forward(%x: tensor<2x8x16xf32>) -> tensor<2x8x32xf32> {
-  %w = bonsai.param "model.layers.0.self_attn.q_proj.weight" trainable : tensor<32x16xf32>
-  %y = bonsai.linear %x, %w : (tensor<2x8x16xf32>, tensor<32x16xf32>) -> tensor<2x8x32xf32>
-  return %y : tensor<2x8x32xf32>
-}
-bonsai.recipe @r {
-  // expected-error @+1 {{LoRA dropout 5.000000e-02 is not carried out by bonsai-insert-lora (dropout 0 only): remove the dropout attribute}}
-  bonsai.lora rank 4 alpha 8.0 targets ["q_proj"] {dropout = 0.05 : f64}
-}
-
-// -----
-
 // An adapter name the model already declares.
 func.func @forward(%x: tensor<2x8x16xf32>) -> tensor<2x8x32xf32> {
   %w = bonsai.param "model.layers.0.self_attn.q_proj.weight" trainable : tensor<32x16xf32>

@@ -160,18 +160,10 @@ bonsai.recipe @r {
 
 // -----
 
-// lora: dropout of 1 (must be below 1).
+// lora: no dropout option (adapters train without dropout, as PEFT's lora_dropout = 0).
 bonsai.recipe @r {
-  // expected-error @+1 {{dropout must be in [0, 1), got 1.000000e+00}}
-  bonsai.lora rank 8 alpha 16.0 targets ["q_proj"] {dropout = 1.0 : f64}
-}
-
-// -----
-
-// lora: negative dropout.
-bonsai.recipe @r {
-  // expected-error @+1 {{dropout must be in [0, 1), got -1.000000e-01}}
-  bonsai.lora rank 8 alpha 16.0 targets ["q_proj"] {dropout = -0.1 : f64}
+  // expected-error @+1 {{'bonsai.lora' op has no option 'dropout' (see docs/recipes.md)}}
+  bonsai.lora rank 8 alpha 16.0 targets ["q_proj"] {dropout = 0.05 : f64}
 }
 
 // -----

@@ -25,7 +25,7 @@ func.func @forward(%ids: tensor<2x8xi32>, %labels: tensor<2x8xi32>) -> tensor<f3
 // CHECK-LABEL: bonsai.recipe @everything for @forward {
 // CHECK-NEXT:    bonsai.target "sm_90" device_memory 24576 MiB
 // CHECK-NEXT:    bonsai.quantize "nf4" block 64 double_quant 256 targets ["q_proj"]
-// CHECK-NEXT:    bonsai.lora dora rank 8 alpha 1.600000e+01 targets ["q_proj"] {dropout = 5.000000e-02 : f64}
+// CHECK-NEXT:    bonsai.lora dora rank 8 alpha 1.600000e+01 targets ["q_proj"]
 // CHECK-NEXT:    bonsai.optimizer "adamw" lr 1.000000e-03 {grad_clip = 1.000000e+00 : f64, schedule = "cosine", total_steps = 100 : i64, warmup_steps = 10 : i64}
 // CHECK-NEXT:    bonsai.galore rank 16 update_proj_gap 200 scale 2.500000e-01 projector "svd" targets ["*.mlp.*"]
 // CHECK-NEXT:    bonsai.fp8 "delayed" amax_history 16 margin 0 targets ["up_proj", "down_proj"]
@@ -37,7 +37,7 @@ func.func @forward(%ids: tensor<2x8xi32>, %labels: tensor<2x8xi32>) -> tensor<f3
 bonsai.recipe @everything for @forward {
   bonsai.target "sm_90" device_memory 24576 MiB
   bonsai.quantize "nf4" block 64 double_quant 256 targets ["q_proj"]
-  bonsai.lora dora rank 8 alpha 16.0 targets ["q_proj"] {dropout = 0.05 : f64}
+  bonsai.lora dora rank 8 alpha 16.0 targets ["q_proj"]
   bonsai.optimizer "adamw" lr 1.0e-3 {schedule = "cosine", total_steps = 100, warmup_steps = 10, grad_clip = 1.0 : f64}
   bonsai.galore rank 16 update_proj_gap 200 scale 0.25 projector "svd" targets ["*.mlp.*"]
   bonsai.fp8 "delayed" amax_history 16 margin 0 targets ["up_proj", "down_proj"]

@@ -141,9 +141,6 @@ LogicalResult LoraDirectiveOp::verify() {
   double alpha = getAlpha().convertToDouble();
   if (!(alpha > 0) || !std::isfinite(alpha))
     return emitOpError() << "alpha must be positive and finite, got " << alpha;
-  double dropout = getDropout().convertToDouble();
-  if (!(dropout >= 0 && dropout < 1))
-    return emitOpError() << "dropout must be in [0, 1), got " << dropout;
   return verifyTargetList(*this, getTargets());
 }
 

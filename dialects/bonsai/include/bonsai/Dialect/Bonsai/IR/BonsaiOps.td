@@ -437,14 +437,15 @@ def Bonsai_LoraDirectiveOp : Bonsai_TargetedDirectiveOp<"lora"> {
   let description = [{
     Patterns name linears by their weight's module path as PEFT's `target_modules` does: a plain
     name matches a module whose dotted path ends with it (`q_proj`), a pattern with `*` or `?` is
-    a glob over the full weight name. The scale is alpha / rank.
+    a glob over the full weight name. The scale is alpha / rank. There is no adapter dropout
+    (PEFT's `lora_dropout = 0`).
 
     ```mlir
     bonsai.lora dora rank 16 alpha 3.200000e+01 targets ["q_proj", "k_proj", "v_proj"]
     ```
   }];
   let arguments = (ins UnitAttr:$dora, I64Attr:$rank, F64Attr:$alpha,
-                   DefaultValuedAttr<F64Attr, "0.0">:$dropout, StrArrayAttr:$targets);
+                   StrArrayAttr:$targets);
   let assemblyFormat = [{
     (`dora` $dora^)? `rank` $rank `alpha` $alpha `targets` $targets attr-dict
   }];
