@@ -266,26 +266,6 @@ void checkF32(const char *kernel, const char *operand, const TensorView &t,
                      formatShape(shape));
 }
 
-/// The value of a scalar operand (i64 step or f32 scalar).
-int64_t loadStepValue(const char *kernel, const TensorView &step) {
-  checkView(kernel, "step", step);
-  if (step.dtype != DType::I64 || step.numel() != 1)
-    fail(kernel, "step must be an i64 scalar");
-  int64_t value;
-  std::memcpy(&value, step.data, sizeof value);
-  if (value < 0)
-    fail(kernel, "step " + std::to_string(value) + " is negative");
-  return value;
-}
-
-double loadScalarValue(const char *kernel, const char *operand, const TensorView &t) {
-  checkFloat(kernel, operand, t);
-  if (t.numel() != 1)
-    fail(kernel, std::string(operand) + " shape " + formatShape(t.shape) + " is not a scalar");
-  float value;
-  loadF32(t, &value);
-  return double(value);
-}
 
 /// Checks a 2-D gradient-shaped tensor against the side and returns (m, n).
 std::pair<int64_t, int64_t> checkSide(const char *kernel, const char *operand, const TensorView &t,
@@ -318,7 +298,7 @@ void galoreRefresh(const TensorView &grad, const TensorView &step,
     fail(k, "status must be an f32 vector with slot " + std::to_string(params.slot));
   if (params.updateProjGap <= 0)
     fail(k, "update_proj_gap must be positive");
-  int64_t done = loadStepValue(k, step);
+  int64_t done = loadStep(k, step);
   float *flag = static_cast<float *>(status.data) + params.slot;
   if (!galore::refreshDue(done, params.updateProjGap, params.offset, *flag, params.slot,
                           status.shape[0])) {
@@ -416,8 +396,8 @@ void galoreAdamwUpdate(const TensorView &step, const TensorView &lr, const Tenso
   checkF32(k, "v", v, reduced);
   if (master)
     checkF32(k, "master", *master, param.shape);
-  int64_t done = loadStepValue(k, step);
-  double rate = loadScalarValue(k, "lr", lr), norm = loadScalarValue(k, "grad_norm", gradNorm);
+  int64_t done = loadStep(k, step);
+  double rate = loadScalar(k, "lr", lr), norm = loadScalar(k, "grad_norm", gradNorm);
   if (!(hyper.beta1 >= 0.0 && hyper.beta1 < 1.0 && hyper.beta2 >= 0.0 && hyper.beta2 < 1.0))
     fail(k, "betas are not in [0, 1)");
 

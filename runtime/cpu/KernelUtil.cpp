@@ -9,6 +9,7 @@
 #include "KernelUtil.h"
 
 #include <algorithm>
+#include <cstring>
 #include <exception>
 #include <thread>
 
@@ -131,6 +132,28 @@ void parallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int
   for (std::exception_ptr &e : errors)
     if (e)
       std::rethrow_exception(e);
+}
+
+double loadScalar(const char *kernel, const char *operand, const TensorView &t) {
+  checkFloat(kernel, operand, t);
+  if (t.numel() != 1)
+    fail(kernel, std::string(operand) + " shape " + formatShape(t.shape) + " is not a scalar");
+  float value;
+  loadF32(t, &value);
+  return double(value);
+}
+
+int64_t loadStep(const char *kernel, const TensorView &step) {
+  checkView(kernel, "step", step);
+  if (step.dtype != DType::I64)
+    fail(kernel, std::string("step must be i64, not ") + dtypeName(step.dtype));
+  if (step.numel() != 1)
+    fail(kernel, "step shape " + formatShape(step.shape) + " is not a scalar");
+  int64_t value;
+  std::memcpy(&value, step.data, sizeof value);
+  if (value < 0)
+    fail(kernel, "step " + std::to_string(value) + " is negative");
+  return value;
 }
 
 } // namespace bonsai::rt::cpu::detail

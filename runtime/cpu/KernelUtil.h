@@ -64,6 +64,11 @@ std::string formatIndex(int64_t flat, const std::vector<int64_t> &shape);
 /// result does not depend on the split. Exceptions are rethrown after every thread has joined.
 void parallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)> &fn);
 
+/// Checks that `t` is a float scalar (one element) and returns it.
+double loadScalar(const char *kernel, const char *operand, const TensorView &t);
+/// Checks that `step` is an i64 scalar holding a non-negative count and returns it.
+int64_t loadStep(const char *kernel, const TensorView &step);
+
 } // namespace bonsai::rt::cpu::detail
 
 #endif // BONSAI_RUNTIME_CPU_KERNELUTIL_H

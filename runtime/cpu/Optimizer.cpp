@@ -48,15 +48,6 @@ template <typename F> void forChunks(int64_t n, F fn) {
   });
 }
 
-/// Checks that `t` is a float scalar (one element) and returns it.
-double loadScalar(const char *kernel, const char *operand, const TensorView &t) {
-  checkFloat(kernel, operand, t);
-  if (t.numel() != 1)
-    fail(kernel, std::string(operand) + " shape " + formatShape(t.shape) + " is not a scalar");
-  float value;
-  loadF32(t, &value);
-  return double(value);
-}
 
 /// Checks that `t` is a float scalar to be written.
 void checkScalarOutput(const char *kernel, const char *operand, const TensorView &t) {
@@ -65,19 +56,6 @@ void checkScalarOutput(const char *kernel, const char *operand, const TensorView
     fail(kernel, std::string(operand) + " shape " + formatShape(t.shape) + " is not a scalar");
 }
 
-/// Checks that `step` is an i64 scalar holding a non-negative count and returns it.
-int64_t loadStep(const char *kernel, const TensorView &step) {
-  checkView(kernel, "step", step);
-  if (step.dtype != DType::I64)
-    fail(kernel, std::string("step must be i64, not ") + dtypeName(step.dtype));
-  if (step.numel() != 1)
-    fail(kernel, "step shape " + formatShape(step.shape) + " is not a scalar");
-  int64_t value;
-  std::memcpy(&value, step.data, sizeof value);
-  if (value < 0)
-    fail(kernel, "step " + std::to_string(value) + " is negative");
-  return value;
-}
 
 /// Checks that optimizer state `t` is f32 and shaped like `param`.
 void checkState(const char *kernel, const char *operand, const TensorView &t,
