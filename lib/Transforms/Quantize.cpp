@@ -23,12 +23,10 @@ namespace mlir::bonsai {
 
 namespace {
 
-/// Whether `name` is one of the adapter parameters bonsai-insert-lora adds (CONTRACTS: the
-/// adapters of `M.weight` are `M.lora_A.weight`, `M.lora_B.weight`): adapters are what
-/// trains, never what a quantize target means, even when a glob happens to match them.
-bool isAdapterParam(StringRef name) {
-  return name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight");
-}
+/// Whether `param` was added by a pass with its own initializer (bonsai-insert-lora's
+/// adapters carry `bonsai.init`) rather than bound from the checkpoint: such parameters are
+/// what trains, never what a quantize target means, even when a glob happens to match them.
+bool isPassAddedParam(ParamOp param) { return param->hasAttr("bonsai.init"); }
 
 struct QuantizePass : impl::BonsaiQuantizePassBase<QuantizePass> {
   using Base::Base;
@@ -62,7 +60,7 @@ struct QuantizePass : impl::BonsaiQuantizePassBase<QuantizePass> {
     llvm::SetVector<ParamOp> targets;
     for (const LinearSummary *linear : model.matchLinears(patterns)) {
       auto param = cast<ParamOp>(linear->weight->op);
-      if (!isAdapterParam(param.getName()))
+      if (!isPassAddedParam(param))
         targets.insert(param);
     }
     if (targets.empty())
