@@ -23,10 +23,6 @@ namespace mlir::bonsai {
 
 namespace {
 
-/// Whether `param` was added by a pass with its own initializer (bonsai-insert-lora's
-/// adapters carry `bonsai.init`) rather than bound from the checkpoint: such parameters are
-/// what trains, never what a quantize target means, even when a glob happens to match them.
-bool isPassAddedParam(ParamOp param) { return param->hasAttr("bonsai.init"); }
 
 struct QuantizePass : impl::BonsaiQuantizePassBase<QuantizePass> {
   using Base::Base;
@@ -59,9 +55,10 @@ struct QuantizePass : impl::BonsaiQuantizePassBase<QuantizePass> {
     // Each targeted parameter once, in model order (a weight may feed several linears).
     llvm::SetVector<ParamOp> targets;
     for (const LinearSummary *linear : model.matchLinears(patterns)) {
-      auto param = cast<ParamOp>(linear->weight->op);
-      if (!isPassAddedParam(param))
-        targets.insert(param);
+      // Adapters are what trains, never what a quantize target means, even when a glob
+      // happens to match them.
+      if (!linear->weight->addedByPass)
+        targets.insert(cast<ParamOp>(linear->weight->op));
     }
     if (targets.empty())
       return directive.emitOpError()

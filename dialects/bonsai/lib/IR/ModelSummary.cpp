@@ -34,7 +34,8 @@ ModelSummary::ModelSummary(Operation *function) : function(function) {
   function->walk([&](ParamOp param) {
     paramIndex[param] = params.size();
     params.push_back(
-        {param, param.getName(), param.getResult().getType(), param.getTrainable()});
+        {param, param.getName(), param.getResult().getType(), param.getTrainable(),
+         param->hasAttr("bonsai.init")});
   });
   function->walk([&](Operation *op) {
     if (auto attention = dyn_cast<AttentionOp>(op)) {

@@ -463,7 +463,7 @@ LogicalResult RecipeOp::verifySymbolUses(SymbolTableCollection &symbolTable) {
       return d.galore.emitOpError() << "weight '" << w->name
                                     << "' also has a LoRA adapter; its base is frozen, so "
                                        "GaLore has no gradient to project";
-    if (quantized.contains(w) && w->trainable && !adapted.contains(w))
+    if (quantized.contains(w) && w->trainable && !adapted.contains(w) && !w->addedByPass)
       return d.quantize.emitOpError()
              << "weight '" << w->name
              << "' is trainable, but NF4 weights are frozen: give it a LoRA adapter or "

@@ -23,6 +23,9 @@ struct ParamSummary {
   llvm::StringRef name;
   RankedTensorType type;
   bool trainable = false;
+  /// Added by a pass with its own initializer (bonsai-insert-lora's adapters carry
+  /// `bonsai.init`), not bound from the checkpoint: never what a recipe's weight patterns mean.
+  bool addedByPass = false;
 };
 
 /// One `bonsai.linear` whose weight is (a view of) a parameter.
