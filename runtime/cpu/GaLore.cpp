@@ -131,21 +131,8 @@ double largestDiagonal(const Matrix &g) {
   return largest;
 }
 
-/// The orthonormal s x r factor Q of the sketch Y: the thin QR factor with a positive diagonal
-/// when Y has full column rank; otherwise Y's columns that depend on the ones before them are
-/// replaced, in order, by an orthonormal completion, so that Q always has orthonormal columns
-/// and spans Y's range. Three steps (docs/galore.md):
-///   1. shifted CholeskyQR (Fukaya et al., 2020): Q1 = Y·R1⁻¹ with R1ᵀR1 = YᵀY + shift·I,
-///      which cannot break down on an ill-conditioned or rank-deficient Y;
-///   2. rank-revealing CholeskyQR of Q1 (galore::kRankTolerance): Q2 = Q1·R2⁻¹ over the
-///      accepted columns;
-///   3. for the k columns left out: the unit vectors e_0 .. e_{r-1} projected off the accepted
-///      columns, S = I - Q2[0:r, acc]·Q2[0:r, acc]ᵀ their Gram matrix, taken greedily
-///      (galore::completionTolerance) until k are found, orthonormalised by the Cholesky factor
-///      of S, and put into the left-out columns in order.
-/// The CUDA kernels run the same steps. Fails (galore::Status) only when Y is zero or not
-/// finite, or in the safety nets of steps 1 and 3 that exact arithmetic never reaches.
-galore::Status orthonormalize(const Matrix &y, Matrix &q) {
+/// Step 1 of orthonormalize alone: q1 = Y·R1⁻¹, R1 the Cholesky factor of YᵀY + σI.
+galore::Status shiftedCholeskyQr(const Matrix &y, Matrix &q1) {
   int64_t s = y.rows, r = y.cols;
   Matrix gram = multiply(y, true, y, false);
   double trace = 0.0;
@@ -163,10 +150,31 @@ galore::Status orthonormalize(const Matrix &y, Matrix &q) {
   std::vector<bool> accepted = rankRevealingCholesky(gram, 0.0, r, factor);
   if (std::find(accepted.begin(), accepted.end(), false) != accepted.end())
     return galore::kRankDeficient;
-  Matrix q1 = solveUpper(y, factor);
+  q1 = solveUpper(y, factor);
+  return galore::kRefreshed;
+}
 
+/// The orthonormal s x r factor Q of the sketch Y: the thin QR factor with a positive diagonal
+/// when Y has full column rank; otherwise Y's columns that depend on the ones before them are
+/// replaced, in order, by an orthonormal completion, so that Q always has orthonormal columns
+/// and spans Y's range. Three steps (docs/galore.md):
+///   1. shifted CholeskyQR (Fukaya et al., 2020): Q1 = Y·R1⁻¹ with R1ᵀR1 = YᵀY + shift·I,
+///      which cannot break down on an ill-conditioned or rank-deficient Y;
+///   2. rank-revealing CholeskyQR of Q1 (galore::kRankTolerance): Q2 = Q1·R2⁻¹ over the
+///      accepted columns;
+///   3. for the k columns left out: the unit vectors e_0 .. e_{r-1} projected off the accepted
+///      columns, S = I - Q2[0:r, acc]·Q2[0:r, acc]ᵀ their Gram matrix, taken greedily
+///      (galore::completionTolerance) until k are found, orthonormalised by the Cholesky factor
+///      of S, and put into the left-out columns in order.
+/// The CUDA kernels run the same steps. Fails (galore::Status) only when Y is zero or not
+/// finite, or in the safety nets of steps 1 and 3 that exact arithmetic never reaches.
+galore::Status orthonormalize(const Matrix &y, Matrix &q) {
+  int64_t s = y.rows, r = y.cols;
+  Matrix q1, factor;
+  if (galore::Status failed = shiftedCholeskyQr(y, q1); failed != galore::kRefreshed)
+    return failed;
   Matrix gram1 = multiply(q1, true, q1, false);
-  accepted = rankRevealingCholesky(gram1, galore::kRankTolerance * largestDiagonal(gram1), r,
+  std::vector<bool> accepted = rankRevealingCholesky(gram1, galore::kRankTolerance * largestDiagonal(gram1), r,
                                    factor);
   q = solveUpper(q1, factor);
   std::vector<int64_t> missing;
@@ -326,10 +334,21 @@ void galoreRefresh(const TensorView &grad, const TensorView &step,
     Matrix omega(large, rank);
     for (int64_t i = 0; i < large * rank; ++i)
       omega.data[size_t(i)] = galore::gaussian(key, i);
-    Matrix q;
-    galore::Status outcome = orthonormalize(multiply(a, false, omega, false), q);
-    for (int64_t it = 0; it < params.powerIterations && outcome == galore::kRefreshed; ++it)
-      outcome = orthonormalize(multiply(a, false, multiply(a, true, q, false), false), q);
+    // Y = A·Ω, then per power iteration Y = A·Aᵀ·Q with Q a basis of Y; only span(Q) and
+    // the triangular relation Q = Y·T matter to the final projector (qr(Y·T) = qr(Y) for an
+    // upper-triangular T with a positive diagonal), so between the products one shifted
+    // CholeskyQR pass suffices to keep Y well conditioned, and only the last Y gets the full
+    // orthonormalisation. Any QR of the intermediate Y (NumPy's in the reference) gives the
+    // same projector.
+    Matrix y = multiply(a, false, omega, false), q;
+    galore::Status outcome = galore::kRefreshed;
+    for (int64_t it = 0; it < params.powerIterations && outcome == galore::kRefreshed; ++it) {
+      outcome = shiftedCholeskyQr(y, q);
+      if (outcome == galore::kRefreshed)
+        y = multiply(a, false, multiply(a, true, q, false), false);
+    }
+    if (outcome == galore::kRefreshed)
+      outcome = orthonormalize(y, q);
     if (outcome != galore::kRefreshed) {
       *flag = float(outcome);
       return;
