@@ -98,6 +98,9 @@ def main():
     parser.add_argument("--steps", type=int, default=None,
                         help="timed steps (default 2 T, T the recipe's update_proj_gap)")
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps-7b", type=int, default=4, help="steps of the Llama-2-7B plan")
+    parser.add_argument("--only-7b", action="store_true",
+                        help="run only the Llama-2-7B plan (the TinyLlama pair takes minutes)")
     parser.add_argument("--backend", default="cuda", help="cuda, or cpu to try the script out")
     parser.add_argument("--workdir", default=os.environ.get("OUT", "/tmp/bonsai-out"))
     args = parser.parse_args()
@@ -109,61 +112,68 @@ def main():
     steps = (args.steps or 2 * gap) + args.warmup
     data = os.path.join(root, "corpus.tokens")
 
-    results = {}
-    for name in ("adamw", "galore"):
-        plan = os.path.join(root, "tinyllama_1_1b.%s.plan" % name)
-        rows, stdout, stderr = run(bonsai_run, plan, steps, data, args.workdir, name,
-                                   args.backend)
-        s = summarize(rows, args.warmup)
-        s["state"] = planned_state_bytes(stdout)
-        s["peak"] = measured_peak(stdout)
-        s["warnings"] = [l for l in stderr.splitlines() if l.startswith("warning:")]
-        results[name] = s
-        print("%s: %d steps, %.0f tokens/s" % (name, len(rows), s["tps"]), flush=True)
+    if not args.only_7b:
+        results = {}
+        for name in ("adamw", "galore"):
+            plan = os.path.join(root, "tinyllama_1_1b.%s.plan" % name)
+            rows, stdout, stderr = run(bonsai_run, plan, steps, data, args.workdir, name,
+                                       args.backend)
+            s = summarize(rows, args.warmup)
+            s["state"] = planned_state_bytes(stdout)
+            s["peak"] = measured_peak(stdout)
+            s["warnings"] = [l for l in stderr.splitlines() if l.startswith("warning:")]
+            results[name] = s
+            print("%s: %d steps, %.0f tokens/s" % (name, len(rows), s["tps"]), flush=True)
 
-    a, g = results["adamw"], results["galore"]
-    print("\nTinyLlama-1.1B shape, batch 4 x 2048, %d timed steps after %d warm-up steps "
-          "(T = %d)" % (len(a["times"]), args.warmup, gap))
-    print("| optimizer | optimizer state | peak (driver) | tokens/s "
-          "| step p50 / p90 / p99 / max ms | last loss | mean loss, last 20 |")
-    print("|---|---|---|---|---|---|---|")
-    for name, s in (("AdamW", a), ("GaLore", g)):
-        t = s["times"]
-        print("| %s | %.2f GiB | %s | %.0f | %.1f / %.1f / %.1f / %.1f | %.4f | %.4f |" % (
-            name, s["state"] / GIB if s["state"] else float("nan"),
-            "%.2f GiB" % (s["peak"] / GIB) if s["peak"] else "n/a", s["tps"],
-            percentile(t, 0.5) * 1e3, percentile(t, 0.9) * 1e3, percentile(t, 0.99) * 1e3,
-            max(t) * 1e3, s["last"], s["tail"]))
-    if a["state"] and g["state"]:
-        print("\nGaLore / AdamW: optimizer state %.3fx (bar <= 0.35x), amortised step time "
-              "%+.1f%% (bar <= +5%%), mean loss of the last 20 steps %+.2f%%" % (
-                  g["state"] / a["state"], 100.0 * (a["tps"] / g["tps"] - 1.0),
-                  100.0 * (g["tail"] / a["tail"] - 1.0)))
-    report = open(os.path.join(root, "tinyllama_1_1b.galore.txt")).read()
-    remark = re.search(r"remark: (GaLore .*)", report)
-    if remark:
-        print("compiler: " + remark.group(1))
-    print("(optimizer state is the plan's whole class: moments, GaLore projectors and the fp32 "
-          "master copies of the bf16 weights, which GaLore does not change)")
-    print("\nGaLore step-time histogram (%d steps):" % len(g["times"]))
-    print(histogram(g["times"]))
-    aligned = [t for t, n in zip(g["times"], g["steps"]) if (n - 1) % gap == 0]
-    other = [t for t, n in zip(g["times"], g["steps"]) if (n - 1) % gap != 0]
-    if aligned and other:
-        print("steps with (step - 1) %% T == 0: mean %.1f ms over %d; the others: mean %.1f ms, "
-              "p99 %.1f ms" % (statistics.fmean(aligned) * 1e3, len(aligned),
-                               statistics.fmean(other) * 1e3, percentile(other, 0.99) * 1e3))
-    if g["warnings"]:
-        print("GaLore warnings:\n  " + "\n  ".join(g["warnings"][:10]))
+        a, g = results["adamw"], results["galore"]
+        print("\nTinyLlama-1.1B shape, batch 4 x 2048, %d timed steps after %d warm-up steps "
+              "(T = %d)" % (len(a["times"]), args.warmup, gap))
+        print("| optimizer | optimizer state | peak (driver) | tokens/s "
+              "| step p50 / p90 / p99 / max ms | last loss | mean loss, last 20 |")
+        print("|---|---|---|---|---|---|---|")
+        for name, s in (("AdamW", a), ("GaLore", g)):
+            t = s["times"]
+            print("| %s | %.2f GiB | %s | %.0f | %.1f / %.1f / %.1f / %.1f | %.4f | %.4f |" % (
+                name, s["state"] / GIB if s["state"] else float("nan"),
+                "%.2f GiB" % (s["peak"] / GIB) if s["peak"] else "n/a", s["tps"],
+                percentile(t, 0.5) * 1e3, percentile(t, 0.9) * 1e3, percentile(t, 0.99) * 1e3,
+                max(t) * 1e3, s["last"], s["tail"]))
+        if a["state"] and g["state"]:
+            print("\nGaLore / AdamW: optimizer state %.3fx (bar <= 0.35x), amortised step time "
+                  "%+.1f%% (bar <= +5%%), mean loss of the last 20 steps %+.2f%%" % (
+                      g["state"] / a["state"], 100.0 * (a["tps"] / g["tps"] - 1.0),
+                      100.0 * (g["tail"] / a["tail"] - 1.0)))
+        report = open(os.path.join(root, "tinyllama_1_1b.galore.txt")).read()
+        remark = re.search(r"remark: (GaLore .*)", report)
+        if remark:
+            print("compiler: " + remark.group(1))
+        print("(optimizer state is the plan's whole class: moments, GaLore projectors and the fp32 "
+              "master copies of the bf16 weights, which GaLore does not change)")
+        print("\nGaLore step-time histogram (%d steps):" % len(g["times"]))
+        print(histogram(g["times"]))
+        aligned = [t for t, n in zip(g["times"], g["steps"]) if (n - 1) % gap == 0]
+        other = [t for t, n in zip(g["times"], g["steps"]) if (n - 1) % gap != 0]
+        if aligned and other:
+            print("steps with (step - 1) %% T == 0: mean %.1f ms over %d; the others: mean %.1f ms, "
+                  "p99 %.1f ms" % (statistics.fmean(aligned) * 1e3, len(aligned),
+                                   statistics.fmean(other) * 1e3, percentile(other, 0.99) * 1e3))
+        if g["warnings"]:
+            print("GaLore warnings:\n  " + "\n  ".join(g["warnings"][:10]))
 
     plan7b = os.path.join(root, "llama2_7b.galore.plan")
     print("\nLlama-2-7B shape, GaLore + bf16 weights + remat under --device-memory=24GiB:")
     if os.path.exists(plan7b):
-        rows, stdout, _ = run(bonsai_run, plan7b, 3, data, args.workdir, "llama2_7b",
-                              args.backend)
+        rows, stdout, _ = run(bonsai_run, plan7b, args.steps_7b, data, args.workdir,
+                              "llama2_7b", args.backend)
         peak = measured_peak(stdout)
-        print("  ran 3 steps, loss %.4f, peak %s" % (
-            rows[-1]["loss"], "%.2f GiB" % (peak / GIB) if peak else "n/a"))
+        planned = rows[-1].get("memory_planned_bytes")
+        print("  ran %d steps (batch 1 x 2048); loss by step: %s" % (
+            len(rows), ", ".join("%.3f" % r["loss"] for r in rows)))
+        print("  step time: %s ms (the first computes all 224 projectors)" % ", ".join(
+            "%.0f" % (1e3 * r["tokens"] / r["tokens_per_s"]) for r in rows))
+        print("  peak device memory: planned %s, measured %s (driver)" % (
+            "%.2f GiB" % (planned / GIB) if planned else "n/a",
+            "%.2f GiB" % (peak / GIB) if peak else "n/a"))
     else:
         report = open(os.path.join(root, "llama2_7b.galore.txt")).read()
         print("  no plan; the compiler said:\n  " +

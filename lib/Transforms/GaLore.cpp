@@ -83,8 +83,6 @@ struct GaLorePass : impl::BonsaiGaLorePassBase<GaLorePass> {
                 "(target "
              << target << "); use projector \"randomized\"";
 
-    MLIRContext *ctx = &getContext();
-    StringAttr update = StringAttr::get(ctx, "update");
     OpBuilder builder(updates.front());
     auto f32 = builder.getF32Type();
     int64_t count = updates.size();
@@ -109,7 +107,16 @@ struct GaLorePass : impl::BonsaiGaLorePassBase<GaLorePass> {
       SmallVector<int64_t> reducedShape =
           left ? SmallVector<int64_t>{rank, n} : SmallVector<int64_t>{m, rank};
       auto reducedType = RankedTensorType::get(reducedShape, f32);
+      // Without a master copy the back-projection accumulates into the weight itself, on
+      // tensor cores that take bf16 operands: an f16 accumulator is not among their outputs.
+      if (type.getElementType().isF16() && !adamw.getMaster())
+        return param.emitError() << "GaLore on the f16 weight '" << param.getName()
+                                 << "' needs its fp32 master copy: set master_weights = true "
+                                    "(or store the model in bf16)";
       Location loc = param.getLoc();
+      // The rewrite runs where the update did: the update phase, or the backward pass right
+      // where the gradient is complete when the optimizer has update_in_backward.
+      Attribute phase = adamw->getAttr("bonsai.phase");
       builder.setInsertionPoint(adamw);
       auto state = [&](StringRef suffix, RankedTensorType stateType) {
         return StateOp::create(builder, loc, stateType, StateKind::Optimizer,
@@ -126,19 +133,22 @@ struct GaLorePass : impl::BonsaiGaLorePassBase<GaLorePass> {
       auto refresh = GaloreRefreshOp::create(builder, loc, workspace, adamw.getGradient(),
                                              adamw.getStep(), projector, status.getResult(), rank,
                                              gap, offset, slot, left, kind, powerIterations, seed);
-      refresh->setAttr("bonsai.phase", update);
+      if (phase)
+        refresh->setAttr("bonsai.phase", phase);
       // A half-precision weight's projections run on bf16 operands (tensor cores); the
       // rounding is part of the update's semantics, so both backends do it.
       bool bf16 = !type.getElementType().isF32();
       auto project = GaloreProjectOp::create(builder, loc, reducedType, adamw.getGradient(),
                                              projector, left, bf16);
-      project->setAttr("bonsai.phase", update);
+      if (phase)
+        project->setAttr("bonsai.phase", phase);
       auto galore = GaloreAdamWUpdateOp::create(
           builder, loc, project.getResult(), adamw.getStep(), adamw.getLr(), adamw.getGradNorm(),
           projector, param.getResult(), expAvg, expAvgSq, adamw.getMaster(), adamw.getBeta1Attr(),
           adamw.getBeta2Attr(), adamw.getEpsAttr(), adamw.getWeightDecayAttr(),
           adamw.getGradClipAttr(), directive.getScaleAttr(), builder.getBoolAttr(left));
-      galore->setAttr("bonsai.phase", update);
+      if (phase)
+        galore->setAttr("bonsai.phase", phase);
 
       // The full-size moments go with the update that used them.
       Value oldAvg = adamw.getExpAvg(), oldAvgSq = adamw.getExpAvgSq();

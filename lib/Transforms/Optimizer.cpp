@@ -124,8 +124,8 @@ struct OptimizerPass : impl::BonsaiOptimizerPassBase<OptimizerPass> {
             .getResult();
       };
       // Parameters stored in bf16/f16 are updated through an fp32 master copy, so that small
-      // updates are not rounded away.
-      Value master = type.getElementType().isF32()
+      // updates are not rounded away, unless the recipe trades that for the memory.
+      Value master = type.getElementType().isF32() || !directive.getMasterWeights()
                          ? Value()
                          : state(".master", param.getNameAttr());
       if (adamw) {

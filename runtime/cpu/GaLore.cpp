@@ -449,6 +449,16 @@ void galoreAdamwUpdate(const TensorView &step, const TensorView &lr, const Tenso
   std::vector<float> w(static_cast<size_t>(param.numel()));
   loadF32(master ? *master : param, w.data());
   double decay = 1.0 - rate * hyper.weightDecay;
+  if (!master && param.dtype != DType::F32) {
+    // No master copy: the decay and the step each round to the parameter's dtype, as the
+    // CUDA kernel's decay and its GEMM accumulating into the bf16 parameter do.
+    if (param.dtype != DType::BF16)
+      fail(k, std::string("a ") + dtypeName(param.dtype) +
+                  " parameter needs an f32 master copy to accumulate the update into");
+    for (size_t i = 0; i < w.size(); ++i)
+      w[i] = bf16ToF32(f32ToBf16(float(double(w[i]) * decay)));
+    decay = 1.0;
+  }
   for (size_t i = 0; i < w.size(); ++i)
     w[i] = float(double(w[i]) * decay + update.data[i]);
   if (master)

@@ -897,13 +897,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-/// w *= 1 - lr·wd (the decoupled weight decay, before the low-rank step is added).
+/// w *= 1 - lr·wd (the decoupled weight decay, before the low-rank step is added), rounded
+/// to w's dtype.
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    decayKernel(float *w, int64_t n, const void *lr, DType lrType, double weightDecay) {
+    decayKernel(T *w, int64_t n, const void *lr, DType lrType, double weightDecay) {
   float decay = float(1.0 - double(loadScalar(lr, lrType)) * weightDecay);
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
-    w[i] *= decay;
+    w[i] = fromFloat<T>(toFloat(w[i]) * decay);
 }
 
 /// dst (dtype T) = src (dtype S), for the half-precision GEMM operands.
@@ -1095,9 +1097,9 @@ void galoreAdamwUpdate(const Context &ctx, const TensorView &step, const TensorV
   checkF32(k, "v", v, reduced);
   if (master)
     checkF32(k, "master", *master, param.shape);
-  else if (param.dtype != DType::F32)
-    fail(k, std::string("a ") + dtypeName(param.dtype) +
-                " parameter needs an f32 master copy to accumulate the update into");
+  else if (param.dtype == DType::F16)
+    fail(k, "an f16 parameter needs an f32 master copy to accumulate the update into (the "
+            "tensor cores' bf16 products do not accumulate into f16)");
   if (step.dtype != DType::I64 || step.numel() != 1)
     fail(k, "step must be an i64 scalar");
   checkScalar(k, "lr", lr);
@@ -1118,10 +1120,19 @@ void galoreAdamwUpdate(const Context &ctx, const TensorView &step, const TensorV
       static_cast<float *>(r.data), static_cast<float *>(m.data), static_cast<float *>(v.data),
       count, a);
   checkLaunch(k, "adamKernel");
-  const TensorView &w32 = master ? *master : param;
+  // The update accumulates into the fp32 master, or into the parameter itself (f32, or bf16
+  // without a master: each of the two steps then rounds to bf16, as the CPU kernel does).
+  const TensorView &target = master ? *master : param;
   if (hyper.weightDecay != 0.0) {
-    decayKernel<<<gridFor(k, w32.numel(), kThreads), kThreads, 0, ctx.stream>>>(
-        static_cast<float *>(w32.data), w32.numel(), lr.data, lr.dtype, hyper.weightDecay);
+    unsigned grid = gridFor(k, target.numel(), kThreads);
+    if (target.dtype == DType::BF16)
+      decayKernel<<<grid, kThreads, 0, ctx.stream>>>(static_cast<__nv_bfloat16 *>(target.data),
+                                                     target.numel(), lr.data, lr.dtype,
+                                                     hyper.weightDecay);
+    else
+      decayKernel<<<grid, kThreads, 0, ctx.stream>>>(static_cast<float *>(target.data),
+                                                     target.numel(), lr.data, lr.dtype,
+                                                     hyper.weightDecay);
     checkLaunch(k, "decayKernel");
   }
   // Half-precision models run the GEMM on tensor cores: operands in bf16 (f16 is too narrow
@@ -1132,7 +1143,7 @@ void galoreAdamwUpdate(const Context &ctx, const TensorView &step, const TensorV
   const void *direction = operandIn(k, ctx.stream, r, operands, keep);
   GemmCall call;
   call.abType = operands;
-  call.cType = DType::F32;
+  call.cType = target.dtype;
   call.m = rows;
   call.n = cols;
   call.k = rank;
@@ -1145,7 +1156,7 @@ void galoreAdamwUpdate(const Context &ctx, const TensorView &step, const TensorV
     call.b = p;
     call.transB = true;
   }
-  call.c = w32.data;
+  call.c = target.data;
   ltEngineOf(k, *ctx.gemm).run(k, ctx.stream, call);
   if (master)
     cuda::cast(ctx, *master, param);

@@ -134,6 +134,9 @@ bool mayUpdateInBackward(KernelKind kind) {
   case KernelKind::LearningRate:
   case KernelKind::AdamWUpdate:
   case KernelKind::SGDUpdate:
+  case KernelKind::GaloreRefresh:
+  case KernelKind::GaloreProject:
+  case KernelKind::GaloreAdamWUpdate:
     return true;
   default:
     return false;
@@ -212,7 +215,8 @@ bool LoadedPlan::trains() const {
 std::optional<size_t> LoadedPlan::updateInBackward() const {
   for (size_t i = 0; i < kernels.size(); ++i)
     if (kernels[i].phase == Phase::Backward &&
-        (kernels[i].kind == KernelKind::AdamWUpdate || kernels[i].kind == KernelKind::SGDUpdate))
+        (kernels[i].kind == KernelKind::AdamWUpdate || kernels[i].kind == KernelKind::SGDUpdate ||
+         kernels[i].kind == KernelKind::GaloreAdamWUpdate))
       return i;
   return std::nullopt;
 }

@@ -79,7 +79,8 @@ CLIP_EPS = 1e-6
 # The defaults of bonsai.optimizer (BonsaiOps.td, Bonsai_OptimizerDirectiveOp).
 DEFAULTS = dict(optimizer="adamw", lr=None, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
                 momentum=0.0, grad_clip=0.0, schedule="constant", warmup_steps=0,
-                total_steps=0, min_lr_ratio=0.0, micro_batches=1)
+                total_steps=0, min_lr_ratio=0.0, micro_batches=1, update_in_backward=False,
+                master_weights=True)
 
 RUN_LINE = re.compile(r"^\s*step\s+(\d+)\s+loss\s+(\S+)(.*)$")
 RUN_FIELD = re.compile(r"(?:^|\s)(grad_norm|lr)\s+(\S+)")
@@ -102,6 +103,10 @@ def parse_recipe(text):
             raise ValueError("unknown optimizer attribute %r" % key)
         if value.startswith('"'):
             hp[key] = value.strip('"')
+        elif value in ("true", "false"):
+            # update_in_backward moves the updates, not their arithmetic; master_weights
+            # matters only to bf16/f16 models, which the float64 reference does not run.
+            hp[key] = value == "true"
         else:
             number = value.split(":")[0].strip()  # "1.000000e-01 : f64", "100 : i64"
             hp[key] = int(number) if key in ("warmup_steps", "total_steps",

@@ -324,15 +324,6 @@ bonsai.recipe @r {
   bonsai.optimizer "adamw" lr 1.0e-3 {update_in_backward = true, micro_batches = 4 : i64}
 }
 
-// -----
-
-// recipe: GaLore rewrites the update phase, which update_in_backward leaves without updates.
-bonsai.recipe @r {
-  bonsai.optimizer "adamw" lr 1.0e-3 {update_in_backward = true}
-  // expected-error @+1 {{rewrites the update phase's AdamW, but the optimizer has update_in_backward}}
-  bonsai.galore rank 4 update_proj_gap 10 scale 2.500000e-01 projector "randomized" targets ["q_proj"]
-}
-
 //===----------------------------------------------------------------------===//
 // bonsai.galore (local)
 //===----------------------------------------------------------------------===//

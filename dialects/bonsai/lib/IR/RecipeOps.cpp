@@ -387,9 +387,6 @@ LogicalResult RecipeOp::verifyRegions() {
   Directives d(*this);
   // `bonsai.remat "auto"` without a recipe budget is valid: the budget may come from the
   // command line (bonsai-compile --device-memory); bonsai-remat reports a step with none.
-  if (d.galore && d.optimizer && d.optimizer.getUpdateInBackward())
-    return d.galore.emitOpError("rewrites the update phase's AdamW, but the optimizer has "
-                                "update_in_backward");
   if (d.galore && d.optimizer && d.optimizer.getKind() != "adamw")
     return d.galore.emitOpError() << "rewrites AdamW's moments, but the optimizer is '"
                                   << d.optimizer.getKind() << "'";

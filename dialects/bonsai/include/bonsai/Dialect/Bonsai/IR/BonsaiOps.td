@@ -463,6 +463,13 @@ def Bonsai_OptimizerDirectiveOp : Bonsai_DirectiveOp<"optimizer"> {
     then keeps no gradient accumulators (4 bytes per trainable parameter less). It needs one
     micro-batch per step and no clipping (both need every gradient before any update).
 
+    `master_weights` (default true) keeps an fp32 master copy of every bf16 or f16 parameter,
+    which the update accumulates into before rounding the parameter. Without it a
+    half-precision parameter is updated in place (4 bytes per parameter less) and each update
+    rounds to the parameter's dtype, to nearest: an update below half a unit in the last place
+    of a weight is lost, so this suits pre-training learning rates (GaLore's 1e-2), not the
+    1e-5 of a fine-tune.
+
     ```mlir
     bonsai.optimizer "adamw" lr 3.000000e-04 {weight_decay = 1.000000e-01 : f64, schedule = "cosine", warmup_steps = 100 : i64, total_steps = 1000 : i64}
     bonsai.optimizer "adamw" lr 3.000000e-04 {update_in_backward = true}
@@ -480,7 +487,8 @@ def Bonsai_OptimizerDirectiveOp : Bonsai_DirectiveOp<"optimizer"> {
                    DefaultValuedAttr<I64Attr, "0">:$total_steps,
                    DefaultValuedAttr<F64Attr, "0.0">:$min_lr_ratio,
                    DefaultValuedAttr<I64Attr, "1">:$micro_batches,
-                   DefaultValuedAttr<BoolAttr, "false">:$update_in_backward);
+                   DefaultValuedAttr<BoolAttr, "false">:$update_in_backward,
+                   DefaultValuedAttr<BoolAttr, "true">:$master_weights);
   let assemblyFormat = "$kind `lr` $lr attr-dict";
 }
 
