@@ -1,0 +1,65 @@
+//===- Fp8.h - The two 8-bit float formats of FP8 training, on the CPU ----===//
+//
+// E4M3FN (4 exponent bits, bias 7, 3 mantissa bits, no infinity, one NaN per sign, largest
+// finite 448) and E5M2 (5 exponent bits, bias 15, 2 mantissa bits, IEEE-like with infinities,
+// largest finite 57344), as the OCP 8-bit floating point specification defines them and as
+// Hopper and Ada tensor cores, cuBLASLt and torch.float8_e4m3fn / torch.float8_e5m2 use them.
+//
+// The conversion from f32 is the one FP8 training uses: round to nearest, ties to even, and
+// saturate what lies beyond the largest finite value (infinities included) to it, the CUDA
+// intrinsics' __NV_SATFINITE; NaN stays NaN. This is the CPU reference the FP8 kernels are
+// tested against, so it is exact: every f32 input gives the code a correctly rounded
+// conversion gives (test/runtime/Fp8Test.cpp checks that against a search over all codes).
+// No MLIR, no LLVM.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BONSAI_RUNTIME_FP8_H
+#define BONSAI_RUNTIME_FP8_H
+
+#include <cstdint>
+
+namespace bonsai::rt::fp8 {
+
+/// The two formats.
+enum class Format : uint8_t { E4M3FN, E5M2 };
+
+/// "e4m3fn" or "e5m2".
+const char *formatName(Format format);
+
+/// Mantissa bits: 3 or 2.
+int mantissaBits(Format format);
+
+/// The exponent bias: 7 or 15.
+int exponentBias(Format format);
+
+/// The largest finite value: 448 or 57344.
+float maxFinite(Format format);
+
+/// The smallest positive (subnormal) value: 2^-9 or 2^-16.
+float minSubnormal(Format format);
+
+/// The value of `code` (NaN for a NaN code, ±infinity for E5M2's infinities).
+float decode(uint8_t code, Format format);
+
+/// `x` rounded to nearest (ties to even) with saturation to ±maxFinite; NaN gives a NaN code.
+uint8_t encode(float x, Format format);
+
+/// encode then decode: the value an FP8 cast leaves.
+inline float roundTrip(float x, Format format) { return decode(encode(x, format), format); }
+
+/// What a scaled cast of a tensor did to its values, for the underflow telemetry: how many
+/// nonzero inputs became zero, and how many were clipped to ±maxFinite.
+struct CastStats {
+  int64_t count = 0;
+  int64_t underflows = 0;
+  int64_t saturations = 0;
+  float amax = 0.0f; ///< largest |x| of the input (before scaling), NaN ignored
+};
+
+/// codes[i] = encode(x[i] * scale); returns the statistics of the cast.
+CastStats castScaled(const float *x, int64_t count, float scale, Format format, uint8_t *codes);
+
+} // namespace bonsai::rt::fp8
+
+#endif // BONSAI_RUNTIME_FP8_H
