@@ -105,4 +105,39 @@ CastStats castScaled(const float *x, int64_t count, float scale, Format format, 
   return stats;
 }
 
+float delayedScale(const float *history, int64_t length, float previousScale, Format format,
+                   int margin) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int64_t i = 0; i < length; ++i) {
+    finite = finite && std::isfinite(history[i]);
+    amax = std::max(amax, history[i]);
+  }
+  if (!finite || !(amax > 0.0f))
+    return previousScale;
+  return float(double(maxFinite(format)) / double(amax) / std::ldexp(1.0, margin));
+}
+
+void recordAmax(float *history, int64_t length, int64_t step, float amax) {
+  history[step % length] = amax;
+}
+
+void gemm(const uint8_t *a, Format formatA, float scaleA, const uint8_t *b, Format formatB,
+          float scaleB, int64_t m, int64_t n, int64_t k, float *c) {
+  // Decode once: 256-entry tables.
+  float tableA[256], tableB[256];
+  for (int code = 0; code < 256; ++code) {
+    tableA[code] = decode(uint8_t(code), formatA);
+    tableB[code] = decode(uint8_t(code), formatB);
+  }
+  const float descale = float(1.0 / (double(scaleA) * double(scaleB)));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      float sum = 0.0f;
+      for (int64_t p = 0; p < k; ++p)
+        sum += tableA[a[i * k + p]] * tableB[b[p * n + j]];
+      c[i * n + j] = sum * descale;
+    }
+}
+
 } // namespace bonsai::rt::fp8

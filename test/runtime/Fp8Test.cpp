@@ -199,6 +199,66 @@ TEST_P(Fp8Test, ScaledCastCountsUnderflowsAndSaturations) {
   EXPECT_EQ(scaled.amax, 0.5f);
 }
 
+TEST_P(Fp8Test, DelayedScaleFromTheHistory) {
+  Format format = GetParam();
+  float top = maxFinite(format);
+  std::vector<float> history(4, 0.0f);
+  // Nothing recorded yet: the previous scale stays.
+  EXPECT_EQ(delayedScale(history.data(), 4, 1.0f, format, 0), 1.0f);
+  recordAmax(history.data(), 4, 0, 3.0f);
+  recordAmax(history.data(), 4, 1, 12.0f);
+  recordAmax(history.data(), 4, 2, 6.0f);
+  EXPECT_FLOAT_EQ(delayedScale(history.data(), 4, 1.0f, format, 0), top / 12.0f);
+  EXPECT_FLOAT_EQ(delayedScale(history.data(), 4, 1.0f, format, 2), top / 12.0f / 4.0f);
+  // Step 5 overwrites entry 1 (the ring): the 12 is forgotten.
+  recordAmax(history.data(), 4, 5, 2.0f);
+  EXPECT_EQ(history, (std::vector<float>{3.0f, 2.0f, 6.0f, 0.0f}));
+  EXPECT_FLOAT_EQ(delayedScale(history.data(), 4, 1.0f, format, 0), top / 6.0f);
+  // An overflowed step keeps the previous scale rather than casting everything to zero.
+  recordAmax(history.data(), 4, 6, INFINITY);
+  EXPECT_EQ(delayedScale(history.data(), 4, 0.5f, format, 0), 0.5f);
+}
+
+TEST_P(Fp8Test, GemmOfScaledCastsApproximatesTheProduct) {
+  Format format = GetParam();
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 0.02f);
+  const int64_t m = 7, n = 9, k = 48;
+  std::vector<float> a(m * k), b(k * n);
+  for (float &x : a)
+    x = dist(rng);
+  for (float &x : b)
+    x = 30.0f * dist(rng);
+  // Scales that map each tensor's amax to the top of the format, as delayed scaling aims for.
+  std::vector<uint8_t> qa(a.size()), qb(b.size());
+  float amaxA = castScaled(a.data(), m * k, 1.0f, format, qa.data()).amax;
+  float amaxB = castScaled(b.data(), k * n, 1.0f, format, qb.data()).amax;
+  float scaleA = maxFinite(format) / amaxA, scaleB = maxFinite(format) / amaxB;
+  CastStats sa = castScaled(a.data(), m * k, scaleA, format, qa.data());
+  CastStats sb = castScaled(b.data(), k * n, scaleB, format, qb.data());
+  EXPECT_EQ(sa.saturations + sb.saturations, 0);
+  std::vector<float> c(m * n);
+  gemm(qa.data(), format, scaleA, qb.data(), format, scaleB, m, n, k, c.data());
+  // Against the exact product of the decoded values (each FP8 product is exact in f32, so
+  // only the f32 sum rounds), and against the unquantised product within FP8's relative
+  // precision (2^-4 for E4M3FN, 2^-3 for E5M2, per operand) summed over k terms.
+  double unit = format == Format::E4M3FN ? 0x1p-4 : 0x1p-3;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double exact = 0.0, full = 0.0, bound = 0.0;
+      for (int64_t p = 0; p < k; ++p) {
+        double x = double(decode(qa[i * k + p], format)) / scaleA;
+        double y = double(decode(qb[p * n + j], format)) / scaleB;
+        exact += x * y;
+        full += double(a[i * k + p]) * double(b[p * n + j]);
+        bound += std::fabs(double(a[i * k + p]) * double(b[p * n + j])) * 2.0 * unit +
+                 std::ldexp(1.0, -20); // subnormal spacing after descaling
+      }
+      EXPECT_NEAR(c[i * n + j], exact, 1e-6 * (std::fabs(exact) + 1e-3)) << i << "," << j;
+      EXPECT_NEAR(c[i * n + j], full, bound) << i << "," << j;
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, Fp8Test, ::testing::Values(Format::E4M3FN, Format::E5M2),
                          [](const ::testing::TestParamInfo<Format> &info) {
                            return std::string(formatName(info.param));

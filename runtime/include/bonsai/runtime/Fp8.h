@@ -60,6 +60,23 @@ struct CastStats {
 /// codes[i] = encode(x[i] * scale); returns the statistics of the cast.
 CastStats castScaled(const float *x, int64_t count, float scale, Format format, uint8_t *codes);
 
+/// Delayed scaling (Transformer Engine's recipe): a tensor is cast with a scale computed from
+/// the amaxes of the steps before, kept in a history of `length` entries (training state):
+/// scale = (maxFinite / max(history)) / 2^margin, so that the largest recent value lands
+/// 2^margin below the largest finite one. A history whose maximum is zero or not finite (the
+/// first step; an overflowed step) keeps the previous scale.
+float delayedScale(const float *history, int64_t length, float previousScale, Format format,
+                   int margin);
+
+/// Records a step's amax in the history (a ring: entry step % length).
+void recordAmax(float *history, int64_t length, int64_t step, float amax);
+
+/// C [m, n] (f32) = (A·B) / (scaleA·scaleB) for A [m, k] and B [k, n] given as FP8 codes
+/// (row-major) cast with those scales: what an FP8 GEMM computes, each product of two FP8
+/// values exact in f32, the sum accumulated in f32 in k order, then descaled.
+void gemm(const uint8_t *a, Format formatA, float scaleA, const uint8_t *b, Format formatB,
+          float scaleB, int64_t m, int64_t n, int64_t k, float *c);
+
 } // namespace bonsai::rt::fp8
 
 #endif // BONSAI_RUNTIME_FP8_H
