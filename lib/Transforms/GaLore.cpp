@@ -174,10 +174,11 @@ struct GaLorePass : impl::BonsaiGaLorePassBase<GaLorePass> {
     numAdamW += plain;
     emitRemark(directive.getLoc())
         << "GaLore (rank " << rank << ", " << kind << " projector refreshed every " << gap
-        << " steps, staggered): " << count << " weights, optimizer state "
-        << formatBytes(galoreBytes) << " instead of " << formatBytes(fullBytes) << " ("
+        << " steps, staggered): " << count << (count == 1 ? " weight" : " weights")
+        << ", optimizer state " << formatBytes(galoreBytes) << " instead of "
+        << formatBytes(fullBytes) << " ("
         << llvm::formatv("{0:F3}", double(galoreBytes) / double(fullBytes)) << "x); " << plain
-        << " parameters keep AdamW";
+        << (plain == 1 ? " parameter keeps AdamW" : " parameters keep AdamW");
     return success();
   }
 

@@ -929,7 +929,7 @@ LogicalResult RematPass::rematFunction(func::FuncOp function, StringRef chosen, 
   if (count == 0) {
     summary << "recomputes nothing";
   } else {
-    summary << "recomputes " << count << " tensors (";
+    summary << "recomputes " << count << (count == 1 ? " tensor (" : " tensors (");
     llvm::interleaveComma(kinds, summary,
                           [&](const auto &kind) { summary << kind.second << " " << kind.first; });
     summary << ") for " << withCommas(chosenTrial.flops) << " FLOPs per step, "

@@ -1073,7 +1073,7 @@ void KernelChecker::checkShapes() {
            " " + dtypeName(out(2).dtype));
     if (a.slot < 0 || a.slot >= out(2).shape[0])
       fail("slot " + std::to_string(a.slot) + " is outside " + outName(2) + " of " +
-           std::to_string(out(2).shape[0]) + " weights");
+           std::to_string(out(2).shape[0]) + (out(2).shape[0] == 1 ? " weight" : " weights"));
     break;
   }
   case KernelKind::GaloreProject: {

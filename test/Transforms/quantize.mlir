@@ -69,7 +69,7 @@ bonsai.recipe @q {
 // A weight shared by two linears is quantized once and dequantized once, before its first
 // use; a glob target matches the whole weight name.
 
-// REMARK: remark: bonsai-remat (policy 'none'): recomputes 1 tensors (1 dequantize)
+// REMARK: remark: bonsai-remat (policy 'none'): recomputes 1 tensor (1 dequantize)
 
 // CHECK-LABEL: func.func @shared
 // CHECK: %[[W:.*]] = bonsai.param "model.layers.0.mlp.up_proj.weight" frozen : tensor<64x64x!bonsai.nf4<16, 256>>
@@ -116,7 +116,7 @@ bonsai.recipe @none {
 // elements in blocks of 64 are 96 bytes of codes and 3 absmax bytes, padded to 100 so that the
 // f32 scale (1 group) and offset are aligned: 108 bytes.
 
-// REMARK: remark: bonsai-remat (policy 'none'): recomputes 1 tensors (1 dequantize)
+// REMARK: remark: bonsai-remat (policy 'none'): recomputes 1 tensor (1 dequantize)
 // REMARK-NOT: remark
 
 // CHECK-LABEL: func.func @padded

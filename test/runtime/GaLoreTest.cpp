@@ -471,7 +471,7 @@ TEST(GaLorePlanTest, PlantedMistakes) {
   {
     GaLorePlan g = galorePlan();
     g.spec.kernels[g.refresh].attrs = refreshAttrs(2, 3, 0, 1, false);
-    expectError(g.spec, {"slot 1 is outside status (tensor", "of 1 weights"});
+    expectError(g.spec, {"slot 1 is outside status (tensor", "of 1 weight"});
   }
   {
     GaLorePlan g = galorePlan();
