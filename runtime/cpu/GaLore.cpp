@@ -174,8 +174,8 @@ galore::Status orthonormalize(const Matrix &y, Matrix &q) {
   if (galore::Status failed = shiftedCholeskyQr(y, q1); failed != galore::kRefreshed)
     return failed;
   Matrix gram1 = multiply(q1, true, q1, false);
-  std::vector<bool> accepted = rankRevealingCholesky(gram1, galore::kRankTolerance * largestDiagonal(gram1), r,
-                                   factor);
+  std::vector<bool> accepted = rankRevealingCholesky(
+      gram1, galore::kRankTolerance * largestDiagonal(gram1), r, factor);
   q = solveUpper(q1, factor);
   std::vector<int64_t> missing;
   for (int64_t j = 0; j < r; ++j)
@@ -449,18 +449,18 @@ void galoreAdamwUpdate(const TensorView &step, const TensorView &lr, const Tenso
   std::vector<float> w(static_cast<size_t>(param.numel()));
   loadF32(master ? *master : param, w.data());
   double decay = 1.0 - rate * hyper.weightDecay;
-  if (!master && param.dtype != DType::F32) {
-    // No master copy: the decay and the step each round to the parameter's dtype, as the
-    // CUDA kernel's decay and its GEMM accumulating into the bf16 parameter do.
-    if (param.dtype != DType::BF16)
-      fail(k, std::string("a ") + dtypeName(param.dtype) +
-                  " parameter needs an f32 master copy to accumulate the update into");
-    for (size_t i = 0; i < w.size(); ++i)
-      w[i] = bf16ToF32(f32ToBf16(float(double(w[i]) * decay)));
-    decay = 1.0;
+  // No master copy: the decay and the step each round to the parameter's dtype, as the CUDA
+  // kernel's decay and its GEMM accumulating into the bf16 parameter do.
+  bool inPlace = !master && param.dtype != DType::F32;
+  if (inPlace && param.dtype != DType::BF16)
+    fail(k, std::string("a ") + dtypeName(param.dtype) +
+                " parameter needs an f32 master copy to accumulate the update into");
+  for (size_t i = 0; i < w.size(); ++i) {
+    double decayed = double(w[i]) * decay;
+    if (inPlace)
+      decayed = double(bf16ToF32(f32ToBf16(float(decayed))));
+    w[i] = float(decayed + update.data[i]);
   }
-  for (size_t i = 0; i < w.size(); ++i)
-    w[i] = float(double(w[i]) * decay + update.data[i]);
   if (master)
     storeF32(w.data(), *master);
   storeF32(w.data(), param);
