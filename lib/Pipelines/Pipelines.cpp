@@ -53,6 +53,15 @@ void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &o
     remat.perValueRemarks = false;
     pm.addPass(createBonsaiRematPass(remat));
   }
+  // Fusion sees the whole step (forward, backward, update and the recomputed clones) and runs
+  // before lowering, so that the memory planner sizes what the fused kernels keep, not what
+  // they avoid materialising. Only the summary remark: a remark per site is for bonsai-opt.
+  if (options.fuse) {
+    BonsaiFusePassOptions fuse;
+    fuse.target = options.target;
+    fuse.perSiteRemarks = false;
+    pm.addPass(createBonsaiFusePass(fuse));
+  }
   // Tensors become buffers and ops become launches; the recipe's target is recorded so that
   // the memory planner can hold the step to its budget.
   BonsaiLowerToPlanPassOptions lower;

@@ -1,7 +1,7 @@
 //===- bonsai-compile.cpp - Compile a model and recipe into a plan --------===//
 //
 // bonsai-compile model.mlir [recipe.mlir] [-o step.plan] [--target=sm_90]
-//                [--device-memory=24GiB]
+//                [--device-memory=24GiB] [--fuse=false]
 //
 // Parses the model (and the recipe, if given, into the same module), runs the standard
 // pipeline (with the backward pass, the optimizer and activation recomputation when the
@@ -49,6 +49,12 @@ static llvm::cl::opt<std::string>
     memoryOption("device-memory",
                  llvm::cl::desc("Per-device budget, e.g. 24GiB, 512MiB or bytes (default: the "
                                 "recipe's, else none)"));
+
+static llvm::cl::opt<bool>
+    fuseOption("fuse",
+               llvm::cl::desc("Fuse chains of ops into single kernels (default true; "
+                              "--fuse=false compiles every op as its own kernel)"),
+               llvm::cl::init(true));
 
 /// Parses "24GiB", "1.5 GiB", "512MiB", "80GB", "1000" (bytes).
 static std::optional<int64_t> parseBytes(StringRef text) {
@@ -155,6 +161,7 @@ int main(int argc, char **argv) {
                              "has no bonsai.optimizer, so the step has none";
     return 1;
   }
+  options.fuse = fuseOption;
   if (!targetOption.empty())
     options.target = targetOption;
   std::optional<TargetProfile> profile = lookupTargetProfile(options.target);

@@ -31,6 +31,11 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
                      "(default: the recipe's bonsai.remat; without one, auto when there is a "
                      "budget, else none)"),
       llvm::cl::init("")};
+  PassOptions::Option<bool> fuse{
+      *this, "fuse",
+      llvm::cl::desc("Replace chains of ops with fused kernels (bonsai-fuse); false compiles "
+                     "every op as its own kernel"),
+      llvm::cl::init(true)};
   PassOptions::Option<int64_t> microBatches{
       *this, "micro-batches", llvm::cl::desc("Forward and backward runs per update"),
       llvm::cl::init(1)};

@@ -319,6 +319,36 @@ def BonsaiRematPass : Pass<"bonsai-remat", "::mlir::ModuleOp"> {
   let dependentDialects = ["::mlir::bonsai::plan::PlanDialect"];
 }
 
+def BonsaiFusePass : Pass<"bonsai-fuse", "::mlir::ModuleOp"> {
+  let summary = "Replace chains of ops with fused kernels";
+  let description = [{
+    Runs on the whole step (after bonsai-remat, before bonsai-lower-to-plan), so that every
+    fusion sees the forward, backward and update ops it joins, and recomputed clones are
+    fused like the originals. Each family of fusions is a set of rewrite patterns (one file per
+    family under lib/Transforms/Fusion/) that match through op interfaces and produce ops the
+    runtime implements as one kernel; fused and unfused steps compute the same values up to
+    floating-point summation order (test/EndToEnd checks losses and gradients of both).
+
+    The families are listed in docs/fusion.md with what each saves; the `disable` option turns
+    families off by name (an unknown name is an error that lists the known ones). Pattern
+    families run first, together; families that work on the whole function (the generated
+    elementwise kernels) run after them, on what is left.
+
+    A remark per function sums up what was fused; `per-site-remarks` adds one at each fusion.
+  }];
+  let options = [
+    ListOption<"disable", "disable", "std::string",
+               "Fusion families not to apply (names as in docs/fusion.md)">,
+    Option<"target", "target", "std::string", /*default=*/"\"cpu\"",
+           "Architecture the fused kernels are chosen for">,
+    Option<"perSiteRemarks", "per-site-remarks", "bool", /*default=*/"true",
+           "A remark at every fusion, besides the summary">,
+  ];
+  let statistics = [
+    Statistic<"numFused", "fused", "Fused ops created">,
+  ];
+}
+
 //===----------------------------------------------------------------------===//
 // Plan passes (on bonsai_plan.step)
 //===----------------------------------------------------------------------===//

@@ -1,0 +1,53 @@
+//===- Fusion.h - The fusion families of bonsai-fuse ------------*- C++ -*-===//
+//
+// bonsai-fuse applies families of fusions, each in its own file under lib/Transforms/Fusion/.
+// A family either adds rewrite patterns (they all run together in one greedy rewrite) or
+// transforms a whole function after the patterns have run. The registry below is the one list
+// of families: the pass, its `disable` option and docs/fusion.md follow it.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BONSAI_TRANSFORMS_FUSION_H
+#define BONSAI_TRANSFORMS_FUSION_H
+
+#include "mlir/IR/PatternMatch.h"
+#include "mlir/Interfaces/FunctionInterfaces.h"
+
+#include <functional>
+#include <string>
+
+namespace mlir::bonsai {
+
+/// What every fusion family is told: the target architecture, and whom to tell about each
+/// fused op it creates (the pass counts them and remarks on them).
+struct FusionOptions {
+  /// "cpu" or "sm_XX": fused kernels may depend on what the target's hardware has.
+  std::string target = "cpu";
+  /// Called with each fused op a family creates and a short description of what it replaced.
+  std::function<void(Operation *fused, StringRef what)> notifyFused;
+
+  /// Reports `fused` to the pass (no-op without a listener).
+  void fused(Operation *fused, StringRef what) const {
+    if (notifyFused)
+      notifyFused(fused, what);
+  }
+};
+
+/// One family of fusions: its name (for `disable=` and remarks), a one-line summary, and how
+/// it applies: by adding rewrite patterns, or by transforming a whole function.
+struct FusionFamily {
+  StringRef name;
+  StringRef summary;
+  /// Adds the family's patterns; null for a whole-function family.
+  void (*populatePatterns)(RewritePatternSet &patterns, const FusionOptions &options) = nullptr;
+  /// Transforms `function` after every pattern family has run; null for a pattern family.
+  LogicalResult (*runOnFunction)(FunctionOpInterface function,
+                                 const FusionOptions &options) = nullptr;
+};
+
+/// Every fusion family, in the order the pass applies them.
+ArrayRef<FusionFamily> getFusionFamilies();
+
+} // namespace mlir::bonsai
+
+#endif // BONSAI_TRANSFORMS_FUSION_H

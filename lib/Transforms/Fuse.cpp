@@ -1,0 +1,91 @@
+//===- Fuse.cpp - Replace chains of ops with fused kernels ----------------===//
+//
+// The `bonsai-fuse` pass (see Passes.td) and the registry of fusion families (Fusion.h). The
+// families themselves live under Fusion/, one file each.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/Transforms/Fusion.h"
+#include "bonsai/Transforms/Passes.h"
+#include "mlir/Transforms/GreedyPatternRewriteDriver.h"
+#include "llvm/ADT/StringSet.h"
+
+#include <map>
+
+namespace mlir::bonsai {
+#define GEN_PASS_DEF_BONSAIFUSEPASS
+#include "bonsai/Transforms/Passes.h.inc"
+
+ArrayRef<FusionFamily> getFusionFamilies() {
+  static const std::vector<FusionFamily> families = {
+  };
+  return families;
+}
+
+namespace {
+struct FusePass : impl::BonsaiFusePassBase<FusePass> {
+  using Base::Base;
+
+  void runOnOperation() override {
+    ArrayRef<FusionFamily> families = getFusionFamilies();
+    llvm::StringSet<> disabled;
+    for (const std::string &name : disable) {
+      if (llvm::none_of(families, [&](const FusionFamily &f) { return f.name == name; })) {
+        InFlightDiagnostic diag = getOperation().emitError()
+                                  << "bonsai-fuse: unknown fusion family '" << name
+                                  << "'; the families are:";
+        for (const FusionFamily &family : families)
+          diag << " " << family.name;
+        return signalPassFailure();
+      }
+      disabled.insert(name);
+    }
+
+    // Every fused op is counted per family and function for the summary remark.
+    std::map<std::string, unsigned> counts;
+    FusionOptions options;
+    options.target = target;
+    options.notifyFused = [&](Operation *fused, StringRef what) {
+      ++numFused;
+      ++counts[what.str()];
+      if (perSiteRemarks)
+        fused->emitRemark() << "fused " << what;
+    };
+
+    RewritePatternSet patterns(&getContext());
+    for (const FusionFamily &family : families)
+      if (family.populatePatterns && !disabled.contains(family.name))
+        family.populatePatterns(patterns, options);
+    bool anyPatterns = !patterns.getNativePatterns().empty();
+    FrozenRewritePatternSet frozen(std::move(patterns));
+
+    for (auto function : getOperation().getOps<FunctionOpInterface>()) {
+      if (function.isExternal())
+        continue;
+      counts.clear();
+      // Fusion only combines existing ops; it must not fold, reorder or erase anything else.
+      GreedyRewriteConfig config;
+      config.setRegionSimplificationLevel(GreedySimplifyRegionLevel::Disabled);
+      config.enableFolding(false);
+      config.enableConstantCSE(false);
+      if (anyPatterns &&
+          failed(applyPatternsGreedily(function, frozen, config))) {
+        function.emitError() << "bonsai-fuse: fusion patterns did not converge";
+        return signalPassFailure();
+      }
+      for (const FusionFamily &family : families)
+        if (family.runOnFunction && !disabled.contains(family.name) &&
+            failed(family.runOnFunction(function, options)))
+          return signalPassFailure();
+      if (counts.empty())
+        continue;
+      InFlightDiagnostic remark = function.emitRemark() << "bonsai-fuse:";
+      llvm::interleave(
+          counts, remark,
+          [&](const auto &entry) { remark << " " << entry.second << " " << entry.first; },
+          ";");
+    }
+  }
+};
+} // namespace
+} // namespace mlir::bonsai
