@@ -8,7 +8,9 @@ Runs on a GPU machine with PyTorch and transformers. For one workload (the Llama
     (bench/README.md says how), tokens/s over the steps after the warmup, from its metrics file;
   * PyTorch eager: the Hugging Face model with fp32 master weights, bf16 autocast, SDPA attention
     and fused AdamW, the usual mixed-precision recipe;
-  * torch.compile of the same.
+  * torch.compile of the same;
+  * with --unfused-plan, Bonsai again on the same model compiled with `--fuse=false` (every op
+    its own kernel), which shows what bonsai-fuse gains.
 
 and prints one table: tokens/s, step time, peak memory, and Bonsai's ratio to each peer.
 """
@@ -129,12 +131,17 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--workdir", default=".")
     ap.add_argument("--skip-compile", action="store_true")
+    ap.add_argument("--unfused-plan", help="the same model compiled with --fuse=false")
     args = ap.parse_args()
 
     gib = 1 << 30
     rows = []
     b = bench_bonsai(args.bonsai_run, args.plan, args.steps, args.warmup, args.workdir)
     rows.append(("Bonsai", b[0], b[1], b[2], b[3]))
+    if args.unfused_plan:
+        u = bench_bonsai(args.bonsai_run, args.unfused_plan, args.steps, args.warmup,
+                         args.workdir)
+        rows.append(("Bonsai, --fuse=false", u[0], u[1], u[2], u[3]))
     e = bench_torch(args.model, args.batch, args.seq, args.steps, args.warmup, False)
     rows.append(("PyTorch eager", *e))
     if not args.skip_compile:
