@@ -16,10 +16,12 @@
 //                                           accumulator, rounded once into dW at the end
 //
 // and finally one block sums the rows' losses in fp64 in a fixed order. Every GEMM and sum
-// has an order fixed by the shapes, so results are the same run to run. The GEMMs with the
-// vocabulary as a dimension (GPT-2's 50257 is not a multiple of 8) go through LtEngine's
-// padded copies: of the chunk-sized logits and of W (see GemmImpl.h); docs/fusion.md notes
-// the cost.
+// has an order fixed by the shapes, so results are the same run to run. A vocabulary that is
+// not a multiple of 16 bytes of elements (GPT-2's 50257) is padded in the planned workspace:
+// W is copied once per call into rows of the padded length with zero rows below, the logits
+// chunk has padded rows, and dW accumulates over the padded rows; so cuBLASLt runs every GEMM
+// on aligned operands, without LtEngine's per-GEMM padded copies (GemmImpl.h) of W and of
+// the chunk.
 //
 //===----------------------------------------------------------------------===//
 
@@ -77,15 +79,16 @@ __global__ void countKernel(const void *labels, bool wide, int64_t rows, int64_t
 /// dloss · (softmax - onehot) / count (0 for rows that do not count, and everywhere when no
 /// row counts).
 template <typename T, int VW>
-__global__ void chunkLossGradKernel(T *logits, const void *labels, bool wide, int64_t first,
-                                    int64_t n, int64_t vocab, int64_t ignoreIndex,
+__global__ void chunkLossGradKernel(T *logits, int64_t stride, const void *labels, bool wide,
+                                    int64_t first, int64_t n, int64_t vocab, int64_t ignoreIndex,
                                     const void *dloss, DType dlossType, const int64_t *count,
                                     float *nll) {
   __shared__ float scratch[64];
   int64_t i = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   if (i >= n)
     return;
-  T *row = logits + i * vocab;
+  // Columns [vocab, stride) are the padding: zeros from the GEMM, left as they are.
+  T *row = logits + i * stride;
   int64_t label = countedLabel(labels, wide, first + i, vocab, ignoreIndex, nullptr, 0);
   const int64_t total = *count;
   if (label < 0 || total == 0) {
@@ -202,16 +205,29 @@ void linearCrossEntropy(const Context &ctx, const TensorView &x, const TensorVie
   float *nll = ws + layout.losses;
   auto *count = reinterpret_cast<int64_t *>(ws + layout.counter);
   const bool wide = labels.dtype == DType::I64;
+  const int64_t paddedVocab = layout.paddedVocab;
+  const bool padded = paddedVocab != vocab;
 
   countKernel<<<1, 1024, 0, ctx.stream>>>(labels.data, wide, rows, vocab, ignoreIndex, count,
                                           ctx.deviceError, ctx.kernelIndex);
   checkLaunch(k, "countKernel");
 
+  // Every GEMM runs with the vocabulary padded to a multiple of 16 bytes (cuBLASLt's fast
+  // kernels want it): on W's rows copied once into the workspace, zeros below them, so that
+  // the padded logits are exact zeros and add nothing to dx or dW.
+  const void *wp = w.data;
+  if (padded) {
+    wp = ws + layout.weight;
+    copyMatrices(k, ctx.stream, w.dtype, MatrixSpan{w.data, vocab, hidden, hidden, 0},
+                 MatrixSpan{wp, paddedVocab, hidden, hidden, 0}, 1);
+  }
   LtEngine &engine = ltEngineOf(k, *ctx.gemm);
+  // dW accumulates in fp32 over [paddedVocab, hidden]: in dw itself when it is f32 and
+  // unpadded, else in the workspace; its first vocab rows are dW.
   TensorView accumulator;
   if (dw) {
     accumulator = *dw;
-    if (dw->dtype != DType::F32) {
+    if (dw->dtype != DType::F32 || padded) {
       accumulator.dtype = DType::F32;
       accumulator.data = ws + layout.accumulator;
     }
@@ -227,28 +243,24 @@ void linearCrossEntropy(const Context &ctx, const TensorView &x, const TensorVie
     forward.abType = forward.cType = x.dtype;
     forward.transB = true;
     forward.m = n;
-    forward.n = vocab;
+    forward.n = paddedVocab;
     forward.k = hidden;
     forward.a = xc;
-    forward.b = w.data;
+    forward.b = wp;
     forward.c = logits;
     engine.run(k, ctx.stream, forward);
 
     dispatchFloat(x.dtype, [&](auto tag) {
       using T = decltype(tag);
       auto lp = static_cast<T *>(logits);
-      int vw = (vocab * int64_t(sizeof(T))) % 16 == 0 ? kVec<T> : 1;
-      int tpr = threadsPerRow(vocab, vw);
+      // Rows start on 16-byte boundaries (paddedVocab elements apart); forRow peels the
+      // unaligned head of a row should the workspace itself not be aligned.
+      int tpr = threadsPerRow(vocab, kVec<T>);
       dim3 block = tpr == 32 ? dim3(32, 8) : dim3(unsigned(tpr), 1);
       unsigned grid = unsigned(tpr == 32 ? (n + 7) / 8 : n);
-      if (vw > 1)
-        chunkLossGradKernel<T, kVec<T>><<<grid, block, 0, ctx.stream>>>(
-            lp, labels.data, wide, r0, n, vocab, ignoreIndex, dloss.data, dloss.dtype, count,
-            nll);
-      else
-        chunkLossGradKernel<T, 1><<<grid, block, 0, ctx.stream>>>(
-            lp, labels.data, wide, r0, n, vocab, ignoreIndex, dloss.data, dloss.dtype, count,
-            nll);
+      chunkLossGradKernel<T, kVec<T>><<<grid, block, 0, ctx.stream>>>(
+          lp, paddedVocab, labels.data, wide, r0, n, vocab, ignoreIndex, dloss.data,
+          dloss.dtype, count, nll);
       checkLaunch(k, "chunkLossGradKernel");
     });
 
@@ -257,9 +269,9 @@ void linearCrossEntropy(const Context &ctx, const TensorView &x, const TensorVie
     input.abType = input.cType = x.dtype;
     input.m = n;
     input.n = hidden;
-    input.k = vocab;
+    input.k = paddedVocab;
     input.a = logits;
-    input.b = w.data;
+    input.b = wp;
     input.c = dxBytes + r0 * hidden * elementBytes;
     engine.run(k, ctx.stream, input);
 
@@ -269,7 +281,7 @@ void linearCrossEntropy(const Context &ctx, const TensorView &x, const TensorVie
       weight.abType = x.dtype;
       weight.cType = DType::F32;
       weight.transA = true;
-      weight.m = vocab;
+      weight.m = paddedVocab;
       weight.n = hidden;
       weight.k = n;
       weight.beta = r0 == 0 ? 0.0f : 1.0f;
@@ -280,10 +292,14 @@ void linearCrossEntropy(const Context &ctx, const TensorView &x, const TensorVie
     }
   }
   if (rows == 0 && dw)
-    checkCuda(cudaMemsetAsync(accumulator.data, 0, accumulator.bytes(), ctx.stream),
+    checkCuda(cudaMemsetAsync(accumulator.data, 0, size_t(vocab * hidden) * 4, ctx.stream),
               "cudaMemsetAsync", k);
-  if (dw && accumulator.data != dw->data)
-    castOnDevice(k, ctx.stream, accumulator, *dw);
+  if (dw && accumulator.data != dw->data) {
+    // The first vocab rows of the row-major [paddedVocab, hidden] accumulator.
+    TensorView rowsOfW = accumulator;
+    rowsOfW.shape = dw->shape;
+    castOnDevice(k, ctx.stream, rowsOfW, *dw);
+  }
   meanKernel<<<1, 1024, 0, ctx.stream>>>(nll, rows, loss.data, loss.dtype);
   checkLaunch(k, "meanKernel");
 }

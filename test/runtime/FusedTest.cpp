@@ -303,13 +303,15 @@ struct FusedPlan {
 /// embedding -> add_rms_norm (the embedding plus itself, a residual add) -> fused LM head;
 /// backward: rms_norm_grad_add (the head's dx plus the residual path's), embedding_grad.
 /// Gradients are per-step tensors; no optimizer (Forward and Backward only).
-FusedPlan fusedPlanSpec(int64_t chunkRows = 3) {
+/// `tableRows`: rows of the embedding table (and of its gradient), V = 16 by default.
+FusedPlan fusedPlanSpec(int64_t chunkRows = 3, int64_t tableRows = 16) {
   const int64_t B = 2, T = 4, V = 16, D = 8;
   FusedPlan f;
   PlanSpec &p = f.spec;
   p.model = "fused";
   p.arenas = {{"weights", Lifetime::Persistent, 0, 256}, {"step", Lifetime::Step, 0, 256}};
-  uint32_t table = p.add("model.embed_tokens.weight", DType::F32, {V, D}, TensorRole::Parameter, 0);
+  uint32_t table =
+      p.add("model.embed_tokens.weight", DType::F32, {tableRows, D}, TensorRole::Parameter, 0);
   uint32_t norm = p.add("model.norm.weight", DType::F32, {D}, TensorRole::Parameter, 0);
   f.head = p.add("lm_head.weight", DType::F32, {V, D}, TensorRole::Parameter, 0);
   uint32_t ids = p.add("ids", DType::I32, {B, T}, TensorRole::Input, 1);
@@ -327,7 +329,8 @@ FusedPlan fusedPlanSpec(int64_t chunkRows = 3) {
   f.addend = p.add("h.grad.residual", DType::F32, {B, T, D}, TensorRole::Gradient, 1);
   f.dres = p.add("h.grad", DType::F32, {B, T, D}, TensorRole::Gradient, 1);
   uint32_t dnorm = p.add("model.norm.weight", DType::F32, {D}, TensorRole::Gradient, 1);
-  uint32_t dtable = p.add("model.embed_tokens.weight", DType::F32, {V, D}, TensorRole::Gradient, 1);
+  uint32_t dtable =
+      p.add("model.embed_tokens.weight", DType::F32, {tableRows, D}, TensorRole::Gradient, 1);
   f.res = f.x;
   p.kernel(KernelKind::Embedding, {table, ids}, {f.x});
   f.addNorm = p.kernel(KernelKind::AddRMSNorm, {f.x, f.x, norm}, {f.sum, f.n},
@@ -451,15 +454,11 @@ TEST(PlanFusedTest, OverlapsAndVocabulary) {
   f.spec.tensors[f.workspace].offset = f.spec.tensors[f.dw].offset;
   expectError(f.spec, {"(LinearCrossEntropy): dw (tensor", "overlaps workspace"});
   // Labels index the head's rows: a head smaller than the plan's vocabulary is rejected.
-  f = fusedPlanSpec();
-  for (uint32_t t : {f.head, f.dw}) {
-    f.spec.tensors[t].shape = {15, 8};
-    f.spec.tensors[t].bytes = -1;
-  }
-  f.spec.tensors[f.workspace].shape = {linearCrossEntropyWorkspaceElements(8, 15, 8, 3, 4, true)};
-  f.spec.tensors[f.workspace].bytes = -1;
-  expectError(f.spec, {"the LM head weight indexed by the plan's labels", "has 15 rows, fewer "
-                                                                          "than vocab_size 16"});
+  // A plan vocabulary of 17 (the table has 17 rows) with a head of 16 rows.
+  f = fusedPlanSpec(3, 17);
+  f.spec.vocabSize = 17;
+  expectError(f.spec, {"the LM head weight indexed by the plan's labels", "has 16 rows, fewer "
+                                                                          "than vocab_size 17"});
 }
 
 TEST(PlanFusedTest, RandomByteFlipsLoadOrThrow) {

@@ -62,11 +62,18 @@ int64_t LinearCrossEntropyOp::chooseChunkRows(int64_t rows, int64_t vocab,
 int64_t LinearCrossEntropyOp::getWorkspaceElements(int64_t rows, int64_t vocab, int64_t hidden,
                                                    int64_t chunkRows, int64_t elementBytes,
                                                    bool weightGrad) {
+  // runtime/include/bonsai/runtime/Fusion.h computes the same layout.
+  auto slots = [](int64_t elements, int64_t bytes) { return (elements * bytes + 3) / 4; };
+  int64_t perVector = std::max<int64_t>(1, 16 / std::max<int64_t>(1, elementBytes));
+  int64_t paddedVocab = (vocab + perVector - 1) / perVector * perVector;
+  bool padded = paddedVocab != vocab;
   int64_t chunk = std::min(rows, chunkRows);
-  int64_t logits = alignSlots((chunk * vocab * elementBytes + 3) / 4);
+  int64_t logits = alignSlots(slots(chunk * paddedVocab, elementBytes));
   int64_t losses = alignSlots(rows);
-  int64_t accumulator = weightGrad && elementBytes != 4 ? alignSlots(vocab * hidden) : 0;
-  return logits + losses + accumulator + 64;
+  int64_t weight = padded ? alignSlots(slots(paddedVocab * hidden, elementBytes)) : 0;
+  bool accumulate = weightGrad && (elementBytes != 4 || padded);
+  int64_t accumulator = accumulate ? alignSlots(paddedVocab * hidden) : 0;
+  return logits + losses + weight + accumulator + 64;
 }
 
 int64_t LinearCrossEntropyOp::getNumRows() {

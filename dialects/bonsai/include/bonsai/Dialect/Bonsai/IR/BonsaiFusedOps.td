@@ -34,8 +34,9 @@ def Bonsai_LinearCrossEntropyOp : Bonsai_ModelOp<"linear_cross_entropy", [],
     before the forward pass: the op runs in the forward phase, where the loss is read.
 
     The `workspace` result is f32 scratch of `getWorkspaceElements` elements (the logits
-    chunk, the per-row losses, the fp32 dW accumulator when W is not f32, a counter): the
-    memory planner sizes it like any buffer and nothing reads it afterwards.
+    chunk, the per-row losses, W padded to a 16-byte multiple of rows when the vocabulary is
+    not one, the fp32 dW accumulator, a counter: docs/plan-format.md): the memory planner
+    sizes it like any buffer and nothing reads it afterwards.
 
     ```mlir
     %loss, %dx, %ws, %dw = bonsai.linear_cross_entropy %x, %w, %labels, %seed {chunk_rows = 256 : i64, ignore_index = -100 : i64} : (tensor<4x64x64xf32>, tensor<256x64xf32>, tensor<4x64xi32>, tensor<f32>) -> (tensor<f32>, tensor<4x64x64xf32>, tensor<82048xf32>, tensor<256x64xf32>)
@@ -57,9 +58,11 @@ def Bonsai_LinearCrossEntropyOp : Bonsai_ModelOp<"linear_cross_entropy", [],
     /// (at least 64). The runtime does not depend on the rule, only on `chunk_rows`.
     static int64_t chooseChunkRows(int64_t rows, int64_t vocab, int64_t elementBytes);
     static constexpr int64_t kMaxChunkBytes = int64_t(256) << 20;
-    /// f32 elements of the workspace (runtime/src/Plan.cpp checks the same formula): the
-    /// logits chunk in W's dtype, the rows' losses, the fp32 dW accumulator (when W is not
-    /// f32 and dW is computed), and a 64-bit counter, each part 256-byte aligned.
+    /// f32 elements of the workspace (runtime/include/bonsai/runtime/Fusion.h computes the
+    /// same layout, and plan validation checks it): the logits chunk in W's dtype with rows
+    /// padded to 16 bytes, the rows' losses, W's padded copy (when the vocabulary needs
+    /// padding), the fp32 dW accumulator (when dW is computed and W is not f32 or is
+    /// padded), and a 64-bit counter, each part 256-byte aligned.
     static int64_t getWorkspaceElements(int64_t rows, int64_t vocab, int64_t hidden,
                                         int64_t chunkRows, int64_t elementBytes,
                                         bool weightGrad);
