@@ -102,7 +102,7 @@ struct FuseNormGradAdd : OpRewritePattern<AddOp> {
       if (!candidate || candidate.getNormalizedInputGrad() != operand || !operand.hasOneUse() ||
           candidate->getBlock() != add->getBlock() || !sameSchedule(candidate, add))
         continue;
-      if (grad && grad->isBeforeInBlock(candidate) == false)
+      if (grad && !grad->isBeforeInBlock(candidate))
         continue;
       grad = candidate;
       addend = other;

@@ -121,14 +121,17 @@ OpCost LinearCrossEntropyOp::getForwardCost() {
   int64_t rows = getNumRows(), vocab = getVocabSize();
   int64_t hidden = tensorType(getWeight()).getDimSize(1);
   int64_t gemms = getWeightGrad() ? 3 : 2;
+  // Operands read and results written once, but the workspace is scratch: its traffic is the
+  // logits', which the first GEMM writes, the loss pass reads and overwrites with their
+  // gradient, and each gradient GEMM reads.
   OpCost cost = streamingBytes(*this);
-  // The workspace's logits chunks are written and read back (the GEMM, the loss pass, then
-  // the two gradient GEMMs): count them once per chunk as a write and two reads.
+  cost.bytesWritten -= getStorageBytes(getWorkspace().getType());
   int64_t elementBytes = tensorType(getInput()).getElementType().getIntOrFloatBitWidth() / 8;
   int64_t logitsBytes = rows * vocab * elementBytes;
-  cost.bytesWritten += logitsBytes - getStorageBytes(getWorkspace().getType());
-  cost.bytesRead += 2 * logitsBytes;
+  cost.bytesWritten += 2 * logitsBytes;
+  cost.bytesRead += gemms * logitsBytes;
   cost.matmulFlops = gemms * 2 * rows * vocab * hidden;
+  // cross_entropy's 4 and cross_entropy_grad's 5 per logit.
   cost.vectorFlops = 9 * rows * vocab;
   return cost;
 }
