@@ -69,8 +69,8 @@ TensorView workspaceView(const TensorView &workspace, int64_t offset, DType dtyp
 
 void linearCrossEntropy(const TensorView &x, const TensorView &w, const TensorView &labels,
                         const TensorView &dloss, int64_t ignoreIndex, int64_t chunkRows,
-                        const TensorView &loss, const TensorView &dx,
-                        const TensorView &workspace, const TensorView *dw) {
+                        const TensorView &loss, const TensorView &dx, const TensorView &workspace,
+                        const TensorView *dw) {
   const char *k = "linear_cross_entropy";
   checkFloat(k, "x", x);
   checkFloat(k, "w", w);
@@ -97,8 +97,8 @@ void linearCrossEntropy(const TensorView &x, const TensorView &w, const TensorVi
     fail(k, "chunk_rows must be positive, got " + std::to_string(chunkRows));
   const int64_t vocab = w.dim(0), hidden = w.dim(1), rows = labels.numel();
   const int64_t elementBytes = int64_t(dtypeSize(x.dtype));
-  LinearCrossEntropyWorkspace layout = linearCrossEntropyWorkspace(
-      rows, vocab, hidden, chunkRows, elementBytes, dw != nullptr);
+  LinearCrossEntropyWorkspace layout =
+      linearCrossEntropyWorkspace(rows, vocab, hidden, chunkRows, elementBytes, dw != nullptr);
   if (workspace.dtype != DType::F32 || workspace.numel() != layout.total)
     fail(k, "workspace must be " + std::to_string(layout.total) + " f32 elements, got " +
                 formatShape(workspace.shape) + " " + dtypeName(workspace.dtype));

@@ -195,8 +195,8 @@ void linearCrossEntropy(const Context &ctx, const TensorView &x, const TensorVie
     fail(k, "the context has no GemmEngine");
   const int64_t vocab = w.dim(0), hidden = w.dim(1), rows = labels.numel();
   const int64_t elementBytes = int64_t(dtypeSize(x.dtype));
-  LinearCrossEntropyWorkspace layout = linearCrossEntropyWorkspace(
-      rows, vocab, hidden, chunkRows, elementBytes, dw != nullptr);
+  LinearCrossEntropyWorkspace layout =
+      linearCrossEntropyWorkspace(rows, vocab, hidden, chunkRows, elementBytes, dw != nullptr);
   if (workspace.dtype != DType::F32 || workspace.numel() != layout.total)
     fail(k, "workspace must be " + std::to_string(layout.total) + " f32 elements, got " +
                 formatShape(workspace.shape));
@@ -258,9 +258,9 @@ void linearCrossEntropy(const Context &ctx, const TensorView &x, const TensorVie
       int tpr = threadsPerRow(vocab, kVec<T>);
       dim3 block = tpr == 32 ? dim3(32, 8) : dim3(unsigned(tpr), 1);
       unsigned grid = unsigned(tpr == 32 ? (n + 7) / 8 : n);
-      chunkLossGradKernel<T, kVec<T>><<<grid, block, 0, ctx.stream>>>(
-          lp, paddedVocab, labels.data, wide, r0, n, vocab, ignoreIndex, dloss.data,
-          dloss.dtype, count, nll);
+      chunkLossGradKernel<T, kVec<T>>
+          <<<grid, block, 0, ctx.stream>>>(lp, paddedVocab, labels.data, wide, r0, n, vocab,
+                                           ignoreIndex, dloss.data, dloss.dtype, count, nll);
       checkLaunch(k, "chunkLossGradKernel");
     });
 

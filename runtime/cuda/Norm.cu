@@ -712,6 +712,8 @@ void normGrad(const char *kernel, const Context &ctx, const TensorView &dyIn,
     w = staging.in(w);
     dx = staging.out(dx);
     dw = staging.out(dw);
+    // Mixed dtypes (never made by bonsai-fuse, whose addend, dy, x and dx share one): the
+    // norm's gradient is added to the addend in fp32 and rounded once, into dx's dtype.
     if (addendIn)
       addend = staging.in(addend);
     if (dbIn)

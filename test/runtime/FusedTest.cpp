@@ -135,14 +135,13 @@ HeadResult unfusedHead(const Buf &x, const Buf &w, const Buf &labels, const Buf 
 HeadResult fusedHead(const Buf &x, const Buf &w, const Buf &labels, const Buf &dloss,
                      int64_t ignore, int64_t chunkRows, bool weightGrad = true) {
   int64_t rows = numelOf(labels.shape);
-  int64_t elements = linearCrossEntropyWorkspaceElements(
-      rows, w.shape[0], w.shape[1], chunkRows, int64_t(dtypeSize(x.dtype)), weightGrad);
+  int64_t elements = linearCrossEntropyWorkspaceElements(rows, w.shape[0], w.shape[1], chunkRows,
+                                                         int64_t(dtypeSize(x.dtype)), weightGrad);
   Buf workspace(DType::F32, {elements});
   HeadResult r{Buf(DType::F32, {}), Buf(x.dtype, x.shape), Buf(w.dtype, w.shape)};
   TensorView dw = r.dw.view();
   cpu::linearCrossEntropy(x.view(), w.view(), labels.view(), dloss.view(), ignore, chunkRows,
-                          r.loss.view(), r.dx.view(), workspace.view(),
-                          weightGrad ? &dw : nullptr);
+                          r.loss.view(), r.dx.view(), workspace.view(), weightGrad ? &dw : nullptr);
   return r;
 }
 
@@ -259,8 +258,7 @@ TEST(CpuFusedTest, ResidualNormsAreTheirChains) {
     Buf wantDx(dt, shape), wantDw(dt, {40}), wantDb(dt, {40}), normDx(dt, shape);
     cpu::rmsNormGrad(dy.view(), a.view(), wgt.view(), 1e-5, normDx.view(), wantDw.view());
     cpu::add(addend.view(), normDx.view(), wantDx.view()); // as autodiff orders the addends
-    cpu::rmsNormGradAdd(dy.view(), a.view(), wgt.view(), addend.view(), 1e-5, dx.view(),
-                        dw.view());
+    cpu::rmsNormGradAdd(dy.view(), a.view(), wgt.view(), addend.view(), 1e-5, dx.view(), dw.view());
     expectSameBytes("rms_norm_grad_add dx", dx, wantDx);
     expectSameBytes("rms_norm_grad_add dw", dw, wantDw);
     dx.poison();
@@ -335,10 +333,10 @@ FusedPlan fusedPlanSpec(int64_t chunkRows = 3, int64_t tableRows = 16) {
   p.kernel(KernelKind::Embedding, {table, ids}, {f.x});
   f.addNorm = p.kernel(KernelKind::AddRMSNorm, {f.x, f.x, norm}, {f.sum, f.n},
                        fb::KernelAttrs::NormAttrs, test::normAttrs(1e-5));
-  f.headKernel = p.kernel(KernelKind::LinearCrossEntropy, {f.n, f.head, f.labels, f.lossScale},
-                          {f.loss, f.dx, f.workspace, f.dw},
-                          fb::KernelAttrs::LinearCrossEntropyAttrs,
-                          linearCrossEntropyAttrs(-100, chunkRows));
+  f.headKernel =
+      p.kernel(KernelKind::LinearCrossEntropy, {f.n, f.head, f.labels, f.lossScale},
+               {f.loss, f.dx, f.workspace, f.dw}, fb::KernelAttrs::LinearCrossEntropyAttrs,
+               linearCrossEntropyAttrs(-100, chunkRows));
   p.phase = Phase::Backward;
   p.kernel(KernelKind::Copy, {f.dx}, {f.addend});
   f.gradAdd = p.kernel(KernelKind::RMSNormGradAdd, {f.dx, f.sum, norm, f.addend}, {f.dres, dnorm},
@@ -418,9 +416,8 @@ TEST(PlanFusedTest, DTypesShapesAndWorkspace) {
   f.spec.tensors[f.workspace].shape = {100};
   f.spec.tensors[f.workspace].bytes = -1;
   int64_t want = linearCrossEntropyWorkspaceElements(8, 16, 8, 3, 4, true);
-  expectError(f.spec, {"(LinearCrossEntropy): workspace (tensor", "shape: expected [" +
-                                                                      std::to_string(want) +
-                                                                      "], got [100]"});
+  expectError(f.spec, {"(LinearCrossEntropy): workspace (tensor",
+                       "shape: expected [" + std::to_string(want) + "], got [100]"});
   f = fusedPlanSpec();
   f.spec.kernels[f.headKernel].inputs[3] = f.labels;
   expectError(f.spec, {"dloss (tensor", "must be a scalar [] of dtype f32, got [2, 4] i32"});

@@ -77,8 +77,7 @@ struct FuseLinearCrossEntropy : OpRewritePattern<CrossEntropyOp> {
         return rewriter.notifyMatchFailure(logitsClone, "the recomputed logits have another "
                                                         "reader");
     }
-    if (grad.getLabels() != loss.getLabels() ||
-        grad.getIgnoreIndex() != loss.getIgnoreIndex())
+    if (grad.getLabels() != loss.getLabels() || grad.getIgnoreIndex() != loss.getIgnoreIndex())
       return rewriter.notifyMatchFailure(grad, "the gradient's labels or ignore_index differ "
                                                "from the loss's");
     for (Operation *user : loss.getResult().getUsers())
@@ -121,8 +120,8 @@ struct FuseLinearCrossEntropy : OpRewritePattern<CrossEntropyOp> {
     int64_t vocab = wType.getDimSize(0), hidden = wType.getDimSize(1);
     int64_t elementBytes = xType.getElementType().getIntOrFloatBitWidth() / 8;
     int64_t chunk = LinearCrossEntropyOp::chooseChunkRows(rows, vocab, elementBytes);
-    int64_t workspace = LinearCrossEntropyOp::getWorkspaceElements(
-        rows, vocab, hidden, chunk, elementBytes, bool(gradWeight));
+    int64_t workspace = LinearCrossEntropyOp::getWorkspaceElements(rows, vocab, hidden, chunk,
+                                                                   elementBytes, bool(gradWeight));
 
     rewriter.setInsertionPoint(loss);
     SmallVector<Type> results = {loss.getResult().getType(), xType,

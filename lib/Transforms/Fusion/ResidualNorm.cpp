@@ -61,9 +61,8 @@ struct FuseAddNorm : OpInterfaceRewritePattern<NormalizationOpInterface> {
     // parameters are available there.
     Operation *insertion = op;
     if (!allUsersAfter(add.getResult(), op)) {
-      if (!llvm::all_of(op->getOperands(), [&](Value v) {
-            return v == add.getResult() || isDefinedBefore(v, add);
-          }))
+      if (!llvm::all_of(op->getOperands(),
+                        [&](Value v) { return v == add.getResult() || isDefinedBefore(v, add); }))
         return rewriter.notifyMatchFailure(op, "the sum is read before the norm, whose "
                                                "parameters are defined after the add");
       insertion = add;
@@ -96,8 +95,8 @@ struct FuseNormGradAdd : OpRewritePattern<AddOp> {
     // the later one (so that the other's result, the addend, is available before it).
     NormalizationGradOpInterface grad;
     Value addend;
-    for (auto [operand, other] : {std::pair(add.getLhs(), add.getRhs()),
-                                  std::pair(add.getRhs(), add.getLhs())}) {
+    for (auto [operand, other] :
+         {std::pair(add.getLhs(), add.getRhs()), std::pair(add.getRhs(), add.getLhs())}) {
       auto candidate = operand.getDefiningOp<NormalizationGradOpInterface>();
       if (!candidate || candidate.getNormalizedInputGrad() != operand || !operand.hasOneUse() ||
           candidate->getBlock() != add->getBlock() || !sameSchedule(candidate, add))
@@ -146,8 +145,7 @@ struct FuseNormGradAdd : OpRewritePattern<AddOp> {
 
 } // namespace
 
-void populateResidualNormFusionPatterns(RewritePatternSet &patterns,
-                                        const FusionOptions &options) {
+void populateResidualNormFusionPatterns(RewritePatternSet &patterns, const FusionOptions &options) {
   patterns.add<FuseAddNorm, FuseNormGradAdd>(patterns.getContext(), options);
 }
 

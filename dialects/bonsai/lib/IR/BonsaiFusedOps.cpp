@@ -19,8 +19,7 @@ using namespace mlir::bonsai::detail;
 static LogicalResult expectTypeOf(Operation *op, StringRef what, Value value, Type expected) {
   if (value.getType() == expected)
     return success();
-  return op->emitOpError() << what << " type: expected " << expected << ", got "
-                           << value.getType();
+  return op->emitOpError() << what << " type: expected " << expected << ", got " << value.getType();
 }
 
 /// Checks a norm parameter [D] of the input's element type, and a positive epsilon.
@@ -51,8 +50,7 @@ static DictionaryAttr epsilonParams(Operation *op, FloatAttr epsilon) {
 
 static int64_t alignSlots(int64_t slots) { return (slots + 63) / 64 * 64; }
 
-int64_t LinearCrossEntropyOp::chooseChunkRows(int64_t rows, int64_t vocab,
-                                              int64_t elementBytes) {
+int64_t LinearCrossEntropyOp::chooseChunkRows(int64_t rows, int64_t vocab, int64_t elementBytes) {
   int64_t rowBytes = std::max<int64_t>(1, vocab * elementBytes);
   if (rows * rowBytes <= kMaxChunkBytes)
     return std::max<int64_t>(rows, 1);
@@ -76,20 +74,15 @@ int64_t LinearCrossEntropyOp::getWorkspaceElements(int64_t rows, int64_t vocab, 
   return logits + losses + weight + accumulator + 64;
 }
 
-int64_t LinearCrossEntropyOp::getNumRows() {
-  return getNumElements(tensorType(getLabels()));
-}
+int64_t LinearCrossEntropyOp::getNumRows() { return getNumElements(tensorType(getLabels())); }
 
-int64_t LinearCrossEntropyOp::getVocabSize() {
-  return tensorType(getWeight()).getDimSize(0);
-}
+int64_t LinearCrossEntropyOp::getVocabSize() { return tensorType(getWeight()).getDimSize(0); }
 
 LogicalResult LinearCrossEntropyOp::verify() {
   RankedTensorType x = tensorType(getInput()), w = tensorType(getWeight());
   RankedTensorType labels = tensorType(getLabels());
   if (x.getRank() < 2)
-    return emitOpError() << "input rank: expected at least 2 ([..., hidden]), got "
-                         << x.getRank();
+    return emitOpError() << "input rank: expected at least 2 ([..., hidden]), got " << x.getRank();
   if (failed(expectRank(*this, "weight", w, 2)))
     return failure();
   if (failed(expectElementType(*this, "weight", w.getElementType(), x.getElementType())))
@@ -111,9 +104,9 @@ LogicalResult LinearCrossEntropyOp::verify() {
   int64_t expected = getWorkspaceElements(getNumRows(), getVocabSize(), w.getDimSize(1), chunk,
                                           bytes, bool(getWeightGrad()));
   if (!ws.getElementType().isF32() || ws.getRank() != 1 || ws.getDimSize(0) != expected)
-    return emitOpError() << "workspace must be tensor<" << expected << "xf32> for "
-                         << getNumRows() << " rows of " << getVocabSize()
-                         << " logits in chunks of " << chunk << ", got " << ws;
+    return emitOpError() << "workspace must be tensor<" << expected << "xf32> for " << getNumRows()
+                         << " rows of " << getVocabSize() << " logits in chunks of " << chunk
+                         << ", got " << ws;
   return success();
 }
 
@@ -182,9 +175,7 @@ LogicalResult AddLayerNormOp::verify() {
                             getEpsilon().convertToDouble());
 }
 OpCost AddLayerNormOp::getForwardCost() { return addNormCost(*this, 7); }
-DictionaryAttr AddLayerNormOp::getKernelParams() {
-  return epsilonParams(*this, getEpsilonAttr());
-}
+DictionaryAttr AddLayerNormOp::getKernelParams() { return epsilonParams(*this, getEpsilonAttr()); }
 
 /// The norm gradient's checks plus an addend of the input gradient's type.
 static LogicalResult verifyNormGradAdd(Operation *op, Value dy, Value x, Value w, Value addend,
@@ -249,8 +240,7 @@ Operation *RMSNormGradOp::buildWithAddend(OpBuilder &builder, Value addend) {
 }
 
 Operation *LayerNormGradOp::buildWithAddend(OpBuilder &builder, Value addend) {
-  return LayerNormGradAddOp::create(builder, getLoc(), getInputGrad().getType(),
-                                    getWeightGrad().getType(), getBiasGrad().getType(),
-                                    getResultGrad(), getInput(), getWeight(), addend,
-                                    getEpsilonAttr());
+  return LayerNormGradAddOp::create(
+      builder, getLoc(), getInputGrad().getType(), getWeightGrad().getType(),
+      getBiasGrad().getType(), getResultGrad(), getInput(), getWeight(), addend, getEpsilonAttr());
 }

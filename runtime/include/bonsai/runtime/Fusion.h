@@ -33,8 +33,7 @@ struct LinearCrossEntropyWorkspace {
 };
 
 inline LinearCrossEntropyWorkspace linearCrossEntropyWorkspace(int64_t rows, int64_t vocab,
-                                                               int64_t hidden,
-                                                               int64_t chunkRows,
+                                                               int64_t hidden, int64_t chunkRows,
                                                                int64_t elementBytes,
                                                                bool weightGrad) {
   auto align = [](int64_t slots) { return (slots + 63) / 64 * 64; };
