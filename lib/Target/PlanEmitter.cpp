@@ -88,6 +88,11 @@ std::optional<fb::KernelKind> getKernelKind(StringRef name) {
       .Case("galore_project", fb::KernelKind::GaloreProject)
       .Case("galore_adamw_update", fb::KernelKind::GaloreAdamWUpdate)
       .Case("dora_scale", fb::KernelKind::DoraScale)
+      .Case("linear_cross_entropy", fb::KernelKind::LinearCrossEntropy)
+      .Case("add_rms_norm", fb::KernelKind::AddRMSNorm)
+      .Case("add_layer_norm", fb::KernelKind::AddLayerNorm)
+      .Case("rms_norm_grad_add", fb::KernelKind::RMSNormGradAdd)
+      .Case("layer_norm_grad_add", fb::KernelKind::LayerNormGradAdd)
       .Default(std::nullopt);
 }
 
@@ -147,7 +152,11 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
   case fb::KernelKind::RMSNorm:
   case fb::KernelKind::LayerNorm:
   case fb::KernelKind::RMSNormGrad:
-  case fb::KernelKind::LayerNormGrad: {
+  case fb::KernelKind::LayerNormGrad:
+  case fb::KernelKind::AddRMSNorm:
+  case fb::KernelKind::AddLayerNorm:
+  case fb::KernelKind::RMSNormGradAdd:
+  case fb::KernelKind::LayerNormGradAdd: {
     FailureOr<double> eps = f64("epsilon");
     if (failed(eps))
       return failure();
@@ -199,6 +208,14 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
       return failure();
     type = fb::KernelAttrs::CrossEntropyAttrs;
     attrs = fb::CreateCrossEntropyAttrs(fbb, *ignore).Union();
+    return success();
+  }
+  case fb::KernelKind::LinearCrossEntropy: {
+    FailureOr<int64_t> ignore = i64("ignore_index"), chunk = i64("chunk_rows");
+    if (failed(ignore) || failed(chunk))
+      return failure();
+    type = fb::KernelAttrs::LinearCrossEntropyAttrs;
+    attrs = fb::CreateLinearCrossEntropyAttrs(fbb, *ignore, *chunk).Union();
     return success();
   }
   case fb::KernelKind::Transpose: {

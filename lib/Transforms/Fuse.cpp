@@ -18,6 +18,11 @@ namespace mlir::bonsai {
 
 ArrayRef<FusionFamily> getFusionFamilies() {
   static const std::vector<FusionFamily> families = {
+      {"linear-cross-entropy",
+       "LM head + cross-entropy + their gradients, chunked over positions",
+       populateLinearCrossEntropyFusionPatterns},
+      {"residual-norm", "residual add + RMSNorm/LayerNorm, and norm gradient + gradient add",
+       populateResidualNormFusionPatterns},
   };
   return families;
 }

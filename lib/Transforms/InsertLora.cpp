@@ -102,7 +102,11 @@ struct InsertLoraPass : impl::BonsaiInsertLoraPassBase<InsertLoraPass> {
 
     SmallVector<Attribute> adapters;
     for (const LinearSummary *linear : model.matchLinears(patterns)) {
-      auto lin = cast<LinearOp>(linear->op);
+      auto lin = dyn_cast<LinearOp>(linear->op);
+      if (!lin)
+        return linear->op->emitError()
+               << "'" << linear->modulePath << "' is already fused with its loss "
+               << "(bonsai-fuse): insert adapters before fusing";
       Location loc = lin.getLoc();
       StringRef module = linear->modulePath;
       auto weightType = cast<RankedTensorType>(lin.getWeight().getType());

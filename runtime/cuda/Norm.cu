@@ -54,9 +54,27 @@ RowLaunch rowLaunch(int64_t rows, int64_t d, int vw) {
 // Forward norms
 //===----------------------------------------------------------------------===//
 
+/// Stores N elements of dx; with an addend (the residual stream's gradient, fused from the
+/// add that follows the norm gradient), first rounds the norm's gradient to T, as the unfused
+/// kernel would store it, and adds the addend in fp32 before the one rounding of the sum.
+template <int N, typename T>
+__device__ __forceinline__ void storeDx(T *out, float (&v)[N], const T *addend) {
+  if (addend) {
+    float a[N];
+    loadF<N>(addend, a);
+#pragma unroll
+    for (int e = 0; e < N; ++e)
+      v[e] = toFloat(fromFloat<T>(v[e])) + a[e];
+  }
+  storeF<N>(out, v);
+}
+
+/// y = norm(x), or with `rhs` (add_rms_norm, add_layer_norm): sum = x + rhs rounded to T,
+/// stored, and y = norm(sum) from the rounded values. Each thread reads back only elements it
+/// wrote itself (forRow assigns every element to one thread), so no barrier is needed.
 template <typename T, typename W, int VW, bool Layer>
-__global__ void normKernel(const T *x, const W *w, const W *b, T *y, int64_t rows, int64_t d,
-                           float eps) {
+__global__ void normKernel(const T *x, const T *rhs, T *sum, const W *w, const W *b, T *y,
+                           int64_t rows, int64_t d, float eps) {
   __shared__ float scratch[32];
   int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   if (row >= rows)
@@ -64,6 +82,21 @@ __global__ void normKernel(const T *x, const W *w, const W *b, T *y, int64_t row
   const T *xr = x + row * d;
   T *yr = y + row * d;
   const int tid = threadIdx.x, threads = blockDim.x;
+  if (rhs) {
+    const T *rr = rhs + row * d;
+    T *sr = sum + row * d;
+    forRow<VW>(xr, d, tid, threads, [&](int64_t i, auto width) {
+      constexpr int N = decltype(width)::value;
+      float v[N], u[N];
+      loadF<N>(xr + i, v);
+      loadF<N>(rr + i, u);
+#pragma unroll
+      for (int e = 0; e < N; ++e)
+        v[e] += u[e];
+      storeF<N>(sr + i, v);
+    });
+    xr = sr;
+  }
   float mean = 0.0f;
   if constexpr (Layer) {
     float sum = 0.0f;
@@ -142,10 +175,27 @@ template <typename F> bool dispatchNormTypes(DType t, DType w, F &&f) {
   return true;
 }
 
+/// norm(x) into y; with `rhs` and `sum` (the fused residual add), sum = x + rhs and y =
+/// norm(sum). The fused form needs x, rhs, sum and y of one dtype and no overlaps (the plan
+/// guarantees both).
 template <bool Layer>
 void norm(const char *kernel, const Context &ctx, const TensorView &xIn, const TensorView &wIn,
-          const TensorView *bIn, double eps, const TensorView &yIn) {
+          const TensorView *bIn, double eps, const TensorView &yIn,
+          const TensorView *rhs = nullptr, const TensorView *sum = nullptr) {
   int64_t d = checkNorm(kernel, xIn, wIn, bIn, yIn);
+  if (rhs) {
+    checkFloat(kernel, "rhs", *rhs);
+    checkFloat(kernel, "sum", *sum);
+    checkSameShape(kernel, "rhs", *rhs, "x", xIn);
+    checkSameShape(kernel, "sum", *sum, "x", xIn);
+    if (rhs->dtype != xIn.dtype || sum->dtype != xIn.dtype || yIn.dtype != xIn.dtype)
+      fail(kernel, "lhs, rhs, sum and y must share one dtype");
+    for (const TensorView *t : {&xIn, rhs, &wIn})
+      if (overlaps(*t, *sum) || overlaps(*t, yIn))
+        fail(kernel, "the outputs must not overlap the inputs");
+    if (bIn && (overlaps(*bIn, *sum) || overlaps(*bIn, yIn)))
+      fail(kernel, "the outputs must not overlap the inputs");
+  }
   int64_t rows = d ? xIn.numel() / d : 0;
   if (rows == 0 || d == 0)
     return;
@@ -158,26 +208,34 @@ void norm(const char *kernel, const Context &ctx, const TensorView &xIn, const T
   TensorView y = yIn;
   F32Staging staging(kernel, ctx.stream);
   bool sideOk = w.dtype == b.dtype && (w.dtype == x.dtype || w.dtype == DType::F32);
+  TensorView r = rhs ? *rhs : x, s = sum ? *sum : y;
   if (x.dtype != y.dtype || !sideOk) {
     x = staging.in(x);
     w = staging.in(w);
     b = staging.in(b);
     y = staging.out(y);
+    if (rhs) {
+      r = staging.in(r);
+      s = staging.out(s);
+    }
   }
   dispatchNormTypes(x.dtype, w.dtype, [&](auto tTag, auto wTag) {
     using T = decltype(tTag);
     using W = decltype(wTag);
-    int vw = rowVectorWidth<T>({x.data, y.data});
+    int vw = rhs ? rowVectorWidth<T>({x.data, y.data, r.data, s.data})
+                 : rowVectorWidth<T>({x.data, y.data});
     RowLaunch l = rowLaunch(rows, d, vw);
     auto xp = static_cast<const T *>(x.data);
+    auto rp = rhs ? static_cast<const T *>(r.data) : nullptr;
+    auto sp = rhs ? static_cast<T *>(s.data) : nullptr;
     auto wp = static_cast<const W *>(w.data), bp = static_cast<const W *>(b.data);
     auto yp = static_cast<T *>(y.data);
     if (vw > 1)
       normKernel<T, W, kVec<T>, Layer>
-          <<<l.grid, l.block, 0, ctx.stream>>>(xp, wp, bp, yp, rows, d, float(eps));
+          <<<l.grid, l.block, 0, ctx.stream>>>(xp, rp, sp, wp, bp, yp, rows, d, float(eps));
     else
       normKernel<T, W, 1, Layer>
-          <<<l.grid, l.block, 0, ctx.stream>>>(xp, wp, bp, yp, rows, d, float(eps));
+          <<<l.grid, l.block, 0, ctx.stream>>>(xp, rp, sp, wp, bp, yp, rows, d, float(eps));
     checkLaunch(kernel, "normKernel");
   });
   staging.finish();
@@ -319,7 +377,8 @@ constexpr int64_t kMinRowsPerBlock = 32;
 /// starts on a 16-byte boundary.
 template <typename T, typename W, int VW, bool Layer>
 __global__ void __launch_bounds__(kNormGradThreads, 2)
-    normGradKernel(const T *dy, const T *x, const W *w, T *dx, float *partial, int64_t rows,
+    normGradKernel(const T *dy, const T *x, const W *w, T *dx, const T *addend, float *partial,
+                   int64_t rows,
                    int64_t rowsPerBlock, int64_t d, float eps) {
   constexpr int NV = kRowVectors, kAcc = Layer ? 2 : 1;
   // Three sums per group; groups of more than one warp are at most kNormGradThreads / 64.
@@ -349,6 +408,7 @@ __global__ void __launch_bounds__(kNormGradThreads, 2)
       }
     }
     T *outr = dx + row * d;
+    const T *addr = addend ? addend + row * d : nullptr;
     if constexpr (!Layer) {
       // y = x r w, r = (mean(x^2) + eps)^-1/2, g = dy w: dx = r g - x r^3 mean(g x).
       float s[2] = {0.0f, 0.0f}; // sum x^2, sum g x
@@ -384,7 +444,7 @@ __global__ void __launch_bounds__(kNormGradThreads, 2)
           out[e] = r * g[e] * wv[e] - coef * v[e];
           accW[k][e] += g[e] * v[e] * r;
         }
-        storeF<VW>(outr + c, out);
+        storeDx<VW>(outr + c, out, addr ? addr + c : nullptr);
       }
     } else {
       // xhat = (x - mean) r, g = dy w: dx = r (g - mean(g) - xhat mean(g xhat)).
@@ -436,7 +496,7 @@ __global__ void __launch_bounds__(kNormGradThreads, 2)
           accW[k][e] += g[e] * xhat;
           accB[k][e] += g[e];
         }
-        storeF<VW>(outr + c, out);
+        storeDx<VW>(outr + c, out, addr ? addr + c : nullptr);
       }
     }
   }
@@ -476,7 +536,8 @@ __global__ void __launch_bounds__(kNormGradThreads, 2)
 /// terms into the block's accumulator row (shared memory when it fits, else the block's row of
 /// `partial`), re-reading dy and x from cache for the output.
 template <typename T, typename W, int VW, bool Layer>
-__global__ void normGradWideKernel(const T *dy, const T *x, const W *w, T *dx, float *partial,
+__global__ void normGradWideKernel(const T *dy, const T *x, const W *w, T *dx, const T *addend,
+                                   float *partial,
                                    bool sharedAcc, int64_t rows, int64_t d, float eps) {
   extern __shared__ float sharedMem[];
   __shared__ float scratch[64];
@@ -496,6 +557,7 @@ __global__ void normGradWideKernel(const T *dy, const T *x, const W *w, T *dx, f
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T *gr = dy + row * d, *xr = x + row * d;
     T *outr = dx + row * d;
+    const T *addr = addend ? addend + row * d : nullptr;
     if constexpr (!Layer) {
       float sumSq = 0.0f, dot = 0.0f;
       for (int64_t c = first; c < d; c += step) {
@@ -522,7 +584,7 @@ __global__ void normGradWideKernel(const T *dy, const T *x, const W *w, T *dx, f
           out[e] = r * g[e] * wv[e] - coef * v[e];
           accW[c + e] += g[e] * v[e] * r;
         }
-        storeF<VW>(outr + c, out);
+        storeDx<VW>(outr + c, out, addr ? addr + c : nullptr);
       }
     } else {
       float sum = 0.0f;
@@ -570,7 +632,7 @@ __global__ void normGradWideKernel(const T *dy, const T *x, const W *w, T *dx, f
           accW[c + e] += g[e] * xhat;
           accB[c + e] += g[e];
         }
-        storeF<VW>(outr + c, out);
+        storeDx<VW>(outr + c, out, addr ? addr + c : nullptr);
       }
     }
   }
@@ -599,7 +661,8 @@ int64_t gradBlocks(const char *kernel, int64_t rows, int64_t rowsPerSweep, int p
 template <bool Layer>
 void normGrad(const char *kernel, const Context &ctx, const TensorView &dyIn,
               const TensorView &xIn, const TensorView &wIn, double eps, const TensorView &dxIn,
-              const TensorView &dwIn, const TensorView *dbIn) {
+              const TensorView &dwIn, const TensorView *dbIn,
+              const TensorView *addendIn = nullptr) {
   checkFloat(kernel, "dy", dyIn);
   checkFloat(kernel, "x", xIn);
   checkFloat(kernel, "weight", wIn);
@@ -631,10 +694,16 @@ void normGrad(const char *kernel, const Context &ctx, const TensorView &dyIn,
         return copyToScratch(kernel, ctx.stream, t, keep);
     return t;
   };
+  if (addendIn) {
+    checkFloat(kernel, "addend", *addendIn);
+    checkSameShape(kernel, "addend", *addendIn, "x", xIn);
+  }
   TensorView dy = unaliased(dyIn), x = unaliased(xIn), w = unaliased(wIn);
+  TensorView addend = addendIn ? unaliased(*addendIn) : TensorView{};
   TensorView dx = dxIn, dw = dwIn, db = dbIn ? *dbIn : dwIn;
   F32Staging staging(kernel, ctx.stream);
-  bool activationsOk = dy.dtype == x.dtype && dx.dtype == x.dtype;
+  bool activationsOk = dy.dtype == x.dtype && dx.dtype == x.dtype &&
+                       (!addendIn || addend.dtype == x.dtype);
   bool sideOk = (w.dtype == x.dtype || w.dtype == DType::F32) && dw.dtype == w.dtype &&
                 (!dbIn || db.dtype == w.dtype);
   if (!activationsOk || !sideOk) {
@@ -643,6 +712,10 @@ void normGrad(const char *kernel, const Context &ctx, const TensorView &dyIn,
     w = staging.in(w);
     dx = staging.out(dx);
     dw = staging.out(dw);
+    // Mixed dtypes (never made by bonsai-fuse, whose addend, dy, x and dx share one): the
+    // norm's gradient is added to the addend in fp32 and rounded once, into dx's dtype.
+    if (addendIn)
+      addend = staging.in(addend);
     if (dbIn)
       db = staging.out(db);
   }
@@ -660,7 +733,8 @@ void normGrad(const char *kernel, const Context &ctx, const TensorView &dyIn,
     using W = decltype(wTag);
     constexpr int kAcc = Layer ? 2 : 1;
     bool vector = aligned16(dy.data) && aligned16(x.data) && aligned16(dx.data) &&
-                  (d * int64_t(sizeof(T))) % 16 == 0;
+                  (!addendIn || aligned16(addend.data)) && (d * int64_t(sizeof(T))) % 16 == 0;
+    auto ap = addendIn ? static_cast<const T *>(addend.data) : nullptr;
     int vw = vector ? kVec<T> : 1;
     int64_t vectors = (d + vw - 1) / vw;
     int64_t groupThreads = (vectors + kRowVectors - 1) / kRowVectors;
@@ -688,7 +762,7 @@ void normGrad(const char *kernel, const Context &ctx, const TensorView &dyIn,
       blocks = (rows + rowsPerBlock - 1) / rowsPerBlock;
       partial.emplace(kernel, ctx.stream, size_t(blocks) * accBytes);
       kernelFn<<<unsigned(blocks), dim3(unsigned(threads), unsigned(groups)), smem,
-                 ctx.stream>>>(dyp, xp, wp, dxp, partial->as<float>(), rows, rowsPerBlock, d,
+                 ctx.stream>>>(dyp, xp, wp, dxp, ap, partial->as<float>(), rows, rowsPerBlock, d,
                                float(eps));
       checkLaunch(kernel, "normGradKernel");
     } else {
@@ -703,7 +777,7 @@ void normGrad(const char *kernel, const Context &ctx, const TensorView &dyIn,
       blocks = gradBlocks(kernel, rows, 1, perSm);
       partial.emplace(kernel, ctx.stream, size_t(blocks) * accBytes);
       kernelFn<<<unsigned(blocks), threads, smem, ctx.stream>>>(
-          dyp, xp, wp, dxp, partial->as<float>(), sharedAcc, rows, d, float(eps));
+          dyp, xp, wp, dxp, ap, partial->as<float>(), sharedAcc, rows, d, float(eps));
       checkLaunch(kernel, "normGradWideKernel");
     }
     sumPartialRows<W>(kernel, ctx.stream, partial->as<float>(), blocks, kAcc * d,
@@ -818,6 +892,29 @@ void layerNormGrad(const Context &ctx, const TensorView &dy, const TensorView &x
                    const TensorView &w, double eps, const TensorView &dx, const TensorView &dw,
                    const TensorView &db) {
   normGrad<true>("layer_norm_grad", ctx, dy, x, w, eps, dx, dw, &db);
+}
+
+void addRmsNorm(const Context &ctx, const TensorView &lhs, const TensorView &rhs,
+                const TensorView &w, double eps, const TensorView &sum, const TensorView &y) {
+  norm<false>("add_rms_norm", ctx, lhs, w, nullptr, eps, y, &rhs, &sum);
+}
+
+void addLayerNorm(const Context &ctx, const TensorView &lhs, const TensorView &rhs,
+                  const TensorView &w, const TensorView &b, double eps, const TensorView &sum,
+                  const TensorView &y) {
+  norm<true>("add_layer_norm", ctx, lhs, w, &b, eps, y, &rhs, &sum);
+}
+
+void rmsNormGradAdd(const Context &ctx, const TensorView &dy, const TensorView &x,
+                    const TensorView &w, const TensorView &addend, double eps,
+                    const TensorView &dx, const TensorView &dw) {
+  normGrad<false>("rms_norm_grad_add", ctx, dy, x, w, eps, dx, dw, nullptr, &addend);
+}
+
+void layerNormGradAdd(const Context &ctx, const TensorView &dy, const TensorView &x,
+                      const TensorView &w, const TensorView &addend, double eps,
+                      const TensorView &dx, const TensorView &dw, const TensorView &db) {
+  normGrad<true>("layer_norm_grad_add", ctx, dy, x, w, eps, dx, dw, &db, &addend);
 }
 
 } // namespace bonsai::rt::cuda

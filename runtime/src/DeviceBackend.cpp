@@ -420,6 +420,23 @@ private:
     case KernelKind::Dequantize:
       cuda::dequantize(ctx, in(0), out);
       break;
+    case KernelKind::LinearCrossEntropy:
+      cuda::linearCrossEntropy(ctx, in(0), in(1), in(2), in(3), a.ignoreIndex, a.chunkRows,
+                               outAt(0), outAt(1), outAt(2), optionalOut(3));
+      break;
+    case KernelKind::AddRMSNorm:
+      cuda::addRmsNorm(ctx, in(0), in(1), in(2), a.epsilon, outAt(0), outAt(1));
+      break;
+    case KernelKind::AddLayerNorm:
+      cuda::addLayerNorm(ctx, in(0), in(1), in(2), in(3), a.epsilon, outAt(0), outAt(1));
+      break;
+    case KernelKind::RMSNormGradAdd:
+      cuda::rmsNormGradAdd(ctx, in(0), in(1), in(2), in(3), a.epsilon, outAt(0), outAt(1));
+      break;
+    case KernelKind::LayerNormGradAdd:
+      cuda::layerNormGradAdd(ctx, in(0), in(1), in(2), in(3), a.epsilon, outAt(0), outAt(1),
+                             outAt(2));
+      break;
     }
   }
 

@@ -343,6 +343,22 @@ void Executor::runKernel(size_t index) {
   case KernelKind::Dequantize:
     cpu::dequantize(in(0), out);
     break;
+  case KernelKind::LinearCrossEntropy:
+    cpu::linearCrossEntropy(in(0), in(1), in(2), in(3), a.ignoreIndex, a.chunkRows, outAt(0),
+                            outAt(1), outAt(2), optionalOut(3));
+    break;
+  case KernelKind::AddRMSNorm:
+    cpu::addRmsNorm(in(0), in(1), in(2), a.epsilon, outAt(0), outAt(1));
+    break;
+  case KernelKind::AddLayerNorm:
+    cpu::addLayerNorm(in(0), in(1), in(2), in(3), a.epsilon, outAt(0), outAt(1));
+    break;
+  case KernelKind::RMSNormGradAdd:
+    cpu::rmsNormGradAdd(in(0), in(1), in(2), in(3), a.epsilon, outAt(0), outAt(1));
+    break;
+  case KernelKind::LayerNormGradAdd:
+    cpu::layerNormGradAdd(in(0), in(1), in(2), in(3), a.epsilon, outAt(0), outAt(1), outAt(2));
+    break;
   }
 }
 

@@ -14,6 +14,7 @@
 
 #include "bonsai/runtime/Plan.h"
 
+#include "bonsai/runtime/Fusion.h"
 #include "bonsai/runtime/GaLore.h"
 #include "bonsai/runtime/Nf4.h"
 
@@ -47,7 +48,10 @@ static_assert(uint16_t(fb::KernelKind::Copy) == uint16_t(KernelKind::Copy) &&
                   uint16_t(fb::KernelKind::AdamWUpdate) == uint16_t(KernelKind::AdamWUpdate) &&
                   uint16_t(fb::KernelKind::Dequantize) == uint16_t(KernelKind::Dequantize) &&
                   uint16_t(fb::KernelKind::GaloreRefresh) == uint16_t(KernelKind::GaloreRefresh) &&
-                  uint16_t(fb::KernelKind::MAX) == uint16_t(KernelKind::GaloreAdamWUpdate),
+                  uint16_t(fb::KernelKind::LinearCrossEntropy) ==
+                      uint16_t(KernelKind::LinearCrossEntropy) &&
+                  uint16_t(fb::KernelKind::LayerNormGradAdd) ==
+                      uint16_t(KernelKind::LayerNormGradAdd),
               "rt::KernelKind must match plan.fbs");
 static_assert(uint8_t(fb::MemorySpace::PinnedHost) == uint8_t(MemorySpace::PinnedHost) &&
                   uint8_t(fb::Lifetime::Step) == uint8_t(Lifetime::Step),
@@ -659,6 +663,28 @@ void KernelChecker::checkArity() {
     minOut = 4;
     optionalLast = true;
     break;
+  case KernelKind::LinearCrossEntropy:
+    operandNames = {"x", "w", "labels", "dloss"};
+    resultNames = {"loss", "dx", "workspace", "dw"};
+    minOut = 3;
+    optionalLast = true;
+    break;
+  case KernelKind::AddRMSNorm:
+    operandNames = {"lhs", "rhs", "weight"};
+    resultNames = {"sum", "y"};
+    break;
+  case KernelKind::AddLayerNorm:
+    operandNames = {"lhs", "rhs", "weight", "bias"};
+    resultNames = {"sum", "y"};
+    break;
+  case KernelKind::RMSNormGradAdd:
+    operandNames = {"dy", "x", "w", "addend"};
+    resultNames = {"dx", "dw"};
+    break;
+  case KernelKind::LayerNormGradAdd:
+    operandNames = {"dy", "x", "w", "addend"};
+    resultNames = {"dx", "dw", "db"};
+    break;
   }
   if (minIn == 0)
     minIn = operandNames.size();
@@ -712,6 +738,10 @@ void KernelChecker::checkAttrs() {
   case KernelKind::LayerNorm:
   case KernelKind::RMSNormGrad:
   case KernelKind::LayerNormGrad:
+  case KernelKind::AddRMSNorm:
+  case KernelKind::AddLayerNorm:
+  case KernelKind::RMSNormGradAdd:
+  case KernelKind::LayerNormGradAdd:
     if (!(a.epsilon > 0))
       fail("epsilon must be positive, got " + num(a.epsilon));
     break;
@@ -790,6 +820,10 @@ void KernelChecker::checkAttrs() {
     checkAdamWAttrs();
     if (!(a.scale > 0) || !std::isfinite(a.scale))
       fail("scale must be positive and finite, got " + num(a.scale));
+    break;
+  case KernelKind::LinearCrossEntropy:
+    if (a.chunkRows <= 0)
+      fail("chunk_rows must be positive, got " + std::to_string(a.chunkRows));
     break;
   default:
     break;
@@ -1108,6 +1142,61 @@ void KernelChecker::checkShapes() {
       expectF32Output(4, w);
     break;
   }
+  case KernelKind::LinearCrossEntropy: {
+    expectFloat(0);
+    expectRankAtLeast(0, 2);
+    expectInputDType(1, in(0).dtype);
+    expectRank(1, 2);
+    const std::vector<int64_t> &x = in(0).shape, &w = in(1).shape;
+    if (w[1] != x.back())
+      fail(inName(1) + " shape: expected [vocab, " + std::to_string(x.back()) +
+           "] ([out, in] layout), got " + formatShape(w));
+    expectIndex(2);
+    expectInputShape(2, std::vector<int64_t>(x.begin(), x.end() - 1));
+    expectScalarInput(3, DType::F32);
+    expectScalarOutput(0, DType::F32);
+    if (out(1).shape != x || out(1).dtype != in(0).dtype)
+      fail(outName(1) + ": expected " + formatShape(x) + " " + dtypeName(in(0).dtype) +
+           " (as x), got " + formatShape(out(1).shape) + " " + dtypeName(out(1).dtype));
+    bool weightGrad = kernel.outputs.size() > 3;
+    if (weightGrad && (out(3).shape != w || out(3).dtype != in(1).dtype))
+      fail(outName(3) + ": expected " + formatShape(w) + " " + dtypeName(in(1).dtype) +
+           " (as w), got " + formatShape(out(3).shape) + " " + dtypeName(out(3).dtype));
+    int64_t rows = in(2).numel;
+    int64_t elements = linearCrossEntropyWorkspaceElements(
+        rows, w[0], w[1], kernel.attrs.chunkRows, int64_t(dtypeSize(in(0).dtype)), weightGrad);
+    expectF32Output(2, {elements});
+    break;
+  }
+  case KernelKind::AddRMSNorm:
+  case KernelKind::AddLayerNorm: {
+    expectFloat(0);
+    expectRankAtLeast(0, 1);
+    expectInputDType(1, in(0).dtype);
+    expectInputShape(1, in(0).shape);
+    int64_t d = in(0).shape.back();
+    for (size_t i = 2; i < kernel.inputs.size(); ++i)
+      expectFloatInput(i, {d});
+    for (size_t j = 0; j < 2; ++j)
+      if (out(j).shape != in(0).shape || out(j).dtype != in(0).dtype)
+        fail(outName(j) + ": expected " + formatShape(in(0).shape) + " " +
+             dtypeName(in(0).dtype) + " (as lhs), got " + formatShape(out(j).shape) + " " +
+             dtypeName(out(j).dtype));
+    break;
+  }
+  case KernelKind::RMSNormGradAdd:
+  case KernelKind::LayerNormGradAdd: {
+    expectFloat(0);
+    expectRankAtLeast(0, 1);
+    expectFloatInput(1, in(0).shape);
+    int64_t d = in(0).shape.back();
+    expectFloatInput(2, {d});
+    expectFloatInput(3, in(0).shape);
+    expectFloatOutput(0, in(0).shape);
+    for (size_t j = 1; j < kernel.outputs.size(); ++j)
+      expectFloatOutput(j, {d});
+    break;
+  }
   default:
     break;
   }
@@ -1298,7 +1387,13 @@ fb::KernelAttrs requiredAttrs(fb::KernelKind kind) {
   case fb::KernelKind::LayerNorm:
   case fb::KernelKind::RMSNormGrad:
   case fb::KernelKind::LayerNormGrad:
+  case fb::KernelKind::AddRMSNorm:
+  case fb::KernelKind::AddLayerNorm:
+  case fb::KernelKind::RMSNormGradAdd:
+  case fb::KernelKind::LayerNormGradAdd:
     return fb::KernelAttrs::NormAttrs;
+  case fb::KernelKind::LinearCrossEntropy:
+    return fb::KernelAttrs::LinearCrossEntropyAttrs;
   case fb::KernelKind::RoPE:
   case fb::KernelKind::RoPEGrad:
     return fb::KernelAttrs::RoPEAttrs;
@@ -1640,6 +1735,10 @@ void PlanReader::readKernels() {
     case fb::KernelAttrs::CrossEntropyAttrs:
       a.ignoreIndex = k->attrs_as_CrossEntropyAttrs()->ignore_index();
       break;
+    case fb::KernelAttrs::LinearCrossEntropyAttrs:
+      a.ignoreIndex = k->attrs_as_LinearCrossEntropyAttrs()->ignore_index();
+      a.chunkRows = k->attrs_as_LinearCrossEntropyAttrs()->chunk_rows();
+      break;
     case fb::KernelAttrs::TransposeAttrs:
       if (const auto *perm = k->attrs_as_TransposeAttrs()->permutation())
         a.permutation = readInt64s(*perm);
@@ -1816,6 +1915,11 @@ void PlanReader::checkVocabulary() {
       if (rangesOverlap(tensor(kernel.inputs[2]), labels))
         needRows(k, kernel.inputs[1], "the logits indexed by the plan's labels",
                  tensor(kernel.inputs[1]).shape.back());
+      break;
+    case KernelKind::LinearCrossEntropy:
+      if (rangesOverlap(tensor(kernel.inputs[2]), labels))
+        needRows(k, kernel.inputs[1], "the LM head weight indexed by the plan's labels",
+                 tensor(kernel.inputs[1]).shape[0]);
       break;
     default:
       break;

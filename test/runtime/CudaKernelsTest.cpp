@@ -21,6 +21,7 @@
 
 #include "bonsai/runtime/CpuKernels.h"
 #include "bonsai/runtime/CudaKernels.h"
+#include "bonsai/runtime/Fusion.h"
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -637,6 +638,165 @@ TEST_F(CudaKernelsTest, CrossEntropyAllIgnoredAndBadLabels) {
   cuda::crossEntropyGrad(ctx, ddloss.view(), dlogits.view(), dlabels.view(), -100, g.view());
   EXPECT_EQ(deviceError().code, cuda::kLabelOutOfRange);
   clearDeviceError();
+}
+
+//===----------------------------------------------------------------------===//
+// Fused kernels (kinds 70..74, docs/fusion.md)
+//===----------------------------------------------------------------------===//
+
+TEST_F(CudaKernelsTest, LinearCrossEntropyMatchesCpuAndRepeats) {
+  // One chunk, several with a ragged last one, GPT-2's vocabulary (not a multiple of 8), a
+  // frozen weight (no dw), and bf16 (dw through the workspace's fp32 accumulator).
+  struct Case {
+    int64_t rows, vocab, hidden, chunk;
+    bool weightGrad;
+  };
+  const Case cases[] = {{37, 1000, 64, 37, true},
+                        {37, 1000, 64, 16, true},
+                        {45, 50257, 96, 16, true},
+                        {40, 32000, 128, 24, false}};
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const Case &c : cases) {
+      SCOPED_TRACE(std::string(name(dt)) + " " + std::to_string(c.rows) + " x " +
+                   std::to_string(c.vocab) + " x " + std::to_string(c.hidden) + " chunk " +
+                   std::to_string(c.chunk) + (c.weightGrad ? "" : " frozen"));
+      Host x = randomHost(rng, dt, {c.rows, c.hidden});
+      Host w = randomHost(rng, dt, {c.vocab, c.hidden}, -0.2, 0.2);
+      Host labels = randomInts(rng, DType::I64, {c.rows}, 0, c.vocab);
+      std::vector<double> lv = labels.get();
+      for (size_t i = 1; i < lv.size(); i += 6)
+        lv[i] = -100;
+      labels.set(lv);
+      Host dloss(DType::F32, {});
+      dloss.set({0.5});
+      int64_t elements = linearCrossEntropyWorkspaceElements(
+          c.rows, c.vocab, c.hidden, c.chunk, int64_t(dtypeSize(dt)), c.weightGrad);
+      Host wloss = poisonedHost(DType::F32, {}), wdx = poisonedHost(dt, {c.rows, c.hidden});
+      Host wdw = poisonedHost(dt, {c.vocab, c.hidden});
+      Host wws(DType::F32, {elements});
+      TensorView wdwv = wdw.view();
+      cpu::linearCrossEntropy(x.view(), w.view(), labels.view(), dloss.view(), -100, c.chunk,
+                              wloss.view(), wdx.view(), wws.view(),
+                              c.weightGrad ? &wdwv : nullptr);
+      Dev dx(x), dw(w), dlabels(labels), ddloss(dloss);
+      Host first[3] = {Host(DType::F32, {}), Host(dt, {c.rows, c.hidden}),
+                       Host(dt, {c.vocab, c.hidden})};
+      for (int run = 0; run < 2; ++run) {
+        Dev loss = poisonedDev(DType::F32, {}), gx = poisonedDev(dt, {c.rows, c.hidden});
+        Dev gw = poisonedDev(dt, {c.vocab, c.hidden}), ws = poisonedDev(DType::F32, {elements});
+        TensorView gwv = gw.view();
+        cuda::linearCrossEntropy(ctx, dx.view(), dw.view(), dlabels.view(), ddloss.view(), -100,
+                                 c.chunk, loss.view(), gx.view(), ws.view(),
+                                 c.weightGrad ? &gwv : nullptr);
+        Host got[3] = {loss.download(), gx.download(), gw.download()};
+        if (run == 0) {
+          expectClose("loss", got[0], wloss, dt == DType::F32 ? 1e-5 : 1e-3);
+          expectClose("dx", got[1], wdx, relTol(dt), 1e-2);
+          if (c.weightGrad)
+            expectClose("dw", got[2], wdw, relTol(dt), 1e-2);
+          for (int i = 0; i < 3; ++i)
+            first[i] = got[i];
+        } else {
+          expectSameBytes("loss repeat", got[0], first[0]);
+          expectSameBytes("dx repeat", got[1], first[1]);
+          if (c.weightGrad)
+            expectSameBytes("dw repeat", got[2], first[2]);
+        }
+      }
+    }
+}
+
+TEST_F(CudaKernelsTest, LinearCrossEntropyAllIgnoredAndBadLabels) {
+  Host x = randomHost(rng, DType::BF16, {6, 32}), w = randomHost(rng, DType::BF16, {301, 32});
+  Host labels(DType::I32, {6});
+  labels.set({-100, -100, -100, -100, -100, -100});
+  Host dloss(DType::F32, {});
+  dloss.set({1.0});
+  int64_t elements = linearCrossEntropyWorkspaceElements(6, 301, 32, 4, 2, true);
+  Dev dx(x), dw(w), dlabels(labels), ddloss(dloss), ws(DType::F32, {elements});
+  Dev loss = poisonedDev(DType::F32, {}), gx = poisonedDev(DType::BF16, {6, 32});
+  Dev gw = poisonedDev(DType::BF16, {301, 32});
+  TensorView gwv = gw.view();
+  cuda::linearCrossEntropy(ctx, dx.view(), dw.view(), dlabels.view(), ddloss.view(), -100, 4,
+                           loss.view(), gx.view(), ws.view(), &gwv);
+  EXPECT_TRUE(std::isnan(loss.download().get()[0]));
+  expectSameBytes("all ignored dx", gx.download(), Host(DType::BF16, {6, 32}));
+  expectSameBytes("all ignored dw", gw.download(), Host(DType::BF16, {301, 32}));
+
+  labels.set({3, 5, 301, 7, -100, 2}); // 301 is out of range
+  dlabels.upload(labels);
+  cuda::linearCrossEntropy(ctx, dx.view(), dw.view(), dlabels.view(), ddloss.view(), -100, 4,
+                           loss.view(), gx.view(), ws.view(), &gwv);
+  cuda::DeviceError e = deviceError();
+  EXPECT_EQ(e.code, cuda::kLabelOutOfRange);
+  EXPECT_EQ(e.index, 2);
+  EXPECT_EQ(e.value, 301);
+  clearDeviceError();
+}
+
+TEST_F(CudaKernelsTest, ResidualNormsMatchCpuAndRepeat) {
+  // Warp rows (768), block rows (4096), unaligned rows (100, 5001) and the wide gradient kernel.
+  const Shape shapes[] = {{3, 7, 768}, {64, 4096}, {33, 100}, {5, 5001}, {2050, 768}};
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const Shape &s : shapes) {
+      SCOPED_TRACE(std::string(name(dt)) + " " + formatShape(s));
+      int64_t d = s.back();
+      Host a = randomHost(rng, dt, s, -2, 3), b = randomHost(rng, dt, s);
+      Host w = randomHost(rng, dt, {d}, 0.5, 1.5), bias = randomHost(rng, dt, {d});
+      Dev da(a, dtypeSize(dt)), db(b, dtypeSize(dt)), dw(w), dbias(bias);
+      for (bool layer : {false, true}) {
+        SCOPED_TRACE(layer ? "layer_norm" : "rms_norm");
+        Dev sum = poisonedDev(dt, s, dtypeSize(dt)), y = poisonedDev(dt, s, dtypeSize(dt));
+        Host wsum = poisonedHost(dt, s), wy = poisonedHost(dt, s);
+        if (layer) {
+          cuda::addLayerNorm(ctx, da.view(), db.view(), dw.view(), dbias.view(), 1e-5,
+                             sum.view(), y.view());
+          cpu::addLayerNorm(a.view(), b.view(), w.view(), bias.view(), 1e-5, wsum.view(),
+                            wy.view());
+        } else {
+          cuda::addRmsNorm(ctx, da.view(), db.view(), dw.view(), 1e-5, sum.view(), y.view());
+          cpu::addRmsNorm(a.view(), b.view(), w.view(), 1e-5, wsum.view(), wy.view());
+        }
+        // The sum is one rounding of an fp32 add on both: the same bits.
+        expectSameBytes("sum", sum.download(), wsum);
+        expectClose("y", y.download(), wy);
+
+        Host dy = randomHost(rng, dt, s), addend = randomHost(rng, dt, s);
+        Dev ddy(dy), dadd(addend);
+        Host wdx = poisonedHost(dt, s), wdw = poisonedHost(dt, {d}), wdb = poisonedHost(dt, {d});
+        Host first[3] = {Host(dt, s), Host(dt, {d}), Host(dt, {d})};
+        for (int run = 0; run < 2; ++run) {
+          Dev gx = poisonedDev(dt, s), gw = poisonedDev(dt, {d}), gb = poisonedDev(dt, {d});
+          if (layer)
+            cuda::layerNormGradAdd(ctx, ddy.view(), sum.view(), dw.view(), dadd.view(), 1e-5,
+                                   gx.view(), gw.view(), gb.view());
+          else
+            cuda::rmsNormGradAdd(ctx, ddy.view(), sum.view(), dw.view(), dadd.view(), 1e-5,
+                                 gx.view(), gw.view());
+          Host got[3] = {gx.download(), gw.download(), gb.download()};
+          if (run == 0) {
+            Host s0 = sum.download();
+            if (layer)
+              cpu::layerNormGradAdd(dy.view(), s0.view(), w.view(), addend.view(), 1e-5,
+                                    wdx.view(), wdw.view(), wdb.view());
+            else
+              cpu::rmsNormGradAdd(dy.view(), s0.view(), w.view(), addend.view(), 1e-5,
+                                  wdx.view(), wdw.view());
+            expectClose("dx", got[0], wdx, relTol(dt), 10.0);
+            expectClose("dw", got[1], wdw, relTol(dt), 10.0);
+            if (layer)
+              expectClose("db", got[2], wdb, relTol(dt), 10.0);
+            for (int i = 0; i < 3; ++i)
+              first[i] = got[i];
+          } else {
+            expectSameBytes("dx repeat", got[0], first[0]);
+            expectSameBytes("dw repeat", got[1], first[1]);
+            if (layer)
+              expectSameBytes("db repeat", got[2], first[2]);
+          }
+        }
+      }
+    }
 }
 
 //===----------------------------------------------------------------------===//

@@ -306,7 +306,9 @@ std::string generate(rt::Executor &executor, const std::string &prompt, uint64_t
   if (!logits)
     throw rt::Error("--generate reads a float tensor named 'logits' of shape [" +
                     std::to_string(B) + ", " + std::to_string(T) + ", vocab], and plan '" +
-                    plan.path + "' has none");
+                    plan.path + "' has none (a training plan whose LM head is fused with its "
+                    "loss holds no logits: compile it with "
+                    "--fuse-disable=linear-cross-entropy)");
   int64_t V = plan.tensors[*logits].shape[2];
   int64_t limit = std::min<int64_t>({V, plan.vocabularySize(), 256});
   std::vector<int64_t> context;

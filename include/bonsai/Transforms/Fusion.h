@@ -48,6 +48,15 @@ struct FusionFamily {
 /// Every fusion family, in the order the pass applies them.
 ArrayRef<FusionFamily> getFusionFamilies();
 
+/// `linear-cross-entropy` (Fusion/LinearCrossEntropy.cpp): the LM head, its loss and their
+/// gradients as one chunked kernel that never holds the whole batch's logits.
+void populateLinearCrossEntropyFusionPatterns(RewritePatternSet &patterns,
+                                              const FusionOptions &options);
+/// `residual-norm` (Fusion/ResidualNorm.cpp): residual adds joined to the norm that reads
+/// the sum (forward) and to the norm gradient whose input gradient they sum (backward).
+void populateResidualNormFusionPatterns(RewritePatternSet &patterns,
+                                        const FusionOptions &options);
+
 } // namespace mlir::bonsai
 
 #endif // BONSAI_TRANSFORMS_FUSION_H

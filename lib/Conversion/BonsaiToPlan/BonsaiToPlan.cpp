@@ -37,6 +37,9 @@ std::string getInputName(BlockArgument arg) {
     if (auto loss = dyn_cast<CrossEntropyOp>(use.getOwner());
         loss && use.get() == loss.getLabels())
       return "labels";
+    if (auto loss = dyn_cast<LinearCrossEntropyOp>(use.getOwner());
+        loss && use.get() == loss.getLabels())
+      return "labels";
   }
   return "input" + std::to_string(arg.getArgNumber());
 }
@@ -61,6 +64,11 @@ struct LowerToPlanPass : impl::BonsaiLowerToPlanPassBase<LowerToPlanPass> {
     function.walk([&](CrossEntropyOp loss) {
       tokens = getNumElements(cast<ShapedType>(loss.getLabels().getType()));
       logits = loss.getLogits();
+    });
+    // A fused LM head (bonsai-fuse) holds no logits tensor: a plan without one cannot
+    // generate text (bonsai-run --generate says so), which training plans do not need.
+    function.walk([&](LinearCrossEntropyOp loss) {
+      tokens = getNumElements(cast<ShapedType>(loss.getLabels().getType()));
     });
     function.walk([&](EmbeddingOp embedding) {
       if (isa<BlockArgument>(embedding.getIds()) && !vocab)
@@ -160,8 +168,11 @@ struct LowerToPlanPass : impl::BonsaiLowerToPlanPassBase<LowerToPlanPass> {
         return op.emitError() << "'" << op.getName()
                               << "' has no runtime kernel and cannot be lowered to a plan";
       SmallVector<Value> outs;
+      SmallVector<unsigned> workspaces = kernel.getWorkspaceResults();
       for (Value result : op.getResults()) {
         plan::BufferRole role = plan::BufferRole::Activation;
+        if (llvm::is_contained(workspaces, cast<OpResult>(result).getResultNumber()))
+          role = plan::BufferRole::Workspace;
         std::string name = (kernel.getKernelName() + "." + Twine(counter++)).str();
         if (llvm::is_contained(terminator->getOperands(), result)) {
           role = plan::BufferRole::Loss;

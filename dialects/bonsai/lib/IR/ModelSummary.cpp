@@ -42,15 +42,21 @@ ModelSummary::ModelSummary(Operation *function) : function(function) {
       sequenceLength = cast<RankedTensorType>(attention.getQuery().getType()).getDimSize(1);
       return;
     }
-    auto linear = dyn_cast<LinearOp>(op);
-    if (!linear)
+    // The LM head is a linear of the model also once bonsai-fuse has made it part of a
+    // linear_cross_entropy (recipes are verified against the model after every pass).
+    Value weight;
+    if (auto linear = dyn_cast<LinearOp>(op))
+      weight = linear.getWeight();
+    else if (auto head = dyn_cast<LinearCrossEntropyOp>(op))
+      weight = head.getWeight();
+    if (!weight)
       return;
-    ParamOp param = getUnderlyingParam(linear.getWeight());
+    ParamOp param = getUnderlyingParam(weight);
     if (!param)
       return;
-    auto weightType = cast<RankedTensorType>(linear.getWeight().getType());
+    auto weightType = cast<RankedTensorType>(weight.getType());
     LinearSummary summary;
-    summary.op = linear;
+    summary.op = op;
     summary.weight = &params[paramIndex.lookup(param)];
     StringRef name = param.getName();
     summary.modulePath = name.ends_with(".weight") ? name.drop_back(7) : name;
@@ -119,8 +125,9 @@ LogicalResult mlir::bonsai::verifyLoraTargets(function_ref<InFlightDiagnostic()>
     // The weight reaches the linear through single-use views only, and the parameter has no
     // other user: an adapter on a tied weight (an LM head tied to the embeddings) would change
     // the head but not the embedding lookup, silently untying them.
-    auto lin = cast<LinearOp>(linear->op);
-    Value value = lin.getWeight();
+    // A linear or a fused LM head: both read the weight as operand 1.
+    Operation *lin = linear->op;
+    Value linWeight = lin->getOperand(1), value = linWeight;
     Operation *consumer = lin;
     bool directOrConverted = true;
     while (true) {
@@ -143,7 +150,7 @@ LogicalResult mlir::bonsai::verifyLoraTargets(function_ref<InFlightDiagnostic()>
       value = def->getOperand(0);
     }
     bool layoutAsStored = directOrConverted && linear->weight->type.getShape() ==
-                                                   cast<RankedTensorType>(lin.getWeight().getType())
+                                                   cast<RankedTensorType>(linWeight.getType())
                                                        .getShape();
     // The plan's Adapter table, the runtime's checks and PEFT's export all take the base in
     // [out, in]; GPT-2's Conv1D weights are stored [in, out] and transposed by the model
@@ -155,7 +162,7 @@ LogicalResult mlir::bonsai::verifyLoraTargets(function_ref<InFlightDiagnostic()>
                             "weight stored in [out, in] layout";
     if (!dora)
       continue;
-    if (lin.getBias())
+    if (auto plain = dyn_cast<LinearOp>(lin); plain && plain.getBias())
       return emitError() << "DoRA on weight '" << name
                          << "', whose linear has a bias, is not supported: the magnitude "
                             "would scale the bias too";

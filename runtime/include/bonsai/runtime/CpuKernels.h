@@ -173,6 +173,34 @@ void zero(const TensorView &x);
 void doraScale(const TensorView &m, const TensorView &w, const TensorView &a, const TensorView &b,
                double scale, const TensorView &y);
 
+//===----------------------------------------------------------------------===//
+// Fused kernels (bonsai-fuse; docs/fusion.md). Each computes exactly what the chain of
+// kernels it replaces computes, rounding every intermediate the chain stores the same way.
+//===----------------------------------------------------------------------===//
+
+/// The LM head, its mean cross-entropy and their gradients, `chunkRows` positions at a time:
+/// loss = crossEntropy(x wᵀ), dx = dlogits w, dw = dlogitsᵀ x (when dw is given) with
+/// dlogits = crossEntropyGrad(dloss, x wᵀ). The logits chunk and (for a non-f32 dw) dw's fp32
+/// accumulator live in `workspace` (f32, linearCrossEntropyWorkspaceElements elements).
+void linearCrossEntropy(const TensorView &x, const TensorView &w, const TensorView &labels,
+                        const TensorView &dloss, int64_t ignoreIndex, int64_t chunkRows,
+                        const TensorView &loss, const TensorView &dx,
+                        const TensorView &workspace, const TensorView *dw);
+/// sum = lhs + rhs (as add), y = rmsNorm(sum).
+void addRmsNorm(const TensorView &lhs, const TensorView &rhs, const TensorView &w, double eps,
+                const TensorView &sum, const TensorView &y);
+/// sum = lhs + rhs (as add), y = layerNorm(sum).
+void addLayerNorm(const TensorView &lhs, const TensorView &rhs, const TensorView &w,
+                  const TensorView &b, double eps, const TensorView &sum, const TensorView &y);
+/// rmsNormGrad with dx = (the norm's input gradient, rounded to dx's dtype) + addend.
+void rmsNormGradAdd(const TensorView &dy, const TensorView &x, const TensorView &w,
+                    const TensorView &addend, double eps, const TensorView &dx,
+                    const TensorView &dw);
+/// layerNormGrad with dx = (the norm's input gradient, rounded to dx's dtype) + addend.
+void layerNormGradAdd(const TensorView &dy, const TensorView &x, const TensorView &w,
+                      const TensorView &addend, double eps, const TensorView &dx,
+                      const TensorView &dw, const TensorView &db);
+
 } // namespace bonsai::rt::cpu
 
 #endif // BONSAI_RUNTIME_CPUKERNELS_H

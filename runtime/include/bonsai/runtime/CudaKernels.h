@@ -172,6 +172,27 @@ void zero(const Context &ctx, const TensorView &x);
 void doraScale(const Context &ctx, const TensorView &m, const TensorView &w, const TensorView &a,
                const TensorView &b, double scale, const TensorView &y);
 
+//===----------------------------------------------------------------------===//
+// Fused kernels (bonsai-fuse; docs/fusion.md): the CPU kernels of the same names say what
+// each computes.
+//===----------------------------------------------------------------------===//
+
+void linearCrossEntropy(const Context &ctx, const TensorView &x, const TensorView &w,
+                        const TensorView &labels, const TensorView &dloss, int64_t ignoreIndex,
+                        int64_t chunkRows, const TensorView &loss, const TensorView &dx,
+                        const TensorView &workspace, const TensorView *dw);
+void addRmsNorm(const Context &ctx, const TensorView &lhs, const TensorView &rhs,
+                const TensorView &w, double eps, const TensorView &sum, const TensorView &y);
+void addLayerNorm(const Context &ctx, const TensorView &lhs, const TensorView &rhs,
+                  const TensorView &w, const TensorView &b, double eps, const TensorView &sum,
+                  const TensorView &y);
+void rmsNormGradAdd(const Context &ctx, const TensorView &dy, const TensorView &x,
+                    const TensorView &w, const TensorView &addend, double eps,
+                    const TensorView &dx, const TensorView &dw);
+void layerNormGradAdd(const Context &ctx, const TensorView &dy, const TensorView &x,
+                      const TensorView &w, const TensorView &addend, double eps,
+                      const TensorView &dx, const TensorView &dw, const TensorView &db);
+
 } // namespace bonsai::rt::cuda
 
 #endif // BONSAI_RUNTIME_CUDAKERNELS_H

@@ -101,6 +101,11 @@ enum class KernelKind : uint16_t {
   GaloreRefresh = 55,     ///< GaLore (docs/galore.md): refresh a projector on its steps.
   GaloreProject = 56,     ///< GaLore: project a gradient onto its subspace.
   GaloreAdamWUpdate = 57, ///< GaLore: AdamW on the projection, projected back.
+  LinearCrossEntropy = 70, ///< Fused LM head + loss + gradients, chunked (docs/fusion.md).
+  AddRMSNorm = 71,         ///< sum = lhs + rhs, y = rms_norm(sum) (docs/fusion.md).
+  AddLayerNorm = 72,       ///< sum = lhs + rhs, y = layer_norm(sum).
+  RMSNormGradAdd = 73,     ///< rms_norm_grad with an addend added into dx.
+  LayerNormGradAdd = 74,   ///< layer_norm_grad with an addend added into dx.
 };
 
 /// "Linear", "RMSNorm", ... as spelled in plan.fbs.
@@ -155,6 +160,8 @@ struct KernelAttrsInfo {
   int32_t axis = 0;
   int64_t start = 0;
   int64_t ignoreIndex = -100;
+  /// LinearCrossEntropyAttrs: positions per chunk (ignoreIndex as CrossEntropyAttrs).
+  int64_t chunkRows = 0;
   std::vector<int64_t> permutation;
   double value = 0;
   double lr = 0;

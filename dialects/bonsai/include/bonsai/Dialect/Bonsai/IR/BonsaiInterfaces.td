@@ -78,6 +78,43 @@ def Bonsai_NormalizationOpInterface : OpInterface<"NormalizationOpInterface"> {
       "::mlir::Value", "getNormalizedInput", (ins), [{}], [{
         return $_op.getInput();
       }]>,
+    InterfaceMethod<[{
+        Builds, at the builder's insertion point, the fused kernel that adds `lhs` and `rhs`
+        (the residual stream and a sublayer's output, same type) and normalises the sum with
+        this op's parameters. The fused op's results are the sum (the residual stream, for
+        every later reader) and the normalised value, in that order. bonsai-fuse's
+        `residual-norm` family asks this; null means the normalisation has no fused variant.
+      }],
+      "::mlir::Operation *", "buildWithResidualAdd",
+      (ins "::mlir::OpBuilder &":$builder, "::mlir::Value":$lhs, "::mlir::Value":$rhs),
+      [{}], [{
+        return nullptr;
+      }]>,
+  ];
+}
+
+def Bonsai_NormalizationGradOpInterface : OpInterface<"NormalizationGradOpInterface"> {
+  let cppNamespace = "::mlir::bonsai";
+  let description = [{
+    The gradient of a normalisation. Autodiff sums the gradients that reach the residual
+    stream with `bonsai.add`; the norm's input gradient is nearly always one of the addends.
+    bonsai-fuse's `residual-norm` family asks this interface for the input gradient and for
+    the variant of the kernel that adds a given tensor into it as it writes it.
+  }];
+  let methods = [
+    InterfaceMethod<"The result holding the gradient of the normalised input.",
+      "::mlir::Value", "getNormalizedInputGrad", (ins), [{}], [{
+        return $_op.getInputGrad();
+      }]>,
+    InterfaceMethod<[{
+        Builds, at the builder's insertion point, the fused kernel computing this op's
+        gradients with `addend` (the type of the input gradient) added into the input
+        gradient. Its results correspond one to one to this op's. Null when there is none.
+      }],
+      "::mlir::Operation *", "buildWithAddend",
+      (ins "::mlir::OpBuilder &":$builder, "::mlir::Value":$addend), [{}], [{
+        return nullptr;
+      }]>,
   ];
 }
 
@@ -147,6 +184,13 @@ def Bonsai_KernelOpInterface : OpInterface<"KernelOpInterface"> {
         lowering passes them to the launch as outputs; the others are its inputs.
       }],
       "::llvm::SmallVector<unsigned>", "getInPlaceOperands", (ins), [{}], [{
+        return {};
+      }]>,
+    InterfaceMethod<[{
+        Results that are the kernel's scratch (nothing reads them afterwards): the lowering
+        declares them as workspace buffers, which the memory planner sizes like any other.
+      }],
+      "::llvm::SmallVector<unsigned>", "getWorkspaceResults", (ins), [{}], [{
         return {};
       }]>,
   ];

@@ -156,7 +156,7 @@ def Bonsai_DoraScaleOp : Bonsai_ModelOp<"dora_scale", [
 }
 
 def Bonsai_RMSNormOp : Bonsai_ModelOp<"rms_norm", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>,
-    Bonsai_NormalizationOpInterface],
+    DeclareOpInterfaceMethods<Bonsai_NormalizationOpInterface, ["buildWithResidualAdd"]>],
     ["getKernelParams"]> {
   let summary = "root-mean-square normalisation over the last dimension, times a weight";
   let description = [{
@@ -173,7 +173,7 @@ def Bonsai_RMSNormOp : Bonsai_ModelOp<"rms_norm", [DeclareOpInterfaceMethods<Bon
 }
 
 def Bonsai_LayerNormOp : Bonsai_ModelOp<"layer_norm", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>,
-    Bonsai_NormalizationOpInterface],
+    DeclareOpInterfaceMethods<Bonsai_NormalizationOpInterface, ["buildWithResidualAdd"]>],
     ["getKernelParams"]> {
   let summary = "layer normalisation over the last dimension with weight and bias";
   let description = [{
@@ -361,6 +361,7 @@ def Bonsai_DequantizeOp : Bonsai_ModelOp<"dequantize", [Bonsai_RecomputeOpInterf
 include "bonsai/Dialect/Bonsai/IR/BonsaiTrainingOps.td"
 include "bonsai/Dialect/Bonsai/IR/BonsaiOptimizerOps.td"
 include "bonsai/Dialect/Bonsai/IR/BonsaiGaLoreOps.td"
+include "bonsai/Dialect/Bonsai/IR/BonsaiFusedOps.td"
 
 //===----------------------------------------------------------------------===//
 // Recipe ops

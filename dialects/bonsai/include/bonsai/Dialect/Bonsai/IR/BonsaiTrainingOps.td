@@ -79,7 +79,9 @@ def Bonsai_ReduceToOp : Bonsai_ModelOp<"reduce_to"> {
   let results = (outs Bonsai_ComputeTensor:$result);
 }
 
-def Bonsai_RMSNormGradOp : Bonsai_ModelOp<"rms_norm_grad", [], ["getKernelParams"]> {
+def Bonsai_RMSNormGradOp : Bonsai_ModelOp<"rms_norm_grad",
+    [DeclareOpInterfaceMethods<Bonsai_NormalizationGradOpInterface, ["buildWithAddend"]>],
+    ["getKernelParams"]> {
   let summary = "gradients of rms_norm with respect to its input and weight";
   let description = [{
     Recomputes the reciprocal root mean square from `input` (it is not saved).
@@ -94,7 +96,9 @@ def Bonsai_RMSNormGradOp : Bonsai_ModelOp<"rms_norm_grad", [], ["getKernelParams
   let results = (outs Bonsai_ComputeTensor:$input_grad, Bonsai_ComputeTensor:$weight_grad);
 }
 
-def Bonsai_LayerNormGradOp : Bonsai_ModelOp<"layer_norm_grad", [], ["getKernelParams"]> {
+def Bonsai_LayerNormGradOp : Bonsai_ModelOp<"layer_norm_grad",
+    [DeclareOpInterfaceMethods<Bonsai_NormalizationGradOpInterface, ["buildWithAddend"]>],
+    ["getKernelParams"]> {
   let summary = "gradients of layer_norm with respect to its input, weight and bias";
   let description = [{
     ```mlir

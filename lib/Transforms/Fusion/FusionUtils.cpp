@@ -1,0 +1,83 @@
+//===- FusionUtils.cpp - Helpers shared by the fusion families -------------===//
+//
+// See FusionUtils.h.
+//
+//===----------------------------------------------------------------------===//
+
+#include "FusionUtils.h"
+
+#include "mlir/IR/Block.h"
+#include "llvm/ADT/SmallPtrSet.h"
+
+namespace mlir::bonsai::fusion {
+
+/// The op's attributes without the discardable bonsai.* annotations.
+static SmallVector<NamedAttribute> getInherentAttrs(Operation *op) {
+  SmallVector<NamedAttribute> attrs;
+  for (NamedAttribute attr : op->getAttrs())
+    if (!attr.getName().getValue().starts_with("bonsai."))
+      attrs.push_back(attr);
+  return attrs;
+}
+
+bool isSameValue(Value original, Value candidate) {
+  if (original == candidate)
+    return true;
+  auto a = dyn_cast<OpResult>(original), b = dyn_cast<OpResult>(candidate);
+  if (!a || !b || a.getResultNumber() != b.getResultNumber())
+    return false;
+  Operation *orig = a.getOwner(), *clone = b.getOwner();
+  if (!clone->hasAttr(kRecomputedAttr) || orig->getName() != clone->getName() ||
+      orig->getNumOperands() != clone->getNumOperands() ||
+      getInherentAttrs(orig) != getInherentAttrs(clone))
+    return false;
+  for (auto [x, y] : llvm::zip(orig->getOperands(), clone->getOperands()))
+    if (!isSameValue(x, y))
+      return false;
+  return true;
+}
+
+StringRef getPhase(Operation *op) {
+  if (auto phase = op->getAttrOfType<StringAttr>(kPhaseAttr))
+    return phase.getValue();
+  return "";
+}
+
+bool sameSchedule(Operation *a, Operation *b) {
+  return getPhase(a) == getPhase(b) && a->hasAttr(kRecomputedAttr) == b->hasAttr(kRecomputedAttr);
+}
+
+void eraseDeadClones(RewriterBase &rewriter, Operation *op) {
+  SmallVector<Operation *> worklist = {op};
+  llvm::SmallPtrSet<Operation *, 8> erased;
+  while (!worklist.empty()) {
+    Operation *next = worklist.pop_back_val();
+    if (!next || erased.contains(next) || !next->use_empty())
+      continue;
+    for (Value v : next->getOperands())
+      if (Operation *def = v.getDefiningOp(); def && def->hasAttr(kRecomputedAttr))
+        worklist.push_back(def);
+    erased.insert(next);
+    rewriter.eraseOp(next);
+  }
+}
+
+bool allUsersAfter(Value value, Operation *op) {
+  for (Operation *user : value.getUsers()) {
+    Operation *ancestor = op->getBlock()->findAncestorOpInBlock(*user);
+    if (ancestor && ancestor != op && ancestor->isBeforeInBlock(op))
+      return false;
+  }
+  return true;
+}
+
+bool isDefinedBefore(Value value, Operation *op) {
+  if (auto arg = dyn_cast<BlockArgument>(value))
+    return arg.getOwner()->findAncestorOpInBlock(*op) != nullptr;
+  Operation *def = value.getDefiningOp();
+  if (def->getBlock() != op->getBlock())
+    return def->getBlock()->findAncestorOpInBlock(*op) != nullptr;
+  return def->isBeforeInBlock(op);
+}
+
+} // namespace mlir::bonsai::fusion

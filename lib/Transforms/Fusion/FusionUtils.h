@@ -1,0 +1,47 @@
+//===- FusionUtils.h - Helpers shared by the fusion families ----*- C++ -*-===//
+//
+// Private to lib/Transforms/Fusion: how the families recognise recomputed clones (bonsai-remat
+// copies forward ops into the backward pass, marked bonsai.recomputed) as the values they copy,
+// and how they place a fused op so that every operand dominates it and it dominates every use.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BONSAI_LIB_TRANSFORMS_FUSION_FUSIONUTILS_H
+#define BONSAI_LIB_TRANSFORMS_FUSION_FUSIONUTILS_H
+
+#include "mlir/IR/Operation.h"
+#include "mlir/IR/PatternMatch.h"
+
+namespace mlir::bonsai::fusion {
+
+/// The attribute bonsai-remat sets on recomputed clones.
+constexpr StringLiteral kRecomputedAttr = "bonsai.recomputed";
+/// The attribute autodiff and the optimizer set on backward and update ops.
+constexpr StringLiteral kPhaseAttr = "bonsai.phase";
+
+/// Whether `candidate` computes the same value as `original`: it is `original`, or the result
+/// (same number) of a recomputed clone of `original`'s defining op (same op, same inherent
+/// attributes) whose operands compute the same values as the original's.
+bool isSameValue(Value original, Value candidate);
+
+/// The phase annotation of `op` ("" for forward ops).
+StringRef getPhase(Operation *op);
+
+/// Whether `a` and `b` run in the same phase and are both recomputed clones or both not.
+bool sameSchedule(Operation *a, Operation *b);
+
+/// Erases `op` if its results are unused, and then, recursively, the recomputed clones that
+/// only it read (the clone chains a fusion leaves dead).
+void eraseDeadClones(RewriterBase &rewriter, Operation *op);
+
+/// Whether every user of `value` in `op`'s block comes after `op` (users elsewhere are nested
+/// in later ops or in other functions and do not count).
+bool allUsersAfter(Value value, Operation *op);
+
+/// Whether `value` is available before `op`: a block argument of an enclosing block, or the
+/// result of an op before `op` in its block.
+bool isDefinedBefore(Value value, Operation *op);
+
+} // namespace mlir::bonsai::fusion
+
+#endif // BONSAI_LIB_TRANSFORMS_FUSION_FUSIONUTILS_H
