@@ -18,6 +18,11 @@ namespace mlir::bonsai {
 
 ArrayRef<FusionFamily> getFusionFamilies() {
   static const std::vector<FusionFamily> families = {
+      {"gemm-epilogue",
+       "accumulation and GELU in the epilogues of the GEMMs that produce their inputs",
+       populateGemmEpilogueFusionPatterns, nullptr},
+      {"optimizer", "the update phase's optimizer updates as multi-tensor kernels", nullptr,
+       fuseOptimizerUpdates},
   };
   return families;
 }

@@ -48,6 +48,15 @@ struct FusionFamily {
 /// Every fusion family, in the order the pass applies them.
 ArrayRef<FusionFamily> getFusionFamilies();
 
+/// Family `optimizer` (Fusion/Optimizer.cpp): groups of update-phase optimizer updates ->
+/// one multi-tensor update each.
+LogicalResult fuseOptimizerUpdates(FunctionOpInterface function, const FusionOptions &options);
+
+/// Family `gemm-epilogue` (Fusion/GemmEpilogue.cpp): accumulation into the producing GEMM
+/// (beta = 1) and linear + tanh GELU as one GEMM with a GELU epilogue.
+void populateGemmEpilogueFusionPatterns(RewritePatternSet &patterns,
+                                        const FusionOptions &options);
+
 } // namespace mlir::bonsai
 
 #endif // BONSAI_TRANSFORMS_FUSION_H

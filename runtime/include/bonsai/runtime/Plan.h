@@ -101,6 +101,11 @@ enum class KernelKind : uint16_t {
   GaloreRefresh = 55,     ///< GaLore (docs/galore.md): refresh a projector on its steps.
   GaloreProject = 56,     ///< GaLore: project a gradient onto its subspace.
   GaloreAdamWUpdate = 57, ///< GaLore: AdamW on the projection, projected back.
+  /// Fusion (docs/fusion.md): AdamW / SGD of many parameters in one kernel.
+  MultiTensorAdamWUpdate = 85,
+  MultiTensorSGDUpdate = 86,
+  LinearGeLU = 87,                 ///< linear then tanh GELU, keeping the pre-activation.
+  LinearGradWeightAccumulate = 88, ///< acc += dyᵀ x (linear_grad_weight into an accumulator).
 };
 
 /// "Linear", "RMSNorm", ... as spelled in plan.fbs.
