@@ -48,11 +48,24 @@ GroupKey keyOf(MultiTensorUpdateOpInterface update) {
   return key;
 }
 
+/// The operands `op` writes: its in-place operands when it is a kernel, none when it has no
+/// memory effects, and (conservatively) all of them otherwise.
+llvm::DenseSet<Value> writtenOperands(Operation *op) {
+  llvm::DenseSet<Value> written;
+  if (auto kernel = dyn_cast<KernelOpInterface>(op)) {
+    for (unsigned i : kernel.getInPlaceOperands())
+      written.insert(op->getOperand(i));
+  } else if (!isMemoryEffectFree(op)) {
+    written.insert(op->operand_begin(), op->operand_end());
+  }
+  return written;
+}
+
 /// Whether `op` may be moved up to just before `anchor`. Its operands defined between the two
 /// by operand-free ops are added to `hoist` (declarations to move up first); anything else
-/// defined in between, or any op in between (other than `movedUp` and `hoist`) that uses one
-/// of its operands, forbids it: that op would see the update's writes too early, or the update
-/// would read before that op's writes.
+/// defined in between forbids it, and so does an op in between (other than `movedUp` and
+/// `hoist`) that uses a value `op` writes or writes a value `op` reads: that op would see the
+/// update's writes too early, or the update would read before that op's writes.
 bool canMoveUpTo(Operation *op, Operation *anchor, const llvm::DenseSet<Operation *> &movedUp,
                  llvm::SetVector<Operation *> &hoist) {
   SmallVector<Operation *> declarations;
@@ -68,15 +81,17 @@ bool canMoveUpTo(Operation *op, Operation *anchor, const llvm::DenseSet<Operatio
     declarations.push_back(def);
   }
   llvm::DenseSet<Value> operands(op->operand_begin(), op->operand_end());
+  llvm::DenseSet<Value> written = writtenOperands(op);
   for (Operation *between = anchor->getNextNode(); between != op;
        between = between->getNextNode()) {
     if (movedUp.contains(between) || llvm::is_contained(declarations, between) ||
         hoist.contains(between))
       continue;
+    llvm::DenseSet<Value> writtenThere = writtenOperands(between);
     for (Value used : between->getOperands())
-      if (operands.contains(used)) {
-        LLVM_DEBUG(llvm::dbgs() << "optimizer fusion: " << *between << " touches an operand of "
-                                << *op << "\n");
+      if (written.contains(used) || (operands.contains(used) && writtenThere.contains(used))) {
+        LLVM_DEBUG(llvm::dbgs() << "optimizer fusion: " << *between << " and " << *op
+                                << " conflict on an operand\n");
         return false;
       }
   }
