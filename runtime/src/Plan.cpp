@@ -1757,7 +1757,9 @@ void PlanReader::readKernels() {
     info.stream = k->stream();
     std::string what = "kernel " + std::to_string(i) +
                        (info.name.empty() ? std::string() : " '" + info.name + "'");
-    if (k->kind() > fb::KernelKind::MAX)
+    // The kinds are sparse (families own ranges): a value in a gap is as unknown as one past
+    // the end.
+    if (k->kind() > fb::KernelKind::MAX || *fb::EnumNameKernelKind(k->kind()) == '\0')
       fail(what + " has an unknown kind " + std::to_string(unsigned(k->kind())) +
            " (a newer compiler? recompile the plan with this runtime's compiler)");
     info.kind = static_cast<KernelKind>(k->kind());
