@@ -481,22 +481,39 @@ void checkMultiTensor(const char *k, size_t n,
       written.emplace_back(m, &masters[i]);
     }
   }
-  // Every written tensor is disjoint from every other operand (sorted by address, the check
-  // is linear in the number of tensors).
-  std::vector<std::pair<std::string, const TensorView *>> all = written;
+  // Every written tensor is disjoint from every other operand; read-only operands may share
+  // bytes. One sweep over the tensors sorted by address: a tensor overlaps an earlier one iff
+  // it starts before the furthest end of the earlier ones.
+  struct Range {
+    std::string name;
+    const char *begin, *end;
+    bool written;
+  };
+  std::vector<Range> ranges;
+  auto add = [&](const std::string &name, const TensorView &t, bool isWritten) {
+    if (t.bytes() == 0)
+      return;
+    const char *b = static_cast<const char *>(t.data);
+    ranges.push_back({name, b, b + t.bytes(), isWritten});
+  };
+  for (const auto &[name, t] : written)
+    add(name, *t, true);
   for (size_t i = 0; i < n; ++i)
-    all.emplace_back(indexed("grad", i), &grads[i]);
+    add(indexed("grad", i), grads[i], false);
   for (const auto &[name, t] : scalars)
-    all.emplace_back(name, t);
-  all.erase(std::remove_if(all.begin(), all.end(),
-                           [](const auto &entry) { return entry.second->bytes() == 0; }),
-            all.end());
-  std::sort(all.begin(), all.end(), [](const auto &a, const auto &b) {
-    return static_cast<const char *>(a.second->data) < static_cast<const char *>(b.second->data);
-  });
-  for (size_t i = 0; i + 1 < all.size(); ++i)
-    if (overlaps(*all[i].second, *all[i + 1].second))
-      fail(k, all[i].first + " and " + all[i + 1].first + " overlap");
+    add(name, *t, false);
+  std::sort(ranges.begin(), ranges.end(),
+            [](const Range &a, const Range &b) { return a.begin < b.begin; });
+  const Range *furthest = nullptr, *furthestWritten = nullptr;
+  for (const Range &r : ranges) {
+    const Range *hit = r.written ? furthest : furthestWritten;
+    if (hit && r.begin < hit->end)
+      fail(k, hit->name + " and " + r.name + " overlap");
+    if (!furthest || r.end > furthest->end)
+      furthest = &r;
+    if (r.written && (!furthestWritten || r.end > furthestWritten->end))
+      furthestWritten = &r;
+  }
 }
 
 } // namespace
