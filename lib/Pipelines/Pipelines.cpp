@@ -60,6 +60,7 @@ void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &o
     BonsaiFusePassOptions fuse;
     fuse.target = options.target;
     fuse.perSiteRemarks = false;
+    fuse.disable.assign(options.fuseDisable.begin(), options.fuseDisable.end());
     pm.addPass(createBonsaiFusePass(fuse));
   }
   // Tensors become buffers and ops become launches; the recipe's target is recorded so that
