@@ -21,6 +21,7 @@
 
 #include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
 #include "bonsai/Transforms/Fusion.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
 
 namespace mlir::bonsai {
 namespace {
@@ -29,6 +30,15 @@ namespace {
 void copyPhase(Operation *from, Operation *to) {
   if (Attribute phase = from->getAttr("bonsai.phase"))
     to->setAttr("bonsai.phase", phase);
+}
+
+/// Whether `op` may write `value`: one of its in-place operands when it is a kernel, never when
+/// it has no memory effects, and (conservatively) any operand otherwise.
+bool mayWrite(Operation *op, Value value) {
+  if (auto kernel = dyn_cast<KernelOpInterface>(op))
+    return llvm::any_of(kernel.getInPlaceOperands(),
+                        [&](unsigned i) { return op->getOperand(i) == value; });
+  return !isMemoryEffectFree(op) && llvm::is_contained(op->getOperands(), value);
 }
 
 /// accumulate(producer(...), acc) -> producer's accumulating form, in place on acc.
@@ -52,12 +62,19 @@ struct AccumulateIntoProducer : OpRewritePattern<AccumulateOp> {
       return rewriter.notifyMatchFailure(accumulate,
                                          "the producer cannot add into this accumulator type");
     // The fused op runs where the accumulation ran: nothing in between may touch the
-    // accumulator (the producer's operands are all defined before the producer).
-    for (Operation *op = producer->getNextNode(); op != accumulate; op = op->getNextNode())
+    // accumulator, nor write what the producer reads (its operands are all defined before
+    // the producer, so they dominate the accumulation).
+    for (Operation *op = producer->getNextNode(); op != accumulate; op = op->getNextNode()) {
       if (llvm::is_contained(op->getOperands(), acc))
         return rewriter.notifyMatchFailure(accumulate,
                                            "the accumulator is used between producer and "
                                            "accumulation");
+      for (Value read : producer->getOperands())
+        if (mayWrite(op, read))
+          return rewriter.notifyMatchFailure(accumulate,
+                                             "an operand of the producer is written between "
+                                             "producer and accumulation");
+    }
     rewriter.setInsertionPoint(accumulate);
     Operation *fused = producer.buildAccumulating(rewriter, acc);
     copyPhase(accumulate, fused);

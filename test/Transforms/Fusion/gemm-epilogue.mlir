@@ -40,8 +40,9 @@ func.func @conv1d(%dy: tensor<2x8x32xf32>, %x: tensor<2x8x16xf32>) {
 // -----
 
 // Not fused: a gradient with another use must exist; an accumulator used between producer
-// and accumulation (here zeroed) must see the producer's value added after that use; a
-// gradient that no GEMM produces (a bias's reduce_to) has no epilogue to go to.
+// and accumulation (here zeroed) must see the producer's value added after that use; a GEMM
+// whose operand is written between it and the accumulation cannot move there; a gradient that
+// no GEMM produces (a bias's reduce_to) has no epilogue to go to.
 
 // CHECK-LABEL: func.func @not_fused
 // CHECK: %[[G0:.*]] = bonsai.linear_grad_weight
@@ -49,6 +50,9 @@ func.func @conv1d(%dy: tensor<2x8x32xf32>, %x: tensor<2x8x16xf32>) {
 // CHECK: %[[G1:.*]] = bonsai.linear_grad_weight
 // CHECK: bonsai.zero
 // CHECK: bonsai.accumulate %[[G1]]
+// CHECK: %[[G2:.*]] = bonsai.linear_grad_weight
+// CHECK: bonsai.zero
+// CHECK: bonsai.accumulate %[[G2]]
 // CHECK: %[[DB:.*]] = bonsai.reduce_to
 // CHECK: bonsai.accumulate %[[DB]]
 // CHECK-NOT: linear_grad_weight_accumulate
@@ -61,6 +65,11 @@ func.func @not_fused(%dy: tensor<2x8x32xf32>, %x: tensor<2x8x16xf32>) -> tensor<
   %g1 = bonsai.linear_grad_weight %dy, %x : (tensor<2x8x32xf32>, tensor<2x8x16xf32>) -> tensor<32x16xf32>
   bonsai.zero %acc1 : tensor<32x16xf32>
   bonsai.accumulate %g1, %acc1 : tensor<32x16xf32>, tensor<32x16xf32>
+  %acc2 = bonsai.state gradient "w2" : tensor<32x16xf32>
+  %xs = bonsai.state optimizer "x" : tensor<2x8x16xf32>
+  %g2 = bonsai.linear_grad_weight %dy, %xs : (tensor<2x8x32xf32>, tensor<2x8x16xf32>) -> tensor<32x16xf32>
+  bonsai.zero %xs : tensor<2x8x16xf32>
+  bonsai.accumulate %g2, %acc2 : tensor<32x16xf32>, tensor<32x16xf32>
   %db = bonsai.reduce_to %dy : (tensor<2x8x32xf32>) -> tensor<32xf32>
   bonsai.accumulate %db, %accb : tensor<32xf32>, tensor<32xf32>
   return %g0 : tensor<32x16xf32>
