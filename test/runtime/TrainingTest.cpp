@@ -31,6 +31,10 @@
 #include <regex>
 #include <sstream>
 
+#ifdef BONSAI_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -141,6 +145,52 @@ TEST_F(TrainingTest, FusedKernelsTrainBitForBitAsUnfused) {
     EXPECT_GE(compared, dims.bf16Master ? 9u : 7u);
   }
 }
+
+#ifdef BONSAI_HAVE_CUDA
+// The fused kernels on the GPU, inside the executor's CUDA Graphs (and without them): three
+// steps of the fused plan track the CPU's (losses, parameters and moments within fp32 GEMM
+// tolerance), and the multi-tensor AdamW, the beta = 1 accumulating GEMM and the graphs'
+// replay of both keep doing so step after step.
+TEST_F(TrainingTest, FusedKernelsTrainOnTheGpuAsOnTheCpu) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    GTEST_SKIP() << "no GPU here";
+  }
+  for (bool graphs : {true, false}) {
+    SCOPED_TRACE(graphs ? "CUDA Graphs" : "eager");
+    test::TrainingDims dims{2, 4, 16, 8, false, 2};
+    LoadedPlan fused = loadSpec(test::fusedTrainingPlanSpec(dims), "fused.plan");
+    ExecutorOptions gpuOptions;
+    gpuOptions.backend = Backend::Cuda;
+    gpuOptions.cudaGraphs = graphs;
+    Executor cpu(fused), gpu(fused, gpuOptions);
+    cpu.initWeights(3);
+    gpu.initWeights(3);
+    TokenLoader loader(cyclicTokens(dir + "/tokens.bin", 4096, 16), 2, 4, 16, 7);
+    for (uint64_t s = 0; s < 3; ++s) {
+      StepResult rc = cpu.trainStep(loader, 2 * s, 2), rg = gpu.trainStep(loader, 2 * s, 2);
+      EXPECT_NEAR(rg.loss, rc.loss, 1e-4 * std::fabs(rc.loss)) << "step " << s + 1;
+      ASSERT_TRUE(rc.gradNorm && rg.gradNorm);
+      EXPECT_NEAR(*rg.gradNorm, *rc.gradNorm, 1e-4 * *rc.gradNorm) << "step " << s + 1;
+    }
+    for (uint32_t i = 0; i < fused.tensors.size(); ++i) {
+      const TensorInfo &info = fused.tensors[i];
+      if (info.role != TensorRole::Parameter && info.role != TensorRole::OptimizerState)
+        continue;
+      if (info.dtype != DType::F32)
+        continue; // the step counter
+      std::vector<float> c = test::floatsOf(cpu, i), g = test::floatsOf(gpu, i);
+      float scale = 0.0f;
+      for (float v : c)
+        scale = std::max(scale, std::fabs(v));
+      for (size_t e = 0; e < c.size(); ++e)
+        ASSERT_NEAR(g[e], c[e], 1e-4f * scale + 1e-4f * std::fabs(c[e]))
+            << info.name << "[" << e << "]";
+    }
+  }
+}
+#endif
 
 TEST_F(TrainingTest, GradientMatchesFiniteDifferences) {
   test::TrainingTensors t;
