@@ -100,6 +100,16 @@ LogicalResult MultiTensorAdamWUpdateOp::verify() {
   return success();
 }
 
+// The hyper-parameters, not the operand segment sizes the op also stores.
+DictionaryAttr MultiTensorAdamWUpdateOp::getKernelParams() {
+  Builder b(getContext());
+  return b.getDictionaryAttr({b.getNamedAttr("beta1", getBeta1Attr()),
+                              b.getNamedAttr("beta2", getBeta2Attr()),
+                              b.getNamedAttr("eps", getEpsAttr()),
+                              b.getNamedAttr("weight_decay", getWeightDecayAttr()),
+                              b.getNamedAttr("grad_clip", getGradClipAttr())});
+}
+
 OpCost MultiTensorAdamWUpdateOp::getForwardCost() {
   return multiTensorCost(*this, getGradients(), getParams(), 12);
 }
@@ -111,6 +121,13 @@ OpCost MultiTensorAdamWUpdateOp::getForwardCost() {
 LogicalResult MultiTensorSGDUpdateOp::verify() {
   return verifyLists(*this, getGradients(), getParams(),
                      {{"momentum_buffer", getMomentumBuffers()}}, getMasters());
+}
+
+DictionaryAttr MultiTensorSGDUpdateOp::getKernelParams() {
+  Builder b(getContext());
+  return b.getDictionaryAttr({b.getNamedAttr("momentum", getMomentumAttr()),
+                              b.getNamedAttr("weight_decay", getWeightDecayAttr()),
+                              b.getNamedAttr("grad_clip", getGradClipAttr())});
 }
 
 OpCost MultiTensorSGDUpdateOp::getForwardCost() {

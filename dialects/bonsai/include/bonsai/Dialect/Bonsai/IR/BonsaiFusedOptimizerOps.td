@@ -16,7 +16,8 @@
 class Bonsai_MultiTensorUpdateOp<string mnemonic, list<string> inPlaceGroups>
     : Bonsai_Op<mnemonic, [AttrSizedOperandSegments, MemoryEffects<[MemRead, MemWrite]>,
           DeclareOpInterfaceMethods<Bonsai_CostOpInterface>,
-          DeclareOpInterfaceMethods<Bonsai_KernelOpInterface, ["getInPlaceOperands"]>]> {
+          DeclareOpInterfaceMethods<Bonsai_KernelOpInterface,
+                                    ["getKernelParams", "getInPlaceOperands"]>]> {
   let hasVerifier = 1;
   code inPlaceGroupList = !interleave(inPlaceGroups, ", ");
   let extraClassDeclaration = [{
