@@ -93,6 +93,10 @@ std::optional<fb::KernelKind> getKernelKind(StringRef name) {
       .Case("add_layer_norm", fb::KernelKind::AddLayerNorm)
       .Case("rms_norm_grad_add", fb::KernelKind::RMSNormGradAdd)
       .Case("layer_norm_grad_add", fb::KernelKind::LayerNormGradAdd)
+      .Case("multi_tensor_adamw_update", fb::KernelKind::MultiTensorAdamWUpdate)
+      .Case("multi_tensor_sgd_update", fb::KernelKind::MultiTensorSGDUpdate)
+      .Case("linear_gelu", fb::KernelKind::LinearGeLU)
+      .Case("linear_grad_weight_accumulate", fb::KernelKind::LinearGradWeightAccumulate)
       .Default(std::nullopt);
 }
 
@@ -256,7 +260,8 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
                 .Union();
     return success();
   }
-  case fb::KernelKind::AdamWUpdate: {
+  case fb::KernelKind::AdamWUpdate:
+  case fb::KernelKind::MultiTensorAdamWUpdate: {
     FailureOr<double> b1 = f64("beta1"), b2 = f64("beta2"), eps = f64("eps"),
                       wd = f64("weight_decay"), clip = f64("grad_clip");
     if (failed(b1) || failed(b2) || failed(eps) || failed(wd) || failed(clip))
@@ -265,7 +270,8 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     attrs = fb::CreateAdamWAttrs(fbb, *b1, *b2, *eps, *wd, *clip).Union();
     return success();
   }
-  case fb::KernelKind::SGDUpdate: {
+  case fb::KernelKind::SGDUpdate:
+  case fb::KernelKind::MultiTensorSGDUpdate: {
     FailureOr<double> momentum = f64("momentum"), wd = f64("weight_decay"),
                       clip = f64("grad_clip");
     if (failed(momentum) || failed(wd) || failed(clip))

@@ -23,6 +23,11 @@ ArrayRef<FusionFamily> getFusionFamilies() {
        populateLinearCrossEntropyFusionPatterns},
       {"residual-norm", "residual add + RMSNorm/LayerNorm, and norm gradient + gradient add",
        populateResidualNormFusionPatterns},
+      {"gemm-epilogue",
+       "accumulation and GELU in the epilogues of the GEMMs that produce their inputs",
+       populateGemmEpilogueFusionPatterns, nullptr},
+      {"optimizer", "the update phase's optimizer updates as multi-tensor kernels", nullptr,
+       fuseOptimizerUpdates},
   };
   return families;
 }

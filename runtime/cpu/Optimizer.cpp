@@ -73,22 +73,129 @@ double clipCoefficient(double gradClip, double norm) {
   return std::min(1.0, gradClip / (norm + kClipEpsilon));
 }
 
-/// Runs an in-place update of param (through master when given) in chunks: update(offset, g, p)
-/// receives the chunk's first element index, its gradients and its fp32 parameter values
+/// Runs an in-place update of one chunk of param (through master when given): update(offset,
+/// g, p) receives the chunk's first element index, its gradients and its fp32 parameter values
 /// (master's when given) and rewrites p, which is then stored into master and param.
 template <typename F>
-void updateParams(const TensorView &grad, const TensorView &param, const TensorView *master,
-                  F update) {
-  forChunks(param.numel(), [&](int64_t offset, int64_t count) {
-    std::vector<float> g(static_cast<size_t>(count)), p(static_cast<size_t>(count));
-    loadF32(subView(grad, offset, count), g.data());
-    loadF32(subView(master ? *master : param, offset, count), p.data());
-    update(offset, g, p);
-    if (master)
-      storeF32(p.data(), subView(*master, offset, count));
-    // The parameter is the fp32 value rounded once to its dtype.
-    storeF32(p.data(), subView(param, offset, count));
+void updateChunk(const TensorView &grad, const TensorView &param, const TensorView *master,
+                 int64_t offset, int64_t count, F update) {
+  std::vector<float> g(static_cast<size_t>(count)), p(static_cast<size_t>(count));
+  loadF32(subView(grad, offset, count), g.data());
+  loadF32(subView(master ? *master : param, offset, count), p.data());
+  update(offset, g, p);
+  if (master)
+    storeF32(p.data(), subView(*master, offset, count));
+  // The parameter is the fp32 value rounded once to its dtype.
+  storeF32(p.data(), subView(param, offset, count));
+}
+
+/// Runs fn(tensor, offset, count) over the fixed chunks of every tensor (numels[i] elements),
+/// the chunks of all tensors spread over the threads together.
+template <typename F> void forChunksOfAll(const std::vector<int64_t> &numels, F fn) {
+  struct Piece {
+    size_t tensor;
+    int64_t offset, count;
+  };
+  std::vector<Piece> pieces;
+  for (size_t i = 0; i < numels.size(); ++i)
+    for (int64_t offset = 0; offset < numels[i]; offset += kChunk)
+      pieces.push_back({i, offset, std::min(kChunk, numels[i] - offset)});
+  parallelFor(int64_t(pieces.size()), kChunkGrain, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      fn(pieces[size_t(p)].tensor, pieces[size_t(p)].offset, pieces[size_t(p)].count);
   });
+}
+
+/// "name" for the per-tensor kernels, "name[i]" for tensor i of a multi-tensor one.
+std::string operandName(const char *name, int index) {
+  return index < 0 ? std::string(name) : std::string(name) + "[" + std::to_string(index) + "]";
+}
+
+/// The per-tensor checks of an update: a float gradient of the parameter's shape, f32 states
+/// (and master) of that shape. `index` numbers the tensor of a multi-tensor update (-1: none).
+void checkUpdateTensors(const char *k, int index, const TensorView &grad, const TensorView &param,
+                        std::initializer_list<std::pair<const char *, const TensorView *>> states) {
+  std::string g = operandName("grad", index), p = operandName("param", index);
+  checkFloat(k, g.c_str(), grad);
+  checkFloat(k, p.c_str(), param);
+  checkSameShape(k, g.c_str(), grad, p.c_str(), param);
+  for (const auto &[name, state] : states)
+    if (state)
+      checkState(k, operandName(name, index).c_str(), *state, param);
+}
+
+void checkBetas(const char *k, const AdamWHyper &hyper) {
+  if (!(hyper.beta1 >= 0.0 && hyper.beta1 < 1.0 && hyper.beta2 >= 0.0 && hyper.beta2 < 1.0))
+    fail(k, "betas (" + std::to_string(hyper.beta1) + ", " + std::to_string(hyper.beta2) +
+                ") are not in [0, 1)");
+}
+
+/// The scalars of one AdamW step, t = the update being done (1 for the first).
+struct AdamWStep {
+  AdamWHyper hyper;
+  double clip, decay, stepSize, bc2Sqrt;
+};
+
+AdamWStep adamwStep(const AdamWHyper &hyper, int64_t done, double rate, double norm) {
+  double t = double(done) + 1.0;
+  return {hyper, clipCoefficient(hyper.gradClip, norm), 1.0 - rate * hyper.weightDecay,
+          rate / (1.0 - std::pow(hyper.beta1, t)), std::sqrt(1.0 - std::pow(hyper.beta2, t))};
+}
+
+/// torch.optim.AdamW's single-tensor step on elements [offset, offset + count).
+void adamwChunk(const AdamWStep &s, const TensorView &grad, const TensorView &param,
+                const TensorView &m, const TensorView &v, const TensorView *master,
+                int64_t offset, int64_t count) {
+  const AdamWHyper &hyper = s.hyper;
+  float *mp = static_cast<float *>(m.data), *vp = static_cast<float *>(v.data);
+  updateChunk(grad, param, master, offset, count,
+              [&](int64_t offset, const std::vector<float> &g, std::vector<float> &p) {
+                for (size_t i = 0; i < p.size(); ++i) {
+                  double gi = double(g[i]) * s.clip;
+                  double mi = hyper.beta1 * double(mp[offset + int64_t(i)]) +
+                              (1.0 - hyper.beta1) * gi;
+                  double vi = hyper.beta2 * double(vp[offset + int64_t(i)]) +
+                              (1.0 - hyper.beta2) * gi * gi;
+                  mp[offset + int64_t(i)] = float(mi);
+                  vp[offset + int64_t(i)] = float(vi);
+                  // Decoupled weight decay first, then the Adam step, as PyTorch orders them.
+                  double pi = double(p[i]) * s.decay;
+                  p[i] = float(pi - s.stepSize * mi / (std::sqrt(vi) / s.bc2Sqrt + hyper.eps));
+                }
+              });
+}
+
+/// torch.optim.SGD's step on elements [offset, offset + count).
+void sgdChunk(const SGDHyper &hyper, double clip, double rate, const TensorView &grad,
+              const TensorView &param, const TensorView &momentum, const TensorView *master,
+              int64_t offset, int64_t count) {
+  float *bp = static_cast<float *>(momentum.data);
+  updateChunk(grad, param, master, offset, count,
+              [&](int64_t offset, const std::vector<float> &g, std::vector<float> &p) {
+                for (size_t i = 0; i < p.size(); ++i) {
+                  double gi = double(g[i]) * clip + hyper.weightDecay * double(p[i]);
+                  // Without momentum the buffer is not read: it may hold anything.
+                  double buf = hyper.momentum != 0.0
+                                   ? hyper.momentum * double(bp[offset + int64_t(i)]) + gi
+                                   : gi;
+                  bp[offset + int64_t(i)] = float(buf);
+                  p[i] = float(double(p[i]) - rate * buf);
+                }
+              });
+}
+
+/// Checks that the lists of a multi-tensor update have one tensor per gradient (masters: none
+/// or one per gradient).
+void checkCounts(const char *k, size_t n,
+                 std::initializer_list<std::pair<const char *, size_t>> lists, size_t masters) {
+  if (n == 0)
+    fail(k, "needs at least one gradient");
+  for (const auto &[name, count] : lists)
+    if (count != n)
+      fail(k, std::to_string(n) + " gradients but " + std::to_string(count) + " " + name);
+  if (masters != 0 && masters != n)
+    fail(k, std::to_string(n) + " gradients but " + std::to_string(masters) +
+                " masters (expected none or one per parameter)");
 }
 
 } // namespace
@@ -156,66 +263,74 @@ void adamwUpdate(const TensorView &grad, const TensorView &step, const TensorVie
                  const TensorView &gradNorm, const AdamWHyper &hyper, const TensorView &param,
                  const TensorView &m, const TensorView &v, const TensorView *master) {
   const char *k = "adamw_update";
-  checkFloat(k, "grad", grad);
-  checkFloat(k, "param", param);
-  checkSameShape(k, "grad", grad, "param", param);
-  checkState(k, "m", m, param);
-  checkState(k, "v", v, param);
-  if (master)
-    checkState(k, "master", *master, param);
+  checkUpdateTensors(k, -1, grad, param, {{"m", &m}, {"v", &v}, {"master", master}});
   int64_t done = loadStep(k, step);
   double rate = loadScalar(k, "lr", lr), norm = loadScalar(k, "grad_norm", gradNorm);
-  if (!(hyper.beta1 >= 0.0 && hyper.beta1 < 1.0 && hyper.beta2 >= 0.0 && hyper.beta2 < 1.0))
-    fail(k, "betas (" + std::to_string(hyper.beta1) + ", " + std::to_string(hyper.beta2) +
-                ") are not in [0, 1)");
+  checkBetas(k, hyper);
+  AdamWStep s = adamwStep(hyper, done, rate, norm);
+  forChunks(param.numel(), [&](int64_t offset, int64_t count) {
+    adamwChunk(s, grad, param, m, v, master, offset, count);
+  });
+}
 
-  // torch.optim.AdamW's single-tensor step, t = the update being done (1 for the first).
-  double t = double(done) + 1.0;
-  double clip = clipCoefficient(hyper.gradClip, norm);
-  double decay = 1.0 - rate * hyper.weightDecay;
-  double stepSize = rate / (1.0 - std::pow(hyper.beta1, t));
-  double bc2Sqrt = std::sqrt(1.0 - std::pow(hyper.beta2, t));
-  float *mp = static_cast<float *>(m.data), *vp = static_cast<float *>(v.data);
-  updateParams(
-      grad, param, master, [&](int64_t offset, const std::vector<float> &g, std::vector<float> &p) {
-        for (size_t i = 0; i < p.size(); ++i) {
-          double gi = double(g[i]) * clip;
-          double mi = hyper.beta1 * double(mp[offset + int64_t(i)]) + (1.0 - hyper.beta1) * gi;
-          double vi = hyper.beta2 * double(vp[offset + int64_t(i)]) + (1.0 - hyper.beta2) * gi * gi;
-          mp[offset + int64_t(i)] = float(mi);
-          vp[offset + int64_t(i)] = float(vi);
-          // Decoupled weight decay first, then the Adam step, as PyTorch orders them.
-          double pi = double(p[i]) * decay;
-          p[i] = float(pi - stepSize * mi / (std::sqrt(vi) / bc2Sqrt + hyper.eps));
-        }
-      });
+void multiTensorAdamwUpdate(const std::vector<TensorView> &grads, const TensorView &step,
+                            const TensorView &lr, const TensorView &gradNorm,
+                            const AdamWHyper &hyper, const std::vector<TensorView> &params,
+                            const std::vector<TensorView> &m, const std::vector<TensorView> &v,
+                            const std::vector<TensorView> &masters) {
+  const char *k = "multi_tensor_adamw_update";
+  size_t n = grads.size();
+  checkCounts(k, n, {{"params", params.size()}, {"m", m.size()}, {"v", v.size()}},
+              masters.size());
+  std::vector<int64_t> numels(n);
+  for (size_t i = 0; i < n; ++i) {
+    checkUpdateTensors(k, int(i), grads[i], params[i],
+                       {{"m", &m[i]}, {"v", &v[i]}, {"master", masters.empty() ? nullptr : &masters[i]}});
+    numels[i] = params[i].numel();
+  }
+  int64_t done = loadStep(k, step);
+  double rate = loadScalar(k, "lr", lr), norm = loadScalar(k, "grad_norm", gradNorm);
+  checkBetas(k, hyper);
+  AdamWStep s = adamwStep(hyper, done, rate, norm);
+  forChunksOfAll(numels, [&](size_t i, int64_t offset, int64_t count) {
+    adamwChunk(s, grads[i], params[i], m[i], v[i], masters.empty() ? nullptr : &masters[i],
+               offset, count);
+  });
 }
 
 void sgdUpdate(const TensorView &grad, const TensorView &lr, const TensorView &gradNorm,
                const SGDHyper &hyper, const TensorView &param, const TensorView &momentum,
                const TensorView *master) {
   const char *k = "sgd_update";
-  checkFloat(k, "grad", grad);
-  checkFloat(k, "param", param);
-  checkSameShape(k, "grad", grad, "param", param);
-  checkState(k, "momentum", momentum, param);
-  if (master)
-    checkState(k, "master", *master, param);
+  checkUpdateTensors(k, -1, grad, param, {{"momentum", &momentum}, {"master", master}});
   double rate = loadScalar(k, "lr", lr), norm = loadScalar(k, "grad_norm", gradNorm);
-
   double clip = clipCoefficient(hyper.gradClip, norm);
-  float *bp = static_cast<float *>(momentum.data);
-  updateParams(
-      grad, param, master, [&](int64_t offset, const std::vector<float> &g, std::vector<float> &p) {
-        for (size_t i = 0; i < p.size(); ++i) {
-          double gi = double(g[i]) * clip + hyper.weightDecay * double(p[i]);
-          // Without momentum the buffer is not read: it may hold anything.
-          double buf =
-              hyper.momentum != 0.0 ? hyper.momentum * double(bp[offset + int64_t(i)]) + gi : gi;
-          bp[offset + int64_t(i)] = float(buf);
-          p[i] = float(double(p[i]) - rate * buf);
-        }
-      });
+  forChunks(param.numel(), [&](int64_t offset, int64_t count) {
+    sgdChunk(hyper, clip, rate, grad, param, momentum, master, offset, count);
+  });
+}
+
+void multiTensorSgdUpdate(const std::vector<TensorView> &grads, const TensorView &lr,
+                          const TensorView &gradNorm, const SGDHyper &hyper,
+                          const std::vector<TensorView> &params,
+                          const std::vector<TensorView> &momentum,
+                          const std::vector<TensorView> &masters) {
+  const char *k = "multi_tensor_sgd_update";
+  size_t n = grads.size();
+  checkCounts(k, n, {{"params", params.size()}, {"momentum", momentum.size()}}, masters.size());
+  std::vector<int64_t> numels(n);
+  for (size_t i = 0; i < n; ++i) {
+    checkUpdateTensors(k, int(i), grads[i], params[i],
+                       {{"momentum", &momentum[i]},
+                        {"master", masters.empty() ? nullptr : &masters[i]}});
+    numels[i] = params[i].numel();
+  }
+  double rate = loadScalar(k, "lr", lr), norm = loadScalar(k, "grad_norm", gradNorm);
+  double clip = clipCoefficient(hyper.gradClip, norm);
+  forChunksOfAll(numels, [&](size_t i, int64_t offset, int64_t count) {
+    sgdChunk(hyper, clip, rate, grads[i], params[i], momentum[i],
+             masters.empty() ? nullptr : &masters[i], offset, count);
+  });
 }
 
 void stepIncrement(const TensorView &step) {

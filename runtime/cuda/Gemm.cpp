@@ -17,6 +17,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <mutex>
@@ -202,10 +203,30 @@ LtEngine::Plan &LtEngine::plan(const char *kernel, const GemmCall &call, const K
     cublasOperation_t opB = call.transA ? CUBLAS_OP_T : CUBLAS_OP_N;
     setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof opA, "TRANSA");
     setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof opB, "TRANSB");
-    if (call.bias) {
+    if (call.geluAux) {
+      cublasLtEpilogue_t epilogue =
+          call.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+      setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue,
+              "EPILOGUE");
+      int64_t ldAux = call.ldAux ? call.ldAux : call.n;
+      setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ldAux, sizeof ldAux,
+              "EPILOGUE_AUX_LD");
+      int32_t auxType = int32_t(c);
+      setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &auxType,
+              sizeof auxType, "EPILOGUE_AUX_DATA_TYPE");
+      setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &call.geluAux,
+              sizeof call.geluAux, "EPILOGUE_AUX_POINTER");
+      if (call.batch > 1) {
+        int64_t auxStride = call.strideC;
+        setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &auxStride,
+                sizeof auxStride, "EPILOGUE_AUX_BATCH_STRIDE");
+      }
+    } else if (call.bias) {
       cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
       setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue,
               "EPILOGUE");
+    }
+    if (call.bias) {
       int32_t biasType = int32_t(c);
       setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &biasType, sizeof biasType,
               "BIAS_DATA_TYPE");
@@ -254,7 +275,8 @@ LtEngine::Plan &LtEngine::plan(const char *kernel, const GemmCall &call, const K
       fail(kernel, "cuBLASLt has no algorithm for a " + std::string(dtypeName(call.abType)) +
                        " GEMM m=" + std::to_string(m) + " n=" + std::to_string(n) +
                        " k=" + std::to_string(k) + " batch=" + std::to_string(call.batch) +
-                       (call.bias ? " with a bias" : ""));
+                       (call.bias ? " with a bias" : "") +
+                       (call.geluAux ? " with a GELU epilogue" : ""));
     p.algo = result.algo;
   } catch (...) {
     destroyPlan(p);
@@ -274,8 +296,8 @@ void LtEngine::run(const char *kernel, Stream stream, const GemmCall &call) {
     return;
   if (call.k == 0) {
     // An empty sum: C = beta C (+ bias). cuBLASLt wants k > 0; the zero case is a memset.
-    if (call.beta != 0.0f || call.bias)
-      fail(kernel, "a GEMM with k = 0 is supported only as C = 0 (no beta, no bias)");
+    if (call.beta != 0.0f || call.bias || call.geluAux)
+      fail(kernel, "a GEMM with k = 0 is supported only as C = 0 (no beta, bias or epilogue)");
     size_t matrix = size_t(call.m * call.n) * dtypeSize(call.cType);
     if (call.batch == 1 || call.strideC == 0) {
       checkCuda(cudaMemsetAsync(call.c, 0, matrix, stream), "cudaMemsetAsync", kernel);
@@ -294,9 +316,10 @@ void LtEngine::run(const char *kernel, Stream stream, const GemmCall &call) {
   const int64_t unit = int64_t(16 / dtypeSize(call.abType));
   GemmCall aligned = call;
   aligned.m = roundUp(call.m, unit);
-  aligned.n = roundUp(call.n, unit);
+  // The GELU epilogue's auxiliary matrix, laid out like C, wants rows of multiples of 8.
+  aligned.n = roundUp(call.n, call.geluAux ? std::max<int64_t>(unit, 8) : unit);
   aligned.k = roundUp(call.k, unit);
-  aligned.lda = aligned.ldb = aligned.ldc = 0;
+  aligned.lda = aligned.ldb = aligned.ldc = aligned.ldAux = 0;
   std::vector<Scratch> keep;
   auto needsCopy = [&](const MatrixSpan &mat, const MatrixSpan &padded, DType dtype) {
     return mat.rows != padded.rows || mat.cols != padded.cols ||
@@ -323,7 +346,12 @@ void LtEngine::run(const char *kernel, Stream stream, const GemmCall &call) {
     aligned.ldb = b.ld;
   }
   MatrixSpan c = matrixOf(call, 'c'), cPad = matrixOf(aligned, 'c'), cs = c;
-  bool stageC = needsCopy(c, cPad, call.cType);
+  // A GELU epilogue's auxiliary matrix shares C's batch stride: both are staged or neither.
+  MatrixSpan aux{call.geluAux, call.m, call.n, call.ldAux ? call.ldAux : call.n, call.strideC},
+      auxs = aux;
+  bool stageC = needsCopy(c, cPad, call.cType) ||
+                (call.geluAux && (needsCopy(aux, cPad, call.cType) || aux.ld % 8 != 0));
+  bool stageAux = call.geluAux && stageC;
   if (stageC) {
     cs = staged(kernel, stream, c, cPad.rows, cPad.cols, call.batch, call.cType,
                 call.beta != 0.0f, keep);
@@ -337,9 +365,18 @@ void LtEngine::run(const char *kernel, Stream stream, const GemmCall &call) {
     MatrixSpan bias{call.bias, 1, call.n, call.n, 0};
     aligned.bias = staged(kernel, stream, bias, 1, aligned.n, 1, call.cType, true, keep).data;
   }
+  if (stageAux) {
+    auxs = staged(kernel, stream, aux, cPad.rows, cPad.cols, call.batch, call.cType, false, keep);
+    aligned.geluAux = const_cast<void *>(auxs.data);
+    aligned.ldAux = auxs.ld;
+  } else if (call.geluAux) {
+    aligned.ldAux = aux.ld;
+  }
   runAligned(kernel, stream, aligned);
   if (stageC)
     copyMatrices(kernel, stream, call.cType, cs, c, cs.stride != 0 ? call.batch : 1);
+  if (stageAux)
+    copyMatrices(kernel, stream, call.cType, auxs, aux, auxs.stride != 0 ? call.batch : 1);
 }
 
 void LtEngine::runAligned(const char *kernel, Stream stream, const GemmCall &call) {
@@ -363,11 +400,16 @@ void LtEngine::runAligned(const char *kernel, Stream stream, const GemmCall &cal
           alignmentOf(call.a, call.strideA, batch, call.abType),
           alignmentOf(call.b, call.strideB, batch, call.abType),
           alignmentOf(call.c, call.strideC, batch, call.cType),
-          call.bias ? alignmentOf(call.bias, 0, 1, call.cType) : 0};
+          call.bias ? alignmentOf(call.bias, 0, 1, call.cType) : 0,
+          call.geluAux ? (call.ldAux ? call.ldAux : call.n) : 0,
+          call.geluAux ? alignmentOf(call.geluAux, call.strideC, batch, call.cType) : 0};
   Plan &p = plan(kernel, call, key);
   if (call.bias)
     setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias, sizeof call.bias,
             "BIAS_POINTER");
+  if (call.geluAux)
+    setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &call.geluAux,
+            sizeof call.geluAux, "EPILOGUE_AUX_POINTER");
   checkCublas(cublasLtMatmul(handle_, p.desc, &call.alpha, call.b, p.aLayout, call.a, p.bLayout,
                              &call.beta, call.c, p.cLayout, call.c, p.cLayout, &p.algo, workspace_,
                              workspaceBytes_, stream),

@@ -16,7 +16,8 @@
 // runs the GEMM on copies in stream-ordered scratch of every matrix whose extent grows or whose
 // rows are not aligned: the operands copied in with zero padding (so the padded k adds exact
 // zeros), the output copied out (and in first when beta reads it), the bias padded with zeros.
-// The GEMM on the copies computes the same fp32 sums, rounded once into C.
+// The GEMM on the copies computes the same fp32 sums, rounded once into C. A GELU epilogue's
+// auxiliary output (the pre-activation) is staged like C, its rows padded to 8 elements.
 //
 // Row-major matrices are handed to cuBLASLt (column-major) transposed: row-major C[m, n] is
 // column-major Cᵀ[n, m], and C = op(A) op(B) is computed as Cᵀ = op(B)ᵀ op(A)ᵀ, that is with
@@ -53,6 +54,12 @@ struct GemmCall {
   /// With a bias, C[i, j] = alpha op(A) op(B) + beta C + bias[j] in fp32, rounded once; bias
   /// has n elements of cType.
   const void *bias = nullptr;
+  /// With `geluAux` (cuBLASLt's GELU_AUX / GELU_AUX_BIAS epilogue, tanh GELU): the fp32 value z
+  /// above is stored, rounded once, into geluAux (m x n of cType, leading dimension ldAux, 0
+  /// meaning n) and C = gelu(z), rounded once. cuBLASLt wants ldAux a multiple of 8: run()
+  /// stages the matrix when it is not.
+  void *geluAux = nullptr;
+  int64_t ldAux = 0;
 };
 
 /// cuBLASLt handle, workspace and plan cache (not thread-safe: one per device and stream).
@@ -76,7 +83,7 @@ public:
 private:
   using Key = std::tuple<int, int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t,
                          int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int, int, int,
-                         int>;
+                         int, int64_t, int>;
   Plan &plan(const char *kernel, const GemmCall &call, const Key &key);
   /// Runs a call whose matrices all have 16-byte aligned rows (or any call, slowly).
   void runAligned(const char *kernel, Stream stream, const GemmCall &call);

@@ -7,6 +7,8 @@
 //   matmul             c[b, m, n] = a[b, m, k] b[b, k, n] (strided batch)
 //   linear_grad_input  dx[rows, in] = dy[rows, out] w[out, in]
 //   linear_grad_weight dw[out, in] = dy[rows, out]ᵀ x[rows, in]
+//   linear_gelu        pre = x wᵀ (+ bias), y = gelu_tanh(pre) (fusion family gemm-epilogue)
+//   linear_grad_weight_accumulate  acc += dyᵀ x (beta = 1, fusion family gemm-epilogue)
 //
 // When A, B and C share a dtype (the usual case) the GEMM writes the output directly, and
 // linear's bias is added by cuBLASLt's CUBLASLT_EPILOGUE_BIAS in fp32 before the single rounding
@@ -284,6 +286,110 @@ void linearGradWeight(const Context &ctx, const TensorView &dy, const TensorView
   // dw [out, in] = dyᵀ [out, rows] x [rows, in].
   runGemm(k, ctx, /*transA=*/true, false, out, in, leadingRows(dy), dy, 0, x, 0, nullptr, dw, 0,
           1);
+}
+
+void linearGelu(const Context &ctx, const TensorView &x, const TensorView &w,
+                const TensorView *bias, const TensorView &y, const TensorView &pre) {
+  const char *k = "linear_gelu";
+  checkFloat(k, "x", x);
+  checkFloat(k, "w", w);
+  checkFloat(k, "y", y);
+  checkFloat(k, "pre", pre);
+  if (x.rank() < 1)
+    fail(k, "x must have at least one dimension, got shape " + formatShape(x.shape));
+  if (w.rank() != 2 || w.dim(1) != x.dim(-1))
+    fail(k, "w shape " + formatShape(w.shape) + " should be [out, " + std::to_string(x.dim(-1)) +
+                "] for x shape " + formatShape(x.shape));
+  int64_t in = x.dim(-1), out = w.dim(0), rows = leadingRows(x);
+  if (bias) {
+    checkFloat(k, "bias", *bias);
+    checkShape(k, "bias", *bias, {out}, "for w shape " + formatShape(w.shape));
+  }
+  std::vector<int64_t> expected(x.shape.begin(), x.shape.end() - 1);
+  expected.push_back(out);
+  std::string context =
+      "for x shape " + formatShape(x.shape) + " and w shape " + formatShape(w.shape);
+  checkShape(k, "y", y, expected, context);
+  checkShape(k, "pre", pre, expected, context);
+  if (!ctx.gemm)
+    fail(k, "the context has no GemmEngine");
+  // The epilogue needs one storage type for every operand, a non-empty sum, and outputs that
+  // no input shares bytes with; otherwise the unfused pair computes the same (y from the
+  // rounded pre-activation, as the CPU does).
+  bool sameType = allDType(x.dtype, {&w, &y, &pre}) && (!bias || bias->dtype == x.dtype);
+  bool disjoint = !overlaps(y, pre) && !overlaps(y, x) && !overlaps(y, w) &&
+                  !overlaps(pre, x) && !overlaps(pre, w) &&
+                  (!bias || (!overlaps(y, *bias) && !overlaps(pre, *bias)));
+  if (!sameType || in == 0 || !disjoint) {
+    linear(ctx, x, w, bias, pre);
+    gelu(ctx, pre, /*tanh=*/true, y);
+    return;
+  }
+  if (rows == 0 || out == 0)
+    return;
+  GemmCall call;
+  call.abType = call.cType = x.dtype;
+  call.transA = false;
+  call.transB = true;
+  call.m = rows;
+  call.n = out;
+  call.k = in;
+  call.a = x.data;
+  call.b = w.data;
+  call.c = y.data;
+  call.bias = bias ? bias->data : nullptr;
+  call.geluAux = pre.data;
+  ltEngineOf(k, *ctx.gemm).run(k, ctx.stream, call);
+}
+
+void linearGradWeightAccumulate(const Context &ctx, const TensorView &dyIn, const TensorView &xIn,
+                                const TensorView &acc) {
+  const char *k = "linear_grad_weight_accumulate";
+  checkFloat(k, "dy", dyIn);
+  checkFloat(k, "x", xIn);
+  checkFloat(k, "acc", acc);
+  if (dyIn.rank() < 1 || xIn.rank() != dyIn.rank() ||
+      !std::equal(dyIn.shape.begin(), dyIn.shape.end() - 1, xIn.shape.begin()))
+    fail(k, "x shape " + formatShape(xIn.shape) + " and dy shape " + formatShape(dyIn.shape) +
+                " are not [..., in] and [..., out] with the same leading dimensions");
+  int64_t out = dyIn.dim(-1), in = xIn.dim(-1), rows = leadingRows(dyIn);
+  checkShape(k, "acc", acc, {out, in},
+             "for dy shape " + formatShape(dyIn.shape) + " and x shape " +
+                 formatShape(xIn.shape));
+  if (!ctx.gemm)
+    fail(k, "the context has no GemmEngine");
+  if (out == 0 || in == 0 || rows == 0)
+    return; // adding an empty sum
+  std::vector<Scratch> keep;
+  auto unaliased = [&](const TensorView &t) {
+    return overlaps(t, acc) ? copyToScratch(k, ctx.stream, t, keep) : t;
+  };
+  TensorView dy = unaliased(dyIn), x = unaliased(xIn);
+  DType ab = dy.dtype == x.dtype ? dy.dtype : DType::F32;
+  F32Staging staging(k, ctx.stream);
+  if (dy.dtype != ab)
+    dy = staging.in(dy);
+  if (x.dtype != ab)
+    x = staging.in(x);
+  // cuBLASLt adds into C of the operands' type or f32; another accumulator (an f16 or bf16 one
+  // with f32 operands) takes the product through an fp32 scratch and accumulate.
+  bool direct = acc.dtype == ab || acc.dtype == DType::F32;
+  Scratch product(k, ctx.stream, direct ? 0 : size_t(acc.numel()) * 4);
+  GemmCall call;
+  call.abType = ab;
+  call.cType = direct ? acc.dtype : DType::F32;
+  call.transA = true;
+  call.transB = false;
+  call.m = out;
+  call.n = in;
+  call.k = rows;
+  call.a = dy.data;
+  call.b = x.data;
+  call.c = direct ? acc.data : product.get();
+  call.beta = direct ? 1.0f : 0.0f;
+  ltEngineOf(k, *ctx.gemm).run(k, ctx.stream, call);
+  if (!direct)
+    accumulate(ctx, TensorView{product.get(), DType::F32, acc.shape}, acc);
 }
 
 } // namespace bonsai::rt::cuda

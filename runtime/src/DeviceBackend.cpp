@@ -437,6 +437,24 @@ private:
       cuda::layerNormGradAdd(ctx, in(0), in(1), in(2), in(3), a.epsilon, outAt(0), outAt(1),
                              outAt(2));
       break;
+    case KernelKind::MultiTensorAdamWUpdate:
+    case KernelKind::MultiTensorSGDUpdate: {
+      MultiTensorOperands t = multiTensorOperands(k, views_);
+      if (k.kind == KernelKind::MultiTensorAdamWUpdate)
+        cuda::multiTensorAdamwUpdate(ctx, t.grads, in(0), in(1), in(2), adamwHyper(a),
+                                     t.lists[0], t.lists[1], t.lists[2], t.masters);
+      else
+        cuda::multiTensorSgdUpdate(ctx, t.grads, in(0), in(1), sgdHyper(a), t.lists[0],
+                                   t.lists[1], t.masters);
+      break;
+    }
+    case KernelKind::LinearGeLU:
+      cuda::linearGelu(ctx, in(0), in(1), k.inputs.size() == 3 ? &in(2) : nullptr, outAt(0),
+                       outAt(1));
+      break;
+    case KernelKind::LinearGradWeightAccumulate:
+      cuda::linearGradWeightAccumulate(ctx, in(0), in(1), out);
+      break;
     }
   }
 

@@ -51,7 +51,10 @@ static_assert(uint16_t(fb::KernelKind::Copy) == uint16_t(KernelKind::Copy) &&
                   uint16_t(fb::KernelKind::LinearCrossEntropy) ==
                       uint16_t(KernelKind::LinearCrossEntropy) &&
                   uint16_t(fb::KernelKind::LayerNormGradAdd) ==
-                      uint16_t(KernelKind::LayerNormGradAdd),
+                      uint16_t(KernelKind::LayerNormGradAdd) &&
+                  uint16_t(fb::KernelKind::MultiTensorAdamWUpdate) ==
+                      uint16_t(KernelKind::MultiTensorAdamWUpdate) &&
+                  uint16_t(fb::KernelKind::MAX) == uint16_t(KernelKind::LinearGradWeightAccumulate),
               "rt::KernelKind must match plan.fbs");
 static_assert(uint8_t(fb::MemorySpace::PinnedHost) == uint8_t(MemorySpace::PinnedHost) &&
                   uint8_t(fb::Lifetime::Step) == uint8_t(Lifetime::Step),
@@ -123,6 +126,8 @@ bool isUpdateOnly(KernelKind kind) {
   case KernelKind::StepIncrement:
   case KernelKind::GaloreRefresh:
   case KernelKind::GaloreAdamWUpdate:
+  case KernelKind::MultiTensorAdamWUpdate:
+  case KernelKind::MultiTensorSGDUpdate:
     return true;
   default:
     return false;
@@ -460,6 +465,30 @@ private:
            formatShape(p.shape) + " " + dtypeName(p.dtype));
   }
   void checkArity();
+  /// The shared scalars of a multi-tensor update: step (AdamW only), lr, norm.
+  std::vector<std::string> multiTensorShared() const {
+    if (kernel.kind == KernelKind::MultiTensorAdamWUpdate)
+      return {"step", "lr", "norm"};
+    return {"lr", "norm"};
+  }
+  /// The per-parameter output lists of a multi-tensor update, masters excluded.
+  std::vector<std::string> multiTensorStates() const {
+    if (kernel.kind == KernelKind::MultiTensorAdamWUpdate)
+      return {"param", "m", "v"};
+    return {"param", "momentum"};
+  }
+  /// Names the operands of a multi-tensor update (g1 .. gn; param1 .. paramn, ...) from its
+  /// counts; fails unless there is at least one gradient and one output per list and gradient.
+  void nameMultiTensorOperands();
+  /// Checks shapes and dtypes of a multi-tensor update (names from nameMultiTensorOperands).
+  void checkMultiTensorShapes();
+  /// Parameters of a multi-tensor update, and whether it has master weights.
+  size_t multiTensorCount() const {
+    return kernel.inputs.size() - multiTensorShared().size();
+  }
+  bool multiTensorHasMasters() const {
+    return kernel.outputs.size() == (multiTensorStates().size() + 1) * multiTensorCount();
+  }
   /// NF4 tensors are read by Dequantize only (no other kernel knows the layout) and written
   /// by none (weights are quantized when they are bound).
   void checkNf4Operands() const {
@@ -685,6 +714,19 @@ void KernelChecker::checkArity() {
     operandNames = {"dy", "x", "w", "addend"};
     resultNames = {"dx", "dw", "db"};
     break;
+  case KernelKind::MultiTensorAdamWUpdate:
+  case KernelKind::MultiTensorSGDUpdate:
+    nameMultiTensorOperands();
+    break;
+  case KernelKind::LinearGeLU:
+    operandNames = {"x", "w", "bias"};
+    minIn = 2;
+    resultNames = {"y", "pre"};
+    break;
+  case KernelKind::LinearGradWeightAccumulate:
+    operandNames = {"dy", "x"};
+    resultNames = {"acc"};
+    break;
   }
   if (minIn == 0)
     minIn = operandNames.size();
@@ -729,6 +771,64 @@ void KernelChecker::checkArity() {
     if (kernel.outputs[j] >= plan.tensors.size())
       fail("output " + std::to_string(j) + " is tensor " + std::to_string(kernel.outputs[j]) +
            ", but the plan has " + std::to_string(plan.tensors.size()) + " tensors");
+}
+
+void KernelChecker::nameMultiTensorOperands() {
+  std::vector<std::string> shared = multiTensorShared(), lists = multiTensorStates();
+  size_t inputs = kernel.inputs.size(), outputs = kernel.outputs.size();
+  std::string sharedNames;
+  for (const std::string &name : shared)
+    sharedNames += name + ", ";
+  if (inputs <= shared.size())
+    fail("expected " + sharedNames + "and at least one gradient (g1 ..) as inputs, got " +
+         std::to_string(inputs) + " inputs");
+  size_t n = inputs - shared.size();
+  bool masters = outputs == (lists.size() + 1) * n;
+  if (outputs != lists.size() * n && !masters) {
+    std::string listNames;
+    for (const std::string &name : lists)
+      listNames += name + "1 .. " + name + std::to_string(n) + ", ";
+    fail("expected " + std::to_string(lists.size() * n) + " or " +
+         std::to_string((lists.size() + 1) * n) + " outputs (" + listNames + "[master1 .. master" +
+         std::to_string(n) + "]) for " + std::to_string(n) + " gradients, got " +
+         std::to_string(outputs));
+  }
+  operandNames = shared;
+  for (size_t i = 1; i <= n; ++i)
+    operandNames.push_back("g" + std::to_string(i));
+  if (masters)
+    lists.push_back("master");
+  resultNames.clear();
+  for (const std::string &list : lists)
+    for (size_t i = 1; i <= n; ++i)
+      resultNames.push_back(list + std::to_string(i));
+}
+
+void KernelChecker::checkMultiTensorShapes() {
+  std::vector<std::string> shared = multiTensorShared();
+  size_t first = shared.size(), n = multiTensorCount(), lists = multiTensorStates().size();
+  size_t i = 0;
+  if (kernel.kind == KernelKind::MultiTensorAdamWUpdate)
+    expectScalarInput(i++, DType::I64);
+  expectScalarInput(i++, DType::F32); // lr
+  expectScalarInput(i, DType::F32);   // norm
+  // One kernel instantiation serves every tensor: one gradient dtype, one parameter dtype.
+  for (size_t t = 0; t < n; ++t) {
+    expectFloat(first + t);
+    if (in(first + t).dtype != in(first).dtype)
+      fail(inName(first + t) + " dtype " + dtypeName(in(first + t).dtype) + " differs from " +
+           inName(first) + "'s " + dtypeName(in(first).dtype) +
+           " (a multi-tensor update has one gradient dtype)");
+    const std::vector<int64_t> &shape = in(first + t).shape;
+    expectFloatOutput(t, shape);
+    if (out(t).dtype != out(0).dtype)
+      fail(outName(t) + " dtype " + dtypeName(out(t).dtype) + " differs from " + outName(0) +
+           "'s " + dtypeName(out(0).dtype) + " (a multi-tensor update has one parameter dtype)");
+    for (size_t list = 1; list < lists; ++list)
+      expectF32Output(list * n + t, shape);
+    if (multiTensorHasMasters())
+      expectF32Output(lists * n + t, shape);
+  }
 }
 
 void KernelChecker::checkAttrs() {
@@ -800,9 +900,11 @@ void KernelChecker::checkAttrs() {
       fail("min_lr_ratio must be in [0, 1], got " + num(a.minLrRatio));
     break;
   case KernelKind::AdamWUpdate:
+  case KernelKind::MultiTensorAdamWUpdate:
     checkAdamWAttrs();
     break;
   case KernelKind::SGDUpdate:
+  case KernelKind::MultiTensorSGDUpdate:
     finiteAtLeast0("momentum", a.momentum);
     finiteAtLeast0("weight_decay", a.weightDecay);
     finiteAtLeast0("grad_clip", a.gradClip);
@@ -869,6 +971,20 @@ void KernelChecker::checkState() const {
     size_t master = adam ? 3 : 2;
     if (kernel.outputs.size() > master)
       expectMasterCopy(master, 0);
+    break;
+  }
+  case KernelKind::MultiTensorAdamWUpdate:
+  case KernelKind::MultiTensorSGDUpdate: {
+    size_t n = multiTensorCount(), lists = multiTensorStates().size();
+    for (size_t j = 0; j < kernel.outputs.size(); ++j)
+      expectPersistent(j);
+    for (size_t j = n; j < lists * n; ++j)
+      expectInit(j, TensorInit::Zeros,
+                 kernel.kind == KernelKind::MultiTensorAdamWUpdate ? "moments start at zero"
+                                                                   : "momentum starts at zero");
+    if (multiTensorHasMasters())
+      for (size_t i = 0; i < n; ++i)
+        expectMasterCopy(lists * n + i, i);
     break;
   }
   case KernelKind::StepIncrement:
@@ -1050,6 +1166,47 @@ void KernelChecker::checkShapes() {
     expectFloatOutput(0, shape);
     for (size_t j = 1; j < kernel.outputs.size(); ++j)
       expectF32Output(j, shape);
+    break;
+  }
+  case KernelKind::MultiTensorAdamWUpdate:
+  case KernelKind::MultiTensorSGDUpdate:
+    checkMultiTensorShapes();
+    break;
+  case KernelKind::LinearGeLU: {
+    expectFloat(0);
+    expectRankAtLeast(0, 1);
+    expectRank(1, 2);
+    expectInputDType(1, in(0).dtype);
+    int64_t k = in(0).shape.back(), n = in(1).shape[0];
+    if (in(1).shape[1] != k)
+      fail(inName(1) + " shape: expected [out, " + std::to_string(k) + "] ([out, in] layout), got " +
+           formatShape(in(1).shape));
+    if (kernel.inputs.size() == 3) {
+      expectInputDType(2, in(0).dtype);
+      expectInputShape(2, {n});
+    }
+    std::vector<int64_t> shape(in(0).shape.begin(), in(0).shape.end() - 1);
+    shape.push_back(n);
+    for (size_t j = 0; j < 2; ++j) {
+      if (out(j).shape != shape)
+        fail(outName(j) + " shape: expected " + formatShape(shape) + ", got " +
+             formatShape(out(j).shape));
+      if (out(j).dtype != in(0).dtype)
+        fail(outName(j) + " dtype: expected " + dtypeName(in(0).dtype) + " (as x), got " +
+             dtypeName(out(j).dtype));
+    }
+    break;
+  }
+  case KernelKind::LinearGradWeightAccumulate: {
+    expectFloat(0);
+    expectFloat(1);
+    expectRankAtLeast(0, 1);
+    expectRankAtLeast(1, 1);
+    const std::vector<int64_t> &dy = in(0).shape, &x = in(1).shape;
+    if (dy.size() != x.size() || !std::equal(dy.begin(), dy.end() - 1, x.begin()))
+      fail("leading dimensions differ: " + inName(0) + " " + formatShape(dy) + ", " + inName(1) +
+           " " + formatShape(x));
+    expectFloatOutput(0, {dy.back(), x.back()});
     break;
   }
   case KernelKind::StepIncrement:
@@ -1421,8 +1578,10 @@ fb::KernelAttrs requiredAttrs(fb::KernelKind kind) {
   case fb::KernelKind::LearningRate:
     return fb::KernelAttrs::LearningRateAttrs;
   case fb::KernelKind::AdamWUpdate:
+  case fb::KernelKind::MultiTensorAdamWUpdate:
     return fb::KernelAttrs::AdamWAttrs;
   case fb::KernelKind::SGDUpdate:
+  case fb::KernelKind::MultiTensorSGDUpdate:
     return fb::KernelAttrs::SGDAttrs;
   case fb::KernelKind::GaloreRefresh:
     return fb::KernelAttrs::GaloreRefreshAttrs;
@@ -1694,7 +1853,9 @@ void PlanReader::readKernels() {
     info.stream = k->stream();
     std::string what = "kernel " + std::to_string(i) +
                        (info.name.empty() ? std::string() : " '" + info.name + "'");
-    if (k->kind() > fb::KernelKind::MAX)
+    // The kinds are sparse (families own ranges): a value in a gap is as unknown as one past
+    // the end.
+    if (k->kind() > fb::KernelKind::MAX || *fb::EnumNameKernelKind(k->kind()) == '\0')
       fail(what + " has an unknown kind " + std::to_string(unsigned(k->kind())) +
            " (a newer compiler? recompile the plan with this runtime's compiler)");
     info.kind = static_cast<KernelKind>(k->kind());

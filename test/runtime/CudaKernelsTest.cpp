@@ -1437,6 +1437,234 @@ TEST_F(CudaKernelsTest, PerfNormGradReduceAndVocabularyGemms) {
   }
 }
 
+
+//===----------------------------------------------------------------------===//
+// Fused kernels (docs/fusion.md)
+//===----------------------------------------------------------------------===//
+
+/// Per-parameter operands of the multi-tensor tests.
+struct UpdateSet {
+  std::vector<Host> grad, param, m, v, master;
+  std::vector<Dev> dgrad, dparam, dm, dv, dmaster;
+
+  std::vector<TensorView> views(const std::vector<Dev> &d) const {
+    std::vector<TensorView> out;
+    for (const Dev &t : d)
+      out.push_back(t.view());
+    return out;
+  }
+};
+
+/// Tensors of sizes around the kernels' chunks (8192 on CUDA), every third one at an offset
+/// that breaks 16-byte alignment (the scalar path), with device copies.
+UpdateSet makeUpdateSet(std::mt19937 &rng, const std::vector<Shape> &shapes, DType gt, DType pt,
+                        bool masters) {
+  UpdateSet u;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    u.grad.push_back(randomHost(rng, gt, shapes[i]));
+    u.param.push_back(randomHost(rng, pt, shapes[i]));
+    u.m.push_back(randomHost(rng, DType::F32, shapes[i], -0.1, 0.1));
+    u.v.push_back(randomHost(rng, DType::F32, shapes[i], 0.0, 0.01));
+    if (masters)
+      u.master.push_back(randomHost(rng, DType::F32, shapes[i]));
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    size_t offset = i % 3 == 2 ? 4 : 0;
+    u.dgrad.emplace_back(u.grad[i], offset);
+    u.dparam.emplace_back(u.param[i], offset);
+    u.dm.emplace_back(u.m[i], offset);
+    u.dv.emplace_back(u.v[i], offset);
+    if (masters)
+      u.dmaster.emplace_back(u.master[i], offset);
+  }
+  return u;
+}
+
+const std::vector<Shape> kMultiShapes = {{3}, {8192}, {129, 130}, {1}, {40000}, {8193}, {64, 64}};
+
+// The multi-tensor AdamW and SGD apply the per-tensor kernels' element formula: bitwise the
+// per-tensor CUDA kernels' results (and within the usual tolerance of the CPU's), for every
+// storage pair, with and without masters, aligned and not; also replayed from a CUDA Graph
+// (the pointer table travels with the captured launch).
+TEST_F(CudaKernelsTest, MultiTensorUpdatesAreBitwiseThePerTensorKernels) {
+  Host step(DType::I64, {}), lr(DType::F32, {}), norm(DType::F32, {});
+  step.set({4});
+  lr.set({2e-3});
+  norm.set({3.5});
+  Dev dstep(step), dlr(lr), dnorm(norm);
+  for (DType gt : {DType::F32, DType::BF16})
+    for (DType pt : {DType::F32, DType::BF16})
+      for (bool masters : {false, true}) {
+        SCOPED_TRACE(std::string("grad ") + name(gt) + " param " + name(pt) +
+                     (masters ? " master" : ""));
+        UpdateSet a = makeUpdateSet(rng, kMultiShapes, gt, pt, masters);
+        UpdateSet b = makeUpdateSet(rng, kMultiShapes, gt, pt, masters);
+        for (size_t i = 0; i < kMultiShapes.size(); ++i) { // the same values in both
+          b.dgrad[i].upload(a.grad[i]);
+          b.dparam[i].upload(a.param[i]);
+          b.dm[i].upload(a.m[i]);
+          b.dv[i].upload(a.v[i]);
+          if (masters)
+            b.dmaster[i].upload(a.master[i]);
+        }
+        cpu::AdamWHyper hyper{0.9, 0.95, 1e-8, 0.1, 1.0};
+        for (size_t i = 0; i < kMultiShapes.size(); ++i) {
+          TensorView mv = masters ? a.dmaster[i].view() : TensorView{};
+          cuda::adamwUpdate(ctx, a.dgrad[i].view(), dstep.view(), dlr.view(), dnorm.view(),
+                            hyper, a.dparam[i].view(), a.dm[i].view(), a.dv[i].view(),
+                            masters ? &mv : nullptr);
+          TensorView hv = masters ? a.master[i].view() : TensorView{};
+          cpu::adamwUpdate(a.grad[i].view(), step.view(), lr.view(), norm.view(), hyper,
+                           a.param[i].view(), a.m[i].view(), a.v[i].view(),
+                           masters ? &hv : nullptr);
+        }
+        cuda::multiTensorAdamwUpdate(ctx, b.views(b.dgrad), dstep.view(), dlr.view(),
+                                     dnorm.view(), hyper, b.views(b.dparam), b.views(b.dm),
+                                     b.views(b.dv), b.views(b.dmaster));
+        for (size_t i = 0; i < kMultiShapes.size(); ++i) {
+          std::string t = " " + std::to_string(i);
+          expectSameBytes("adamw param" + t, b.dparam[i].download(), a.dparam[i].download());
+          expectSameBytes("adamw m" + t, b.dm[i].download(), a.dm[i].download());
+          expectSameBytes("adamw v" + t, b.dv[i].download(), a.dv[i].download());
+          if (masters)
+            expectSameBytes("adamw master" + t, b.dmaster[i].download(),
+                            a.dmaster[i].download());
+          expectClose("adamw param vs cpu" + t, b.dparam[i].download(), a.param[i], relTol(pt),
+                      1.0);
+        }
+
+        // SGD with momentum: the moments serve as momentum buffers. Captured in a graph and
+        // replayed twice, against the per-tensor kernel run twice.
+        cpu::SGDHyper sh{0.9, 0.01, 2.0};
+        for (int rep = 0; rep < 2; ++rep)
+          for (size_t i = 0; i < kMultiShapes.size(); ++i) {
+            TensorView mv = masters ? a.dmaster[i].view() : TensorView{};
+            cuda::sgdUpdate(ctx, a.dgrad[i].view(), dlr.view(), dnorm.view(), sh,
+                            a.dparam[i].view(), a.dm[i].view(), masters ? &mv : nullptr);
+          }
+        sync();
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        cudaOk(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal),
+               "cudaStreamBeginCapture");
+        cuda::multiTensorSgdUpdate(ctx, b.views(b.dgrad), dlr.view(), dnorm.view(), sh,
+                                   b.views(b.dparam), b.views(b.dm), b.views(b.dmaster));
+        cudaOk(cudaStreamEndCapture(ctx.stream, &graph), "cudaStreamEndCapture");
+        cudaOk(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+        for (int rep = 0; rep < 2; ++rep)
+          cudaOk(cudaGraphLaunch(exec, ctx.stream), "cudaGraphLaunch");
+        sync();
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        for (size_t i = 0; i < kMultiShapes.size(); ++i) {
+          std::string t = " " + std::to_string(i);
+          expectSameBytes("sgd param" + t, b.dparam[i].download(), a.dparam[i].download());
+          expectSameBytes("sgd momentum" + t, b.dm[i].download(), a.dm[i].download());
+        }
+      }
+}
+
+// More tensors than one launch's table holds (512): the kernel runs in several launches.
+TEST_F(CudaKernelsTest, MultiTensorUpdateOfManyTensors) {
+  std::vector<Shape> shapes(700, Shape{5});
+  shapes[300] = {20000};
+  UpdateSet a = makeUpdateSet(rng, shapes, DType::F32, DType::F32, false);
+  Host lr(DType::F32, {}), norm(DType::F32, {});
+  lr.set({0.1});
+  norm.set({1.0});
+  Dev dlr(lr), dnorm(norm);
+  cpu::SGDHyper sh{0.0, 0.0, 0.0};
+  cuda::multiTensorSgdUpdate(ctx, a.views(a.dgrad), dlr.view(), dnorm.view(), sh,
+                             a.views(a.dparam), a.views(a.dm), {});
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    cpu::sgdUpdate(a.grad[i].view(), lr.view(), norm.view(), sh, a.param[i].view(),
+                   a.m[i].view(), nullptr);
+    expectClose("param " + std::to_string(i), a.dparam[i].download(), a.param[i], 1e-6, 1.0);
+  }
+}
+
+TEST_F(CudaKernelsTest, MultiTensorRejectsBadOperands) {
+  Host g = randomHost(rng, DType::F32, {4}), p = randomHost(rng, DType::BF16, {4});
+  Host lr(DType::F32, {}), norm(DType::F32, {});
+  // Two parameters may read one gradient (read-only operands may share bytes).
+  Dev dg(g), dp(p), dp2(p), dm(g), dm2(g), dlr(lr), dnorm(norm);
+  cpu::SGDHyper sh;
+  Host p32 = randomHost(rng, DType::F32, {4});
+  Dev dp32(p32);
+  try {
+    cuda::multiTensorSgdUpdate(ctx, {dg.view(), dg.view()}, dlr.view(), dnorm.view(), sh,
+                               {dp.view(), dp32.view()}, {dm.view(), dm2.view()}, {});
+    ADD_FAILURE() << "mixed parameter dtypes were accepted";
+  } catch (const std::exception &e) {
+    EXPECT_NE(std::string(e.what()).find("one launch has one of each"), std::string::npos)
+        << e.what();
+  }
+  try {
+    cuda::multiTensorSgdUpdate(ctx, {dg.view(), dg.view()}, dlr.view(), dnorm.view(), sh,
+                               {dp.view(), dp2.view()}, {dm.view(), dm.view()}, {});
+    ADD_FAILURE() << "a momentum buffer shared by two parameters was accepted";
+  } catch (const std::exception &e) {
+    EXPECT_NE(std::string(e.what()).find("overlap"), std::string::npos) << e.what();
+  }
+}
+
+// linear + tanh GELU through cuBLASLt's GELU_AUX(_BIAS) epilogue against the CPU reference
+// (linear, then gelu of the rounded pre-activation): the pre-activation within the GEMM
+// tolerance, the activation within it too (cuBLASLt applies GELU to the fp32 value before
+// rounding: one rounding of the dtype apart for bf16/f16). Output widths that are and are not
+// multiples of 8 (the auxiliary matrix's staging), with and without bias, and a bias of
+// another dtype (the unfused fallback).
+TEST_F(CudaKernelsTest, LinearGeluMatchesCpu) {
+  for (DType dt : kFloatTypes)
+    for (int64_t out : {int64_t(256), int64_t(129)})
+      for (int withBias = 0; withBias < 2; ++withBias) {
+        SCOPED_TRACE(std::string(name(dt)) + " out " + std::to_string(out) +
+                     (withBias ? " bias" : ""));
+        Host x = randomHost(rng, dt, {3, 37, 64}), w = randomHost(rng, dt, {out, 64});
+        Host b = randomHost(rng, dt, {out});
+        Dev dx(x), dw(w), db(b), y = poisonedDev(dt, {3, 37, out}),
+            pre = poisonedDev(dt, {3, 37, out});
+        Host wantY = poisonedHost(dt, {3, 37, out}), wantPre = poisonedHost(dt, {3, 37, out});
+        const TensorView bv = b.view(), dbv = db.view();
+        cuda::linearGelu(ctx, dx.view(), dw.view(), withBias ? &dbv : nullptr, y.view(),
+                         pre.view());
+        cpu::linearGelu(x.view(), w.view(), withBias ? &bv : nullptr, wantY.view(),
+                        wantPre.view());
+        expectClose("pre", pre.download(), wantPre);
+        expectClose("y", y.download(), wantY, std::max(relTol(dt), 1e-4));
+      }
+  Host x = randomHost(rng, DType::BF16, {19, 40}), w = randomHost(rng, DType::BF16, {24, 40});
+  Host b = randomHost(rng, DType::F32, {24});
+  Dev dx(x), dw(w), db(b), y = poisonedDev(DType::BF16, {19, 24}),
+      pre = poisonedDev(DType::BF16, {19, 24});
+  Host wantY = poisonedHost(DType::BF16, {19, 24}), wantPre = poisonedHost(DType::BF16, {19, 24});
+  const TensorView bv = b.view(), dbv = db.view();
+  cuda::linearGelu(ctx, dx.view(), dw.view(), &dbv, y.view(), pre.view());
+  cpu::linearGelu(x.view(), w.view(), &bv, wantY.view(), wantPre.view());
+  expectClose("fallback pre", pre.download(), wantPre);
+  expectClose("fallback y", y.download(), wantY);
+}
+
+// acc += dyᵀ x as one GEMM with beta = 1, against the CPU (which forms the product in fp32
+// and adds it once, as the GEMM does): f32 accumulators with every operand dtype, a bf16
+// accumulator (direct for bf16 operands, through a scratch product for f32 ones), and
+// deterministic: the same call twice from the same accumulator gives the same bytes.
+TEST_F(CudaKernelsTest, LinearGradWeightAccumulateMatchesCpu) {
+  for (DType dt : kFloatTypes)
+    for (DType at : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(std::string(name(dt)) + " into " + name(at));
+      Host dy = randomHost(rng, dt, {4, 50, 72}), x = randomHost(rng, dt, {4, 50, 33});
+      Host acc = randomHost(rng, at, {72, 33});
+      Dev ddy(dy), dxx(x), dacc(acc), dacc2(acc);
+      cuda::linearGradWeightAccumulate(ctx, ddy.view(), dxx.view(), dacc.view());
+      cuda::linearGradWeightAccumulate(ctx, ddy.view(), dxx.view(), dacc2.view());
+      cpu::linearGradWeightAccumulate(dy.view(), x.view(), acc.view());
+      Host got = dacc.download();
+      expectClose("acc", got, acc, at == DType::F32 ? 1e-5 : relTol(at));
+      expectSameBytes("repeat", dacc2.download(), got);
+    }
+}
+
 } // namespace
 
 #endif // BONSAI_HAVE_CUDA

@@ -640,3 +640,156 @@ TEST(OptimizerKernelsTest, ZeroClearsEveryDType) {
   Buf empty(DType::F32, {0});
   cpu::zero(empty.view());
 }
+
+//===----------------------------------------------------------------------===//
+// Fused kernels (docs/fusion.md)
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// Copies of `bufs` (the same bytes).
+std::vector<Buf> copies(const std::vector<Buf> &bufs) { return bufs; }
+
+std::vector<TensorView> views(const std::vector<Buf> &bufs) {
+  std::vector<TensorView> out;
+  for (const Buf &b : bufs)
+    out.push_back(b.view());
+  return out;
+}
+
+/// Tensors of sizes around the kernels' chunk (16384) so that chunks of several tensors mix.
+const std::vector<Shape> kMultiShapes = {{3}, {16384}, {129, 130}, {1}, {40000}};
+
+} // namespace
+
+// The multi-tensor AdamW is the per-tensor kernel applied to every tensor: bitwise, with bf16
+// parameters through fp32 masters and with f32 parameters, over sizes that straddle chunks.
+TEST(OptimizerKernelsTest, MultiTensorAdamWIsBitwiseThePerTensorKernel) {
+  std::mt19937 rng(41);
+  for (bool bf16 : {false, true}) {
+    std::vector<Buf> grads, params, m, v, masters;
+    for (const Shape &shape : kMultiShapes) {
+      grads.push_back(randomBuf(rng, DType::F32, shape));
+      params.push_back(randomBuf(rng, bf16 ? DType::BF16 : DType::F32, shape));
+      m.push_back(randomBuf(rng, DType::F32, shape, -0.1, 0.1));
+      v.push_back(randomBuf(rng, DType::F32, shape, 0.0, 0.01));
+      if (bf16)
+        masters.push_back(randomBuf(rng, DType::F32, shape));
+    }
+    Buf step = stepBuf(6), lr = withValues(DType::F32, {}, {3e-3}),
+        norm = withValues(DType::F32, {}, {2.5});
+    cpu::AdamWHyper hyper{0.9, 0.95, 1e-8, 0.1, 1.0};
+    std::vector<Buf> p2 = copies(params), m2 = copies(m), v2 = copies(v), w2 = copies(masters);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      TensorView master = bf16 ? masters[i].view() : TensorView{};
+      cpu::adamwUpdate(grads[i].view(), step.view(), lr.view(), norm.view(), hyper,
+                       params[i].view(), m[i].view(), v[i].view(), bf16 ? &master : nullptr);
+    }
+    cpu::multiTensorAdamwUpdate(views(grads), step.view(), lr.view(), norm.view(), hyper,
+                                views(p2), views(m2), views(v2), views(w2));
+    for (size_t i = 0; i < grads.size(); ++i) {
+      EXPECT_EQ(params[i].storage, p2[i].storage) << "param " << i << " bf16 " << bf16;
+      EXPECT_EQ(m[i].storage, m2[i].storage) << "m " << i;
+      EXPECT_EQ(v[i].storage, v2[i].storage) << "v " << i;
+      if (bf16)
+        EXPECT_EQ(masters[i].storage, w2[i].storage) << "master " << i;
+    }
+  }
+}
+
+TEST(OptimizerKernelsTest, MultiTensorSGDIsBitwiseThePerTensorKernel) {
+  std::mt19937 rng(42);
+  for (double momentum : {0.0, 0.9}) {
+    std::vector<Buf> grads, params, buffers;
+    for (const Shape &shape : kMultiShapes) {
+      grads.push_back(randomBuf(rng, DType::BF16, shape));
+      params.push_back(randomBuf(rng, DType::F32, shape));
+      buffers.push_back(randomBuf(rng, DType::F32, shape));
+    }
+    Buf lr = withValues(DType::F32, {}, {0.05}), norm = withValues(DType::F32, {}, {4.0});
+    cpu::SGDHyper hyper{momentum, 0.01, 1.0};
+    std::vector<Buf> p2 = copies(params), b2 = copies(buffers);
+    for (size_t i = 0; i < grads.size(); ++i)
+      cpu::sgdUpdate(grads[i].view(), lr.view(), norm.view(), hyper, params[i].view(),
+                     buffers[i].view(), nullptr);
+    cpu::multiTensorSgdUpdate(views(grads), lr.view(), norm.view(), hyper, views(p2), views(b2),
+                              {});
+    for (size_t i = 0; i < grads.size(); ++i) {
+      EXPECT_EQ(params[i].storage, p2[i].storage) << "param " << i;
+      EXPECT_EQ(buffers[i].storage, b2[i].storage) << "buffer " << i;
+    }
+  }
+}
+
+TEST(OptimizerKernelsTest, MultiTensorRejectsBadOperands) {
+  Buf g = withValues(DType::F32, {2}, {1, 2}), p = withValues(DType::F32, {2}, {1, 2});
+  Buf p3 = withValues(DType::F32, {3}, {1, 2, 3}), s = withValues(DType::F32, {2}, {0, 0});
+  Buf lr = withValues(DType::F32, {}, {0.1}), norm = withValues(DType::F32, {}, {1.0});
+  cpu::SGDHyper hyper;
+  expectError([&] { cpu::multiTensorSgdUpdate({}, lr.view(), norm.view(), hyper, {}, {}, {}); },
+              {"multi_tensor_sgd_update", "needs at least one gradient"});
+  expectError(
+      [&] {
+        cpu::multiTensorSgdUpdate({g.view()}, lr.view(), norm.view(), hyper, {g.view()}, {}, {});
+      },
+      {"1 gradients but 0 momentum"});
+  expectError(
+      [&] {
+        cpu::multiTensorSgdUpdate({g.view(), g.view()}, lr.view(), norm.view(), hyper,
+                                  {p.view(), p3.view()}, {s.view(), s.view()}, {});
+      },
+      {"grad[1]", "param[1]"});
+  expectError(
+      [&] {
+        cpu::multiTensorSgdUpdate({g.view()}, lr.view(), norm.view(), hyper, {p.view()},
+                                  {s.view()}, {s.view(), s.view()});
+      },
+      {"1 gradients but 2 masters (expected none or one per parameter)"});
+}
+
+// linear_gelu is linear then gelu (tanh) on the stored pre-activation, bit for bit.
+TEST(OptimizerKernelsTest, LinearGeluIsLinearThenGelu) {
+  std::mt19937 rng(43);
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    Buf x = randomBuf(rng, dtype, {3, 5, 24}), w = randomBuf(rng, dtype, {40, 24}),
+        b = randomBuf(rng, dtype, {40});
+    Buf pre(dtype, {3, 5, 40}), y(dtype, {3, 5, 40}), pre2(dtype, {3, 5, 40}),
+        y2(dtype, {3, 5, 40});
+    TensorView bias = b.view();
+    cpu::linear(x.view(), w.view(), &bias, pre.view());
+    cpu::gelu(pre.view(), true, y.view());
+    cpu::linearGelu(x.view(), w.view(), &bias, y2.view(), pre2.view());
+    EXPECT_EQ(pre.storage, pre2.storage);
+    EXPECT_EQ(y.storage, y2.storage);
+  }
+  Buf x = randomBuf(rng, DType::F32, {2, 4}), w = randomBuf(rng, DType::F32, {3, 4});
+  Buf y(DType::F32, {2, 3}), pre(DType::F32, {2, 4});
+  expectError([&] { cpu::linearGelu(x.view(), w.view(), nullptr, y.view(), pre.view()); },
+              {"linear_gelu: y shape [2, 3] does not match pre shape [2, 4]"});
+}
+
+// acc += dyᵀ x: with f32 operands bitwise linear_grad_weight into a temporary then accumulate;
+// with bf16 operands the unfused pair rounds the product to bf16 first, the fused kernel does
+// not, so they differ by at most that rounding (half a bf16 ulp of the product per element).
+TEST(OptimizerKernelsTest, LinearGradWeightAccumulate) {
+  std::mt19937 rng(44);
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    Buf dy = randomBuf(rng, dtype, {2, 7, 12}), x = randomBuf(rng, dtype, {2, 7, 9});
+    Buf acc = randomBuf(rng, DType::F32, {12, 9}), acc2 = acc;
+    Buf g(dtype, {12, 9});
+    cpu::linearGradWeight(dy.view(), x.view(), g.view());
+    cpu::accumulate(g.view(), acc.view());
+    cpu::linearGradWeightAccumulate(dy.view(), x.view(), acc2.view());
+    if (dtype == DType::F32) {
+      EXPECT_EQ(acc.storage, acc2.storage);
+      continue;
+    }
+    Vec a = acc.get(), b = acc2.get(), gv = g.get();
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_NEAR(a[i], b[i], std::fabs(gv[i]) * std::ldexp(1.0, -8) + 1e-6) << i;
+  }
+  Buf dy = randomBuf(rng, DType::F32, {4, 3}), x = randomBuf(rng, DType::F32, {4, 2});
+  Buf acc(DType::F32, {2, 3});
+  expectError([&] { cpu::linearGradWeightAccumulate(dy.view(), x.view(), acc.view()); },
+              {"linear_grad_weight_accumulate", "acc"});
+}

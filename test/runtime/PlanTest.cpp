@@ -401,6 +401,10 @@ TEST(PlanSemanticsTest, UnknownEnumValues) {
   PlanSpec spec = test::smallPlanSpec();
   spec.kernels[2].kind = KernelKind(77);
   expectError(spec, {"kernel 2 'k2' has an unknown kind 77"});
+  // A value in a gap between the families' ranges is as unknown as one past the end.
+  spec = test::smallPlanSpec();
+  spec.kernels[2].kind = KernelKind(60);
+  expectError(spec, {"kernel 2 'k2' has an unknown kind 60"});
   spec = test::smallPlanSpec();
   spec.tensors[5].dtype = DType(42);
   spec.tensors[5].bytes = 256;
@@ -709,6 +713,168 @@ TEST(PlanTrainingTest, OverlapRulesOfTheNewKinds) {
   spec.tensors[dw].offset = spec.tensors[dx].offset;
   expectError(spec, {"(RMSNormGrad): dw (tensor", "overlaps dx (tensor",
                      "(the outputs of a kernel are distinct tensors)"});
+}
+
+//===----------------------------------------------------------------------===//
+// Fused kinds (docs/fusion.md): MultiTensorAdamWUpdate, MultiTensorSGDUpdate, LinearGeLU,
+// LinearGradWeightAccumulate.
+//===----------------------------------------------------------------------===//
+
+TEST(PlanFusedTest, LoadsTheFusedTrainingPlan) {
+  test::TrainingTensors t;
+  for (bool master : {false, true}) {
+    PlanSpec spec = test::fusedTrainingPlanSpec({2, 4, 16, 8, master, 2}, &t);
+    LoadedPlan plan = load(buildPlan(spec));
+    const KernelInfo &adam = plan.kernels[kernelOf(spec, KernelKind::MultiTensorAdamWUpdate)];
+    EXPECT_EQ(adam.inputs.size(), 5u);
+    EXPECT_EQ(adam.outputs.size(), master ? 8u : 6u);
+    EXPECT_EQ(adam.phase, Phase::Update);
+    EXPECT_DOUBLE_EQ(adam.attrs.beta2, 0.95);
+    const KernelInfo &acc = plan.kernels[kernelOf(spec, KernelKind::LinearGradWeightAccumulate)];
+    EXPECT_EQ(acc.outputs, std::vector<uint32_t>{t.gradHead});
+    EXPECT_EQ(plan.microBatchProblem(2), "");
+  }
+}
+
+TEST(PlanFusedTest, MultiTensorArityAndAttributes) {
+  PlanSpec spec = test::fusedTrainingPlanSpec();
+  size_t adam = kernelOf(spec, KernelKind::MultiTensorAdamWUpdate);
+  spec.kernels[adam].outputs.pop_back();
+  expectError(spec, {"(MultiTensorAdamWUpdate): expected 6 or 8 outputs (param1 .. param2, m1 .. "
+                     "m2, v1 .. v2, [master1 .. master2]) for 2 gradients, got 5"});
+  spec = test::fusedTrainingPlanSpec();
+  spec.kernels[adam].inputs.resize(3);
+  expectError(spec, {"(MultiTensorAdamWUpdate): expected step, lr, norm, and at least one "
+                     "gradient (g1 ..) as inputs, got 3 inputs"});
+  spec = test::fusedTrainingPlanSpec();
+  spec.kernels[adam].attrsType = fb::KernelAttrs::NONE;
+  spec.kernels[adam].attrs = nullptr;
+  expectError(spec, {"(MultiTensorAdamWUpdate) attributes: expected AdamWAttrs, got none"});
+  spec = test::fusedTrainingPlanSpec();
+  spec.kernels[adam].attrs = test::adamwAttrs(1.0, 0.95);
+  expectError(spec, {"(MultiTensorAdamWUpdate): beta1 must be in [0, 1), got 1"});
+  spec = test::fusedTrainingPlanSpec();
+  spec.kernels[adam].inputs.push_back(4242);
+  spec.kernels[adam].outputs.resize(9, spec.kernels[adam].outputs[0]);
+  expectError(spec, {"input 5 (g3) is tensor 4242"});
+}
+
+TEST(PlanFusedTest, MultiTensorShapesDTypesAndState) {
+  test::TrainingTensors t;
+  PlanSpec spec = test::fusedTrainingPlanSpec({}, &t);
+  size_t adam = kernelOf(spec, KernelKind::MultiTensorAdamWUpdate);
+  // g1 (the table's gradient) against param2 (lm_head, [16, 8]): same shape here, so swap in
+  // the step counter as a gradient.
+  spec.kernels[adam].inputs[4] = t.lr;
+  expectError(spec, {"(MultiTensorAdamWUpdate): param2 (tensor", "shape: expected [], got [16, 8]"});
+  spec = test::fusedTrainingPlanSpec({}, &t);
+  uint32_t m = tensorOf(spec, "optimizer.exp_avg.lm_head.weight", TensorRole::OptimizerState);
+  spec.tensors[m].dtype = DType::BF16;
+  spec.tensors[m].bytes = -1;
+  expectError(spec, {"(MultiTensorAdamWUpdate): m2 (tensor " + std::to_string(m) +
+                     " 'optimizer.exp_avg.lm_head.weight') dtype: expected f32, got bf16"});
+  spec = test::fusedTrainingPlanSpec({}, &t);
+  uint32_t other = spec.add("other", DType::BF16, {16, 8}, TensorRole::OptimizerState, 2);
+  spec.kernels[adam].outputs[1] = other;
+  expectError(spec, {"param2 (tensor " + std::to_string(other) +
+                     " 'other') dtype bf16 differs from param1 (tensor 0 "
+                     "'model.embed_tokens.weight')'s f32 (a multi-tensor update has one parameter "
+                     "dtype)"});
+  spec = test::fusedTrainingPlanSpec({}, &t);
+  spec.tensors[m].init = TensorInit::None;
+  expectError(spec, {"m2 (tensor " + std::to_string(m) +
+                     " 'optimizer.exp_avg.lm_head.weight') must have init Zeros (moments start at "
+                     "zero)"});
+  spec = test::fusedTrainingPlanSpec({2, 4, 16, 8, true}, &t);
+  uint32_t master = tensorOf(spec, "optimizer.master.lm_head.weight", TensorRole::OptimizerState);
+  spec.tensors[master].initSource = t.table;
+  expectError(spec, {"master2 (tensor", "is a copy of tensor 0 'model.embed_tokens.weight', not "
+                     "of param2 (tensor 1 'lm_head.weight')"});
+  spec = test::fusedTrainingPlanSpec({}, &t);
+  spec.tensors[t.head].arena = 1;
+  spec.tensors[t.head].offset = spec.arenas[1].size;
+  spec.arenas[1].size += 512;
+  expectError(spec, {"(MultiTensorAdamWUpdate): param2 (tensor 1 'lm_head.weight') is in step "
+                     "arena 1 'step': state updated in place must live in a persistent arena"});
+  // Multi-tensor updates run once per step, in the update phase only.
+  spec = test::fusedTrainingPlanSpec({}, &t);
+  spec.kernels[adam].phase = Phase::Backward;
+  expectError(spec, {"(MultiTensorAdamWUpdate): runs in the backward phase, but optimizer "
+                     "kernels run once per step, in the update phase"});
+  // A gradient that is also written.
+  spec = test::fusedTrainingPlanSpec({}, &t);
+  spec.kernels[adam].inputs[3] = t.table;
+  expectError(spec, {"(MultiTensorAdamWUpdate): param1 (tensor 0", "overlaps g1 (tensor 0"});
+}
+
+TEST(PlanFusedTest, MultiTensorSgd) {
+  test::TrainingTensors t;
+  PlanSpec spec = test::fusedTrainingPlanSpec({}, &t);
+  size_t adam = kernelOf(spec, KernelKind::MultiTensorAdamWUpdate);
+  test::KernelSpec &k = spec.kernels[adam];
+  k.kind = KernelKind::MultiTensorSGDUpdate;
+  k.inputs.erase(k.inputs.begin()); // no step
+  k.outputs.resize(4);              // params, momentum (the first moments)
+  k.attrsType = fb::KernelAttrs::SGDAttrs;
+  k.attrs = test::sgdAttrs(0.9);
+  LoadedPlan plan = load(buildPlan(spec));
+  EXPECT_DOUBLE_EQ(plan.kernels[adam].attrs.momentum, 0.9);
+  spec.kernels[adam].attrs = test::sgdAttrs(-1.0);
+  expectError(spec, {"(MultiTensorSGDUpdate): momentum must be finite and non-negative, got -1"});
+  spec.kernels[adam].attrs = test::sgdAttrs(0.9);
+  spec.kernels[adam].outputs.resize(3);
+  expectError(spec, {"(MultiTensorSGDUpdate): expected 4 or 6 outputs (param1 .. param2, "
+                     "momentum1 .. momentum2, [master1 .. master2]) for 2 gradients, got 3"});
+}
+
+TEST(PlanFusedTest, LinearGradWeightAccumulate) {
+  test::TrainingTensors t;
+  PlanSpec spec = test::fusedTrainingPlanSpec({}, &t);
+  size_t acc = kernelOf(spec, KernelKind::LinearGradWeightAccumulate);
+  spec.kernels[acc].outputs = {t.gradTable};
+  // The table's accumulator is [16, 8] like lm_head's: make the shapes disagree.
+  spec.tensors[t.gradTable].shape = {8, 16};
+  spec.tensors[t.gradTable].bytes = -1;
+  expectError(spec, {"(LinearGradWeightAccumulate): acc (tensor",
+                     "shape: expected [16, 8], got [8, 16]"});
+  spec = test::fusedTrainingPlanSpec({}, &t);
+  spec.kernels[acc].inputs.pop_back();
+  expectError(spec, {"(LinearGradWeightAccumulate): expected 2 inputs (dy, x), got 1"});
+  spec = test::fusedTrainingPlanSpec({}, &t);
+  spec.kernels[acc].inputs[1] = t.ids;
+  expectError(spec, {"(LinearGradWeightAccumulate): x (tensor 2 'ids') dtype: expected f32, f16 "
+                     "or bf16, got i32"});
+  spec = test::fusedTrainingPlanSpec({}, &t);
+  spec.kernels[acc].inputs[1] = t.gradHead;
+  expectError(spec, {"(LinearGradWeightAccumulate): leading dimensions differ"});
+}
+
+TEST(PlanFusedTest, LinearGeLU) {
+  // The small plan's linear (x [2, 4, 8], w [16, 8]) with a second output for the
+  // pre-activation.
+  PlanSpec spec = test::smallPlanSpec();
+  size_t linear = kernelOf(spec, KernelKind::Linear);
+  uint32_t y = spec.kernels[linear].outputs[0];
+  uint32_t pre = spec.add("pre", spec.tensors[y].dtype, spec.tensors[y].shape,
+                          TensorRole::Activation, spec.tensors[y].arena);
+  spec.kernels[linear].kind = KernelKind::LinearGeLU;
+  spec.kernels[linear].outputs.push_back(pre);
+  LoadedPlan plan = load(buildPlan(spec));
+  EXPECT_EQ(plan.kernels[linear].outputs.size(), 2u);
+  PlanSpec bad = spec;
+  bad.kernels[linear].outputs.pop_back();
+  expectError(bad, {"(LinearGeLU): expected 2 outputs (y, pre), got 1"});
+  bad = spec;
+  bad.tensors[pre].dtype = DType::BF16;
+  bad.tensors[pre].bytes = -1;
+  expectError(bad, {"(LinearGeLU): pre (tensor", "dtype: expected f32 (as x), got bf16"});
+  bad = spec;
+  bad.tensors[pre].shape = {2, 4, 8};
+  bad.tensors[pre].bytes = -1;
+  expectError(bad, {"(LinearGeLU): pre (tensor", "shape: expected [2, 4, 16], got [2, 4, 8]"});
+  bad = spec;
+  bad.kernels[linear].outputs[1] = y;
+  expectError(bad, {"(LinearGeLU): pre (tensor", "overlaps y (tensor"});
 }
 
 TEST(PlanTrainingTest, MicroBatchRules) {

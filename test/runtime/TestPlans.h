@@ -653,6 +653,46 @@ inline std::string makeTempDir(const std::string &name) {
   return path;
 }
 
+/// trainingPlanSpec with bonsai-fuse's optimizer and gemm-epilogue kernels: lm_head's weight
+/// gradient accumulated by its GEMM (LinearGradWeightAccumulate instead of LinearGradWeight
+/// into a step tensor and Accumulate), and both parameters' AdamW as one
+/// MultiTensorAdamWUpdate (inputs step, lr, norm, g1, g2; outputs params, m, v [, masters]).
+inline PlanSpec fusedTrainingPlanSpec(TrainingDims d = {}, TrainingTensors *out = nullptr) {
+  namespace fb = bonsai::plan;
+  TrainingTensors t;
+  PlanSpec p = trainingPlanSpec(d, &t);
+  std::vector<KernelSpec> kernels;
+  std::vector<const KernelSpec *> adams;
+  for (const KernelSpec &k : p.kernels) {
+    if (k.kind == KernelKind::LinearGradWeight) {
+      KernelSpec fused = k;
+      fused.kind = KernelKind::LinearGradWeightAccumulate;
+      fused.outputs = {t.gradHead};
+      kernels.push_back(fused);
+    } else if (k.kind == KernelKind::Accumulate && k.outputs[0] == t.gradHead) {
+      continue;
+    } else if (k.kind == KernelKind::AdamWUpdate) {
+      adams.push_back(&k);
+      if (adams.size() < 2)
+        continue;
+      KernelSpec fused = k;
+      fused.kind = KernelKind::MultiTensorAdamWUpdate;
+      fused.inputs = {t.step, t.lr, t.gradNorm, adams[0]->inputs[0], adams[1]->inputs[0]};
+      fused.outputs.clear();
+      for (size_t list = 0; list < k.outputs.size(); ++list)
+        for (const KernelSpec *adam : adams)
+          fused.outputs.push_back(adam->outputs[list]);
+      kernels.push_back(fused);
+    } else {
+      kernels.push_back(k);
+    }
+  }
+  p.kernels = kernels;
+  if (out)
+    *out = t;
+  return p;
+}
+
 } // namespace bonsai::rt::test
 
 #endif // BONSAI_TEST_RUNTIME_TESTPLANS_H

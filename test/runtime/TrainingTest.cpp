@@ -31,6 +31,10 @@
 #include <regex>
 #include <sstream>
 
+#ifdef BONSAI_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -105,6 +109,88 @@ TEST_F(TrainingTest, LossFallsOverTwentySteps) {
   std::memcpy(&step, e.view(t.step).data, sizeof step);
   EXPECT_EQ(step, 20);
 }
+
+// bonsai-fuse's optimizer and gemm-epilogue kernels compute on the CPU exactly what the
+// kernels they replace compute: three steps of the fused plan (one MultiTensorAdamWUpdate,
+// lm_head's gradient accumulated by its GEMM) leave the same bytes in every parameter,
+// moment, master copy and the step counter as the unfused plan, with the same losses; with
+// fp32 and bf16 parameters (master weights) and with two micro-batches per step.
+TEST_F(TrainingTest, FusedKernelsTrainBitForBitAsUnfused) {
+  for (test::TrainingDims dims : {test::TrainingDims{}, test::TrainingDims{2, 4, 16, 8, true},
+                                  test::TrainingDims{2, 4, 16, 8, false, 2}}) {
+    SCOPED_TRACE("bf16 " + std::to_string(dims.bf16Master) + ", micro-batches " +
+                 std::to_string(dims.microBatches));
+    LoadedPlan plain = loadSpec(test::trainingPlanSpec(dims), "plain.plan");
+    LoadedPlan fused = loadSpec(test::fusedTrainingPlanSpec(dims), "fused.plan");
+    Executor a(plain), b(fused);
+    a.initWeights(3);
+    b.initWeights(3);
+    TokenLoader loader(cyclicTokens(dir + "/tokens.bin", 4096, 16), 2, 4, 16, 7);
+    for (uint64_t s = 0; s < 3; ++s) {
+      StepResult ra = a.trainStep(loader, s * dims.microBatches, dims.microBatches);
+      StepResult rb = b.trainStep(loader, s * dims.microBatches, dims.microBatches);
+      EXPECT_EQ(ra.loss, rb.loss) << "step " << s + 1;
+      ASSERT_TRUE(ra.gradNorm && rb.gradNorm);
+      EXPECT_EQ(*ra.gradNorm, *rb.gradNorm) << "step " << s + 1;
+    }
+    size_t compared = 0;
+    for (uint32_t i = 0; i < plain.tensors.size(); ++i) {
+      const TensorInfo &info = plain.tensors[i];
+      if (info.role != TensorRole::Parameter && info.role != TensorRole::OptimizerState)
+        continue;
+      ASSERT_EQ(fused.tensors[i].name, info.name);
+      EXPECT_EQ(std::memcmp(a.view(i).data, b.view(i).data, info.bytes), 0) << info.name;
+      ++compared;
+    }
+    EXPECT_GE(compared, dims.bf16Master ? 9u : 7u);
+  }
+}
+
+#ifdef BONSAI_HAVE_CUDA
+// The fused kernels on the GPU, inside the executor's CUDA Graphs (and without them): three
+// steps of the fused plan track the CPU's (losses, parameters and moments within fp32 GEMM
+// tolerance), and the multi-tensor AdamW, the beta = 1 accumulating GEMM and the graphs'
+// replay of both keep doing so step after step.
+TEST_F(TrainingTest, FusedKernelsTrainOnTheGpuAsOnTheCpu) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    GTEST_SKIP() << "no GPU here";
+  }
+  for (bool graphs : {true, false}) {
+    SCOPED_TRACE(graphs ? "CUDA Graphs" : "eager");
+    test::TrainingDims dims{2, 4, 16, 8, false, 2};
+    LoadedPlan fused = loadSpec(test::fusedTrainingPlanSpec(dims), "fused.plan");
+    ExecutorOptions gpuOptions;
+    gpuOptions.backend = Backend::Cuda;
+    gpuOptions.cudaGraphs = graphs;
+    Executor cpu(fused), gpu(fused, gpuOptions);
+    cpu.initWeights(3);
+    gpu.initWeights(3);
+    TokenLoader loader(cyclicTokens(dir + "/tokens.bin", 4096, 16), 2, 4, 16, 7);
+    for (uint64_t s = 0; s < 3; ++s) {
+      StepResult rc = cpu.trainStep(loader, 2 * s, 2), rg = gpu.trainStep(loader, 2 * s, 2);
+      EXPECT_NEAR(rg.loss, rc.loss, 1e-4 * std::fabs(rc.loss)) << "step " << s + 1;
+      ASSERT_TRUE(rc.gradNorm && rg.gradNorm);
+      EXPECT_NEAR(*rg.gradNorm, *rc.gradNorm, 1e-4 * *rc.gradNorm) << "step " << s + 1;
+    }
+    for (uint32_t i = 0; i < fused.tensors.size(); ++i) {
+      const TensorInfo &info = fused.tensors[i];
+      if (info.role != TensorRole::Parameter && info.role != TensorRole::OptimizerState)
+        continue;
+      if (info.dtype != DType::F32)
+        continue; // the step counter
+      std::vector<float> c = test::floatsOf(cpu, i), g = test::floatsOf(gpu, i);
+      float scale = 0.0f;
+      for (float v : c)
+        scale = std::max(scale, std::fabs(v));
+      for (size_t e = 0; e < c.size(); ++e)
+        ASSERT_NEAR(g[e], c[e], 1e-4f * scale + 1e-4f * std::fabs(c[e]))
+            << info.name << "[" << e << "]";
+    }
+  }
+}
+#endif
 
 TEST_F(TrainingTest, GradientMatchesFiniteDifferences) {
   test::TrainingTensors t;

@@ -56,6 +56,14 @@ void populateLinearCrossEntropyFusionPatterns(RewritePatternSet &patterns,
 /// the sum (forward) and to the norm gradient whose input gradient they sum (backward).
 void populateResidualNormFusionPatterns(RewritePatternSet &patterns,
                                         const FusionOptions &options);
+/// Family `optimizer` (Fusion/Optimizer.cpp): groups of update-phase optimizer updates ->
+/// one multi-tensor update each.
+LogicalResult fuseOptimizerUpdates(FunctionOpInterface function, const FusionOptions &options);
+
+/// Family `gemm-epilogue` (Fusion/GemmEpilogue.cpp): accumulation into the producing GEMM
+/// (beta = 1) and linear + tanh GELU as one GEMM with a GELU epilogue.
+void populateGemmEpilogueFusionPatterns(RewritePatternSet &patterns,
+                                        const FusionOptions &options);
 
 } // namespace mlir::bonsai
 

@@ -201,6 +201,30 @@ void layerNormGradAdd(const TensorView &dy, const TensorView &x, const TensorVie
                       const TensorView &addend, double eps, const TensorView &dx,
                       const TensorView &dw, const TensorView &db);
 
+/// adamwUpdate of every (grads[i], params[i], m[i], v[i], masters[i]) with the shared step,
+/// lr and norm; `masters` is empty or has one tensor per parameter. Bitwise the per-tensor
+/// kernel's results; the chunks of all tensors are spread over the threads together.
+void multiTensorAdamwUpdate(const std::vector<TensorView> &grads, const TensorView &step,
+                            const TensorView &lr, const TensorView &gradNorm,
+                            const AdamWHyper &hyper, const std::vector<TensorView> &params,
+                            const std::vector<TensorView> &m, const std::vector<TensorView> &v,
+                            const std::vector<TensorView> &masters);
+/// sgdUpdate of every (grads[i], params[i], momentum[i], masters[i]), as multiTensorAdamwUpdate.
+void multiTensorSgdUpdate(const std::vector<TensorView> &grads, const TensorView &lr,
+                          const TensorView &gradNorm, const SGDHyper &hyper,
+                          const std::vector<TensorView> &params,
+                          const std::vector<TensorView> &momentum,
+                          const std::vector<TensorView> &masters);
+/// pre = linear(x, w, bias); y = gelu(pre) with the tanh approximation: the unfused pair,
+/// y computed from pre as stored (rounded to its dtype).
+void linearGelu(const TensorView &x, const TensorView &w, const TensorView *bias,
+                const TensorView &y, const TensorView &pre);
+/// acc += dyᵀ x summed over the leading dimensions: the product is formed in fp32 (as
+/// linearGradWeight forms it) and added to acc in fp32, rounded once into acc. With an f32 acc
+/// this is bitwise linearGradWeight into an f32 tensor followed by accumulate; the unfused
+/// pair with a bf16/f16 gradient rounds the product to that dtype first, this does not.
+void linearGradWeightAccumulate(const TensorView &dy, const TensorView &x, const TensorView &acc);
+
 } // namespace bonsai::rt::cpu
 
 #endif // BONSAI_RUNTIME_CPUKERNELS_H

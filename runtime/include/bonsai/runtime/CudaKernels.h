@@ -168,6 +168,32 @@ void stepIncrement(const Context &ctx, const TensorView &step);
 void accumulate(const Context &ctx, const TensorView &g, const TensorView &acc);
 void zero(const Context &ctx, const TensorView &x);
 
+// Fused kernels (docs/fusion.md; semantics in CpuKernels.h).
+/// AdamW of every parameter in one launch (multi-tensor apply): a table of the tensors'
+/// pointers and sizes is passed by value (tensors past the table's capacity go to further
+/// launches), each block updates fixed chunks of one tensor with adamwUpdate's per-element
+/// formula, so the results are bitwise the per-tensor kernel's. Capturable in a CUDA Graph.
+void multiTensorAdamwUpdate(const Context &ctx, const std::vector<TensorView> &grads,
+                            const TensorView &step, const TensorView &lr,
+                            const TensorView &gradNorm, const cpu::AdamWHyper &hyper,
+                            const std::vector<TensorView> &params,
+                            const std::vector<TensorView> &m, const std::vector<TensorView> &v,
+                            const std::vector<TensorView> &masters);
+/// SGD of every parameter in one launch, as multiTensorAdamwUpdate.
+void multiTensorSgdUpdate(const Context &ctx, const std::vector<TensorView> &grads,
+                          const TensorView &lr, const TensorView &gradNorm,
+                          const cpu::SGDHyper &hyper, const std::vector<TensorView> &params,
+                          const std::vector<TensorView> &momentum,
+                          const std::vector<TensorView> &masters);
+/// linear + tanh GELU as one cuBLASLt GEMM with the GELU_AUX(_BIAS) epilogue: pre = x wᵀ + b
+/// and y = gelu(fp32 pre) rounded once each (the CPU computes y from the rounded pre: equal
+/// for f32, within one rounding for bf16/f16).
+void linearGelu(const Context &ctx, const TensorView &x, const TensorView &w,
+                const TensorView *bias, const TensorView &y, const TensorView &pre);
+/// acc += dyᵀ x as one cuBLASLt GEMM with beta = 1 (fp32 accumulation, one rounding into acc).
+void linearGradWeightAccumulate(const Context &ctx, const TensorView &dy, const TensorView &x,
+                                const TensorView &acc);
+
 // LoRA / DoRA (docs/lora.md).
 void doraScale(const Context &ctx, const TensorView &m, const TensorView &w, const TensorView &a,
                const TensorView &b, double scale, const TensorView &y);

@@ -106,6 +106,11 @@ enum class KernelKind : uint16_t {
   AddLayerNorm = 72,       ///< sum = lhs + rhs, y = layer_norm(sum).
   RMSNormGradAdd = 73,     ///< rms_norm_grad with an addend added into dx.
   LayerNormGradAdd = 74,   ///< layer_norm_grad with an addend added into dx.
+  /// Fusion (docs/fusion.md): AdamW / SGD of many parameters in one kernel.
+  MultiTensorAdamWUpdate = 85,
+  MultiTensorSGDUpdate = 86,
+  LinearGeLU = 87,                 ///< linear then tanh GELU, keeping the pre-activation.
+  LinearGradWeightAccumulate = 88, ///< acc += dyᵀ x (linear_grad_weight into an accumulator).
 };
 
 /// "Linear", "RMSNorm", ... as spelled in plan.fbs.

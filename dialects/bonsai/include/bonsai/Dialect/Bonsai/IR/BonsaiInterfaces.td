@@ -196,4 +196,53 @@ def Bonsai_KernelOpInterface : OpInterface<"KernelOpInterface"> {
   ];
 }
 
+def Bonsai_MultiTensorUpdateOpInterface : OpInterface<"MultiTensorUpdateOpInterface"> {
+  let cppNamespace = "::mlir::bonsai";
+  let description = [{
+    An optimizer update of one parameter that can run, together with the updates of other
+    parameters, as one multi-tensor kernel (bonsai-fuse, family `optimizer`). Updates group
+    when they are the same op with the same hyper-parameters, read the same shared (scalar)
+    operands, and store their tensors in the same element types: then the multi-tensor op
+    applies the same per-element formula to each of them.
+  }];
+  let methods = [
+    InterfaceMethod<"The scalar operands every parameter's update reads (step, learning rate, "
+                    "gradient norm), in operand order.",
+      "::llvm::SmallVector<::mlir::Value>", "getSharedOperands", (ins)>,
+    InterfaceMethod<"The per-parameter operands (gradient, parameter, optimizer state, master "
+                    "copy when there is one), in operand order.",
+      "::llvm::SmallVector<::mlir::Value>", "getTensorOperands", (ins)>,
+    InterfaceMethod<"The hyper-parameters, which must be equal for updates to group.",
+      "::mlir::DictionaryAttr", "getHyperParameters", (ins)>,
+    InterfaceMethod<[{
+        Builds at the builder's insertion point the multi-tensor op that applies every update
+        of `updates` (ops of this op's kind that group with it, this op among them), in their
+        order. The caller erases the updates.
+      }],
+      "::mlir::Operation *", "buildMultiTensorUpdate",
+      (ins "::mlir::OpBuilder &":$builder, "::llvm::ArrayRef<::mlir::Operation *>":$updates)>,
+  ];
+}
+
+def Bonsai_AccumulatingProducerOpInterface : OpInterface<"AccumulatingProducerOpInterface"> {
+  let cppNamespace = "::mlir::bonsai";
+  let description = [{
+    An op whose (single) result can be added into an accumulator by the op itself, without
+    materialising the result: a GEMM whose epilogue computes acc = 1 · acc + A · B. The
+    `gemm-epilogue` fusion family replaces `bonsai.accumulate(producer, acc)` by the op
+    `buildAccumulating` returns.
+  }];
+  let methods = [
+    InterfaceMethod<"Whether the op can add its result into `accumulator` (of the result's "
+                    "shape; its element type decides).",
+      "bool", "canAccumulateInto", (ins "::mlir::Value":$accumulator)>,
+    InterfaceMethod<[{
+        Builds at the builder's insertion point the op computing accumulator += this op's
+        result, in place; the caller erases this op and the accumulation.
+      }],
+      "::mlir::Operation *", "buildAccumulating",
+      (ins "::mlir::OpBuilder &":$builder, "::mlir::Value":$accumulator)>,
+  ];
+}
+
 #endif // BONSAI_DIALECT_BONSAI_IR_BONSAIINTERFACES_TD

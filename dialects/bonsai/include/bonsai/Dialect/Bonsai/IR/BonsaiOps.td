@@ -362,6 +362,8 @@ include "bonsai/Dialect/Bonsai/IR/BonsaiTrainingOps.td"
 include "bonsai/Dialect/Bonsai/IR/BonsaiOptimizerOps.td"
 include "bonsai/Dialect/Bonsai/IR/BonsaiGaLoreOps.td"
 include "bonsai/Dialect/Bonsai/IR/BonsaiFusedOps.td"
+include "bonsai/Dialect/Bonsai/IR/BonsaiFusedOptimizerOps.td"
+include "bonsai/Dialect/Bonsai/IR/BonsaiGemmEpilogueOps.td"
 
 //===----------------------------------------------------------------------===//
 // Recipe ops

@@ -99,7 +99,8 @@ def Bonsai_LearningRateOp : Bonsai_ModelOp<"learning_rate"> {
   let results = (outs Bonsai_LossTensor:$result);
 }
 
-def Bonsai_AdamWUpdateOp : Bonsai_UpdateOp<"adamw_update", [4, 5, 6, 7]> {
+def Bonsai_AdamWUpdateOp : Bonsai_UpdateOp<"adamw_update", [4, 5, 6, 7],
+    [DeclareOpInterfaceMethods<Bonsai_MultiTensorUpdateOpInterface>]> {
   let summary = "one AdamW step, in place on the parameter, its moments and master copy";
   let description = [{
     Operands: gradient, step counter, learning rate, global gradient norm (read, and only
@@ -119,7 +120,8 @@ def Bonsai_AdamWUpdateOp : Bonsai_UpdateOp<"adamw_update", [4, 5, 6, 7]> {
                    F64Attr:$grad_clip);
 }
 
-def Bonsai_SGDUpdateOp : Bonsai_UpdateOp<"sgd_update", [3, 4, 5]> {
+def Bonsai_SGDUpdateOp : Bonsai_UpdateOp<"sgd_update", [3, 4, 5],
+    [DeclareOpInterfaceMethods<Bonsai_MultiTensorUpdateOpInterface>]> {
   let summary = "one SGD (momentum) step, in place on the parameter and momentum buffer";
   let description = [{
     Operands: gradient, learning rate, global gradient norm (read); parameter, momentum

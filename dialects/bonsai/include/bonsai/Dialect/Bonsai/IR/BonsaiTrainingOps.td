@@ -53,7 +53,8 @@ def Bonsai_LinearGradInputOp : Bonsai_ModelOp<"linear_grad_input"> {
   let results = (outs Bonsai_FloatTensor:$result);
 }
 
-def Bonsai_LinearGradWeightOp : Bonsai_ModelOp<"linear_grad_weight"> {
+def Bonsai_LinearGradWeightOp : Bonsai_ModelOp<"linear_grad_weight",
+    [DeclareOpInterfaceMethods<Bonsai_AccumulatingProducerOpInterface>]> {
   let summary = "dW = dyᵀ · x over all leading dimensions, for y = x · Wᵀ";
   let description = [{
     ```mlir
