@@ -18,6 +18,10 @@ namespace mlir::bonsai {
 
 ArrayRef<FusionFamily> getFusionFamilies() {
   static const std::vector<FusionFamily> families = {
+      {"elementwise",
+       "remaining chains of elementwise ops -> one generated kernel each (runs last: the "
+       "pattern families take their ops first)",
+       nullptr, fuseElementwiseChains},
   };
   return families;
 }

@@ -48,6 +48,10 @@ struct FusionFamily {
 /// Every fusion family, in the order the pass applies them.
 ArrayRef<FusionFamily> getFusionFamilies();
 
+/// The `elementwise` family (Fusion/Elementwise.cpp): connected ElementwiseOpInterface ops
+/// of one iteration shape and phase become bonsai.fused_elementwise regions.
+LogicalResult fuseElementwiseChains(FunctionOpInterface function, const FusionOptions &options);
+
 } // namespace mlir::bonsai
 
 #endif // BONSAI_TRANSFORMS_FUSION_H

@@ -11,7 +11,10 @@
 #ifndef BONSAI_RUNTIME_CPUKERNELS_H
 #define BONSAI_RUNTIME_CPUKERNELS_H
 
+#include "bonsai/runtime/Plan.h"
 #include "bonsai/runtime/Tensor.h"
+
+#include <vector>
 
 namespace bonsai::rt::cpu {
 
@@ -172,6 +175,15 @@ void zero(const TensorView &x);
 /// y's dtype before the division, so that n equals the RowNorm initializer at b = 0.
 void doraScale(const TensorView &m, const TensorView &w, const TensorView &a, const TensorView &b,
                double scale, const TensorView &y);
+
+/// A generated elementwise kernel (FusedElementwise): runs `program` for every element index
+/// of the outputs (all of one numel), reading input i at the index modulo its numel. Values
+/// are f32 between instructions; Truncate rounds to nearest even as a store to its type would,
+/// exp, tanh and erf are the C library's f32 functions. An output may be an input's very
+/// storage when that input has the outputs' numel.
+void fusedElementwise(const ElementwiseProgramInfo &program,
+                      const std::vector<const TensorView *> &inputs,
+                      const std::vector<const TensorView *> &outputs);
 
 } // namespace bonsai::rt::cpu
 

@@ -172,6 +172,30 @@ void zero(const Context &ctx, const TensorView &x);
 void doraScale(const Context &ctx, const TensorView &m, const TensorView &w, const TensorView &a,
                const TensorView &b, double scale, const TensorView &y);
 
+// Generated kernels (docs/fusion.md, "Generated elementwise kernels").
+
+/// The generated kernels of a plan, loaded once when the plan is: the driver JIT-compiles each
+/// kernel's PTX for the current device (cudaLibraryLoadData). Launches are ordinary kernel
+/// launches on the context's stream, so they are captured into CUDA Graphs like any other.
+class GeneratedKernels {
+public:
+  /// Loads every kernel; throws rt::Error naming the kernel whose PTX the driver rejects
+  /// (with the JIT's log) or that has no PTX.
+  explicit GeneratedKernels(const std::vector<GeneratedKernelInfo> &kernels);
+  ~GeneratedKernels();
+  GeneratedKernels(const GeneratedKernels &) = delete;
+  GeneratedKernels &operator=(const GeneratedKernels &) = delete;
+
+  /// Runs kernel `index` over the outputs' elements (one thread per element, grid-stride):
+  /// its parameters are the inputs' and outputs' device pointers and the element count.
+  void launch(const Context &ctx, size_t index, const std::vector<const TensorView *> &inputs,
+              const std::vector<const TensorView *> &outputs) const;
+
+private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 } // namespace bonsai::rt::cuda
 
 #endif // BONSAI_RUNTIME_CUDAKERNELS_H
