@@ -150,9 +150,8 @@ bool mayUpdateInBackward(KernelKind kind) {
 
 const char *kernelKindName(KernelKind kind) {
   auto value = static_cast<fb::KernelKind>(kind);
-  if (value > fb::KernelKind::MAX)
-    return "unknown";
-  return fb::EnumNameKernelKind(value);
+  const char *name = value > fb::KernelKind::MAX ? "" : fb::EnumNameKernelKind(value);
+  return *name ? name : "unknown";
 }
 
 const char *tensorRoleName(TensorRole role) {
@@ -1777,7 +1776,9 @@ void PlanReader::readKernels() {
     info.stream = k->stream();
     std::string what = "kernel " + std::to_string(i) +
                        (info.name.empty() ? std::string() : " '" + info.name + "'");
-    if (k->kind() > fb::KernelKind::MAX)
+    // Kinds are numbered in ranges with gaps (80.. for generated kernels): a value in a gap
+    // has no name and is as unknown as one above the last.
+    if (k->kind() > fb::KernelKind::MAX || !*fb::EnumNameKernelKind(k->kind()))
       fail(what + " has an unknown kind " + std::to_string(unsigned(k->kind())) +
            " (a newer compiler? recompile the plan with this runtime's compiler)");
     info.kind = static_cast<KernelKind>(k->kind());
