@@ -122,3 +122,28 @@ func.func @move(%x: tensor<4x64xf32>, %w: tensor<64x64xf32>) -> (tensor<4x64xf32
   %2 = bonsai.mul %0, %x : (tensor<4x64xf32>, tensor<4x64xf32>) -> tensor<4x64xf32>
   return %1, %2 : tensor<4x64xf32>, tensor<4x64xf32>
 }
+
+// -----
+
+// Each group is convex in the unfused graph, but once {a1, a2, a3} is one op the group
+// {b1, b2} would feed it (through %r1) and be fed by it (through %r2): it stays unfused.
+// CHECK-LABEL: func.func @convex_after_fusion
+// CHECK: %[[B1:.*]] = bonsai.silu %{{.*}} : (tensor<64xf32>)
+// CHECK: %[[R1:.*]] = bonsai.reshape %[[B1]]
+// CHECK: %[[A:[0-9]+]]:2 = bonsai.fused_elementwise ins(%[[R1]], %{{.*}} : tensor<8x8xf32>, tensor<8x8xf32>)
+// CHECK: bonsai.yield
+// CHECK-NEXT: } -> tensor<8x8xf32>, tensor<8x8xf32>
+// CHECK: %[[R2:.*]] = bonsai.reshape %[[A]]#0
+// CHECK: %[[B2:.*]] = bonsai.add %[[B1]], %[[R2]]
+// CHECK-NOT: bonsai.fused_elementwise
+// CHECK: return %[[A]]#1, %[[B2]]
+func.func @convex_after_fusion(%x: tensor<64xf32>, %y: tensor<8x8xf32>) -> (tensor<8x8xf32>, tensor<64xf32>) {
+  %b1 = bonsai.silu %x : (tensor<64xf32>) -> tensor<64xf32>
+  %r1 = bonsai.reshape %b1 : (tensor<64xf32>) -> tensor<8x8xf32>
+  %a1 = bonsai.silu %r1 : (tensor<8x8xf32>) -> tensor<8x8xf32>
+  %a2 = bonsai.silu %y : (tensor<8x8xf32>) -> tensor<8x8xf32>
+  %a3 = bonsai.add %a1, %a2 : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+  %r2 = bonsai.reshape %a2 : (tensor<8x8xf32>) -> tensor<64xf32>
+  %b2 = bonsai.add %b1, %r2 : (tensor<64xf32>, tensor<64xf32>) -> tensor<64xf32>
+  return %a3, %b2 : tensor<8x8xf32>, tensor<64xf32>
+}
