@@ -22,8 +22,8 @@ namespace bonsai::rt::cuda {
 using namespace detail;
 
 namespace {
-/// Threads per block: a multiple of the warp size that keeps every SM busy for a memory-bound
-/// loop.
+/// Threads per block (unless a kernel allows fewer): a multiple of the warp size that keeps
+/// every SM busy for a memory-bound loop.
 constexpr unsigned kBlock = 256;
 /// Grid-stride loops need no more blocks than fill the device a few times over.
 constexpr unsigned kBlocksPerSM = 8;
@@ -33,7 +33,15 @@ struct GeneratedKernels::Impl {
   std::vector<cudaLibrary_t> libraries;
   std::vector<cudaKernel_t> kernels;
   std::vector<std::string> names;
+  std::vector<unsigned> blockSizes; ///< Threads per block of each kernel.
   unsigned maxBlocks = 0;
+
+  // Here rather than in ~GeneratedKernels, so that a constructor that throws half-way still
+  // unloads what it loaded.
+  ~Impl() {
+    for (cudaLibrary_t library : libraries)
+      cudaLibraryUnload(library);
+  }
 };
 
 GeneratedKernels::GeneratedKernels(const std::vector<GeneratedKernelInfo> &kernels)
@@ -51,28 +59,38 @@ GeneratedKernels::GeneratedKernels(const std::vector<GeneratedKernelInfo> &kerne
     char log[4096] = {};
     cudaJitOption options[] = {cudaJitErrorLogBuffer, cudaJitErrorLogBufferSizeBytes};
     void *values[] = {log, reinterpret_cast<void *>(uintptr_t(sizeof log))};
+    auto rejected = [&](cudaError_t status, const char *call) {
+      cudaGetLastError();
+      fail(k, "the driver rejects the PTX of generated kernel '" + info.name + "' (" +
+                  info.arch + "): " + call + ": " + cudaGetErrorName(status) + ": " +
+                  cudaGetErrorString(status) + (log[0] ? std::string(": ") + log : ""));
+    };
     cudaLibrary_t library = nullptr;
     cudaError_t status = cudaLibraryLoadData(&library, info.ptx.c_str(), options, values, 2,
                                              nullptr, nullptr, 0);
-    if (status != cudaSuccess) {
-      cudaGetLastError();
-      fail(k, "the driver rejects the PTX of generated kernel '" + info.name + "' (" +
-                  info.arch + "): " + cudaGetErrorName(status) + ": " +
-                  cudaGetErrorString(status) + (log[0] ? std::string(": ") + log : ""));
-    }
+    if (status != cudaSuccess)
+      rejected(status, "cudaLibraryLoadData");
     impl_->libraries.push_back(library);
     cudaKernel_t kernel = nullptr;
-    checkCuda(cudaLibraryGetKernel(&kernel, library, info.name.c_str()), "cudaLibraryGetKernel",
-              k);
+    status = cudaLibraryGetKernel(&kernel, library, info.name.c_str());
+    if (status != cudaSuccess)
+      rejected(status, "cudaLibraryGetKernel");
+    // Asking for the attributes loads the kernel into the current context now: with lazy
+    // module loading it would otherwise load at its first launch, which may be inside a
+    // CUDA Graph capture. The block size must also fit what the compiled kernel allows.
+    cudaFuncAttributes attributes{};
+    status = cudaFuncGetAttributes(&attributes, reinterpret_cast<const void *>(kernel));
+    if (status != cudaSuccess)
+      rejected(status, "cudaFuncGetAttributes");
     impl_->kernels.push_back(kernel);
     impl_->names.push_back(info.name);
+    impl_->blockSizes.push_back(
+        unsigned(std::min<int>(int(kBlock), std::max(attributes.maxThreadsPerBlock, 32))) /
+        32 * 32);
   }
 }
 
-GeneratedKernels::~GeneratedKernels() {
-  for (cudaLibrary_t library : impl_->libraries)
-    cudaLibraryUnload(library);
-}
+GeneratedKernels::~GeneratedKernels() = default;
 
 void GeneratedKernels::launch(const Context &ctx, size_t index,
                               const std::vector<const TensorView *> &inputs,
@@ -106,10 +124,11 @@ void GeneratedKernels::launch(const Context &ctx, size_t index,
   for (void *&p : pointers)
     args.push_back(&p);
   args.push_back(&n);
+  unsigned block = impl_->blockSizes[index];
   unsigned blocks =
-      unsigned(std::min<int64_t>((n + kBlock - 1) / kBlock, int64_t(impl_->maxBlocks)));
+      unsigned(std::min<int64_t>((n + block - 1) / block, int64_t(impl_->maxBlocks)));
   checkCuda(cudaLaunchKernel(reinterpret_cast<const void *>(impl_->kernels[index]),
-                             dim3(blocks), dim3(kBlock), args.data(), 0, ctx.stream),
+                             dim3(blocks), dim3(block), args.data(), 0, ctx.stream),
             "cudaLaunchKernel", k);
   checkLaunch(k, impl_->names[index].c_str());
 }
