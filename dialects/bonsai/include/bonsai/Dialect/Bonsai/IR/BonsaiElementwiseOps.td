@@ -21,10 +21,11 @@ def Bonsai_FusedElementwiseOp : Bonsai_Op<"fused_elementwise", [Pure, IsolatedFr
     arguments are the inputs' elements (their element types), its body scalar `arith` and
     `math` ops, and `bonsai.yield` gives the results' elements (their element types).
 
-    `bonsai-generate-elementwise-kernels` compiles the body and records the result in the op:
-    `generated_kernel` (its name), `program` (the portable program the CPU backend interprets, encoded as in
-    include/bonsai/Conversion/ElementwiseKernels.h) and, for a GPU target, `ptx` and `arch`.
-    Lowering to a plan passes them to the `fused_elementwise` launch.
+    `bonsai-generate-elementwise-kernels` compiles the body and records the result in the
+    op: `generated_kernel` (the kernel's name), `program` (the portable program the CPU
+    backend interprets, encoded as in include/bonsai/Conversion/ElementwiseKernels.h) and,
+    for a GPU target, `ptx` and `arch`. Lowering to a plan passes them to the
+    `fused_elementwise` launch.
 
     ```mlir
     %r = bonsai.fused_elementwise ins(%x, %b : tensor<2x64xbf16>, tensor<64xbf16>) {
