@@ -45,4 +45,3 @@ func.func @not_scalar(%x: tensor<64xf32>) -> tensor<64xf32> {
   return %0 : tensor<64xf32>
 }
 func.func private @f(f32) -> f32
-
