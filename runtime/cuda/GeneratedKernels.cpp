@@ -1,16 +1,18 @@
 //===- GeneratedKernels.cpp - Load and launch the plan's generated PTX ----===//
 //
-// The compiler embeds one PTX module per generated kernel in the plan (schema
+// The compiler embeds one PTX module per generated kernel in a plan for a GPU (schema
 // GeneratedKernel). They are loaded with the runtime API's library management
 // (cudaLibraryLoadData, which JIT-compiles PTX for the current device; no driver-API link), once
 // per plan, before any phase is captured: loading inside a CUDA Graph capture is not allowed,
-// launching is.
+// launching is. A plan compiled for the CPU has programs and no PTX: its kernels run on the
+// device interpreter (ElementwiseInterpreter.cu), their programs uploaded here once.
 //
 //===----------------------------------------------------------------------===//
 
 #include "bonsai/runtime/CudaKernels.h"
 
 #include "CudaCheck.h"
+#include "ElementwiseInterpreter.h"
 
 #include <cuda_runtime.h>
 
@@ -31,7 +33,12 @@ constexpr unsigned kBlocksPerSM = 8;
 
 struct GeneratedKernels::Impl {
   std::vector<cudaLibrary_t> libraries;
+  /// Per kernel: its loaded PTX entry, or null when it runs on the interpreter.
   std::vector<cudaKernel_t> kernels;
+  /// Per kernel: its program in device memory (interpreted kernels), else null.
+  std::vector<DeviceInstruction *> programs;
+  /// Per kernel: its program (the interpreter's operand counts).
+  std::vector<ElementwiseProgramInfo> infos;
   std::vector<std::string> names;
   std::vector<unsigned> blockSizes; ///< Threads per block of each kernel.
   unsigned maxBlocks = 0;
@@ -41,6 +48,43 @@ struct GeneratedKernels::Impl {
   ~Impl() {
     for (cudaLibrary_t library : libraries)
       cudaLibraryUnload(library);
+    for (DeviceInstruction *program : programs)
+      if (program)
+        cudaFree(program);
+  }
+
+  /// Uploads `program` for the device interpreter; fails naming the kernel when it exceeds
+  /// the interpreter's limits.
+  void addInterpreted(const GeneratedKernelInfo &info) {
+    const char *k = "fused_elementwise";
+    const ElementwiseProgramInfo &p = info.program;
+    size_t registers = p.inputs.size() + p.instructions.size();
+    if (p.inputs.size() > size_t(kMaxInterpretedInputs) ||
+        p.outputs.size() > size_t(kMaxInterpretedOutputs) ||
+        registers > size_t(kMaxInterpretedRegisters))
+      fail(k, "generated kernel '" + info.name + "' has no PTX (the plan was compiled for " +
+                  "the CPU) and its program (" + std::to_string(p.inputs.size()) +
+                  " inputs, " + std::to_string(p.outputs.size()) + " outputs, " +
+                  std::to_string(registers) + " values) exceeds the device interpreter's " +
+                  std::to_string(kMaxInterpretedInputs) + ", " +
+                  std::to_string(kMaxInterpretedOutputs) + " and " +
+                  std::to_string(kMaxInterpretedRegisters) +
+                  ": recompile the plan for the GPU (--target=sm_XX)");
+    std::vector<DeviceInstruction> code;
+    for (const ElementwiseInstruction &inst : p.instructions)
+      code.push_back({uint8_t(inst.opcode), uint8_t(inst.type), inst.a, inst.b, inst.imm});
+    DeviceInstruction *device = nullptr;
+    size_t bytes = std::max<size_t>(code.size(), 1) * sizeof(DeviceInstruction);
+    checkCuda(cudaMalloc(&device, bytes), "cudaMalloc(program)", k);
+    programs.push_back(device);
+    if (!code.empty())
+      checkCuda(cudaMemcpy(device, code.data(), code.size() * sizeof(DeviceInstruction),
+                           cudaMemcpyHostToDevice),
+                "cudaMemcpy(program)", k);
+    kernels.push_back(nullptr);
+    infos.push_back(p);
+    names.push_back(info.name);
+    blockSizes.push_back(0);
   }
 };
 
@@ -53,8 +97,10 @@ GeneratedKernels::GeneratedKernels(const std::vector<GeneratedKernelInfo> &kerne
             "cudaDeviceGetAttribute", k);
   impl_->maxBlocks = unsigned(std::max(sms, 1)) * kBlocksPerSM;
   for (const GeneratedKernelInfo &info : kernels) {
-    if (info.ptx.empty())
-      fail(k, "generated kernel '" + info.name + "' has no PTX (a plan compiled for the CPU?)");
+    if (info.ptx.empty()) {
+      impl_->addInterpreted(info);
+      continue;
+    }
     // The JIT's error log names the PTX line it rejects.
     char log[4096] = {};
     cudaJitOption options[] = {cudaJitErrorLogBuffer, cudaJitErrorLogBufferSizeBytes};
@@ -83,6 +129,8 @@ GeneratedKernels::GeneratedKernels(const std::vector<GeneratedKernelInfo> &kerne
     if (status != cudaSuccess)
       rejected(status, "cudaFuncGetAttributes");
     impl_->kernels.push_back(kernel);
+    impl_->programs.push_back(nullptr);
+    impl_->infos.push_back(info.program);
     impl_->names.push_back(info.name);
     impl_->blockSizes.push_back(
         unsigned(std::min<int>(int(kBlock), std::max(attributes.maxThreadsPerBlock, 32))) /
@@ -120,6 +168,29 @@ void GeneratedKernels::launch(const Context &ctx, size_t index,
   }
   if (n == 0)
     return;
+  if (DeviceInstruction *program = impl_->programs[index]) {
+    const ElementwiseProgramInfo &p = impl_->infos[index];
+    if (inputs.size() != p.inputs.size() || outputs.size() != p.outputs.size())
+      fail(k, "kernel '" + impl_->names[index] + "' has " + std::to_string(p.inputs.size()) +
+                  " inputs and " + std::to_string(p.outputs.size()) + " outputs, the launch " +
+                  std::to_string(inputs.size()) + " and " + std::to_string(outputs.size()));
+    InterpreterOperands operands{};
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      operands.inputs[i] = inputs[i]->data;
+      operands.inputNumel[i] = inputs[i]->numel();
+      operands.inputTypes[i] = inputs[i]->dtype;
+    }
+    for (size_t j = 0; j < outputs.size(); ++j) {
+      operands.outputs[j] = outputs[j]->data;
+      operands.outputTypes[j] = outputs[j]->dtype;
+      operands.outputRegisters[j] = p.outputs[j];
+    }
+    operands.numInputs = int(inputs.size());
+    operands.numOutputs = int(outputs.size());
+    operands.numInstructions = int(p.instructions.size());
+    launchInterpreter(operands, program, n, int(impl_->maxBlocks), ctx.stream);
+    return;
+  }
   std::vector<void *> args;
   for (void *&p : pointers)
     args.push_back(&p);

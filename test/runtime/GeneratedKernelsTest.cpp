@@ -13,6 +13,9 @@
 // boundary, plus 1e-5 absolute. The same run is also captured into a CUDA Graph and
 // replayed, and must reproduce the eager result bit for bit.
 //
+// The same program without PTX (a plan compiled for the CPU) runs on the CUDA backend's device
+// interpreter and is held to the same tolerance (CUDA's expf, tanhf and erff are within 2 ulp).
+//
 // Built with the CUDA backend; skips without a GPU ("no GPU here").
 //
 //===----------------------------------------------------------------------===//
@@ -128,14 +131,9 @@ float ulp(float x, DType dtype) {
   return std::ldexp(1.0f, e - bits);
 }
 
-TEST(GeneratedKernelsTest, FixturePtxMatchesTheInterpreter) {
-  if (!haveGpu())
-    GTEST_SKIP() << "no GPU here";
-  GeneratedKernelInfo info;
-  info.name = "fused_elementwise_0";
-  info.program = fixtureProgram();
-  info.ptx = readFixture();
-  info.arch = "sm_90";
+/// Runs `info` through cuda::GeneratedKernels (eagerly, then captured in a graph) against
+/// cpu::fusedElementwise on the same data.
+void expectMatchesCpu(const GeneratedKernelInfo &info) {
   cuda::GeneratedKernels kernels({info});
 
   const std::vector<int64_t> shape = {64, 1000};
@@ -188,6 +186,27 @@ TEST(GeneratedKernelsTest, FixturePtxMatchesTheInterpreter) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+TEST(GeneratedKernelsTest, FixturePtxMatchesTheInterpreter) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU here";
+  GeneratedKernelInfo info;
+  info.name = "fused_elementwise_0";
+  info.program = fixtureProgram();
+  info.ptx = readFixture();
+  info.arch = "sm_90";
+  expectMatchesCpu(info);
+}
+
+// A plan compiled for the CPU has no PTX: its programs run on the device interpreter.
+TEST(GeneratedKernelsTest, DeviceInterpreterMatchesTheCpu) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU here";
+  GeneratedKernelInfo info;
+  info.name = "fused_elementwise_0";
+  info.program = fixtureProgram();
+  expectMatchesCpu(info);
 }
 
 TEST(GeneratedKernelsTest, RejectedPtxIsNamed) {

@@ -175,12 +175,14 @@ void doraScale(const Context &ctx, const TensorView &m, const TensorView &w, con
 // Generated kernels (docs/fusion.md, "Generated elementwise kernels").
 
 /// The generated kernels of a plan, loaded once when the plan is: the driver JIT-compiles each
-/// kernel's PTX for the current device (cudaLibraryLoadData). Launches are ordinary kernel
-/// launches on the context's stream, so they are captured into CUDA Graphs like any other.
+/// kernel's PTX for the current device (cudaLibraryLoadData). A kernel without PTX (a plan
+/// compiled for the CPU) runs its program on a device interpreter instead. Launches are
+/// ordinary kernel launches on the context's stream, so they are captured into CUDA Graphs
+/// like any other.
 class GeneratedKernels {
 public:
   /// Loads every kernel; throws rt::Error naming the kernel whose PTX the driver rejects
-  /// (with the JIT's log) or that has no PTX.
+  /// (with the JIT's log), or whose program, without PTX, exceeds the interpreter's limits.
   explicit GeneratedKernels(const std::vector<GeneratedKernelInfo> &kernels);
   ~GeneratedKernels();
   GeneratedKernels(const GeneratedKernels &) = delete;
