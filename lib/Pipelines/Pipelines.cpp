@@ -65,6 +65,11 @@ void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &o
     fuse.perSiteRemarks = false;
     fuse.disable.assign(options.fuseDisable.begin(), options.fuseDisable.end());
     pm.addPass(createBonsaiFusePass(fuse));
+    // The fused elementwise regions are compiled while they are still regions (lowering
+    // keeps only the launch): a program for every target, PTX for a GPU.
+    BonsaiGenerateElementwiseKernelsPassOptions kernels;
+    kernels.target = options.target;
+    pm.addPass(createBonsaiGenerateElementwiseKernelsPass(kernels));
   }
   // Tensors become buffers and ops become launches; the recipe's target is recorded so that
   // the memory planner can hold the step to its budget.

@@ -9,6 +9,7 @@
 #include "bonsai/Target/PlanEmitter.h"
 
 #include "bonsai/Analysis/PlanSummary.h"
+#include "bonsai/Conversion/ElementwiseKernels.h"
 #include "bonsai/Dialect/Bonsai/IR/BonsaiDialect.h"
 #include "bonsai/runtime/plan_generated.h"
 #include "llvm/ADT/DenseMap.h"
@@ -97,6 +98,7 @@ std::optional<fb::KernelKind> getKernelKind(StringRef name) {
       .Case("multi_tensor_sgd_update", fb::KernelKind::MultiTensorSGDUpdate)
       .Case("linear_gelu", fb::KernelKind::LinearGeLU)
       .Case("linear_grad_weight_accumulate", fb::KernelKind::LinearGradWeightAccumulate)
+      .Case("fused_elementwise", fb::KernelKind::FusedElementwise)
       .Default(std::nullopt);
 }
 
@@ -329,6 +331,82 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     return success();
   }
 }
+
+static_assert(uint8_t(fb::ElementwiseOpcode::Erf) == uint8_t(ElementwiseOpcode::Erf) &&
+                  uint8_t(fb::ElementwiseOpcode::MAX) == kMaxElementwiseOpcode,
+              "ElementwiseOpcode must match the plan schema");
+static_assert(uint8_t(fb::DType::BF16) == uint8_t(ElementwiseType::BF16) &&
+                  uint8_t(fb::DType::F16) == uint8_t(ElementwiseType::F16),
+              "ElementwiseType must match the plan schema's DType");
+
+/// The plan's generated kernels, one per kernel name, in order of first launch.
+class GeneratedKernels {
+public:
+  explicit GeneratedKernels(flatbuffers::FlatBufferBuilder &fbb) : fbb(fbb) {}
+
+  /// The index of the kernel a fused_elementwise launch runs, added on its first launch.
+  FailureOr<uint32_t> add(plan::LaunchOp launch, StringRef target) {
+    FailureOr<StringAttr> name = getParam<StringAttr>(launch, "generated_kernel");
+    if (failed(name))
+      return launch.emitError("run bonsai-generate-elementwise-kernels before emitting a plan");
+    auto encoded = launch.getParams().getAs<DenseI32ArrayAttr>("program");
+    if (!encoded)
+      return launch.emitError() << "kernel '" << name->getValue() << "' has no program";
+    std::string error;
+    std::optional<ElementwiseProgram> program = ElementwiseProgram::decode(encoded, error);
+    if (!program)
+      return launch.emitError() << "kernel '" << name->getValue()
+                                << "': malformed program (" << error << ")";
+    auto elementType = [](Value v) {
+      return getDType(cast<MemRefType>(v.getType()).getElementType());
+    };
+    if (program->inputs.size() != launch.getIns().size() ||
+        program->outputs.size() != launch.getOuts().size())
+      return launch.emitError() << "kernel '" << name->getValue() << "': its program has "
+                                << program->inputs.size() << " inputs and "
+                                << program->outputs.size() << " outputs, the launch "
+                                << launch.getIns().size() << " and " << launch.getOuts().size();
+    for (auto [type, input] : llvm::zip(program->inputs, launch.getIns()))
+      if (elementType(input) != fb::DType(type))
+        return launch.emitError() << "kernel '" << name->getValue()
+                                  << "': an input's element type differs from its program's";
+    auto ptx = launch.getParams().getAs<StringAttr>("ptx");
+    auto arch = launch.getParams().getAs<StringAttr>("arch");
+    if (target.starts_with("sm_") && (!ptx || !arch || arch.getValue() != target))
+      return launch.emitError() << "kernel '" << name->getValue() << "' has no PTX for "
+                                << target << ": run bonsai-generate-elementwise-kernels with "
+                                   "target="
+                                << target;
+    auto [it, inserted] = index.try_emplace(name->getValue(), kernels.size());
+    if (!inserted)
+      return it->second;
+    std::vector<fb::DType> inputs;
+    for (ElementwiseType type : program->inputs)
+      inputs.push_back(fb::DType(type));
+    std::vector<fb::ElementwiseInstruction> instructions;
+    for (const ElementwiseInstruction &inst : program->instructions)
+      instructions.emplace_back(fb::ElementwiseOpcode(inst.opcode), fb::DType(inst.type),
+                                inst.a, inst.b, inst.imm);
+    std::vector<uint16_t> outputs(program->outputs.begin(), program->outputs.end());
+    auto encodedProgram =
+        fb::CreateElementwiseProgramDirect(fbb, &inputs, &instructions, &outputs);
+    kernels.push_back(fb::CreateGeneratedKernelDirect(
+        fbb, name->getValue().str().c_str(), encodedProgram,
+        ptx ? ptx.getValue().str().c_str() : nullptr,
+        arch ? arch.getValue().str().c_str() : nullptr));
+    return it->second;
+  }
+
+  /// The table for Plan.generated_kernels (null when there are none).
+  std::vector<flatbuffers::Offset<fb::GeneratedKernel>> *get() {
+    return kernels.empty() ? nullptr : &kernels;
+  }
+
+private:
+  flatbuffers::FlatBufferBuilder &fbb;
+  std::vector<flatbuffers::Offset<fb::GeneratedKernel>> kernels;
+  llvm::StringMap<uint32_t> index;
+};
 } // namespace
 
 LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes) {
@@ -418,6 +496,7 @@ LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes) {
   };
 
   std::vector<flatbuffers::Offset<fb::Kernel>> kernels;
+  GeneratedKernels generated(fbb);
   for (Operation &op : body) {
     if (auto buffer = dyn_cast<plan::BufferOp>(op)) {
       if (failed(addTensor(&op, buffer.getResult(), buffer, buffer.getName(),
@@ -460,8 +539,15 @@ LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes) {
       outs.push_back(tensorIndex.lookup(v));
     fb::KernelAttrs attrsType = fb::KernelAttrs::NONE;
     flatbuffers::Offset<void> attrs;
-    if (failed(packAttrs(fbb, launch, *kind, attrsType, attrs)))
+    if (*kind == fb::KernelKind::FusedElementwise) {
+      FailureOr<uint32_t> kernel = generated.add(launch, step.getTarget());
+      if (failed(kernel))
+        return failure();
+      attrsType = fb::KernelAttrs::GeneratedKernelAttrs;
+      attrs = fb::CreateGeneratedKernelAttrs(fbb, *kernel).Union();
+    } else if (failed(packAttrs(fbb, launch, *kind, attrsType, attrs))) {
       return failure();
+    }
     std::string location;
     llvm::raw_string_ostream os(location);
     launch.getLoc().print(os);
@@ -530,7 +616,8 @@ LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes) {
                                    step.getMicroBatchesAttr().getInt(),
                                    step.getVocabSizeAttr().getInt(),
                                    adapters.empty() ? nullptr : &adapters,
-                                   adapterTargets.empty() ? nullptr : &adapterTargets);
+                                   adapterTargets.empty() ? nullptr : &adapterTargets,
+                                   generated.get());
   fb::FinishPlanBuffer(fbb, root);
   bytes.assign(reinterpret_cast<const char *>(fbb.GetBufferPointer()), fbb.GetSize());
   return success();

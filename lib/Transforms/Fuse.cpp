@@ -28,6 +28,10 @@ ArrayRef<FusionFamily> getFusionFamilies() {
        populateGemmEpilogueFusionPatterns, nullptr},
       {"optimizer", "the update phase's optimizer updates as multi-tensor kernels", nullptr,
        fuseOptimizerUpdates},
+      {"elementwise",
+       "remaining chains of elementwise ops -> one generated kernel each (runs last: the "
+       "pattern families take their ops first)",
+       nullptr, fuseElementwiseChains},
   };
   return families;
 }

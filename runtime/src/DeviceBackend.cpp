@@ -76,6 +76,10 @@ public:
       v.quantDoubleBlock = t.quantDoubleBlock;
       views_.push_back(std::move(v));
     }
+    // Generated kernels are JIT-compiled now, once per plan: loading is not allowed while a
+    // phase is being captured into a graph.
+    if (!plan_.generatedKernels.empty())
+      generated_ = std::make_unique<cuda::GeneratedKernels>(plan_.generatedKernels);
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     freeAtStart_ = freeBefore;
     samplePeak();
@@ -455,6 +459,15 @@ private:
     case KernelKind::LinearGradWeightAccumulate:
       cuda::linearGradWeightAccumulate(ctx, in(0), in(1), out);
       break;
+    case KernelKind::FusedElementwise: {
+      std::vector<const TensorView *> ins, outs;
+      for (uint32_t t : k.inputs)
+        ins.push_back(&views_[t]);
+      for (uint32_t t : k.outputs)
+        outs.push_back(&views_[t]);
+      generated_->launch(ctx, a.generatedKernel, ins, outs);
+      break;
+    }
     }
   }
 
@@ -463,6 +476,7 @@ private:
   cudaDeviceProp props_{};
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::GemmEngine> gemm_;
+  std::unique_ptr<cuda::GeneratedKernels> generated_;
   cuda::DeviceError *deviceError_ = nullptr;
   std::vector<void *> arenas_;
   std::vector<TensorView> views_;

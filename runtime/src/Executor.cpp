@@ -376,6 +376,15 @@ void Executor::runKernel(size_t index) {
   case KernelKind::LinearGradWeightAccumulate:
     cpu::linearGradWeightAccumulate(in(0), in(1), out);
     break;
+  case KernelKind::FusedElementwise: {
+    std::vector<const TensorView *> ins, outs;
+    for (uint32_t t : k.inputs)
+      ins.push_back(&views_[t]);
+    for (uint32_t t : k.outputs)
+      outs.push_back(&views_[t]);
+    cpu::fusedElementwise(plan_.generatedKernels[a.generatedKernel].program, ins, outs);
+    break;
+  }
   }
 }
 

@@ -64,6 +64,9 @@ static_assert(uint8_t(fb::TensorInit::CopyOf) == uint8_t(TensorInit::CopyOf) &&
                       uint8_t(TensorInit::KaimingUniform) &&
                   uint8_t(fb::TensorInit::MAX) == uint8_t(TensorInit::RowNorm),
               "rt::TensorInit must match plan.fbs");
+static_assert(uint8_t(fb::ElementwiseOpcode::Truncate) == uint8_t(ElementwiseOpcode::Truncate) &&
+                  uint8_t(fb::ElementwiseOpcode::MAX) == uint8_t(ElementwiseOpcode::Erf),
+              "rt::ElementwiseOpcode must match plan.fbs");
 static_assert(uint8_t(fb::Phase::Update) == uint8_t(Phase::Update) &&
                   uint8_t(fb::Phase::MAX) == uint8_t(Phase::Update),
               "rt::Phase must match plan.fbs");
@@ -156,9 +159,8 @@ bool mayUpdateInBackward(KernelKind kind) {
 
 const char *kernelKindName(KernelKind kind) {
   auto value = static_cast<fb::KernelKind>(kind);
-  if (value > fb::KernelKind::MAX)
-    return "unknown";
-  return fb::EnumNameKernelKind(value);
+  const char *name = value > fb::KernelKind::MAX ? "" : fb::EnumNameKernelKind(value);
+  return *name ? name : "unknown";
 }
 
 const char *tensorRoleName(TensorRole role) {
@@ -489,6 +491,10 @@ private:
   bool multiTensorHasMasters() const {
     return kernel.outputs.size() == (multiTensorStates().size() + 1) * multiTensorCount();
   }
+  /// A FusedElementwise kernel: a generated kernel of the plan, whose program has as many
+  /// inputs and outputs as the kernel, each of the tensor's dtype; outputs of one numel,
+  /// each input's numel divides it.
+  void checkGeneratedArity();
   /// NF4 tensors are read by Dequantize only (no other kernel knows the layout) and written
   /// by none (weights are quantized when they are bound).
   void checkNf4Operands() const {
@@ -532,10 +538,19 @@ bool mayRunInPlace(KernelKind kind) {
   }
 }
 
+/// Whether opcode `op` takes two operands.
+bool isBinary(ElementwiseOpcode op) {
+  return op == ElementwiseOpcode::Add || op == ElementwiseOpcode::Sub ||
+         op == ElementwiseOpcode::Mul || op == ElementwiseOpcode::Div;
+}
+
 void KernelChecker::checkArity() {
   size_t minIn = 0, minOut = 1;
   bool optionalLast = false; // the last input (minIn unset) or output is optional
   switch (kernel.kind) {
+  case KernelKind::FusedElementwise:
+    // Its arity is its generated kernel's.
+    return checkGeneratedArity();
   case KernelKind::Embedding:
     operandNames = {"table", "ids"};
     break;
@@ -831,6 +846,53 @@ void KernelChecker::checkMultiTensorShapes() {
   }
 }
 
+void KernelChecker::checkGeneratedArity() {
+  uint32_t g = kernel.attrs.generatedKernel;
+  if (g >= plan.generatedKernels.size())
+    fail("runs generated kernel " + std::to_string(g) + ", but the plan has " +
+         std::to_string(plan.generatedKernels.size()) + " generated kernels");
+  const GeneratedKernelInfo &generated = plan.generatedKernels[g];
+  const ElementwiseProgramInfo &program = generated.program;
+  std::string what = "generated kernel " + std::to_string(g) + " '" + generated.name + "'";
+  if (kernel.inputs.size() != program.inputs.size() ||
+      kernel.outputs.size() != program.outputs.size())
+    fail("expected " + std::to_string(program.inputs.size()) + " inputs and " +
+         std::to_string(program.outputs.size()) + " outputs (those of " + what + "), got " +
+         std::to_string(kernel.inputs.size()) + " and " + std::to_string(kernel.outputs.size()));
+  operandNames = {"x"};
+  resultNames.clear();
+  for (size_t j = 0; j < kernel.outputs.size(); ++j)
+    resultNames.push_back("y" + std::to_string(j + 1));
+  variadic = true;
+  for (size_t i = 0; i < kernel.inputs.size(); ++i)
+    if (kernel.inputs[i] >= plan.tensors.size())
+      fail("input " + std::to_string(i) + " is tensor " + std::to_string(kernel.inputs[i]) +
+           ", but the plan has " + std::to_string(plan.tensors.size()) + " tensors");
+  for (size_t j = 0; j < kernel.outputs.size(); ++j)
+    if (kernel.outputs[j] >= plan.tensors.size())
+      fail("output " + std::to_string(j) + " is tensor " + std::to_string(kernel.outputs[j]) +
+           ", but the plan has " + std::to_string(plan.tensors.size()) + " tensors");
+  int64_t n = out(0).numel;
+  for (size_t j = 0; j < kernel.outputs.size(); ++j) {
+    DType want = program.registerType(program.outputs[j]);
+    if (out(j).dtype != want)
+      fail(outName(j) + " dtype: " + what + " computes " + dtypeName(want) + ", got " +
+           dtypeName(out(j).dtype));
+    if (out(j).numel != n)
+      fail(outName(j) + " has " + std::to_string(out(j).numel) + " elements, " + outName(0) +
+           " " + std::to_string(n) + " (the outputs of an elementwise kernel agree)");
+  }
+  for (size_t i = 0; i < kernel.inputs.size(); ++i) {
+    if (in(i).dtype != program.inputs[i])
+      fail(inName(i) + " dtype: " + what + " reads " + dtypeName(program.inputs[i]) +
+           ", got " + dtypeName(in(i).dtype));
+    if (in(i).numel < 1 || n % in(i).numel != 0)
+      fail(inName(i) + " has " + std::to_string(in(i).numel) +
+           " elements, which do not divide the outputs' " + std::to_string(n) +
+           " (an input is read at the element index modulo its size)");
+  }
+}
+
 void KernelChecker::checkAttrs() {
   const KernelAttrsInfo &a = kernel.attrs;
   switch (kernel.kind) {
@@ -942,6 +1004,11 @@ void KernelChecker::checkOverlap() const {
       if (!rangesOverlap(in(i), out(j)))
         continue;
       if (mayRunInPlace(kernel.kind) && sameStorage(in(i), out(j)))
+        continue;
+      // Element k of an output depends on element k of a full-size input only: a broadcast
+      // input is read at other positions after they are written.
+      if (kernel.kind == KernelKind::FusedElementwise && sameStorage(in(i), out(j)) &&
+          in(i).numel == out(j).numel)
         continue;
       fail(outName(j) + " overlaps " + inName(i) + " in arena " + std::to_string(out(j).arena) +
            (mayRunInPlace(kernel.kind) ? " (only an exact alias is allowed for this kind)"
@@ -1589,6 +1656,8 @@ fb::KernelAttrs requiredAttrs(fb::KernelKind kind) {
     return fb::KernelAttrs::GaloreProjectAttrs;
   case fb::KernelKind::GaloreAdamWUpdate:
     return fb::KernelAttrs::GaloreAdamWAttrs;
+  case fb::KernelKind::FusedElementwise:
+    return fb::KernelAttrs::GeneratedKernelAttrs;
   default:
     return fb::KernelAttrs::NONE;
   }
@@ -1613,6 +1682,7 @@ private:
   void readArenas();
   void readTensors();
   void checkTensorRoles();
+  void readGeneratedKernels();
   void readKernels();
   void readInputsAndLoss();
   void checkTraining();
@@ -1842,6 +1912,113 @@ void PlanReader::checkTensorRoles() {
   }
 }
 
+void PlanReader::readGeneratedKernels() {
+  const auto *kernels = root.generated_kernels();
+  if (!kernels)
+    return;
+  bool gpu = plan.targetArch.rfind("sm_", 0) == 0;
+  for (flatbuffers::uoffset_t g = 0; g < kernels->size(); ++g) {
+    const fb::GeneratedKernel *k = kernels->Get(g);
+    GeneratedKernelInfo info;
+    info.name = str(k->name());
+    info.ptx = str(k->ptx());
+    info.arch = str(k->arch());
+    std::string what = "generated kernel " + std::to_string(g) + " '" + info.name + "'";
+    if (info.name.empty())
+      fail("generated kernel " + std::to_string(g) + " has no name");
+    const fb::ElementwiseProgram *program = k->program();
+    if (!program)
+      fail(what + " has no program");
+    ElementwiseProgramInfo &p = info.program;
+    if (const auto *inputs = program->inputs())
+      for (flatbuffers::uoffset_t i = 0; i < inputs->size(); ++i) {
+        auto type = static_cast<DType>(inputs->Get(i));
+        if (!isFloatStorage(type))
+          fail(what + ": input " + std::to_string(i) + " type must be f32, f16 or bf16, got " +
+               (inputs->Get(i) > fb::DType::MAX ? "unknown" : dtypeName(type)));
+        p.inputs.push_back(type);
+      }
+    // Each instruction reads registers defined before it, of the types its opcode takes.
+    auto typeName = [](DType t) { return std::string(dtypeName(t)); };
+    if (const auto *instructions = program->instructions())
+      for (flatbuffers::uoffset_t i = 0; i < instructions->size(); ++i) {
+        const fb::ElementwiseInstruction *inst = instructions->Get(i);
+        std::string where = what + ": instruction " + std::to_string(i);
+        if (inst->opcode() > fb::ElementwiseOpcode::MAX)
+          fail(where + " has an unknown opcode " + std::to_string(unsigned(inst->opcode())));
+        ElementwiseInstruction e;
+        e.opcode = static_cast<ElementwiseOpcode>(inst->opcode());
+        where += std::string(" (") + fb::EnumNameElementwiseOpcode(inst->opcode()) + ")";
+        e.type = static_cast<DType>(inst->type());
+        if (inst->type() > fb::DType::MAX || !isFloatStorage(e.type))
+          fail(where + " defines a value of type " + std::to_string(unsigned(inst->type())) +
+               "; programs compute on f32, f16 and bf16");
+        e.a = inst->a();
+        e.b = inst->b();
+        e.imm = inst->imm();
+        size_t defined = p.inputs.size() + p.instructions.size();
+        auto expectDefined = [&](uint16_t r) {
+          if (r >= defined)
+            fail(where + " reads register " + std::to_string(r) + ", but only " +
+                 std::to_string(defined) + " are defined before it");
+        };
+        if (e.opcode != ElementwiseOpcode::Constant)
+          expectDefined(e.a);
+        if (isBinary(e.opcode))
+          expectDefined(e.b);
+        DType a = e.opcode == ElementwiseOpcode::Constant ? DType::F32 : p.registerType(e.a);
+        switch (e.opcode) {
+        case ElementwiseOpcode::Constant:
+          if (e.type != DType::F32)
+            fail(where + " type mismatch: constants are f32, got " + typeName(e.type));
+          break;
+        case ElementwiseOpcode::Extend:
+          if (a == DType::F32 || e.type != DType::F32)
+            fail(where + " type mismatch: extends f16 or bf16 to f32, got " + typeName(a) +
+                 " to " + typeName(e.type));
+          break;
+        case ElementwiseOpcode::Truncate:
+          if (a != DType::F32 || e.type == DType::F32)
+            fail(where + " type mismatch: rounds f32 to f16 or bf16, got " + typeName(a) +
+                 " to " + typeName(e.type));
+          break;
+        default: {
+          bool ok = a == DType::F32 && e.type == DType::F32 &&
+                    (!isBinary(e.opcode) || p.registerType(e.b) == DType::F32);
+          if (!ok)
+            fail(where + " type mismatch: computes on f32 registers, got " + typeName(a) +
+                 (isBinary(e.opcode) ? " and " + typeName(p.registerType(e.b)) : "") +
+                 " giving " + typeName(e.type));
+          break;
+        }
+        }
+        p.instructions.push_back(e);
+      }
+    size_t registers = p.inputs.size() + p.instructions.size();
+    if (const auto *outputs = program->outputs())
+      p.outputs.assign(outputs->begin(), outputs->end());
+    if (p.outputs.empty())
+      fail(what + " has no outputs");
+    for (size_t j = 0; j < p.outputs.size(); ++j)
+      if (p.outputs[j] >= registers)
+        fail(what + ": output " + std::to_string(j) + " is register " +
+             std::to_string(p.outputs[j]) + ", but the program defines " +
+             std::to_string(registers));
+    if (gpu) {
+      // The CUDA backend loads every generated kernel's PTX when it loads the plan.
+      if (info.ptx.empty())
+        fail(what + " has no PTX, but the plan targets " + plan.targetArch +
+             " (recompile the plan for the GPU)");
+      if (info.arch != plan.targetArch)
+        fail(what + " is PTX for " + (info.arch.empty() ? "no architecture" : info.arch) +
+             ", but the plan targets " + plan.targetArch);
+      if (info.ptx.find(".entry " + info.name + "(") == std::string::npos)
+        fail(what + ": its PTX has no .entry " + info.name);
+    }
+    plan.generatedKernels.push_back(std::move(info));
+  }
+}
+
 void PlanReader::readKernels() {
   const auto *kernels = root.kernels();
   if (!kernels || kernels->size() == 0)
@@ -1949,6 +2126,9 @@ void PlanReader::readKernels() {
       a.left = g->left();
       break;
     }
+    case fb::KernelAttrs::GeneratedKernelAttrs:
+      a.generatedKernel = k->attrs_as_GeneratedKernelAttrs()->kernel();
+      break;
     case fb::KernelAttrs::SGDAttrs: {
       const fb::SGDAttrs *sgd = k->attrs_as_SGDAttrs();
       a.momentum = sgd->momentum();
@@ -2176,6 +2356,7 @@ LoadedPlan PlanReader::read() {
   readArenas();
   readTensors();
   checkTensorRoles();
+  readGeneratedKernels();
   readKernels();
   readInputsAndLoss();
   checkTraining();

@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <limits>
 
@@ -929,6 +930,148 @@ TEST(PlanTrainingTest, VocabSizeBoundsTheIds) {
   spec = test::smallPlanSpec();
   spec.vocabSize = (uint64_t(1) << 31) + 1;
   expectError(spec, {"does not fit the plan's i32 inputs"});
+}
+
+//===----------------------------------------------------------------------===//
+// Generated kernels (FusedElementwise): the program, its PTX, the kernel's arity.
+//===----------------------------------------------------------------------===//
+
+using Op = ElementwiseOpcode;
+
+/// The small plan with a generated kernel between the embedding and the norm: it computes
+/// f = bf16(h + w_norm) (w_norm broadcast over the rows) and f32 = f widened, which the
+/// norm reads.
+PlanSpec fusedPlanSpec(const std::string &arch = "cpu") {
+  PlanSpec spec = test::smallPlanSpec();
+  spec.arch = arch;
+  uint32_t h = 5, norm = 1;
+  uint32_t f = spec.add("f", DType::BF16, {2, 4, 8}, TensorRole::Activation, 1);
+  test::GeneratedKernelSpec g;
+  g.inputs = {DType::F32, DType::F32};
+  g.instructions = {{Op::Add, DType::F32, 0, 1, 0}, {Op::Truncate, DType::BF16, 2, 0, 0}};
+  g.outputs = {3};
+  if (arch != "cpu") {
+    g.ptx = ".version 7.8\n.target " + arch + "\n.visible .entry fused_elementwise_0(\n)\n{}\n";
+    g.arch = arch;
+  }
+  spec.generatedKernels.push_back(g);
+  test::KernelSpec fused{KernelKind::FusedElementwise, {h, norm}, {f},
+                         fb::KernelAttrs::GeneratedKernelAttrs, test::generatedKernelAttrs(0),
+                         "fused", Phase::Forward};
+  spec.kernels.insert(spec.kernels.begin() + 1, fused);
+  uint32_t f32 = spec.add("f32", DType::F32, {2, 4, 8}, TensorRole::Activation, 1);
+  spec.generatedKernels[0].instructions.push_back({Op::Extend, DType::F32, 3, 0, 0});
+  spec.generatedKernels[0].outputs.push_back(4);
+  spec.kernels[1].outputs.push_back(f32);
+  spec.kernels[2].inputs[0] = f32;
+  return spec;
+}
+
+TEST(PlanGeneratedKernelsTest, LoadsAndRuns) {
+  LoadedPlan plan = load(buildPlan(fusedPlanSpec()));
+  ASSERT_EQ(plan.generatedKernels.size(), 1u);
+  const GeneratedKernelInfo &g = plan.generatedKernels[0];
+  EXPECT_EQ(g.name, "fused_elementwise_0");
+  EXPECT_EQ(g.program.inputs, (std::vector<DType>{DType::F32, DType::F32}));
+  ASSERT_EQ(g.program.instructions.size(), 3u);
+  EXPECT_EQ(g.program.instructions[1].opcode, Op::Truncate);
+  EXPECT_EQ(g.program.outputs, (std::vector<uint16_t>{3, 4}));
+  EXPECT_EQ(plan.kernels[1].kind, KernelKind::FusedElementwise);
+  EXPECT_EQ(plan.kernels[1].attrs.generatedKernel, 0u);
+  Executor executor(plan);
+  executor.initWeights(1);
+  TokenBatch batch;
+  batch.batch = 2;
+  batch.seq = 4;
+  batch.inputs = {1, 2, 3, 4, 5, 6, 7, 8};
+  batch.labels = {2, 3, 4, 5, 6, 7, 8, 9};
+  executor.setInputs(batch);
+  executor.runStep();
+  EXPECT_TRUE(std::isfinite(executor.loss()));
+  // A GPU plan carries the PTX of every generated kernel.
+  plan = load(buildPlan(fusedPlanSpec("sm_90")));
+  EXPECT_NE(plan.generatedKernels[0].ptx.find(".target sm_90"), std::string::npos);
+}
+
+TEST(PlanGeneratedKernelsTest, MalformedProgramsAreNamed) {
+  PlanSpec spec = fusedPlanSpec();
+  spec.generatedKernels[0].instructions[0].opcode = static_cast<Op>(99);
+  expectError(spec, {"generated kernel 0 'fused_elementwise_0': instruction 0 has an unknown "
+                     "opcode 99"});
+  spec = fusedPlanSpec();
+  spec.generatedKernels[0].instructions[0].b = 7;
+  expectError(spec, {"instruction 0 (Add) reads register 7, but only 2 are defined before it"});
+  spec = fusedPlanSpec();
+  spec.generatedKernels[0].instructions[1].a = 2;
+  spec.generatedKernels[0].instructions[2] = {Op::Mul, DType::F32, 3, 0, 0};
+  expectError(spec, {"instruction 2 (Mul) type mismatch: computes on f32 registers, got bf16 "
+                     "and f32"});
+  spec = fusedPlanSpec();
+  spec.generatedKernels[0].instructions[1].type = DType::F32;
+  expectError(spec, {"instruction 1 (Truncate) type mismatch: rounds f32 to f16 or bf16"});
+  spec = fusedPlanSpec();
+  spec.generatedKernels[0].instructions[2] = {Op::Extend, DType::F32, 2, 0, 0};
+  expectError(spec, {"instruction 2 (Extend) type mismatch: extends f16 or bf16 to f32, got f32"});
+  spec = fusedPlanSpec();
+  spec.generatedKernels[0].instructions[0].type = DType::I32;
+  expectError(spec, {"instruction 0 (Add) defines a value of type 5"});
+  spec = fusedPlanSpec();
+  spec.generatedKernels[0].inputs[1] = DType::NF4;
+  expectError(spec, {"input 1 type must be f32, f16 or bf16, got nf4"});
+  spec = fusedPlanSpec();
+  spec.generatedKernels[0].outputs[1] = 9;
+  expectError(spec, {"output 1 is register 9, but the program defines 5"});
+  spec = fusedPlanSpec();
+  spec.generatedKernels[0].outputs.clear();
+  expectError(spec, {"has no outputs"});
+  spec = fusedPlanSpec();
+  spec.generatedKernels[0].name = "";
+  expectError(spec, {"generated kernel 0 has no name"});
+}
+
+TEST(PlanGeneratedKernelsTest, PtxOfGpuPlans) {
+  PlanSpec spec = fusedPlanSpec("sm_90");
+  spec.generatedKernels[0].ptx.clear();
+  expectError(spec, {"generated kernel 0 'fused_elementwise_0' has no PTX, but the plan "
+                     "targets sm_90"});
+  spec = fusedPlanSpec("sm_90");
+  spec.generatedKernels[0].arch = "sm_80";
+  expectError(spec, {"is PTX for sm_80, but the plan targets sm_90"});
+  spec = fusedPlanSpec("sm_90");
+  spec.generatedKernels[0].name = "other";
+  expectError(spec, {"its PTX has no .entry other"});
+}
+
+TEST(PlanGeneratedKernelsTest, KernelsMatchTheirProgram) {
+  PlanSpec spec = fusedPlanSpec();
+  spec.kernels[1].inputs.pop_back();
+  expectError(spec, {"kernel 1 'fused' (FusedElementwise): expected 2 inputs and 2 outputs "
+                     "(those of generated kernel 0 'fused_elementwise_0'), got 1 and 2"});
+  spec = fusedPlanSpec();
+  spec.kernels[1].attrsType = fb::KernelAttrs::GeneratedKernelAttrs;
+  spec.kernels[1].attrs = test::generatedKernelAttrs(3);
+  expectError(spec, {"runs generated kernel 3, but the plan has 1 generated kernels"});
+  spec = fusedPlanSpec();
+  spec.kernels[1].attrsType = fb::KernelAttrs::NONE;
+  spec.kernels[1].attrs = {};
+  expectError(spec, {"attributes: expected GeneratedKernelAttrs, got none"});
+  spec = fusedPlanSpec();
+  std::swap(spec.kernels[1].outputs[0], spec.kernels[1].outputs[1]);
+  spec.kernels[2].inputs[0] = spec.kernels[1].outputs[1];
+  expectError(spec, {"y1 (tensor", "dtype: generated kernel 0 'fused_elementwise_0' computes "
+                     "bf16, got f32"});
+  spec = fusedPlanSpec();
+  spec.kernels[1].inputs[1] = 2; // lm_head.weight: 128 elements do not divide 64
+  expectError(spec, {"x2 (tensor 2 'lm_head.weight') has 128 elements, which do not divide the "
+                     "outputs' 64"});
+  spec = fusedPlanSpec();
+  spec.kernels[1].inputs[0] = 0; // the embedding table is f32 [16, 8]: 128 elements
+  expectError(spec, {"do not divide"});
+}
+
+TEST(PlanGeneratedKernelsTest, RandomByteFlipsLoadOrThrow) {
+  flipBytes(buildPlan(fusedPlanSpec()), 20261201, 1500);
+  flipBytes(buildPlan(fusedPlanSpec("sm_90")), 20261202, 500);
 }
 
 } // namespace

@@ -76,6 +76,17 @@ struct AdapterSpec {
   std::string module;
 };
 
+/// A generated kernel of a test plan (plan.fbs's GeneratedKernel), written field by field so
+/// that tests can plant malformed programs.
+struct GeneratedKernelSpec {
+  std::string name = "fused_elementwise_0";
+  std::vector<DType> inputs;
+  std::vector<ElementwiseInstruction> instructions;
+  std::vector<uint16_t> outputs;
+  std::string ptx;
+  std::string arch;
+};
+
 /// A whole test plan.
 struct PlanSpec {
   uint32_t version = kPlanVersion;
@@ -91,6 +102,7 @@ struct PlanSpec {
   uint64_t vocabSize = 0;
   std::vector<AdapterSpec> adapters;
   std::vector<std::string> adapterTargets;
+  std::vector<GeneratedKernelSpec> generatedKernels;
   /// The phase of the kernels `kernel` appends.
   Phase phase = Phase::Forward;
 
@@ -200,6 +212,11 @@ inline auto adamwAttrs(double beta1 = 0.9, double beta2 = 0.999, double eps = 1e
     return bonsai::plan::CreateAdamWAttrs(b, beta1, beta2, eps, weightDecay, gradClip).Union();
   };
 }
+inline auto generatedKernelAttrs(uint32_t kernel) {
+  return [kernel](flatbuffers::FlatBufferBuilder &b) {
+    return bonsai::plan::CreateGeneratedKernelAttrs(b, kernel).Union();
+  };
+}
 inline auto sgdAttrs(double momentum = 0.0, double weightDecay = 0.0, double gradClip = 0.0) {
   return [=](flatbuffers::FlatBufferBuilder &b) {
     return bonsai::plan::CreateSGDAttrs(b, momentum, weightDecay, gradClip).Union();
@@ -249,11 +266,26 @@ inline std::vector<uint8_t> buildPlan(const PlanSpec &spec, const char *identifi
   std::vector<flatbuffers::Offset<flatbuffers::String>> targets;
   for (const std::string &t : spec.adapterTargets)
     targets.push_back(b.CreateString(t));
+  std::vector<flatbuffers::Offset<fb::GeneratedKernel>> generated;
+  for (const GeneratedKernelSpec &g : spec.generatedKernels) {
+    std::vector<fb::DType> inputs;
+    for (DType t : g.inputs)
+      inputs.push_back(static_cast<fb::DType>(t));
+    std::vector<fb::ElementwiseInstruction> instructions;
+    for (const ElementwiseInstruction &i : g.instructions)
+      instructions.emplace_back(static_cast<fb::ElementwiseOpcode>(i.opcode),
+                                static_cast<fb::DType>(i.type), i.a, i.b, i.imm);
+    auto program = fb::CreateElementwiseProgramDirect(b, &inputs, &instructions, &g.outputs);
+    generated.push_back(fb::CreateGeneratedKernelDirect(
+        b, g.name.c_str(), program, g.ptx.empty() ? nullptr : g.ptx.c_str(),
+        g.arch.empty() ? nullptr : g.arch.c_str()));
+  }
   auto plan = fb::CreatePlanDirect(b, spec.version, spec.model.c_str(), target, &arenas, &tensors,
                                    &kernels, &spec.inputs, spec.loss, memory, spec.tokensPerStep,
                                    spec.microBatches, spec.vocabSize,
                                    adapters.empty() ? nullptr : &adapters,
-                                   targets.empty() ? nullptr : &targets);
+                                   targets.empty() ? nullptr : &targets,
+                                   generated.empty() ? nullptr : &generated);
   b.Finish(plan, identifier);
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }

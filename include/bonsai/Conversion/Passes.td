@@ -50,4 +50,38 @@ def BonsaiLowerToPlanPass : Pass<"bonsai-lower-to-plan", "::mlir::ModuleOp"> {
   let dependentDialects = ["::mlir::bonsai::plan::PlanDialect"];
 }
 
+def BonsaiGenerateElementwiseKernelsPass
+    : Pass<"bonsai-generate-elementwise-kernels", "::mlir::ModuleOp"> {
+  let summary = "Compile every bonsai.fused_elementwise region to a program and PTX";
+  let description = [{
+    For each `bonsai.fused_elementwise` (bonsai-fuse's `elementwise` family), builds the
+    portable program of its region (the CPU backend interprets it; every plan carries it) and,
+    when `target` is a GPU (`sm_XX`), a PTX kernel: the region cloned into a grid-stride loop
+    of a `gpu.func`, lowered by upstream MLIR (math polynomial approximations, scf -> cf,
+    gpu -> nvvm, gpu-module-to-binary with format=isa). The op records `generated_kernel`,
+    `program` and, for a GPU, `ptx` and `arch`; lowering to a plan passes them on. Ops with
+    the same program over the same shapes share one kernel name (one PTX module in the plan).
+    `print-ptx` writes each kernel's PTX to stdout once, for tests and inspection.
+
+    Before:
+    ```mlir
+    %r = bonsai.fused_elementwise ins(%x : tensor<64xf32>) { ... } -> tensor<64xf32>
+    ```
+    After:
+    ```mlir
+    %r = bonsai.fused_elementwise ins(%x : tensor<64xf32>) attributes {arch = "sm_90",
+        generated_kernel = "fused_elementwise_0", program = array<i32: ...>, ptx = "..."} { ... }
+    ```
+  }];
+  let options = [
+    Option<"target", "target", "std::string", /*default=*/"\"cpu\"",
+           "cpu (programs only) or the GPU architecture the PTX is for (sm_80, sm_90, ...)">,
+    Option<"printPtx", "print-ptx", "bool", /*default=*/"false",
+           "Print each generated kernel's PTX to stdout">,
+  ];
+  let statistics = [
+    Statistic<"numKernels", "kernels", "Distinct elementwise kernels generated">,
+  ];
+}
+
 #endif // BONSAI_CONVERSION_PASSES_TD

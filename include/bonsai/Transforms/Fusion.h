@@ -64,6 +64,9 @@ LogicalResult fuseOptimizerUpdates(FunctionOpInterface function, const FusionOpt
 /// (beta = 1) and linear + tanh GELU as one GEMM with a GELU epilogue.
 void populateGemmEpilogueFusionPatterns(RewritePatternSet &patterns,
                                         const FusionOptions &options);
+/// The `elementwise` family (Fusion/Elementwise.cpp): connected ElementwiseOpInterface ops
+/// of one iteration shape and phase become bonsai.fused_elementwise regions.
+LogicalResult fuseElementwiseChains(FunctionOpInterface function, const FusionOptions &options);
 
 } // namespace mlir::bonsai
 

@@ -11,7 +11,10 @@
 #ifndef BONSAI_RUNTIME_CPUKERNELS_H
 #define BONSAI_RUNTIME_CPUKERNELS_H
 
+#include "bonsai/runtime/Plan.h"
 #include "bonsai/runtime/Tensor.h"
+
+#include <vector>
 
 namespace bonsai::rt::cpu {
 
@@ -224,6 +227,15 @@ void linearGelu(const TensorView &x, const TensorView &w, const TensorView *bias
 /// this is bitwise linearGradWeight into an f32 tensor followed by accumulate; the unfused
 /// pair with a bf16/f16 gradient rounds the product to that dtype first, this does not.
 void linearGradWeightAccumulate(const TensorView &dy, const TensorView &x, const TensorView &acc);
+
+/// A generated elementwise kernel (FusedElementwise): runs `program` for every element index
+/// of the outputs (all of one numel), reading input i at the index modulo its numel. Values
+/// are f32 between instructions; Truncate rounds to nearest even as a store to its type would,
+/// exp, tanh and erf are the C library's f32 functions. An output may be an input's very
+/// storage when that input has the outputs' numel.
+void fusedElementwise(const ElementwiseProgramInfo &program,
+                      const std::vector<const TensorView *> &inputs,
+                      const std::vector<const TensorView *> &outputs);
 
 } // namespace bonsai::rt::cpu
 

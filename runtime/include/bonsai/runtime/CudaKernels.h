@@ -219,6 +219,32 @@ void layerNormGradAdd(const Context &ctx, const TensorView &dy, const TensorView
                       const TensorView &w, const TensorView &addend, double eps,
                       const TensorView &dx, const TensorView &dw, const TensorView &db);
 
+// Generated kernels (docs/fusion.md, "Generated elementwise kernels").
+
+/// The generated kernels of a plan, loaded once when the plan is: the driver JIT-compiles each
+/// kernel's PTX for the current device (cudaLibraryLoadData). A kernel without PTX (a plan
+/// compiled for the CPU) runs its program on a device interpreter instead. Launches are
+/// ordinary kernel launches on the context's stream, so they are captured into CUDA Graphs
+/// like any other.
+class GeneratedKernels {
+public:
+  /// Loads every kernel; throws rt::Error naming the kernel whose PTX the driver rejects
+  /// (with the JIT's log), or whose program, without PTX, exceeds the interpreter's limits.
+  explicit GeneratedKernels(const std::vector<GeneratedKernelInfo> &kernels);
+  ~GeneratedKernels();
+  GeneratedKernels(const GeneratedKernels &) = delete;
+  GeneratedKernels &operator=(const GeneratedKernels &) = delete;
+
+  /// Runs kernel `index` over the outputs' elements (one thread per element, grid-stride):
+  /// its parameters are the inputs' and outputs' device pointers and the element count.
+  void launch(const Context &ctx, size_t index, const std::vector<const TensorView *> &inputs,
+              const std::vector<const TensorView *> &outputs) const;
+
+private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 } // namespace bonsai::rt::cuda
 
 #endif // BONSAI_RUNTIME_CUDAKERNELS_H

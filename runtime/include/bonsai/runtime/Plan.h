@@ -111,6 +111,56 @@ enum class KernelKind : uint16_t {
   MultiTensorSGDUpdate = 86,
   LinearGeLU = 87,                 ///< linear then tanh GELU, keeping the pre-activation.
   LinearGradWeightAccumulate = 88, ///< acc += dyᵀ x (linear_grad_weight into an accumulator).
+  /// A generated kernel (docs/fusion.md): KernelAttrsInfo::generatedKernel names it.
+  FusedElementwise = 80,
+};
+
+/// Instructions of an elementwise program; values match bonsai.plan.ElementwiseOpcode.
+enum class ElementwiseOpcode : uint8_t {
+  Constant = 0, ///< imm (f32).
+  Extend = 1,   ///< a (f16 or bf16) as f32.
+  Truncate = 2, ///< a (f32) rounded to nearest even into the instruction's type.
+  Add = 3,
+  Sub = 4,
+  Mul = 5,
+  Div = 6,
+  Neg = 7,
+  Exp = 8,
+  Tanh = 9,
+  Erf = 10,
+};
+
+/// One verified instruction: defines the next register from registers `a` (and `b`, for
+/// the binary opcodes), both below it.
+struct ElementwiseInstruction {
+  ElementwiseOpcode opcode = ElementwiseOpcode::Constant;
+  DType type = DType::F32; ///< Of the value it defines.
+  uint16_t a = 0;
+  uint16_t b = 0;
+  float imm = 0;
+};
+
+/// A verified elementwise program (plan.fbs ElementwiseProgram): registers 0 .. inputs-1 are
+/// the input elements, register inputs.size() + k the value of instruction k, output j is
+/// register outputs[j]. Every operand is defined before it is read and has the type its
+/// opcode takes.
+struct ElementwiseProgramInfo {
+  std::vector<DType> inputs;
+  std::vector<ElementwiseInstruction> instructions;
+  std::vector<uint16_t> outputs;
+
+  /// The type of register `r`.
+  DType registerType(uint16_t r) const {
+    return r < inputs.size() ? inputs[r] : instructions[r - inputs.size()].type;
+  }
+};
+
+/// A verified generated kernel: its program always, its PTX in a plan for a GPU.
+struct GeneratedKernelInfo {
+  std::string name;
+  ElementwiseProgramInfo program;
+  std::string ptx;  ///< Empty in a CPU plan.
+  std::string arch; ///< "sm_90": the PTX's target.
 };
 
 /// "Linear", "RMSNorm", ... as spelled in plan.fbs.
@@ -191,6 +241,8 @@ struct KernelAttrsInfo {
   int64_t powerIterations = 0;
   int64_t seed = 0;
   bool bf16Operands = false;
+  /// GeneratedKernelAttrs: the index of the kernel in LoadedPlan::generatedKernels.
+  uint32_t generatedKernel = 0;
 };
 
 /// One verified kernel: indices into LoadedPlan::tensors, checked against the kind's operand
@@ -249,6 +301,8 @@ struct LoadedPlan {
   std::optional<uint32_t> lossScale; ///< The LossScale tensor, if the plan has one.
   std::vector<AdapterInfo> adapters;       ///< LoRA/DoRA adapters (Plan.adapters).
   std::vector<std::string> adapterTargets; ///< The recipe's patterns (PEFT target_modules).
+  /// Kernels the compiler generated (Plan.generated_kernels), run by FusedElementwise.
+  std::vector<GeneratedKernelInfo> generatedKernels;
 
   /// "tensor 3 'h.0.ln_1.weight'", for messages.
   std::string describeTensor(uint32_t index) const;

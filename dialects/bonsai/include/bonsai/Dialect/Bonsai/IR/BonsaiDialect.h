@@ -8,7 +8,9 @@
 #ifndef BONSAI_DIALECT_BONSAI_IR_BONSAIDIALECT_H
 #define BONSAI_DIALECT_BONSAI_IR_BONSAIDIALECT_H
 
+#include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/Dialect.h"

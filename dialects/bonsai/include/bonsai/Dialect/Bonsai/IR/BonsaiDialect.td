@@ -24,7 +24,9 @@ def Bonsai_Dialect : Dialect {
   }];
   let useDefaultTypePrinterParser = 1;
   let useDefaultAttributePrinterParser = 1;
-  let dependentDialects = ["::mlir::func::FuncDialect"];
+  // Fused elementwise regions (bonsai.fused_elementwise) are written in arith and math.
+  let dependentDialects = ["::mlir::func::FuncDialect", "::mlir::arith::ArithDialect",
+                           "::mlir::math::MathDialect"];
 }
 
 class Bonsai_Op<string mnemonic, list<Trait> traits = []>

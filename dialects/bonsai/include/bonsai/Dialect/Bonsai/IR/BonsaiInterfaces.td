@@ -245,4 +245,30 @@ def Bonsai_AccumulatingProducerOpInterface : OpInterface<"AccumulatingProducerOp
   ];
 }
 
+def Bonsai_ElementwiseOpInterface : OpInterface<"ElementwiseOpInterface"> {
+  let cppNamespace = "::mlir::bonsai";
+  let description = [{
+    An op whose every result element depends only on the operand elements at the same
+    position (operands of a smaller shape broadcast over the trailing dimensions, where the op
+    allows it). It describes one element of its computation as scalar `arith` and `math` ops,
+    from which bonsai-fuse's `elementwise` family builds the bodies of
+    `bonsai.fused_elementwise` regions, and code generation builds GPU kernels and the CPU
+    programs (docs/fusion.md). The fusion family asks this interface; it never names an op.
+  }];
+  let methods = [
+    InterfaceMethod<[{
+        Build the scalar computation of one element at the builder's insertion point.
+        `operands` holds one scalar per operand, of the operand's element type (bf16, f16 or
+        f32); on success `results` holds one scalar per result, of the result's element type.
+        The computation is carried out in f32 and rounded once to each result's element type,
+        as the op's own kernel stores its result. Fails (building nothing) when an element
+        type has no scalar form here (FP8).
+      }],
+      "::llvm::LogicalResult", "buildScalarComputation",
+      (ins "::mlir::OpBuilder &":$builder, "::mlir::Location":$loc,
+           "::mlir::ValueRange":$operands,
+           "::llvm::SmallVectorImpl<::mlir::Value> &":$results)>,
+  ];
+}
+
 #endif // BONSAI_DIALECT_BONSAI_IR_BONSAIINTERFACES_TD

@@ -109,7 +109,8 @@ def Bonsai_MatmulOp : Bonsai_ModelOp<"matmul",
 }
 
 class Bonsai_BroadcastBinaryOp<string mnemonic>
-    : Bonsai_ModelOp<mnemonic, [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
+    : Bonsai_ModelOp<mnemonic, [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>,
+                                DeclareOpInterfaceMethods<Bonsai_ElementwiseOpInterface>]> {
   let description = [{
     Elementwise with trailing-dimension broadcasting of `rhs`: `rhs` has rank at most that of
     `lhs`, and each of its dimensions equals the matching trailing dimension of `lhs` or is 1.
@@ -226,7 +227,9 @@ def Bonsai_AttentionOp : Bonsai_ModelOp<"attention", [DeclareOpInterfaceMethods<
   }];
 }
 
-class Bonsai_UnaryOp<string mnemonic> : Bonsai_ModelOp<mnemonic, [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
+/// A one-operand elementwise op.
+class Bonsai_UnaryOp<string mnemonic> : Bonsai_ModelOp<mnemonic, [
+    DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>, DeclareOpInterfaceMethods<Bonsai_ElementwiseOpInterface>]> {
   let arguments = (ins Bonsai_ComputeTensor:$input);
   let results = (outs Bonsai_ComputeTensor:$result);
 }
@@ -240,7 +243,8 @@ def Bonsai_SiLUOp : Bonsai_UnaryOp<"silu"> {
   }];
 }
 
-def Bonsai_GeLUOp : Bonsai_ModelOp<"gelu", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>], ["getKernelParams"]> {
+def Bonsai_GeLUOp : Bonsai_ModelOp<"gelu", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>,
+    DeclareOpInterfaceMethods<Bonsai_ElementwiseOpInterface>], ["getKernelParams"]> {
   let summary = "Gaussian error linear unit, exact or with the tanh approximation (GPT-2)";
   let description = [{
     ```mlir
@@ -253,7 +257,8 @@ def Bonsai_GeLUOp : Bonsai_ModelOp<"gelu", [DeclareOpInterfaceMethods<Bonsai_Gra
   let results = (outs Bonsai_ComputeTensor:$result);
 }
 
-def Bonsai_SwiGLUOp : Bonsai_ModelOp<"swiglu", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
+def Bonsai_SwiGLUOp : Bonsai_ModelOp<"swiglu", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>,
+    DeclareOpInterfaceMethods<Bonsai_ElementwiseOpInterface>]> {
   let summary = "silu(gate) · up, the gated MLP activation of Llama";
   let description = [{
     ```mlir
@@ -331,7 +336,8 @@ def Bonsai_SliceOp : Bonsai_ModelOp<"slice", [DeclareOpInterfaceMethods<Bonsai_G
   let results = (outs Bonsai_Tensor:$result);
 }
 
-def Bonsai_CastOp : Bonsai_ModelOp<"cast", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
+def Bonsai_CastOp : Bonsai_ModelOp<"cast", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>,
+    DeclareOpInterfaceMethods<Bonsai_ElementwiseOpInterface>]> {
   let summary = "element type conversion (round to nearest even; saturating for FP8)";
   let description = [{
     ```mlir
@@ -364,6 +370,7 @@ include "bonsai/Dialect/Bonsai/IR/BonsaiGaLoreOps.td"
 include "bonsai/Dialect/Bonsai/IR/BonsaiFusedOps.td"
 include "bonsai/Dialect/Bonsai/IR/BonsaiFusedOptimizerOps.td"
 include "bonsai/Dialect/Bonsai/IR/BonsaiGemmEpilogueOps.td"
+include "bonsai/Dialect/Bonsai/IR/BonsaiElementwiseOps.td"
 
 //===----------------------------------------------------------------------===//
 // Recipe ops

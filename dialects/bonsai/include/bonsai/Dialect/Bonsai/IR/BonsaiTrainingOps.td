@@ -142,7 +142,7 @@ def Bonsai_AttentionGradOp : Bonsai_ModelOp<"attention_grad"> {
                       Bonsai_ComputeTensor:$value_grad);
 }
 
-def Bonsai_SiLUGradOp : Bonsai_ModelOp<"silu_grad"> {
+def Bonsai_SiLUGradOp : Bonsai_ModelOp<"silu_grad", [DeclareOpInterfaceMethods<Bonsai_ElementwiseOpInterface>]> {
   let summary = "dx = dy · silu'(x)";
   let description = [{
     ```mlir
@@ -153,7 +153,8 @@ def Bonsai_SiLUGradOp : Bonsai_ModelOp<"silu_grad"> {
   let results = (outs Bonsai_ComputeTensor:$result);
 }
 
-def Bonsai_GeLUGradOp : Bonsai_ModelOp<"gelu_grad", [], ["getKernelParams"]> {
+def Bonsai_GeLUGradOp : Bonsai_ModelOp<"gelu_grad", [DeclareOpInterfaceMethods<Bonsai_ElementwiseOpInterface>],
+    ["getKernelParams"]> {
   let summary = "dx = dy · gelu'(x), exact or tanh form";
   let description = [{
     ```mlir
@@ -166,7 +167,7 @@ def Bonsai_GeLUGradOp : Bonsai_ModelOp<"gelu_grad", [], ["getKernelParams"]> {
   let results = (outs Bonsai_ComputeTensor:$result);
 }
 
-def Bonsai_SwiGLUGradOp : Bonsai_ModelOp<"swiglu_grad"> {
+def Bonsai_SwiGLUGradOp : Bonsai_ModelOp<"swiglu_grad", [DeclareOpInterfaceMethods<Bonsai_ElementwiseOpInterface>]> {
   let summary = "gradients of silu(gate) · up with respect to gate and up";
   let description = [{
     ```mlir
