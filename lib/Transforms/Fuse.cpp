@@ -42,18 +42,30 @@ struct FusePass : impl::BonsaiFusePassBase<FusePass> {
 
   void runOnOperation() override {
     ArrayRef<FusionFamily> families = getFusionFamilies();
-    llvm::StringSet<> disabled;
-    for (const std::string &name : disable) {
-      if (llvm::none_of(families, [&](const FusionFamily &f) { return f.name == name; })) {
+    // Family names given to `disable` and `only` must exist; `only` keeps the families it
+    // names (how a test looks at one family), `disable` leaves out those it names.
+    auto known = [&](ArrayRef<std::string> names) {
+      for (const std::string &name : names) {
+        if (llvm::any_of(families, [&](const FusionFamily &f) { return f.name == name; }))
+          continue;
         InFlightDiagnostic diag = getOperation().emitError()
                                   << "bonsai-fuse: unknown fusion family '" << name
                                   << "'; the families are:";
         for (const FusionFamily &family : families)
           diag << " " << family.name;
-        return signalPassFailure();
+        return false;
       }
+      return true;
+    };
+    if (!known(disable) || !known(only))
+      return signalPassFailure();
+    llvm::StringSet<> disabled;
+    for (const std::string &name : disable)
       disabled.insert(name);
-    }
+    if (!only.empty())
+      for (const FusionFamily &family : families)
+        if (!llvm::is_contained(only, family.name.str()))
+          disabled.insert(family.name);
 
     // Every fused op is counted per family and function for the summary remark.
     std::map<std::string, unsigned> counts;

@@ -344,6 +344,8 @@ def BonsaiFusePass : Pass<"bonsai-fuse", "::mlir::ModuleOp"> {
   let options = [
     ListOption<"disable", "disable", "std::string",
                "Fusion families not to apply (names as in docs/fusion.md)">,
+    ListOption<"only", "only", "std::string",
+               "Apply only these fusion families (for tests that look at one family)">,
     Option<"target", "target", "std::string", /*default=*/"\"cpu\"",
            "Architecture the fused kernels are chosen for">,
     Option<"perSiteRemarks", "per-site-remarks", "bool", /*default=*/"true",

@@ -1,4 +1,4 @@
-// RUN: bonsai-opt %s --split-input-file --bonsai-fuse=per-site-remarks=false | FileCheck %s
+// RUN: bonsai-opt %s --split-input-file --bonsai-fuse="only=elementwise per-site-remarks=false" | FileCheck %s
 
 // A LoRA-style chain: the scale mul and the residual add become one kernel with the
 // broadcast scale read at its index modulo 1 and the bias modulo 16.

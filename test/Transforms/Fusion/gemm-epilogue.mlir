@@ -1,5 +1,5 @@
-// RUN: bonsai-opt --bonsai-fuse="disable=optimizer" -split-input-file %s | FileCheck %s
-// RUN: bonsai-opt --bonsai-fuse="disable=gemm-epilogue" -split-input-file %s | FileCheck %s --check-prefix=OFF
+// RUN: bonsai-opt --bonsai-fuse="only=gemm-epilogue" -split-input-file %s | FileCheck %s
+// RUN: bonsai-opt --bonsai-fuse="only=optimizer" -split-input-file %s | FileCheck %s --check-prefix=OFF
 
 // A weight gradient accumulated into its accumulator becomes one GEMM adding into it, where
 // the accumulation was (its phase kept).

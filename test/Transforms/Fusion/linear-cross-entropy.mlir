@@ -1,5 +1,5 @@
 // RUN: bonsai-opt --bonsai-quantize --bonsai-autodiff --bonsai-optimizer --bonsai-remat \
-// RUN:   --bonsai-fuse="disable=residual-norm" -split-input-file %s 2> %t.remarks | FileCheck %s
+// RUN:   --bonsai-fuse="only=linear-cross-entropy" -split-input-file %s 2> %t.remarks | FileCheck %s
 // RUN: FileCheck %s --check-prefix=REMARK < %t.remarks
 
 // The linear-cross-entropy family (lib/Transforms/Fusion/LinearCrossEntropy.cpp): the LM head,

@@ -1,5 +1,5 @@
-// RUN: bonsai-opt --bonsai-fuse="disable=gemm-epilogue" -split-input-file %s | FileCheck %s
-// RUN: bonsai-opt --bonsai-fuse="disable=optimizer" -split-input-file %s | FileCheck %s --check-prefix=OFF
+// RUN: bonsai-opt --bonsai-fuse="only=optimizer" -split-input-file %s | FileCheck %s
+// RUN: bonsai-opt --bonsai-fuse="only=gemm-epilogue" -split-input-file %s | FileCheck %s --check-prefix=OFF
 
 // Three update-phase AdamW updates with the same scalars and hyper-parameters become one
 // multi-tensor update where the first one was; the moments declared between the updates move

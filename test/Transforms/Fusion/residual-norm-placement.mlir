@@ -1,4 +1,4 @@
-// RUN: bonsai-opt --bonsai-fuse="disable=linear-cross-entropy" -split-input-file %s | FileCheck %s
+// RUN: bonsai-opt --bonsai-fuse="only=residual-norm" -split-input-file %s | FileCheck %s
 
 // Where the residual-norm fusions may and may not go, on hand-written steps.
 

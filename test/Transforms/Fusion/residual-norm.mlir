@@ -1,5 +1,5 @@
 // RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer --bonsai-remat \
-// RUN:   --bonsai-fuse="disable=linear-cross-entropy" -split-input-file %s 2> %t.remarks \
+// RUN:   --bonsai-fuse="only=residual-norm" -split-input-file %s 2> %t.remarks \
 // RUN:   | FileCheck %s
 // RUN: FileCheck %s --check-prefix=REMARK < %t.remarks
 
