@@ -1,0 +1,143 @@
+//===- attention_bench.cpp - Bonsai's causal attention kernels, timed ------===//
+//
+// Times cuda::attention (the forward) and cuda::attention + cuda::attentionGrad (forward and
+// backward, as a training step runs them) on fresh random bf16 q, k, v and dO in Bonsai's
+// [batch, seq, heads, head_dim] layout, with CUDA events: two warm-up calls, then the median of
+// `--reps` timed calls. Prints one line per shape that bench/attention_bench.py reads:
+//
+//   shape B S H KVH D causal fwd_ms <median> fwdbwd_ms <median>
+//
+// FLOPs are left to the Python side, which uses FlashAttention's convention for all three
+// implementations alike: forward 4 B H S^2 D (halved when causal), backward 2.5 times that.
+//
+//   build-attn/bin/attention_bench [--reps N] [--causal 0|1] B S H KVH D [B S H KVH D ...]
+//
+// Built with the runtime when CUDA is on; not run in CI (it needs a GPU).
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/runtime/CudaKernels.h"
+#include "bonsai/runtime/Tensor.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+using namespace bonsai::rt;
+
+namespace {
+
+void check(cudaError_t status, const char *call) {
+  if (status != cudaSuccess) {
+    std::fprintf(stderr, "attention_bench: %s failed: %s\n", call, cudaGetErrorString(status));
+    std::exit(1);
+  }
+}
+
+/// Median milliseconds of `fn` over `reps` calls after two warm-up calls, each call between its
+/// own pair of events.
+template <typename F> double medianMs(F fn, int reps) {
+  fn();
+  fn();
+  check(cudaDeviceSynchronize(), "warm-up");
+  std::vector<cudaEvent_t> events(size_t(2 * reps));
+  for (cudaEvent_t &e : events)
+    check(cudaEventCreate(&e), "cudaEventCreate");
+  for (int r = 0; r < reps; ++r) {
+    check(cudaEventRecord(events[2 * r]), "cudaEventRecord");
+    fn();
+    check(cudaEventRecord(events[2 * r + 1]), "cudaEventRecord");
+  }
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  std::vector<float> ms(static_cast<size_t>(reps));
+  for (int r = 0; r < reps; ++r) {
+    float t = 0.f;
+    check(cudaEventElapsedTime(&t, events[2 * r], events[2 * r + 1]), "cudaEventElapsedTime");
+    ms[size_t(r)] = t;
+  }
+  for (cudaEvent_t e : events)
+    cudaEventDestroy(e);
+  std::sort(ms.begin(), ms.end());
+  return double(ms[ms.size() / 2]);
+}
+
+/// A device buffer of `count` random bf16 values from N(0, 1).
+void *randomBf16(size_t count, std::mt19937 &rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> host(count);
+  for (uint16_t &x : host)
+    x = f32ToBf16(normal(rng));
+  void *p = nullptr;
+  check(cudaMalloc(&p, count * 2), "cudaMalloc");
+  check(cudaMemcpy(p, host.data(), count * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
+  return p;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  int reps = 20;
+  bool causal = true;
+  std::vector<int64_t> dims;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
+      reps = std::max(1, std::atoi(argv[++i]));
+    else if (std::strcmp(argv[i], "--causal") == 0 && i + 1 < argc)
+      causal = std::atoi(argv[++i]) != 0;
+    else
+      dims.push_back(std::atoll(argv[i]));
+  }
+  if (dims.empty() || dims.size() % 5 != 0) {
+    std::fprintf(stderr,
+                 "usage: attention_bench [--reps N] [--causal 0|1] B S H KVH D [B S H KVH D ...]\n");
+    return 2;
+  }
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::fprintf(stderr, "attention_bench: no GPU here\n");
+    return 1;
+  }
+  cuda::Context ctx;
+  std::mt19937 rng(0);
+  for (size_t s = 0; s < dims.size(); s += 5) {
+    const int64_t b = dims[s], seq = dims[s + 1], h = dims[s + 2], kvh = dims[s + 3],
+                  d = dims[s + 4];
+    const size_t qCount = size_t(b * seq * h * d), kvCount = size_t(b * seq * kvh * d);
+    void *q = randomBf16(qCount, rng), *k = randomBf16(kvCount, rng),
+         *v = randomBf16(kvCount, rng), *dout = randomBf16(qCount, rng);
+    void *o, *dq, *dk, *dv;
+    check(cudaMalloc(&o, qCount * 2), "cudaMalloc");
+    check(cudaMalloc(&dq, qCount * 2), "cudaMalloc");
+    check(cudaMalloc(&dk, kvCount * 2), "cudaMalloc");
+    check(cudaMalloc(&dv, kvCount * 2), "cudaMalloc");
+    const std::vector<int64_t> qShape{b, seq, h, d}, kvShape{b, seq, kvh, d};
+    TensorView qv{q, DType::BF16, qShape}, kv{k, DType::BF16, kvShape},
+        vv{v, DType::BF16, kvShape}, ov{o, DType::BF16, qShape}, dov{dout, DType::BF16, qShape},
+        dqv{dq, DType::BF16, qShape}, dkv{dk, DType::BF16, kvShape}, dvv{dv, DType::BF16, kvShape};
+    // (Also what pulls Tensor.cpp's helpers, which the CUDA library needs, into the link.)
+    std::printf("# q %s, k and v %s, %s, %.1f MiB each\n", formatShape(qShape).c_str(),
+                formatShape(kvShape).c_str(), dtypeName(qv.dtype), double(qv.bytes()) / (1 << 20));
+    const double scale = 1.0 / std::sqrt(double(d));
+    auto forward = [&] { cuda::attention(ctx, qv, kv, vv, causal, scale, ov); };
+    auto step = [&] {
+      forward();
+      cuda::attentionGrad(ctx, dov, qv, kv, vv, ov, causal, scale, dqv, dkv, dvv);
+    };
+    const double fwdMs = medianMs(forward, reps);
+    const double stepMs = medianMs(step, reps);
+    check(cudaGetLastError(), "the kernels");
+    std::printf("shape %lld %lld %lld %lld %lld causal %d fwd_ms %.4f fwdbwd_ms %.4f\n",
+                (long long)b, (long long)seq, (long long)h, (long long)kvh, (long long)d,
+                causal ? 1 : 0, fwdMs, stepMs);
+    std::fflush(stdout);
+    for (void *p : {q, k, v, dout, o, dq, dk, dv})
+      check(cudaFree(p), "cudaFree");
+  }
+  return 0;
+}
