@@ -18,6 +18,9 @@ namespace mlir::bonsai {
 
 ArrayRef<FusionFamily> getFusionFamilies() {
   static const std::vector<FusionFamily> families = {
+      {"flash-attention",
+       "attention + attention_grad: the forward saves the log-sum-exp the backward reads",
+       populateFlashAttentionFusionPatterns},
   };
   return families;
 }

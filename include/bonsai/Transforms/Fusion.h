@@ -48,6 +48,11 @@ struct FusionFamily {
 /// Every fusion family, in the order the pass applies them.
 ArrayRef<FusionFamily> getFusionFamilies();
 
+/// `flash-attention` (Fusion/FlashAttention.cpp): an attention whose result feeds an
+/// attention_grad returns its log-sum-exp, and the grad reads it instead of recomputing it.
+void populateFlashAttentionFusionPatterns(RewritePatternSet &patterns,
+                                          const FusionOptions &options);
+
 } // namespace mlir::bonsai
 
 #endif // BONSAI_TRANSFORMS_FUSION_H

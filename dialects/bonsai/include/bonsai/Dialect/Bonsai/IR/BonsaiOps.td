@@ -361,6 +361,7 @@ def Bonsai_DequantizeOp : Bonsai_ModelOp<"dequantize", [Bonsai_RecomputeOpInterf
 include "bonsai/Dialect/Bonsai/IR/BonsaiTrainingOps.td"
 include "bonsai/Dialect/Bonsai/IR/BonsaiOptimizerOps.td"
 include "bonsai/Dialect/Bonsai/IR/BonsaiGaLoreOps.td"
+include "bonsai/Dialect/Bonsai/IR/BonsaiFlashAttentionOps.td"
 
 //===----------------------------------------------------------------------===//
 // Recipe ops
