@@ -47,7 +47,9 @@ static_assert(uint16_t(fb::KernelKind::Copy) == uint16_t(KernelKind::Copy) &&
                   uint16_t(fb::KernelKind::AdamWUpdate) == uint16_t(KernelKind::AdamWUpdate) &&
                   uint16_t(fb::KernelKind::Dequantize) == uint16_t(KernelKind::Dequantize) &&
                   uint16_t(fb::KernelKind::GaloreRefresh) == uint16_t(KernelKind::GaloreRefresh) &&
-                  uint16_t(fb::KernelKind::MAX) == uint16_t(KernelKind::GaloreAdamWUpdate),
+                  uint16_t(fb::KernelKind::FlashAttention) ==
+                      uint16_t(KernelKind::FlashAttention) &&
+                  uint16_t(fb::KernelKind::MAX) == uint16_t(KernelKind::FlashAttentionGrad),
               "rt::KernelKind must match plan.fbs");
 static_assert(uint8_t(fb::MemorySpace::PinnedHost) == uint8_t(MemorySpace::PinnedHost) &&
                   uint8_t(fb::Lifetime::Step) == uint8_t(Lifetime::Step),
@@ -473,6 +475,7 @@ private:
   void checkPhase() const;
   void checkState() const;
   void checkAttentionShapes(size_t q, size_t k, size_t v) const;
+  void checkLse(size_t lse, bool isOutput) const;
 
   const LoadedPlan &plan;
   size_t index;
@@ -583,6 +586,14 @@ void KernelChecker::checkArity() {
     break;
   case KernelKind::AttentionGrad:
     operandNames = {"do", "q", "k", "v", "o"};
+    resultNames = {"dq", "dk", "dv"};
+    break;
+  case KernelKind::FlashAttention:
+    operandNames = {"q", "k", "v"};
+    resultNames = {"o", "lse"};
+    break;
+  case KernelKind::FlashAttentionGrad:
+    operandNames = {"do", "q", "k", "v", "o", "lse"};
     resultNames = {"dq", "dk", "dv"};
     break;
   case KernelKind::SiLUGrad:
@@ -722,6 +733,8 @@ void KernelChecker::checkAttrs() {
     break;
   case KernelKind::Attention:
   case KernelKind::AttentionGrad:
+  case KernelKind::FlashAttention:
+  case KernelKind::FlashAttentionGrad:
     if (!(a.scale > 0) || a.scale == std::numeric_limits<double>::infinity())
       fail("scale must be positive and finite, got " + num(a.scale));
     break;
@@ -875,6 +888,19 @@ void KernelChecker::checkAttentionShapes(size_t qi, size_t ki, size_t vi) const 
          std::to_string(k[2]) + ")");
 }
 
+/// The log-sum-exp of flash attention (output or input `i`) is f32 [batch, heads, seq] of the
+/// query (input 0 of FlashAttention, 1 of FlashAttentionGrad).
+void KernelChecker::checkLse(size_t i, bool isOutput) const {
+  const std::vector<int64_t> &q = in(isOutput ? 0 : 1).shape;
+  std::vector<int64_t> want = {q[0], q[2], q[1]};
+  const TensorInfo &lse = isOutput ? out(i) : in(i);
+  std::string name = isOutput ? outName(i) : inName(i);
+  if (lse.dtype != DType::F32 || lse.shape != want)
+    fail(name + ": expected an f32 " + formatShape(want) +
+         " log-sum-exp ([batch, heads, seq] of the query), got " + formatShape(lse.shape) + " " +
+         dtypeName(lse.dtype));
+}
+
 void KernelChecker::checkShapes() {
   if (kernel.kind <= KernelKind::Copy)
     return checkShapesV1();
@@ -945,6 +971,7 @@ void KernelChecker::checkShapes() {
     expectFloatOutput(0, in(0).shape);
     break;
   case KernelKind::AttentionGrad:
+  case KernelKind::FlashAttentionGrad:
     checkAttentionShapes(1, 2, 3);
     expectFloat(2);
     expectFloat(3);
@@ -953,6 +980,16 @@ void KernelChecker::checkShapes() {
     expectFloatOutput(0, in(1).shape);
     expectFloatOutput(1, in(2).shape);
     expectFloatOutput(2, in(2).shape);
+    if (kernel.kind == KernelKind::FlashAttentionGrad)
+      checkLse(5, /*isOutput=*/false);
+    break;
+  case KernelKind::FlashAttention:
+    // As Attention: one storage type for q, k, v and o.
+    checkAttentionShapes(0, 1, 2);
+    expectInputDType(1, in(0).dtype);
+    expectInputDType(2, in(0).dtype);
+    expectOutputLike(0);
+    checkLse(1, /*isOutput=*/true);
     break;
   case KernelKind::SiLUGrad:
   case KernelKind::GeLUGrad:
@@ -1304,6 +1341,8 @@ fb::KernelAttrs requiredAttrs(fb::KernelKind kind) {
     return fb::KernelAttrs::RoPEAttrs;
   case fb::KernelKind::Attention:
   case fb::KernelKind::AttentionGrad:
+  case fb::KernelKind::FlashAttention:
+  case fb::KernelKind::FlashAttentionGrad:
     return fb::KernelAttrs::AttentionAttrs;
   case fb::KernelKind::GeLU:
   case fb::KernelKind::GeLUGrad:
@@ -1599,7 +1638,8 @@ void PlanReader::readKernels() {
     info.stream = k->stream();
     std::string what = "kernel " + std::to_string(i) +
                        (info.name.empty() ? std::string() : " '" + info.name + "'");
-    if (k->kind() > fb::KernelKind::MAX)
+    // Kinds are numbered in ranges with gaps between them; a gap has no name.
+    if (k->kind() > fb::KernelKind::MAX || !*fb::EnumNameKernelKind(k->kind()))
       fail(what + " has an unknown kind " + std::to_string(unsigned(k->kind())) +
            " (a newer compiler? recompile the plan with this runtime's compiler)");
     info.kind = static_cast<KernelKind>(k->kind());

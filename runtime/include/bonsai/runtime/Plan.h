@@ -101,6 +101,8 @@ enum class KernelKind : uint16_t {
   GaloreRefresh = 55,     ///< GaLore (docs/galore.md): refresh a projector on its steps.
   GaloreProject = 56,     ///< GaLore: project a gradient onto its subspace.
   GaloreAdamWUpdate = 57, ///< GaLore: AdamW on the projection, projected back.
+  FlashAttention = 100,     ///< attention that also writes the log-sum-exp (docs/fusion.md).
+  FlashAttentionGrad = 101, ///< attention's gradients from the saved log-sum-exp.
 };
 
 /// "Linear", "RMSNorm", ... as spelled in plan.fbs.
