@@ -51,6 +51,9 @@ void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &o
     remat.deviceMemory = options.deviceMemory;
     remat.target = options.target;
     remat.perValueRemarks = false;
+    // Policy auto plans trials as the pipeline will plan the step: fused.
+    remat.fuse = options.fuse;
+    remat.fuseDisable.assign(options.fuseDisable.begin(), options.fuseDisable.end());
     pm.addPass(createBonsaiRematPass(remat));
   }
   // Fusion sees the whole step (forward, backward, update and the recomputed clones) and runs
@@ -60,6 +63,7 @@ void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &o
     BonsaiFusePassOptions fuse;
     fuse.target = options.target;
     fuse.perSiteRemarks = false;
+    fuse.disable.assign(options.fuseDisable.begin(), options.fuseDisable.end());
     pm.addPass(createBonsaiFusePass(fuse));
   }
   // Tensors become buffers and ops become launches; the recipe's target is recorded so that

@@ -330,10 +330,21 @@ SmallVector<Operation *> applyRecompute(ArrayRef<Operation *> forward, const Bit
 /// lowering, scheduling and memory-planning passes; results are memoised by set.
 class TrialPlanner {
 public:
-  TrialPlanner(func::FuncOp function, StringRef target)
+  TrialPlanner(func::FuncOp function, StringRef target, bool fuse,
+               ArrayRef<std::string> fuseDisable)
       : function(function), pm(function.getContext()) {
     // The copies are made by this pass and lowered at once: verifying each is wasted time.
     pm.enableVerifier(false);
+    // The pipeline fuses after remat: a trial planned unfused would overstate the peak of the
+    // plan that will run (the LM head's logits, above all). Fusion's remarks on the copies
+    // are swallowed while they run (see evaluate).
+    if (fuse) {
+      BonsaiFusePassOptions fusion;
+      fusion.target = target.str();
+      fusion.perSiteRemarks = false;
+      fusion.disable.assign(fuseDisable.begin(), fuseDisable.end());
+      pm.addPass(createBonsaiFusePass(fusion));
+    }
     BonsaiLowerToPlanPassOptions lower;
     lower.target = target.str();
     pm.addPass(createBonsaiLowerToPlanPass(lower));
@@ -349,6 +360,10 @@ public:
     auto copy = cast<func::FuncOp>(function->clone());
     scratch->push_back(copy);
     applyRecompute(collectForwardOps(copy), recompute);
+    // Remarks about the copies (bonsai-fuse's) would read as remarks about the model.
+    ScopedDiagnosticHandler quiet(function.getContext(), [](Diagnostic &diagnostic) {
+      return success(diagnostic.getSeverity() == DiagnosticSeverity::Remark);
+    });
     if (failed(pm.run(*scratch)))
       return function.emitError("bonsai-remat could not plan a trial step (above)");
     auto steps = scratch->getOps<plan::StepOp>();
@@ -852,7 +867,7 @@ LogicalResult RematPass::rematFunction(func::FuncOp function, StringRef chosen, 
                               "is none: give device-memory, or a recipe target with "
                               "device_memory");
 
-  TrialPlanner planner(function, target);
+  TrialPlanner planner(function, target, fuse, fuseDisable);
   // The baseline keeps everything it may: only what is always recomputed is.
   FailureOr<Trial> none = evaluate(g, planner, g.resolve(BitVector(g.size())));
   if (failed(none))

@@ -1,7 +1,7 @@
 //===- bonsai-compile.cpp - Compile a model and recipe into a plan --------===//
 //
 // bonsai-compile model.mlir [recipe.mlir] [-o step.plan] [--target=sm_90]
-//                [--device-memory=24GiB] [--fuse=false]
+//                [--device-memory=24GiB] [--fuse=false] [--fuse-disable=family,...]
 //
 // Parses the model (and the recipe, if given, into the same module), runs the standard
 // pipeline (with the backward pass, the optimizer and activation recomputation when the
@@ -55,6 +55,12 @@ static llvm::cl::opt<bool>
                llvm::cl::desc("Fuse chains of ops into single kernels (default true; "
                               "--fuse=false compiles every op as its own kernel)"),
                llvm::cl::init(true));
+static llvm::cl::list<std::string>
+    fuseDisableOption("fuse-disable",
+                      llvm::cl::desc("Fusion families to leave out, e.g. "
+                                     "--fuse-disable=linear-cross-entropy,residual-norm "
+                                     "(names as in docs/fusion.md)"),
+                      llvm::cl::CommaSeparated);
 
 /// Parses "24GiB", "1.5 GiB", "512MiB", "80GB", "1000" (bytes).
 static std::optional<int64_t> parseBytes(StringRef text) {
@@ -162,6 +168,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   options.fuse = fuseOption;
+  options.fuseDisable = llvm::to_vector(fuseDisableOption);
   if (!targetOption.empty())
     options.target = targetOption;
   std::optional<TargetProfile> profile = lookupTargetProfile(options.target);

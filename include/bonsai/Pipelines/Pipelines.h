@@ -36,6 +36,9 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
       llvm::cl::desc("Replace chains of ops with fused kernels (bonsai-fuse); false compiles "
                      "every op as its own kernel"),
       llvm::cl::init(true)};
+  PassOptions::ListOption<std::string> fuseDisable{
+      *this, "fuse-disable",
+      llvm::cl::desc("Fusion families to leave out (names as in docs/fusion.md)")};
   PassOptions::Option<int64_t> microBatches{
       *this, "micro-batches", llvm::cl::desc("Forward and backward runs per update"),
       llvm::cl::init(1)};

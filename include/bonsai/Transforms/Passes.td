@@ -308,6 +308,11 @@ def BonsaiRematPass : Pass<"bonsai-remat", "::mlir::ModuleOp"> {
            "exhaustive frontier, the optimum and the greedy's FLOPs (the IR is unchanged)">,
     Option<"perValueRemarks", "per-value-remarks", "bool", /*default=*/"true",
            "A remark at every recomputed tensor, besides the summary">,
+    Option<"fuse", "fuse", "bool", /*default=*/"false",
+           "Run bonsai-fuse on auto's trial plans before lowering them, as the pipeline will " #
+           "(fused kernels keep less: the budget must see what the plan will be)">,
+    ListOption<"fuseDisable", "fuse-disable", "std::string",
+               "Fusion families the trial plans leave out (bonsai-fuse's disable)">,
   ];
   let statistics = [
     Statistic<"numRecomputed", "recomputed", "Tensors recomputed in the backward pass">,
