@@ -13,14 +13,18 @@
 // anyway; the backward reads it instead of recomputing it. Neither stores the attention
 // matrix. A clone that bonsai-remat placed in the backward pass (bonsai.recomputed) is
 // rewritten the same way, so the grad reads the lse of the clone it already reads the output
-// of. An attention without such a grad (generation, a forward whose grad reads a recomputed
-// clone) stays as it is: nobody would read its lse.
+// of. When remat recomputes only the attention's inputs (policy selective recomputes rope), the
+// grad reads the forward's output with recomputed q and k: clones of the forward's operands,
+// which hold the same bits, so the grad still reads the forward's lse. An attention without
+// such a grad (generation, a forward whose grad reads a recomputed clone) stays as it is:
+// nobody would read its lse.
 //
 //===----------------------------------------------------------------------===//
 
 #include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
 #include "bonsai/Transforms/Fusion.h"
 #include "mlir/IR/PatternMatch.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
 
 namespace mlir::bonsai {
 namespace {
@@ -32,11 +36,51 @@ void copyAnnotations(Operation *from, Operation *to) {
       to->setAttr(attr.getName(), attr.getValue());
 }
 
+/// The mark bonsai-remat puts on the clones it recomputes in the backward pass.
+constexpr StringLiteral kRecomputedAttr = "bonsai.recomputed";
+/// How deep sameValue follows a chain of clones (remat clones a few ops in front of attention).
+constexpr unsigned kMaxCloneDepth = 16;
+
+/// The attributes of `op` that say what it computes (not the bonsai.* annotations).
+SmallVector<NamedAttribute> semanticAttrs(Operation *op) {
+  SmallVector<NamedAttribute> attrs;
+  for (NamedAttribute attr : op->getAttrs())
+    if (!attr.getName().getValue().starts_with("bonsai."))
+      attrs.push_back(attr);
+  return attrs;
+}
+
+/// Whether `a` and `b` hold the same values: the same SSA value, or the same result of two
+/// pure ops of which one is a recomputed clone (bonsai-remat's) of the other, with the same
+/// attributes and operands that hold the same values in turn. Recomputation is bit-exact
+/// (docs/remat.md), so a clone's result equals its original's.
+bool sameValue(Value a, Value b, unsigned depth = 0) {
+  if (a == b)
+    return true;
+  auto ra = dyn_cast<OpResult>(a), rb = dyn_cast<OpResult>(b);
+  if (!ra || !rb || ra.getResultNumber() != rb.getResultNumber() || depth >= kMaxCloneDepth)
+    return false;
+  Operation *x = ra.getOwner(), *y = rb.getOwner();
+  if (!x->hasAttr(kRecomputedAttr) && !y->hasAttr(kRecomputedAttr))
+    return false;
+  if (x->getName() != y->getName() || x->getNumOperands() != y->getNumOperands() ||
+      x->getNumRegions() != 0 || y->getNumRegions() != 0 || !isPure(x) ||
+      semanticAttrs(x) != semanticAttrs(y))
+    return false;
+  for (auto [u, v] : llvm::zip_equal(x->getOperands(), y->getOperands()))
+    if (!sameValue(u, v, depth + 1))
+      return false;
+  return true;
+}
+
 /// Whether `grad` is the gradient of `attention`: it reads its result as the forward output,
-/// and the same q, k, v, mask and scale.
+/// and q, k, v that hold the same values (the same, or recomputed clones), and the same mask
+/// and scale.
 bool isGradientOf(AttentionGradOp grad, AttentionOp attention) {
-  return grad.getOutput() == attention.getResult() && grad.getQuery() == attention.getQuery() &&
-         grad.getKey() == attention.getKey() && grad.getValue() == attention.getValue() &&
+  return grad.getOutput() == attention.getResult() &&
+         sameValue(grad.getQuery(), attention.getQuery()) &&
+         sameValue(grad.getKey(), attention.getKey()) &&
+         sameValue(grad.getValue(), attention.getValue()) &&
          grad.getCausal() == attention.getCausal() && grad.getScale() == attention.getScale();
 }
 
