@@ -5,7 +5,12 @@
 // [batch, seq, heads, head_dim] layout, with CUDA events: two warm-up calls, then the median of
 // `--reps` timed calls. Prints one line per shape that bench/attention_bench.py reads:
 //
-//   shape B S H KVH D causal fwd_ms <median> fwdbwd_ms <median>
+//   shape B S H KVH D causal fwd_ms <median> fwdbwd_ms <median> flash_fwd_ms <median>
+//     flash_fwdbwd_ms <median>
+//
+// (one line): fwd/fwdbwd time attention and attentionGrad (the plan without the flash-attention
+// fusion), flash_fwd/flash_fwdbwd time flashAttention and flashAttentionGrad (with it: the
+// forward writes the log-sum-exp, the backward reads it).
 //
 // FLOPs are left to the Python side, which uses FlashAttention's convention for all three
 // implementations alike: forward 4 B H S^2 D (halved when causal), backward 2.5 times that.
@@ -111,15 +116,17 @@ int main(int argc, char **argv) {
     const size_t qCount = size_t(b * seq * h * d), kvCount = size_t(b * seq * kvh * d);
     void *q = randomBf16(qCount, rng), *k = randomBf16(kvCount, rng),
          *v = randomBf16(kvCount, rng), *dout = randomBf16(qCount, rng);
-    void *o, *dq, *dk, *dv;
+    void *o, *dq, *dk, *dv, *lse;
     check(cudaMalloc(&o, qCount * 2), "cudaMalloc");
+    check(cudaMalloc(&lse, size_t(b * h * seq) * 4), "cudaMalloc");
     check(cudaMalloc(&dq, qCount * 2), "cudaMalloc");
     check(cudaMalloc(&dk, kvCount * 2), "cudaMalloc");
     check(cudaMalloc(&dv, kvCount * 2), "cudaMalloc");
     const std::vector<int64_t> qShape{b, seq, h, d}, kvShape{b, seq, kvh, d};
     TensorView qv{q, DType::BF16, qShape}, kv{k, DType::BF16, kvShape},
         vv{v, DType::BF16, kvShape}, ov{o, DType::BF16, qShape}, dov{dout, DType::BF16, qShape},
-        dqv{dq, DType::BF16, qShape}, dkv{dk, DType::BF16, kvShape}, dvv{dv, DType::BF16, kvShape};
+        dqv{dq, DType::BF16, qShape}, dkv{dk, DType::BF16, kvShape}, dvv{dv, DType::BF16, kvShape},
+        lsev{lse, DType::F32, {b, h, seq}};
     // (Also what pulls Tensor.cpp's helpers, which the CUDA library needs, into the link.)
     std::printf("# q %s, k and v %s, %s, %.1f MiB each\n", formatShape(qShape).c_str(),
                 formatShape(kvShape).c_str(), dtypeName(qv.dtype), double(qv.bytes()) / (1 << 20));
@@ -129,14 +136,22 @@ int main(int argc, char **argv) {
       forward();
       cuda::attentionGrad(ctx, dov, qv, kv, vv, ov, causal, scale, dqv, dkv, dvv);
     };
+    auto flashForward = [&] { cuda::flashAttention(ctx, qv, kv, vv, causal, scale, ov, lsev); };
+    auto flashStep = [&] {
+      flashForward();
+      cuda::flashAttentionGrad(ctx, dov, qv, kv, vv, ov, lsev, causal, scale, dqv, dkv, dvv);
+    };
     const double fwdMs = medianMs(forward, reps);
     const double stepMs = medianMs(step, reps);
+    const double flashFwdMs = medianMs(flashForward, reps);
+    const double flashStepMs = medianMs(flashStep, reps);
     check(cudaGetLastError(), "the kernels");
-    std::printf("shape %lld %lld %lld %lld %lld causal %d fwd_ms %.4f fwdbwd_ms %.4f\n",
+    std::printf("shape %lld %lld %lld %lld %lld causal %d fwd_ms %.4f fwdbwd_ms %.4f "
+                "flash_fwd_ms %.4f flash_fwdbwd_ms %.4f\n",
                 (long long)b, (long long)seq, (long long)h, (long long)kvh, (long long)d,
-                causal ? 1 : 0, fwdMs, stepMs);
+                causal ? 1 : 0, fwdMs, stepMs, flashFwdMs, flashStepMs);
     std::fflush(stdout);
-    for (void *p : {q, k, v, dout, o, dq, dk, dv})
+    for (void *p : {q, k, v, dout, o, dq, dk, dv, lse})
       check(cudaFree(p), "cudaFree");
   }
   return 0;

@@ -5,7 +5,9 @@ Runs the attention_bench program (bench/attention_bench.cpp) for each shape, tim
 scaled_dot_product_attention with the FlashAttention-2 backend and with the cuDNN backend on the
 same shapes in the same process run (bf16, causal, fresh N(0, 1) inputs, CUDA events, two warm-up
 calls, median of --reps), and prints one table: TFLOP/s of the forward and of forward+backward,
-and Bonsai's ratio to each peer.
+and Bonsai's ratio to each peer. Bonsai has two rows per pass: `attention` (attention and
+attentionGrad, a plan compiled without the flash-attention fusion) and `flash` (flashAttention,
+which writes the log-sum-exp, and flashAttentionGrad, which reads it: the fused plan).
 
 FLOPs follow FlashAttention's benchmark convention for all three: forward 4 B H S^2 D, halved
 when causal; backward 2.5 times the forward (five products against two), forward+backward 3.5
@@ -42,7 +44,9 @@ def bonsai_times(binary, reps):
         f = line.split()
         if f and f[0] == "shape":
             key = tuple(int(x) for x in f[1:6])
-            times[key] = (float(f[f.index("fwd_ms") + 1]), float(f[f.index("fwdbwd_ms") + 1]))
+            ms = lambda field: float(f[f.index(field) + 1])
+            times[key] = {"attention": (ms("fwd_ms"), ms("fwdbwd_ms")),
+                          "flash": (ms("flash_fwd_ms"), ms("flash_fwdbwd_ms"))}
     return times
 
 
@@ -106,8 +110,8 @@ def main():
     bonsai = bonsai_times(args.bin, args.reps)
     print(f"causal bf16 attention on {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"median of {args.reps}; TFLOP/s by FlashAttention's count (fwd 2BHS^2D, bwd 2.5x)")
-    hdr = (f"{'shape':<20} {'pass':<8} {'Bonsai ms':>9} {'Bonsai':>7} {'FA2':>7} {'cuDNN':>7}"
-           f" {'B/FA2':>6} {'B/cuDNN':>7}")
+    hdr = (f"{'shape':<20} {'pass':<8} {'Bonsai':<9} {'ms':>8} {'TFLOP/s':>7} {'FA2':>7}"
+           f" {'cuDNN':>7} {'B/FA2':>6} {'B/cuDNN':>7}")
     print(hdr)
     print("-" * len(hdr))
     for name, b, s, h, kvh, d in SHAPES:
@@ -116,11 +120,13 @@ def main():
         f = fwd_flops(b, s, h, d)
         for i, (label, flops) in enumerate((("fwd", f), ("fwd+bwd", 3.5 * f))):
             tf = lambda ms: flops / (ms * 1e-3) / 1e12
-            ours_tf = tf(ours[i])
             fa = tf(peers["flash"][i]) if peers["flash"] else float("nan")
             cu = tf(peers["cudnn"][i]) if peers["cudnn"] else float("nan")
-            print(f"{name:<20} {label:<8} {ours[i]:9.3f} {ours_tf:7.1f} {fa:7.1f} {cu:7.1f}"
-                  f" {ours_tf / fa:6.2f} {ours_tf / cu:7.2f}")
+            for variant in ("attention", "flash"):
+                ms = ours[variant][i]
+                ours_tf = tf(ms)
+                print(f"{name:<20} {label:<8} {variant:<9} {ms:8.3f} {ours_tf:7.1f} {fa:7.1f}"
+                      f" {cu:7.1f} {ours_tf / fa:6.2f} {ours_tf / cu:7.2f}")
 
 
 if __name__ == "__main__":

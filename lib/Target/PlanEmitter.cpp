@@ -71,6 +71,8 @@ std::optional<fb::KernelKind> getKernelKind(StringRef name) {
       .Case("layer_norm_grad", fb::KernelKind::LayerNormGrad)
       .Case("rope_grad", fb::KernelKind::RoPEGrad)
       .Case("attention_grad", fb::KernelKind::AttentionGrad)
+      .Case("flash_attention", fb::KernelKind::FlashAttention)
+      .Case("flash_attention_grad", fb::KernelKind::FlashAttentionGrad)
       .Case("silu_grad", fb::KernelKind::SiLUGrad)
       .Case("gelu_grad", fb::KernelKind::GeLUGrad)
       .Case("swiglu_grad", fb::KernelKind::SwiGLUGrad)
@@ -180,7 +182,9 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     return success();
   }
   case fb::KernelKind::Attention:
-  case fb::KernelKind::AttentionGrad: {
+  case fb::KernelKind::AttentionGrad:
+  case fb::KernelKind::FlashAttention:
+  case fb::KernelKind::FlashAttentionGrad: {
     FailureOr<double> scale = f64("scale");
     if (failed(scale))
       return failure();

@@ -32,6 +32,9 @@ ArrayRef<FusionFamily> getFusionFamilies() {
        "remaining chains of elementwise ops -> one generated kernel each (runs last: the "
        "pattern families take their ops first)",
        nullptr, fuseElementwiseChains},
+      {"flash-attention",
+       "attention + attention_grad: the forward saves the log-sum-exp the backward reads",
+       populateFlashAttentionFusionPatterns},
   };
   return families;
 }

@@ -4,6 +4,8 @@
 // (i, i + D/2) by angles computed in fp64 (Hugging Face's rotate-half convention). attention is
 // the exact softmax(scale q kᵀ) v with dot products, the softmax and the weighted sum of values in
 // fp64, one (batch, head) pair per work item, so results do not depend on the number of threads.
+// flash_attention is the same kernel that also stores each row's log-sum-exp, max + log(sum), in
+// f32.
 //
 //===----------------------------------------------------------------------===//
 
@@ -74,9 +76,12 @@ void rope(const TensorView &x, double theta, const TensorView &y) {
               });
 }
 
-void attention(const TensorView &q, const TensorView &k, const TensorView &v, bool causal,
-               double scale, const TensorView &o) {
-  const char *kn = "attention";
+namespace {
+
+/// attention, and with `lse` (non-null) flashAttention: the log-sum-exp of each row is a
+/// by-product of the softmax, so both share one body and o is the same in both.
+void attentionImpl(const char *kn, const TensorView &q, const TensorView &k, const TensorView &v,
+                   bool causal, double scale, const TensorView &o, const TensorView *lse) {
   checkFloat(kn, "q", q);
   checkFloat(kn, "k", k);
   checkFloat(kn, "v", v);
@@ -91,13 +96,23 @@ void attention(const TensorView &q, const TensorView &k, const TensorView &v, bo
                  "] with kv_heads dividing the heads of q shape " + formatShape(q.shape));
   checkSameShape(kn, "v", v, "k", k);
   checkSameShape(kn, "o", o, "q", q);
+  if (lse) {
+    checkView(kn, "lse", *lse);
+    if (lse->dtype != DType::F32)
+      fail(kn, std::string("lse must be f32, not ") + dtypeName(lse->dtype));
+    checkShape(kn, "lse", *lse, {batch, heads, seq}, "([batch, heads, seq] of q " +
+                                                      formatShape(q.shape) + ")");
+    if (overlaps(*lse, o))
+      fail(kn, "lse overlaps o");
+  }
   int64_t kvHeads = k.dim(2), group = heads / kvHeads;
 
-  std::vector<float> qs, ks, vs, os;
+  std::vector<float> qs, ks, vs, os, lses;
   const float *qp = loadFloats(q, qs);
   const float *kp = loadFloats(k, ks);
   const float *vp = loadFloats(v, vs);
   float *op = resultBuffer(o, {&q, &k, &v}, os);
+  float *lp = lse ? resultBuffer(*lse, {&q, &k, &v}, lses) : nullptr;
 
   int64_t work = std::max<int64_t>(1, seq * seq * d);
   parallelFor(batch * heads, std::max<int64_t>(1, kWorkGrain / work), [&](int64_t t0, int64_t t1) {
@@ -128,11 +143,27 @@ void attention(const TensorView &q, const TensorView &k, const TensorView &v, bo
         float *oi = op + ((b * seq + i) * heads + h) * d;
         for (int64_t e = 0; e < d; ++e)
           oi[e] = float(acc[size_t(e)] / sum);
+        if (lp)
+          lp[t * seq + i] = float(max + std::log(sum));
       }
     }
   });
   if (op != o.data)
     storeF32(op, o);
+  if (lp && lp != lse->data)
+    storeF32(lp, *lse);
+}
+
+} // namespace
+
+void attention(const TensorView &q, const TensorView &k, const TensorView &v, bool causal,
+               double scale, const TensorView &o) {
+  attentionImpl("attention", q, k, v, causal, scale, o, nullptr);
+}
+
+void flashAttention(const TensorView &q, const TensorView &k, const TensorView &v, bool causal,
+                    double scale, const TensorView &o, const TensorView &lse) {
+  attentionImpl("flash_attention", q, k, v, causal, scale, o, &lse);
 }
 
 } // namespace bonsai::rt::cpu

@@ -3,7 +3,8 @@
 // rope_grad applies the inverse rotation (the adjoint of an orthogonal map) with the forward's
 // fp64 angle tables. attention_grad recomputes each query row's softmax from q and k in fp64,
 // exactly as the forward kernel, then forms dP = dO vᵀ, dS = P (dP - D) with D = sum(dO o), and
-// accumulates dq, dk and dv in fp64. One work item is a (batch, kv head) pair: it walks the query
+// accumulates dq, dk and dv in fp64. flash_attention_grad is the same kernel with the
+// probabilities formed from the forward's saved log-sum-exp, exp(x - lse), instead. One work item is a (batch, kv head) pair: it walks the query
 // heads that share the kv head in order, so the GQA sums into dk and dv have one order whatever
 // the number of threads.
 //
@@ -30,6 +31,7 @@ constexpr int64_t kWorkGrain = 1 << 16;
 /// attention_grad's operands as fp32 arrays, and its dimensions and attributes.
 struct AttentionGradArgs {
   const float *dout, *q, *k, *v, *o;
+  const float *lse; ///< flash_attention_grad's saved log-sum-exp [B, H, S]; null: recompute
   float *dq, *dk, *dv;
   int64_t seq, heads, kvHeads, d;
   bool causal;
@@ -44,7 +46,9 @@ struct AttentionGradScratch {
 };
 
 /// The gradients owned by batch `b` and kv head `g`: dq of every query head that reads g, and dk
-/// and dv of g, summed over those heads in order and over their queries in order.
+/// and dv of g, summed over those heads in order and over their queries in order. Each row's
+/// probabilities are p_j = exp(x_j - max) / sum, the softmax recomputed, or exp(x_j - lse) from
+/// the saved log-sum-exp when there is one.
 void attentionGradItem(const AttentionGradArgs &a, int64_t b, int64_t g, AttentionGradScratch &s) {
   int64_t seq = a.seq, d = a.d, group = a.heads / a.kvHeads;
   std::fill(s.dk.begin(), s.dk.end(), 0.0);
@@ -54,7 +58,7 @@ void attentionGradItem(const AttentionGradArgs &a, int64_t b, int64_t g, Attenti
       int64_t qOffset = ((b * seq + i) * a.heads + h) * d;
       const float *qi = a.q + qOffset, *doi = a.dout + qOffset, *oi = a.o + qOffset;
       int64_t keys = a.causal ? i + 1 : seq;
-      // The forward's softmax, recomputed the same way.
+      // The scores, as the forward computes them.
       double max = -std::numeric_limits<double>::infinity();
       for (int64_t j = 0; j < keys; ++j) {
         const float *kj = a.k + ((b * seq + j) * a.kvHeads + g) * d;
@@ -64,9 +68,18 @@ void attentionGradItem(const AttentionGradArgs &a, int64_t b, int64_t g, Attenti
         s.p[size_t(j)] = a.scale * dot;
         max = std::max(max, s.p[size_t(j)]);
       }
-      double sum = 0.0;
-      for (int64_t j = 0; j < keys; ++j)
-        sum += s.p[size_t(j)] = std::exp(s.p[size_t(j)] - max);
+      // Normalised with the saved log-sum-exp (exp(x - lse) = exp(x - max) / sum), or with
+      // the softmax's maximum and sum recomputed the same way as the forward.
+      double sum = 1.0;
+      if (a.lse) {
+        double lse = a.lse[(b * a.heads + h) * seq + i];
+        for (int64_t j = 0; j < keys; ++j)
+          s.p[size_t(j)] = std::exp(s.p[size_t(j)] - lse);
+      } else {
+        sum = 0.0;
+        for (int64_t j = 0; j < keys; ++j)
+          sum += s.p[size_t(j)] = std::exp(s.p[size_t(j)] - max);
+      }
       // D_i = dO_i . o_i = sum_j P_ij dP_ij, from the forward output as the header specifies.
       double rowDot = 0.0;
       for (int64_t e = 0; e < d; ++e)
@@ -149,10 +162,13 @@ void ropeGrad(const TensorView &dy, double theta, const TensorView &dx) {
               });
 }
 
-void attentionGrad(const TensorView &dout, const TensorView &q, const TensorView &k,
-                   const TensorView &v, const TensorView &o, bool causal, double scale,
-                   const TensorView &dq, const TensorView &dk, const TensorView &dv) {
-  const char *kn = "attention_grad";
+namespace {
+
+/// attentionGrad, and with `lse` (non-null) flashAttentionGrad.
+void attentionGradImpl(const char *kn, const TensorView &dout, const TensorView &q,
+                       const TensorView &k, const TensorView &v, const TensorView &o,
+                       const TensorView *lse, bool causal, double scale, const TensorView &dq,
+                       const TensorView &dk, const TensorView &dv) {
   checkFloat(kn, "dout", dout);
   checkFloat(kn, "q", q);
   checkFloat(kn, "k", k);
@@ -175,19 +191,32 @@ void attentionGrad(const TensorView &dout, const TensorView &q, const TensorView
   checkSameShape(kn, "dq", dq, "q", q);
   checkSameShape(kn, "dk", dk, "k", k);
   checkSameShape(kn, "dv", dv, "v", v);
+  if (lse) {
+    checkView(kn, "lse", *lse);
+    if (lse->dtype != DType::F32)
+      fail(kn, std::string("lse must be f32, not ") + dtypeName(lse->dtype));
+    checkShape(kn, "lse", *lse, {batch, heads, seq}, "([batch, heads, seq] of q " +
+                                                      formatShape(q.shape) + ")");
+  }
   int64_t kvHeads = k.dim(2), group = heads / kvHeads;
 
-  std::vector<float> dos, qs, ks, vs, os, dqs, dks, dvs;
+  std::vector<float> dos, qs, ks, vs, os, lses, dqs, dks, dvs;
   const float *dop = loadFloats(dout, dos);
   const float *qp = loadFloats(q, qs);
   const float *kp = loadFloats(k, ks);
   const float *vp = loadFloats(v, vs);
   const float *op = loadFloats(o, os);
-  float *dqp = resultBuffer(dq, {&dout, &q, &k, &v, &o}, dqs);
-  float *dkp = resultBuffer(dk, {&dout, &q, &k, &v, &o, &dq}, dks);
-  float *dvp = resultBuffer(dv, {&dout, &q, &k, &v, &o, &dq, &dk}, dvs);
+  const float *lp = lse ? loadFloats(*lse, lses) : nullptr;
+  // An lse that shares bytes with an output is read before any output is written: the outputs
+  // go to scratch then (resultBuffer sees it as an input).
+  const TensorView none{nullptr, DType::F32, {0}};
+  const TensorView &l = lse ? *lse : none;
+  float *dqp = resultBuffer(dq, {&dout, &q, &k, &v, &o, &l}, dqs);
+  float *dkp = resultBuffer(dk, {&dout, &q, &k, &v, &o, &l, &dq}, dks);
+  float *dvp = resultBuffer(dv, {&dout, &q, &k, &v, &o, &l, &dq, &dk}, dvs);
 
-  AttentionGradArgs args{dop, qp, kp, vp, op, dqp, dkp, dvp, seq, heads, kvHeads, d, causal, scale};
+  AttentionGradArgs args{dop, qp, kp, vp, op, lp, dqp, dkp, dvp,
+                         seq, heads, kvHeads, d, causal, scale};
   int64_t work = std::max<int64_t>(1, group * seq * seq * d);
   parallelFor(batch * kvHeads, std::max<int64_t>(1, kWorkGrain / work),
               [&](int64_t t0, int64_t t1) {
@@ -201,6 +230,21 @@ void attentionGrad(const TensorView &dout, const TensorView &q, const TensorView
     storeF32(dkp, dk);
   if (dvp != dv.data)
     storeF32(dvp, dv);
+}
+
+} // namespace
+
+void attentionGrad(const TensorView &dout, const TensorView &q, const TensorView &k,
+                   const TensorView &v, const TensorView &o, bool causal, double scale,
+                   const TensorView &dq, const TensorView &dk, const TensorView &dv) {
+  attentionGradImpl("attention_grad", dout, q, k, v, o, nullptr, causal, scale, dq, dk, dv);
+}
+
+void flashAttentionGrad(const TensorView &dout, const TensorView &q, const TensorView &k,
+                        const TensorView &v, const TensorView &o, const TensorView &lse,
+                        bool causal, double scale, const TensorView &dq, const TensorView &dk,
+                        const TensorView &dv) {
+  attentionGradImpl("flash_attention_grad", dout, q, k, v, o, &lse, causal, scale, dq, dk, dv);
 }
 
 } // namespace bonsai::rt::cpu

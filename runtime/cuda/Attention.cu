@@ -10,12 +10,17 @@
 // (f32 storage, mixed storage types, other head dims): one warp per query or key row, one lane per
 // key or query of a 32-wide tile, fp32 FMA arithmetic; it is the reference the tests hold f32 to.
 //
-// The forward pass writes no log-sum-exp (attention() has no such output). On the tensor-core
-// path attentionGrad runs two kernels: one per query tile forms D_i = dO_i . o_i and dq, looping
+// attention() writes no log-sum-exp; flashAttention() is the same forward that also writes each
+// row's natural-log log-sum-exp (f32 [B, H, S]), which both paths hold at the end anyway, and
+// flashAttentionGrad() takes it back (see below). On the tensor-core path attentionGrad runs two
+// kernels: one per query tile forms D_i = dO_i . o_i and dq, looping
 // over key tiles with an online softmax as the forward does (so it needs no normaliser in
 // advance), and writes D and each row's log-sum-exp as by-products; then one per key tile forms
 // dk and dv from those, looping over the query heads that share the kv head, then over query
-// tiles. The generic path computes D and the log-sum-exp in passes of their own. Scratch (D and
+// tiles. The generic path computes D and the log-sum-exp in passes of their own.
+// flashAttentionGrad runs the same kernels with the saved log-sum-exp: the dq kernel forms
+// p = 2^(x - lse log2(e)) directly, with no running maximum, sum or rescaling of dq (and hands the
+// base-2 lse on to the dk/dv kernel), and the generic path skips its log-sum-exp pass. Scratch (D and
 // the log-sum-exp) comes from cudaMallocAsync on ctx.stream, which graph capture accepts. No
 // atomics: every output element is summed by one thread in a fixed order, so results are
 // identical run to run.
@@ -34,6 +39,7 @@
 #include <limits>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace bonsai::rt::cuda {
 
@@ -179,6 +185,9 @@ struct Args {
   const void *q, *k, *v, *o, *dout;
   void *out, *dq, *dk, *dv;
   float *lse, *dsum; ///< [B, H, S] scratch rows of attentionGrad
+  /// flashAttention: where the forward writes the natural-log log-sum-exp [B, H, S] (null:
+  /// attention, none written). flashAttentionGrad: the saved one, read.
+  float *savedLse;
   int qType, kType, vType, oType, doutType, outType, dqType, dkType, dvType;
   int seq, heads, kvHeads, group, d;
   int64_t qStride, kvStride; ///< elements from one position to the next
@@ -351,6 +360,8 @@ __global__ void __launch_bounds__(kThreads) forwardKernel(const Args a, bool lse
   const float inv = 1.f / rowSum;
   for (int e = lane; e < d; e += 32)
     storeElem(a.out, a.outType, qRow + e, acc[e] * inv);
+  if (a.savedLse && lane == 0)
+    a.savedLse[int64_t(bh) * a.seq + i] = rowMax + logf(rowSum);
 }
 
 size_t gradQSmem(int d) {
@@ -815,6 +826,12 @@ __global__ void __launch_bounds__(kThreads, 2) forwardKernel(const Args a) {
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       factor[mt][r] = sum > 0.f ? 1.f / sum : 0.f;
+      // flashAttention: the natural-log log-sum-exp, (m + log2 l) ln 2 in the base-2 units
+      // of the scaled scores.
+      const int i = warpRow0 + mt * 16 + (lane >> 2) + r * 8;
+      if (a.savedLse && (lane & 3) == 0 && i < seq)
+        a.savedLse[int64_t(bh) * seq + i] =
+            sum > 0.f ? (rowMax[mt][r] + __log2f(sum)) * 0.6931471805599453f : -INFINITY;
     }
   // Each warp reuses its own rows of the q tile to stage o for 16-byte stores.
   T *warpO = sQ + warp * kWarpRows * kP;
@@ -844,8 +861,11 @@ template <int kD> constexpr size_t gradQSmem() {
 /// dq~ = sum 2^(x - m) (dp - D) k with dp = dO vᵀ, rescales dq~ and l by 2^(m_old - m_new) when m
 /// grows, and ends with dq = scale dq~ / l (p = 2^(x - m) / l, ds = p (dp - D)) and
 /// lse = m + log2 l. Each warp owns 32 query rows, so every k and v fragment it reads from shared
-/// memory feeds two products.
-template <typename T, int kD>
+/// memory feeds two products. With kSavedLse (flashAttentionGrad) the normaliser is known: the
+/// kernel reads the forward's log-sum-exp, forms p = 2^(x - lse log2(e)) and ds = p (dp - D)
+/// directly (no running maximum or sum, no rescaling of dq~), and writes the base-2 lse rows the
+/// dk/dv kernel reads.
+template <typename T, int kD, bool kSavedLse>
 __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
   constexpr int kBlockM = kDqBlockM, kBlockN = kDqBlockN, kP = kPitch<kD>;
   constexpr int kMT = kBlockM / (16 * kWarps), kNT = kBlockN / 8, kDT = kD / 8;
@@ -893,6 +913,22 @@ __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
       const int i = m0 + row;
       if ((lane & 3) == 0 && i < seq)
         a.dsum[int64_t(bh) * seq + i] = dot;
+    }
+  // The saved log-sum-exp in the base-2 units of x, for this kernel and the dk/dv kernel.
+  float rowLse[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      rowLse[mt][r] = 0.f;
+      if constexpr (kSavedLse) {
+        const int i = warpRow0 + mt * 16 + (lane >> 2) + r * 8;
+        if (i < seq) {
+          rowLse[mt][r] = a.savedLse[int64_t(bh) * seq + i] * 1.4426950408889634f;
+          if ((lane & 3) == 0)
+            a.lse[int64_t(bh) * seq + i] = rowLse[mt][r];
+        }
+      }
     }
   __syncthreads(); // the first k and v tiles overwrite the o tile
 
@@ -964,13 +1000,29 @@ __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
     }
 
     // Scale into base 2, mask, update the running maxima and sums, and form
-    // 2^(x - m) (dp - D) in s.
+    // 2^(x - m) (dp - D) in s; with the saved lse, form p (dp - D) = 2^(x - lse) (dp - D).
     const bool needMask = n0 + kBlockN > seq || (a.causal && n0 + kBlockN - 1 > warpRow0);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i = warpRow0 + mt * 16 + (lane >> 2) + r * 8;
+        if constexpr (kSavedLse) {
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              float x = s[mt][nt][2 * r + c] * a.scaleLog2;
+              if (needMask) {
+                const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
+                if (j >= seq || (a.causal && j > i))
+                  x = -INFINITY;
+              }
+              const float p = exp2Approx(x - rowLse[mt][r]);
+              s[mt][nt][2 * r + c] = p * (dp[mt][nt][2 * r + c] - rowDot[mt][r]);
+            }
+          continue;
+        }
         float tileMax = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
@@ -1040,6 +1092,10 @@ __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
     float factor[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
+      if constexpr (kSavedLse) {
+        factor[r] = a.scale; // p was normalised already; the lse rows are written
+        continue;
+      }
       float sum = rowSum[mt][r];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
@@ -1237,9 +1293,11 @@ void forwardTensorCore(const char *kn, Stream stream, Args a, const Dims &dims) 
 
 template <typename T, int kD>
 void gradTensorCore(const char *kn, Stream stream, Args a, const Dims &dims) {
-  // The dq kernel writes the rows of D and log-sum-exp the dk/dv kernel reads.
+  // The dq kernel writes the rows of D and log-sum-exp the dk/dv kernel reads (from the saved
+  // log-sum-exp when there is one).
   a.numTiles = int(ceilDiv(dims.seq, tc::kDqBlockM));
-  launch(kn, "launch of the dq kernel", tc::gradQKernel<T, kD>,
+  auto *dqKernel = a.savedLse ? tc::gradQKernel<T, kD, true> : tc::gradQKernel<T, kD, false>;
+  launch(kn, "launch of the dq kernel", dqKernel,
          int64_t(a.numTiles) * dims.batch * dims.heads, tc::kThreads, tc::gradQSmem<kD>(), stream,
          a);
   a.numTiles = int(ceilDiv(dims.seq, tc::kBwdBlock));
@@ -1275,7 +1333,11 @@ void gradGeneric(const char *kn, Stream stream, Args a, const Dims &dims) {
   const int64_t rows = dims.batch * dims.seq * dims.heads;
   launch(kn, "launch of the row-dot kernel", rowDotKernel, ceilDiv(rows, 8), 256, 0, stream, a,
          rows);
-  forwardGeneric(kn, stream, a, dims, /*lseOnly=*/true);
+  // The dq and dk/dv kernels read natural-log rows: the saved ones, else a pass computes them.
+  if (a.savedLse)
+    a.lse = a.savedLse;
+  else
+    forwardGeneric(kn, stream, a, dims, /*lseOnly=*/true);
   a.numTiles = int(ceilDiv(dims.seq, generic::kWarps));
   launch(kn, "launch of the generic dq kernel", generic::gradQKernel,
          int64_t(a.numTiles) * dims.batch * dims.heads, generic::kThreads, generic::gradQSmem(a.d),
@@ -1287,14 +1349,34 @@ void gradGeneric(const char *kn, Stream stream, Args a, const Dims &dims) {
 
 } // namespace
 
-void attention(const Context &ctx, const TensorView &q, const TensorView &k, const TensorView &v,
-               bool causal, double scale, const TensorView &o) {
-  const char *kn = "attention";
+namespace {
+
+/// Checks that `lse` is f32 [B, H, S] for q's dimensions.
+void checkLse(const char *kn, const TensorView &lse, const Dims &dims) {
+  if (lse.dtype != DType::F32)
+    fail(kn, std::string("lse must be f32, not ") + dtypeName(lse.dtype));
+  std::vector<int64_t> want = {dims.batch, dims.heads, dims.seq};
+  if (lse.shape != want)
+    fail(kn, "lse shape " + formatShape(lse.shape) + " should be " + formatShape(want) +
+                 " ([batch, heads, seq] of q)");
+  if (!lse.data && lse.numel() != 0)
+    fail(kn, "lse of shape " + formatShape(lse.shape) + " has no data");
+}
+
+/// attention, and with `lse` flashAttention.
+void attentionImpl(const char *kn, const Context &ctx, const TensorView &q, const TensorView &k,
+                   const TensorView &v, bool causal, double scale, const TensorView &o,
+                   const TensorView *lse) {
   Dims dims = checkOperands(kn, q, k, v);
   checkFloat(kn, "o", o);
   checkSameShape(kn, "o", o, "q", q);
   checkDisjoint(kn, "o", o, {{"q", &q}, {"k", &k}, {"v", &v}});
-  if (o.numel() == 0)
+  if (lse) {
+    checkLse(kn, *lse, dims);
+    checkDisjoint(kn, "lse", *lse, {{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}});
+  }
+  // With head_dim 0, o is empty but every row still has lse = log(keys): the generic kernel.
+  if (o.numel() == 0 && (!lse || lse->numel() == 0))
     return;
 
   Args a = makeArgs(dims, causal, scale);
@@ -1306,7 +1388,8 @@ void attention(const Context &ctx, const TensorView &q, const TensorView &k, con
   a.kType = typeCode(k.dtype);
   a.vType = typeCode(v.dtype);
   a.outType = typeCode(o.dtype);
-  if (tensorCorePath(kn, dims, {&q, &k, &v, &o})) {
+  a.savedLse = lse ? static_cast<float *>(lse->data) : nullptr;
+  if (o.numel() != 0 && tensorCorePath(kn, dims, {&q, &k, &v, &o})) {
     if (q.dtype == DType::BF16)
       forwardTensorCoreD<__nv_bfloat16>(kn, ctx.stream, a, dims);
     else
@@ -1316,10 +1399,11 @@ void attention(const Context &ctx, const TensorView &q, const TensorView &k, con
   }
 }
 
-void attentionGrad(const Context &ctx, const TensorView &dout, const TensorView &q,
-                   const TensorView &k, const TensorView &v, const TensorView &o, bool causal,
-                   double scale, const TensorView &dq, const TensorView &dk, const TensorView &dv) {
-  const char *kn = "attention_grad";
+/// attentionGrad, and with `lse` flashAttentionGrad.
+void attentionGradImpl(const char *kn, const Context &ctx, const TensorView &dout,
+                       const TensorView &q, const TensorView &k, const TensorView &v,
+                       const TensorView &o, const TensorView *lse, bool causal, double scale,
+                       const TensorView &dq, const TensorView &dk, const TensorView &dv) {
   Dims dims = checkOperands(kn, q, k, v);
   checkFloat(kn, "dout", dout);
   checkFloat(kn, "o", o);
@@ -1338,6 +1422,12 @@ void attentionGrad(const Context &ctx, const TensorView &dout, const TensorView 
   checkDisjoint(kn, "dv", dv, inputs);
   checkDisjoint(kn, "dk", dk, {{"dq", &dq}, {"dv", &dv}});
   checkDisjoint(kn, "dq", dq, {{"dv", &dv}});
+  if (lse) {
+    checkLse(kn, *lse, dims);
+    checkDisjoint(kn, "dq", dq, {{"lse", lse}});
+    checkDisjoint(kn, "dk", dk, {{"lse", lse}});
+    checkDisjoint(kn, "dv", dv, {{"lse", lse}});
+  }
   if (q.numel() == 0) {
     // No query reads any key (heads or head_dim is 0 with keys left): the gradients are zeros.
     checkCuda(kn, cudaMemsetAsync(dk.data, 0, dk.bytes(), ctx.stream), "cudaMemsetAsync");
@@ -1362,6 +1452,7 @@ void attentionGrad(const Context &ctx, const TensorView &dout, const TensorView 
   a.dqType = typeCode(dq.dtype);
   a.dkType = typeCode(dk.dtype);
   a.dvType = typeCode(dv.dtype);
+  a.savedLse = lse ? static_cast<float *>(lse->data) : nullptr;
 
   const int64_t rows = dims.batch * dims.seq * dims.heads;
   Scratch scratch(kn, ctx.stream, size_t(2 * rows));
@@ -1375,6 +1466,33 @@ void attentionGrad(const Context &ctx, const TensorView &dout, const TensorView 
   } else {
     gradGeneric(kn, ctx.stream, a, dims);
   }
+}
+
+} // namespace
+
+void attention(const Context &ctx, const TensorView &q, const TensorView &k, const TensorView &v,
+               bool causal, double scale, const TensorView &o) {
+  attentionImpl("attention", ctx, q, k, v, causal, scale, o, nullptr);
+}
+
+void flashAttention(const Context &ctx, const TensorView &q, const TensorView &k,
+                    const TensorView &v, bool causal, double scale, const TensorView &o,
+                    const TensorView &lse) {
+  attentionImpl("flash_attention", ctx, q, k, v, causal, scale, o, &lse);
+}
+
+void attentionGrad(const Context &ctx, const TensorView &dout, const TensorView &q,
+                   const TensorView &k, const TensorView &v, const TensorView &o, bool causal,
+                   double scale, const TensorView &dq, const TensorView &dk, const TensorView &dv) {
+  attentionGradImpl("attention_grad", ctx, dout, q, k, v, o, nullptr, causal, scale, dq, dk, dv);
+}
+
+void flashAttentionGrad(const Context &ctx, const TensorView &dout, const TensorView &q,
+                        const TensorView &k, const TensorView &v, const TensorView &o,
+                        const TensorView &lse, bool causal, double scale, const TensorView &dq,
+                        const TensorView &dk, const TensorView &dv) {
+  attentionGradImpl("flash_attention_grad", ctx, dout, q, k, v, o, &lse, causal, scale, dq, dk,
+                    dv);
 }
 
 } // namespace bonsai::rt::cuda

@@ -363,6 +363,13 @@ private:
       cuda::attentionGrad(ctx, in(0), in(1), in(2), in(3), in(4), a.causal, a.scale, outAt(0), outAt(1),
                          outAt(2));
       break;
+    case KernelKind::FlashAttention:
+      cuda::flashAttention(ctx, in(0), in(1), in(2), a.causal, a.scale, outAt(0), outAt(1));
+      break;
+    case KernelKind::FlashAttentionGrad:
+      cuda::flashAttentionGrad(ctx, in(0), in(1), in(2), in(3), in(4), in(5), a.causal, a.scale,
+                               outAt(0), outAt(1), outAt(2));
+      break;
     case KernelKind::SiLUGrad:
       cuda::siluGrad(ctx, in(0), in(1), out);
       break;

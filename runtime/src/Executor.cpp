@@ -282,6 +282,13 @@ void Executor::runKernel(size_t index) {
     cpu::attentionGrad(in(0), in(1), in(2), in(3), in(4), a.causal, a.scale, outAt(0), outAt(1),
                        outAt(2));
     break;
+  case KernelKind::FlashAttention:
+    cpu::flashAttention(in(0), in(1), in(2), a.causal, a.scale, outAt(0), outAt(1));
+    break;
+  case KernelKind::FlashAttentionGrad:
+    cpu::flashAttentionGrad(in(0), in(1), in(2), in(3), in(4), in(5), a.causal, a.scale,
+                            outAt(0), outAt(1), outAt(2));
+    break;
   case KernelKind::SiLUGrad:
     cpu::siluGrad(in(0), in(1), out);
     break;

@@ -54,7 +54,13 @@ static_assert(uint16_t(fb::KernelKind::Copy) == uint16_t(KernelKind::Copy) &&
                       uint16_t(KernelKind::LayerNormGradAdd) &&
                   uint16_t(fb::KernelKind::MultiTensorAdamWUpdate) ==
                       uint16_t(KernelKind::MultiTensorAdamWUpdate) &&
-                  uint16_t(fb::KernelKind::MAX) == uint16_t(KernelKind::LinearGradWeightAccumulate),
+                  uint16_t(fb::KernelKind::LinearGradWeightAccumulate) ==
+                      uint16_t(KernelKind::LinearGradWeightAccumulate) &&
+                  uint16_t(fb::KernelKind::FusedElementwise) ==
+                      uint16_t(KernelKind::FusedElementwise) &&
+                  uint16_t(fb::KernelKind::FlashAttention) ==
+                      uint16_t(KernelKind::FlashAttention) &&
+                  uint16_t(fb::KernelKind::MAX) == uint16_t(KernelKind::FlashAttentionGrad),
               "rt::KernelKind must match plan.fbs");
 static_assert(uint8_t(fb::MemorySpace::PinnedHost) == uint8_t(MemorySpace::PinnedHost) &&
                   uint8_t(fb::Lifetime::Step) == uint8_t(Lifetime::Step),
@@ -512,6 +518,7 @@ private:
   void checkPhase() const;
   void checkState() const;
   void checkAttentionShapes(size_t q, size_t k, size_t v) const;
+  void checkLse(size_t lse, bool isOutput) const;
 
   const LoadedPlan &plan;
   size_t index;
@@ -631,6 +638,14 @@ void KernelChecker::checkArity() {
     break;
   case KernelKind::AttentionGrad:
     operandNames = {"do", "q", "k", "v", "o"};
+    resultNames = {"dq", "dk", "dv"};
+    break;
+  case KernelKind::FlashAttention:
+    operandNames = {"q", "k", "v"};
+    resultNames = {"o", "lse"};
+    break;
+  case KernelKind::FlashAttentionGrad:
+    operandNames = {"do", "q", "k", "v", "o", "lse"};
     resultNames = {"dq", "dk", "dv"};
     break;
   case KernelKind::SiLUGrad:
@@ -914,6 +929,8 @@ void KernelChecker::checkAttrs() {
     break;
   case KernelKind::Attention:
   case KernelKind::AttentionGrad:
+  case KernelKind::FlashAttention:
+  case KernelKind::FlashAttentionGrad:
     if (!(a.scale > 0) || a.scale == std::numeric_limits<double>::infinity())
       fail("scale must be positive and finite, got " + num(a.scale));
     break;
@@ -1092,6 +1109,19 @@ void KernelChecker::checkAttentionShapes(size_t qi, size_t ki, size_t vi) const 
          std::to_string(k[2]) + ")");
 }
 
+/// The log-sum-exp of flash attention (output or input `i`) is f32 [batch, heads, seq] of the
+/// query (input 0 of FlashAttention, 1 of FlashAttentionGrad).
+void KernelChecker::checkLse(size_t i, bool isOutput) const {
+  const std::vector<int64_t> &q = in(isOutput ? 0 : 1).shape;
+  std::vector<int64_t> want = {q[0], q[2], q[1]};
+  const TensorInfo &lse = isOutput ? out(i) : in(i);
+  std::string name = isOutput ? outName(i) : inName(i);
+  if (lse.dtype != DType::F32 || lse.shape != want)
+    fail(name + ": expected an f32 " + formatShape(want) +
+         " log-sum-exp ([batch, heads, seq] of the query), got " + formatShape(lse.shape) + " " +
+         dtypeName(lse.dtype));
+}
+
 void KernelChecker::checkShapes() {
   if (kernel.kind <= KernelKind::Copy)
     return checkShapesV1();
@@ -1162,6 +1192,7 @@ void KernelChecker::checkShapes() {
     expectFloatOutput(0, in(0).shape);
     break;
   case KernelKind::AttentionGrad:
+  case KernelKind::FlashAttentionGrad:
     checkAttentionShapes(1, 2, 3);
     expectFloat(2);
     expectFloat(3);
@@ -1170,6 +1201,16 @@ void KernelChecker::checkShapes() {
     expectFloatOutput(0, in(1).shape);
     expectFloatOutput(1, in(2).shape);
     expectFloatOutput(2, in(2).shape);
+    if (kernel.kind == KernelKind::FlashAttentionGrad)
+      checkLse(5, /*isOutput=*/false);
+    break;
+  case KernelKind::FlashAttention:
+    // As Attention: one storage type for q, k, v and o.
+    checkAttentionShapes(0, 1, 2);
+    expectInputDType(1, in(0).dtype);
+    expectInputDType(2, in(0).dtype);
+    expectOutputLike(0);
+    checkLse(1, /*isOutput=*/true);
     break;
   case KernelKind::SiLUGrad:
   case KernelKind::GeLUGrad:
@@ -1623,6 +1664,8 @@ fb::KernelAttrs requiredAttrs(fb::KernelKind kind) {
     return fb::KernelAttrs::RoPEAttrs;
   case fb::KernelKind::Attention:
   case fb::KernelKind::AttentionGrad:
+  case fb::KernelKind::FlashAttention:
+  case fb::KernelKind::FlashAttentionGrad:
     return fb::KernelAttrs::AttentionAttrs;
   case fb::KernelKind::GeLU:
   case fb::KernelKind::GeLUGrad:

@@ -948,6 +948,87 @@ TEST(CpuGradKernelsTest, AttentionGradLargeOnThreadsMatchesPerBatchCalls) {
   }
 }
 
+class FlashAttentionGradTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(FlashAttentionGradTest, MatchesAttentionAndFiniteDifferences) {
+  // flash_attention is attention plus each row's log-sum-exp: the same o, bit for bit, and lse =
+  // log sum_j exp(scale q_i.k_j) (fp64 reference). flash_attention_grad from that lse gives
+  // attention_grad's gradients up to the rounding of lse to f32 (p changes by a relative
+  // 2^-24 |lse|, well under 1e-6 here), and matches finite differences like it.
+  auto [kvHeads, causal] = GetParam();
+  std::mt19937 rng(2611 + kvHeads * 10 + (causal ? 1 : 0));
+  const int64_t batch = 2, seq = 5, heads = 4, d = 3;
+  AttentionCase c = makeAttention(rng, {batch, seq, heads, d}, kvHeads, causal, 0.61);
+  const Shape lseShape = {batch, heads, seq};
+  Buf o = poisoned(DType::F32, c.qShape), lse = poisoned(DType::F32, lseShape);
+  cpu::flashAttention(c.q.view(), c.k.view(), c.v.view(), causal, c.scale, o.view(), lse.view());
+  expectBitExact(o, c.o, "o");
+
+  Vec qv = c.q.get(), kv = c.k.get(), lv = lse.get();
+  const int64_t group = heads / kvHeads;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < seq; ++i) {
+        double sum = 0;
+        for (int64_t j = 0; j < (causal ? i + 1 : seq); ++j) {
+          double s = 0;
+          for (int64_t e = 0; e < d; ++e)
+            s += qv[size_t(((b * seq + i) * heads + h) * d + e)] *
+                 kv[size_t(((b * seq + j) * kvHeads + h / group) * d + e)];
+          sum += std::exp(c.scale * s);
+        }
+        double got = lv[size_t((b * heads + h) * seq + i)];
+        EXPECT_NEAR(got, std::log(sum), 1e-6 * (1 + std::fabs(std::log(sum))))
+            << "lse[" << b << ", " << h << ", " << i << "]";
+      }
+
+  Buf dq = poisoned(DType::F32, c.qShape), dk = poisoned(DType::F32, c.kShape);
+  Buf dv = poisoned(DType::F32, c.kShape);
+  cpu::flashAttentionGrad(c.dout.view(), c.q.view(), c.k.view(), c.v.view(), c.o.view(),
+                          lse.view(), causal, c.scale, dq.view(), dk.view(), dv.view());
+  Buf eq = poisoned(DType::F32, c.qShape), ek = poisoned(DType::F32, c.kShape);
+  Buf ev = poisoned(DType::F32, c.kShape);
+  cpu::attentionGrad(c.dout.view(), c.q.view(), c.k.view(), c.v.view(), c.o.view(), causal,
+                     c.scale, eq.view(), ek.view(), ev.view());
+  const Tol sameMath{1e-6, 1e-6};
+  expectNear(dq, eq.get(), sameMath, "dq vs attention_grad");
+  expectNear(dk, ek.get(), sameMath, "dk vs attention_grad");
+  expectNear(dv, ev.get(), sameMath, "dv vs attention_grad");
+
+  Vec vv = c.v.get(), g = c.dout.get();
+  auto f = [&](const Vec &q, const Vec &k, const Vec &v) {
+    return attentionRef(q, k, v, c.qShape, kvHeads, causal, c.scale);
+  };
+  expectNear(dq, numericGrad([&](const Vec &t) { return f(t, kv, vv); }, qv, g), kGradTol, "dq");
+  expectNear(dk, numericGrad([&](const Vec &t) { return f(qv, t, vv); }, kv, g), kGradTol, "dk");
+  expectNear(dv, numericGrad([&](const Vec &t) { return f(qv, kv, t); }, vv, g), kGradTol, "dv");
+}
+
+INSTANTIATE_TEST_SUITE_P(CpuGradKernelsTest, FlashAttentionGradTest,
+                         ::testing::Combine(::testing::Values(4, 2, 1), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<FlashAttentionGradTest::ParamType> &info) {
+                           return "Gqa" + std::to_string(4 / std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) ? "Causal" : "Full");
+                         });
+
+TEST(CpuGradKernelsTest, FlashAttentionRejectsAMalformedLogSumExp) {
+  std::mt19937 rng(2612);
+  AttentionCase c = makeAttention(rng, {2, 5, 4, 3}, 2, true, 0.5);
+  Buf o(DType::F32, c.qShape), dq(DType::F32, c.qShape), dk(DType::F32, c.kShape),
+      dv(DType::F32, c.kShape);
+  Buf seqFirst(DType::F32, {2, 5, 4}), bf16(DType::BF16, {2, 4, 5});
+  expectError([&] {
+    cpu::flashAttention(c.q.view(), c.k.view(), c.v.view(), true, 0.5, o.view(), seqFirst.view());
+  }, {"flash_attention", "lse shape [2, 5, 4]", "[2, 4, 5]"});
+  expectError([&] {
+    cpu::flashAttention(c.q.view(), c.k.view(), c.v.view(), true, 0.5, o.view(), bf16.view());
+  }, {"flash_attention", "lse must be f32, not bf16"});
+  expectError([&] {
+    cpu::flashAttentionGrad(c.dout.view(), c.q.view(), c.k.view(), c.v.view(), c.o.view(),
+                            seqFirst.view(), true, 0.5, dq.view(), dk.view(), dv.view());
+  }, {"flash_attention_grad", "lse shape [2, 5, 4]"});
+}
+
 TEST(CpuGradKernelsTest, AttentionGradSaturatedSoftmaxStaysFinite) {
   // Scores in the thousands (exp overflows fp64 without the max subtracted) with query i's own
   // key ahead of every other by at least 1500: the softmax is exactly one-hot on j = i, so

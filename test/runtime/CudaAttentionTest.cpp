@@ -20,6 +20,11 @@
 // Also: two runs give bit-identical results, operand errors throw, and one timing test prints
 // TFLOP/s for B=4, H=32, S=4096, D=128 causal bf16. Without a GPU every device test skips.
 //
+// The flash variants (CudaAttentionLse*): cuda::flashAttention's o equals cuda::attention's bit
+// for bit and its log-sum-exp cpu::flashAttention's within 1e-5; cuda::flashAttentionGrad, given
+// the CPU's o and log-sum-exp, matches cpu::flashAttentionGrad (and cpu::attentionGrad) with the
+// tolerances above; reruns are bit-identical; a malformed log-sum-exp throws.
+//
 //===----------------------------------------------------------------------===//
 
 #ifdef BONSAI_HAVE_CUDA
@@ -462,6 +467,176 @@ TEST(CudaAttention, RejectsBadOperands) {
   // dk with the shape of q.
   EXPECT_THROW(cuda::attentionGrad(ctx, o, q, k2, v2, o, true, 0.5, view(0, {1, 4, 4, 8}),
                                    view(1024, {1, 4, 4, 8}), v2),
+               Error);
+}
+
+//===----------------------------------------------------------------------===//
+// flashAttention and flashAttentionGrad: the log-sum-exp out of the forward, into the backward
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// The CPU references of the flash kernels for problem `p`: the log-sum-exp of
+/// cpu::flashAttention (its o is p.refO, bit for bit) and the gradients cpu::flashAttentionGrad
+/// forms from it.
+struct FlashReference {
+  Shape lseShape;
+  std::vector<float> lse, dq, dk, dv;
+};
+
+FlashReference flashReference(Problem &p) {
+  FlashReference r;
+  r.lseShape = {p.qShape[0], p.qShape[2], p.qShape[1]};
+  r.lse.resize(size_t(numelOf(r.lseShape)));
+  std::vector<float> o(p.refO.size());
+  cpu::flashAttention(p.q.f32View(), p.k.f32View(), p.v.f32View(), p.causal, p.scale,
+                      TensorView{o.data(), DType::F32, p.qShape},
+                      TensorView{r.lse.data(), DType::F32, r.lseShape});
+  EXPECT_TRUE(o == p.refO) << "cpu::flashAttention's o is not cpu::attention's";
+  r.dq.resize(p.refDq.size());
+  r.dk.resize(p.refDk.size());
+  r.dv.resize(p.refDv.size());
+  cpu::flashAttentionGrad(p.dout.f32View(), p.q.f32View(), p.k.f32View(), p.v.f32View(),
+                          p.o.f32View(), TensorView{r.lse.data(), DType::F32, r.lseShape},
+                          p.causal, p.scale, TensorView{r.dq.data(), DType::F32, p.qShape},
+                          TensorView{r.dk.data(), DType::F32, p.kShape},
+                          TensorView{r.dv.data(), DType::F32, p.kShape});
+  return r;
+}
+
+/// The device results of one flashAttention and one flashAttentionGrad call.
+struct FlashRun {
+  std::vector<uint8_t> o, lse, dq, dk, dv;
+};
+
+/// Uploads the problem, poisons the outputs, runs flashAttention, then flashAttentionGrad with
+/// the CPU's o and log-sum-exp (as the references get them).
+void runFlashOnDevice(const Problem &p, const FlashReference &ref, FlashRun &out) {
+  DType dtype = p.q.dtype;
+  DeviceTensor q(dtype, p.qShape), k(dtype, p.kShape), v(dtype, p.kShape), dout(dtype, p.qShape),
+      oIn(dtype, p.qShape), oOut(dtype, p.qShape), lseIn(DType::F32, ref.lseShape),
+      lseOut(DType::F32, ref.lseShape), dqOut(dtype, p.qShape), dkOut(dtype, p.kShape),
+      dvOut(dtype, p.kShape);
+  for (DeviceTensor *t : {&q, &k, &v, &dout, &oIn, &oOut, &lseIn, &lseOut, &dqOut, &dkOut, &dvOut})
+    ASSERT_TRUE(t->ok()) << "cudaMalloc";
+  HostTensor lseHost(DType::F32, ref.lseShape);
+  lseHost.set(ref.lse);
+  ASSERT_TRUE(q.upload(p.q) && k.upload(p.k) && v.upload(p.v) && dout.upload(p.dout) &&
+              oIn.upload(p.o) && lseIn.upload(lseHost));
+  ASSERT_TRUE(oOut.poison() && lseOut.poison() && dqOut.poison() && dkOut.poison() &&
+              dvOut.poison());
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaStreamCreate(&stream));
+  cuda::Context ctx;
+  ctx.stream = stream;
+  cuda::flashAttention(ctx, q.view(), k.view(), v.view(), p.causal, p.scale, oOut.view(),
+                       lseOut.view());
+  cuda::flashAttentionGrad(ctx, dout.view(), q.view(), k.view(), v.view(), oIn.view(),
+                           lseIn.view(), p.causal, p.scale, dqOut.view(), dkOut.view(),
+                           dvOut.view());
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaStreamDestroy(stream));
+  out.o = oOut.downloadBytes();
+  out.lse = lseOut.downloadBytes();
+  out.dq = dqOut.downloadBytes();
+  out.dk = dkOut.downloadBytes();
+  out.dv = dvOut.downloadBytes();
+}
+
+/// Stored bytes of `dtype` as f32 values.
+std::vector<float> valuesOf(const std::vector<uint8_t> &bytes, DType dtype, const Shape &shape) {
+  std::vector<float> out(size_t(numelOf(shape)));
+  if (bytes.size() != out.size() * dtypeSize(dtype))
+    return {};
+  std::vector<uint8_t> copy = bytes;
+  loadF32(TensorView{copy.data(), dtype, shape}, out.data());
+  return out;
+}
+
+/// The log-sum-exp is an fp32 statistic of exact inputs on every path: the scores are fp32
+/// sums, the exponentials and logarithm fast approximations with errors of a few 2^-22.
+constexpr Tol kLseTol{1e-5, 1e-5, 1e-5, 1e-5};
+
+} // namespace
+
+class CudaAttentionLseTest : public ::testing::TestWithParam<AttentionParam> {};
+
+TEST_P(CudaAttentionLseTest, MatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  auto [dtype, d, seq, ratio, causal] = GetParam();
+  const int64_t batch = 2, heads = 8, kvHeads = heads / ratio;
+  uint32_t seed =
+      uint32_t(d * 100019 + seq * 1013 + ratio * 19 + (causal ? 1 : 0) + int(dtype) * 11);
+  Problem p = makeProblem(dtype, batch, seq, heads, kvHeads, d, causal, seed);
+  FlashReference ref = flashReference(p);
+  FlashRun flash;
+  runFlashOnDevice(p, ref, flash);
+  DeviceRun plain;
+  runOnDevice(p, plain);
+  if (HasFatalFailure())
+    return;
+  // The same forward kernel with one more store: o is attention's, bit for bit.
+  EXPECT_TRUE(flash.o == plain.o) << "flashAttention's o differs from attention's";
+  Tol tol = tolFor(dtype);
+  expectClose(valuesOf(flash.lse, DType::F32, ref.lseShape), ref.lse, ref.lseShape, kLseTol,
+              "lse");
+  expectClose(valuesOf(flash.dq, dtype, p.qShape), ref.dq, p.qShape, tol, "dq");
+  expectClose(valuesOf(flash.dk, dtype, p.kShape), ref.dk, p.kShape, tol, "dk");
+  expectClose(valuesOf(flash.dv, dtype, p.kShape), ref.dv, p.kShape, tol, "dv");
+  // And the gradients from the saved lse are those of attentionGrad, which recomputes it.
+  expectClose(valuesOf(flash.dq, dtype, p.qShape), p.refDq, p.qShape, tol, "dq vs attentionGrad");
+  expectClose(valuesOf(flash.dv, dtype, p.kShape), p.refDv, p.kShape, tol, "dv vs attentionGrad");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionLseTest,
+                         ::testing::Combine(::testing::Values(DType::F32, DType::BF16, DType::F16),
+                                            ::testing::Values(64, 128, 40, 12),
+                                            ::testing::Values(1, 17, 257),
+                                            ::testing::Values(1, 4), ::testing::Bool()),
+                         attentionParamName);
+
+TEST(CudaAttentionLse, RunsAreBitIdentical) {
+  SKIP_WITHOUT_GPU();
+  for (DType dtype : {DType::BF16, DType::F32}) {
+    Problem p = makeProblem(dtype, 2, 257, 8, 2, dtype == DType::F32 ? 40 : 128, true, 78);
+    FlashReference ref = flashReference(p);
+    FlashRun first, second;
+    runFlashOnDevice(p, ref, first);
+    runFlashOnDevice(p, ref, second);
+    if (HasFatalFailure())
+      return;
+    std::string what = dtypeTag(dtype);
+    EXPECT_TRUE(first.o == second.o) << what << ": o differs between runs";
+    EXPECT_TRUE(first.lse == second.lse) << what << ": lse differs between runs";
+    EXPECT_TRUE(first.dq == second.dq) << what << ": dq differs between runs";
+    EXPECT_TRUE(first.dk == second.dk) << what << ": dk differs between runs";
+    EXPECT_TRUE(first.dv == second.dv) << what << ": dv differs between runs";
+  }
+}
+
+TEST(CudaAttentionLse, RejectsBadLogSumExp) {
+  // The checks run before any CUDA call, so this needs no GPU; the pointers are never read.
+  alignas(16) static uint8_t storage[8192];
+  cuda::Context ctx;
+  auto view = [&](size_t offset, Shape shape, DType dtype = DType::BF16) {
+    return TensorView{storage + offset, dtype, std::move(shape)};
+  };
+  TensorView q = view(0, {1, 4, 4, 8}), k = view(1024, {1, 4, 2, 8}), v = view(2048, {1, 4, 2, 8});
+  TensorView o = view(3072, {1, 4, 4, 8}), dout = view(4096, {1, 4, 4, 8});
+  TensorView dq = view(5120, {1, 4, 4, 8}), dk = view(6144, {1, 4, 2, 8}),
+             dv = view(6656, {1, 4, 2, 8});
+  // Not [batch, heads, seq] = [1, 4, 4].
+  EXPECT_THROW(cuda::flashAttention(ctx, q, k, v, true, 0.5, o, view(7168, {1, 4, 2}, DType::F32)),
+               Error);
+  // bf16 storage.
+  EXPECT_THROW(cuda::flashAttention(ctx, q, k, v, true, 0.5, o, view(7168, {1, 4, 4})), Error);
+  // Overlapping o.
+  EXPECT_THROW(cuda::flashAttention(ctx, q, k, v, true, 0.5, o, view(3072, {1, 4, 4}, DType::F32)),
+               Error);
+  // The grad's lse overlapping dk.
+  EXPECT_THROW(cuda::flashAttentionGrad(ctx, dout, q, k, v, o, view(6144, {1, 4, 4}, DType::F32),
+                                        true, 0.5, dq, dk, dv),
                Error);
 }
 

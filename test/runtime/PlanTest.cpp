@@ -1072,6 +1072,115 @@ TEST(PlanGeneratedKernelsTest, KernelsMatchTheirProgram) {
 TEST(PlanGeneratedKernelsTest, RandomByteFlipsLoadOrThrow) {
   flipBytes(buildPlan(fusedPlanSpec()), 20261201, 1500);
   flipBytes(buildPlan(fusedPlanSpec("sm_90")), 20261202, 500);
+
+// Flash attention (kinds 100..101): the forward's log-sum-exp and the grad that reads it.
+//===----------------------------------------------------------------------===//
+
+/// The small plan plus a flash attention forward and its gradient on [2, 4, 4, 2] queries
+/// with 2 kv heads (GQA), bf16, and the f32 [2, 4, 4] log-sum-exp between them.
+struct FlashAttentionPlan {
+  PlanSpec spec;
+  uint32_t q, k, v, o, lse, dout, dq, dk, dv;
+  size_t forward, grad; ///< kernel indices
+};
+
+FlashAttentionPlan flashAttentionPlan() {
+  FlashAttentionPlan f;
+  f.spec = test::smallPlanSpec();
+  PlanSpec &p = f.spec;
+  auto act = [&](const char *name, std::vector<int64_t> shape, DType t = DType::BF16) {
+    return p.add(name, t, std::move(shape), TensorRole::Activation, 1);
+  };
+  f.q = act("q", {2, 4, 4, 2});
+  f.k = act("k", {2, 4, 2, 2});
+  f.v = act("v", {2, 4, 2, 2});
+  f.o = act("o", {2, 4, 4, 2});
+  f.lse = act("lse", {2, 4, 4}, DType::F32);
+  f.dout = act("do", {2, 4, 4, 2});
+  f.dq = act("dq", {2, 4, 4, 2});
+  f.dk = act("dk", {2, 4, 2, 2});
+  f.dv = act("dv", {2, 4, 2, 2});
+  f.forward = p.kernels.size();
+  p.kernel(KernelKind::FlashAttention, {f.q, f.k, f.v}, {f.o, f.lse},
+           fb::KernelAttrs::AttentionAttrs, test::attentionAttrs(true, 0.5));
+  f.grad = p.kernels.size();
+  p.kernel(KernelKind::FlashAttentionGrad, {f.dout, f.q, f.k, f.v, f.o, f.lse},
+           {f.dq, f.dk, f.dv}, fb::KernelAttrs::AttentionAttrs, test::attentionAttrs(true, 0.5));
+  return f;
+}
+
+TEST(PlanFlashAttentionTest, LoadsWithItsAttributes) {
+  FlashAttentionPlan f = flashAttentionPlan();
+  LoadedPlan plan = load(buildPlan(f.spec));
+  const KernelInfo &forward = plan.kernels[f.forward];
+  EXPECT_EQ(forward.kind, KernelKind::FlashAttention);
+  EXPECT_STREQ(kernelKindName(forward.kind), "FlashAttention");
+  EXPECT_TRUE(forward.attrs.causal);
+  EXPECT_DOUBLE_EQ(forward.attrs.scale, 0.5);
+  EXPECT_EQ(plan.kernels[f.grad].kind, KernelKind::FlashAttentionGrad);
+  EXPECT_EQ(plan.kernels[f.grad].inputs.size(), 6u);
+}
+
+TEST(PlanFlashAttentionTest, Arity) {
+  FlashAttentionPlan f = flashAttentionPlan();
+  f.spec.kernels[f.forward].outputs.pop_back();
+  expectError(f.spec, {"(FlashAttention): expected 2 outputs (o, lse), got 1"});
+  f = flashAttentionPlan();
+  f.spec.kernels[f.grad].inputs.pop_back();
+  expectError(f.spec, {"(FlashAttentionGrad): expected 6 inputs (do, q, k, v, o, lse), got 5"});
+}
+
+TEST(PlanFlashAttentionTest, LogSumExpIsF32BatchHeadsSeq) {
+  FlashAttentionPlan f = flashAttentionPlan();
+  f.spec.tensors[f.lse].shape = {2, 4, 4, 1};
+  expectError(f.spec, {"(FlashAttention)", "lse (tensor", "expected an f32 [2, 4, 4] log-sum-exp",
+                       "got [2, 4, 4, 1] f32"});
+  f = flashAttentionPlan();
+  f.spec.tensors[f.lse].dtype = DType::BF16;
+  f.spec.tensors[f.lse].bytes = -1;
+  expectError(f.spec, {"(FlashAttention)", "expected an f32 [2, 4, 4] log-sum-exp", "bf16"});
+  // [batch, seq, heads] is not [batch, heads, seq]: the grad names it.
+  f = flashAttentionPlan();
+  uint32_t wrong = f.spec.add("lse.bshd", DType::F32, {2, 4, 4}, TensorRole::Activation, 1);
+  f.spec.tensors[f.q].shape = {2, 4, 2, 4};
+  f.spec.tensors[f.o].shape = {2, 4, 2, 4};
+  f.spec.tensors[f.dout].shape = {2, 4, 2, 4};
+  f.spec.tensors[f.dq].shape = {2, 4, 2, 4};
+  f.spec.tensors[f.k].shape = {2, 4, 1, 4};
+  f.spec.tensors[f.v].shape = {2, 4, 1, 4};
+  f.spec.tensors[f.dk].shape = {2, 4, 1, 4};
+  f.spec.tensors[f.dv].shape = {2, 4, 1, 4};
+  f.spec.tensors[f.lse].shape = {2, 2, 4};
+  f.spec.tensors[f.lse].bytes = -1;
+  f.spec.kernels[f.grad].inputs[5] = wrong;
+  expectError(f.spec, {"(FlashAttentionGrad)", "lse (tensor", "'lse.bshd'",
+                       "expected an f32 [2, 2, 4] log-sum-exp", "got [2, 4, 4] f32"});
+}
+
+TEST(PlanFlashAttentionTest, OperandsFollowAttention) {
+  FlashAttentionPlan f = flashAttentionPlan();
+  f.spec.tensors[f.o].dtype = DType::F32;
+  f.spec.tensors[f.o].bytes = -1;
+  expectError(f.spec, {"(FlashAttention)", "dtype: expected bf16"});
+  f = flashAttentionPlan();
+  f.spec.tensors[f.q].shape = {2, 4, 3, 2}; // 3 query heads over 2 kv heads
+  f.spec.tensors[f.q].bytes = -1;
+  expectError(f.spec, {"(FlashAttention)", "query heads (3) must be a multiple of key/value heads (2)"});
+  f = flashAttentionPlan();
+  f.spec.kernels[f.grad].attrs = test::attentionAttrs(true, -1.0);
+  expectError(f.spec, {"(FlashAttentionGrad)", "scale must be positive and finite, got -1"});
+  f = flashAttentionPlan();
+  f.spec.kernels[f.forward].attrsType = fb::KernelAttrs::NormAttrs;
+  f.spec.kernels[f.forward].attrs = test::normAttrs(1e-5);
+  expectError(f.spec, {"(FlashAttention) attributes: expected AttentionAttrs, got NormAttrs"});
+}
+
+TEST(PlanFlashAttentionTest, KindsBetweenTheRangesAreUnknown) {
+  PlanSpec spec = test::smallPlanSpec();
+  spec.kernels[2].kind = KernelKind(99);
+  expectError(spec, {"kernel 2 'k2' has an unknown kind 99"});
+  spec.kernels[2].kind = KernelKind(102);
+  expectError(spec, {"kernel 2 'k2' has an unknown kind 102"});
 }
 
 } // namespace

@@ -67,6 +67,10 @@ void populateGemmEpilogueFusionPatterns(RewritePatternSet &patterns,
 /// The `elementwise` family (Fusion/Elementwise.cpp): connected ElementwiseOpInterface ops
 /// of one iteration shape and phase become bonsai.fused_elementwise regions.
 LogicalResult fuseElementwiseChains(FunctionOpInterface function, const FusionOptions &options);
+/// `flash-attention` (Fusion/FlashAttention.cpp): an attention whose result feeds an
+/// attention_grad returns its log-sum-exp, and the grad reads it instead of recomputing it.
+void populateFlashAttentionFusionPatterns(RewritePatternSet &patterns,
+                                          const FusionOptions &options);
 
 } // namespace mlir::bonsai
 

@@ -46,6 +46,10 @@ void rope(const TensorView &x, double theta, const TensorView &y);
 /// k and v [B, S, Hkv, D], query head h reads kv head h / (H / Hkv).
 void attention(const TensorView &q, const TensorView &k, const TensorView &v, bool causal,
                double scale, const TensorView &o);
+/// attention, bit for bit, that also writes lse [B, H, S] (f32): the natural log of each query
+/// row's softmax denominator, max_j x_ij + log Σ_j exp(x_ij - max_j x_ij) with x = scale q kᵀ.
+void flashAttention(const TensorView &q, const TensorView &k, const TensorView &v, bool causal,
+                    double scale, const TensorView &o, const TensorView &lse);
 
 void silu(const TensorView &x, const TensorView &y);
 /// tanh = true: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); else 0.5 x (1 + erf(x / sqrt 2)).
@@ -108,6 +112,13 @@ void ropeGrad(const TensorView &dy, double theta, const TensorView &dx);
 void attentionGrad(const TensorView &dout, const TensorView &q, const TensorView &k,
                    const TensorView &v, const TensorView &o, bool causal, double scale,
                    const TensorView &dq, const TensorView &dk, const TensorView &dv);
+/// attentionGrad with the probabilities recomputed as exp(scale q_i·k_j - lse_i) from the
+/// forward's log-sum-exp (flashAttention), with no pass for the softmax statistics. Equal to
+/// attentionGrad up to the rounding of lse to f32 (a relative 2^-24 |lse| in each p).
+void flashAttentionGrad(const TensorView &dout, const TensorView &q, const TensorView &k,
+                        const TensorView &v, const TensorView &o, const TensorView &lse,
+                        bool causal, double scale, const TensorView &dq, const TensorView &dk,
+                        const TensorView &dv);
 
 void siluGrad(const TensorView &dy, const TensorView &x, const TensorView &dx);
 void geluGrad(const TensorView &dy, const TensorView &x, bool tanh, const TensorView &dx);

@@ -96,6 +96,10 @@ void layerNorm(const Context &ctx, const TensorView &x, const TensorView &w,
 void rope(const Context &ctx, const TensorView &x, double theta, const TensorView &y);
 void attention(const Context &ctx, const TensorView &q, const TensorView &k,
                const TensorView &v, bool causal, double scale, const TensorView &o);
+/// attention that also writes lse [B, H, S] (f32, natural log), as cpu::flashAttention.
+void flashAttention(const Context &ctx, const TensorView &q, const TensorView &k,
+                    const TensorView &v, bool causal, double scale, const TensorView &o,
+                    const TensorView &lse);
 void silu(const Context &ctx, const TensorView &x, const TensorView &y);
 void gelu(const Context &ctx, const TensorView &x, bool tanh, const TensorView &y);
 void swiglu(const Context &ctx, const TensorView &gate, const TensorView &up,
@@ -138,6 +142,11 @@ void attentionGrad(const Context &ctx, const TensorView &dout, const TensorView 
                    const TensorView &k, const TensorView &v, const TensorView &o, bool causal,
                    double scale, const TensorView &dq, const TensorView &dk,
                    const TensorView &dv);
+/// attentionGrad from the forward's log-sum-exp (flashAttention): no statistics pass.
+void flashAttentionGrad(const Context &ctx, const TensorView &dout, const TensorView &q,
+                        const TensorView &k, const TensorView &v, const TensorView &o,
+                        const TensorView &lse, bool causal, double scale, const TensorView &dq,
+                        const TensorView &dk, const TensorView &dv);
 void siluGrad(const Context &ctx, const TensorView &dy, const TensorView &x,
               const TensorView &dx);
 void geluGrad(const Context &ctx, const TensorView &dy, const TensorView &x, bool tanh,

@@ -113,6 +113,8 @@ enum class KernelKind : uint16_t {
   LinearGradWeightAccumulate = 88, ///< acc += dyᵀ x (linear_grad_weight into an accumulator).
   /// A generated kernel (docs/fusion.md): KernelAttrsInfo::generatedKernel names it.
   FusedElementwise = 80,
+  FlashAttention = 100,     ///< attention that also writes the log-sum-exp (docs/fusion.md).
+  FlashAttentionGrad = 101, ///< attention's gradients from the saved log-sum-exp.
 };
 
 /// Instructions of an elementwise program; values match bonsai.plan.ElementwiseOpcode.

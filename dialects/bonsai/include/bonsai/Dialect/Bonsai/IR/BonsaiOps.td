@@ -371,6 +371,7 @@ include "bonsai/Dialect/Bonsai/IR/BonsaiFusedOps.td"
 include "bonsai/Dialect/Bonsai/IR/BonsaiFusedOptimizerOps.td"
 include "bonsai/Dialect/Bonsai/IR/BonsaiGemmEpilogueOps.td"
 include "bonsai/Dialect/Bonsai/IR/BonsaiElementwiseOps.td"
+include "bonsai/Dialect/Bonsai/IR/BonsaiFlashAttentionOps.td"
 
 //===----------------------------------------------------------------------===//
 // Recipe ops

@@ -1,0 +1,51 @@
+//===- BonsaiFlashAttentionOps.td - attention that keeps its log-sum-exp -*- tablegen -*-===//
+//
+// The ops the `flash-attention` fusion family (docs/fusion.md) puts in place of a
+// `bonsai.attention` whose result feeds a `bonsai.attention_grad`, and of that grad: the forward
+// also returns each query row's log-sum-exp, and the backward takes it, so it never recomputes
+// the softmax statistics (nor ever the attention matrix, which neither op stores).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BONSAI_DIALECT_BONSAI_IR_BONSAIFLASHATTENTIONOPS_TD
+#define BONSAI_DIALECT_BONSAI_IR_BONSAIFLASHATTENTIONOPS_TD
+
+def Bonsai_FlashAttentionOp : Bonsai_ModelOp<"flash_attention"> {
+  let summary = "attention that also returns the log-sum-exp of every query row";
+  let description = [{
+    `output` is `bonsai.attention` of the same operands and attributes (q [batch, seq, heads,
+    head_dim]; k and v [batch, seq, kv_heads, head_dim], heads a multiple of kv_heads).
+    `lse` is f32 [batch, heads, seq]: lse[b, h, i] = log Σ_j exp(scale q_i·k_j) over the keys
+    query i reads (natural logarithm), the statistic `bonsai.flash_attention_grad` needs to
+    recompute the probabilities p_ij = exp(scale q_i·k_j - lse_i) without a softmax pass.
+
+    ```mlir
+    %o, %lse = bonsai.flash_attention %q, %k, %v {causal, scale = 2.500000e-01 : f64} : (tensor<2x64x4x16xbf16>, tensor<2x64x2x16xbf16>, tensor<2x64x2x16xbf16>) -> (tensor<2x64x4x16xbf16>, tensor<2x4x64xf32>)
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$query, Bonsai_ComputeTensor:$key,
+                   Bonsai_ComputeTensor:$value, UnitAttr:$causal, F64Attr:$scale);
+  let results = (outs Bonsai_ComputeTensor:$output, Bonsai_TensorOf<[F32]>:$lse);
+}
+
+def Bonsai_FlashAttentionGradOp : Bonsai_ModelOp<"flash_attention_grad"> {
+  let summary = "gradients of attention from the forward's output and log-sum-exp";
+  let description = [{
+    The gradients of `bonsai.attention_grad` (dq, dk, dv for dO), with the probabilities
+    recomputed as exp(scale q_i·k_j - lse_i) from the `lse` that `bonsai.flash_attention`
+    returned with `output`: no pass over the keys for the softmax statistics first.
+    D_i = dO_i·o_i comes from `output` as in `bonsai.attention_grad`.
+
+    ```mlir
+    %dq, %dk, %dv = bonsai.flash_attention_grad %do, %q, %k, %v, %o, %lse {causal, scale = 2.5e-01 : f64} : (tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x4x16xf32>, tensor<2x4x8xf32>) -> (tensor<2x8x4x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x2x16xf32>)
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$result_grad, Bonsai_ComputeTensor:$query,
+                   Bonsai_ComputeTensor:$key, Bonsai_ComputeTensor:$value,
+                   Bonsai_ComputeTensor:$output, Bonsai_TensorOf<[F32]>:$lse, UnitAttr:$causal,
+                   F64Attr:$scale);
+  let results = (outs Bonsai_ComputeTensor:$query_grad, Bonsai_ComputeTensor:$key_grad,
+                      Bonsai_ComputeTensor:$value_grad);
+}
+
+#endif // BONSAI_DIALECT_BONSAI_IR_BONSAIFLASHATTENTIONOPS_TD
