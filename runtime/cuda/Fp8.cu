@@ -4,8 +4,7 @@
 // codes with the hardware conversion (cvt.rn.satfinite), and counts, in registers, the input's
 // amax and the values that underflow or saturate; a block reduces its threads' counts in a fixed
 // order and adds them to the statistics with one atomic per counter. The conversion and the
-// counting follow fp8::encode and fp8::castScaled exactly (NaN keeps its sign and becomes the
-// 0x7F pattern, as the CPU reference writes it, rather than the hardware's unsigned NaN).
+// counting follow fp8::encode and fp8::castScaled exactly (every NaN becomes 0x7F).
 //
 //===----------------------------------------------------------------------===//
 
@@ -27,7 +26,7 @@ constexpr int kThreads = 256;
 /// The FP8 code of y, as fp8::encode computes it.
 template <bool E4M3> __device__ __forceinline__ uint8_t encodeFp8(float y) {
   if (isnan(y))
-    return uint8_t((__float_as_uint(y) >> 24) & 0x80) | 0x7F;
+    return 0x7F;
   return uint8_t(__nv_cvt_float_to_fp8(y, __NV_SATFINITE, E4M3 ? __NV_E4M3 : __NV_E5M2));
 }
 

@@ -3,10 +3,10 @@
 // Row-major D [m, n] = A [m, k] · B [n, k]ᵀ is, to column-major cuBLASLt, Dᵀ [n, m] = Bᵀ·A
 // with B seen as a k × n column-major matrix taken transposed and A as k × m taken as is:
 // cuBLASLt's "TN" case, the one layout its FP8 kernels support. The scales are the
-// A/B_SCALE_POINTER attributes (device pointers: cuBLASLt multiplies the product by them), and
-// D's amax the AMAX_D_POINTER attribute. Plans (descriptor, layouts, algorithm) are cached by
-// shape, types and whether D's amax is wanted; the pointers are set on every call, as they may
-// change between calls with the same shape.
+// A/B_SCALE_POINTER attributes (device pointers: cuBLASLt multiplies the product by them), set
+// before the algorithm is chosen (the heuristic picks among kernels that take them) and again
+// on every call, as they may change between calls of the same shape. Plans (descriptor,
+// layouts, algorithm) are cached by shape and types.
 //
 //===----------------------------------------------------------------------===//
 
@@ -54,7 +54,7 @@ struct Fp8GemmEngine::Impl {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  using Key = std::tuple<int64_t, int64_t, int64_t, int, int, int, bool>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int, int, int>;
 
   cublasLtHandle_t handle = nullptr;
   void *workspace = nullptr;
@@ -73,9 +73,20 @@ struct Fp8GemmEngine::Impl {
     p = {};
   }
 
+  /// Sets the scale pointers of `desc` (cuBLASLt's A is our b).
+  static void setScales(cublasLtMatmulDesc_t desc, const float *descaleA,
+                        const float *descaleB) {
+    checkLt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                           &descaleB, sizeof descaleB),
+            "cublasLtMatmulDescSetAttribute(A_SCALE_POINTER)");
+    checkLt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                           &descaleA, sizeof descaleA),
+            "cublasLtMatmulDescSetAttribute(B_SCALE_POINTER)");
+  }
+
   Plan &plan(int64_t m, int64_t n, int64_t k, DType aType, DType bType, DType dType,
-             bool amax) {
-    Key key{m, n, k, int(aType), int(bType), int(dType), amax};
+             const float *descaleA, const float *descaleB) {
+    Key key{m, n, k, int(aType), int(bType), int(dType)};
     if (auto found = plans.find(key); found != plans.end())
       return found->second;
     Plan p;
@@ -97,8 +108,7 @@ struct Fp8GemmEngine::Impl {
               "cublasLtMatrixLayoutCreate(B)");
       checkLt(cublasLtMatrixLayoutCreate(&p.d, outType(dType), n, m, n),
               "cublasLtMatrixLayoutCreate(D)");
-      // Placeholder pointers with the alignment real ones have, for the heuristic; the real
-      // ones are set per call.
+      setScales(p.desc, descaleA, descaleB);
       cublasLtMatmulPreference_t pref = nullptr;
       checkLt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
       uint64_t ws = workspaceBytes;
@@ -150,8 +160,7 @@ Fp8GemmEngine::~Fp8GemmEngine() {
 }
 
 void Fp8GemmEngine::gemm(Stream stream, const TensorView &a, const float *descaleA,
-                         const TensorView &b, const float *descaleB, const TensorView &d,
-                         float *amaxD) {
+                         const TensorView &b, const float *descaleB, const TensorView &d) {
   const char *kn = "fp8_gemm";
   auto isFp8 = [](DType t) { return t == DType::F8E4M3FN || t == DType::F8E5M2; };
   checkView(kn, "a", a);
@@ -179,18 +188,8 @@ void Fp8GemmEngine::gemm(Stream stream, const TensorView &a, const float *descal
   if (m == 0 || n == 0)
     return;
 
-  Impl::Plan &p = impl_->plan(m, n, k, a.dtype, b.dtype, d.dtype, amaxD != nullptr);
-  // cuBLASLt's A is our B: its scale is our b's.
-  checkLt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                         &descaleB, sizeof descaleB),
-          "cublasLtMatmulDescSetAttribute(A_SCALE_POINTER)");
-  checkLt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                         &descaleA, sizeof descaleA),
-          "cublasLtMatmulDescSetAttribute(B_SCALE_POINTER)");
-  if (amaxD)
-    checkLt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &amaxD,
-                                           sizeof amaxD),
-            "cublasLtMatmulDescSetAttribute(AMAX_D_POINTER)");
+  Impl::Plan &p = impl_->plan(m, n, k, a.dtype, b.dtype, d.dtype, descaleA, descaleB);
+  Impl::setScales(p.desc, descaleA, descaleB);
   const float alpha = 1.0f, beta = 0.0f;
   checkLt(cublasLtMatmul(impl_->handle, p.desc, &alpha, b.data, p.a, a.data, p.b, &beta, d.data,
                          p.d, d.data, p.d, &p.algo, impl_->workspace, impl_->workspaceBytes,

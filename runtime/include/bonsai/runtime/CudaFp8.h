@@ -60,10 +60,10 @@ public:
   Fp8GemmEngine(const Fp8GemmEngine &) = delete;
   Fp8GemmEngine &operator=(const Fp8GemmEngine &) = delete;
 
-  /// Enqueues D = descaleA · descaleB · A·Bᵀ on `stream`; when `amaxD` is not null, cuBLASLt
-  /// also writes max |D| there (before rounding), for a delayed scale of D.
+  /// Enqueues D = descaleA · descaleB · A·Bᵀ on `stream`. (cuBLASLt reports D's amax only for
+  /// an FP8 D, which no FP8 linear writes: outputs are bf16, their amax comes from the cast.)
   void gemm(Stream stream, const TensorView &a, const float *descaleA, const TensorView &b,
-            const float *descaleB, const TensorView &d, float *amaxD = nullptr);
+            const float *descaleB, const TensorView &d);
 
   struct Impl;
 
