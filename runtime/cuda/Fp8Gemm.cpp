@@ -19,6 +19,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <vector>
 
 namespace bonsai::rt::cuda {
 
@@ -52,7 +53,10 @@ struct Fp8GemmEngine::Impl {
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-    cublasLtMatmulAlgo_t algo{};
+    /// The heuristic's candidates, best first; `chosen` is the first that ran (-1 until a call
+    /// has found one: a candidate may still answer "not supported" when it runs).
+    std::vector<cublasLtMatmulAlgo_t> algos;
+    int chosen = -1;
   };
   using Key = std::tuple<int64_t, int64_t, int64_t, int, int, int>;
 
@@ -114,18 +118,19 @@ struct Fp8GemmEngine::Impl {
       uint64_t ws = workspaceBytes;
       cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(
           pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-      cublasLtMatmulHeuristicResult_t result{};
+      cublasLtMatmulHeuristicResult_t results[8] = {};
       int returned = 0;
       if (status == CUBLAS_STATUS_SUCCESS)
-        status = cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.d, p.d, pref, 1,
-                                                &result, &returned);
+        status = cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.d, p.d, pref, 8,
+                                                results, &returned);
       cublasLtMatmulPreferenceDestroy(pref);
       checkLt(status, "cublasLtMatmulAlgoGetHeuristic");
       if (returned == 0)
         fail("fp8_gemm", "cuBLASLt has no FP8 algorithm for m=" + std::to_string(m) +
                              " n=" + std::to_string(n) + " k=" + std::to_string(k) +
                              " on this GPU (FP8 tensor cores need sm_89 or sm_90)");
-      p.algo = result.algo;
+      for (int i = 0; i < returned; ++i)
+        p.algos.push_back(results[i].algo);
     } catch (...) {
       destroy(p);
       throw;
@@ -191,10 +196,28 @@ void Fp8GemmEngine::gemm(Stream stream, const TensorView &a, const float *descal
   Impl::Plan &p = impl_->plan(m, n, k, a.dtype, b.dtype, d.dtype, descaleA, descaleB);
   Impl::setScales(p.desc, descaleA, descaleB);
   const float alpha = 1.0f, beta = 0.0f;
-  checkLt(cublasLtMatmul(impl_->handle, p.desc, &alpha, b.data, p.a, a.data, p.b, &beta, d.data,
-                         p.d, d.data, p.d, &p.algo, impl_->workspace, impl_->workspaceBytes,
-                         stream),
-          "cublasLtMatmul");
+  auto run = [&](const cublasLtMatmulAlgo_t &algo) {
+    // C is not read (beta = 0): FP8 kernels run out of place, without C.
+    return cublasLtMatmul(impl_->handle, p.desc, &alpha, b.data, p.a, a.data, p.b, &beta,
+                          nullptr, p.d, d.data, p.d, &algo, impl_->workspace,
+                          impl_->workspaceBytes, stream);
+  };
+  if (p.chosen >= 0)
+    return checkLt(run(p.algos[p.chosen]), "cublasLtMatmul");
+  // The first call tries the candidates in the heuristic's order: one may be "not supported"
+  // at run time for these operands, as cuBLASLt's documentation warns.
+  cublasStatus_t status = CUBLAS_STATUS_NOT_SUPPORTED;
+  for (int i = 0; i < int(p.algos.size()); ++i) {
+    status = run(p.algos[i]);
+    if (status == CUBLAS_STATUS_SUCCESS) {
+      p.chosen = i;
+      return;
+    }
+    if (status != CUBLAS_STATUS_NOT_SUPPORTED)
+      break;
+  }
+  checkLt(status, ("cublasLtMatmul (" + std::to_string(p.algos.size()) +
+                   " candidate algorithms)").c_str());
 }
 
 } // namespace bonsai::rt::cuda
