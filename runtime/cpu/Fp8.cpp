@@ -53,9 +53,11 @@ float decode(uint8_t code, Format format) {
 }
 
 uint8_t encode(float x, Format format) {
-  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
+  // NaN: the one code 0x7F, whatever the sign, as the hardware conversion writes it (a NaN's
+  // sign survives arithmetic differently on CPUs and GPUs, so it cannot be part of the result).
   if (std::isnan(x))
-    return sign | 0x7F;
+    return 0x7F;
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
   const double a = std::fabs(double(x));
   if (a >= double(maxFinite(format)))
     return sign | maxCode(format); // saturate, infinities included

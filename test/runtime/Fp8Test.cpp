@@ -83,8 +83,9 @@ std::string hex(uint8_t code) {
 
 void expectEncodesLikeSearch(float x, Format format) {
   uint8_t got = encode(x, format), want = searchEncode(x, format);
-  // A NaN keeps its sign bit; any NaN code is a NaN.
+  // Every NaN becomes the code 0x7F (a NaN in both formats).
   if (std::isnan(x)) {
+    EXPECT_EQ(got, 0x7F) << formatName(format) << " NaN";
     EXPECT_TRUE(std::isnan(decode(got, format))) << formatName(format) << " NaN";
     return;
   }

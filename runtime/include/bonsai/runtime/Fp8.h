@@ -7,7 +7,7 @@
 //
 // The conversion from f32 is the one FP8 training uses: round to nearest, ties to even, and
 // saturate what lies beyond the largest finite value (infinities included) to it, the CUDA
-// intrinsics' __NV_SATFINITE; NaN stays NaN. This is the CPU reference the FP8 kernels are
+// intrinsics' __NV_SATFINITE; NaN stays NaN (code 0x7F, the sign dropped, as the hardware does). This is the CPU reference the FP8 kernels are
 // tested against, so it is exact: every f32 input gives the code a correctly rounded
 // conversion gives (test/runtime/Fp8Test.cpp checks that against a search over all codes).
 // No MLIR, no LLVM.
@@ -42,7 +42,7 @@ float minSubnormal(Format format);
 /// The value of `code` (NaN for a NaN code, ±infinity for E5M2's infinities).
 float decode(uint8_t code, Format format);
 
-/// `x` rounded to nearest (ties to even) with saturation to ±maxFinite; NaN gives a NaN code.
+/// `x` rounded to nearest (ties to even) with saturation to ±maxFinite; NaN gives 0x7F.
 uint8_t encode(float x, Format format);
 
 /// encode then decode: the value an FP8 cast leaves.
