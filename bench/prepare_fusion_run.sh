@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # bench/prepare_fusion_run.sh - prepare, on the build machine, what bench/fusion_h200.sh needs on
-# a GPU machine (issue #8: fused kernels): the CUDA builds of bonsai-run, the runtime tests and
-# the kernel benchmarks, OpenBLAS for machines without it, the tiny models' parity cases and the
+# a GPU machine (issue #8: fused kernels): bonsai-run, the runtime tests and the kernel
+# benchmarks from the build (which has the CUDA backend for sm_80 to sm_90 when the toolkit is
+# installed), OpenBLAS for machines without it, the tiny models' parity cases and the
 # training-step plans of Llama 124M and GPT-2 124M compiled with and without bonsai-fuse. All in
 # one folder (default .gpu-fusion/, ignored by git), packed as .gpu-fusion.tar.xz for `carry`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="${1:-.gpu-fusion}"
 build="${BONSAI_BUILD_DIR:-build}"
-archs="${BONSAI_GPU_ARCHS:-90-real}"
 scripts/build.sh
-cmake -G Ninja -S runtime -B build-gpu -DCMAKE_BUILD_TYPE=Release -DBONSAI_CUDA_ARCHS="$archs"
-ninja -C build-gpu bonsai-run bonsai-runtime-tests attention_bench fp8_gemm_bench
+if [ ! -x "$build/bin/attention_bench" ]; then
+  echo "prepare_fusion_run.sh: $build has no CUDA backend (is nvcc at /usr/local/cuda?)" >&2
+  exit 1
+fi
 rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib" "$dir/cases" "$dir/plans"
 for tool in bonsai-run bonsai-runtime-tests attention_bench fp8_gemm_bench; do
-  strip -o "$dir/bin/$tool" "build-gpu/bin/$tool"
+  strip -o "$dir/bin/$tool" "$build/bin/$tool"
 done
 for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do
   cp "$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')" "$dir/lib/"

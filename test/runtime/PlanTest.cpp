@@ -1072,7 +1072,9 @@ TEST(PlanGeneratedKernelsTest, KernelsMatchTheirProgram) {
 TEST(PlanGeneratedKernelsTest, RandomByteFlipsLoadOrThrow) {
   flipBytes(buildPlan(fusedPlanSpec()), 20261201, 1500);
   flipBytes(buildPlan(fusedPlanSpec("sm_90")), 20261202, 500);
+}
 
+//===----------------------------------------------------------------------===//
 // Flash attention (kinds 100..101): the forward's log-sum-exp and the grad that reads it.
 //===----------------------------------------------------------------------===//
 
