@@ -11,16 +11,24 @@
 #include "llvm/ADT/StringSet.h"
 
 #include <map>
+#include <optional>
 
 namespace mlir::bonsai {
 #define GEN_PASS_DEF_BONSAIFUSEPASS
 #include "bonsai/Transforms/Passes.h.inc"
 
 ArrayRef<FusionFamily> getFusionFamilies() {
+  // The order is a priority: a family applies to what the families before it left. The LM
+  // head's chunked loss and the flash attention pair replace the most work, so they come
+  // before the GEMM epilogues (which would otherwise take the head's weight-gradient GEMM), and
+  // the generated kernels take whatever elementwise ops remain at the end.
   static const std::vector<FusionFamily> families = {
       {"linear-cross-entropy",
        "LM head + cross-entropy + their gradients, chunked over positions",
        populateLinearCrossEntropyFusionPatterns},
+      {"flash-attention",
+       "attention + attention_grad: the forward saves the log-sum-exp the backward reads",
+       populateFlashAttentionFusionPatterns},
       {"residual-norm", "residual add + RMSNorm/LayerNorm, and norm gradient + gradient add",
        populateResidualNormFusionPatterns},
       {"gemm-epilogue",
@@ -28,13 +36,8 @@ ArrayRef<FusionFamily> getFusionFamilies() {
        populateGemmEpilogueFusionPatterns, nullptr},
       {"optimizer", "the update phase's optimizer updates as multi-tensor kernels", nullptr,
        fuseOptimizerUpdates},
-      {"elementwise",
-       "remaining chains of elementwise ops -> one generated kernel each (runs last: the "
-       "pattern families take their ops first)",
+      {"elementwise", "remaining chains of elementwise ops -> one generated kernel each",
        nullptr, fuseElementwiseChains},
-      {"flash-attention",
-       "attention + attention_grad: the forward saves the log-sum-exp the backward reads",
-       populateFlashAttentionFusionPatterns},
   };
   return families;
 }
@@ -81,12 +84,15 @@ struct FusePass : impl::BonsaiFusePassBase<FusePass> {
         fused->emitRemark() << "fused " << what;
     };
 
-    RewritePatternSet patterns(&getContext());
-    for (const FusionFamily &family : families)
-      if (family.populatePatterns && !disabled.contains(family.name))
-        family.populatePatterns(patterns, options);
-    bool anyPatterns = !patterns.getNativePatterns().empty();
-    FrozenRewritePatternSet frozen(std::move(patterns));
+    // One frozen pattern set per pattern family, built once for all functions.
+    std::vector<std::optional<FrozenRewritePatternSet>> frozen(families.size());
+    for (auto [family, set] : llvm::zip_equal(families, frozen)) {
+      if (!family.populatePatterns || disabled.contains(family.name))
+        continue;
+      RewritePatternSet patterns(&getContext());
+      family.populatePatterns(patterns, options);
+      set.emplace(std::move(patterns));
+    }
 
     for (auto function : getOperation().getOps<FunctionOpInterface>()) {
       if (function.isExternal())
@@ -97,15 +103,18 @@ struct FusePass : impl::BonsaiFusePassBase<FusePass> {
       config.setRegionSimplificationLevel(GreedySimplifyRegionLevel::Disabled);
       config.enableFolding(false);
       config.enableConstantCSE(false);
-      if (anyPatterns &&
-          failed(applyPatternsGreedily(function, frozen, config))) {
-        function.emitError() << "bonsai-fuse: fusion patterns did not converge";
-        return signalPassFailure();
-      }
-      for (const FusionFamily &family : families)
-        if (family.runOnFunction && !disabled.contains(family.name) &&
-            failed(family.runOnFunction(function, options)))
+      // Families apply one after another, in the registry's order (its comment says why).
+      for (auto [family, set] : llvm::zip_equal(families, frozen)) {
+        if (disabled.contains(family.name))
+          continue;
+        if (set && failed(applyPatternsGreedily(function, *set, config))) {
+          function.emitError() << "bonsai-fuse: the " << family.name
+                               << " fusion patterns did not converge";
           return signalPassFailure();
+        }
+        if (family.runOnFunction && failed(family.runOnFunction(function, options)))
+          return signalPassFailure();
+      }
       if (counts.empty())
         continue;
       InFlightDiagnostic remark = function.emitRemark() << "bonsai-fuse:";

@@ -9,16 +9,35 @@ import sys
 
 compile_tool, run_tool, models, out = sys.argv[1:5]
 
-# Which plans each recipe compares with the unfused one: (label, extra compile flags).
+# Every family, and those whose kernels compute what the unfused ones do in another order
+# (flash-attention: exp(x - lse) instead of an online softmax; elementwise on LoRA's swiglu:
+# f32 instead of f64 inside) and are compared with a tolerance by their own tests
+# (flash-attention-equivalence.test, fusion-elementwise-lora.test).
+FAMILIES = ["linear-cross-entropy", "flash-attention", "residual-norm", "gemm-epilogue",
+            "optimizer", "elementwise"]
+NOT_BITWISE = {"flash-attention"}
+
+
+def without(*families):
+    """Compile flags leaving out `families` besides those that are not bitwise."""
+    left_out = sorted(NOT_BITWISE | set(families))
+    return ["--fuse-disable=" + ",".join(left_out)]
+
+
+def only(family):
+    return without(*[f for f in FAMILIES if f != family])
+
+
+# Which plans each recipe compares with the unfused one: (label, extra compile flags). "default"
+# is every bitwise family.
 VARIANTS = {
-    "adamw": [("default", []),
-              ("linear-cross-entropy only", ["--fuse-disable=residual-norm"]),
-              ("residual-norm only", ["--fuse-disable=linear-cross-entropy"])],
-    "full": [("default", [])],
-    "mb2": [("default", [])],
-    "ib": [("default", [])],
-    "lora": [("default", [])],
-    "galore": [("default", [])],
+    "adamw": [("default", without())] + [(f + " only", only(f)) for f in FAMILIES
+                                         if f not in NOT_BITWISE],
+    "full": [("default", without())],
+    "mb2": [("default", without())],
+    "ib": [("default", without())],
+    "lora": [("default", without("elementwise"))],
+    "galore": [("default", without())],
 }
 # Recipes whose targets name the model's own linears: (model, recipe) -> the recipe file's
 # stem in the test's directory; absent pairs are skipped (GPT-2's Conv1D weights, stored

@@ -1,9 +1,10 @@
 //===- Fusion.h - The fusion families of bonsai-fuse ------------*- C++ -*-===//
 //
 // bonsai-fuse applies families of fusions, each in its own file under lib/Transforms/Fusion/.
-// A family either adds rewrite patterns (they all run together in one greedy rewrite) or
-// transforms a whole function after the patterns have run. The registry below is the one list
-// of families: the pass, its `disable` option and docs/fusion.md follow it.
+// A family either adds rewrite patterns (applied by one greedy rewrite) or transforms a whole
+// function. Families apply one after another in the order of the registry (getFusionFamilies,
+// in Fuse.cpp), which is a priority: each family sees what the ones before it left. The pass,
+// its `disable` and `only` options and docs/fusion.md follow the registry.
 //
 //===----------------------------------------------------------------------===//
 
@@ -40,7 +41,7 @@ struct FusionFamily {
   StringRef summary;
   /// Adds the family's patterns; null for a whole-function family.
   void (*populatePatterns)(RewritePatternSet &patterns, const FusionOptions &options) = nullptr;
-  /// Transforms `function` after every pattern family has run; null for a pattern family.
+  /// Transforms `function`; null for a pattern family.
   LogicalResult (*runOnFunction)(FunctionOpInterface function,
                                  const FusionOptions &options) = nullptr;
 };

@@ -335,9 +335,10 @@ def BonsaiFusePass : Pass<"bonsai-fuse", "::mlir::ModuleOp"> {
     floating-point summation order (test/EndToEnd checks losses and gradients of both).
 
     The families are listed in docs/fusion.md with what each saves; the `disable` option turns
-    families off by name (an unknown name is an error that lists the known ones). Pattern
-    families run first, together; families that work on the whole function (the generated
-    elementwise kernels) run after them, on what is left.
+    families off by name (an unknown name is an error that lists the known ones), `only` keeps
+    just the families it names. Families apply one after another in the registry's order
+    (lib/Transforms/Fuse.cpp), each to what the ones before it left: the LM head's chunked loss
+    and the flash attention pair first, the generated elementwise kernels last.
 
     A remark per function sums up what was fused; `per-site-remarks` adds one at each fusion.
   }];
