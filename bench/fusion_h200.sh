@@ -34,7 +34,3 @@ done
 echo "== causal attention =="
 python3 bench/attention_bench.py --bin "$dir/bin/attention_bench" --reps 20 > "$out/attention.log" 2>&1
 tail -12 "$out/attention.log"
-
-echo "== FP8 GEMM =="
-python3 bench/fp8_gemm_bench.py --bench "$dir/bin/fp8_gemm_bench" > "$out/fp8_gemm.log" 2>&1
-tail -8 "$out/fp8_gemm.log"

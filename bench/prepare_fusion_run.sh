@@ -15,7 +15,7 @@ if [ ! -x "$build/bin/attention_bench" ]; then
   exit 1
 fi
 rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib" "$dir/cases" "$dir/plans"
-for tool in bonsai-run bonsai-runtime-tests attention_bench fp8_gemm_bench; do
+for tool in bonsai-run bonsai-runtime-tests attention_bench; do
   strip -o "$dir/bin/$tool" "$build/bin/$tool"
 done
 for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do

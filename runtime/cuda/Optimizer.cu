@@ -182,13 +182,17 @@ __device__ __forceinline__ void adamwElements(const G *grad, P *param, float *m,
     loadF<N>(param + i, p);
   loadF<N>(m + i, mi);
   loadF<N>(v + i, vi);
+  // Every product and sum is rounded on its own (__fmul_rn, __fadd_rn are never contracted
+  // into FMAs): nvcc would otherwise contract each instantiation of this function as it sees
+  // fit, and the per-tensor and multi-tensor kernels would round differently.
 #pragma unroll
   for (int e = 0; e < N; ++e) {
-    float gi = g[e] * s.clip;
-    mi[e] = b1 * mi[e] + c1 * gi;
-    vi[e] = b2 * vi[e] + c2 * gi * gi;
+    float gi = __fmul_rn(g[e], s.clip);
+    mi[e] = __fadd_rn(__fmul_rn(b1, mi[e]), __fmul_rn(c1, gi));
+    vi[e] = __fadd_rn(__fmul_rn(b2, vi[e]), __fmul_rn(__fmul_rn(c2, gi), gi));
     // Decoupled weight decay first, then the Adam step, as PyTorch orders them.
-    p[e] = p[e] * s.decay - s.stepSize * mi[e] / (sqrtf(vi[e]) / s.bc2Sqrt + eps);
+    float denom = __fadd_rn(sqrtf(vi[e]) / s.bc2Sqrt, eps);
+    p[e] = __fsub_rn(__fmul_rn(p[e], s.decay), __fmul_rn(s.stepSize, mi[e]) / denom);
   }
   storeF<N>(m + i, mi);
   storeF<N>(v + i, vi);
@@ -243,10 +247,10 @@ __device__ __forceinline__ void sgdElements(const G *grad, P *param, float *buf,
   if (useMomentum)
     loadF<N>(buf + i, b);
 #pragma unroll
-  for (int e = 0; e < N; ++e) {
-    float gi = g[e] * clip + wd * p[e];
-    b[e] = useMomentum ? mom * b[e] + gi : gi;
-    p[e] = p[e] - rate * b[e];
+  for (int e = 0; e < N; ++e) { // rounded op by op, as adamwElements says why
+    float gi = __fadd_rn(__fmul_rn(g[e], clip), __fmul_rn(wd, p[e]));
+    b[e] = useMomentum ? __fadd_rn(__fmul_rn(mom, b[e]), gi) : gi;
+    p[e] = __fsub_rn(p[e], __fmul_rn(rate, b[e]));
   }
   storeF<N>(buf + i, b);
   if (master)

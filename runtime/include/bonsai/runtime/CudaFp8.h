@@ -39,37 +39,11 @@ void castToFp8(const Context &ctx, const TensorView &x, const float *scale,
 
 /// The delayed-scaling update after a step (device memory throughout): records the amax of
 /// *stats in history[*step % length], then sets *scale to fp8::delayedScale(history, length,
-/// *scale, format, margin) and, when `descale` is not null, *descale to 1 / *scale (what the
+/// *scale, format, margin) and, when `descale` is not null, *descale to 1 / *scale (what an
 /// FP8 GEMM multiplies by). `step` is the plan's i64 step counter.
 void updateDelayedScale(const Context &ctx, const Fp8CastStats *stats, float *history,
                         int64_t length, const int64_t *step, float *scale, float *descale,
                         fp8::Format format, int margin);
-
-/// FP8 GEMMs through cuBLASLt: D [m, n] = descaleA · descaleB · (A · Bᵀ) for FP8 codes A [m, k]
-/// and B [n, k], each stored with k contiguous (the only layout FP8 tensor cores take: a
-/// linear's x and W as they are; other products take a transposed cast), accumulated in fp32
-/// and rounded once into D (BF16, F16 or F32). The descales are device pointers to the
-/// inverses of the scales the operands were cast with, so a delayed scale updated on the
-/// device is used without the host. k must be a multiple of 16 and every row 16-byte aligned;
-/// the error says so otherwise. Owns a cuBLASLt handle, a workspace and a plan cache (one per
-/// device and stream, like GemmEngine).
-class Fp8GemmEngine {
-public:
-  explicit Fp8GemmEngine(size_t workspaceBytes = size_t(32) << 20);
-  ~Fp8GemmEngine();
-  Fp8GemmEngine(const Fp8GemmEngine &) = delete;
-  Fp8GemmEngine &operator=(const Fp8GemmEngine &) = delete;
-
-  /// Enqueues D = descaleA · descaleB · A·Bᵀ on `stream`. (cuBLASLt reports D's amax only for
-  /// an FP8 D, which no FP8 linear writes: outputs are bf16, their amax comes from the cast.)
-  void gemm(Stream stream, const TensorView &a, const float *descaleA, const TensorView &b,
-            const float *descaleB, const TensorView &d);
-
-  struct Impl;
-
-private:
-  Impl *impl_;
-};
 
 } // namespace bonsai::rt::cuda
 
