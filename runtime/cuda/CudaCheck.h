@@ -98,6 +98,12 @@ TensorView copyToScratch(const char *kernel, Stream stream, const TensorView &t,
 /// implemented in Elementwise.cu.
 void castOnDevice(const char *kernel, Stream stream, const TensorView &x, const TensorView &y);
 
+/// loss = the mean cross-entropy of the rows whose nll (f32, one per row) is not -inf (ignored
+/// labels), summed in fp64 by one block in a fixed order; NaN when no row counts, as PyTorch.
+/// Implemented in Loss.cu; the fused LM head (Fused.cu) ends with it too.
+void meanOfCountedRows(const char *kernel, Stream stream, const float *nll, int64_t rows,
+                       const TensorView &loss);
+
 /// fp32 views of a kernel's operands when their storage dtypes differ. Kernels are written for
 /// one storage type; given mixed dtypes they run in fp32 on converted copies, which is exactly
 /// the CPU backend's semantics (inputs converted to fp32, results rounded once into each

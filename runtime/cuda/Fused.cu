@@ -130,36 +130,6 @@ __global__ void chunkLossGradKernel(T *logits, int64_t stride, const void *label
   });
 }
 
-/// loss = the mean of the counted rows' nll (NaN when none counts), summed in fp64 by one
-/// block in a fixed order.
-__global__ void meanKernel(const float *nll, int64_t rows, void *loss, DType lossType) {
-  __shared__ double sums[1024];
-  __shared__ int64_t counts[1024];
-  double sum = 0.0;
-  int64_t count = 0;
-  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
-    float v = nll[r];
-    if (v != -__builtin_huge_valf()) {
-      sum += double(v);
-      ++count;
-    }
-  }
-  sums[threadIdx.x] = sum;
-  counts[threadIdx.x] = count;
-  __syncthreads();
-  for (int half = blockDim.x / 2; half > 0; half /= 2) {
-    if (int(threadIdx.x) < half) {
-      sums[threadIdx.x] += sums[threadIdx.x + half];
-      counts[threadIdx.x] += counts[threadIdx.x + half];
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) {
-    float result = counts[0] ? float(sums[0] / double(counts[0])) : __int_as_float(0x7fc00000);
-    storeScalar(loss, lossType, result);
-  }
-}
-
 } // namespace
 
 void linearCrossEntropy(const Context &ctx, const TensorView &x, const TensorView &w,
@@ -300,8 +270,7 @@ void linearCrossEntropy(const Context &ctx, const TensorView &x, const TensorVie
     rowsOfW.shape = dw->shape;
     castOnDevice(k, ctx.stream, rowsOfW, *dw);
   }
-  meanKernel<<<1, 1024, 0, ctx.stream>>>(nll, rows, loss.data, loss.dtype);
-  checkLaunch(k, "meanKernel");
+  meanOfCountedRows(k, ctx.stream, nll, rows, loss);
 }
 
 } // namespace bonsai::rt::cuda

@@ -233,10 +233,16 @@ void crossEntropy(const Context &ctx, const TensorView &logits, const TensorView
     });
   }
   // The loss may alias the logits (it is written last, after every row was read).
-  crossEntropyMeanKernel<<<1, 1024, 0, ctx.stream>>>(nll.as<float>(), rows, loss.data,
-                                                     loss.dtype);
-  checkLaunch(k, "crossEntropyMeanKernel");
+  meanOfCountedRows(k, ctx.stream, nll.as<float>(), rows, loss);
 }
+
+namespace detail {
+void meanOfCountedRows(const char *kernel, Stream stream, const float *nll, int64_t rows,
+                       const TensorView &loss) {
+  crossEntropyMeanKernel<<<1, 1024, 0, stream>>>(nll, rows, loss.data, loss.dtype);
+  checkLaunch(kernel, "crossEntropyMeanKernel");
+}
+} // namespace detail
 
 void crossEntropyGrad(const Context &ctx, const TensorView &dloss, const TensorView &logitsIn,
                       const TensorView &labels, int64_t ignoreIndex,
