@@ -104,6 +104,13 @@ void castOnDevice(const char *kernel, Stream stream, const TensorView &x, const 
 void meanOfCountedRows(const char *kernel, Stream stream, const float *nll, int64_t rows,
                        const TensorView &loss);
 
+/// *count = the rows whose label is neither ignoreIndex nor out of [0, vocab) (an integer sum by
+/// one block: deterministic); out-of-range labels are recorded in `error`. Implemented in
+/// Loss.cu; cross_entropy_grad and the fused LM head count the mean's denominator with it.
+void countLabels(const char *kernel, Stream stream, const void *labels, bool wide, int64_t rows,
+                 int64_t vocab, int64_t ignoreIndex, int64_t *count, DeviceError *error,
+                 int32_t kernelIndex);
+
 /// fp32 views of a kernel's operands when their storage dtypes differ. Kernels are written for
 /// one storage type; given mixed dtypes they run in fp32 on converted copies, which is exactly
 /// the CPU backend's semantics (inputs converted to fp32, results rounded once into each

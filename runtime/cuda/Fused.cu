@@ -56,25 +56,6 @@ __device__ __forceinline__ int64_t countedLabel(const void *labels, bool wide, i
   return label;
 }
 
-/// *count = the rows whose label counts (integer sums: deterministic).
-__global__ void countKernel(const void *labels, bool wide, int64_t rows, int64_t vocab,
-                            int64_t ignoreIndex, int64_t *count, DeviceError *error,
-                            int32_t kernelIndex) {
-  __shared__ int64_t counts[1024];
-  int64_t c = 0;
-  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x)
-    c += countedLabel(labels, wide, r, vocab, ignoreIndex, error, kernelIndex) >= 0 ? 1 : 0;
-  counts[threadIdx.x] = c;
-  __syncthreads();
-  for (int half = blockDim.x / 2; half > 0; half /= 2) {
-    if (int(threadIdx.x) < half)
-      counts[threadIdx.x] += counts[threadIdx.x + half];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0)
-    *count = counts[0];
-}
-
 /// One chunk's rows: nll[row] (-inf for rows that do not count) and the logits overwritten by
 /// dloss · (softmax - onehot) / count (0 for rows that do not count, and everywhere when no
 /// row counts).
@@ -178,9 +159,8 @@ void linearCrossEntropy(const Context &ctx, const TensorView &x, const TensorVie
   const int64_t paddedVocab = layout.paddedVocab;
   const bool padded = paddedVocab != vocab;
 
-  countKernel<<<1, 1024, 0, ctx.stream>>>(labels.data, wide, rows, vocab, ignoreIndex, count,
-                                          ctx.deviceError, ctx.kernelIndex);
-  checkLaunch(k, "countKernel");
+  countLabels(k, ctx.stream, labels.data, wide, rows, vocab, ignoreIndex, count, ctx.deviceError,
+              ctx.kernelIndex);
 
   // Every GEMM runs with the vocabulary padded to a multiple of 16 bytes (cuBLASLt's fast
   // kernels want it): on W's rows copied once into the workspace, zeros below them, so that

@@ -242,6 +242,14 @@ void meanOfCountedRows(const char *kernel, Stream stream, const float *nll, int6
   crossEntropyMeanKernel<<<1, 1024, 0, stream>>>(nll, rows, loss.data, loss.dtype);
   checkLaunch(kernel, "crossEntropyMeanKernel");
 }
+
+void countLabels(const char *kernel, Stream stream, const void *labels, bool wide, int64_t rows,
+                 int64_t vocab, int64_t ignoreIndex, int64_t *count, DeviceError *error,
+                 int32_t kernelIndex) {
+  countLabelsKernel<<<1, 1024, 0, stream>>>(labels, wide, rows, vocab, ignoreIndex, count, error,
+                                            kernelIndex);
+  checkLaunch(kernel, "countLabelsKernel");
+}
 } // namespace detail
 
 void crossEntropyGrad(const Context &ctx, const TensorView &dloss, const TensorView &logitsIn,
@@ -266,10 +274,8 @@ void crossEntropyGrad(const Context &ctx, const TensorView &dloss, const TensorV
   TensorView logits =
       safeInPlace(logitsIn, dlogits) ? logitsIn : copyToScratch(k, ctx.stream, logitsIn, keep);
   Scratch count(k, ctx.stream, sizeof(int64_t));
-  countLabelsKernel<<<1, 1024, 0, ctx.stream>>>(labelsV.data, wide, rows, vocab, ignoreIndex,
-                                                count.as<int64_t>(), ctx.deviceError,
-                                                ctx.kernelIndex);
-  checkLaunch(k, "countLabelsKernel");
+  countLabels(k, ctx.stream, labelsV.data, wide, rows, vocab, ignoreIndex, count.as<int64_t>(),
+              ctx.deviceError, ctx.kernelIndex);
   if (rows == 0 || vocab == 0)
     return;
 
