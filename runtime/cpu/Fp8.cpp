@@ -120,6 +120,15 @@ float delayedScale(const float *history, int64_t length, float previousScale, Fo
   return float(double(maxFinite(format)) / double(amax) / std::ldexp(1.0, margin));
 }
 
+float currentScale(float amax, Format format, int margin) {
+  return delayedScale(&amax, 1, 1.0f, format, margin);
+}
+
+int64_t gemmWorkspaceBytes(int64_t aElements, int64_t bElements) {
+  auto roundUp = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  return roundUp(aElements) + roundUp(bElements) + 256;
+}
+
 void recordAmax(float *history, int64_t length, int64_t step, float amax) {
   history[step % length] = amax;
 }

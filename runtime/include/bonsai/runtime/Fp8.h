@@ -68,6 +68,27 @@ CastStats castScaled(const float *x, int64_t count, float scale, Format format, 
 float delayedScale(const float *history, int64_t length, float previousScale, Format format,
                    int margin);
 
+/// The scale of a cast that has no delayed scale to use (current scaling, or delayed scaling
+/// before its first update): from the tensor's own amax, as delayedScale computes it from a
+/// one-entry history; 1 when the amax is zero or not finite.
+float currentScale(float amax, Format format, int margin);
+
+/// The FP8 GEMM kernels' scaling state (plan kinds 90..93, docs/fp8.md): an f32 tensor
+/// [3, kStateColumns + H] with one row per scaled operand of a linear ...
+enum StateRow : int64_t { InputRow = 0, WeightRow = 1, OutputGradRow = 2 };
+/// ... whose columns are the scale the next casts use (0: none yet), then the last update's
+/// amax, underflow fraction and saturation fraction, then the amax history of H entries.
+enum StateColumn : int64_t { ScaleColumn = 0, AmaxColumn = 1, UnderflowColumn = 2,
+                             SaturationColumn = 3, kStateColumns = 4 };
+/// The statistics a kernel of kinds 90..92 reports per cast operand: f32 [2, kStatsColumns].
+enum StatsColumn : int64_t { StatsAmax = 0, StatsUnderflow = 1, StatsSaturation = 2,
+                             StatsScale = 3, kStatsColumns = 4 };
+
+/// Bytes of the workspace of an FP8 GEMM kernel whose cast operands have `aElements` and
+/// `bElements` elements: the two operands' codes, each rounded up to 256 bytes, then 256 bytes
+/// for the scales and statistics the device computes.
+int64_t gemmWorkspaceBytes(int64_t aElements, int64_t bElements);
+
 /// Records a step's amax in the history (a ring: entry step % length).
 void recordAmax(float *history, int64_t length, int64_t step, float amax);
 
