@@ -58,6 +58,9 @@ static_assert(uint16_t(fb::KernelKind::Copy) == uint16_t(KernelKind::Copy) &&
                       uint16_t(KernelKind::LinearGradWeightAccumulate) &&
                   uint16_t(fb::KernelKind::FusedElementwise) ==
                       uint16_t(KernelKind::FusedElementwise) &&
+                  uint16_t(fb::KernelKind::Fp8Linear) == uint16_t(KernelKind::Fp8Linear) &&
+                  uint16_t(fb::KernelKind::Fp8UpdateScales) ==
+                      uint16_t(KernelKind::Fp8UpdateScales) &&
                   uint16_t(fb::KernelKind::FlashAttention) ==
                       uint16_t(KernelKind::FlashAttention) &&
                   uint16_t(fb::KernelKind::MAX) == uint16_t(KernelKind::FlashAttentionGrad),

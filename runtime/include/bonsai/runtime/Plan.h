@@ -111,6 +111,11 @@ enum class KernelKind : uint16_t {
   MultiTensorSGDUpdate = 86,
   LinearGeLU = 87,                 ///< linear then tanh GELU, keeping the pre-activation.
   LinearGradWeightAccumulate = 88, ///< acc += dyᵀ x (linear_grad_weight into an accumulator).
+  /// FP8 GEMMs (docs/fp8.md): scaled casts to E4M3FN / E5M2, then an FP8 GEMM.
+  Fp8Linear = 90,           ///< y = x · wᵀ (+ bias) from E4M3FN casts of x and w.
+  Fp8LinearGradInput = 91,  ///< dx = dy · w from E5M2 dy and E4M3FN w.
+  Fp8LinearGradWeight = 92, ///< dw = dyᵀ · x from E5M2 dy and E4M3FN x.
+  Fp8UpdateScales = 93,     ///< the once-per-step delayed-scale update of an FP8 state.
   /// A generated kernel (docs/fusion.md): KernelAttrsInfo::generatedKernel names it.
   FusedElementwise = 80,
   FlashAttention = 100,     ///< attention that also writes the log-sum-exp (docs/fusion.md).
