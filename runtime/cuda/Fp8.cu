@@ -399,9 +399,9 @@ void checkFp8Operands(const char *kn, const GemmOperand (&ops)[2], const TensorV
     fail(kn, "stats must be f32 [2, 4]");
   checkView(kn, "workspace", workspace);
   const int64_t need = fp8::gemmWorkspaceBytes(ops[0].x->numel(), ops[1].x->numel());
-  if (int64_t(workspace.numel() * dtypeSize(workspace.dtype)) < need ||
+  if (workspace.dtype != DType::F32 || workspace.numel() * 4 < need ||
       reinterpret_cast<uintptr_t>(workspace.data) % 256)
-    fail(kn, "workspace must hold " + std::to_string(need) +
+    fail(kn, "workspace must be f32 holding " + std::to_string(need) +
                  " bytes from a 256-byte boundary (fp8::gemmWorkspaceBytes)");
 }
 

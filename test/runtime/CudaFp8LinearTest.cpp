@@ -449,7 +449,7 @@ TEST_F(CudaFp8LinearTest, BadOperandsThrow) {
               "state must be f32 [3, 4 + H]");
   expectThrow([&] { cuda::fp8Linear(ctx, x.view(), w.view(), good, nullptr, false, 0, y.view(),
                                     stats.view(), small); },
-              "workspace must hold");
+              "workspace must be f32 holding");
   expectThrow([&] { cuda::fp8Linear(ctx, ragged.view(), w.view(), good, nullptr, false, 0,
                                     y.view(), stats.view(), ws); },
               "w must be [N, 40]");
