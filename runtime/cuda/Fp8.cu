@@ -159,11 +159,15 @@ __device__ __forceinline__ bool usableScale(float scale) {
 }
 
 /// The end of an FP8 GEMM kernel's workspace (fp8::gemmWorkspaceBytes keeps 256 bytes for it):
-/// the statistics of the two casts and the scales they used.
+/// the statistics of the two casts and the scales they used. Each descale, which cuBLASLt reads
+/// through a scale pointer, has a 16-byte slot of its own: with a pointer aligned to less,
+/// cuBLASLt answers "not supported".
 struct Fp8Control {
   Fp8CastStats stats[2];
   float scale[2];
-  float descale[2];
+  struct alignas(16) Descale {
+    float value;
+  } descale[2];
 };
 static_assert(sizeof(Fp8Control) <= 256, "fp8::gemmWorkspaceBytes keeps 256 bytes");
 
@@ -215,7 +219,7 @@ __global__ void resolveScalesKernel(CastOperand a, CastOperand b, bool current, 
   if (current || !usableScale(scale))
     scale = currentScaleOf(__uint_as_float(control->stats[i].amaxBits), op.maxFinite, margin);
   control->scale[i] = scale;
-  control->descale[i] = 1.0f / scale;
+  control->descale[i].value = 1.0f / scale;
   control->stats[i].amaxBits = 0;
 }
 
@@ -424,8 +428,8 @@ void runGemm(const Context &ctx, const char *kn, const GemmOperand (&ops)[2],
   call.a = codes[0];
   call.b = codes[1];
   call.d = out.data;
-  call.descaleA = &control->descale[0];
-  call.descaleB = &control->descale[1];
+  call.descaleA = &control->descale[0].value;
+  call.descaleB = &control->descale[1].value;
   if (bias) {
     checkFloat(kn, "bias", *bias);
     if (bias->dtype != out.dtype || bias->numel() != n || !aligned16(bias->data))

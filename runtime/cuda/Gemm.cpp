@@ -499,12 +499,12 @@ void LtEngine::runFp8(const char *kernel, Stream stream, const Fp8GemmCall &call
                      " k=" + std::to_string(call.k));
   if (call.aType == DType::F8E5M2 && call.bType == DType::F8E5M2)
     fail(kernel, "cuBLASLt has no e5m2 x e5m2 GEMM: one operand must be f8e4m3fn");
-  for (const void *p : {call.a, call.b, static_cast<const void *>(call.d),
-                        static_cast<const void *>(call.descaleA),
-                        static_cast<const void *>(call.descaleB)})
+  for (const void *p : {call.a, call.b, static_cast<const void *>(call.d)})
     if (!p || !aligned16(p))
-      fail(kernel, "FP8 GEMM operands, output and scales must be 16-byte aligned device "
-                   "pointers");
+      fail(kernel, "FP8 GEMM operands and output must be 16-byte aligned device pointers");
+  if (!call.descaleA || !call.descaleB || !aligned16(call.descaleA) ||
+      !aligned16(call.descaleB))
+    fail(kernel, "an FP8 GEMM needs both descales as 16-byte aligned device pointers");
   Fp8Key key{int(call.aType), int(call.bType), int(call.dType), call.m, call.n, call.k,
              call.bias != nullptr};
   Plan &p = fp8Plan(kernel, call, key);
