@@ -347,9 +347,11 @@ Fp8Control *castOperands(const Context &ctx, const char *kn, const GemmOperand (
     const int64_t n = ops[i].x->numel();
     dispatchFloat(ops[i].x->dtype, [&](auto t) {
       using T = decltype(t);
-      amaxKernel<T><<<gridFor(kn, std::max<int64_t>(n / kVec<T>, 1), kThreads), kThreads, 0,
-                      ctx.stream>>>(static_cast<const T *>(ops[i].x->data), n, stateScale,
-                                    current, &control->stats[i]);
+      // One wave: in the steady state of delayed scaling every block only reads the state's
+      // scale and returns, so the grid is kept small.
+      amaxKernel<T><<<gridFor(kn, std::max<int64_t>(n / kVec<T>, 1), kThreads, 1), kThreads,
+                      0, ctx.stream>>>(static_cast<const T *>(ops[i].x->data), n, stateScale,
+                                       current, &control->stats[i]);
     });
     checkLaunch(kn, "amaxKernel");
   }
