@@ -99,7 +99,7 @@ int main(int argc, char **argv) {
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::printf("shape m n k bf16_us bf16_tflops fp8_us fp8_tflops bf16_step_us fp8_step_us "
-              "rel_err\n");
+              "rel_err cast_x_us cast_x_gbps\n");
   for (const Shape &s : shapes) {
     const int64_t xs = s.m * s.k, ws = s.n * s.k, ys = s.m * s.n;
     std::vector<__nv_bfloat16> hx(xs), hw(ws), hdy(ys);
@@ -154,6 +154,12 @@ int main(int argc, char **argv) {
       cuda::fp8LinearGradInput(ctx, vdy, vw, vst, false, 0, vdx, vstats, vwork);
       cuda::fp8LinearGradWeight(ctx, vdy, vx, vst, false, 0, vdw, vstats, vwork);
     });
+    // The cast of x alone (what each FP8 linear pays per operand): bytes moved per second.
+    void *codes = deviceAlloc(size_t(xs));
+    TensorView vcodes{codes, DType::F8E4M3FN, {s.m, s.k}};
+    const float *xScale = static_cast<const float *>(st);
+    double castUs = timeUs(reps, [&] { cuda::castToFp8(ctx, vx, xScale, vcodes, nullptr); });
+    cudaFree(codes);
     bf16Forward();
     fp8Forward();
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
@@ -166,9 +172,10 @@ int main(int argc, char **argv) {
       num += d * d;
       den += double(__bfloat162float(a[i])) * __bfloat162float(a[i]);
     }
-    std::printf("%s %lld %lld %lld %.1f %.1f %.1f %.1f %.1f %.1f %.4f\n", s.name,
+    std::printf("%s %lld %lld %lld %.1f %.1f %.1f %.1f %.1f %.1f %.4f %.1f %.0f\n", s.name,
                 (long long)s.m, (long long)s.n, (long long)s.k, bf16, flops / bf16 / 1e6, f8,
-                flops / f8 / 1e6, bf16Step, f8Step, std::sqrt(num / den));
+                flops / f8 / 1e6, bf16Step, f8Step, std::sqrt(num / den), castUs,
+                3.0 * double(xs) / castUs / 1e3);
     std::fflush(stdout);
     for (void *p : {x, w, dy, y, y8, dx, dw, st, stats, work})
       cudaFree(p);

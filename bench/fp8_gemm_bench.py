@@ -43,9 +43,9 @@ def main():
     print("TFLOP/s of y = x Wᵀ (M = tokens); 'step' = the y, dx and dW GEMMs together")
     print("| shape (m, n, k) | Bonsai bf16 | Bonsai FP8 linear | torch bf16 | torch._scaled_mm "
           "| FP8 / bf16 (Bonsai) | Bonsai FP8 / _scaled_mm | step bf16 | step FP8 | step ratio "
-          "| FP8 rel. error |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, m, n, k, _, bf16, _, f8, bf16_step, f8_step, err in rows:
+          "| FP8 rel. error | cast of x (µs, GB/s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, m, n, k, _, bf16, _, f8, bf16_step, f8_step, err, cast_us, cast_gbps in rows:
         m, n, k = int(m), int(n), int(k)
         flops = 2.0 * m * n * k
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -62,7 +62,8 @@ def main():
         bf16_step, f8_step = 3 * flops / float(bf16_step) / 1e6, 3 * flops / float(f8_step) / 1e6
         print(f"| {name} ({m}, {n}, {k}) | {bf16:.0f} | {f8:.0f} | {torch_bf16:.0f} | "
               f"{scaled:.0f} | {f8 / bf16:.2f} | {f8 / scaled:.2f} | {bf16_step:.0f} | "
-              f"{f8_step:.0f} | {f8_step / bf16_step:.2f} | {float(err):.3f} |")
+              f"{f8_step:.0f} | {f8_step / bf16_step:.2f} | {float(err):.3f} | "
+              f"{float(cast_us):.0f}, {float(cast_gbps):.0f} |")
 
 
 if __name__ == "__main__":
