@@ -29,8 +29,6 @@ int mantissaBits(Format format) { return format == Format::E4M3FN ? 3 : 2; }
 
 int exponentBias(Format format) { return format == Format::E4M3FN ? 7 : 15; }
 
-float maxFinite(Format format) { return format == Format::E4M3FN ? 448.0f : 57344.0f; }
-
 float minSubnormal(Format format) {
   return std::ldexp(1.0f, 1 - exponentBias(format) - mantissaBits(format));
 }
@@ -122,11 +120,6 @@ float delayedScale(const float *history, int64_t length, float previousScale, Fo
 
 float currentScale(float amax, Format format, int margin) {
   return delayedScale(&amax, 1, 1.0f, format, margin);
-}
-
-int64_t gemmWorkspaceBytes(int64_t aElements, int64_t bElements) {
-  auto roundUp = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
-  return roundUp(aElements) + roundUp(bElements) + 256;
 }
 
 void recordAmax(float *history, int64_t length, int64_t step, float amax) {

@@ -173,6 +173,8 @@ LtEngine::LtEngine(size_t workspaceBytes) {
 LtEngine::~LtEngine() {
   for (auto &entry : plans_)
     destroyPlan(entry.second);
+  for (auto &entry : fp8Plans_)
+    destroyPlan(entry.second);
   // Destructors cannot throw: failures are reported on stderr.
   if (workspace_) {
     cudaError_t status = cudaFree(workspace_);
@@ -414,6 +416,110 @@ void LtEngine::runAligned(const char *kernel, Stream stream, const GemmCall &cal
                              &call.beta, call.c, p.cLayout, call.c, p.cLayout, &p.algo, workspace_,
                              workspaceBytes_, stream),
               "cublasLtMatmul", kernel);
+}
+
+namespace {
+
+cudaDataType_t fp8CudaType(const char *kernel, DType dtype) {
+  if (dtype == DType::F8E4M3FN)
+    return CUDA_R_8F_E4M3;
+  if (dtype == DType::F8E5M2)
+    return CUDA_R_8F_E5M2;
+  fail(kernel, std::string("FP8 GEMM operands must be f8e4m3fn or f8e5m2, not ") +
+                   dtypeName(dtype));
+}
+
+} // namespace
+
+LtEngine::Plan &LtEngine::fp8Plan(const char *kernel, const Fp8GemmCall &call,
+                                  const Fp8Key &key) {
+  auto found = fp8Plans_.find(key);
+  if (found != fp8Plans_.end())
+    return found->second;
+  Plan p;
+  try {
+    cudaDataType_t a = fp8CudaType(kernel, call.aType), b = fp8CudaType(kernel, call.bType);
+    cudaDataType_t d = cudaType(kernel, call.dType);
+    checkCublas(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                "cublasLtMatmulDescCreate", kernel);
+    // Row-major D = A·Bᵀ is column-major Dᵀ = B·Aᵀ: cuBLASLt's A is our B (k x n column-major,
+    // transposed) and its B our A (k x m, as is): the "TN" case.
+    cublasOperation_t opA = CUBLAS_OP_T, opB = CUBLAS_OP_N;
+    setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof opA, "TRANSA");
+    setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof opB, "TRANSB");
+    // The heuristic chooses among kernels that take scale pointers and, with a bias, the bias
+    // epilogue; the pointers themselves are set again on every call.
+    setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &call.descaleB,
+            sizeof call.descaleB, "A_SCALE_POINTER");
+    setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &call.descaleA,
+            sizeof call.descaleA, "B_SCALE_POINTER");
+    if (call.bias) {
+      cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue,
+              "EPILOGUE");
+      int32_t biasType = int32_t(d);
+      setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &biasType, sizeof biasType,
+              "BIAS_DATA_TYPE");
+      setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias, sizeof call.bias,
+              "BIAS_POINTER");
+    }
+    p.aLayout = makeLayout(kernel, b, call.k, call.n, call.k, 1, 0);
+    p.bLayout = makeLayout(kernel, a, call.k, call.m, call.k, 1, 0);
+    p.cLayout = makeLayout(kernel, d, call.n, call.m, call.n, 1, 0);
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    checkCublas(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", kernel);
+    uint64_t wsBytes = workspaceBytes_;
+    cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsBytes, sizeof wsBytes);
+    cublasLtMatmulHeuristicResult_t result{};
+    int returned = 0;
+    if (status == CUBLAS_STATUS_SUCCESS)
+      status = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.aLayout, p.bLayout, p.cLayout,
+                                              p.cLayout, pref, 1, &result, &returned);
+    cublasStatus_t destroyed = cublasLtMatmulPreferenceDestroy(pref);
+    checkCublas(status, "cublasLtMatmulAlgoGetHeuristic", kernel);
+    checkCublas(destroyed, "cublasLtMatmulPreferenceDestroy", kernel);
+    if (returned == 0)
+      fail(kernel, "cuBLASLt has no FP8 algorithm for m=" + std::to_string(call.m) +
+                       " n=" + std::to_string(call.n) + " k=" + std::to_string(call.k) +
+                       " on this GPU (FP8 tensor cores need sm_89 or newer)");
+    p.algo = result.algo;
+  } catch (...) {
+    destroyPlan(p);
+    throw;
+  }
+  return fp8Plans_.emplace(key, p).first->second;
+}
+
+void LtEngine::runFp8(const char *kernel, Stream stream, const Fp8GemmCall &call) {
+  if (call.m % 16 || call.n % 16 || call.k % 16 || call.m <= 0 || call.n <= 0 || call.k <= 0)
+    fail(kernel, "an FP8 GEMM needs m, n and k positive multiples of 16, got m=" +
+                     std::to_string(call.m) + " n=" + std::to_string(call.n) +
+                     " k=" + std::to_string(call.k));
+  if (call.aType == DType::F8E5M2 && call.bType == DType::F8E5M2)
+    fail(kernel, "cuBLASLt has no e5m2 x e5m2 GEMM: one operand must be f8e4m3fn");
+  for (const void *p : {call.a, call.b, static_cast<const void *>(call.d)})
+    if (!p || !aligned16(p))
+      fail(kernel, "FP8 GEMM operands and output must be 16-byte aligned device pointers");
+  if (!call.descaleA || !call.descaleB || !aligned16(call.descaleA) ||
+      !aligned16(call.descaleB))
+    fail(kernel, "an FP8 GEMM needs both descales as 16-byte aligned device pointers");
+  Fp8Key key{int(call.aType), int(call.bType), int(call.dType), call.m, call.n, call.k,
+             call.bias != nullptr};
+  Plan &p = fp8Plan(kernel, call, key);
+  setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &call.descaleB,
+          sizeof call.descaleB, "A_SCALE_POINTER");
+  setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &call.descaleA,
+          sizeof call.descaleA, "B_SCALE_POINTER");
+  if (call.bias)
+    setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias, sizeof call.bias,
+            "BIAS_POINTER");
+  const float alpha = 1.0f, beta = 0.0f;
+  checkCublas(cublasLtMatmul(handle_, p.desc, &alpha, call.b, p.aLayout, call.a, p.bLayout,
+                             &beta, call.d, p.cLayout, call.d, p.cLayout, &p.algo, workspace_,
+                             workspaceBytes_, stream),
+              "cublasLtMatmul(fp8)", kernel);
 }
 
 LtEngine &ltEngineOf(const char *kernel, GemmEngine &engine) {

@@ -62,6 +62,20 @@ struct GemmCall {
   int64_t ldAux = 0;
 };
 
+/// One FP8 GEMM (docs/fp8.md): row-major D[m, n] = (A[m, k] · B[n, k]ᵀ) · descaleA · descaleB
+/// (+ bias[j]) from FP8 codes, accumulated in fp32 and rounded once into D (f32, f16 or bf16).
+/// B is taken transposed because cuBLASLt's FP8 kernels take only its "TN" layout; m, n and k
+/// are multiples of 16 and every pointer 16-byte aligned.
+struct Fp8GemmCall {
+  DType aType = DType::F8E4M3FN, bType = DType::F8E4M3FN; ///< F8E4M3FN or F8E5M2, not both E5M2
+  DType dType = DType::BF16;
+  int64_t m = 0, n = 0, k = 0;
+  const void *a = nullptr, *b = nullptr;
+  void *d = nullptr;
+  const float *descaleA = nullptr, *descaleB = nullptr; ///< device memory
+  const void *bias = nullptr;                           ///< n elements of dType, or null
+};
+
 /// cuBLASLt handle, workspace and plan cache (not thread-safe: one per device and stream).
 class LtEngine {
 public:
@@ -73,6 +87,8 @@ public:
 
   /// Enqueues one GEMM on `stream`; `kernel` names the backend kernel in errors.
   void run(const char *kernel, Stream stream, const GemmCall &call);
+  /// Enqueues one FP8 GEMM on `stream`.
+  void runFp8(const char *kernel, Stream stream, const Fp8GemmCall &call);
 
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
@@ -85,6 +101,8 @@ private:
                          int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int, int, int,
                          int, int64_t, int>;
   Plan &plan(const char *kernel, const GemmCall &call, const Key &key);
+  using Fp8Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, bool>;
+  Plan &fp8Plan(const char *kernel, const Fp8GemmCall &call, const Fp8Key &key);
   /// Runs a call whose matrices all have 16-byte aligned rows (or any call, slowly).
   void runAligned(const char *kernel, Stream stream, const GemmCall &call);
 
@@ -92,6 +110,7 @@ private:
   void *workspace_ = nullptr;
   size_t workspaceBytes_ = 0;
   std::map<Key, Plan> plans_;
+  std::map<Fp8Key, Plan> fp8Plans_;
 };
 
 /// One of `count` row-major matrices of `rows` x `cols` elements, `ld` elements from one row to

@@ -13,6 +13,7 @@
 
 #ifdef BONSAI_HAVE_CUDA
 
+#include "bonsai/runtime/CudaFp8.h"
 #include "bonsai/runtime/CudaKernels.h"
 #include "bonsai/runtime/GaLore.h"
 
@@ -465,6 +466,22 @@ private:
       break;
     case KernelKind::LinearGradWeightAccumulate:
       cuda::linearGradWeightAccumulate(ctx, in(0), in(1), out);
+      break;
+    case KernelKind::Fp8Linear:
+      cuda::fp8Linear(ctx, in(0), in(1), in(2), k.inputs.size() == 4 ? &in(3) : nullptr,
+                      a.fp8Current, a.fp8Margin, outAt(0), outAt(1), outAt(2));
+      break;
+    case KernelKind::Fp8LinearGradInput:
+      cuda::fp8LinearGradInput(ctx, in(0), in(1), in(2), a.fp8Current, a.fp8Margin, outAt(0),
+                               outAt(1), outAt(2));
+      break;
+    case KernelKind::Fp8LinearGradWeight:
+      cuda::fp8LinearGradWeight(ctx, in(0), in(1), in(2), a.fp8Current, a.fp8Margin, outAt(0),
+                                outAt(1), outAt(2));
+      break;
+    case KernelKind::Fp8UpdateScales:
+      cuda::fp8UpdateScales(ctx, in(0), in(1), k.inputs.size() == 3 ? &in(2) : nullptr,
+                            a.fp8Margin, out);
       break;
     case KernelKind::FusedElementwise: {
       std::vector<const TensorView *> ins, outs;

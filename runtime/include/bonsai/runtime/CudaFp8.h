@@ -45,6 +45,33 @@ void updateDelayedScale(const Context &ctx, const Fp8CastStats *stats, float *hi
                         int64_t length, const int64_t *step, float *scale, float *descale,
                         fp8::Format format, int margin);
 
+// The FP8 GEMM kernels of plan kinds 90..93 (docs/fp8.md; the CPU backend's cpu::fp8Linear
+// and its siblings are the reference). Each casts its two operands with the scales of their
+// state rows (or, under current scaling and before a state's first update, from the operand's
+// own amax) into the workspace, multiplies the codes with cuBLASLt in fp32, and writes the
+// casts' statistics. Everything stays on the device, so the kernels replay in CUDA Graphs.
+
+/// y [..., N] = x [..., K] · wᵀ (+ bias) from E4M3FN casts of x (state row 0) and w (row 1).
+void fp8Linear(const Context &ctx, const TensorView &x, const TensorView &w,
+               const TensorView &state, const TensorView *bias, bool current, int margin,
+               const TensorView &y, const TensorView &stats, const TensorView &workspace);
+/// dx [..., K] = dy [..., N] · w from an E5M2 cast of dy (row 2) and a transposed E4M3FN cast
+/// of w (row 1).
+void fp8LinearGradInput(const Context &ctx, const TensorView &dy, const TensorView &w,
+                        const TensorView &state, bool current, int margin, const TensorView &dx,
+                        const TensorView &stats, const TensorView &workspace);
+/// dw [N, K] = dyᵀ · x summed over the leading dimensions, from transposed casts of dy (E5M2,
+/// row 2) and x (E4M3FN, row 0).
+void fp8LinearGradWeight(const Context &ctx, const TensorView &dy, const TensorView &x,
+                         const TensorView &state, bool current, int margin,
+                         const TensorView &dw, const TensorView &stats,
+                         const TensorView &workspace);
+/// The once-per-step update of `state` from the forward kernel's stats (rows 0 and 1) and the
+/// backward's (row 2; null when the linear has no backward GEMM): fp8::recordAmax at *step, then
+/// fp8::delayedScale, and the stats' amax and fractions in columns 1..3.
+void fp8UpdateScales(const Context &ctx, const TensorView &step, const TensorView &forward,
+                     const TensorView *backward, int margin, const TensorView &state);
+
 } // namespace bonsai::rt::cuda
 
 #endif // BONSAI_RUNTIME_CUDAFP8_H

@@ -34,7 +34,7 @@ int mantissaBits(Format format);
 int exponentBias(Format format);
 
 /// The largest finite value: 448 or 57344.
-float maxFinite(Format format);
+inline float maxFinite(Format format) { return format == Format::E4M3FN ? 448.0f : 57344.0f; }
 
 /// The smallest positive (subnormal) value: 2^-9 or 2^-16.
 float minSubnormal(Format format);
@@ -87,7 +87,10 @@ enum StatsColumn : int64_t { StatsAmax = 0, StatsUnderflow = 1, StatsSaturation 
 /// Bytes of the workspace of an FP8 GEMM kernel whose cast operands have `aElements` and
 /// `bElements` elements: the two operands' codes, each rounded up to 256 bytes, then 256 bytes
 /// for the scales and statistics the device computes.
-int64_t gemmWorkspaceBytes(int64_t aElements, int64_t bElements);
+/// (Inline, as the CUDA kernels use it and link before the CPU reference.)
+inline int64_t gemmWorkspaceBytes(int64_t aElements, int64_t bElements) {
+  return (aElements + 255) / 256 * 256 + (bElements + 255) / 256 * 256 + 256;
+}
 
 /// Records a step's amax in the history (a ring: entry step % length).
 void recordAmax(float *history, int64_t length, int64_t step, float amax);

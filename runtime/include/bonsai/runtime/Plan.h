@@ -250,6 +250,9 @@ struct KernelAttrsInfo {
   bool bf16Operands = false;
   /// GeneratedKernelAttrs: the index of the kernel in LoadedPlan::generatedKernels.
   uint32_t generatedKernel = 0;
+  /// Fp8Attrs (docs/fp8.md): current scaling, and the margin of the scales.
+  bool fp8Current = false;
+  int32_t fp8Margin = 0;
 };
 
 /// One verified kernel: indices into LoadedPlan::tensors, checked against the kind's operand

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# bench/fp8_h200.sh - issue 10's GPU verification and benchmarks, in one command on a GPU
+# machine, from the folder bench/prepare_fp8_run.sh made (default .gpu-fp8/): the CUDA kernel
+# tests (the FP8 kernels against their host model and every other kernel against the CPU), the
+# FP8 GEMM against bf16 and torch._scaled_mm, the 500-step bf16-vs-FP8 run of TinyLlama's shape,
+# and the training steps of TinyLlama-1.1B and a Llama-3-8B layer stack in bf16 and FP8.
+# Logs go under $OUT.
+set -uo pipefail
+dir="${1:-.gpu-fp8}"
+out="${OUT:-/tmp/bonsai-out}"
+mkdir -p "$out"
+export LD_LIBRARY_PATH="$PWD/$dir/lib:${LD_LIBRARY_PATH:-}"
+run="$PWD/$dir/bin/bonsai-run"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+
+echo "== CUDA kernels =="
+"$dir/bin/bonsai-runtime-tests" --gtest_filter='*Cuda*' > "$out/cuda_tests.log" 2>&1
+grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$out/cuda_tests.log"
+grep -B3 -A8 "Failure" "$out/cuda_tests.log" | head -40
+
+echo "== FP8 GEMM =="
+python3 bench/fp8_gemm_bench.py --bench "$dir/bin/fp8_gemm_bench" --reps 20 > "$out/gemm.log" 2>&1
+tail -12 "$out/gemm.log"
+
+echo "== verification: TinyLlama-1.1B shape, 500 steps, bf16 and FP8 on the same tokens =="
+python3 bench/fp8_train_bench.py --bonsai-run "$run" --name verify --verify \
+  --data "$dir/licenses.tokens" --steps 500 --warmup 20 --tail 20 \
+  --bf16-plan "$dir/plans/verify_bf16.plan" --fp8-plan "$dir/plans/verify_fp8.plan" \
+  --workdir "$out" > "$out/verify.log" 2>&1
+tail -12 "$out/verify.log"
+
+for model in tinyllama llama3_8b; do
+  echo "== training step $model =="
+  grep -E "peak device" "$dir/plans/${model}_bf16.txt" "$dir/plans/${model}_fp8.txt"
+  python3 bench/fp8_train_bench.py --bonsai-run "$run" --name "$model" --steps 25 --warmup 5 \
+    --bf16-plan "$dir/plans/${model}_bf16.plan" --fp8-plan "$dir/plans/${model}_fp8.plan" \
+    --workdir "$out" > "$out/step_$model.log" 2>&1
+  tail -6 "$out/step_$model.log"
+done
