@@ -383,6 +383,22 @@ void Executor::runKernel(size_t index) {
   case KernelKind::LinearGradWeightAccumulate:
     cpu::linearGradWeightAccumulate(in(0), in(1), out);
     break;
+  case KernelKind::Fp8Linear:
+    cpu::fp8Linear(in(0), in(1), in(2), k.inputs.size() == 4 ? &in(3) : nullptr, a.fp8Current,
+                   a.fp8Margin, outAt(0), outAt(1), outAt(2));
+    break;
+  case KernelKind::Fp8LinearGradInput:
+    cpu::fp8LinearGradInput(in(0), in(1), in(2), a.fp8Current, a.fp8Margin, outAt(0), outAt(1),
+                            outAt(2));
+    break;
+  case KernelKind::Fp8LinearGradWeight:
+    cpu::fp8LinearGradWeight(in(0), in(1), in(2), a.fp8Current, a.fp8Margin, outAt(0),
+                             outAt(1), outAt(2));
+    break;
+  case KernelKind::Fp8UpdateScales:
+    cpu::fp8UpdateScales(in(0), in(1), k.inputs.size() == 3 ? &in(2) : nullptr, a.fp8Margin,
+                         out);
+    break;
   case KernelKind::FusedElementwise: {
     std::vector<const TensorView *> ins, outs;
     for (uint32_t t : k.inputs)

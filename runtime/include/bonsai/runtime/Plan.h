@@ -250,6 +250,10 @@ struct KernelAttrsInfo {
   bool bf16Operands = false;
   /// GeneratedKernelAttrs: the index of the kernel in LoadedPlan::generatedKernels.
   uint32_t generatedKernel = 0;
+  /// Fp8Attrs (docs/fp8.md): scale every cast from its own amax instead of the state's delayed
+  /// scale; scales put the largest value 2^fp8Margin below the format's largest finite one.
+  bool fp8Current = false;
+  int32_t fp8Margin = 0;
 };
 
 /// One verified kernel: indices into LoadedPlan::tensors, checked against the kind's operand
