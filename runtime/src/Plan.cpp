@@ -263,6 +263,19 @@ std::optional<uint32_t> LoadedPlan::metric(const std::string &name) const {
   return std::nullopt;
 }
 
+std::vector<uint32_t> LoadedPlan::fp8States() const {
+  static const std::string suffix = ".fp8";
+  std::vector<uint32_t> states;
+  for (uint32_t i = 0; i < tensors.size(); ++i) {
+    const TensorInfo &t = tensors[i];
+    if (t.role == TensorRole::OptimizerState && t.dtype == DType::F32 && t.shape.size() == 2 &&
+        t.shape[0] == 3 && t.shape[1] > fp8::kStateColumns && t.name.size() > suffix.size() &&
+        t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      states.push_back(i);
+  }
+  return states;
+}
+
 std::string LoadedPlan::microBatchProblem(uint32_t count) const {
   if (count == 0)
     return "the number of micro-batches must be at least 1";

@@ -443,5 +443,44 @@ TEST(Fp8LinearTest, TheTrainingPlanRunsInFp8) {
   EXPECT_NEAR(losses[0], f32Loss, 0.02 * std::fabs(f32Loss));
 }
 
+TEST(Fp8LinearTest, TelemetryReadsEveryState) {
+  test::PlanSpec spec = test::fp8TrainingPlanSpec();
+  // Not FP8 states: another role, another shape, another name.
+  spec.addInit("w.fp8", DType::F32, {3, 8}, TensorRole::Gradient, 2, TensorInit::Zeros);
+  spec.addInit("x.fp8", DType::F32, {3, 4}, TensorRole::OptimizerState, 2, TensorInit::Zeros);
+  spec.addInit("x.fp8.m", DType::F32, {3, 8}, TensorRole::OptimizerState, 2, TensorInit::Zeros);
+  std::vector<uint8_t> bytes = test::buildPlan(spec);
+  LoadedPlan plan = loadPlanBuffer(bytes.data(), bytes.size(), "fp8.plan");
+  std::vector<uint32_t> states = plan.fp8States();
+  ASSERT_EQ(states.size(), 1u);
+  EXPECT_EQ(plan.tensors[states[0]].name, "lm_head.weight.fp8");
+
+  Executor e(plan);
+  e.initWeights(3);
+  TokenLoader loader("", 2, 8, 16, 3);
+  e.trainStep(loader, 0, 1);
+  e.trainStep(loader, 1, 1);
+  std::optional<Fp8Summary> summary = e.fp8Summary();
+  ASSERT_TRUE(summary);
+  EXPECT_EQ(summary->tensors, 1u);
+  ASSERT_EQ(summary->operands.size(), 3u);
+  std::vector<float> state = test::floatsOf(e, states[0]);
+  const char *operands[] = {"input", "weight", "grad_output"};
+  for (size_t r = 0; r < 3; ++r) {
+    const Fp8OperandStats &o = summary->operands[r];
+    EXPECT_EQ(o.tensor, "lm_head.weight");
+    EXPECT_EQ(o.operand, operands[r]);
+    EXPECT_EQ(o.scale, state[r * 8 + fp8::ScaleColumn]);
+    EXPECT_GT(o.scale, 0.0f);
+    EXPECT_EQ(o.amax, state[r * 8 + fp8::AmaxColumn]);
+    EXPECT_EQ(o.underflow, state[r * 8 + fp8::UnderflowColumn]);
+    EXPECT_EQ(o.saturation, state[r * 8 + fp8::SaturationColumn]);
+  }
+  // A plan without FP8 has no telemetry.
+  std::vector<uint8_t> plain = test::buildPlan(test::trainingPlanSpec());
+  Executor f(loadPlanBuffer(plain.data(), plain.size(), "plain.plan"));
+  EXPECT_FALSE(f.fp8Summary());
+}
+
 } // namespace
 } // namespace bonsai::rt

@@ -330,6 +330,9 @@ struct LoadedPlan {
   std::optional<size_t> updateInBackward() const;
   /// The Metric tensor named `name`, if there is one.
   std::optional<uint32_t> metric(const std::string &name) const;
+  /// The FP8 scaling states (docs/fp8.md), in plan order: the optimizer-state tensors named
+  /// "<weight>.fp8" that are f32 [3, 4 + H], H >= 1.
+  std::vector<uint32_t> fp8States() const;
   /// Why `microBatches` Forward+Backward runs per Update would compute something else than the
   /// gradient of the mean micro-batch loss, or "" when they are fine: more than one needs a
   /// LossScale tensor (when there is a backward pass), and every step-arena tensor an Update
