@@ -338,7 +338,8 @@ struct LoadedPlan {
   /// LossScale tensor (when there is a backward pass), and every step-arena tensor an Update
   /// kernel reads must have been written by an earlier Update kernel, since the next
   /// micro-batch reuses step arenas (gradients reach the update through persistent
-  /// accumulators).
+  /// accumulators); an Fp8UpdateScales kernel's statistics are exempt, being meant to be the
+  /// last micro-batch's.
   std::string microBatchProblem(uint32_t microBatches) const;
 };
 
