@@ -443,6 +443,30 @@ TEST(Fp8LinearTest, TheTrainingPlanRunsInFp8) {
   EXPECT_NEAR(losses[0], f32Loss, 0.02 * std::fabs(f32Loss));
 }
 
+TEST(Fp8LinearTest, SeveralMicroBatchesUpdateFromTheLast) {
+  // Two micro-batches per step: the update records the last micro-batch's casts.
+  test::Fp8Tensors f;
+  std::vector<uint8_t> bytes = test::buildPlan(
+      test::fp8TrainingPlanSpec({2, 8, 16, 16, false, 2}, 4, false, 0, nullptr, &f));
+  LoadedPlan plan = loadPlanBuffer(bytes.data(), bytes.size(), "fp8.plan");
+  Executor e(plan);
+  e.initWeights(3);
+  TokenLoader loader("", 2, 8, 16, 3);
+  StepResult r = e.trainStep(loader, 0, 2);
+  ASSERT_EQ(r.microBatchLosses.size(), 2u);
+  // The second micro-batch alone, from the same weights and state, gives the same stats.
+  std::vector<float> state = test::floatsOf(e, f.state);
+  Executor g(plan);
+  g.initWeights(3);
+  g.forwardBackward(loader.batch(1), 0.5f);
+  std::vector<float> forward = test::floatsOf(g, f.forwardStats);
+  std::vector<float> backward = test::floatsOf(g, f.gradInputStats);
+  EXPECT_EQ(state[fp8::AmaxColumn], forward[fp8::StatsAmax]);
+  EXPECT_EQ(state[8 + fp8::UnderflowColumn], forward[4 + fp8::StatsUnderflow]);
+  EXPECT_EQ(state[16 + fp8::AmaxColumn], backward[fp8::StatsAmax]);
+  EXPECT_EQ(state[16 + 4], backward[fp8::StatsAmax]) << "the history's entry of step 0";
+}
+
 TEST(Fp8LinearTest, TelemetryReadsEveryState) {
   test::PlanSpec spec = test::fp8TrainingPlanSpec();
   // Not FP8 states: another role, another shape, another name.
