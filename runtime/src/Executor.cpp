@@ -11,6 +11,7 @@
 #include "bonsai/runtime/Executor.h"
 
 #include "bonsai/runtime/CpuKernels.h"
+#include "bonsai/runtime/Fp8.h"
 #include "bonsai/runtime/GaLore.h"
 #include "bonsai/runtime/Init.h"
 
@@ -383,6 +384,22 @@ void Executor::runKernel(size_t index) {
   case KernelKind::LinearGradWeightAccumulate:
     cpu::linearGradWeightAccumulate(in(0), in(1), out);
     break;
+  case KernelKind::Fp8Linear:
+    cpu::fp8Linear(in(0), in(1), in(2), k.inputs.size() == 4 ? &in(3) : nullptr, a.fp8Current,
+                   a.fp8Margin, outAt(0), outAt(1), outAt(2));
+    break;
+  case KernelKind::Fp8LinearGradInput:
+    cpu::fp8LinearGradInput(in(0), in(1), in(2), a.fp8Current, a.fp8Margin, outAt(0), outAt(1),
+                            outAt(2));
+    break;
+  case KernelKind::Fp8LinearGradWeight:
+    cpu::fp8LinearGradWeight(in(0), in(1), in(2), a.fp8Current, a.fp8Margin, outAt(0),
+                             outAt(1), outAt(2));
+    break;
+  case KernelKind::Fp8UpdateScales:
+    cpu::fp8UpdateScales(in(0), in(1), k.inputs.size() == 3 ? &in(2) : nullptr, a.fp8Margin,
+                         out);
+    break;
   case KernelKind::FusedElementwise: {
     std::vector<const TensorView *> ins, outs;
     for (uint32_t t : k.inputs)
@@ -510,6 +527,30 @@ std::vector<std::pair<std::string, int>> Executor::galoreSkipped() const {
         skipped.emplace_back(plan_.tensors[k.inputs[0]].name, int(value));
     }
   return skipped;
+}
+
+std::optional<Fp8Summary> Executor::fp8Summary() const {
+  std::vector<uint32_t> states = plan_.fp8States();
+  if (states.empty())
+    return std::nullopt;
+  static const char *const operands[3] = {"input", "weight", "grad_output"};
+  Fp8Summary summary;
+  summary.tensors = states.size();
+  for (uint32_t t : states) {
+    // One small copy per state, as for the loss and the metrics.
+    downloadTensor(t);
+    const TensorInfo &info = plan_.tensors[t];
+    const int64_t columns = info.shape[1];
+    std::vector<float> values(size_t(info.numel));
+    std::memcpy(values.data(), views_[t].data, values.size() * sizeof(float));
+    std::string weight = info.name.substr(0, info.name.size() - 4); // without ".fp8"
+    for (int64_t row = 0; row < 3; ++row) {
+      const float *r = values.data() + row * columns;
+      summary.operands.push_back({weight, operands[row], r[fp8::ScaleColumn], r[fp8::AmaxColumn],
+                                  r[fp8::UnderflowColumn], r[fp8::SaturationColumn]});
+    }
+  }
+  return summary;
 }
 
 float Executor::runStep() {

@@ -8,6 +8,7 @@
 
 #include "bonsai/runtime/Metrics.h"
 
+#include "bonsai/runtime/Json.h"
 #include "bonsai/runtime/Tensor.h"
 
 #include <cerrno>
@@ -29,6 +30,23 @@ std::string jsonNumber(std::optional<float> value, const char *fmt) {
   if (!value || !std::isfinite(*value))
     return "null";
   return format(fmt, double(*value));
+}
+
+/// The operand with the largest value of `field` (the first of equals), or null.
+const Fp8OperandStats *largest(const Fp8Summary &s, float Fp8OperandStats::*field) {
+  const Fp8OperandStats *best = nullptr;
+  for (const Fp8OperandStats &o : s.operands)
+    if (!best || o.*field > best->*field)
+      best = &o;
+  return best;
+}
+
+std::string fp8Maximum(const Fp8Summary &s, float Fp8OperandStats::*field) {
+  const Fp8OperandStats *o = largest(s, field);
+  if (!o)
+    return "null";
+  return "{\"tensor\": " + jsonQuote(o->tensor) + ", \"operand\": " + jsonQuote(o->operand) +
+         ", \"fraction\": " + jsonNumber(o->*field, "%.9g") + "}";
 }
 
 double tokensPerSecond(const StepReport &r) {
@@ -56,8 +74,49 @@ std::string formatMetricsJson(const StepReport &r) {
   s += ", \"memory_measured_bytes\": " + std::to_string(r.measuredBytes);
   s += ", \"micro_batches\": " + std::to_string(r.microBatches);
   s += ", \"tokens\": " + std::to_string(r.tokens);
-  s += ", \"elapsed_s\": " + format("%.3f", r.elapsedSeconds) + "}";
-  return s;
+  s += ", \"elapsed_s\": " + format("%.3f", r.elapsedSeconds);
+  if (r.fp8)
+    s += ", \"fp8\": " + formatFp8Json(*r.fp8);
+  return s + "}";
+}
+
+std::string formatFp8Json(const Fp8Summary &summary) {
+  std::string s = "{\"tensors\": " + std::to_string(summary.tensors);
+  s += ", \"max_underflow\": " + fp8Maximum(summary, &Fp8OperandStats::underflow);
+  s += ", \"max_saturation\": " + fp8Maximum(summary, &Fp8OperandStats::saturation);
+  s += ", \"per_tensor\": [";
+  for (size_t i = 0; i < summary.operands.size(); ++i) {
+    const Fp8OperandStats &o = summary.operands[i];
+    s += std::string(i ? ", " : "") + "{\"tensor\": " + jsonQuote(o.tensor) +
+         ", \"operand\": " + jsonQuote(o.operand) +
+         ", \"scale\": " + jsonNumber(o.scale, "%.9g") +
+         ", \"amax\": " + jsonNumber(o.amax, "%.9g") +
+         ", \"underflow\": " + jsonNumber(o.underflow, "%.9g") +
+         ", \"saturation\": " + jsonNumber(o.saturation, "%.9g") + "}";
+  }
+  return s + "]}";
+}
+
+std::string formatFp8UnderflowWarning(const Fp8Summary &summary, uint64_t step,
+                                      double threshold) {
+  const Fp8OperandStats *worst = nullptr;
+  size_t above = 0;
+  for (const Fp8OperandStats &o : summary.operands)
+    if (double(o.underflow) > threshold) {
+      ++above;
+      if (!worst || o.underflow > worst->underflow)
+        worst = &o;
+    }
+  if (!worst)
+    return "";
+  std::string line = "warning: step " + std::to_string(step) + ": FP8 underflow: " +
+                     format("%.3g", 100.0 * double(worst->underflow)) + "% of " +
+                     worst->operand + " of '" + worst->tensor + "' became zero " +
+                     "(--fp8-underflow-warn " + format("%.3g", 100.0 * threshold) + "%";
+  if (above > 1)
+    line += "; " + std::to_string(above - 1) + " more FP8 operand" + (above > 2 ? "s" : "") +
+            " above it";
+  return line + ")";
 }
 
 std::string formatDuration(double seconds) {
@@ -120,13 +179,16 @@ void Progress::step(const StepReport &report, uint64_t firstStep) {
   shown_ = length;
 }
 
-void Progress::note(const std::string &line) {
+void Progress::note(const std::string &line, std::FILE *to) {
   if (terminal_ && shown_ > 0) {
     std::fprintf(out_, "\r%s\r", std::string(shown_, ' ').c_str());
+    std::fflush(out_);
     shown_ = 0;
   }
-  std::fprintf(out_, "%s\n", line.c_str());
-  std::fflush(out_);
+  if (!to)
+    to = out_;
+  std::fprintf(to, "%s\n", line.c_str());
+  std::fflush(to);
 }
 
 void Progress::finish() {

@@ -14,6 +14,7 @@
 
 #include "bonsai/runtime/Plan.h"
 
+#include "bonsai/runtime/Fp8.h"
 #include "bonsai/runtime/Fusion.h"
 #include "bonsai/runtime/GaLore.h"
 #include "bonsai/runtime/Nf4.h"
@@ -90,6 +91,12 @@ constexpr size_t kMaxRank = 16;
 // Token files hold uint32 ids; far more micro-batches than any step needs.
 constexpr uint64_t kMaxVocab = uint64_t(1) << 32;
 constexpr uint32_t kMaxMicroBatches = uint32_t(1) << 20;
+// FP8 scaling state (docs/fp8.md): the amax history's length (the recipe's option bound), the
+// largest margin (2^32 below the largest finite value is already below every subnormal), and
+// the dimensions FP8 tensor-core GEMMs take (multiples of 16).
+constexpr int64_t kMaxFp8History = 1024;
+constexpr int32_t kMaxFp8Margin = 32;
+constexpr int64_t kFp8GemmMultiple = 16;
 
 std::string str(const flatbuffers::String *s) { return s ? s->str() : std::string(); }
 
@@ -140,6 +147,7 @@ bool isUpdateOnly(KernelKind kind) {
   case KernelKind::GaloreAdamWUpdate:
   case KernelKind::MultiTensorAdamWUpdate:
   case KernelKind::MultiTensorSGDUpdate:
+  case KernelKind::Fp8UpdateScales:
     return true;
   default:
     return false;
@@ -255,6 +263,19 @@ std::optional<uint32_t> LoadedPlan::metric(const std::string &name) const {
   return std::nullopt;
 }
 
+std::vector<uint32_t> LoadedPlan::fp8States() const {
+  static const std::string suffix = ".fp8";
+  std::vector<uint32_t> states;
+  for (uint32_t i = 0; i < tensors.size(); ++i) {
+    const TensorInfo &t = tensors[i];
+    if (t.role == TensorRole::OptimizerState && t.dtype == DType::F32 && t.shape.size() == 2 &&
+        t.shape[0] == 3 && t.shape[1] > fp8::kStateColumns && t.name.size() > suffix.size() &&
+        t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      states.push_back(i);
+  }
+  return states;
+}
+
 std::string LoadedPlan::microBatchProblem(uint32_t count) const {
   if (count == 0)
     return "the number of micro-batches must be at least 1";
@@ -274,9 +295,14 @@ std::string LoadedPlan::microBatchProblem(uint32_t count) const {
   for (size_t i = 0; i < kernels.size(); ++i) {
     if (kernels[i].phase != Phase::Update)
       continue;
-    for (uint32_t t : kernels[i].inputs) {
+    for (size_t input = 0; input < kernels[i].inputs.size(); ++input) {
+      uint32_t t = kernels[i].inputs[input];
       const TensorInfo &info = tensors[t];
       if (arenas[info.arena].lifetime == Lifetime::Persistent)
+        continue;
+      // FP8 scales are updated from the last micro-batch's cast statistics by design
+      // (docs/fp8.md): the earlier micro-batches' are meant to be overwritten.
+      if (kernels[i].kind == KernelKind::Fp8UpdateScales && input > 0)
         continue;
       std::optional<size_t> writer;
       for (size_t j = i; j-- > 0 && !writer;)
@@ -522,6 +548,15 @@ private:
   void checkState() const;
   void checkAttentionShapes(size_t q, size_t k, size_t v) const;
   void checkLse(size_t lse, bool isOutput) const;
+  /// FP8 GEMM kinds (docs/fp8.md): an FP8 scaling state f32 [3, 4 + H], 1 <= H <= 1024.
+  void checkFp8State(const TensorInfo &t, const std::string &name) const;
+  /// The statistics of two casts: f32 [2, 4].
+  void checkFp8Stats(const TensorInfo &t, const std::string &name) const;
+  /// GEMM dimension `what` (M, N or K) is a multiple of 16, as FP8 tensor cores need.
+  void checkFp8Dimension(const char *what, int64_t value, const std::string &from) const;
+  /// The state (input 2), the stats (output 1) and the workspace (output 2, at least
+  /// fp8::gemmWorkspaceBytes / 4 f32 elements for casts of `a` and `b` elements) of kinds 90..92.
+  void checkFp8GemmOperands(int64_t aElements, int64_t bElements) const;
 
   const LoadedPlan &plan;
   size_t index;
@@ -759,6 +794,24 @@ void KernelChecker::checkArity() {
   case KernelKind::LinearGradWeightAccumulate:
     operandNames = {"dy", "x"};
     resultNames = {"acc"};
+    break;
+  case KernelKind::Fp8Linear:
+    operandNames = {"x", "w", "state", "bias"};
+    minIn = 3;
+    resultNames = {"y", "stats", "workspace"};
+    break;
+  case KernelKind::Fp8LinearGradInput:
+    operandNames = {"dy", "w", "state"};
+    resultNames = {"dx", "stats", "workspace"};
+    break;
+  case KernelKind::Fp8LinearGradWeight:
+    operandNames = {"dy", "x", "state"};
+    resultNames = {"dw", "stats", "workspace"};
+    break;
+  case KernelKind::Fp8UpdateScales:
+    operandNames = {"step", "forward_stats", "backward_stats"};
+    minIn = 2;
+    resultNames = {"state"};
     break;
   }
   if (minIn == 0)
@@ -1009,6 +1062,14 @@ void KernelChecker::checkAttrs() {
     if (a.chunkRows <= 0)
       fail("chunk_rows must be positive, got " + std::to_string(a.chunkRows));
     break;
+  case KernelKind::Fp8Linear:
+  case KernelKind::Fp8LinearGradInput:
+  case KernelKind::Fp8LinearGradWeight:
+  case KernelKind::Fp8UpdateScales:
+    if (a.fp8Margin < 0 || a.fp8Margin > kMaxFp8Margin)
+      fail("margin must be in [0, " + std::to_string(kMaxFp8Margin) + "], got " +
+           std::to_string(a.fp8Margin));
+    break;
   default:
     break;
   }
@@ -1078,6 +1139,25 @@ void KernelChecker::checkState() const {
     expectPersistent(0);
     expectInit(0, TensorInit::Zeros, "the step counter starts at zero");
     break;
+  case KernelKind::Fp8UpdateScales:
+    // Checkpointed with the optimizer's state, and read before its first update as "no scale
+    // yet, no history".
+    expectPersistent(0);
+    expectInit(0, TensorInit::Zeros, "an FP8 state has no scale and no history before the "
+                                     "first update");
+    if (out(0).role != TensorRole::OptimizerState)
+      fail(outName(0) + " has role " + tensorRoleName(out(0).role) +
+           ", expected optimizer state (FP8 scales and histories are checkpointed with it)");
+    break;
+  case KernelKind::Fp8Linear:
+  case KernelKind::Fp8LinearGradInput:
+  case KernelKind::Fp8LinearGradWeight: {
+    const ArenaInfo &arena = arenaOf(in(2));
+    if (arena.lifetime != Lifetime::Persistent)
+      fail(inName(2) + " is in step arena " + std::to_string(in(2).arena) + " '" + arena.name +
+           "': FP8 scaling state must live in a persistent arena");
+    break;
+  }
   case KernelKind::GaloreRefresh:
     expectPersistent(1);
     expectPersistent(2);
@@ -1123,6 +1203,43 @@ void KernelChecker::checkLse(size_t i, bool isOutput) const {
     fail(name + ": expected an f32 " + formatShape(want) +
          " log-sum-exp ([batch, heads, seq] of the query), got " + formatShape(lse.shape) + " " +
          dtypeName(lse.dtype));
+}
+
+void KernelChecker::checkFp8State(const TensorInfo &t, const std::string &name) const {
+  const std::vector<int64_t> &s = t.shape;
+  if (t.dtype != DType::F32 || s.size() != 2 || s[0] != 3 ||
+      s[1] < fp8::kStateColumns + 1 || s[1] > fp8::kStateColumns + kMaxFp8History)
+    fail(name + ": expected an f32 [3, 4 + H] FP8 scaling state (rows input, weight, "
+                "output gradient; scale, amax, underflow, saturation, then an amax history of "
+                "1 <= H <= " + std::to_string(kMaxFp8History) + "), got " + formatShape(s) + " " +
+         dtypeName(t.dtype));
+}
+
+void KernelChecker::checkFp8Stats(const TensorInfo &t, const std::string &name) const {
+  if (t.dtype != DType::F32 || t.shape != std::vector<int64_t>{2, fp8::kStatsColumns})
+    fail(name + ": expected f32 [2, 4] FP8 cast statistics (a row per cast operand: amax, "
+                "underflow fraction, saturation fraction, scale), got " + formatShape(t.shape) +
+         " " + dtypeName(t.dtype));
+}
+
+void KernelChecker::checkFp8Dimension(const char *what, int64_t value,
+                                      const std::string &from) const {
+  if (value % kFp8GemmMultiple != 0)
+    fail(std::string(what) + " = " + std::to_string(value) + " (" + from +
+         ") is not a multiple of " + std::to_string(kFp8GemmMultiple) +
+         ", which FP8 tensor-core GEMMs need");
+}
+
+void KernelChecker::checkFp8GemmOperands(int64_t aElements, int64_t bElements) const {
+  checkFp8State(in(2), inName(2));
+  checkFp8Stats(out(1), outName(1));
+  int64_t want = fp8::gemmWorkspaceBytes(aElements, bElements) / int64_t(sizeof(float));
+  const TensorInfo &w = out(2);
+  if (w.dtype != DType::F32 || w.shape.size() != 1 || w.shape[0] < want)
+    fail(outName(2) + ": expected a 1-D f32 workspace of at least " + std::to_string(want) +
+         " elements (fp8::gemmWorkspaceBytes of casts of " + std::to_string(aElements) +
+         " and " + std::to_string(bElements) + " elements), got " + formatShape(w.shape) + " " +
+         dtypeName(w.dtype));
 }
 
 void KernelChecker::checkShapes() {
@@ -1465,6 +1582,56 @@ void KernelChecker::checkShapes() {
       expectFloatOutput(j, {d});
     break;
   }
+  case KernelKind::Fp8Linear:
+  case KernelKind::Fp8LinearGradInput: {
+    // x [..., K] · w [N, K]ᵀ, or dy [..., N] · w [N, K]: the activation's leading dimensions
+    // are M.
+    bool forward = kernel.kind == KernelKind::Fp8Linear;
+    expectFloat(0);
+    expectRankAtLeast(0, 1);
+    expectFloat(1);
+    expectRank(1, 2);
+    const std::vector<int64_t> &a = in(0).shape, &w = in(1).shape;
+    int64_t n = w[0], k = w[1], m = in(0).numel / a.back();
+    if (a.back() != (forward ? k : n))
+      fail(inName(1) + " shape: expected " +
+           (forward ? "[out, " + std::to_string(a.back()) + "]"
+                    : "[" + std::to_string(a.back()) + ", in]") +
+           " ([out, in] layout), got " + formatShape(w));
+    std::string rows = "the rows of " + operandNames[0] + " " + formatShape(a);
+    checkFp8Dimension("M", m, rows);
+    checkFp8Dimension("N", n, "the rows of " + operandNames[1] + " " + formatShape(w));
+    checkFp8Dimension("K", k, "the columns of " + operandNames[1] + " " + formatShape(w));
+    if (forward && kernel.inputs.size() == 4)
+      expectFloatInput(3, {n});
+    std::vector<int64_t> shape(a.begin(), a.end() - 1);
+    shape.push_back(forward ? n : k);
+    expectFloatOutput(0, shape);
+    checkFp8GemmOperands(in(0).numel, in(1).numel);
+    break;
+  }
+  case KernelKind::Fp8LinearGradWeight: {
+    expectFloat(0);
+    expectFloat(1);
+    expectRankAtLeast(0, 1);
+    expectRankAtLeast(1, 1);
+    const std::vector<int64_t> &dy = in(0).shape, &x = in(1).shape;
+    if (dy.size() != x.size() || !std::equal(dy.begin(), dy.end() - 1, x.begin()))
+      fail("leading dimensions differ: " + inName(0) + " " + formatShape(dy) + ", " + inName(1) +
+           " " + formatShape(x));
+    checkFp8Dimension("M", in(0).numel / dy.back(), "the rows of dy " + formatShape(dy));
+    checkFp8Dimension("N", dy.back(), "the columns of dy " + formatShape(dy));
+    checkFp8Dimension("K", x.back(), "the columns of x " + formatShape(x));
+    expectFloatOutput(0, {dy.back(), x.back()});
+    checkFp8GemmOperands(in(0).numel, in(1).numel);
+    break;
+  }
+  case KernelKind::Fp8UpdateScales:
+    expectScalarInput(0, DType::I64);
+    for (size_t i = 1; i < kernel.inputs.size(); ++i)
+      checkFp8Stats(in(i), inName(i));
+    checkFp8State(out(0), outName(0));
+    break;
   default:
     break;
   }
@@ -1704,6 +1871,11 @@ fb::KernelAttrs requiredAttrs(fb::KernelKind kind) {
     return fb::KernelAttrs::GaloreAdamWAttrs;
   case fb::KernelKind::FusedElementwise:
     return fb::KernelAttrs::GeneratedKernelAttrs;
+  case fb::KernelKind::Fp8Linear:
+  case fb::KernelKind::Fp8LinearGradInput:
+  case fb::KernelKind::Fp8LinearGradWeight:
+  case fb::KernelKind::Fp8UpdateScales:
+    return fb::KernelAttrs::Fp8Attrs;
   default:
     return fb::KernelAttrs::NONE;
   }
@@ -2174,6 +2346,10 @@ void PlanReader::readKernels() {
     }
     case fb::KernelAttrs::GeneratedKernelAttrs:
       a.generatedKernel = k->attrs_as_GeneratedKernelAttrs()->kernel();
+      break;
+    case fb::KernelAttrs::Fp8Attrs:
+      a.fp8Current = k->attrs_as_Fp8Attrs()->current();
+      a.fp8Margin = k->attrs_as_Fp8Attrs()->margin();
       break;
     case fb::KernelAttrs::SGDAttrs: {
       const fb::SGDAttrs *sgd = k->attrs_as_SGDAttrs();

@@ -20,6 +20,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -359,6 +360,30 @@ TEST_F(CheckpointTest, UnclearedAccumulatorsAreNotCheckpointed) {
   }
   EXPECT_FALSE(exists(root + "/step-00000001"));
   EXPECT_FALSE(exists(root + "/latest"));
+}
+
+TEST_F(CheckpointTest, Fp8StateIsOptimizerState) {
+  // docs/fp8.md: the scales and amax histories ("<weight>.fp8") are saved and restored with
+  // the optimizer's state, so a resumed FP8 run continues bit for bit.
+  LoadedPlan fp8 = loadSpec(test::fp8TrainingPlanSpec());
+  Executor a(fp8);
+  a.initWeights(3);
+  TokenLoader loader("", 2, 8, 16, 3);
+  for (uint64_t s = 0; s < 3; ++s)
+    a.trainStep(loader, s, 1);
+  std::string dir = saveCheckpoint(root, a, TrainingPosition{3, 3, 3});
+  EXPECT_NE(test::readText(dir + "/" + kCheckpointOptimizerFile).find("lm_head.weight.fp8"),
+            std::string::npos);
+  std::map<std::string, std::vector<uint8_t>> saved = test::stateOf(a);
+  const std::vector<uint8_t> &state = saved.at("state:lm_head.weight.fp8");
+  EXPECT_TRUE(std::any_of(state.begin(), state.end(), [](uint8_t b) { return b != 0; }));
+
+  Executor b(fp8);
+  loadCheckpoint(resolveCheckpoint(root), b);
+  EXPECT_EQ(test::stateOf(b), saved);
+  StepResult ra = a.trainStep(loader, 3, 1), rb = b.trainStep(loader, 3, 1);
+  EXPECT_EQ(ra.loss, rb.loss);
+  EXPECT_EQ(test::stateOf(b), test::stateOf(a));
 }
 
 TEST_F(CheckpointTest, GradientDumpWritesTheAccumulators) {

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <fstream>
 #include <sstream>
 
@@ -72,6 +73,83 @@ TEST(MetricsTest, ProgressAndDuration) {
   // 6 s for steps 1..12 of 100: 0.5 s a step, 88 left.
   EXPECT_EQ(formatProgress(sample(), 1),
             "step 12/100 | loss 2.7797 | grad_norm 0.531 | lr 0.001 | 32 tok/s | ETA 0:44");
+}
+
+Fp8Summary fp8Sample() {
+  Fp8Summary s;
+  s.tensors = 2;
+  s.operands = {{"a.weight", "input", 32.0f, 14.0f, 0.0f, 0.0f},
+                {"a.weight", "weight", 1120.0f, 0.4f, 0.002f, 0.0f},
+                {"a.weight", "grad_output", 2.5e6f, 0.0229f, 0.25f, 0.0f},
+                {"b\"q.weight", "input", 16.0f, std::numeric_limits<float>::infinity(), 0.0f,
+                 0.125f},
+                {"b\"q.weight", "weight", 896.0f, 0.5f, 0.25f, 0.0f},
+                {"b\"q.weight", "grad_output", 0.0f, 0.0f, 0.0f, 0.0f}};
+  return s;
+}
+
+TEST(MetricsTest, Fp8Json) {
+  Fp8Summary s = fp8Sample();
+  EXPECT_EQ(formatFp8Json(Fp8Summary{}),
+            "{\"tensors\": 0, \"max_underflow\": null, \"max_saturation\": null, "
+            "\"per_tensor\": []}");
+  JsonValue v = parseJson(formatFp8Json(s), "fp8");
+  EXPECT_EQ(v.find("tensors")->unsignedValue(), 2u);
+  // The largest fraction, the first of equals.
+  const JsonValue *under = v.find("max_underflow");
+  EXPECT_EQ(under->find("tensor")->stringValue(), "a.weight");
+  EXPECT_EQ(under->find("operand")->stringValue(), "grad_output");
+  EXPECT_EQ(under->find("fraction")->numberValue(), 0.25);
+  const JsonValue *saturation = v.find("max_saturation");
+  EXPECT_EQ(saturation->find("tensor")->stringValue(), "b\"q.weight");
+  EXPECT_EQ(saturation->find("operand")->stringValue(), "input");
+  EXPECT_EQ(saturation->find("fraction")->numberValue(), 0.125);
+  const std::vector<JsonValue> &rows = v.find("per_tensor")->elements();
+  ASSERT_EQ(rows.size(), 6u);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Fp8OperandStats &o = s.operands[i];
+    EXPECT_EQ(rows[i].find("tensor")->stringValue(), o.tensor);
+    EXPECT_EQ(rows[i].find("operand")->stringValue(), o.operand);
+    EXPECT_EQ(float(rows[i].find("scale")->numberValue()), o.scale);
+    EXPECT_EQ(float(rows[i].find("underflow")->numberValue()), o.underflow);
+    EXPECT_EQ(float(rows[i].find("saturation")->numberValue()), o.saturation);
+  }
+  EXPECT_EQ(float(rows[2].find("amax")->numberValue()), 0.0229f);
+  EXPECT_TRUE(rows[3].find("amax")->isNull()) << "an overflowed amax is not finite";
+  // The exact text of one row: stable for scripts.
+  EXPECT_NE(formatFp8Json(s).find("{\"tensor\": \"a.weight\", \"operand\": \"weight\", "
+                                  "\"scale\": 1120, \"amax\": 0.400000006, \"underflow\": "
+                                  "0.00200000009, \"saturation\": 0}"),
+            std::string::npos)
+      << formatFp8Json(s);
+
+  // In the metrics line only on the steps that read it.
+  StepReport r = sample();
+  EXPECT_EQ(parseJson(formatMetricsJson(r), "metrics").find("fp8"), nullptr);
+  r.fp8 = s;
+  v = parseJson(formatMetricsJson(r), "metrics");
+  ASSERT_NE(v.find("fp8"), nullptr);
+  EXPECT_EQ(v.find("fp8")->find("per_tensor")->elements().size(), 6u);
+  EXPECT_EQ(v.find("step")->unsignedValue(), 12u);
+}
+
+TEST(MetricsTest, Fp8UnderflowWarning) {
+  Fp8Summary s = fp8Sample();
+  // At or below the threshold: nothing.
+  EXPECT_EQ(formatFp8UnderflowWarning(s, 20, 0.25), "");
+  EXPECT_EQ(formatFp8UnderflowWarning(s, 20, 0.5), "");
+  EXPECT_EQ(formatFp8UnderflowWarning(Fp8Summary{}, 20, 0.0), "");
+  // One above: named, with the step and the fraction.
+  EXPECT_EQ(formatFp8UnderflowWarning(s, 20, 0.1),
+            "warning: step 20: FP8 underflow: 25% of grad_output of 'a.weight' became zero "
+            "(--fp8-underflow-warn 10%; 1 more FP8 operand above it)");
+  s.operands[4].underflow = 0.2f;
+  EXPECT_EQ(formatFp8UnderflowWarning(s, 7, 0.21),
+            "warning: step 7: FP8 underflow: 25% of grad_output of 'a.weight' became zero "
+            "(--fp8-underflow-warn 21%)");
+  EXPECT_EQ(formatFp8UnderflowWarning(s, 30, 0.001),
+            "warning: step 30: FP8 underflow: 25% of grad_output of 'a.weight' became zero "
+            "(--fp8-underflow-warn 0.1%; 2 more FP8 operands above it)");
 }
 
 TEST(MetricsTest, FileTruncatesOrAppends) {

@@ -1185,5 +1185,165 @@ TEST(PlanFlashAttentionTest, KindsBetweenTheRangesAreUnknown) {
   expectError(spec, {"kernel 2 'k2' has an unknown kind 102"});
 }
 
+/// The FP8 training plan with its tensors and kernels.
+struct Fp8Plan {
+  PlanSpec spec;
+  test::TrainingTensors t;
+  test::Fp8Tensors f;
+};
+
+Fp8Plan fp8Plan(test::TrainingDims d = {2, 8, 16, 16}, int64_t history = 4) {
+  Fp8Plan p;
+  p.spec = test::fp8TrainingPlanSpec(d, history, false, 0, &p.t, &p.f);
+  return p;
+}
+
+TEST(PlanFp8Test, LoadsWithItsAttributes) {
+  Fp8Plan p = fp8Plan();
+  p.spec.kernels[p.f.gradWeight].attrs = test::fp8Attrs(true, 3);
+  LoadedPlan plan = load(buildPlan(p.spec));
+  const KernelInfo &forward = plan.kernels[p.f.forward];
+  EXPECT_EQ(forward.kind, KernelKind::Fp8Linear);
+  EXPECT_STREQ(kernelKindName(forward.kind), "Fp8Linear");
+  EXPECT_FALSE(forward.attrs.fp8Current);
+  EXPECT_EQ(forward.attrs.fp8Margin, 0);
+  EXPECT_TRUE(plan.kernels[p.f.gradWeight].attrs.fp8Current);
+  EXPECT_EQ(plan.kernels[p.f.gradWeight].attrs.fp8Margin, 3);
+  EXPECT_EQ(plan.kernels[p.f.update].kind, KernelKind::Fp8UpdateScales);
+  EXPECT_STREQ(kernelKindName(KernelKind::Fp8LinearGradInput), "Fp8LinearGradInput");
+  EXPECT_STREQ(kernelKindName(KernelKind::Fp8LinearGradWeight), "Fp8LinearGradWeight");
+  // The update reads the last micro-batch's stats from the step arena by design.
+  EXPECT_EQ(loadError(test::fp8TrainingPlanSpec({2, 8, 16, 16, false, 2})), "");
+  // A history of 1 and of 1024 entries; the update without backward stats.
+  EXPECT_EQ(loadError(fp8Plan({2, 8, 16, 16}, 1).spec), "");
+  EXPECT_EQ(loadError(fp8Plan({2, 8, 16, 16}, 1024).spec), "");
+  p = fp8Plan();
+  p.spec.kernels[p.f.update].inputs.pop_back();
+  EXPECT_EQ(loadError(p.spec), "");
+}
+
+TEST(PlanFp8Test, Arity) {
+  Fp8Plan p = fp8Plan();
+  p.spec.kernels[p.f.forward].inputs.resize(2);
+  expectError(p.spec, {"(Fp8Linear): expected 3 or 4 inputs (x, w, state, bias), got 2"});
+  p = fp8Plan();
+  p.spec.kernels[p.f.gradInput].outputs.pop_back();
+  expectError(p.spec, {"(Fp8LinearGradInput): expected 3 outputs (dx, stats, workspace), got 2"});
+  p = fp8Plan();
+  p.spec.kernels[p.f.gradWeight].inputs.push_back(p.t.head);
+  expectError(p.spec, {"(Fp8LinearGradWeight): expected 3 inputs (dy, x, state), got 4"});
+  p = fp8Plan();
+  p.spec.kernels[p.f.update].inputs.resize(1);
+  expectError(p.spec, {"(Fp8UpdateScales): expected 2 or 3 inputs (step, forward_stats, "
+                       "backward_stats), got 1"});
+}
+
+TEST(PlanFp8Test, Attributes) {
+  Fp8Plan p = fp8Plan();
+  p.spec.kernels[p.f.forward].attrsType = fb::KernelAttrs::NONE;
+  p.spec.kernels[p.f.forward].attrs = {};
+  expectError(p.spec, {"(Fp8Linear) attributes: expected Fp8Attrs, got none"});
+  p = fp8Plan();
+  p.spec.kernels[p.f.update].attrsType = fb::KernelAttrs::NormAttrs;
+  p.spec.kernels[p.f.update].attrs = test::normAttrs(1e-5);
+  expectError(p.spec, {"(Fp8UpdateScales) attributes: expected Fp8Attrs, got NormAttrs"});
+  p = fp8Plan();
+  p.spec.kernels[p.f.gradInput].attrs = test::fp8Attrs(false, 33);
+  expectError(p.spec, {"(Fp8LinearGradInput): margin must be in [0, 32], got 33"});
+  p = fp8Plan();
+  p.spec.kernels[p.f.update].attrs = test::fp8Attrs(false, -1);
+  expectError(p.spec, {"(Fp8UpdateScales): margin must be in [0, 32], got -1"});
+}
+
+TEST(PlanFp8Test, DTypesAndShapes) {
+  Fp8Plan p = fp8Plan();
+  p.spec.kernels[p.f.forward].inputs[0] = p.t.ids;
+  expectError(p.spec, {"(Fp8Linear): x (tensor", "'ids') dtype: expected f32, f16 or bf16, got i32"});
+  p = fp8Plan();
+  p.spec.kernels[p.f.gradInput].inputs[1] = p.t.step;
+  expectError(p.spec, {"(Fp8LinearGradInput): w (tensor", "dtype: expected f32, f16 or bf16, got i64"});
+  // M, N and K: multiples of 16.
+  expectError(fp8Plan({2, 4, 16, 16}).spec,
+              {"(Fp8Linear): M = 8 (the rows of x [2, 4, 16]) is not a multiple of 16"});
+  expectError(fp8Plan({2, 8, 24, 16}).spec,
+              {"(Fp8Linear): N = 24 (the rows of w [24, 16]) is not a multiple of 16"});
+  expectError(fp8Plan({2, 8, 16, 8}).spec,
+              {"(Fp8Linear): K = 8 (the columns of w [16, 8]) is not a multiple of 16"});
+  p = fp8Plan();
+  uint32_t bias = p.spec.add("lm_head.bias", DType::F32, {8}, TensorRole::Parameter, 0);
+  p.spec.kernels[p.f.forward].inputs.push_back(bias);
+  expectError(p.spec, {"(Fp8Linear): bias (tensor", "shape: expected [16], got [8]"});
+  p.spec.tensors[bias].shape = {16};
+  p.spec.tensors[bias].bytes = -1;
+  p.spec.arenas[0].size += 64;
+  EXPECT_EQ(loadError(p.spec), "");
+  p = fp8Plan();
+  uint32_t y = p.spec.add("y.i32", DType::I32, {2, 8, 16}, TensorRole::Activation, 1);
+  p.spec.kernels[p.f.forward].outputs[0] = y;
+  expectError(p.spec, {"(Fp8Linear): y (tensor", "dtype: expected f32, f16 or bf16, got i32"});
+  p = fp8Plan();
+  uint32_t dx = p.spec.add("dx.wrong", DType::F32, {2, 8, 32}, TensorRole::Gradient, 1);
+  p.spec.kernels[p.f.gradInput].outputs[0] = dx;
+  expectError(p.spec, {"(Fp8LinearGradInput): dx (tensor", "shape: expected [2, 8, 16], got [2, 8, 32]"});
+  p = fp8Plan();
+  uint32_t x = p.spec.add("x.short", DType::F32, {16, 16}, TensorRole::Activation, 1);
+  p.spec.kernels[p.f.gradWeight].inputs[1] = x;
+  expectError(p.spec, {"(Fp8LinearGradWeight): leading dimensions differ"});
+}
+
+TEST(PlanFp8Test, StateStatsAndWorkspace) {
+  Fp8Plan p = fp8Plan();
+  uint32_t bad = p.spec.add("bad.fp8", DType::F32, {2, 8}, TensorRole::OptimizerState, 2);
+  p.spec.kernels[p.f.forward].inputs[2] = bad;
+  expectError(p.spec, {"(Fp8Linear): state (tensor", "'bad.fp8'): expected an f32 [3, 4 + H] "
+                       "FP8 scaling state", "1 <= H <= 1024), got [2, 8] f32"});
+  expectError(fp8Plan({2, 8, 16, 16}, 0).spec, {"(Fp8Linear): state", "got [3, 4] f32"});
+  expectError(fp8Plan({2, 8, 16, 16}, 1025).spec, {"(Fp8Linear): state", "got [3, 1029] f32"});
+  p = fp8Plan();
+  uint32_t stepState = p.spec.add("step.fp8", DType::F32, {3, 8}, TensorRole::Activation, 1);
+  p.spec.kernels[p.f.gradInput].inputs[2] = stepState;
+  expectError(p.spec, {"(Fp8LinearGradInput): state (tensor", "is in step arena 1 'step': FP8 "
+                       "scaling state must live in a persistent arena"});
+  p = fp8Plan();
+  p.spec.tensors[p.f.state].init = TensorInit::None;
+  expectError(p.spec, {"(Fp8UpdateScales): state (tensor", "must have init Zeros"});
+  p = fp8Plan();
+  p.spec.tensors[p.f.state].role = TensorRole::Gradient;
+  expectError(p.spec, {"(Fp8UpdateScales): state (tensor", "has role gradient, expected "
+                       "optimizer state"});
+  p = fp8Plan();
+  uint32_t stats = p.spec.add("stats.t", DType::F32, {4, 2}, TensorRole::Workspace, 1);
+  p.spec.kernels[p.f.gradWeight].outputs[1] = stats;
+  expectError(p.spec, {"(Fp8LinearGradWeight): stats (tensor", "expected f32 [2, 4] FP8 cast "
+                       "statistics", "got [4, 2] f32"});
+  p = fp8Plan();
+  p.spec.kernels[p.f.update].inputs[2] = stats = p.spec.add("stats.bf16", DType::BF16, {2, 4},
+                                                             TensorRole::Workspace, 1);
+  expectError(p.spec, {"(Fp8UpdateScales): backward_stats (tensor", "got [2, 4] bf16"});
+  p = fp8Plan();
+  uint32_t small = p.spec.add("ws.small", DType::F32, {191}, TensorRole::Workspace, 1);
+  p.spec.kernels[p.f.forward].outputs[2] = small;
+  expectError(p.spec, {"(Fp8Linear): workspace (tensor", "expected a 1-D f32 workspace of at "
+                       "least 192 elements (fp8::gemmWorkspaceBytes of casts of 256 and 256 "
+                       "elements), got [191] f32"});
+  p = fp8Plan();
+  p.spec.kernels[p.f.update].inputs[0] = p.t.lossScale;
+  expectError(p.spec, {"(Fp8UpdateScales): step (tensor", "must be a scalar [] of dtype i64"});
+}
+
+TEST(PlanFp8Test, TheUpdateRunsInTheUpdatePhase) {
+  Fp8Plan p = fp8Plan();
+  // Move the update to the end of the backward phase.
+  test::KernelSpec update = p.spec.kernels[p.f.update];
+  p.spec.kernels.erase(p.spec.kernels.begin() + long(p.f.update));
+  update.phase = Phase::Backward;
+  size_t firstUpdate = 0;
+  while (p.spec.kernels[firstUpdate].phase != Phase::Update)
+    ++firstUpdate;
+  p.spec.kernels.insert(p.spec.kernels.begin() + long(firstUpdate), update);
+  expectError(p.spec, {"(Fp8UpdateScales): runs in the backward phase, but optimizer kernels "
+                       "run once per step"});
+}
+
 } // namespace
 } // namespace bonsai::rt

@@ -725,6 +725,88 @@ inline PlanSpec fusedTrainingPlanSpec(TrainingDims d = {}, TrainingTensors *out 
   return p;
 }
 
+inline auto fp8Attrs(bool current = false, int margin = 0) {
+  return [=](flatbuffers::FlatBufferBuilder &b) {
+    return bonsai::plan::CreateFp8Attrs(b, current, margin).Union();
+  };
+}
+
+/// The FP8 tensors of fp8TrainingPlanSpec.
+struct Fp8Tensors {
+  uint32_t state;                    ///< "lm_head.weight.fp8", f32 [3, 4 + H]
+  uint32_t forwardStats, gradInputStats, gradWeightStats;
+  uint32_t forwardWorkspace, gradInputWorkspace, gradWeightWorkspace;
+  size_t forward, gradInput, gradWeight, update; ///< kernel indices
+};
+
+/// trainingPlanSpec (dims default to batch 2, seq 8, vocab 16, hidden 16: M = 16, N = 16,
+/// K = 16, as FP8 GEMMs need) with bonsai-fp8's rewrite of the lm_head linear: Fp8Linear,
+/// Fp8LinearGradInput and Fp8LinearGradWeight with their stats and workspaces, the state
+/// "lm_head.weight.fp8" (optimizer state, zeros, an amax history of `history` entries), and
+/// Fp8UpdateScales from the forward and grad_input stats before the step counter's increment.
+inline PlanSpec fp8TrainingPlanSpec(TrainingDims d = {2, 8, 16, 16}, int64_t history = 4,
+                                    bool current = false, int margin = 0,
+                                    TrainingTensors *outTensors = nullptr,
+                                    Fp8Tensors *outFp8 = nullptr) {
+  namespace fb = bonsai::plan;
+  TrainingTensors t;
+  PlanSpec p = trainingPlanSpec(d, &t);
+  Fp8Tensors f{};
+  f.state = p.addInit("lm_head.weight.fp8", DType::F32, {3, 4 + history},
+                      TensorRole::OptimizerState, 2, TensorInit::Zeros);
+  auto stats = [&](const char *name) {
+    return p.add(name, DType::F32, {2, 4}, TensorRole::Workspace, 1);
+  };
+  f.forwardStats = stats("lm_head.fp8.stats");
+  f.gradInputStats = stats("lm_head.fp8.grad_input.stats");
+  f.gradWeightStats = stats("lm_head.fp8.grad_weight.stats");
+  auto workspace = [&](const char *name, int64_t a, int64_t b) {
+    return p.add(name, DType::F32, {(((a + 255) / 256 + (b + 255) / 256) * 256 + 256) / 4},
+                 TensorRole::Workspace, 1);
+  };
+  int64_t M = d.batch * d.seq, V = d.vocab, D = d.hidden;
+  f.forwardWorkspace = workspace("lm_head.fp8.workspace", M * D, V * D);
+  f.gradInputWorkspace = workspace("lm_head.fp8.grad_input.workspace", M * V, V * D);
+  f.gradWeightWorkspace = workspace("lm_head.fp8.grad_weight.workspace", M * V, M * D);
+  std::vector<KernelSpec> kernels;
+  for (KernelSpec k : p.kernels) {
+    if (k.kind == KernelKind::StepIncrement) {
+      f.update = kernels.size();
+      kernels.push_back({KernelKind::Fp8UpdateScales, {t.step, f.forwardStats, f.gradInputStats},
+                         {f.state}, fb::KernelAttrs::Fp8Attrs, fp8Attrs(current, margin),
+                         "fp8_update", Phase::Update});
+    }
+    KernelKind kind = k.kind;
+    if (kind == KernelKind::Linear || kind == KernelKind::LinearGradInput ||
+        kind == KernelKind::LinearGradWeight) {
+      k.inputs.push_back(f.state);
+      k.attrsType = fb::KernelAttrs::Fp8Attrs;
+      k.attrs = fp8Attrs(current, margin);
+    }
+    if (kind == KernelKind::Linear) {
+      f.forward = kernels.size();
+      k.kind = KernelKind::Fp8Linear;
+      k.outputs.insert(k.outputs.end(), {f.forwardStats, f.forwardWorkspace});
+    } else if (kind == KernelKind::LinearGradInput) {
+      f.gradInput = kernels.size();
+      k.kind = KernelKind::Fp8LinearGradInput;
+      k.outputs.insert(k.outputs.end(), {f.gradInputStats, f.gradInputWorkspace});
+    } else if (kind == KernelKind::LinearGradWeight) {
+      f.gradWeight = kernels.size();
+      k.kind = KernelKind::Fp8LinearGradWeight;
+      k.outputs.insert(k.outputs.end(), {f.gradWeightStats, f.gradWeightWorkspace});
+    }
+    kernels.push_back(k);
+  }
+  p.kernels = kernels;
+  p.model = "train_fp8";
+  if (outTensors)
+    *outTensors = t;
+  if (outFp8)
+    *outFp8 = f;
+  return p;
+}
+
 } // namespace bonsai::rt::test
 
 #endif // BONSAI_TEST_RUNTIME_TESTPLANS_H

@@ -612,6 +612,76 @@ TEST_F(ToolTest, CommandLineMistakesAreOneLine) {
               {"cannot run 2 micro-batches per step", "only the last one's value"});
 }
 
+TEST_F(ToolTest, Fp8TelemetryEveryNStepsWithAnUnderflowWarning) {
+  // A margin of 20 puts each E4M3FN cast's largest value at 448 / 2^20, below half the
+  // smallest subnormal: every nonzero activation and weight underflows.
+  std::string plan =
+      writePlan(test::fp8TrainingPlanSpec({2, 8, 16, 16}, 4, false, 20), "fp8.plan");
+  std::string metrics = dir + "/fp8.jsonl";
+  ToolResult r = run({plan, "--steps", "4", "--seed", "2", "--metrics", metrics,
+                      "--fp8-stats-every", "2"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::istringstream in(test::readText(metrics));
+  int count = 0;
+  for (std::string line; std::getline(in, line); ++count) {
+    JsonValue v = parseJson(line, "metrics line");
+    const JsonValue *fp8 = v.find("fp8");
+    if (count % 2 == 0) {
+      EXPECT_EQ(fp8, nullptr) << line;
+      continue;
+    }
+    ASSERT_NE(fp8, nullptr) << line;
+    EXPECT_EQ(fp8->find("tensors")->unsignedValue(), 1u);
+    const std::vector<JsonValue> &rows = fp8->find("per_tensor")->elements();
+    ASSERT_EQ(rows.size(), 3u);
+    const char *operands[] = {"input", "weight", "grad_output"};
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(rows[i].find("tensor")->stringValue(), "lm_head.weight");
+      EXPECT_EQ(rows[i].find("operand")->stringValue(), operands[i]);
+      EXPECT_GT(rows[i].find("scale")->numberValue(), 0.0);
+    }
+    EXPECT_GT(rows[0].find("underflow")->numberValue(), 0.9);
+    EXPECT_GT(fp8->find("max_underflow")->find("fraction")->numberValue(), 0.9);
+  }
+  EXPECT_EQ(count, 4);
+  // One warning per stats step, on stderr, naming the step, operand and tensor.
+  std::regex warning(R"(warning: step ([24]): FP8 underflow: [0-9.]+% of (input|weight) of )"
+                     R"('lm_head.weight' became zero \(--fp8-underflow-warn 1%; 1 more FP8 )"
+                     R"(operand above it\))");
+  std::istringstream err(r.err);
+  int warnings = 0;
+  for (std::string line; std::getline(err, line);) {
+    EXPECT_TRUE(std::regex_match(line, warning)) << line;
+    ++warnings;
+  }
+  EXPECT_EQ(warnings, 2) << r.err;
+  EXPECT_EQ(stepLines(r.out).size(), 4u) << "warnings stay off stdout";
+
+  // Off, or a threshold nothing exceeds: no telemetry, no warning.
+  r = run({plan, "--steps", "2", "--metrics", metrics, "--fp8-stats-every", "0"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(test::readText(metrics).find("fp8"), std::string::npos);
+  r = run({plan, "--steps", "2", "--fp8-stats-every=1", "--fp8-underflow-warn", "1"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  // The default: every 10 steps.
+  r = run({plan, "--steps", "10", "--metrics", metrics});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::string text = test::readText(metrics);
+  EXPECT_EQ(text.find("fp8"), text.rfind("fp8")) << "only step 10's line has it";
+  EXPECT_NE(text.find("\"step\": 10, "), std::string::npos);
+  EXPECT_GT(text.find("fp8"), text.find("\"step\": 10, "));
+  EXPECT_NE(r.err.find("warning: step 10: FP8 underflow"), std::string::npos) << r.err;
+
+  expectError(run({plan, "--fp8-stats-every", "-1"}),
+              {"--fp8-stats-every expects a non-negative integer, got '-1'"});
+  expectError(run({plan, "--fp8-underflow-warn", "1.5"}),
+              {"--fp8-underflow-warn is a fraction in [0, 1], got 1.5"});
+  expectError(run({plan, "--fp8-underflow-warn", "x"}),
+              {"--fp8-underflow-warn expects a finite non-negative number, got 'x'"});
+}
+
 TEST_F(ToolTest, TokenizeWritesByteTokens) {
   std::string text = "Hello, world!\n";
   text += '\0';

@@ -27,6 +27,8 @@
 //           workspace .., inputs ..) measured <Y> MiB
 //   time: <n> steps in <s> s, <r> tokens/s
 // On a terminal the step lines are replaced by one line rewritten in place (docs/training.md).
+// Warnings go to stderr: a GaLore projector refresh skipped, an FP8 operand whose underflow
+// fraction exceeds --fp8-underflow-warn at a --fp8-stats-every step.
 //
 //===----------------------------------------------------------------------===//
 
@@ -66,7 +68,8 @@ const char *const kSynopsis =
     "                       [--save-every N --ckpt-dir DIR] [--dump-gradients FILE.safetensors]\n"
     "                       [--export-adapter DIR [--base-model NAME]]\n"
     "                       [--export-merged FILE.safetensors]\n"
-    "                       [--generate TEXT [--max-new-bytes N]] [--backend=cuda|cpu] [--device N]\n";
+    "                       [--generate TEXT [--max-new-bytes N]] [--backend=cuda|cpu] [--device N]\n"
+    "                       [--fp8-stats-every N] [--fp8-underflow-warn F]\n";
 
 const char *const kHelp =
     "\n"
@@ -101,6 +104,11 @@ const char *const kHelp =
     "  --device N            CUDA device ordinal (default 0)\n"
     "  --no-cuda-graphs      launch kernels one by one instead of replaying CUDA Graphs\n"
     "  --profile             time every kernel of the last step and print where the time goes\n"
+    "  --fp8-stats-every N   FP8 plans: every N steps, read each FP8 tensor's scale, amax,\n"
+    "                        underflow and saturation fractions into the --metrics line\n"
+    "                        (\"fp8\") and check the underflow (default 10; 0: never)\n"
+    "  --fp8-underflow-warn F warn (stderr) when an FP8 operand's underflow fraction exceeds F\n"
+    "                        at a stats step (default 0.01)\n"
     "  --help                this text\n";
 
 /// A command-line mistake: reported with the usage.
@@ -131,6 +139,8 @@ struct Options {
   int device = 0;
   bool noCudaGraphs = false;
   bool profile = false;
+  uint64_t fp8StatsEvery = 10;
+  double fp8UnderflowWarn = 0.01;
   bool help = false;
 };
 
@@ -221,6 +231,14 @@ Options parseOptions(int argc, char **argv) {
         o.noCudaGraphs = true;
       else if (flag == "--profile")
         o.profile = true;
+      else if (flag == "--fp8-stats-every")
+        o.fp8StatsEvery = parseCount(flag, takeValue());
+      else if (flag == "--fp8-underflow-warn") {
+        std::string text = takeValue();
+        o.fp8UnderflowWarn = parseRate(flag, text);
+        if (o.fp8UnderflowWarn > 1)
+          throw UsageError{"--fp8-underflow-warn is a fraction in [0, 1], got " + text};
+      }
       else if (flag == "--resume") {
         o.resume = true;
         // The path is optional: a following argument is taken as it when it is a directory
@@ -496,7 +514,17 @@ int run(const Options &o) {
       report.plannedBytes = plannedBytes;
       for (const rt::ArenaUsage &u : executor.memoryUsage())
         report.measuredBytes += u.measured;
+      // FP8 telemetry (docs/fp8.md): a small read of each FP8 state every N steps.
+      std::string fp8Warning;
+      if (o.fp8StatsEvery > 0 && position.step % o.fp8StatsEvery == 0) {
+        report.fp8 = executor.fp8Summary();
+        if (report.fp8)
+          fp8Warning =
+              rt::formatFp8UnderflowWarning(*report.fp8, position.step, o.fp8UnderflowWarn);
+      }
       progress.step(report, firstStep);
+      if (!fp8Warning.empty())
+        progress.note(fp8Warning, stderr);
       if (metrics)
         metrics->write(report);
       if (o.saveEvery > 0 && position.step % o.saveEvery == 0) {

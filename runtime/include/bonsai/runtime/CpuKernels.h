@@ -239,6 +239,40 @@ void linearGelu(const TensorView &x, const TensorView &w, const TensorView *bias
 /// pair with a bf16/f16 gradient rounds the product to that dtype first, this does not.
 void linearGradWeightAccumulate(const TensorView &dy, const TensorView &x, const TensorView &acc);
 
+//===----------------------------------------------------------------------===//
+// FP8 GEMMs (plan kinds 90..93, docs/fp8.md). `state` is an FP8 scaling state f32 [3, 4 + H]
+// (fp8::StateRow, fp8::StateColumn); a cast uses the scale of its operand's row, or, when that
+// is not a positive finite number (before the first update) or `current` is set,
+// fp8::currentScale(amax of the operand, format, margin). Casts are fp8::castScaled's, their
+// codes go to `workspace` (f32 of fp8::gemmWorkspaceBytes / 4 elements or more: the first
+// operand's codes, then the second's from the next multiple of 256 bytes, each row-major in
+// its operand's layout), and row r of `stats` (f32 [2, 4], fp8::StatsColumn) describes cast
+// operand r. The GEMMs multiply decoded values, sum in f32 in k order and multiply by
+// 1 / (scaleA · scaleB), as fp8::gemm; the result is rounded once into the output's dtype.
+
+/// y [..., N] = x [..., K] · w [N, K]ᵀ (+ bias [N], added in f32) from E4M3FN casts of x
+/// (state row InputRow) and w (WeightRow); stats rows: x, w.
+void fp8Linear(const TensorView &x, const TensorView &w, const TensorView &state,
+               const TensorView *bias, bool current, int margin, const TensorView &y,
+               const TensorView &stats, const TensorView &workspace);
+/// dx [..., K] = dy [..., N] · w [N, K] from an E5M2 cast of dy (OutputGradRow) and an E4M3FN
+/// cast of w (WeightRow); stats rows: dy, w.
+void fp8LinearGradInput(const TensorView &dy, const TensorView &w, const TensorView &state,
+                        bool current, int margin, const TensorView &dx, const TensorView &stats,
+                        const TensorView &workspace);
+/// dw [N, K] = dyᵀ · x summed over the leading dimensions, from an E5M2 cast of dy
+/// (OutputGradRow) and an E4M3FN cast of x (InputRow); stats rows: dy, x.
+void fp8LinearGradWeight(const TensorView &dy, const TensorView &x, const TensorView &state,
+                         bool current, int margin, const TensorView &dw, const TensorView &stats,
+                         const TensorView &workspace);
+/// The once-per-step delayed-scale update, in place on `state`: rows InputRow and WeightRow
+/// from rows 0 and 1 of `forwardStats`, OutputGradRow from row 0 of `backwardStats` when
+/// given. Each records the amax in its history at step % H (fp8::recordAmax), sets its scale
+/// to fp8::delayedScale of the history (the previous scale while the history holds no finite
+/// nonzero amax) and copies the amax, underflow and saturation fractions to columns 1..3.
+void fp8UpdateScales(const TensorView &step, const TensorView &forwardStats,
+                     const TensorView *backwardStats, int margin, const TensorView &state);
+
 /// A generated elementwise kernel (FusedElementwise): runs `program` for every element index
 /// of the outputs (all of one numel), reading input i at the index modulo its numel. Values
 /// are f32 between instructions; Truncate rounds to nearest even as a store to its type would,

@@ -17,6 +17,7 @@
 
 #include "bonsai/runtime/Data.h"
 #include "bonsai/runtime/DeviceBackend.h"
+#include "bonsai/runtime/Metrics.h"
 #include "bonsai/runtime/Plan.h"
 #include "bonsai/runtime/Safetensors.h"
 #include "bonsai/runtime/Tensor.h"
@@ -158,6 +159,11 @@ public:
   /// The GaLore weights (named like their parameters) whose due projector refresh was skipped
   /// in the last update, with the galore::Status that says why; empty without GaLore.
   std::vector<std::pair<std::string, int>> galoreSkipped() const;
+
+  /// The FP8 telemetry (docs/fp8.md): each FP8 state's rows (input, weight, grad_output) as
+  /// the last update left them, read from the device when a GPU has them; nullopt when the
+  /// plan has no FP8 state (LoadedPlan::fp8States).
+  std::optional<Fp8Summary> fp8Summary() const;
 
   /// Planned and measured bytes of each arena, in plan order.
   std::vector<ArenaUsage> memoryUsage() const;

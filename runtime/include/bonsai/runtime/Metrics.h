@@ -14,8 +14,39 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace bonsai::rt {
+
+/// One scaled operand of an FP8 linear as the last fp8_update_scales left its state row
+/// (docs/fp8.md): the scale the next casts use and the last cast's statistics.
+struct Fp8OperandStats {
+  std::string tensor;   ///< The weight whose state it is ("<weight>" of "<weight>.fp8").
+  std::string operand;  ///< "input", "weight" or "grad_output" (the state's rows).
+  float scale = 0;      ///< 0 until the first update.
+  float amax = 0;
+  float underflow = 0;  ///< Fraction of the values that became zero.
+  float saturation = 0; ///< Fraction clipped to the format's largest value.
+};
+
+/// The FP8 telemetry of a step: every operand of every FP8 state, in plan and row order.
+struct Fp8Summary {
+  size_t tensors = 0; ///< FP8 states (weights cast to FP8).
+  std::vector<Fp8OperandStats> operands;
+};
+
+/// The "fp8" object of a metrics line, no newline: {"tensors": n, "max_underflow":
+/// {"tensor", "operand", "fraction"}, "max_saturation": {...}, "per_tensor": [{"tensor",
+/// "operand", "scale", "amax", "underflow", "saturation"}, ...]} (the maxima null without
+/// operands; a non-finite number is null). docs/training.md spells it out.
+std::string formatFp8Json(const Fp8Summary &summary);
+
+/// "" when no operand's underflow fraction exceeds `threshold`; otherwise one line naming the
+/// step, the operand with the largest fraction, its tensor and fraction, and how many others
+/// exceed it: "warning: step 20: FP8 underflow: 3.1% of grad_output of 'w' became zero
+/// (--fp8-underflow-warn 1%; 2 more FP8 operands above it)".
+std::string formatFp8UnderflowWarning(const Fp8Summary &summary, uint64_t step,
+                                      double threshold);
 
 /// One step's numbers.
 struct StepReport {
@@ -30,6 +61,8 @@ struct StepReport {
   double elapsedSeconds = 0;  ///< Wall time since the run's first step started.
   uint64_t plannedBytes = 0;  ///< Sum of the planned arena sizes.
   uint64_t measuredBytes = 0; ///< Sum of the bytes measured so far.
+  /// FP8 telemetry, on the steps it is read (bonsai-run --fp8-stats-every).
+  std::optional<Fp8Summary> fp8;
 };
 
 /// "step <n> loss <%.9g>", then " grad_norm <%.6g>" and " lr <%.6g>" for those the plan
@@ -38,7 +71,7 @@ std::string formatStepLine(const StepReport &report);
 
 /// One JSON object, no newline: step, loss, grad_norm, lr (null when the plan has none, or not
 /// finite), tokens_per_s, memory_planned_bytes, memory_measured_bytes, micro_batches, tokens,
-/// elapsed_s.
+/// elapsed_s, then "fp8" (formatFp8Json) when the report has FP8 telemetry.
 std::string formatMetricsJson(const StepReport &report);
 
 /// "step 12/100 | loss 2.7797 | grad_norm 0.53 | lr 0.001 | 1234 tok/s | ETA 0:01:05"; the ETA
@@ -73,8 +106,9 @@ public:
   Progress(std::FILE *out, bool terminal) : out_(out), terminal_(terminal) {}
   /// Reports a completed step.
   void step(const StepReport &report, uint64_t firstStep);
-  /// Prints a line of its own (a checkpoint saved), keeping the progress line below it.
-  void note(const std::string &line);
+  /// Prints a line of its own (a checkpoint saved; a warning, to stderr) on `to` (default: the
+  /// progress stream), clearing the progress line first so that the next step redraws it.
+  void note(const std::string &line, std::FILE *to = nullptr);
   /// Ends the progress line, if one is showing.
   void finish();
 

@@ -250,7 +250,8 @@ struct KernelAttrsInfo {
   bool bf16Operands = false;
   /// GeneratedKernelAttrs: the index of the kernel in LoadedPlan::generatedKernels.
   uint32_t generatedKernel = 0;
-  /// Fp8Attrs (docs/fp8.md): current scaling, and the margin of the scales.
+  /// Fp8Attrs (docs/fp8.md): scale every cast from its own amax instead of the state's delayed
+  /// scale; scales put the largest value 2^fp8Margin below the format's largest finite one.
   bool fp8Current = false;
   int32_t fp8Margin = 0;
 };
@@ -329,12 +330,16 @@ struct LoadedPlan {
   std::optional<size_t> updateInBackward() const;
   /// The Metric tensor named `name`, if there is one.
   std::optional<uint32_t> metric(const std::string &name) const;
+  /// The FP8 scaling states (docs/fp8.md), in plan order: the optimizer-state tensors named
+  /// "<weight>.fp8" that are f32 [3, 4 + H], H >= 1.
+  std::vector<uint32_t> fp8States() const;
   /// Why `microBatches` Forward+Backward runs per Update would compute something else than the
   /// gradient of the mean micro-batch loss, or "" when they are fine: more than one needs a
   /// LossScale tensor (when there is a backward pass), and every step-arena tensor an Update
   /// kernel reads must have been written by an earlier Update kernel, since the next
   /// micro-batch reuses step arenas (gradients reach the update through persistent
-  /// accumulators).
+  /// accumulators); an Fp8UpdateScales kernel's statistics are exempt, being meant to be the
+  /// last micro-batch's.
   std::string microBatchProblem(uint32_t microBatches) const;
 };
 

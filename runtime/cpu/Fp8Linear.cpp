@@ -1,0 +1,296 @@
+//===- Fp8Linear.cpp - FP8 GEMMs and delayed scaling on the CPU -----------===//
+//
+// The CPU reference of plan kinds 90..93 (docs/fp8.md, "FP8 training: ops, state and kernels"):
+// each GEMM operand is cast to E4M3FN (activations, weights) or E5M2 (output gradients) with
+// the scale of its row of the FP8 state, or with a scale from its own amax under current
+// scaling or before the first update, exactly as fp8::castScaled casts; the codes go to the
+// workspace (in the operand's own row-major layout: the CPU needs no transposed casts), the
+// cast statistics to the stats output, and the GEMM multiplies the decoded values, sums them in
+// f32 in k order and multiplies by 1 / (scaleA · scaleB), as fp8::gemm does, bit for bit.
+// Casts run in parallel chunks and the GEMM in parallel rows: each count and each output
+// element is computed the same way whatever the split, so results do not depend on threads.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/runtime/CpuKernels.h"
+
+#include "bonsai/runtime/Fp8.h"
+
+#include "KernelUtil.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace bonsai::rt::cpu {
+
+using namespace detail;
+
+namespace {
+
+/// Elements per chunk of a parallel cast.
+constexpr int64_t kCastChunk = int64_t(1) << 16;
+
+/// The columns of an FP8 state after checking that it is f32 [3, 4 + H], H >= 1.
+int64_t stateColumns(const char *k, const TensorView &state) {
+  checkView(k, "state", state);
+  if (state.dtype != DType::F32 || state.rank() != 2 || state.dim(0) != 3 ||
+      state.dim(1) <= fp8::kStateColumns)
+    fail(k, "state must be an f32 [3, 4 + H] FP8 scaling state with H >= 1, got " +
+                formatShape(state.shape) + " " + dtypeName(state.dtype));
+  return state.dim(1);
+}
+
+void checkStats(const char *k, const char *name, const TensorView &stats) {
+  checkView(k, name, stats);
+  if (stats.dtype != DType::F32 || stats.shape != std::vector<int64_t>{2, fp8::kStatsColumns})
+    fail(k, std::string(name) + " must be f32 [2, 4], got " + formatShape(stats.shape) + " " +
+                dtypeName(stats.dtype));
+}
+
+/// The workspace's bytes after checking that they hold the codes of both casts.
+uint8_t *workspaceBytes(const char *k, const TensorView &workspace, int64_t aElements,
+                        int64_t bElements) {
+  checkView(k, "workspace", workspace);
+  int64_t need = fp8::gemmWorkspaceBytes(aElements, bElements);
+  if (workspace.dtype != DType::F32 || workspace.numel() * 4 < need)
+    fail(k, "workspace must be f32 of at least " + std::to_string(need / 4) +
+                " elements for casts of " + std::to_string(aElements) + " and " +
+                std::to_string(bElements) + " elements, got " + formatShape(workspace.shape) +
+                " " + dtypeName(workspace.dtype));
+  return static_cast<uint8_t *>(workspace.data);
+}
+
+/// Where the second operand's codes start in a workspace: the first's rounded up to 256 bytes.
+int64_t secondCodesOffset(int64_t aElements) { return (aElements + 255) / 256 * 256; }
+
+/// Casts `t` to `format` into `codes` with the scale of row `row` of `state` (a row without a
+/// positive finite scale, and every row under current scaling, takes fp8::currentScale of the
+/// tensor's amax) and writes the cast's statistics to `statsRow`; returns the scale.
+float castOperand(const TensorView &t, const TensorView &state, fp8::StateRow row,
+                  fp8::Format format, bool current, int margin, uint8_t *codes,
+                  float *statsRow) {
+  std::vector<float> scratch;
+  const float *x = loadFloats(t, scratch);
+  const int64_t n = t.numel();
+  const int64_t chunks = (n + kCastChunk - 1) / kCastChunk;
+  float scale = static_cast<const float *>(state.data)[row * state.dim(1) + fp8::ScaleColumn];
+  if (current || !(scale > 0.0f) || !std::isfinite(scale)) {
+    std::vector<float> amaxes(static_cast<size_t>(chunks), 0.0f);
+    parallelFor(chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        float amax = 0.0f;
+        for (int64_t i = c * kCastChunk, e = std::min(n, i + kCastChunk); i < e; ++i)
+          if (!std::isnan(x[i]))
+            amax = std::max(amax, std::fabs(x[i]));
+        amaxes[size_t(c)] = amax;
+      }
+    });
+    float amax = 0.0f;
+    for (float a : amaxes)
+      amax = std::max(amax, a);
+    scale = fp8::currentScale(amax, format, margin);
+  }
+  std::vector<fp8::CastStats> parts(static_cast<size_t>(chunks));
+  parallelFor(chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      int64_t first = c * kCastChunk, count = std::min(kCastChunk, n - first);
+      parts[size_t(c)] = fp8::castScaled(x + first, count, scale, format, codes + first);
+    }
+  });
+  fp8::CastStats total;
+  for (const fp8::CastStats &p : parts) {
+    total.underflows += p.underflows;
+    total.saturations += p.saturations;
+    total.amax = std::max(total.amax, p.amax);
+  }
+  statsRow[fp8::StatsAmax] = total.amax;
+  statsRow[fp8::StatsUnderflow] = n ? float(double(total.underflows) / double(n)) : 0.0f;
+  statsRow[fp8::StatsSaturation] = n ? float(double(total.saturations) / double(n)) : 0.0f;
+  statsRow[fp8::StatsScale] = scale;
+  return scale;
+}
+
+/// The values of `count` codes, optionally transposed from [rows, count / rows] to
+/// [count / rows, rows].
+std::vector<float> decodeCodes(const uint8_t *codes, int64_t count, fp8::Format format,
+                               int64_t rows = 0) {
+  float table[256];
+  for (int code = 0; code < 256; ++code)
+    table[code] = fp8::decode(uint8_t(code), format);
+  std::vector<float> values(static_cast<size_t>(count));
+  if (rows == 0) {
+    for (int64_t i = 0; i < count; ++i)
+      values[size_t(i)] = table[codes[i]];
+    return values;
+  }
+  int64_t cols = count / rows;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      values[size_t(c * rows + r)] = table[codes[r * cols + c]];
+  return values;
+}
+
+/// c [m, n] = (Σ_p a[i, p] · b[j, p]) · 1 / (scaleA · scaleB) (+ bias[j]), a [m, k] and b
+/// [n, k] decoded FP8 values: every product is exact in f32, the sum is in f32 in p order, as
+/// fp8::gemm computes it; rounded once into `out`.
+void scaledGemm(const std::vector<float> &a, float scaleA,
+                const std::vector<float> &b, float scaleB, int64_t m, int64_t n, int64_t kk,
+                const TensorView *bias, const TensorView &out,
+                std::initializer_list<const TensorView *> inputs) {
+  std::vector<float> biasScratch, outScratch;
+  const float *biasValues = bias ? loadFloats(*bias, biasScratch) : nullptr;
+  float *c = resultBuffer(out, inputs, outScratch);
+  const float descale = float(1.0 / (double(scaleA) * double(scaleB)));
+  parallelFor(m, std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, n * kk)),
+              [&](int64_t begin, int64_t end) {
+                for (int64_t i = begin; i < end; ++i) {
+                  const float *row = a.data() + i * kk;
+                  for (int64_t j = 0; j < n; ++j) {
+                    const float *col = b.data() + j * kk;
+                    float sum = 0.0f;
+                    for (int64_t p = 0; p < kk; ++p)
+                      sum += row[p] * col[p];
+                    float value = sum * descale;
+                    c[i * n + j] = biasValues ? value + biasValues[j] : value;
+                  }
+                }
+              });
+  if (c != out.data)
+    storeF32(c, out);
+}
+
+/// The product of the leading dimensions of `t` (all but the last).
+int64_t leadingRows(const TensorView &t) {
+  int64_t rows = 1;
+  for (int64_t i = 0; i + 1 < t.rank(); ++i)
+    rows *= t.shape[size_t(i)];
+  return rows;
+}
+
+} // namespace
+
+void fp8Linear(const TensorView &x, const TensorView &w, const TensorView &state,
+               const TensorView *bias, bool current, int margin, const TensorView &y,
+               const TensorView &stats, const TensorView &workspace) {
+  const char *k = "fp8_linear";
+  checkFloat(k, "x", x);
+  checkFloat(k, "w", w);
+  checkFloat(k, "y", y);
+  if (x.rank() < 1)
+    fail(k, "x must have at least one dimension, got shape " + formatShape(x.shape));
+  if (w.rank() != 2 || w.dim(1) != x.dim(-1))
+    fail(k, "w shape " + formatShape(w.shape) + " should be [out, " + std::to_string(x.dim(-1)) +
+                "] for x shape " + formatShape(x.shape));
+  const int64_t m = leadingRows(x), n = w.dim(0), kk = w.dim(1);
+  if (bias) {
+    checkFloat(k, "bias", *bias);
+    checkShape(k, "bias", *bias, {n}, "for w shape " + formatShape(w.shape));
+  }
+  std::vector<int64_t> shape(x.shape.begin(), x.shape.end() - 1);
+  shape.push_back(n);
+  checkShape(k, "y", y, shape, "for x shape " + formatShape(x.shape) + " and w shape " +
+                                   formatShape(w.shape));
+  stateColumns(k, state);
+  checkStats(k, "stats", stats);
+  uint8_t *codes = workspaceBytes(k, workspace, x.numel(), w.numel());
+  uint8_t *wCodes = codes + secondCodesOffset(x.numel());
+  float *s = static_cast<float *>(stats.data);
+  float xScale = castOperand(x, state, fp8::InputRow, fp8::Format::E4M3FN, current, margin,
+                             codes, s);
+  float wScale = castOperand(w, state, fp8::WeightRow, fp8::Format::E4M3FN, current, margin,
+                             wCodes, s + fp8::kStatsColumns);
+  scaledGemm(decodeCodes(codes, x.numel(), fp8::Format::E4M3FN), xScale,
+             decodeCodes(wCodes, w.numel(), fp8::Format::E4M3FN), wScale, m, n, kk, bias, y,
+             {&x, &w, &state, bias});
+}
+
+void fp8LinearGradInput(const TensorView &dy, const TensorView &w, const TensorView &state,
+                        bool current, int margin, const TensorView &dx, const TensorView &stats,
+                        const TensorView &workspace) {
+  const char *k = "fp8_linear_grad_input";
+  checkFloat(k, "dy", dy);
+  checkFloat(k, "w", w);
+  checkFloat(k, "dx", dx);
+  if (dy.rank() < 1)
+    fail(k, "dy must have at least one dimension, got shape " + formatShape(dy.shape));
+  if (w.rank() != 2 || w.dim(0) != dy.dim(-1))
+    fail(k, "w shape " + formatShape(w.shape) + " should be [" + std::to_string(dy.dim(-1)) +
+                ", in] for dy shape " + formatShape(dy.shape));
+  const int64_t m = leadingRows(dy), n = w.dim(0), kk = w.dim(1);
+  std::vector<int64_t> shape(dy.shape.begin(), dy.shape.end() - 1);
+  shape.push_back(kk);
+  checkShape(k, "dx", dx, shape, "for dy shape " + formatShape(dy.shape) + " and w shape " +
+                                     formatShape(w.shape));
+  stateColumns(k, state);
+  checkStats(k, "stats", stats);
+  uint8_t *codes = workspaceBytes(k, workspace, dy.numel(), w.numel());
+  uint8_t *wCodes = codes + secondCodesOffset(dy.numel());
+  float *s = static_cast<float *>(stats.data);
+  float dyScale = castOperand(dy, state, fp8::OutputGradRow, fp8::Format::E5M2, current, margin,
+                              codes, s);
+  float wScale = castOperand(w, state, fp8::WeightRow, fp8::Format::E4M3FN, current, margin,
+                             wCodes, s + fp8::kStatsColumns);
+  // dx [m, k] = dy [m, n] · w [n, k]: the sum runs over n, so w is read as wᵀ [k, n].
+  scaledGemm(decodeCodes(codes, dy.numel(), fp8::Format::E5M2), dyScale,
+             decodeCodes(wCodes, w.numel(), fp8::Format::E4M3FN, /*rows=*/n), wScale, m, kk, n,
+             nullptr, dx, {&dy, &w, &state});
+}
+
+void fp8LinearGradWeight(const TensorView &dy, const TensorView &x, const TensorView &state,
+                         bool current, int margin, const TensorView &dw, const TensorView &stats,
+                         const TensorView &workspace) {
+  const char *k = "fp8_linear_grad_weight";
+  checkFloat(k, "dy", dy);
+  checkFloat(k, "x", x);
+  checkFloat(k, "dw", dw);
+  if (dy.rank() < 1 || x.rank() != dy.rank() ||
+      !std::equal(dy.shape.begin(), dy.shape.end() - 1, x.shape.begin()))
+    fail(k, "x shape " + formatShape(x.shape) + " and dy shape " + formatShape(dy.shape) +
+                " are not [..., in] and [..., out] with the same leading dimensions");
+  const int64_t m = leadingRows(dy), n = dy.dim(-1), kk = x.dim(-1);
+  checkShape(k, "dw", dw, {n, kk},
+             "for dy shape " + formatShape(dy.shape) + " and x shape " + formatShape(x.shape));
+  stateColumns(k, state);
+  checkStats(k, "stats", stats);
+  uint8_t *codes = workspaceBytes(k, workspace, dy.numel(), x.numel());
+  uint8_t *xCodes = codes + secondCodesOffset(dy.numel());
+  float *s = static_cast<float *>(stats.data);
+  float dyScale = castOperand(dy, state, fp8::OutputGradRow, fp8::Format::E5M2, current, margin,
+                              codes, s);
+  float xScale = castOperand(x, state, fp8::InputRow, fp8::Format::E4M3FN, current, margin,
+                             xCodes, s + fp8::kStatsColumns);
+  // dw [n, k] = dyᵀ [n, m] · x [m, k]: the sum runs over m, so both are read transposed.
+  scaledGemm(decodeCodes(codes, dy.numel(), fp8::Format::E5M2, /*rows=*/m), dyScale,
+             decodeCodes(xCodes, x.numel(), fp8::Format::E4M3FN, /*rows=*/m), xScale, n, kk, m,
+             nullptr, dw, {&dy, &x, &state});
+}
+
+void fp8UpdateScales(const TensorView &step, const TensorView &forwardStats,
+                     const TensorView *backwardStats, int margin, const TensorView &state) {
+  const char *k = "fp8_update_scales";
+  const int64_t t = loadStep(k, step);
+  checkStats(k, "forward_stats", forwardStats);
+  if (backwardStats)
+    checkStats(k, "backward_stats", *backwardStats);
+  const int64_t columns = stateColumns(k, state), length = columns - fp8::kStateColumns;
+  float *rows = static_cast<float *>(state.data);
+  auto update = [&](fp8::StateRow row, const float *stats, fp8::Format format) {
+    float *r = rows + row * columns;
+    float *history = r + fp8::kStateColumns;
+    fp8::recordAmax(history, length, t, stats[fp8::StatsAmax]);
+    r[fp8::ScaleColumn] = fp8::delayedScale(history, length, r[fp8::ScaleColumn], format, margin);
+    r[fp8::AmaxColumn] = stats[fp8::StatsAmax];
+    r[fp8::UnderflowColumn] = stats[fp8::StatsUnderflow];
+    r[fp8::SaturationColumn] = stats[fp8::StatsSaturation];
+  };
+  const float *forward = static_cast<const float *>(forwardStats.data);
+  update(fp8::InputRow, forward, fp8::Format::E4M3FN);
+  update(fp8::WeightRow, forward + fp8::kStatsColumns, fp8::Format::E4M3FN);
+  // The backward kernels' first cast operand is the output gradient.
+  if (backwardStats)
+    update(fp8::OutputGradRow, static_cast<const float *>(backwardStats->data),
+           fp8::Format::E5M2);
+}
+
+} // namespace bonsai::rt::cpu
