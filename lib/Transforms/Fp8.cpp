@@ -310,9 +310,9 @@ struct Fp8Pass : impl::BonsaiFp8PassBase<Fp8Pass> {
             << int64_t(directive.getAmaxHistory()) << ", margin "
             << int64_t(directive.getMargin()) << "; state " << stateBytes << " bytes";
     if (kept)
-      summary << "; " << kept << (kept == 1 ? " targeted linear stays" : " targeted linears stay")
-              << " as it was (see the remarks on "
-              << (kept == 1 ? "it" : "them") << ")";
+      summary << "; " << kept
+              << (kept == 1 ? " targeted linear stays as it was (see the remark on it)"
+                            : " targeted linears stay as they were (see the remarks on them)");
     return success();
   }
 
