@@ -40,11 +40,13 @@ Value getViewedValue(Value value) {
   return value;
 }
 
-/// The linears `targets []` means: every linear except the LM head (a linear whose result is,
-/// through views and casts, the logits of a cross-entropy) and a linear whose weight an
-/// embedding also reads (a tied embedding: its rows are looked up, not multiplied, and its
-/// range is the vocabulary's). Those two are where FP8's precision costs the most for the
-/// least GEMM time, as Transformer Engine's and torchao's recipes also leave them.
+/// The linears `targets []` means: every linear of the model's own weights except the LM head
+/// (a linear whose result is, through views and casts, the logits of a cross-entropy) and a
+/// linear whose weight an embedding also reads (a tied embedding: its rows are looked up, not
+/// multiplied, and its range is the vocabulary's). Those two are where FP8's precision costs
+/// the most for the least GEMM time, as Transformer Engine's and torchao's recipes also leave
+/// them. Adapters a pass added (LoRA's A and B) are not the model's: rank-r GEMMs gain nothing
+/// from FP8, as target patterns never mean them either.
 SmallVector<const LinearSummary *> getDefaultTargets(const ModelSummary &model) {
   llvm::SmallPtrSet<Operation *, 4> lmHeads, embedded;
   model.getFunction()->walk([&](Operation *op) {
@@ -57,8 +59,8 @@ SmallVector<const LinearSummary *> getDefaultTargets(const ModelSummary &model) 
   });
   SmallVector<const LinearSummary *> targets;
   for (const LinearSummary &linear : model.getLinears())
-    if (isa<LinearOp>(linear.op) && !lmHeads.contains(linear.op) &&
-        !embedded.contains(linear.weight->op))
+    if (isa<LinearOp>(linear.op) && !linear.weight->addedByPass &&
+        !lmHeads.contains(linear.op) && !embedded.contains(linear.weight->op))
       targets.push_back(&linear);
   return targets;
 }
@@ -242,8 +244,11 @@ struct Fp8Pass : impl::BonsaiFp8PassBase<Fp8Pass> {
     SmallVector<StringRef> patterns = directive.getTargetPatterns();
     SmallVector<const LinearSummary *> targets =
         patterns.empty() ? getDefaultTargets(model) : model.matchLinears(patterns);
-    // Linears already in FP8 (the pass run twice) are not targets again.
-    llvm::erase_if(targets, [](const LinearSummary *l) { return !isa<LinearOp>(l->op); });
+    // Linears already in FP8 (the pass run twice) are not targets again, and adapters a pass
+    // added (LoRA's A and B, `bonsai.init`) are never what a recipe's patterns mean.
+    llvm::erase_if(targets, [](const LinearSummary *l) {
+      return !isa<LinearOp>(l->op) || l->weight->addedByPass;
+    });
     int64_t count = targets.size();
     std::string precision =
         targets.empty() ? std::string("their precision") : elementName(targets.front()->op->getResult(0));

@@ -272,8 +272,10 @@ LogicalResult FP8DirectiveOp::verifyAgainstModel(const ModelSummary &model) {
   if (failed(verifyTargetsMatch(*this, getTargets(), model)))
     return failure();
   // FP8 tensor-core GEMMs (cuBLASLt) need both matrix dimensions to be multiples of 16.
+  // Adapters a pass added (LoRA's) are not what the patterns mean: bonsai-fp8 skips them.
   for (const LinearSummary *linear : model.matchLinears(getTargetPatterns()))
-    if (linear->inFeatures % 16 != 0 || linear->outFeatures % 16 != 0)
+    if (!linear->weight->addedByPass &&
+        (linear->inFeatures % 16 != 0 || linear->outFeatures % 16 != 0))
       return emitOpError() << "weight '" << linear->weight->name << "' is "
                            << linear->outFeatures << "x" << linear->inFeatures
                            << "; FP8 GEMMs need dimensions that are multiples of 16";
