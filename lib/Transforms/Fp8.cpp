@@ -14,9 +14,8 @@
 #include "bonsai/Transforms/Passes.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Interfaces/ViewLikeInterface.h"
-#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/SmallPtrSet.h"
-#include "llvm/Support/FormatVariadic.h"
 
 namespace mlir::bonsai {
 #define GEN_PASS_DEF_BONSAIFP8PASS
@@ -123,11 +122,13 @@ struct Fp8Pass : impl::BonsaiFp8PassBase<Fp8Pass> {
     for (Operation *user : weight.getUsers())
       if (auto gi = dyn_cast<LinearGradInputOp>(user); gi && gi.getType() == x)
         gradInputs.push_back(gi);
+    // A frozen weight has no gradient: a linear_grad_weight reading x is another linear's.
     SmallVector<LinearGradWeightOp> gradWeights;
-    for (Operation *user : input.getUsers())
-      if (auto gw = dyn_cast<LinearGradWeightOp>(user);
-          gw && gw.getInput() == input && gw.getType() == w)
-        gradWeights.push_back(gw);
+    if (summary.weight->trainable)
+      for (Operation *user : input.getUsers())
+        if (auto gw = dyn_cast<LinearGradWeightOp>(user);
+            gw && gw.getInput() == input && gw.getType() == w)
+          gradWeights.push_back(gw);
     if (gradInputs.size() > 1) {
       why << "its weight has " << gradInputs.size()
           << " linear_grad_input ops, so its backward cannot be told apart";
@@ -284,14 +285,37 @@ struct Fp8Pass : impl::BonsaiFp8PassBase<Fp8Pass> {
              << "' has no step counter: run bonsai-autodiff and bonsai-optimizer first (a "
                 "training step; the recipe needs a bonsai.optimizer)";
 
+    // Every target is matched before any is rewritten, so that a backward GEMM two linears
+    // would claim (their weights' gradients read the same input) is seen as ambiguous rather
+    // than taken by the first.
+    SmallVector<std::pair<const LinearSummary *, FailureOr<LinearGroup>>> matches;
+    SmallVector<std::string> reasons(targets.size());
+    llvm::DenseMap<Operation *, int64_t> claims;
+    for (auto [i, summary] : llvm::enumerate(targets)) {
+      matches.push_back({summary, match(*summary, model, reasons[i])});
+      if (succeeded(matches.back().second))
+        for (Operation *op : {matches.back().second->gradInput.getOperation(),
+                              matches.back().second->gradWeight.getOperation()})
+          if (op)
+            ++claims[op];
+    }
+
     int64_t converted = 0, kept = 0, stateBytes = 0;
-    for (const LinearSummary *summary : targets) {
-      std::string reason;
-      FailureOr<LinearGroup> group = match(*summary, model, reason);
+    for (auto [i, entry] : llvm::enumerate(matches)) {
+      auto &[summary, group] = entry;
+      if (succeeded(group))
+        for (Operation *op : {group->gradInput.getOperation(), group->gradWeight.getOperation()})
+          if (op && claims.lookup(op) > 1) {
+            reasons[i] = "its backward GEMM '" + op->getName().getStringRef().str() +
+                         "' could be another targeted linear's, so its backward cannot be "
+                         "told apart";
+            group = failure();
+            break;
+          }
       if (failed(group)) {
         emitRemark(summary->op->getLoc())
             << "bonsai-fp8: '" << summary->weight->name << "' stays in "
-            << elementName(summary->op->getResult(0)) << ": " << reason;
+            << elementName(summary->op->getResult(0)) << ": " << reasons[i];
         ++kept;
         continue;
       }

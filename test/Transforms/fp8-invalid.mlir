@@ -111,3 +111,62 @@ bonsai.recipe @r {
   // expected-remark @+1 {{bonsai-fp8: 1 linear in FP8 on sm_90 (E4M3 forward, E5M2 gradients), delayed scaling with an amax history of 16, margin 0; state 240 bytes; 2 targeted linears stay as they were (see the remarks on them)}}
   bonsai.fp8 "delayed" amax_history 16 margin 0 targets ["*_proj.weight"]
 }
+
+// -----
+
+// The input needs no gradient and two linears of one weight type read it; one weight is
+// frozen, so the only linear_grad_weight reading the input is the trainable one's: each linear
+// gets its own backward (the frozen one none).
+// CHECK-LABEL: func.func @frozen_neighbour
+// CHECK: %[[SF:.*]] = bonsai.state optimizer "blk.frozen_proj.weight.fp8"
+// CHECK: %[[ST:.*]] = bonsai.state optimizer "blk.up_proj.weight.fp8"
+// CHECK: bonsai.fp8_linear_grad_weight %{{.*}}, %{{.*}}, %[[ST]]
+// CHECK-NOT: bonsai.fp8_linear_grad
+// CHECK: bonsai.fp8_update_scales %{{.*}}, %{{.*}}, %[[SF]] {
+// CHECK-NEXT: bonsai.fp8_update_scales %{{.*}}, %{{.*}}, %{{.*}}, %[[ST]] {
+func.func @frozen_neighbour(%ids: tensor<1x16xi32>, %labels: tensor<1x16xi32>) -> tensor<f32> {
+  %emb = bonsai.param "e" frozen : tensor<64x16xf32>
+  %h = bonsai.embedding %emb, %ids : (tensor<64x16xf32>, tensor<1x16xi32>) -> tensor<1x16x16xf32>
+  %wf = bonsai.param "blk.frozen_proj.weight" frozen : tensor<16x16xf32>
+  %f = bonsai.linear %h, %wf : (tensor<1x16x16xf32>, tensor<16x16xf32>) -> tensor<1x16x16xf32>
+  %wt = bonsai.param "blk.up_proj.weight" trainable : tensor<16x16xf32>
+  %t = bonsai.linear %h, %wt : (tensor<1x16x16xf32>, tensor<16x16xf32>) -> tensor<1x16x16xf32>
+  %s = bonsai.add %f, %t : (tensor<1x16x16xf32>, tensor<1x16x16xf32>) -> tensor<1x16x16xf32>
+  %lm = bonsai.param "lm_head.weight" trainable : tensor<64x16xf32>
+  %logits = bonsai.linear %s, %lm : (tensor<1x16x16xf32>, tensor<64x16xf32>) -> tensor<1x16x64xf32>
+  %loss = bonsai.cross_entropy %logits, %labels : (tensor<1x16x64xf32>, tensor<1x16xi32>) -> tensor<f32>
+  return %loss : tensor<f32>
+}
+bonsai.recipe @r {
+  bonsai.optimizer "adamw" lr 1.0e-3
+  // expected-remark @+1 {{bonsai-fp8: 2 linears in FP8 on sm_90 (E4M3 forward, E5M2 gradients), delayed scaling with an amax history of 16, margin 0; state 480 bytes}}
+  bonsai.fp8 "delayed" amax_history 16 margin 0 targets ["*_proj.weight"]
+}
+
+// -----
+
+// A trainable weight whose output does not reach the loss (%a is unused) gets no gradient: the only
+// linear_grad_weight reading the shared input is its neighbour's, which both would claim.
+// CHECK-LABEL: func.func @claimed_twice
+// CHECK-NOT: fp8_
+// CHECK: bonsai.step_increment
+func.func @claimed_twice(%ids: tensor<1x16xi32>, %labels: tensor<1x16xi32>) -> tensor<f32> {
+  %emb = bonsai.param "e" frozen : tensor<64x16xf32>
+  %h = bonsai.embedding %emb, %ids : (tensor<64x16xf32>, tensor<1x16xi32>) -> tensor<1x16x16xf32>
+  // expected-warning @+1 {{trainable parameter 'blk.a_proj.weight' does not influence the loss; it gets no gradient}}
+  %wa = bonsai.param "blk.a_proj.weight" trainable : tensor<16x16xf32>
+  // expected-remark @+1 {{bonsai-fp8: 'blk.a_proj.weight' stays in f32: its backward GEMM 'bonsai.linear_grad_weight' could be another targeted linear's, so its backward cannot be told apart}}
+  %a = bonsai.linear %h, %wa : (tensor<1x16x16xf32>, tensor<16x16xf32>) -> tensor<1x16x16xf32>
+  %wb = bonsai.param "blk.b_proj.weight" trainable : tensor<16x16xf32>
+  // expected-remark @+1 {{bonsai-fp8: 'blk.b_proj.weight' stays in f32: its backward GEMM 'bonsai.linear_grad_weight' could be another targeted linear's, so its backward cannot be told apart}}
+  %b = bonsai.linear %h, %wb : (tensor<1x16x16xf32>, tensor<16x16xf32>) -> tensor<1x16x16xf32>
+  %lm = bonsai.param "lm_head.weight" trainable : tensor<64x16xf32>
+  %logits = bonsai.linear %b, %lm : (tensor<1x16x16xf32>, tensor<64x16xf32>) -> tensor<1x16x64xf32>
+  %loss = bonsai.cross_entropy %logits, %labels : (tensor<1x16x64xf32>, tensor<1x16xi32>) -> tensor<f32>
+  return %loss : tensor<f32>
+}
+bonsai.recipe @r {
+  bonsai.optimizer "adamw" lr 1.0e-3
+  // expected-remark @+1 {{bonsai-fp8: 0 linears in FP8 on sm_90 (E4M3 forward, E5M2 gradients), delayed scaling with an amax history of 16, margin 0; state 0 bytes; 2 targeted linears stay as they were (see the remarks on them)}}
+  bonsai.fp8 "delayed" amax_history 16 margin 0 targets ["*_proj.weight"]
+}
