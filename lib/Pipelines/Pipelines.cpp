@@ -42,6 +42,18 @@ void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &o
     galore.target = options.target;
     galore.perWeightRemarks = false;
     pm.addPass(createBonsaiGaLorePass(galore));
+    // FP8 GEMMs replace a linear together with its two backward GEMMs, and add a scale update
+    // to the update phase: after autodiff (which creates the backward GEMMs) and the
+    // optimizer (which creates the update phase and the step counter whose value indexes the
+    // amax histories); before remat, so that recomputation sizes and clones the FP8 GEMMs
+    // (and sees their workspaces), and before fusion, whose families then see FP8 GEMMs
+    // rather than linears they would otherwise fuse. It asks the target profile: without FP8
+    // tensor cores it changes nothing (a remark says so). Only the summary remark and those
+    // of linears left as they were: a remark per converted linear is for bonsai-opt.
+    BonsaiFp8PassOptions fp8;
+    fp8.target = options.target;
+    fp8.perLinearRemarks = false;
+    pm.addPass(createBonsaiFp8Pass(fp8));
     // What to recompute is decided on the whole step: after the update is expanded (its state
     // is part of the peak that must fit the budget) and before lowering, so that the clones
     // are ordinary ops whose lifetimes the memory planner sees. Only the summary remark: a

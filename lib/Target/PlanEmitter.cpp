@@ -101,6 +101,10 @@ std::optional<fb::KernelKind> getKernelKind(StringRef name) {
       .Case("linear_gelu", fb::KernelKind::LinearGeLU)
       .Case("linear_grad_weight_accumulate", fb::KernelKind::LinearGradWeightAccumulate)
       .Case("fused_elementwise", fb::KernelKind::FusedElementwise)
+      .Case("fp8_linear", fb::KernelKind::Fp8Linear)
+      .Case("fp8_linear_grad_input", fb::KernelKind::Fp8LinearGradInput)
+      .Case("fp8_linear_grad_weight", fb::KernelKind::Fp8LinearGradWeight)
+      .Case("fp8_update_scales", fb::KernelKind::Fp8UpdateScales)
       .Default(std::nullopt);
 }
 
@@ -218,6 +222,18 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
       return failure();
     type = fb::KernelAttrs::CrossEntropyAttrs;
     attrs = fb::CreateCrossEntropyAttrs(fbb, *ignore).Union();
+    return success();
+  }
+  case fb::KernelKind::Fp8Linear:
+  case fb::KernelKind::Fp8LinearGradInput:
+  case fb::KernelKind::Fp8LinearGradWeight:
+  case fb::KernelKind::Fp8UpdateScales: {
+    FailureOr<BoolAttr> current = getParam<BoolAttr>(launch, "current");
+    FailureOr<int64_t> margin = i64("margin");
+    if (failed(current) || failed(margin))
+      return failure();
+    type = fb::KernelAttrs::Fp8Attrs;
+    attrs = fb::CreateFp8Attrs(fbb, current->getValue(), int32_t(*margin)).Union();
     return success();
   }
   case fb::KernelKind::LinearCrossEntropy: {

@@ -97,7 +97,7 @@ static LogicalResult checkSupportedDirectives(ModuleOp module) {
   for (auto recipe : module.getOps<RecipeOp>())
     for (Operation &op : recipe.getBody().front()) {
       if (isa<TargetDirectiveOp, OptimizerDirectiveOp, RematDirectiveOp, LoraDirectiveOp,
-              GaloreDirectiveOp, QuantizeDirectiveOp>(op))
+              GaloreDirectiveOp, QuantizeDirectiveOp, FP8DirectiveOp>(op))
         continue;
       return op.emitError() << "'" << op.getName()
                             << "' is not carried out by this version of bonsai-compile (the "

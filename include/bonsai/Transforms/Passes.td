@@ -404,4 +404,60 @@ def BonsaiVerifyPlanPass : Pass<"bonsai-verify-plan", "::mlir::ModuleOp"> {
   }];
 }
 
+def BonsaiFp8Pass : Pass<"bonsai-fp8", "::mlir::ModuleOp"> {
+  let summary = "Run the recipe's linears as FP8 GEMMs with delayed scaling, where the target "
+                "has FP8 tensor cores";
+  let description = [{
+    Carries out the recipe's `bonsai.fp8` directive (docs/fp8.md) after bonsai-optimizer, when
+    each targeted linear has its backward GEMMs and the step has its update phase. A target
+    whose profile has FP8 tensor cores (sm_89, sm_90 and later) gets the rewrite; any other
+    (sm_80, sm_86, the CPU) keeps every linear as it is and says so in a remark, so that one
+    recipe compiles for every target.
+
+    The directive's patterns name weights as bonsai-insert-lora's do; `targets []` means every
+    linear except the LM head (a linear whose result reaches `bonsai.cross_entropy` as its
+    logits, through views) and any linear whose weight an embedding also reads (a tied
+    embedding). For each targeted linear `y = linear(x, W[, b])` the pass finds its backward:
+    the `linear_grad_input(dy, W)` whose result has x's type, and the `linear_grad_weight(dy,
+    x)` reading the same dy; without a `linear_grad_input` (x needs no gradient), the only
+    `linear_grad_weight` of x with W's type. It creates the state `<weight name>.fp8` (optimizer
+    state, f32 [3, 4 + amax_history], saved in checkpoints), replaces the three GEMMs with
+    `fp8_linear`, `fp8_linear_grad_input` and `fp8_linear_grad_weight`, and adds an
+    `fp8_update_scales` to the update phase, before the step counter's increment.
+
+    A targeted linear that cannot run in FP8 keeps its GEMMs, with a remark naming the reason:
+    M (positions), N or K not a multiple of 16, an element type other than f32, bf16 or f16, a
+    weight read by another linear, a backward that cannot be told apart. A summary remark
+    counts the linears in FP8.
+
+    Before (`bonsai.fp8 "delayed" amax_history 16 margin 0 targets ["up_proj"]`, sm_90):
+    ```mlir
+    %y = bonsai.linear %x, %w
+    %dx = bonsai.linear_grad_input %dy, %w
+    %dw = bonsai.linear_grad_weight %dy, %x
+    bonsai.step_increment %step {bonsai.phase = "update"}
+    ```
+    After:
+    ```mlir
+    %s = bonsai.state optimizer "model.layers.0.mlp.up_proj.weight.fp8" : tensor<3x20xf32>
+    %y, %ys, %yw = bonsai.fp8_linear %x, %w, %s {current = false, margin = 0 : i64}
+    %dx, %dxs, %dxw = bonsai.fp8_linear_grad_input %dy, %w, %s {...}
+    %dw, %dws, %dww = bonsai.fp8_linear_grad_weight %dy, %x, %s {...}
+    bonsai.fp8_update_scales %step, %ys, %dxs, %s {...} {bonsai.phase = "update"}
+    bonsai.step_increment %step {bonsai.phase = "update"}
+    ```
+  }];
+  let options = [
+    Option<"target", "target", "std::string", /*default=*/"\"cpu\"",
+           "Target the plan is for (sm_XX or a named GPU, docs/targets.md): FP8 GEMMs need "
+           "FP8 tensor cores (sm_89 and later)">,
+    Option<"perLinearRemarks", "per-linear-remarks", "bool", /*default=*/"true",
+           "A remark per linear converted to FP8 (linears left in bf16 always get one)">,
+  ];
+  let statistics = [
+    Statistic<"numFp8", "fp8-linears", "Linears converted to FP8 GEMMs">,
+    Statistic<"numKept", "kept-linears", "Targeted linears left as they were">,
+  ];
+}
+
 #endif // BONSAI_TRANSFORMS_PASSES_TD

@@ -926,3 +926,17 @@ bonsai.recipe @r {
   // expected-error @+1 {{warmup_steps (100) must be below total_steps for a cosine decay (100)}}
   bonsai.optimizer "adamw" lr 1.0e-3 {schedule = "cosine", warmup_steps = 100, total_steps = 100}
 }
+
+// -----
+
+// An explicitly targeted linear must have FP8-shaped dimensions (an empty target list instead
+// leaves such linears to bonsai-fp8, which keeps them with a remark).
+func.func @fp8_dims(%x: tensor<1x16x16xf32>) -> tensor<1x16x24xf32> {
+  %w = bonsai.param "blk.odd_proj.weight" trainable : tensor<24x16xf32>
+  %y = bonsai.linear %x, %w : (tensor<1x16x16xf32>, tensor<24x16xf32>) -> tensor<1x16x24xf32>
+  return %y : tensor<1x16x24xf32>
+}
+bonsai.recipe @r {
+  // expected-error @+1 {{weight 'blk.odd_proj.weight' is 24x16; FP8 GEMMs need dimensions that are multiples of 16}}
+  bonsai.fp8 "delayed" amax_history 16 margin 0 targets ["odd_proj"]
+}

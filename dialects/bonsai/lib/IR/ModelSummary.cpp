@@ -43,12 +43,17 @@ ModelSummary::ModelSummary(Operation *function) : function(function) {
       return;
     }
     // The LM head is a linear of the model also once bonsai-fuse has made it part of a
-    // linear_cross_entropy (recipes are verified against the model after every pass).
+    // linear_cross_entropy, and so are a linear fused with its GELU and a linear bonsai-fp8
+    // has made an FP8 GEMM (recipes are verified against the model after every pass).
     Value weight;
     if (auto linear = dyn_cast<LinearOp>(op))
       weight = linear.getWeight();
     else if (auto head = dyn_cast<LinearCrossEntropyOp>(op))
       weight = head.getWeight();
+    else if (auto gelu = dyn_cast<LinearGeLUOp>(op))
+      weight = gelu.getWeight();
+    else if (auto fp8 = dyn_cast<Fp8LinearOp>(op))
+      weight = fp8.getWeight();
     if (!weight)
       return;
     ParamOp param = getUnderlyingParam(weight);

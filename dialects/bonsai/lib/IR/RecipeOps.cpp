@@ -261,6 +261,10 @@ LogicalResult FP8DirectiveOp::verify() {
     return emitOpError() << "amax_history must be in [1, 1024], got " << int64_t(getAmaxHistory());
   if (int64_t(getMargin()) < 0 || int64_t(getMargin()) > 16)
     return emitOpError() << "margin must be in [0, 16], got " << int64_t(getMargin());
+  // `targets []` is FP8's default set (every linear but the LM head and a tied embedding's;
+  // bonsai-fp8 resolves it), so an empty list is allowed here.
+  if (getTargets().empty())
+    return success();
   return verifyTargetList(*this, getTargets());
 }
 
@@ -268,8 +272,10 @@ LogicalResult FP8DirectiveOp::verifyAgainstModel(const ModelSummary &model) {
   if (failed(verifyTargetsMatch(*this, getTargets(), model)))
     return failure();
   // FP8 tensor-core GEMMs (cuBLASLt) need both matrix dimensions to be multiples of 16.
+  // Adapters a pass added (LoRA's) are not what the patterns mean: bonsai-fp8 skips them.
   for (const LinearSummary *linear : model.matchLinears(getTargetPatterns()))
-    if (linear->inFeatures % 16 != 0 || linear->outFeatures % 16 != 0)
+    if (!linear->weight->addedByPass &&
+        (linear->inFeatures % 16 != 0 || linear->outFeatures % 16 != 0))
       return emitOpError() << "weight '" << linear->weight->name << "' is "
                            << linear->outFeatures << "x" << linear->inFeatures
                            << "; FP8 GEMMs need dimensions that are multiples of 16";

@@ -372,6 +372,7 @@ include "bonsai/Dialect/Bonsai/IR/BonsaiFusedOptimizerOps.td"
 include "bonsai/Dialect/Bonsai/IR/BonsaiGemmEpilogueOps.td"
 include "bonsai/Dialect/Bonsai/IR/BonsaiElementwiseOps.td"
 include "bonsai/Dialect/Bonsai/IR/BonsaiFlashAttentionOps.td"
+include "bonsai/Dialect/Bonsai/IR/BonsaiFp8Ops.td"
 
 //===----------------------------------------------------------------------===//
 // Recipe ops
@@ -526,7 +527,9 @@ def Bonsai_FP8DirectiveOp : Bonsai_TargetedDirectiveOp<"fp8"> {
   let summary = "FP8 GEMMs on the targeted linears: E4M3 forward, E5M2 gradients";
   let description = [{
     `scaling` is `delayed` (per-tensor amax history of `amax_history` steps, 1 to 1024) or
-    `current`; `margin` is the power of two kept as head-room.
+    `current`; `margin` is the power of two kept as head-room. `targets []` means every
+    linear except the LM head and a linear whose weight an embedding also reads (tied). The
+    `bonsai-fp8` pass carries it out on targets with FP8 tensor cores (docs/fp8.md).
 
     ```mlir
     bonsai.fp8 "delayed" amax_history 16 margin 0 targets ["layers.*"]

@@ -1,0 +1,130 @@
+//===- BonsaiFp8Ops.td - FP8 GEMMs and their scaling state -----*- tablegen -*-===//
+//
+// The ops `bonsai-fp8` puts in place of a linear and its backward GEMMs (docs/fp8.md, "FP8
+// training: ops, state and kernels"): each GEMM casts its two operands to FP8 (E4M3FN for
+// activations and weights, E5M2 for output gradients) with the scales of a piece of training
+// state, multiplies on FP8 tensor cores with f32 accumulation, and reports what the casts did;
+// one update per step turns those reports into the next step's scales. They are created after
+// autodiff, so they have no gradients of their own. Plan kinds 90..93 (runtime/schema/plan.fbs).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BONSAI_DIALECT_BONSAI_IR_BONSAIFP8OPS_TD
+#define BONSAI_DIALECT_BONSAI_IR_BONSAIFP8OPS_TD
+
+/// The layout facts the three GEMMs, their update and bonsai-fp8 share. The runtime has the
+/// same numbers in runtime/include/bonsai/runtime/Fp8.h (fp8::StateColumn, fp8::StatsColumn,
+/// fp8::gemmWorkspaceBytes), which plan validation checks plans against.
+defvar Bonsai_Fp8LayoutDecls = [{
+    /// Rows of the scaling state: the input x, the weight W, the output gradient dy.
+    static constexpr int64_t kStateRows = 3;
+    /// Columns of the state before the amax history: the scale, then the last update's
+    /// amax, underflow fraction and saturation fraction (fp8::kStateColumns).
+    static constexpr int64_t kStateColumns = 4;
+    /// The longest amax history (the recipe's `amax_history` is 1 to this).
+    static constexpr int64_t kMaxAmaxHistory = 1024;
+    /// A GEMM's statistics: a row per cast operand of (amax, underflow fraction, saturation
+    /// fraction, scale used) (fp8::kStatsColumns).
+    static constexpr int64_t kStatsRows = 2;
+    static constexpr int64_t kStatsColumns = 4;
+    /// FP8 tensor-core GEMMs (cuBLASLt) need M, N and K to be multiples of this.
+    static constexpr int64_t kDimensionMultiple = 16;
+    /// f32 elements of the workspace of a GEMM whose cast operands have `aElements` and
+    /// `bElements` elements: each operand's one-byte codes rounded up to 256 bytes, then 256
+    /// bytes for the scales and counters the device computes. The runtime computes the same
+    /// size in fp8::gemmWorkspaceBytes (runtime/cpu/Fp8.cpp), in bytes.
+    static int64_t getWorkspaceElements(int64_t aElements, int64_t bElements) {
+      auto roundUp = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+      return (roundUp(aElements) + roundUp(bElements) + 256) / 4;
+    }
+}];
+
+/// An FP8 GEMM: operands, then the state; results: the product, the casts' statistics, the
+/// workspace. `current` scales every cast from its own tensor's amax instead of the state's
+/// delayed scale; `margin` is the power of two of head-room below the format's largest value.
+class Bonsai_Fp8GemmOp<string mnemonic>
+    : Bonsai_ModelOp<mnemonic, [], ["getWorkspaceResults"]> {
+  let results = (outs Bonsai_ComputeTensor:$result, Bonsai_ComputeTensor:$stats,
+                      Bonsai_ComputeTensor:$workspace);
+  let extraClassDeclaration = Bonsai_Fp8LayoutDecls;
+}
+
+def Bonsai_Fp8LinearOp : Bonsai_Fp8GemmOp<"fp8_linear"> {
+  let summary = "y = x · Wᵀ (+ b) from E4M3FN casts of x and W, accumulated in f32";
+  let description = [{
+    `bonsai.linear` on FP8 tensor cores. x [..., K] and W [N, K] are cast to E4M3FN with the
+    scales of rows 0 and 1 of `state` (f32 [3, 4 + H], docs/fp8.md), or from their own amax
+    when that scale is still 0 or under `current` scaling; the product is divided by both
+    scales, the bias added, and y [..., N] stored in x's element type. `stats` (f32 [2, 4])
+    holds, for x then W, the amax, underflow and saturation fractions of the cast and the
+    scale used; `bonsai.fp8_update_scales` reads it. `workspace` is scratch (the casts'
+    codes). M (x's elements / K), N and K are multiples of 16.
+
+    ```mlir
+    %y, %stats, %ws = bonsai.fp8_linear %x, %w, %state {current = false, margin = 0 : i64} : (tensor<4x64x64xbf16>, tensor<128x64xbf16>, tensor<3x20xf32>) -> (tensor<4x64x128xbf16>, tensor<2x4xf32>, tensor<6208xf32>)
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$input, Bonsai_ComputeTensor:$weight,
+                   Bonsai_ComputeTensor:$state, Optional<Bonsai_ComputeTensor>:$bias,
+                   BoolAttr:$current, I64Attr:$margin);
+}
+
+def Bonsai_Fp8LinearGradInputOp : Bonsai_Fp8GemmOp<"fp8_linear_grad_input"> {
+  let summary = "dx = dy · W from an E5M2 cast of dy and an E4M3FN cast of W";
+  let description = [{
+    `bonsai.linear_grad_input` on FP8 tensor cores: dy [..., N] is cast to E5M2 with row 2 of
+    `state`, W [N, K] to E4M3FN with row 1 (transposed: FP8 tensor cores take only the "TN"
+    layout); dx [..., K] is stored in dy's element type. `stats` rows: dy, then W.
+
+    ```mlir
+    %dx, %stats, %ws = bonsai.fp8_linear_grad_input %dy, %w, %state {current = false, margin = 0 : i64} : (tensor<4x64x128xbf16>, tensor<128x64xbf16>, tensor<3x20xf32>) -> (tensor<4x64x64xbf16>, tensor<2x4xf32>, tensor<10304xf32>)
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$result_grad, Bonsai_ComputeTensor:$weight,
+                   Bonsai_ComputeTensor:$state, BoolAttr:$current, I64Attr:$margin);
+}
+
+def Bonsai_Fp8LinearGradWeightOp : Bonsai_Fp8GemmOp<"fp8_linear_grad_weight"> {
+  let summary = "dW = dyᵀ · x from an E5M2 cast of dy and an E4M3FN cast of x";
+  let description = [{
+    `bonsai.linear_grad_weight` on FP8 tensor cores, over all leading dimensions: dy [..., N]
+    is cast to E5M2 with row 2 of `state`, x [..., K] to E4M3FN with row 0 (both transposed);
+    dW [N, K] is stored in the element type of the linear_grad_weight it replaces (f32, bf16
+    or f16). `stats` rows: dy, then x.
+
+    ```mlir
+    %dw, %stats, %ws = bonsai.fp8_linear_grad_weight %dy, %x, %state {current = false, margin = 0 : i64} : (tensor<4x64x128xbf16>, tensor<4x64x64xbf16>, tensor<3x20xf32>) -> (tensor<128x64xbf16>, tensor<2x4xf32>, tensor<12352xf32>)
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$result_grad, Bonsai_ComputeTensor:$input,
+                   Bonsai_ComputeTensor:$state, BoolAttr:$current, I64Attr:$margin);
+}
+
+def Bonsai_Fp8UpdateScalesOp : Bonsai_Op<"fp8_update_scales", [
+    MemoryEffects<[MemRead, MemWrite]>,
+    DeclareOpInterfaceMethods<Bonsai_CostOpInterface>,
+    DeclareOpInterfaceMethods<Bonsai_KernelOpInterface, ["getInPlaceOperands"]>]> {
+  let summary = "the once-per-step delayed-scale update of an FP8 linear's state, in place";
+  let description = [{
+    Runs in the update phase, before the step counter is incremented. For each row of `state`
+    (f32 [3, 4 + H]): records the amax the GEMMs reported in the history at `step % H`, sets
+    the scale to (the format's largest finite value / the history's maximum) / 2^margin
+    (keeping the previous scale while the history holds no finite nonzero amax), and stores
+    the reported amax, underflow and saturation fractions in columns 1..3. `forward_stats`
+    (fp8_linear's) gives rows 0 and 1; `backward_stats` (fp8_linear_grad_input's, or
+    fp8_linear_grad_weight's when the input needs no gradient) row 2, which keeps its values
+    without them.
+
+    ```mlir
+    bonsai.fp8_update_scales %step, %fwd, %bwd, %state {current = false, margin = 0 : i64} : tensor<i64>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<3x20xf32>
+    ```
+  }];
+  let arguments = (ins 0DTensorOf<[I64]>:$step, Bonsai_ComputeTensor:$forward_stats,
+                   Optional<Bonsai_ComputeTensor>:$backward_stats,
+                   Bonsai_ComputeTensor:$state, BoolAttr:$current, I64Attr:$margin);
+  let hasVerifier = 1;
+  let assemblyFormat = "operands attr-dict `:` type(operands)";
+  let extraClassDeclaration = Bonsai_Fp8LayoutDecls;
+}
+
+#endif // BONSAI_DIALECT_BONSAI_IR_BONSAIFP8OPS_TD

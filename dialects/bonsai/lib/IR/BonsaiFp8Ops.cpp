@@ -1,0 +1,244 @@
+//===- BonsaiFp8Ops.cpp - FP8 GEMMs and their scaling state ----------------===//
+//
+// Verifiers, costs and kernel interfaces of the ops bonsai-fp8 creates (BonsaiFp8Ops.td). The
+// verifiers check what plan validation (runtime/src/Plan.cpp) checks for kinds 90..93, so that a
+// malformed op is reported at its source location rather than when a plan is loaded: shapes,
+// element types, the state [3, 4 + H] with H in [1, 1024], the statistics [2, 4], the workspace
+// size, and GEMM dimensions that FP8 tensor cores take (multiples of 16).
+//
+//===----------------------------------------------------------------------===//
+
+#include "OpUtils.h"
+#include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
+
+using namespace mlir;
+using namespace mlir::bonsai;
+using namespace mlir::bonsai::detail;
+
+/// Fails unless `value` has exactly `expected` as type.
+static LogicalResult expectTypeOf(Operation *op, StringRef what, Value value, Type expected) {
+  if (value.getType() == expected)
+    return success();
+  return op->emitOpError() << what << " type: expected " << expected << ", got " << value.getType();
+}
+
+/// The head-room of the scales: 0 to 16 powers of two, as the recipe's `margin`.
+static LogicalResult verifyFp8Margin(Operation *op, int64_t margin) {
+  if (margin < 0 || margin > 16)
+    return op->emitOpError() << "margin must be in [0, 16], got " << margin;
+  return success();
+}
+
+/// The scaling state: f32 [3, 4 + H] with H in [1, kMaxAmaxHistory].
+static LogicalResult verifyFp8State(Operation *op, Value state) {
+  RankedTensorType type = tensorType(state);
+  int64_t rows = Fp8LinearOp::kStateRows, columns = Fp8LinearOp::kStateColumns;
+  if (!type.getElementType().isF32() || type.getRank() != 2 || type.getDimSize(0) != rows ||
+      type.getDimSize(1) <= columns ||
+      type.getDimSize(1) > columns + Fp8LinearOp::kMaxAmaxHistory)
+    return op->emitOpError() << "state must be f32 [" << rows << ", " << columns
+                             << " + H] with an amax history H of 1 to "
+                             << Fp8LinearOp::kMaxAmaxHistory << " steps, got " << type;
+  return success();
+}
+
+/// A GEMM's statistics: f32 [2, 4].
+static LogicalResult verifyFp8Stats(Operation *op, StringRef what, Value stats) {
+  RankedTensorType type = tensorType(stats);
+  if (!type.getElementType().isF32() ||
+      type.getShape() != ArrayRef<int64_t>{Fp8LinearOp::kStatsRows, Fp8LinearOp::kStatsColumns})
+    return op->emitOpError() << what << " must be f32 [" << Fp8LinearOp::kStatsRows << ", "
+                             << Fp8LinearOp::kStatsColumns
+                             << "] (amax, underflow, saturation, scale of each cast operand), got "
+                             << type;
+  return success();
+}
+
+/// The workspace: f32 [fp8::gemmWorkspaceBytes(a, b) / 4] for the cast operands `a` and `b`.
+static LogicalResult verifyFp8Workspace(Operation *op, Value workspace, Value a, Value b) {
+  int64_t aElements = getNumElements(tensorType(a)), bElements = getNumElements(tensorType(b));
+  int64_t expected = Fp8LinearOp::getWorkspaceElements(aElements, bElements);
+  RankedTensorType type = tensorType(workspace);
+  if (!type.getElementType().isF32() || type.getRank() != 1 || type.getDimSize(0) != expected)
+    return op->emitOpError() << "workspace must be tensor<" << expected
+                             << "xf32> (the FP8 codes of " << aElements << " and " << bElements
+                             << " elements, and the device's scales), got " << type;
+  return success();
+}
+
+/// M, N and K of the GEMM are multiples of 16 (cuBLASLt's FP8 kernels).
+static LogicalResult verifyFp8Dimensions(Operation *op, int64_t m, int64_t n, int64_t k) {
+  int64_t multiple = Fp8LinearOp::kDimensionMultiple;
+  for (auto [name, value] : {std::pair<StringRef, int64_t>{"M (rows of the input)", m},
+                             {"N (output features)", n},
+                             {"K (input features)", k}})
+    if (value % multiple != 0)
+      return op->emitOpError() << name << " is " << value << "; FP8 GEMMs need M, N and K to be "
+                               << "multiples of " << multiple;
+  return success();
+}
+
+/// The checks every FP8 GEMM shares: the margin, the state, the statistics, and the workspace
+/// of the cast operands `a` and `b`.
+static LogicalResult verifyFp8Gemm(Operation *op, Value state, Value stats, Value workspace,
+                                   Value a, Value b) {
+  if (failed(verifyFp8Margin(op, cast<IntegerAttr>(op->getAttr("margin")).getInt())) ||
+      failed(verifyFp8State(op, state)) || failed(verifyFp8Stats(op, "stats", stats)))
+    return failure();
+  return verifyFp8Workspace(op, workspace, a, b);
+}
+
+/// 2·M·N·K on tensor cores, with the two casts (a pass over each operand counting the
+/// statistics) as vector work; every operand read and result written once, plus the casts'
+/// codes written to the workspace and read back by the GEMM.
+static OpCost fp8GemmCost(Operation *op, int64_t m, int64_t n, int64_t k, Value a, Value b) {
+  OpCost cost = streamingBytes(op);
+  int64_t codes = getNumElements(tensorType(a)) + getNumElements(tensorType(b));
+  cost.bytesWritten -= getStorageBytes(op->getResult(2).getType());
+  cost.bytesWritten += codes;
+  cost.bytesRead += codes;
+  cost.matmulFlops = 2 * m * n * k;
+  cost.vectorFlops = 4 * codes;
+  return cost;
+}
+
+//===----------------------------------------------------------------------===//
+// Fp8LinearOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult Fp8LinearOp::verify() {
+  RankedTensorType x = tensorType(getInput()), w = tensorType(getWeight());
+  if (x.getRank() < 1)
+    return emitOpError("input must have rank at least 1 (its last dimension is K)");
+  if (failed(expectRank(*this, "weight", w, 2)))
+    return failure();
+  int64_t k = x.getShape().back(), n = w.getDimSize(0);
+  if (w.getDimSize(1) != k)
+    return emitOpError() << "weight shape: expected [N, " << k << "] ([out, in] for input "
+                         << "features " << k << "), got " << fmt(w.getShape());
+  Type element = x.getElementType();
+  if (failed(expectElementType(*this, "weight", w.getElementType(), element)))
+    return failure();
+  if (Value bias = getBias())
+    if (failed(expectShape(*this, "bias", tensorType(bias).getShape(), {n})) ||
+        failed(expectElementType(*this, "bias", tensorType(bias).getElementType(), element)))
+      return failure();
+  SmallVector<int64_t> shape(x.getShape());
+  shape.back() = n;
+  if (failed(expectTypeOf(*this, "result", getResult(), RankedTensorType::get(shape, element))))
+    return failure();
+  if (failed(verifyFp8Dimensions(*this, getNumElements(x) / k, n, k)))
+    return failure();
+  return verifyFp8Gemm(*this, getState(), getStats(), getWorkspace(), getInput(), getWeight());
+}
+
+OpCost Fp8LinearOp::getForwardCost() {
+  int64_t k = tensorType(getWeight()).getDimSize(1), n = tensorType(getWeight()).getDimSize(0);
+  return fp8GemmCost(*this, getNumElements(tensorType(getInput())) / k, n, k, getInput(),
+                     getWeight());
+}
+
+SmallVector<unsigned> Fp8LinearOp::getWorkspaceResults() {
+  return {cast<OpResult>(getWorkspace()).getResultNumber()};
+}
+
+//===----------------------------------------------------------------------===//
+// Fp8LinearGradInputOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult Fp8LinearGradInputOp::verify() {
+  RankedTensorType dy = tensorType(getResultGrad()), w = tensorType(getWeight());
+  if (dy.getRank() < 1)
+    return emitOpError("result_grad must have rank at least 1 (its last dimension is N)");
+  if (failed(expectRank(*this, "weight", w, 2)))
+    return failure();
+  int64_t n = dy.getShape().back(), k = w.getDimSize(1);
+  if (w.getDimSize(0) != n)
+    return emitOpError() << "weight shape: expected [" << n << ", K] ([out, in] for output "
+                         << "features " << n << "), got " << fmt(w.getShape());
+  Type element = dy.getElementType();
+  if (failed(expectElementType(*this, "weight", w.getElementType(), element)))
+    return failure();
+  SmallVector<int64_t> shape(dy.getShape());
+  shape.back() = k;
+  if (failed(expectTypeOf(*this, "result", getResult(), RankedTensorType::get(shape, element))))
+    return failure();
+  if (failed(verifyFp8Dimensions(*this, getNumElements(dy) / n, n, k)))
+    return failure();
+  return verifyFp8Gemm(*this, getState(), getStats(), getWorkspace(), getResultGrad(),
+                       getWeight());
+}
+
+OpCost Fp8LinearGradInputOp::getForwardCost() {
+  int64_t n = tensorType(getWeight()).getDimSize(0), k = tensorType(getWeight()).getDimSize(1);
+  return fp8GemmCost(*this, getNumElements(tensorType(getResultGrad())) / n, n, k,
+                     getResultGrad(), getWeight());
+}
+
+SmallVector<unsigned> Fp8LinearGradInputOp::getWorkspaceResults() {
+  return {cast<OpResult>(getWorkspace()).getResultNumber()};
+}
+
+//===----------------------------------------------------------------------===//
+// Fp8LinearGradWeightOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult Fp8LinearGradWeightOp::verify() {
+  RankedTensorType dy = tensorType(getResultGrad()), x = tensorType(getInput());
+  if (dy.getRank() < 1)
+    return emitOpError("result_grad must have rank at least 1 (its last dimension is N)");
+  if (x.getShape().drop_back() != dy.getShape().drop_back())
+    return emitOpError() << "input " << fmt(x.getShape()) << " and result_grad "
+                         << fmt(dy.getShape())
+                         << " must have the same leading dimensions (the positions)";
+  if (failed(expectElementType(*this, "input", x.getElementType(), dy.getElementType())))
+    return failure();
+  int64_t n = dy.getShape().back(), k = x.getShape().back();
+  RankedTensorType dw = tensorType(getResult());
+  if (dw.getShape() != ArrayRef<int64_t>{n, k})
+    return emitOpError() << "result shape: expected [" << n << ", " << k << "] ([N, K]), got "
+                         << fmt(dw.getShape());
+  if (failed(verifyFp8Dimensions(*this, getNumElements(dy) / n, n, k)))
+    return failure();
+  return verifyFp8Gemm(*this, getState(), getStats(), getWorkspace(), getResultGrad(),
+                       getInput());
+}
+
+OpCost Fp8LinearGradWeightOp::getForwardCost() {
+  RankedTensorType dy = tensorType(getResultGrad());
+  int64_t n = dy.getShape().back(), k = tensorType(getInput()).getShape().back();
+  return fp8GemmCost(*this, getNumElements(dy) / n, n, k, getResultGrad(), getInput());
+}
+
+SmallVector<unsigned> Fp8LinearGradWeightOp::getWorkspaceResults() {
+  return {cast<OpResult>(getWorkspace()).getResultNumber()};
+}
+
+//===----------------------------------------------------------------------===//
+// Fp8UpdateScalesOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult Fp8UpdateScalesOp::verify() {
+  if (failed(verifyFp8State(*this, getState())) ||
+      failed(verifyFp8Stats(*this, "forward_stats", getForwardStats())))
+    return failure();
+  if (Value backward = getBackwardStats())
+    if (failed(verifyFp8Stats(*this, "backward_stats", backward)))
+      return failure();
+  return verifyFp8Margin(*this, getMargin());
+}
+
+OpCost Fp8UpdateScalesOp::getForwardCost() {
+  // The state is read and written back; a few operations per history entry.
+  OpCost cost;
+  for (Value operand : getOperands())
+    cost.bytesRead += getStorageBytes(operand.getType());
+  cost.bytesWritten = getStorageBytes(getState().getType());
+  cost.vectorFlops = 2 * getNumElements(tensorType(getState()));
+  return cost;
+}
+
+SmallVector<unsigned> Fp8UpdateScalesOp::getInPlaceOperands() {
+  // The state is the last operand, after the optional backward statistics.
+  return {getNumOperands() - 1};
+}
