@@ -18,6 +18,6 @@ config.substitutions.append(("%python", "python3"))
 llvm_config.with_system_environment(["HOME", "TMP", "TEMP"])
 llvm_config.use_default_substitutions()
 tool_dirs = [os.path.join(config.bonsai_obj_root, "bin"), config.llvm_tools_dir]
-llvm_config.add_tool_substitutions(["bonsai-opt", "bonsai-compile", "bonsai-run", "bonsai-import-hf", "FileCheck", "not", "split-file"], tool_dirs)
+llvm_config.add_tool_substitutions(["bonsai-opt", "bonsai-compile", "bonsai-run", "bonsai-import-hf", "bonsai-tokenize", "FileCheck", "not", "split-file"], tool_dirs)
 llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
 llvm_config.with_environment("PATH", os.path.join(config.bonsai_obj_root, "bin"), append_path=True)
