@@ -48,6 +48,20 @@ bool isBackward(Operation *op) {
   return phase && phase.getValue() == "backward";
 }
 
+/// Whether `user`, an op of the update phase, reads only results of `op` that no backward op
+/// reads: the FP8 statistics a scale update takes from a forward GEMM (docs/fp8.md). Such a
+/// reader does not pin `op`: recomputing it for the backward leaves the update reading the
+/// forward's small result, while the results the backward reads are recomputed.
+bool readsOnlySideResults(Operation *op, Operation *user) {
+  auto phase = user->getAttrOfType<StringAttr>(kPhaseAttr);
+  if (!phase || phase.getValue() != "update")
+    return false;
+  return llvm::none_of(op->getResults(), [&](OpResult result) {
+    return llvm::is_contained(user->getOperands(), result) &&
+           llvm::any_of(result.getUsers(), isBackward);
+  });
+}
+
 /// 1234567 -> "1,234,567".
 std::string withCommas(int64_t value) {
   std::string digits = std::to_string(value < 0 ? -value : value);
@@ -174,7 +188,7 @@ ForwardGraph analyzeForwardGraph(func::FuncOp function) {
         g.users[i].push_back(it->second);
       else if (isBackward(user))
         g.backwardUse.set(i);
-      else
+      else if (!readsOnlySideResults(op, user))
         pinned.set(i); // The return (the loss), an update, a metric: left as they are.
     }
     for (Value result : op->getResults())

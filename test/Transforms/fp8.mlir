@@ -4,6 +4,14 @@
 // RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=a10g' %s 2>&1 | FileCheck %s --check-prefix=REMARK86
 // RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer --bonsai-fp8 %s 2>&1 | FileCheck %s --check-prefix=REMARKCPU
 // RUN: sed 's/"delayed" amax_history 16 margin 0/"current" amax_history 4 margin 2/' %s | bonsai-opt --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=sm_90' 2>&1 | FileCheck %s --check-prefix=CURRENT
+// RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=sm_90' '--bonsai-remat=policy=full per-value-remarks=false' %s 2>&1 | FileCheck %s --check-prefix=REMAT
+
+// Under remat policy `full` the FP8 GEMMs are recomputed like the linears they replace: the
+// scale update reads the forward's statistics, the backward a recomputed copy's result.
+// REMAT: %[[RU:.*]], %[[RUS:.*]], %{{.*}} = bonsai.fp8_linear %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {current = false, margin = 0 : i64}
+// REMAT: %[[RU2:.*]], %{{.*}}, %{{.*}} = bonsai.fp8_linear %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {bonsai.phase = "backward", bonsai.recomputed, current = false, margin = 0 : i64}
+// REMAT: bonsai.fp8_linear_grad_weight %{{.*}}, %[[RU2]],
+// REMAT: bonsai.fp8_update_scales %{{.*}}, %[[RUS]],
 
 // One recipe, two targets. `targets []` is FP8's default set: every linear but the LM head
 // (its result is the cross-entropy's logits) and the tied embedding's; here q_proj (bf16,
