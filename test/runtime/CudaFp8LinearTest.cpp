@@ -14,6 +14,7 @@
 
 #ifdef BONSAI_HAVE_CUDA
 
+#include "bonsai/runtime/CpuKernels.h"
 #include "bonsai/runtime/CudaFp8.h"
 
 #include <cuda_runtime.h>
@@ -429,6 +430,84 @@ TEST_F(CudaFp8LinearTest, UpdateScalesMatchesTheCpu) {
       EXPECT_TRUE(got[i] == state[i] || (std::isnan(got[i]) && std::isnan(state[i])))
           << "step " << s << " state[" << i << "] = " << got[i] << ", want " << state[i];
   }
+}
+
+/// The three GEMM kernels and the scale update on the GPU against the CPU backend's (the
+/// emulation FP8 plans are tested with in CI), on the same data, over two steps: the first
+/// casts from the operands' amaxes (no scales yet), the update sets delayed scales, the second
+/// step casts with them. Statistics and states must be equal bit for bit; outputs within the
+/// tensor cores' accumulation (expectNear, against the CPU's f32 sums).
+TEST_F(CudaFp8LinearTest, MatchesTheCpuBackend) {
+  std::mt19937 rng(17);
+  const int64_t m = 112, n = 48, k = 80, history = 4, cols = fp8::kStateColumns + history;
+  Operand x({2, 56, k}, DType::BF16, rng, 1.0f), w({n, k}, DType::BF16, rng, 0.05f);
+  Operand b({n}, DType::BF16, rng, 0.5f), dy({2, 56, n}, DType::BF16, rng, 0.01f);
+  std::vector<float> state(size_t(3 * cols), 0.0f);
+  auto stateDevice = upload(state);
+  TensorView stateGpu{stateDevice->ptr, DType::F32, {3, cols}};
+  TensorView stateCpu{state.data(), DType::F32, {3, cols}};
+  auto host = [](const Operand &o, std::vector<float> &storage) {
+    storage = o.values; // f32 copies of the same values: the CPU casts them as the GPU does
+    return TensorView{storage.data(), DType::F32, o.shape};
+  };
+  std::vector<float> hx, hw, hb, hdy;
+  TensorView cx = host(x, hx), cw = host(w, hw), cb = host(b, hb), cdy = host(dy, hdy);
+  for (int64_t step = 0; step < 2; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    Output y({2, 56, n}, DType::BF16), dx({2, 56, k}, DType::BF16), dw({n, k}, DType::F32);
+    Output ys({2, 4}, DType::F32), dxs({2, 4}, DType::F32), dws({2, 4}, DType::F32);
+    TensorView ws1, ws2, ws3;
+    auto b1 = workspace(m * k, n * k, ws1), b2 = workspace(m * n, n * k, ws2),
+         b3 = workspace(m * n, m * k, ws3);
+    TensorView bv = b.view();
+    cuda::fp8Linear(ctx, x.view(), w.view(), stateGpu, &bv, false, 0, y.view(), ys.view(), ws1);
+    cuda::fp8LinearGradInput(ctx, dy.view(), w.view(), stateGpu, false, 0, dx.view(),
+                             dxs.view(), ws2);
+    cuda::fp8LinearGradWeight(ctx, dy.view(), x.view(), stateGpu, false, 0, dw.view(),
+                              dws.view(), ws3);
+
+    std::vector<float> cy(size_t(m * n)), cdx(size_t(m * k)), cdw(size_t(n * k));
+    std::vector<float> cys(8), cdxs(8), cdws(8);
+    std::vector<float> cws(size_t(fp8::gemmWorkspaceBytes(m * n, m * k) / 4 + 1));
+    TensorView cwsv{cws.data(), DType::F32, {int64_t(cws.size())}};
+    TensorView cysv{cys.data(), DType::F32, {2, 4}}, cdxsv{cdxs.data(), DType::F32, {2, 4}},
+        cdwsv{cdws.data(), DType::F32, {2, 4}};
+    cpu::fp8Linear(cx, cw, stateCpu, &cb, false, 0, TensorView{cy.data(), DType::F32, {2, 56, n}},
+                   cysv, cwsv);
+    cpu::fp8LinearGradInput(cdy, cw, stateCpu, false, 0,
+                            TensorView{cdx.data(), DType::F32, {2, 56, k}}, cdxsv, cwsv);
+    cpu::fp8LinearGradWeight(cdy, cx, stateCpu, false, 0, TensorView{cdw.data(), DType::F32, {n, k}},
+                             cdwsv, cwsv);
+    EXPECT_EQ(ys.read(), cys);
+    EXPECT_EQ(dxs.read(), cdxs);
+    EXPECT_EQ(dws.read(), cdws);
+    auto asDouble = [](const std::vector<float> &v) { return std::vector<double>(v.begin(), v.end()); };
+    // The CPU's f32 sums stand in for the exact ones; |sum| of magnitudes bounded by the
+    // magnitudes of the outputs' rows is not at hand, so the value itself scales the tolerance
+    // together with the largest output (the products' scale).
+    auto magnitudes = [](const std::vector<float> &v) {
+      double largest = 0;
+      for (float f : v)
+        largest = std::max(largest, double(std::fabs(f)));
+      return std::vector<double>(v.size(), largest);
+    };
+    expectNear(y.read(), asDouble(cy), magnitudes(cy), DType::BF16, k, "y");
+    expectNear(dx.read(), asDouble(cdx), magnitudes(cdx), DType::BF16, n, "dx");
+    expectNear(dw.read(), asDouble(cdw), magnitudes(cdw), DType::F32, m, "dw");
+
+    // The update, on both.
+    DeviceBuffer stepDevice(8);
+    cudaOk(cudaMemcpy(stepDevice.ptr, &step, 8, cudaMemcpyHostToDevice), "cudaMemcpy");
+    TensorView stepGpu{stepDevice.ptr, DType::I64, {}};
+    int64_t hostStep = step;
+    TensorView stepCpu{&hostStep, DType::I64, {}};
+    TensorView ysGpu = ys.view(), dxsGpu = dxs.view();
+    cuda::fp8UpdateScales(ctx, stepGpu, ysGpu, &dxsGpu, 0, stateGpu);
+    cpu::fp8UpdateScales(stepCpu, cysv, &cdxsv, 0, stateCpu);
+    EXPECT_EQ(read(*stateDevice, state.size()), state);
+  }
+  // The second step used the delayed scales the update set.
+  EXPECT_GT(state[fp8::InputRow * cols + fp8::ScaleColumn], 0.0f);
 }
 
 TEST_F(CudaFp8LinearTest, BadOperandsThrow) {
