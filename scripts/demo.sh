@@ -16,10 +16,10 @@ mkdir -p out
 # Byte-level tokens: each byte of the GPL-3 text is one token (vocabulary 256).
 "$bin/bonsai-tokenize" /usr/share/common-licenses/GPL-3 -o out/gpl3.tokens
 # The model plus the recipe (AdamW, warmup + cosine): the plan runs forward, backward, update.
-# The LM head stays unfused so that the plan keeps its logits, which --generate reads (a fused
-# head computes the loss chunk by chunk and never holds them: docs/fusion.md).
+# Its LM head is fused with the loss and keeps no logits; --generate computes the last
+# position's from the head's input and weight (docs/training.md).
 "$bin/bonsai-compile" examples/models/tiny_llama.mlir examples/recipes/tiny_train.mlir \
-  --fuse-disable=linear-cross-entropy -o out/tiny_train.plan
+  -o out/tiny_train.plan
 # Random initial weights from the seed: the loss starts near ln(256) = 5.55 and falls; then the
 # model completes a prompt greedily, byte by byte.
 rm -rf out/ckpt
@@ -36,8 +36,7 @@ echo "== QLoRA: fine-tuning the trained model on another text, NF4 base, LoRA ad
 targets='["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]'
 printf 'bonsai.recipe @qlora_tiny {\n  bonsai.quantize "nf4" block 64 double_quant 256 targets %s\n  bonsai.lora rank 8 alpha 1.600000e+01 targets %s\n  bonsai.optimizer "adamw" lr 5.000000e-03\n}\n' \
   "$targets" "$targets" > out/qlora_tiny.mlir
-"$bin/bonsai-compile" examples/models/tiny_llama.mlir out/qlora_tiny.mlir \
-  --fuse-disable=linear-cross-entropy -o out/qlora_tiny.plan \
+"$bin/bonsai-compile" examples/models/tiny_llama.mlir out/qlora_tiny.mlir -o out/qlora_tiny.plan \
   2> /dev/null | grep -E "trainable|quantized|peak device"
 rm -rf out/qlora-adapter
 "$bin/bonsai-run" out/qlora_tiny.plan --weights out/ckpt/step-00001500/model.safetensors \

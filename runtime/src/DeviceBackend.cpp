@@ -253,8 +253,14 @@ private:
     }
   }
 
-  void runPhaseEagerly(Phase phase) {
-    for (size_t i = 0; i < plan_.kernels.size(); ++i) {
+  void runPhasePrefix(Phase phase, size_t end) override {
+    runPhaseEagerly(phase, std::min(end, plan_.kernels.size()));
+  }
+
+  void runPhaseEagerly(Phase phase) { runPhaseEagerly(phase, plan_.kernels.size()); }
+
+  void runPhaseEagerly(Phase phase, size_t end) {
+    for (size_t i = 0; i < end; ++i) {
       if (plan_.kernels[i].phase != phase)
         continue;
       try {

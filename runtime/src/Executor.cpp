@@ -486,6 +486,34 @@ float Executor::forward(const TokenBatch &batch) {
   return loss();
 }
 
+void Executor::forwardPrefix(const TokenBatch &batch, size_t end) {
+  setInputs(batch);
+  setLossScale(1.0f);
+  end = std::min(end, plan_.kernels.size());
+  if (device_) {
+    syncToDevice();
+    for (size_t i = 0; i < end; ++i)
+      if (plan_.kernels[i].phase == Phase::Forward) {
+        for (uint32_t t : plan_.kernels[i].inputs)
+          touch(t);
+        for (uint32_t t : plan_.kernels[i].outputs)
+          touch(t);
+      }
+    device_->runPhasePrefix(Phase::Forward, end);
+    deviceAhead_ = true;
+    return;
+  }
+  for (size_t i = 0; i < end; ++i) {
+    if (plan_.kernels[i].phase != Phase::Forward)
+      continue;
+    try {
+      runKernel(i);
+    } catch (const Error &e) {
+      throw Error(plan_.describeKernel(i) + ": " + e.what());
+    }
+  }
+}
+
 StepResult Executor::trainStep(TokenLoader &loader, uint64_t firstMicroBatch, uint32_t count) {
   if (count != checkedMicroBatches_) {
     checkMicroBatches(count);

@@ -307,27 +307,61 @@ std::string escapeBytes(const std::string &bytes) {
   return out;
 }
 
+/// The logits generation reads from the plan: a float tensor named "logits" of [B, T, vocab],
+/// or, in a training plan whose LM head is fused with its loss (bonsai-fuse's
+/// linear-cross-entropy: no logits are stored), that kernel's x [B, T, D] and W [vocab, D],
+/// from which generation computes the last position's logits itself.
+struct LogitsSource {
+  std::optional<uint32_t> logits;
+  std::optional<size_t> fusedHead; ///< the LinearCrossEntropy kernel
+  uint32_t x = 0, w = 0;
+  int64_t vocab = 0;
+};
+
+LogitsSource findLogits(const rt::LoadedPlan &plan, int64_t B, int64_t T) {
+  LogitsSource source;
+  for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
+    const rt::TensorInfo &t = plan.tensors[i];
+    if (t.name == "logits" && t.shape.size() == 3 && t.shape[0] == B && t.shape[1] == T &&
+        rt::isComputeFloat(t.dtype)) {
+      source.logits = i;
+      source.vocab = t.shape[2];
+      return source;
+    }
+  }
+  for (size_t k = 0; k < plan.kernels.size(); ++k) {
+    const rt::KernelInfo &kernel = plan.kernels[k];
+    if (kernel.kind != rt::KernelKind::LinearCrossEntropy || kernel.phase != rt::Phase::Forward)
+      continue;
+    const rt::TensorInfo &x = plan.tensors[kernel.inputs[0]];
+    const rt::TensorInfo &w = plan.tensors[kernel.inputs[1]];
+    if (x.shape.size() == 3 && x.shape[0] == B && x.shape[1] == T && w.shape.size() == 2 &&
+        w.shape[1] == x.shape[2] && rt::isComputeFloat(x.dtype) &&
+        rt::isComputeFloat(w.dtype)) {
+      source.fusedHead = k;
+      source.x = kernel.inputs[0];
+      source.w = kernel.inputs[1];
+      source.vocab = w.shape[0];
+      return source;
+    }
+  }
+  throw rt::Error("--generate reads a float tensor named 'logits' of shape [" +
+                  std::to_string(B) + ", " + std::to_string(T) +
+                  ", vocab] or the operands of a fused LM head, and plan '" + plan.path +
+                  "' has neither");
+}
+
 /// Greedy byte-level generation: the context (the last T bytes of prompt and output) goes into
 /// row 0 of the ids, the Forward phase runs, and the argmax of the logits at the context's last
-/// position, over ids below min(vocab, 256), is the next byte.
+/// position, over ids below min(vocab, 256), is the next byte. With a fused LM head the Forward
+/// kernels before it run and the logits of those ids are x's last row times W's rows, summed
+/// in f32 here.
 std::string generate(rt::Executor &executor, const std::string &prompt, uint64_t count) {
   const rt::LoadedPlan &plan = executor.plan();
   std::vector<int64_t> shape = executor.inputShape();
   int64_t B = shape[0], T = shape[1];
-  std::optional<uint32_t> logits;
-  for (uint32_t i = 0; i < plan.tensors.size() && !logits; ++i) {
-    const rt::TensorInfo &t = plan.tensors[i];
-    if (t.name == "logits" && t.shape.size() == 3 && t.shape[0] == B && t.shape[1] == T &&
-        rt::isComputeFloat(t.dtype))
-      logits = i;
-  }
-  if (!logits)
-    throw rt::Error("--generate reads a float tensor named 'logits' of shape [" +
-                    std::to_string(B) + ", " + std::to_string(T) + ", vocab], and plan '" +
-                    plan.path + "' has none (a training plan whose LM head is fused with its "
-                    "loss holds no logits: compile it with "
-                    "--fuse-disable=linear-cross-entropy)");
-  int64_t V = plan.tensors[*logits].shape[2];
+  LogitsSource source = findLogits(plan, B, T);
+  int64_t V = source.vocab;
   int64_t limit = std::min<int64_t>({V, plan.vocabularySize(), 256});
   std::vector<int64_t> context;
   for (size_t i = 0; i < prompt.size(); ++i) {
@@ -343,22 +377,52 @@ std::string generate(rt::Executor &executor, const std::string &prompt, uint64_t
   batch.seq = T;
   batch.inputs.assign(size_t(B * T), 0);
   batch.labels.assign(size_t(B * T), 0);
-  const rt::TensorView &view = executor.view(*logits);
-  std::vector<float> row(static_cast<size_t>(V));
+  // W of a fused head does not change while generating: its first `limit` rows, once.
+  int64_t D = 0;
+  std::vector<float> head;
+  if (source.fusedHead) {
+    D = plan.tensors[source.x].shape[2];
+    const rt::TensorView &w = executor.view(source.w);
+    rt::TensorView rows = w;
+    rows.shape = {limit, D};
+    head.resize(size_t(limit * D));
+    rt::loadF32(rows, head.data());
+  }
+  std::vector<float> row(static_cast<size_t>(source.fusedHead ? limit : V));
+  std::vector<float> xRow(static_cast<size_t>(D));
+  // Views are taken once (taking one copies every arena back); each step fetches one tensor.
+  const rt::TensorView &view = executor.view(source.fusedHead ? source.x : *source.logits);
   std::string out;
   for (uint64_t n = 0; n < count; ++n) {
     size_t start = context.size() > size_t(T) ? context.size() - size_t(T) : 0;
     size_t length = context.size() - start;
     for (int64_t t = 0; t < T; ++t)
       batch.inputs[size_t(t)] = size_t(t) < length ? context[start + size_t(t)] : 0;
-    executor.forward(batch);
-    executor.fetch(*logits);
-    rt::TensorView last;
-    last.dtype = view.dtype;
-    last.shape = {V};
-    last.data =
-        static_cast<char *>(view.data) + (length - 1) * size_t(V) * rt::dtypeSize(view.dtype);
-    rt::loadF32(last, row.data());
+    if (source.fusedHead) {
+      executor.forwardPrefix(batch, *source.fusedHead);
+      executor.fetch(source.x);
+      rt::TensorView last;
+      last.dtype = view.dtype;
+      last.shape = {D};
+      last.data =
+          static_cast<char *>(view.data) + (length - 1) * size_t(D) * rt::dtypeSize(view.dtype);
+      rt::loadF32(last, xRow.data());
+      for (int64_t v = 0; v < limit; ++v) {
+        float sum = 0.0f;
+        for (int64_t d = 0; d < D; ++d)
+          sum += xRow[size_t(d)] * head[size_t(v * D + d)];
+        row[size_t(v)] = sum;
+      }
+    } else {
+      executor.forward(batch);
+      executor.fetch(*source.logits);
+      rt::TensorView last;
+      last.dtype = view.dtype;
+      last.shape = {V};
+      last.data =
+          static_cast<char *>(view.data) + (length - 1) * size_t(V) * rt::dtypeSize(view.dtype);
+      rt::loadF32(last, row.data());
+    }
     int64_t best = 0;
     for (int64_t v = 1; v < limit; ++v)
       if (row[size_t(v)] > row[size_t(best)] || std::isnan(row[size_t(best)]))

@@ -36,6 +36,8 @@ public:
   virtual void downloadTensor(uint32_t tensor, void *host) = 0;
   /// Enqueues the kernels of `phase`, in plan order. Errors are reported by `synchronize`.
   virtual void runPhase(Phase phase) = 0;
+  /// Enqueues, one by one (no graph), the kernels of `phase` whose plan index is below `end`.
+  virtual void runPhasePrefix(Phase phase, size_t end) = 0;
   /// Waits for all enqueued work and throws rt::Error for a failed kernel or a device-side
   /// error (an id or label out of range), naming the kernel.
   virtual void synchronize() = 0;

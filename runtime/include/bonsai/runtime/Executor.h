@@ -151,6 +151,9 @@ public:
   float forwardBackward(const TokenBatch &batch, float lossScale);
   /// Forward alone on `batch` (generation); returns the loss.
   float forward(const TokenBatch &batch);
+  /// The Forward kernels of `batch` whose plan index is below `end`, kernel by kernel: what
+  /// generation runs to read the operands of a kernel it computes itself (the fused LM head).
+  void forwardPrefix(const TokenBatch &batch, size_t end);
 
   /// Runs every kernel in plan order (Forward, Backward, Update) on the inputs already set,
   /// with LossScale 1, and returns the loss: one step of one micro-batch.
