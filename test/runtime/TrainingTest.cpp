@@ -586,6 +586,13 @@ TEST_F(ToolTest, GeneratesBytesAfterTrainingAndFromACheckpoint) {
   // A byte-level prompt needs a vocabulary that holds its bytes.
   expectError(run({writePlan(test::trainingPlanSpec(), "small.plan"), "--generate", "abc"}),
               {"--generate: prompt byte 0 is 97, not below the plan's vocabulary size 16"});
+  // Neither logits nor a fused LM head whose operands give them.
+  test::PlanSpec unnamed = test::trainingPlanSpec();
+  for (test::TensorSpec &t : unnamed.tensors)
+    if (t.name == "logits")
+      t.name = "scores";
+  expectError(run({writePlan(unnamed, "unnamed.plan"), "--generate", "abc"}),
+              {"--generate reads a float tensor named 'logits'", "has neither"});
 }
 
 TEST_F(ToolTest, CommandLineMistakesAreOneLine) {
