@@ -5,13 +5,24 @@
 // values in E4M3FN's and E5M2's normal, subnormal, underflow and saturation ranges; random f32
 // and f16 tensors; vector and unaligned (scalar) paths; statistics accumulated over two casts.
 // cuda::updateDelayedScale against fp8::recordAmax + fp8::delayedScale over steps that wrap the
-// history, including a first step whose amax is zero (the scale is kept). Outputs are poisoned
-// before each call. Without a GPU every test skips.
+// history, including a first step whose amax is zero (the scale is kept).
+//
+// cuda::fp8Linear, fp8LinearGradInput, fp8LinearGradWeight and fp8UpdateScales (plan kinds
+// 90..93, docs/fp8.md) against a model built on the CPU reference's conversion alone (each
+// operand cast with fp8::castScaled at the scale the contract picks, the product of the decoded
+// codes summed in double and descaled) and against the CPU backend's kernels over two steps.
+// The statistics and states must match exactly; the GEMM outputs within their rounding and the
+// tensor cores' accumulation precision (expectNear). Shapes are multiples of 16 but not of the
+// transposing cast's 64-element tile, and inputs have values that underflow and saturate.
+//
+// Outputs are poisoned before each call. Without a GPU every test skips; the GEMM kernels' tests
+// also skip on a GPU without FP8 tensor cores.
 //
 //===----------------------------------------------------------------------===//
 
 #ifdef BONSAI_HAVE_CUDA
 
+#include "bonsai/runtime/CpuKernels.h"
 #include "bonsai/runtime/CudaFp8.h"
 
 #include <cuda_runtime.h>
@@ -20,6 +31,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -224,6 +237,486 @@ TEST(CudaFp8Test, DelayedScaleMatchesTheCpu) {
         EXPECT_EQ(gotDescale, 1.0f / scale) << "step " << step;
       }
     }
+}
+
+// The FP8 GEMM kernels of plan kinds 90..93.
+
+bool haveFp8TensorCores() {
+  cudaDeviceProp prop{};
+  cudaOk(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  return prop.major * 10 + prop.minor >= 89;
+}
+
+uint16_t toBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/// A host tensor with its values (f32) and its device copy in `dtype` (f32 or bf16).
+struct Operand {
+  std::vector<int64_t> shape;
+  DType dtype;
+  std::vector<float> values; ///< exactly representable in dtype
+  std::unique_ptr<DeviceBuffer> device;
+
+  Operand(std::vector<int64_t> shape, DType dtype, std::mt19937 &rng, float spread)
+      : shape(std::move(shape)), dtype(dtype) {
+    int64_t n = 1;
+    for (int64_t d : this->shape)
+      n *= d;
+    std::normal_distribution<float> normal(0.0f, spread);
+    std::uniform_int_distribution<int> pick(0, 99);
+    for (int64_t i = 0; i < n; ++i) {
+      float v = normal(rng);
+      int p = pick(rng);
+      if (p == 0)
+        v *= 1e-5f; // underflows at the scales below
+      else if (p == 1)
+        v *= 300.0f; // saturates
+      if (dtype == DType::BF16)
+        v = bf16ToFloat(toBf16(v));
+      values.push_back(v);
+    }
+    upload();
+  }
+
+  void upload() {
+    const size_t n = values.size();
+    device = std::make_unique<DeviceBuffer>(n * (dtype == DType::F32 ? 4 : 2));
+    if (dtype == DType::F32) {
+      cudaOk(cudaMemcpy(device->ptr, values.data(), n * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+    } else {
+      std::vector<uint16_t> bits(n);
+      for (size_t i = 0; i < n; ++i)
+        bits[i] = toBf16(values[i]);
+      cudaOk(cudaMemcpy(device->ptr, bits.data(), n * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
+    }
+  }
+
+  TensorView view() const { return TensorView{device->ptr, dtype, shape}; }
+};
+
+/// A device output of `dtype`, poisoned with 0xFF bytes.
+struct Output {
+  std::vector<int64_t> shape;
+  DType dtype;
+  std::unique_ptr<DeviceBuffer> device;
+  int64_t numel;
+
+  Output(std::vector<int64_t> shape, DType dtype) : shape(std::move(shape)), dtype(dtype) {
+    numel = 1;
+    for (int64_t d : this->shape)
+      numel *= d;
+    device = std::make_unique<DeviceBuffer>(size_t(numel) * dtypeSize(dtype));
+    cudaOk(cudaMemset(device->ptr, 0xFF, size_t(numel) * dtypeSize(dtype)), "cudaMemset");
+  }
+  TensorView view() const { return TensorView{device->ptr, dtype, shape}; }
+  std::vector<float> read() const {
+    std::vector<float> out(static_cast<size_t>(numel));
+    if (dtype == DType::F32) {
+      cudaOk(cudaMemcpy(out.data(), device->ptr, out.size() * 4, cudaMemcpyDeviceToHost),
+             "cudaMemcpy");
+    } else {
+      std::vector<uint16_t> bits(out.size());
+      cudaOk(cudaMemcpy(bits.data(), device->ptr, bits.size() * 2, cudaMemcpyDeviceToHost),
+             "cudaMemcpy");
+      for (size_t i = 0; i < bits.size(); ++i)
+        out[i] = bf16ToFloat(bits[i]);
+    }
+    return out;
+  }
+};
+
+/// The host model of one cast operand: its scale and decoded codes, and its stats row.
+struct CastModel {
+  float scale;
+  std::vector<float> decoded; ///< decode(code) / scale, in the operand's own layout
+  std::vector<float> statsRow;
+};
+
+CastModel castModel(const std::vector<float> &x, float stateScale, bool current,
+                    fp8::Format format, int margin) {
+  CastModel model;
+  float amax = 0.0f;
+  for (float v : x)
+    if (!std::isnan(v))
+      amax = std::max(amax, std::fabs(v));
+  model.scale = stateScale;
+  if (current || !(std::isfinite(stateScale) && stateScale > 0.0f))
+    model.scale = fp8::currentScale(amax, format, margin);
+  std::vector<uint8_t> codes(x.size());
+  fp8::CastStats stats = fp8::castScaled(x.data(), int64_t(x.size()), model.scale, format,
+                                         codes.data());
+  for (uint8_t c : codes)
+    model.decoded.push_back(fp8::decode(c, format));
+  const double count = double(stats.count);
+  model.statsRow = {stats.amax, stats.count ? float(double(stats.underflows) / count) : 0.0f,
+                    stats.count ? float(double(stats.saturations) / count) : 0.0f, model.scale};
+  return model;
+}
+
+/// An FP8 state [3, 4 + H] with the given row scales and a zero history.
+std::vector<float> makeState(int64_t history, float inputScale, float weightScale,
+                             float gradScale) {
+  const int64_t cols = fp8::kStateColumns + history;
+  std::vector<float> state(size_t(3 * cols), 0.0f);
+  state[fp8::InputRow * cols + fp8::ScaleColumn] = inputScale;
+  state[fp8::WeightRow * cols + fp8::ScaleColumn] = weightScale;
+  state[fp8::OutputGradRow * cols + fp8::ScaleColumn] = gradScale;
+  return state;
+}
+
+/// Compares a GEMM output (a sum of `k` products) with a double-precision model: within the
+/// output's rounding, plus k * 2^-16 (at least 2^-11) of the sum of the products' magnitudes.
+/// Hopper's FP8 tensor cores keep about 14 bits of the running sum within a k-block
+/// (DeepSeek-V3 reports the same), and the error grows with k: on the H200 an output was off by
+/// 2^-14 of that sum for k = 64 and by 2^-10.8 for k = 144, far more than fp32 reordering.
+/// A wrong layout or scale is off by O(1).
+void expectNear(const std::vector<float> &got, const std::vector<double> &want,
+                const std::vector<double> &magnitude, DType dtype, int64_t k,
+                const char *what) {
+  ASSERT_EQ(got.size(), want.size());
+  const double relative = dtype == DType::F32 ? 1e-6 : 1.0 / 256;
+  const double accumulation = std::max(std::ldexp(1.0, -11), std::ldexp(double(k), -16));
+  int bad = 0;
+  for (size_t i = 0; i < got.size() && bad < 5; ++i)
+    if (!(std::fabs(double(got[i]) - want[i]) <=
+          relative * std::fabs(want[i]) + accumulation * magnitude[i] + 1e-30)) {
+      ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", want " << want[i];
+      ++bad;
+    }
+}
+
+class CudaFp8LinearTest : public ::testing::Test {
+protected:
+  void SetUp() override {
+    if (!haveGpu())
+      GTEST_SKIP() << "no GPU here";
+    if (!haveFp8TensorCores())
+      GTEST_SKIP() << "this GPU has no FP8 tensor cores (sm_89 or newer)";
+    cudaOk(cudaStreamCreate(&stream_), "cudaStreamCreate");
+    engine_ = std::make_unique<cuda::GemmEngine>();
+    ctx.stream = stream_;
+    ctx.gemm = engine_.get();
+  }
+  void TearDown() override {
+    engine_.reset();
+    if (stream_)
+      cudaStreamDestroy(stream_);
+  }
+
+  /// A device copy of the state.
+  std::unique_ptr<DeviceBuffer> upload(const std::vector<float> &state) {
+    auto buffer = std::make_unique<DeviceBuffer>(state.size() * 4);
+    cudaOk(cudaMemcpy(buffer->ptr, state.data(), state.size() * 4, cudaMemcpyHostToDevice),
+           "cudaMemcpy");
+    return buffer;
+  }
+
+  std::vector<float> read(const DeviceBuffer &buffer, size_t count) {
+    cudaOk(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    std::vector<float> out(count);
+    cudaOk(cudaMemcpy(out.data(), buffer.ptr, count * 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    return out;
+  }
+
+  /// A workspace for operands of `a` and `b` elements, poisoned.
+  std::unique_ptr<DeviceBuffer> workspace(int64_t a, int64_t b, TensorView &view) {
+    const int64_t bytes = fp8::gemmWorkspaceBytes(a, b);
+    auto buffer = std::make_unique<DeviceBuffer>(size_t(bytes));
+    cudaOk(cudaMemset(buffer->ptr, 0xFF, size_t(bytes)), "cudaMemset");
+    view = TensorView{buffer->ptr, DType::F32, {bytes / 4}};
+    return buffer;
+  }
+
+  void expectStats(const std::vector<float> &stats, const CastModel &first,
+                   const CastModel &second) {
+    for (int c = 0; c < 4; ++c) {
+      EXPECT_EQ(stats[c], first.statsRow[c]) << "stats[0][" << c << "]";
+      EXPECT_EQ(stats[4 + c], second.statsRow[c]) << "stats[1][" << c << "]";
+    }
+  }
+
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<cuda::GemmEngine> engine_;
+  cuda::Context ctx;
+};
+
+TEST_F(CudaFp8LinearTest, LinearMatchesTheModel) {
+  std::mt19937 rng(7);
+  const int64_t m = 96, n = 80, k = 64;
+  struct Case {
+    bool current;
+    float xScale, wScale;
+    bool bias;
+  };
+  // Delayed scales from the state; a first step (no scales yet); current scaling over set
+  // scales; no bias.
+  for (Case c : {Case{false, 3.0f, 50.0f, true}, Case{false, 0.0f, 0.0f, true},
+                 Case{true, 3.0f, 50.0f, true}, Case{false, 0.5f, 8.0f, false}}) {
+    SCOPED_TRACE("current=" + std::to_string(c.current) + " scales " +
+                 std::to_string(c.xScale) + ", " + std::to_string(c.wScale));
+    Operand x({2, 48, k}, DType::BF16, rng, 1.0f), w({n, k}, DType::BF16, rng, 0.05f);
+    Operand b({n}, DType::BF16, rng, 0.5f);
+    std::vector<float> state = makeState(16, c.xScale, c.wScale, 7.0f);
+    auto stateDevice = upload(state);
+    TensorView stateView{stateDevice->ptr, DType::F32, {3, 20}};
+    Output y({2, 48, n}, DType::BF16), stats({2, 4}, DType::F32);
+    TensorView ws;
+    auto wsBuffer = workspace(m * k, n * k, ws);
+    TensorView bv = b.view();
+    cuda::fp8Linear(ctx, x.view(), w.view(), stateView, c.bias ? &bv : nullptr, c.current, 0,
+                    y.view(), stats.view(), ws);
+    cudaOk(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+
+    CastModel cx = castModel(x.values, c.xScale, c.current, fp8::Format::E4M3FN, 0);
+    CastModel cw = castModel(w.values, c.wScale, c.current, fp8::Format::E4M3FN, 0);
+    std::vector<double> want(size_t(m * n)), magnitude(size_t(m * n));
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double sum = 0, mag = 0;
+        for (int64_t l = 0; l < k; ++l) {
+          double p = double(cx.decoded[i * k + l]) * double(cw.decoded[j * k + l]);
+          sum += p;
+          mag += std::fabs(p);
+        }
+        double scale = 1.0 / (double(cx.scale) * double(cw.scale));
+        want[i * n + j] = sum * scale + (c.bias ? b.values[j] : 0.0f);
+        magnitude[i * n + j] = mag * scale;
+      }
+    expectNear(y.read(), want, magnitude, DType::BF16, k, "y");
+    expectStats(stats.read(), cx, cw);
+    // The state is read, never written.
+    EXPECT_EQ(read(*stateDevice, state.size()), state);
+  }
+}
+
+TEST_F(CudaFp8LinearTest, GradInputMatchesTheModel) {
+  std::mt19937 rng(11);
+  const int64_t m = 80, n = 48, k = 112;
+  for (float dyScale : {2000.0f, 0.0f}) {
+    SCOPED_TRACE("dy scale " + std::to_string(dyScale));
+    Operand dy({m, n}, DType::BF16, rng, 0.01f), w({n, k}, DType::BF16, rng, 0.05f);
+    std::vector<float> state = makeState(4, 1.0f, 40.0f, dyScale);
+    auto stateDevice = upload(state);
+    TensorView stateView{stateDevice->ptr, DType::F32, {3, 8}};
+    Output dx({m, k}, DType::BF16), stats({2, 4}, DType::F32);
+    TensorView ws;
+    auto wsBuffer = workspace(m * n, n * k, ws);
+    cuda::fp8LinearGradInput(ctx, dy.view(), w.view(), stateView, false, 1, dx.view(),
+                             stats.view(), ws);
+    cudaOk(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+
+    CastModel cdy = castModel(dy.values, dyScale, false, fp8::Format::E5M2, 1);
+    CastModel cw = castModel(w.values, 40.0f, false, fp8::Format::E4M3FN, 1);
+    std::vector<double> want(size_t(m * k)), magnitude(size_t(m * k));
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < k; ++j) {
+        double sum = 0, mag = 0;
+        for (int64_t l = 0; l < n; ++l) {
+          double p = double(cdy.decoded[i * n + l]) * double(cw.decoded[l * k + j]);
+          sum += p;
+          mag += std::fabs(p);
+        }
+        double scale = 1.0 / (double(cdy.scale) * double(cw.scale));
+        want[i * k + j] = sum * scale;
+        magnitude[i * k + j] = mag * scale;
+      }
+    expectNear(dx.read(), want, magnitude, DType::BF16, n, "dx");
+    expectStats(stats.read(), cdy, cw);
+  }
+}
+
+TEST_F(CudaFp8LinearTest, GradWeightMatchesTheModel) {
+  std::mt19937 rng(13);
+  // m = 144 rows: two transposing-cast tiles, the second partial; f32 and bf16 inputs.
+  const int64_t m = 144, n = 32, k = 80;
+  for (DType xType : {DType::BF16, DType::F32}) {
+    SCOPED_TRACE(dtypeName(xType));
+    Operand dy({3, 48, n}, DType::BF16, rng, 0.01f), x({3, 48, k}, xType, rng, 1.0f);
+    std::vector<float> state = makeState(2, 4.0f, 1.0f, 3000.0f);
+    auto stateDevice = upload(state);
+    TensorView stateView{stateDevice->ptr, DType::F32, {3, 6}};
+    Output dw({n, k}, DType::F32), stats({2, 4}, DType::F32);
+    TensorView ws;
+    auto wsBuffer = workspace(m * n, m * k, ws);
+    cuda::fp8LinearGradWeight(ctx, dy.view(), x.view(), stateView, false, 0, dw.view(),
+                              stats.view(), ws);
+    cudaOk(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+
+    CastModel cdy = castModel(dy.values, 3000.0f, false, fp8::Format::E5M2, 0);
+    CastModel cx = castModel(x.values, 4.0f, false, fp8::Format::E4M3FN, 0);
+    std::vector<double> want(size_t(n * k)), magnitude(size_t(n * k));
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < k; ++j) {
+        double sum = 0, mag = 0;
+        for (int64_t l = 0; l < m; ++l) {
+          double p = double(cdy.decoded[l * n + i]) * double(cx.decoded[l * k + j]);
+          sum += p;
+          mag += std::fabs(p);
+        }
+        double scale = 1.0 / (double(cdy.scale) * double(cx.scale));
+        want[i * k + j] = sum * scale;
+        magnitude[i * k + j] = mag * scale;
+      }
+    expectNear(dw.read(), want, magnitude, DType::F32, m, "dw");
+    expectStats(stats.read(), cdy, cx);
+  }
+}
+
+TEST_F(CudaFp8LinearTest, UpdateScalesMatchesTheCpu) {
+  const int64_t history = 3, cols = fp8::kStateColumns + history;
+  std::vector<float> state = makeState(history, 0.0f, 0.0f, 0.0f);
+  state[fp8::OutputGradRow * cols + fp8::ScaleColumn] = 5.0f;
+  auto stateDevice = upload(state);
+  TensorView stateView{stateDevice->ptr, DType::F32, {3, cols}};
+  DeviceBuffer step(8), forward(32), backward(32);
+  // Steps that fill and wrap the history: a zero amax first (the scale stays unset), an
+  // infinite one (the previous scale is kept while it is in the history).
+  const float inputAmax[] = {0.0f, 2.0f, 0.5f, INFINITY, 1.0f, 0.25f, 0.125f};
+  for (int64_t s = 0; s < int64_t(std::size(inputAmax)); ++s) {
+    const bool withBackward = s % 2 == 0;
+    std::vector<float> f = {inputAmax[s], 0.125f, 0.25f, 1.0f, 3.0f + s, 0.5f, 0.0f, 2.0f};
+    std::vector<float> b = {100.0f * (s + 1), 0.75f, 0.0f, 9.0f, 0, 0, 0, 0};
+    cudaOk(cudaMemcpy(step.ptr, &s, 8, cudaMemcpyHostToDevice), "cudaMemcpy");
+    cudaOk(cudaMemcpy(forward.ptr, f.data(), 32, cudaMemcpyHostToDevice), "cudaMemcpy");
+    cudaOk(cudaMemcpy(backward.ptr, b.data(), 32, cudaMemcpyHostToDevice), "cudaMemcpy");
+    TensorView stepView{step.ptr, DType::I64, {}};
+    TensorView fView{forward.ptr, DType::F32, {2, 4}}, bView{backward.ptr, DType::F32, {2, 4}};
+    cuda::fp8UpdateScales(ctx, stepView, fView, withBackward ? &bView : nullptr, 1, stateView);
+
+    for (int r = 0; r < 3; ++r) {
+      if (r == 2 && !withBackward)
+        continue;
+      const float *stats = r == 2 ? b.data() : f.data() + r * 4;
+      float *row = state.data() + r * cols;
+      fp8::Format format = r == 2 ? fp8::Format::E5M2 : fp8::Format::E4M3FN;
+      fp8::recordAmax(row + fp8::kStateColumns, history, s, stats[0]);
+      row[fp8::ScaleColumn] = fp8::delayedScale(row + fp8::kStateColumns, history,
+                                                row[fp8::ScaleColumn], format, 1);
+      row[fp8::AmaxColumn] = stats[0];
+      row[fp8::UnderflowColumn] = stats[1];
+      row[fp8::SaturationColumn] = stats[2];
+    }
+    std::vector<float> got = read(*stateDevice, state.size());
+    for (size_t i = 0; i < state.size(); ++i)
+      EXPECT_TRUE(got[i] == state[i] || (std::isnan(got[i]) && std::isnan(state[i])))
+          << "step " << s << " state[" << i << "] = " << got[i] << ", want " << state[i];
+  }
+}
+
+/// The three GEMM kernels and the scale update on the GPU against the CPU backend's (the
+/// emulation FP8 plans are tested with in CI), on the same data, over two steps: the first
+/// casts from the operands' amaxes (no scales yet), the update sets delayed scales, the second
+/// step casts with them. Statistics and states must be equal bit for bit; outputs within the
+/// tensor cores' accumulation (expectNear, against the CPU's f32 sums).
+TEST_F(CudaFp8LinearTest, MatchesTheCpuBackend) {
+  std::mt19937 rng(17);
+  const int64_t m = 112, n = 48, k = 80, history = 4, cols = fp8::kStateColumns + history;
+  Operand x({2, 56, k}, DType::BF16, rng, 1.0f), w({n, k}, DType::BF16, rng, 0.05f);
+  Operand b({n}, DType::BF16, rng, 0.5f), dy({2, 56, n}, DType::BF16, rng, 0.01f);
+  std::vector<float> state(size_t(3 * cols), 0.0f);
+  auto stateDevice = upload(state);
+  TensorView stateGpu{stateDevice->ptr, DType::F32, {3, cols}};
+  TensorView stateCpu{state.data(), DType::F32, {3, cols}};
+  auto host = [](const Operand &o, std::vector<float> &storage) {
+    storage = o.values; // f32 copies of the same values: the CPU casts them as the GPU does
+    return TensorView{storage.data(), DType::F32, o.shape};
+  };
+  std::vector<float> hx, hw, hb, hdy;
+  TensorView cx = host(x, hx), cw = host(w, hw), cb = host(b, hb), cdy = host(dy, hdy);
+  for (int64_t step = 0; step < 2; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    Output y({2, 56, n}, DType::BF16), dx({2, 56, k}, DType::BF16), dw({n, k}, DType::F32);
+    Output ys({2, 4}, DType::F32), dxs({2, 4}, DType::F32), dws({2, 4}, DType::F32);
+    TensorView ws1, ws2, ws3;
+    auto b1 = workspace(m * k, n * k, ws1), b2 = workspace(m * n, n * k, ws2),
+         b3 = workspace(m * n, m * k, ws3);
+    TensorView bv = b.view();
+    cuda::fp8Linear(ctx, x.view(), w.view(), stateGpu, &bv, false, 0, y.view(), ys.view(), ws1);
+    cuda::fp8LinearGradInput(ctx, dy.view(), w.view(), stateGpu, false, 0, dx.view(),
+                             dxs.view(), ws2);
+    cuda::fp8LinearGradWeight(ctx, dy.view(), x.view(), stateGpu, false, 0, dw.view(),
+                              dws.view(), ws3);
+
+    std::vector<float> cy(size_t(m * n)), cdx(size_t(m * k)), cdw(size_t(n * k));
+    std::vector<float> cys(8), cdxs(8), cdws(8);
+    std::vector<float> cws(size_t(fp8::gemmWorkspaceBytes(m * n, m * k) / 4 + 1));
+    TensorView cwsv{cws.data(), DType::F32, {int64_t(cws.size())}};
+    TensorView cysv{cys.data(), DType::F32, {2, 4}}, cdxsv{cdxs.data(), DType::F32, {2, 4}},
+        cdwsv{cdws.data(), DType::F32, {2, 4}};
+    cpu::fp8Linear(cx, cw, stateCpu, &cb, false, 0, TensorView{cy.data(), DType::F32, {2, 56, n}},
+                   cysv, cwsv);
+    cpu::fp8LinearGradInput(cdy, cw, stateCpu, false, 0,
+                            TensorView{cdx.data(), DType::F32, {2, 56, k}}, cdxsv, cwsv);
+    cpu::fp8LinearGradWeight(cdy, cx, stateCpu, false, 0, TensorView{cdw.data(), DType::F32, {n, k}},
+                             cdwsv, cwsv);
+    EXPECT_EQ(ys.read(), cys);
+    EXPECT_EQ(dxs.read(), cdxs);
+    EXPECT_EQ(dws.read(), cdws);
+    auto asDouble = [](const std::vector<float> &v) { return std::vector<double>(v.begin(), v.end()); };
+    // The CPU's f32 sums stand in for the exact ones; |sum| of magnitudes bounded by the
+    // magnitudes of the outputs' rows is not at hand, so the value itself scales the tolerance
+    // together with the largest output (the products' scale).
+    auto magnitudes = [](const std::vector<float> &v) {
+      double largest = 0;
+      for (float f : v)
+        largest = std::max(largest, double(std::fabs(f)));
+      return std::vector<double>(v.size(), largest);
+    };
+    expectNear(y.read(), asDouble(cy), magnitudes(cy), DType::BF16, k, "y");
+    expectNear(dx.read(), asDouble(cdx), magnitudes(cdx), DType::BF16, n, "dx");
+    expectNear(dw.read(), asDouble(cdw), magnitudes(cdw), DType::F32, m, "dw");
+
+    // The update, on both.
+    DeviceBuffer stepDevice(8);
+    cudaOk(cudaMemcpy(stepDevice.ptr, &step, 8, cudaMemcpyHostToDevice), "cudaMemcpy");
+    TensorView stepGpu{stepDevice.ptr, DType::I64, {}};
+    int64_t hostStep = step;
+    TensorView stepCpu{&hostStep, DType::I64, {}};
+    TensorView ysGpu = ys.view(), dxsGpu = dxs.view();
+    cuda::fp8UpdateScales(ctx, stepGpu, ysGpu, &dxsGpu, 0, stateGpu);
+    cpu::fp8UpdateScales(stepCpu, cysv, &cdxsv, 0, stateCpu);
+    EXPECT_EQ(read(*stateDevice, state.size()), state);
+  }
+  // The second step used the delayed scales the update set.
+  EXPECT_GT(state[fp8::InputRow * cols + fp8::ScaleColumn], 0.0f);
+}
+
+TEST_F(CudaFp8LinearTest, BadOperandsThrow) {
+  std::mt19937 rng(3);
+  Operand x({32, 64}, DType::BF16, rng, 1.0f), w({48, 64}, DType::BF16, rng, 1.0f);
+  Operand ragged({32, 40}, DType::BF16, rng, 1.0f);
+  std::vector<float> state = makeState(4, 1.0f, 1.0f, 1.0f);
+  auto stateDevice = upload(state);
+  TensorView good{stateDevice->ptr, DType::F32, {3, 8}}, bad{stateDevice->ptr, DType::F32, {2, 12}};
+  Output y({32, 48}, DType::BF16), stats({2, 4}, DType::F32);
+  TensorView ws, small;
+  auto wsBuffer = workspace(32 * 64, 48 * 64, ws);
+  small = ws;
+  small.shape = {ws.shape[0] - 1};
+  auto expectThrow = [&](auto &&call, const char *needle) {
+    try {
+      call();
+      ADD_FAILURE() << "no error; expected one containing '" << needle << "'";
+    } catch (const std::exception &e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expectThrow([&] { cuda::fp8Linear(ctx, x.view(), w.view(), bad, nullptr, false, 0, y.view(),
+                                    stats.view(), ws); },
+              "state must be f32 [3, 4 + H]");
+  expectThrow([&] { cuda::fp8Linear(ctx, x.view(), w.view(), good, nullptr, false, 0, y.view(),
+                                    stats.view(), small); },
+              "workspace must be f32 holding");
+  expectThrow([&] { cuda::fp8Linear(ctx, ragged.view(), w.view(), good, nullptr, false, 0,
+                                    y.view(), stats.view(), ws); },
+              "w must be [N, 40]");
+  Operand wRagged({48, 40}, DType::BF16, rng, 1.0f);
+  expectThrow([&] { cuda::fp8Linear(ctx, ragged.view(), wRagged.view(), good, nullptr, false, 0,
+                                    y.view(), stats.view(), ws); },
+              "multiples of 16");
 }
 
 } // namespace
