@@ -436,6 +436,16 @@ LtEngine::Plan &LtEngine::fp8Plan(const char *kernel, const Fp8GemmCall &call,
   auto found = fp8Plans_.find(key);
   if (found != fp8Plans_.end())
     return found->second;
+  // cuBLASLt would answer "not supported" on an older GPU; say why instead.
+  int device = 0, major = 0, minor = 0;
+  checkCuda(cudaGetDevice(&device), "cudaGetDevice", kernel);
+  checkCuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+            "cudaDeviceGetAttribute", kernel);
+  checkCuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
+            "cudaDeviceGetAttribute", kernel);
+  if (major * 10 + minor < 89)
+    fail(kernel, "FP8 GEMMs need FP8 tensor cores (sm_89 or newer); this GPU is sm_" +
+                     std::to_string(major * 10 + minor));
   Plan p;
   try {
     cudaDataType_t a = fp8CudaType(kernel, call.aType), b = fp8CudaType(kernel, call.bType);
