@@ -219,22 +219,7 @@ void embeddingGrad(const TensorView &dy, const TensorView &ids, const TensorView
 
 void linearGradInput(const TensorView &dy, const TensorView &w, const TensorView &dx) {
   const char *k = "linear_grad_input";
-  checkFloat(k, "dy", dy);
-  checkFloat(k, "w", w);
-  checkFloat(k, "dx", dx);
-  if (dy.rank() < 1)
-    fail(k, "dy must have at least one dimension, got shape " + formatShape(dy.shape));
-  if (w.rank() != 2 || w.dim(0) != dy.dim(-1))
-    fail(k, "w shape " + formatShape(w.shape) + " should be [" + std::to_string(dy.dim(-1)) +
-                ", in] for dy shape " + formatShape(dy.shape));
-  int64_t out = w.dim(0), in = w.dim(1);
-  std::vector<int64_t> expected(dy.shape.begin(), dy.shape.end() - 1);
-  int64_t rows = 1;
-  for (int64_t d : expected)
-    rows *= d;
-  expected.push_back(in);
-  checkShape(k, "dx", dx, expected,
-             "for dy shape " + formatShape(dy.shape) + " and w shape " + formatShape(w.shape));
+  auto [rows, out, in] = checkLinearGradInput(k, dy, w, dx);
 
   std::vector<float> dys, ws, dxs;
   const float *dyp = loadFloats(dy, dys);
@@ -248,18 +233,7 @@ void linearGradInput(const TensorView &dy, const TensorView &w, const TensorView
 
 void linearGradWeight(const TensorView &dy, const TensorView &x, const TensorView &dw) {
   const char *k = "linear_grad_weight";
-  checkFloat(k, "dy", dy);
-  checkFloat(k, "x", x);
-  checkFloat(k, "dw", dw);
-  if (dy.rank() < 1 || x.rank() != dy.rank() ||
-      !std::equal(dy.shape.begin(), dy.shape.end() - 1, x.shape.begin()))
-    fail(k, "x shape " + formatShape(x.shape) + " and dy shape " + formatShape(dy.shape) +
-                " are not [..., in] and [..., out] with the same leading dimensions");
-  int64_t out = dy.dim(-1), in = x.dim(-1), rows = 1;
-  for (int64_t i = 0; i + 1 < dy.rank(); ++i)
-    rows *= dy.shape[size_t(i)];
-  checkShape(k, "dw", dw, {out, in},
-             "for dy shape " + formatShape(dy.shape) + " and x shape " + formatShape(x.shape));
+  auto [rows, out, in] = checkLinearGradWeight(k, dy, x, dw);
 
   std::vector<float> dys, xs, dws;
   const float *dyp = loadFloats(dy, dys);

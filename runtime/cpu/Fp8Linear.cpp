@@ -160,37 +160,13 @@ void scaledGemm(const std::vector<float> &a, float scaleA,
     storeF32(c, out);
 }
 
-/// The product of the leading dimensions of `t` (all but the last).
-int64_t leadingRows(const TensorView &t) {
-  int64_t rows = 1;
-  for (int64_t i = 0; i + 1 < t.rank(); ++i)
-    rows *= t.shape[size_t(i)];
-  return rows;
-}
-
 } // namespace
 
 void fp8Linear(const TensorView &x, const TensorView &w, const TensorView &state,
                const TensorView *bias, bool current, int margin, const TensorView &y,
                const TensorView &stats, const TensorView &workspace) {
   const char *k = "fp8_linear";
-  checkFloat(k, "x", x);
-  checkFloat(k, "w", w);
-  checkFloat(k, "y", y);
-  if (x.rank() < 1)
-    fail(k, "x must have at least one dimension, got shape " + formatShape(x.shape));
-  if (w.rank() != 2 || w.dim(1) != x.dim(-1))
-    fail(k, "w shape " + formatShape(w.shape) + " should be [out, " + std::to_string(x.dim(-1)) +
-                "] for x shape " + formatShape(x.shape));
-  const int64_t m = leadingRows(x), n = w.dim(0), kk = w.dim(1);
-  if (bias) {
-    checkFloat(k, "bias", *bias);
-    checkShape(k, "bias", *bias, {n}, "for w shape " + formatShape(w.shape));
-  }
-  std::vector<int64_t> shape(x.shape.begin(), x.shape.end() - 1);
-  shape.push_back(n);
-  checkShape(k, "y", y, shape, "for x shape " + formatShape(x.shape) + " and w shape " +
-                                   formatShape(w.shape));
+  const auto [m, n, kk] = checkLinear(k, x, w, bias, y);
   stateColumns(k, state);
   checkStats(k, "stats", stats);
   uint8_t *codes = workspaceBytes(k, workspace, x.numel(), w.numel());
@@ -209,19 +185,7 @@ void fp8LinearGradInput(const TensorView &dy, const TensorView &w, const TensorV
                         bool current, int margin, const TensorView &dx, const TensorView &stats,
                         const TensorView &workspace) {
   const char *k = "fp8_linear_grad_input";
-  checkFloat(k, "dy", dy);
-  checkFloat(k, "w", w);
-  checkFloat(k, "dx", dx);
-  if (dy.rank() < 1)
-    fail(k, "dy must have at least one dimension, got shape " + formatShape(dy.shape));
-  if (w.rank() != 2 || w.dim(0) != dy.dim(-1))
-    fail(k, "w shape " + formatShape(w.shape) + " should be [" + std::to_string(dy.dim(-1)) +
-                ", in] for dy shape " + formatShape(dy.shape));
-  const int64_t m = leadingRows(dy), n = w.dim(0), kk = w.dim(1);
-  std::vector<int64_t> shape(dy.shape.begin(), dy.shape.end() - 1);
-  shape.push_back(kk);
-  checkShape(k, "dx", dx, shape, "for dy shape " + formatShape(dy.shape) + " and w shape " +
-                                     formatShape(w.shape));
+  const auto [m, n, kk] = checkLinearGradInput(k, dy, w, dx);
   stateColumns(k, state);
   checkStats(k, "stats", stats);
   uint8_t *codes = workspaceBytes(k, workspace, dy.numel(), w.numel());
@@ -241,16 +205,7 @@ void fp8LinearGradWeight(const TensorView &dy, const TensorView &x, const Tensor
                          bool current, int margin, const TensorView &dw, const TensorView &stats,
                          const TensorView &workspace) {
   const char *k = "fp8_linear_grad_weight";
-  checkFloat(k, "dy", dy);
-  checkFloat(k, "x", x);
-  checkFloat(k, "dw", dw);
-  if (dy.rank() < 1 || x.rank() != dy.rank() ||
-      !std::equal(dy.shape.begin(), dy.shape.end() - 1, x.shape.begin()))
-    fail(k, "x shape " + formatShape(x.shape) + " and dy shape " + formatShape(dy.shape) +
-                " are not [..., in] and [..., out] with the same leading dimensions");
-  const int64_t m = leadingRows(dy), n = dy.dim(-1), kk = x.dim(-1);
-  checkShape(k, "dw", dw, {n, kk},
-             "for dy shape " + formatShape(dy.shape) + " and x shape " + formatShape(x.shape));
+  const auto [m, n, kk] = checkLinearGradWeight(k, dy, x, dw);
   stateColumns(k, state);
   checkStats(k, "stats", stats);
   uint8_t *codes = workspaceBytes(k, workspace, dy.numel(), x.numel());

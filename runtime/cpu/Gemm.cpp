@@ -50,26 +50,7 @@ void sgemm(const char *kernel, bool transB, int64_t m, int64_t n, int64_t k, con
 
 void linear(const TensorView &x, const TensorView &w, const TensorView *bias, const TensorView &y) {
   const char *k = "linear";
-  checkFloat(k, "x", x);
-  checkFloat(k, "w", w);
-  checkFloat(k, "y", y);
-  if (x.rank() < 1)
-    fail(k, "x must have at least one dimension, got shape " + formatShape(x.shape));
-  if (w.rank() != 2 || w.dim(1) != x.dim(-1))
-    fail(k, "w shape " + formatShape(w.shape) + " should be [out, " + std::to_string(x.dim(-1)) +
-                "] for x shape " + formatShape(x.shape));
-  int64_t in = x.dim(-1), out = w.dim(0);
-  if (bias) {
-    checkFloat(k, "bias", *bias);
-    checkShape(k, "bias", *bias, {out}, "for w shape " + formatShape(w.shape));
-  }
-  std::vector<int64_t> expected(x.shape.begin(), x.shape.end() - 1);
-  int64_t rows = 1;
-  for (int64_t d : expected)
-    rows *= d;
-  expected.push_back(out);
-  checkShape(k, "y", y, expected,
-             "for x shape " + formatShape(x.shape) + " and w shape " + formatShape(w.shape));
+  auto [rows, out, in] = checkLinear(k, x, w, bias, y);
 
   std::vector<float> xs, ws, bs, ys;
   const float *xp = loadFloats(x, xs);

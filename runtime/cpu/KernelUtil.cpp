@@ -47,6 +47,76 @@ void checkShape(const char *kernel, const char *operand, const TensorView &a,
                      formatShape(expected) + " " + context);
 }
 
+namespace {
+
+/// The product of every dimension but the last.
+int64_t leadingRows(const TensorView &t) {
+  int64_t rows = 1;
+  for (int64_t i = 0; i + 1 < t.rank(); ++i)
+    rows *= t.shape[size_t(i)];
+  return rows;
+}
+
+/// `t`'s shape with its last dimension replaced by `last`.
+std::vector<int64_t> withLast(const TensorView &t, int64_t last) {
+  std::vector<int64_t> shape(t.shape.begin(), t.shape.end() - 1);
+  shape.push_back(last);
+  return shape;
+}
+
+} // namespace
+
+LinearSizes checkLinear(const char *k, const TensorView &x, const TensorView &w,
+                        const TensorView *bias, const TensorView &y) {
+  checkFloat(k, "x", x);
+  checkFloat(k, "w", w);
+  checkFloat(k, "y", y);
+  if (x.rank() < 1)
+    fail(k, "x must have at least one dimension, got shape " + formatShape(x.shape));
+  if (w.rank() != 2 || w.dim(1) != x.dim(-1))
+    fail(k, "w shape " + formatShape(w.shape) + " should be [out, " + std::to_string(x.dim(-1)) +
+                "] for x shape " + formatShape(x.shape));
+  const int64_t out = w.dim(0);
+  if (bias) {
+    checkFloat(k, "bias", *bias);
+    checkShape(k, "bias", *bias, {out}, "for w shape " + formatShape(w.shape));
+  }
+  checkShape(k, "y", y, withLast(x, out),
+             "for x shape " + formatShape(x.shape) + " and w shape " + formatShape(w.shape));
+  return {leadingRows(x), out, x.dim(-1)};
+}
+
+LinearSizes checkLinearGradInput(const char *k, const TensorView &dy, const TensorView &w,
+                                 const TensorView &dx) {
+  checkFloat(k, "dy", dy);
+  checkFloat(k, "w", w);
+  checkFloat(k, "dx", dx);
+  if (dy.rank() < 1)
+    fail(k, "dy must have at least one dimension, got shape " + formatShape(dy.shape));
+  if (w.rank() != 2 || w.dim(0) != dy.dim(-1))
+    fail(k, "w shape " + formatShape(w.shape) + " should be [" + std::to_string(dy.dim(-1)) +
+                ", in] for dy shape " + formatShape(dy.shape));
+  const int64_t in = w.dim(1);
+  checkShape(k, "dx", dx, withLast(dy, in),
+             "for dy shape " + formatShape(dy.shape) + " and w shape " + formatShape(w.shape));
+  return {leadingRows(dy), w.dim(0), in};
+}
+
+LinearSizes checkLinearGradWeight(const char *k, const TensorView &dy, const TensorView &x,
+                                  const TensorView &dw) {
+  checkFloat(k, "dy", dy);
+  checkFloat(k, "x", x);
+  checkFloat(k, "dw", dw);
+  if (dy.rank() < 1 || x.rank() != dy.rank() ||
+      !std::equal(dy.shape.begin(), dy.shape.end() - 1, x.shape.begin()))
+    fail(k, "x shape " + formatShape(x.shape) + " and dy shape " + formatShape(dy.shape) +
+                " are not [..., in] and [..., out] with the same leading dimensions");
+  const int64_t out = dy.dim(-1), in = x.dim(-1);
+  checkShape(k, "dw", dw, {out, in},
+             "for dy shape " + formatShape(dy.shape) + " and x shape " + formatShape(x.shape));
+  return {leadingRows(dy), out, in};
+}
+
 void checkSameShape(const char *kernel, const char *nameA, const TensorView &a, const char *nameB,
                     const TensorView &b) {
   if (a.shape != b.shape)

@@ -37,6 +37,23 @@ void checkShape(const char *kernel, const char *operand, const TensorView &a,
 void checkSameShape(const char *kernel, const char *nameA, const TensorView &a, const char *nameB,
                     const TensorView &b);
 
+/// The sizes of a linear's GEMMs: rows (the product of the activation's leading dimensions),
+/// output and input features.
+struct LinearSizes {
+  int64_t rows, out, in;
+};
+/// Checks the operands of y = x · wᵀ (+ bias): float x [..., in], w [out, in], bias [out], and
+/// y [..., out] (linear and fp8_linear).
+LinearSizes checkLinear(const char *kernel, const TensorView &x, const TensorView &w,
+                        const TensorView *bias, const TensorView &y);
+/// Checks the operands of dx = dy · w: float dy [..., out], w [out, in], dx [..., in].
+LinearSizes checkLinearGradInput(const char *kernel, const TensorView &dy, const TensorView &w,
+                                 const TensorView &dx);
+/// Checks the operands of dw = dyᵀ · x: float dy [..., out] and x [..., in] with the same
+/// leading dimensions, dw [out, in].
+LinearSizes checkLinearGradWeight(const char *kernel, const TensorView &dy, const TensorView &x,
+                                  const TensorView &dw);
+
 /// `axis` in [-rank, rank) made non-negative; throws otherwise.
 int64_t normalizeAxis(const char *kernel, int64_t axis, int64_t rank);
 
