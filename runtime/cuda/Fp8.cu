@@ -399,6 +399,14 @@ Fp8Control *castOperands(const Context &ctx, const char *kn, const GemmOperand (
   return control;
 }
 
+/// Checks an FP8 scaling state: f32 [3, 4 + H], H >= 1.
+void checkState(const char *kn, const TensorView &state) {
+  checkView(kn, "state", state);
+  if (state.dtype != DType::F32 || state.rank() != 2 || state.dim(0) != 3 ||
+      state.dim(1) < fp8::kStateColumns + 1)
+    fail(kn, "state must be f32 [3, 4 + H] with H >= 1");
+}
+
 /// Checks what every FP8 GEMM kernel shares: the state, stats and workspace operands, and
 /// the operands' dtypes and divisibility.
 void checkFp8Operands(const char *kn, const GemmOperand (&ops)[2], const TensorView &state,
@@ -411,10 +419,7 @@ void checkFp8Operands(const char *kn, const GemmOperand (&ops)[2], const TensorV
     if (!aligned16(op.x->data))
       fail(kn, std::string(op.name) + " must start on a 16-byte boundary");
   }
-  checkView(kn, "state", state);
-  if (state.dtype != DType::F32 || state.rank() != 2 || state.dim(0) != 3 ||
-      state.dim(1) < fp8::kStateColumns + 1)
-    fail(kn, "state must be f32 [3, 4 + H] with H >= 1");
+  checkState(kn, state);
   checkView(kn, "stats", stats);
   if (stats.dtype != DType::F32 || stats.numel() != 2 * fp8::kStatsColumns)
     fail(kn, "stats must be f32 [2, 4]");
@@ -581,10 +586,7 @@ void fp8UpdateScales(const Context &ctx, const TensorView &step, const TensorVie
     if (stats->dtype != DType::F32 || stats->numel() != 2 * fp8::kStatsColumns)
       fail(kn, "stats must be f32 [2, 4]");
   }
-  checkView(kn, "state", state);
-  if (state.dtype != DType::F32 || state.rank() != 2 || state.dim(0) != 3 ||
-      state.dim(1) < fp8::kStateColumns + 1)
-    fail(kn, "state must be f32 [3, 4 + H] with H >= 1");
+  checkState(kn, state);
   updateScalesKernel<<<1, 32, 0, ctx.stream>>>(
       static_cast<const int64_t *>(step.data), static_cast<const float *>(forward.data),
       backward ? static_cast<const float *>(backward->data) : nullptr,
