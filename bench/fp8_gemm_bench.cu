@@ -6,7 +6,9 @@
 //   fp8:       cuda::fp8Linear, the kernel of plan kind 90: x and W cast to E4M3FN with the
 //              state's delayed scales (their statistics counted), the FP8 GEMM, the stats;
 //   fwd+bwd:   the three GEMMs of a training step (y, dx = dy·W, dW = dyᵀ·x) in bf16, against
-//              kinds 90..92 (the backward's casts transposing, dy in E5M2).
+//              kinds 90..92 (the backward's casts transposing, dy in E5M2);
+//   casts:     the cast of x alone (cuda::castToFp8) and its transposing cast alone
+//              (cuda::castToFp8Transposed, as the backward's), in µs and GB/s moved.
 // Prints one line per shape with microseconds and TFLOP/s; bench/fp8_gemm_bench.py runs it next
 // to torch.matmul and torch._scaled_mm and prints the table. The FP8 output's relative RMS error
 // against bf16's is printed too (E4M3's 3 mantissa bits: a few percent).
@@ -99,7 +101,7 @@ int main(int argc, char **argv) {
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::printf("shape m n k bf16_us bf16_tflops fp8_us fp8_tflops bf16_step_us fp8_step_us "
-              "rel_err cast_x_us cast_x_gbps\n");
+              "rel_err cast_x_us cast_x_gbps cast_xt_us cast_xt_gbps\n");
   for (const Shape &s : shapes) {
     const int64_t xs = s.m * s.k, ws = s.n * s.k, ys = s.m * s.n;
     std::vector<__nv_bfloat16> hx(xs), hw(ws), hdy(ys);
@@ -159,6 +161,10 @@ int main(int argc, char **argv) {
     TensorView vcodes{codes, DType::F8E4M3FN, {s.m, s.k}};
     const float *xScale = static_cast<const float *>(st);
     double castUs = timeUs(reps, [&] { cuda::castToFp8(ctx, vx, xScale, vcodes, nullptr); });
+    // The transposing cast of x alone (what the backward GEMMs pay per operand).
+    TensorView vcodesT{codes, DType::F8E4M3FN, {s.k, s.m}};
+    double castTUs =
+        timeUs(reps, [&] { cuda::castToFp8Transposed(ctx, vx, xScale, vcodesT, nullptr); });
     cudaFree(codes);
     bf16Forward();
     fp8Forward();
@@ -172,10 +178,10 @@ int main(int argc, char **argv) {
       num += d * d;
       den += double(__bfloat162float(a[i])) * __bfloat162float(a[i]);
     }
-    std::printf("%s %lld %lld %lld %.1f %.1f %.1f %.1f %.1f %.1f %.4f %.1f %.0f\n", s.name,
-                (long long)s.m, (long long)s.n, (long long)s.k, bf16, flops / bf16 / 1e6, f8,
-                flops / f8 / 1e6, bf16Step, f8Step, std::sqrt(num / den), castUs,
-                3.0 * double(xs) / castUs / 1e3);
+    std::printf("%s %lld %lld %lld %.1f %.1f %.1f %.1f %.1f %.1f %.4f %.1f %.0f %.1f %.0f\n",
+                s.name, (long long)s.m, (long long)s.n, (long long)s.k, bf16, flops / bf16 / 1e6,
+                f8, flops / f8 / 1e6, bf16Step, f8Step, std::sqrt(num / den), castUs,
+                3.0 * double(xs) / castUs / 1e3, castTUs, 3.0 * double(xs) / castTUs / 1e3);
     std::fflush(stdout);
     for (void *p : {x, w, dy, y, y8, dx, dw, st, stats, work})
       cudaFree(p);

@@ -2,10 +2,11 @@
 """bench/fp8_gemm_bench.py - Bonsai's FP8 linear kernels next to its bf16 GEMMs and PyTorch's.
 
 Runs bin/fp8_gemm_bench (Bonsai: the cuBLASLt bf16 GEMM, and the FP8 linear kernel of a plan:
-casts of x and W with their statistics plus the FP8 GEMM; and the three GEMMs of a training
-step both ways) and times, on the same shapes, torch.matmul in bf16 and torch._scaled_mm with
-float8_e4m3fn operands already cast (per-tensor scales, bf16 output: the GEMM alone). Prints one
-table. Needs a GPU with FP8 tensor cores (sm_89, sm_90).
+casts of x and W with their statistics plus the FP8 GEMM; the three GEMMs of a training step
+both ways; the cast of x alone, plain and transposing) and times, on the same shapes,
+torch.matmul in bf16 and torch._scaled_mm with float8_e4m3fn operands already cast (per-tensor
+scales, bf16 output: the GEMM alone). Prints one table. Needs a GPU with FP8 tensor cores
+(sm_89, sm_90).
 
     python3 bench/fp8_gemm_bench.py --bench .gpu-fp8/bin/fp8_gemm_bench
 """
@@ -43,9 +44,10 @@ def main():
     print("TFLOP/s of y = x Wᵀ (M = tokens); 'step' = the y, dx and dW GEMMs together")
     print("| shape (m, n, k) | Bonsai bf16 | Bonsai FP8 linear | torch bf16 | torch._scaled_mm "
           "| FP8 / bf16 (Bonsai) | Bonsai FP8 / _scaled_mm | step bf16 | step FP8 | step ratio "
-          "| FP8 rel. error | cast of x (µs, GB/s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, m, n, k, _, bf16, _, f8, bf16_step, f8_step, err, cast_us, cast_gbps in rows:
+          "| FP8 rel. error | cast of x (µs, GB/s) | transposing cast of x (µs, GB/s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for (name, m, n, k, _, bf16, _, f8, bf16_step, f8_step, err, cast_us, cast_gbps, castt_us,
+         castt_gbps) in rows:
         m, n, k = int(m), int(n), int(k)
         flops = 2.0 * m * n * k
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -63,7 +65,8 @@ def main():
         print(f"| {name} ({m}, {n}, {k}) | {bf16:.0f} | {f8:.0f} | {torch_bf16:.0f} | "
               f"{scaled:.0f} | {f8 / bf16:.2f} | {f8 / scaled:.2f} | {bf16_step:.0f} | "
               f"{f8_step:.0f} | {f8_step / bf16_step:.2f} | {float(err):.3f} | "
-              f"{float(cast_us):.0f}, {float(cast_gbps):.0f} |")
+              f"{float(cast_us):.0f}, {float(cast_gbps):.0f} | "
+              f"{float(castt_us):.0f}, {float(castt_gbps):.0f} |")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,16 @@
 //===- Fp8.cu - FP8 casts with their statistics, and delayed scaling ------===//
 //
-// castToFp8 reads the input once: each thread converts 16-byte vectors of the input to FP8
-// codes with the hardware conversion (cvt.rn.satfinite), and counts, in registers, the input's
-// amax and the values that underflow or saturate; a block reduces its threads' counts in a fixed
+// A cast reads its input once: each thread converts 16-byte vectors of the input to FP8 codes
+// with the hardware conversion (cvt.rn.satfinite), and counts, in registers, the input's amax
+// and the values that underflow or saturate; a block reduces its threads' counts in a fixed
 // order and adds them to the statistics with one atomic per counter. The conversion and the
-// counting follow fp8::encode and fp8::castScaled exactly (every NaN becomes 0x7F).
+// counting follow fp8::encode and fp8::castScaled exactly (every NaN becomes 0x7F), so the
+// codes and counts do not depend on how the work is split among threads and blocks.
+//
+// An FP8 GEMM kernel (plan kinds 90..92) runs two kernels before its cuBLASLt GEMM: one amax
+// pass over both operands (which, in the steady state of delayed scaling, only reads the
+// state's scales and returns), and one launch that casts both operands, each block taking its
+// scale from the state or the amax pass, and whose last block writes the stats.
 //
 //===----------------------------------------------------------------------===//
 
@@ -15,6 +21,8 @@
 #include "GemmImpl.h"
 
 #include <cuda_fp8.h>
+
+#include <algorithm>
 
 namespace bonsai::rt::cuda {
 
@@ -53,6 +61,26 @@ struct Counts {
   /// One value (a zero partner adds nothing to the counts).
   template <bool E4M3> __device__ __forceinline__ uint8_t convert(float x, float scale) {
     return uint8_t(convert2<E4M3>(x, 0.0f, scale));
+  }
+
+  /// The codes of VW consecutive values (VW = 1, 4 or 8), in one word of VW bytes: byte i is
+  /// the code of in[i].
+  template <bool E4M3, int VW>
+  __device__ __forceinline__ typename RawType<VW>::type convertVector(const float (&in)[VW],
+                                                                      float scale) {
+    if constexpr (VW == 1) {
+      return convert<E4M3>(in[0], scale);
+    } else {
+      static_assert(VW % 4 == 0, "whole words of codes");
+      uint32_t words[VW / 4];
+#pragma unroll
+      for (int w = 0; w < VW / 4; ++w)
+        words[w] = uint32_t(convert2<E4M3>(in[4 * w], in[4 * w + 1], scale)) |
+                   uint32_t(convert2<E4M3>(in[4 * w + 2], in[4 * w + 3], scale)) << 16;
+      typename RawType<VW>::type out;
+      memcpy(&out, words, sizeof out);
+      return out;
+    }
   }
 };
 
@@ -95,36 +123,60 @@ __device__ void addCounts(const Counts &counts, Fp8CastStats *stats, int64_t cou
     atomicAdd(&stats->count, (unsigned long long)count);
 }
 
-/// VW elements per access: 16 bytes of input (VW = 16 / sizeof(T)), VW bytes of output; VW = 1
-/// for operands that are not aligned for vectors.
+/// Vectors a thread of a plain cast, or of the amax pass, loads before it converts any: enough
+/// bytes in flight to keep HBM busy at the occupancy these kernels get.
+constexpr int kUnroll = 8;
+
+/// Casts x [n] to out [n] with `scale`, adding to `counts`: this block's share, `block` of
+/// `blocks` (each takes kUnroll * kThreads vectors of VW elements at a time, each thread kUnroll
+/// vectors whose loads are all issued before the first conversion), then the tail of fewer than
+/// VW elements. VW = kVec<T> needs x 16-byte aligned and out aligned to VW bytes; VW = 1 takes
+/// any alignment.
+template <typename T, int VW, bool E4M3>
+__device__ __forceinline__ void castPlain(const T *__restrict__ x, uint8_t *__restrict__ out,
+                                          int64_t n, float scale, int64_t block, int64_t blocks,
+                                          Counts &counts) {
+  using In = RawOf<VW, T>;
+  using Out = typename RawType<VW>::type;
+  const int64_t vectors = n / VW;
+  const int64_t chunk = int64_t(kUnroll) * kThreads;
+  for (int64_t base = block * chunk; base < vectors; base += blocks * chunk) {
+    In raw[kUnroll];
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int64_t v = base + j * kThreads + threadIdx.x;
+      if (v < vectors)
+        raw[j] = loadRaw<VW>(x + v * VW);
+    }
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int64_t v = base + j * kThreads + threadIdx.x;
+      if (v < vectors) {
+        float in[VW];
+        unpackF<VW, T>(raw[j], in);
+        *reinterpret_cast<Out *>(out + v * VW) = counts.convertVector<E4M3, VW>(in, scale);
+      }
+    }
+  }
+  // The tail (fewer than VW elements) goes to the first threads of block 0.
+  for (int64_t i = vectors * VW + block * kThreads + threadIdx.x; i < n; i += blocks * kThreads)
+    out[i] = counts.convert<E4M3>(toFloat(x[i]), scale);
+}
+
+/// Blocks of castPlain<T, VW> over n elements: one chunk each.
+template <int VW> unsigned plainBlocks(int64_t n) {
+  const int64_t chunk = int64_t(kUnroll) * kThreads;
+  return unsigned(std::clamp<int64_t>((n / VW + chunk - 1) / chunk, 1, 1 << 30));
+}
+
+/// castToFp8's kernel: x [n] to out [n] with *scalePtr (1 when null), counted into *stats
+/// (nothing when null).
 template <typename T, int VW, bool E4M3>
 __global__ void __launch_bounds__(kThreads)
     castKernel(const T *x, uint8_t *out, int64_t n, const float *scalePtr, Fp8CastStats *stats) {
   const float scale = scalePtr ? *scalePtr : 1.0f;
   Counts counts;
-  const int64_t vectors = n / VW;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors; v += stride) {
-    float in[VW];
-    loadF<VW>(x + v * VW, in);
-    uint8_t codes[VW];
-    if constexpr (VW == 1) {
-      codes[0] = counts.convert<E4M3>(in[0], scale);
-    } else {
-#pragma unroll
-      for (int i = 0; i < VW; i += 2) {
-        const uint16_t pair = counts.convert2<E4M3>(in[i], in[i + 1], scale);
-        codes[i] = uint8_t(pair);
-        codes[i + 1] = uint8_t(pair >> 8);
-      }
-    }
-    *reinterpret_cast<typename RawType<VW>::type *>(out + v * VW) =
-        *reinterpret_cast<const typename RawType<VW>::type *>(codes);
-  }
-  // The tail (fewer than VW elements) goes to the first threads.
-  for (int64_t i = vectors * VW + int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride)
-    out[i] = counts.convert<E4M3>(toFloat(x[i]), scale);
+  castPlain<T, VW, E4M3>(x, out, n, scale, blockIdx.x, gridDim.x, counts);
   addCounts(counts, stats, blockIdx.x == 0 ? n : 0);
 }
 
@@ -148,7 +200,7 @@ template <typename T, int VW>
 void launchCast(const char *kn, Stream stream, const TensorView &x, const TensorView &out,
                 const float *scale, Fp8CastStats *stats) {
   const int64_t n = x.numel();
-  unsigned blocks = gridFor(kn, std::max<int64_t>(n / VW, 1), kThreads);
+  const unsigned blocks = plainBlocks<VW>(n);
   const T *in = static_cast<const T *>(x.data);
   auto *codes = static_cast<uint8_t *>(out.data);
   if (out.dtype == DType::F8E4M3FN)
@@ -156,6 +208,115 @@ void launchCast(const char *kn, Stream stream, const TensorView &x, const Tensor
   else
     castKernel<T, VW, false><<<blocks, kThreads, 0, stream>>>(in, codes, n, scale, stats);
   checkLaunch(kn, "castKernel");
+}
+
+/// Rows and columns of a transposing cast's tile: a block of kThreads threads casts one, each
+/// thread an 8 x 8 piece (8 loads of 16 bytes in flight; two per row for f32).
+constexpr int kTile = 128;
+static_assert(kTile * kTile == 64 * kThreads, "one 8 x 8 piece per thread");
+
+/// The 4 x 4 byte transpose: byte j of row word ri becomes byte i of column word cj.
+__device__ __forceinline__ void transpose4x4(uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3,
+                                             uint32_t &c0, uint32_t &c1, uint32_t &c2,
+                                             uint32_t &c3) {
+  const uint32_t a = __byte_perm(r0, r1, 0x5140), b = __byte_perm(r0, r1, 0x7362);
+  const uint32_t c = __byte_perm(r2, r3, 0x5140), d = __byte_perm(r2, r3, 0x7362);
+  c0 = __byte_perm(a, c, 0x5410);
+  c1 = __byte_perm(a, c, 0x7632);
+  c2 = __byte_perm(b, d, 0x5410);
+  c3 = __byte_perm(b, d, 0x7632);
+}
+
+/// Casts tile `tile` (row-major over the tiles of x) of x [rows, cols] into out [cols, rows]
+/// transposed, as castPlain casts; rows and cols are multiples of 16, x 16-byte and out 16-byte
+/// aligned. `smem` holds kTile * kTile bytes, 16-byte aligned; every thread of the block calls
+/// this.
+///
+/// Thread t loads the 8 x 8 piece at rows 8 (t / 16), columns 8 (t % 16) of the tile (a half
+/// warp reads 256 contiguous bytes of a row per load), converts it, transposes it in registers
+/// (byte permutes) into 8 column runs of 8 codes, and stores each run as one 8-byte word in
+/// shared memory: column c's 128 codes are one 128-byte line of 16 eight-byte units, unit u of
+/// column c stored at u ^ (c / 8), so that the 16 threads of a half warp (same row group, 16
+/// column groups) store into 16 different units: no bank conflicts. The block then writes each
+/// column's codes as 16-byte chunks (two units: the swizzle keeps them in one 16-byte slot,
+/// swapped when c / 8 is odd), 8 consecutive threads taking the 8 chunks of one column: one
+/// 128-byte line of `out` per 8 threads, and again no bank conflicts.
+template <typename T, bool E4M3>
+__device__ __forceinline__ void
+castTransposedTile(const T *__restrict__ x, uint8_t *__restrict__ out, int64_t rows, int64_t cols,
+                   float scale, int64_t tile, uint8_t *smem, Counts &counts) {
+  constexpr int VW = kVec<T>, L = 8 / VW; // loads per row of a piece
+  const int64_t tilesC = std::max<int64_t>((cols + kTile - 1) / kTile, 1);
+  const int64_t r0 = tile / tilesC * kTile, c0 = tile % tilesC * kTile;
+  const int cg = threadIdx.x % 16, rg = threadIdx.x / 16;
+  // rows and cols are multiples of 16: a piece is wholly inside x or wholly outside.
+  if (r0 + rg * 8 < rows && c0 + cg * 8 < cols) {
+    const T *p = x + (r0 + rg * 8) * cols + c0 + cg * 8;
+    RawOf<VW, T> raw[8][L];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int l = 0; l < L; ++l)
+        raw[i][l] = loadRaw<VW>(p + i * cols + l * VW);
+    uint32_t lo[8], hi[8]; // codes of columns 0..3 and 4..7 of each row
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      float in[8];
+#pragma unroll
+      for (int l = 0; l < L; ++l) {
+        float part[VW];
+        unpackF<VW, T>(raw[i][l], part);
+#pragma unroll
+        for (int e = 0; e < VW; ++e)
+          in[l * VW + e] = part[e];
+      }
+      lo[i] = uint32_t(counts.convert2<E4M3>(in[0], in[1], scale)) |
+              uint32_t(counts.convert2<E4M3>(in[2], in[3], scale)) << 16;
+      hi[i] = uint32_t(counts.convert2<E4M3>(in[4], in[5], scale)) |
+              uint32_t(counts.convert2<E4M3>(in[6], in[7], scale)) << 16;
+    }
+    uint2 run[8]; // run[j]: rows 0..7 of column j
+    transpose4x4(lo[0], lo[1], lo[2], lo[3], run[0].x, run[1].x, run[2].x, run[3].x);
+    transpose4x4(lo[4], lo[5], lo[6], lo[7], run[0].y, run[1].y, run[2].y, run[3].y);
+    transpose4x4(hi[0], hi[1], hi[2], hi[3], run[4].x, run[5].x, run[6].x, run[7].x);
+    transpose4x4(hi[4], hi[5], hi[6], hi[7], run[4].y, run[5].y, run[6].y, run[7].y);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      *reinterpret_cast<uint2 *>(smem + (cg * 8 + j) * kTile + (rg ^ cg) * 8) = run[j];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int pass = 0; pass < kTile * kTile / 16 / kThreads; ++pass) {
+    const int q = pass * kThreads + threadIdx.x;
+    const int c = q / 8, k = q % 8, swizzle = c / 8;
+    if (c0 + c >= cols || r0 + k * 16 >= rows)
+      continue;
+    uint4 chunk = *reinterpret_cast<const uint4 *>(smem + c * kTile + (k ^ (swizzle >> 1)) * 16);
+    if (swizzle & 1)
+      chunk = make_uint4(chunk.z, chunk.w, chunk.x, chunk.y);
+    *reinterpret_cast<uint4 *>(out + (c0 + c) * rows + r0 + k * 16) = chunk;
+  }
+}
+
+/// Tiles of castTransposedTile over x [rows, cols] (at least one: a block with nothing to do
+/// still adds its counts).
+unsigned transposedBlocks(const char *kn, int64_t rows, int64_t cols) {
+  const int64_t tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
+  if (tiles >= (int64_t(1) << 30))
+    fail(kn, "the tensor is too large for the transposing cast");
+  return unsigned(std::max<int64_t>(tiles, 1));
+}
+
+/// castToFp8Transposed's kernel: one tile per block.
+template <typename T, bool E4M3>
+__global__ void __launch_bounds__(kThreads)
+    castTransposedKernel(const T *x, uint8_t *out, int64_t rows, int64_t cols,
+                         const float *scalePtr, Fp8CastStats *stats) {
+  __shared__ alignas(16) uint8_t smem[kTile * kTile];
+  const float scale = scalePtr ? *scalePtr : 1.0f;
+  Counts counts;
+  castTransposedTile<T, E4M3>(x, out, rows, cols, scale, blockIdx.x, smem, counts);
+  addCounts(counts, stats, blockIdx.x == 0 ? rows * cols : 0);
 }
 
 /// The scale a cast uses when it has no delayed scale (fp8::currentScale, bit for bit).
@@ -170,136 +331,205 @@ __device__ __forceinline__ bool usableScale(float scale) {
   return isfinite(scale) && scale > 0.0f;
 }
 
-/// The end of an FP8 GEMM kernel's workspace (fp8::gemmWorkspaceBytes keeps 256 bytes for it):
-/// the statistics of the two casts and the scales they used. Each descale, which cuBLASLt reads
-/// through a scale pointer, has a 16-byte slot of its own: with a pointer aligned to less,
-/// cuBLASLt answers "not supported".
+/// Blocks of the amax pass per operand, and their threads: few enough that their maxima fit in
+/// the control block, so that the pass needs no zeroed accumulator (and no memset before it).
+constexpr int kAmaxBlocks = 16;
+constexpr int kAmaxThreads = 1024;
+
+/// The end of an FP8 GEMM kernel's workspace (fp8::gemmWorkspaceBytes keeps 256 bytes for it).
+/// The amax pass writes every one of its blocks' maxima (where it runs), and clears the
+/// statistics and the block counter for the casts; the casts write the descales. Each descale,
+/// which cuBLASLt reads through a scale pointer, has a 16-byte slot of its own: with a pointer
+/// aligned to less, cuBLASLt answers "not supported".
 struct Fp8Control {
+  float amax[2][kAmaxBlocks]; ///< per operand, the amax pass's blocks' maxima of |x|
   Fp8CastStats stats[2];
-  float scale[2];
+  unsigned castBlocksDone;
   struct alignas(16) Descale {
     float value;
   } descale[2];
 };
 static_assert(sizeof(Fp8Control) <= 256, "fp8::gemmWorkspaceBytes keeps 256 bytes");
 
-/// What the kernels need to know of one cast operand.
-struct CastOperand {
+/// What the amax pass needs to know of one operand.
+struct AmaxOperand {
+  const void *x;
+  int64_t n;
   const float *stateScale; ///< the state row's scale
-  float maxFinite;
 };
 
-/// Reduces |x| into stats->amaxBits, unless the cast can use the state's scale: the amax pass
-/// that current scaling, and delayed scaling before its first update, need before the cast.
+/// Whether operand casts need the amax pass: under current scaling, or while the state's scale
+/// is not usable (before the first update).
+__device__ __forceinline__ bool needsAmax(const float *stateScale, bool current) {
+  return current || !usableScale(*stateScale);
+}
+
+/// The largest |x| (NaNs skipped) of block blockIdx.x's share of x [n] (16-byte aligned), as
+/// thread 0 returns it. Every thread of the block calls it.
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    amaxKernel(const T *x, int64_t n, const float *stateScale, bool current,
-               Fp8CastStats *stats) {
-  if (!current && usableScale(*stateScale))
-    return;
+__device__ __forceinline__ float blockAmax(const T *__restrict__ x, int64_t n) {
   constexpr int VW = kVec<T>;
-  Counts counts;
+  using In = RawOf<VW, T>;
+  float amax = 0.0f;
   const int64_t vectors = n / VW;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors; v += stride) {
-    float in[VW];
-    loadF<VW>(x + v * VW, in);
+  const int64_t chunk = int64_t(kUnroll) * kAmaxThreads;
+  for (int64_t base = int64_t(blockIdx.x) * chunk; base < vectors;
+       base += int64_t(kAmaxBlocks) * chunk) {
+    In raw[kUnroll];
 #pragma unroll
-    for (int i = 0; i < VW; ++i)
-      if (!isnan(in[i]))
-        counts.amax = fmaxf(counts.amax, fabsf(in[i]));
-  }
-  for (int64_t i = vectors * VW + int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    float v = toFloat(x[i]);
-    if (!isnan(v))
-      counts.amax = fmaxf(counts.amax, fabsf(v));
-  }
-  addCounts(counts, stats, 0);
-}
-
-/// Thread i picks operand i's scale: the state's, or under current scaling (or before the
-/// first update) the one of the amax just reduced; then clears that amax for the cast, which
-/// counts it again.
-__global__ void resolveScalesKernel(CastOperand a, CastOperand b, bool current, int margin,
-                                    Fp8Control *control) {
-  const int i = threadIdx.x;
-  if (i > 1)
-    return;
-  const CastOperand &op = i == 0 ? a : b;
-  float scale = *op.stateScale;
-  if (current || !usableScale(scale))
-    scale = currentScaleOf(__uint_as_float(control->stats[i].amaxBits), op.maxFinite, margin);
-  control->scale[i] = scale;
-  control->descale[i].value = 1.0f / scale;
-  control->stats[i].amaxBits = 0;
-}
-
-/// out [cols, rows] = the codes of x [rows, cols] transposed, cast as castKernel casts (the
-/// operands of the backward GEMMs, which cuBLASLt takes only as "TN"). A block converts a 64 x 64
-/// tile: 8-element row vectors in (rows and cols are multiples of 16), 16-byte column chunks out
-/// through shared memory.
-template <typename T, bool E4M3>
-__global__ void __launch_bounds__(kThreads)
-    castTransposeKernel(const T *x, uint8_t *out, int64_t rows, int64_t cols,
-                        const float *scalePtr, Fp8CastStats *stats) {
-  constexpr int kTile = 64;
-  __shared__ uint8_t tile[kTile][kTile + 16];
-  const float scale = *scalePtr;
-  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
-  Counts counts;
-  for (int v = threadIdx.x; v < kTile * kTile / 8; v += kThreads) {
-    const int r = v / (kTile / 8), c = (v % (kTile / 8)) * 8;
-    if (r0 + r >= rows || c0 + c >= cols)
-      continue;
-    const T *p = x + (r0 + r) * cols + c0 + c;
-    float in[8];
-    if constexpr (sizeof(T) == 4) {
-      float lo[4], hi[4];
-      loadF<4>(p, lo);
-      loadF<4>(p + 4, hi);
+    for (int j = 0; j < kUnroll; ++j) {
+      const int64_t v = base + j * kAmaxThreads + threadIdx.x;
+      if (v < vectors)
+        raw[j] = loadRaw<VW>(x + v * VW);
+    }
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        in[i] = lo[i];
-        in[4 + i] = hi[i];
+    for (int j = 0; j < kUnroll; ++j) {
+      const int64_t v = base + j * kAmaxThreads + threadIdx.x;
+      if (v < vectors) {
+        float in[VW];
+        unpackF<VW, T>(raw[j], in);
+#pragma unroll
+        for (int i = 0; i < VW; ++i)
+          if (!isnan(in[i]))
+            amax = fmaxf(amax, fabsf(in[i]));
       }
-    } else {
-      loadF<8>(p, in);
-    }
-#pragma unroll
-    for (int i = 0; i < 8; i += 2) {
-      const uint16_t pair = counts.convert2<E4M3>(in[i], in[i + 1], scale);
-      tile[r][c + i] = uint8_t(pair);
-      tile[r][c + i + 1] = uint8_t(pair >> 8);
     }
   }
+  for (int64_t i = vectors * VW + int64_t(blockIdx.x) * kAmaxThreads + threadIdx.x; i < n;
+       i += int64_t(kAmaxBlocks) * kAmaxThreads) {
+    const float v = toFloat(x[i]);
+    if (!isnan(v))
+      amax = fmaxf(amax, fabsf(v));
+  }
+  __shared__ float warps[kAmaxThreads / 32];
+  amax = warpReduce(amax, MaxOp{});
+  if (threadIdx.x % 32 == 0)
+    warps[threadIdx.x / 32] = amax;
   __syncthreads();
-  for (int v = threadIdx.x; v < kTile * kTile / 16; v += kThreads) {
-    const int oc = v / (kTile / 16), chunk = (v % (kTile / 16)) * 16;
-    if (c0 + oc >= cols || r0 + chunk >= rows)
-      continue;
-    uint8_t bytes[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i)
-      bytes[i] = tile[chunk + i][oc];
-    *reinterpret_cast<uint4 *>(out + (c0 + oc) * rows + r0 + chunk) =
-        *reinterpret_cast<const uint4 *>(bytes);
-  }
-  addCounts(counts, stats, blockIdx.x == 0 && blockIdx.y == 0 ? rows * cols : 0);
+  if (threadIdx.x < 32)
+    amax = warpReduce(warps[threadIdx.x], MaxOp{});
+  return amax;
 }
 
-/// stats [2, 4] = per operand: amax, underflow and saturation fractions, scale used.
-__global__ void writeStatsKernel(const Fp8Control *control, float *stats) {
-  const int i = threadIdx.x;
-  if (i > 1)
+/// The amax pass of an FP8 GEMM kernel's two casts (grid kAmaxBlocks x 2, blockIdx.y the
+/// operand): where an operand needs it, each block writes the largest |x| of its share into
+/// control->amax; in the steady state of delayed scaling the blocks only read the state's scale
+/// and return. It also clears the casts' statistics and block counter, so that the workspace
+/// needs no memset.
+template <typename TA, typename TB>
+__global__ void __launch_bounds__(kAmaxThreads)
+    amaxKernel(AmaxOperand a, AmaxOperand b, bool current, Fp8Control *control) {
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+    control->stats[0] = Fp8CastStats{};
+    control->stats[1] = Fp8CastStats{};
+    control->castBlocksDone = 0;
+  }
+  const int i = blockIdx.y;
+  if (!needsAmax(i == 0 ? a.stateScale : b.stateScale, current))
     return;
-  const Fp8CastStats &s = control->stats[i];
-  const double count = double(s.count);
-  float *row = stats + i * fp8::kStatsColumns;
-  row[fp8::StatsAmax] = __uint_as_float(s.amaxBits);
-  row[fp8::StatsUnderflow] = s.count ? float(double(s.underflows) / count) : 0.0f;
-  row[fp8::StatsSaturation] = s.count ? float(double(s.saturations) / count) : 0.0f;
-  row[fp8::StatsScale] = control->scale[i];
+  const float amax = i == 0 ? blockAmax(static_cast<const TA *>(a.x), a.n)
+                            : blockAmax(static_cast<const TB *>(b.x), b.n);
+  if (threadIdx.x == 0)
+    control->amax[i][blockIdx.x] = amax;
+}
+
+/// What the cast launch needs to know of one operand.
+struct CastOperand {
+  const void *x;
+  uint8_t *codes;
+  int64_t rows, cols;      ///< x as a [rows, cols] matrix
+  const float *stateScale; ///< the state row's scale
+  float maxFinite;
+  bool transpose; ///< cast to [cols, rows] codes
+  bool e4m3;
+  unsigned blocks; ///< blocks of the cast launch that cast this operand
+};
+
+/// The scale operand i is cast with: the state's, or under current scaling (or before the
+/// first update) the one of its amax (the maximum of the amax pass's blocks' maxima).
+__device__ __forceinline__ float operandScale(const CastOperand &op, int i,
+                                              const Fp8Control *control, bool current, int margin) {
+  float scale = *op.stateScale;
+  if (needsAmax(op.stateScale, current)) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int b = 0; b < kAmaxBlocks; ++b)
+      amax = fmaxf(amax, control->amax[i][b]);
+    scale = currentScaleOf(amax, op.maxFinite, margin);
+  }
+  return scale;
+}
+
+/// Block `block` of operand i's share of the cast launch: the cast with its counts; the first
+/// block also writes the descale the GEMM reads.
+template <typename T>
+__device__ __forceinline__ void castOperand(const CastOperand &op, int i, int64_t block,
+                                            bool current, int margin, Fp8Control *control,
+                                            uint8_t *smem) {
+  const float scale = operandScale(op, i, control, current, margin);
+  if (block == 0 && threadIdx.x == 0)
+    control->descale[i].value = 1.0f / scale;
+  const T *x = static_cast<const T *>(op.x);
+  Counts counts;
+  if (op.transpose) {
+    if (op.e4m3)
+      castTransposedTile<T, true>(x, op.codes, op.rows, op.cols, scale, block, smem, counts);
+    else
+      castTransposedTile<T, false>(x, op.codes, op.rows, op.cols, scale, block, smem, counts);
+  } else {
+    const int64_t n = op.rows * op.cols;
+    if (op.e4m3)
+      castPlain<T, kVec<T>, true>(x, op.codes, n, scale, block, op.blocks, counts);
+    else
+      castPlain<T, kVec<T>, false>(x, op.codes, n, scale, block, op.blocks, counts);
+  }
+  addCounts(counts, &control->stats[i], block == 0 ? op.rows * op.cols : 0);
+}
+
+/// Row i of an FP8 GEMM kernel's stats [2, 4] from the casts' totals: amax, underflow and
+/// saturation fractions, and the scale used. The totals are read from L2 (the other blocks'
+/// atomics).
+__device__ void writeStatsRow(const Fp8CastStats &s, float scale, float *row) {
+  const unsigned long long count = __ldcg(&s.count);
+  const unsigned long long underflows = __ldcg(&s.underflows);
+  const unsigned long long saturations = __ldcg(&s.saturations);
+  row[fp8::StatsAmax] = __uint_as_float(__ldcg(&s.amaxBits));
+  row[fp8::StatsUnderflow] = count ? float(double(underflows) / double(count)) : 0.0f;
+  row[fp8::StatsSaturation] = count ? float(double(saturations) / double(count)) : 0.0f;
+  row[fp8::StatsScale] = scale;
+}
+
+/// Resident blocks per multiprocessor the cast launch is compiled for: 4 (at most 64 registers a
+/// thread) where the conversion is one instruction; 2 below sm_89, which converts in software
+/// (and has no FP8 GEMMs to feed) and would spill at 64.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+constexpr int kCastMinBlocks = 2;
+#else
+constexpr int kCastMinBlocks = 4;
+#endif
+
+/// Casts both operands of an FP8 GEMM kernel in one launch: blocks [0, a.blocks) cast a, the
+/// rest b, each taking its scale from the state or the amax pass (operandScale). The last block
+/// to finish (a counter the amax pass cleared, the usual fence-then-count pattern) writes the
+/// stats [2, 4].
+template <typename TA, typename TB>
+__global__ void __launch_bounds__(kThreads, kCastMinBlocks)
+    castOperandsKernel(CastOperand a, CastOperand b, bool current, int margin, Fp8Control *control,
+                       float *stats) {
+  __shared__ alignas(16) uint8_t smem[kTile * kTile];
+  if (blockIdx.x < a.blocks)
+    castOperand<TA>(a, 0, blockIdx.x, current, margin, control, smem);
+  else
+    castOperand<TB>(b, 1, blockIdx.x - a.blocks, current, margin, control, smem);
+  if (threadIdx.x != 0)
+    return;
+  __threadfence(); // this block's atomics before its count
+  if (atomicAdd(&control->castBlocksDone, 1u) != gridDim.x - 1)
+    return;
+  __threadfence(); // every other block's atomics before the reads below
+  writeStatsRow(control->stats[0], operandScale(a, 0, control, current, margin), stats);
+  writeStatsRow(control->stats[1], operandScale(b, 1, control, current, margin),
+                stats + fp8::kStatsColumns);
 }
 
 /// Thread r updates state row r from its stats row (fp8::recordAmax, then fp8::delayedScale).
@@ -340,11 +570,13 @@ struct GemmOperand {
   const char *name;
 };
 
-/// Casts the two operands of an FP8 GEMM into the workspace (codes, control) and returns the
-/// control block: amax passes where needed, the scales, then the casts.
+/// Casts the two operands of an FP8 GEMM into the workspace (codes, control), writes their
+/// statistics into `stats` and returns the control block, in two launches: the amax pass (which
+/// only reads the scales where delayed scaling has them), then both casts.
 Fp8Control *castOperands(const Context &ctx, const char *kn, const GemmOperand (&ops)[2],
                          const TensorView &state, bool current, int margin,
-                         const TensorView &workspace, uint8_t *(&codes)[2]) {
+                         const TensorView &workspace, const TensorView &stats,
+                         uint8_t *(&codes)[2]) {
   const int64_t columns = state.dim(1);
   auto *base = static_cast<uint8_t *>(workspace.data);
   const int64_t aBytes = (ops[0].x->numel() + 255) / 256 * 256;
@@ -352,50 +584,34 @@ Fp8Control *castOperands(const Context &ctx, const char *kn, const GemmOperand (
   codes[0] = base;
   codes[1] = base + aBytes;
   auto *control = reinterpret_cast<Fp8Control *>(base + aBytes + bBytes);
-  checkCuda(cudaMemsetAsync(control, 0, sizeof(Fp8Control), ctx.stream), "cudaMemsetAsync",
-            kn);
+  AmaxOperand amax[2];
   CastOperand cast[2];
   for (int i = 0; i < 2; ++i) {
-    const float *stateScale =
-        static_cast<const float *>(state.data) + ops[i].row * columns + fp8::ScaleColumn;
-    cast[i] = {stateScale, ops[i].row == fp8::OutputGradRow ? 57344.0f : 448.0f};
-    const int64_t n = ops[i].x->numel();
-    dispatchFloat(ops[i].x->dtype, [&](auto t) {
-      using T = decltype(t);
-      // One wave: in the steady state of delayed scaling every block only reads the state's
-      // scale and returns, so the grid is kept small.
-      amaxKernel<T><<<gridFor(kn, std::max<int64_t>(n / kVec<T>, 1), kThreads, 1), kThreads,
-                      0, ctx.stream>>>(static_cast<const T *>(ops[i].x->data), n, stateScale,
-                                       current, &control->stats[i]);
-    });
-    checkLaunch(kn, "amaxKernel");
-  }
-  resolveScalesKernel<<<1, 32, 0, ctx.stream>>>(cast[0], cast[1], current, margin, control);
-  checkLaunch(kn, "resolveScalesKernel");
-  for (int i = 0; i < 2; ++i) {
     const GemmOperand &op = ops[i];
+    const float *stateScale =
+        static_cast<const float *>(state.data) + op.row * columns + fp8::ScaleColumn;
     const bool e4m3 = op.row != fp8::OutputGradRow;
+    amax[i] = {op.x->data, op.x->numel(), stateScale};
+    cast[i] = {op.x->data,   codes[i], op.rows, op.cols, stateScale, e4m3 ? 448.0f : 57344.0f,
+               op.transpose, e4m3,     0};
     dispatchFloat(op.x->dtype, [&](auto t) {
       using T = decltype(t);
-      const T *x = static_cast<const T *>(op.x->data);
-      if (op.transpose) {
-        dim3 grid(unsigned((op.cols + 63) / 64), unsigned((op.rows + 63) / 64));
-        if (grid.y > 65535u)
-          fail(kn, std::string(op.name) + " has too many rows for the transposing cast");
-        if (e4m3)
-          castTransposeKernel<T, true><<<grid, kThreads, 0, ctx.stream>>>(
-              x, codes[i], op.rows, op.cols, &control->scale[i], &control->stats[i]);
-        else
-          castTransposeKernel<T, false><<<grid, kThreads, 0, ctx.stream>>>(
-              x, codes[i], op.rows, op.cols, &control->scale[i], &control->stats[i]);
-        checkLaunch(kn, "castTransposeKernel");
-      } else {
-        TensorView out{codes[i], e4m3 ? DType::F8E4M3FN : DType::F8E5M2, op.x->shape};
-        launchCast<T, kVec<T>>(kn, ctx.stream, *op.x, out, &control->scale[i],
-                               &control->stats[i]);
-      }
+      cast[i].blocks = op.transpose ? transposedBlocks(kn, op.rows, op.cols)
+                                    : plainBlocks<kVec<T>>(op.rows * op.cols);
     });
   }
+  dispatchFloat(ops[0].x->dtype, [&](auto ta) {
+    dispatchFloat(ops[1].x->dtype, [&](auto tb) {
+      using TA = decltype(ta);
+      using TB = decltype(tb);
+      amaxKernel<TA, TB><<<dim3(kAmaxBlocks, 2), kAmaxThreads, 0, ctx.stream>>>(amax[0], amax[1],
+                                                                                current, control);
+      checkLaunch(kn, "amaxKernel");
+      castOperandsKernel<TA, TB><<<cast[0].blocks + cast[1].blocks, kThreads, 0, ctx.stream>>>(
+          cast[0], cast[1], current, margin, control, static_cast<float *>(stats.data));
+      checkLaunch(kn, "castOperandsKernel");
+    });
+  });
   return control;
 }
 
@@ -462,12 +678,6 @@ void runGemm(const Context &ctx, const char *kn, const GemmOperand (&ops)[2],
   ltEngineOf(kn, *ctx.gemm).runFp8(kn, ctx.stream, call);
 }
 
-void writeStats(const Context &ctx, const char *kn, const Fp8Control *control,
-                const TensorView &stats) {
-  writeStatsKernel<<<1, 32, 0, ctx.stream>>>(control, static_cast<float *>(stats.data));
-  checkLaunch(kn, "writeStatsKernel");
-}
-
 /// [rows, cols] of a tensor seen as a matrix over its last dimension.
 std::pair<int64_t, int64_t> asMatrix(const char *kn, const char *name, const TensorView &t) {
   if (t.rank() < 1)
@@ -498,6 +708,38 @@ void castToFp8(const Context &ctx, const TensorView &x, const float *scale,
   });
 }
 
+void castToFp8Transposed(const Context &ctx, const TensorView &x, const float *scale,
+                         const TensorView &out, Fp8CastStats *stats) {
+  const char *kn = "cast_to_fp8_transposed";
+  checkFloat(kn, "x", x);
+  checkView(kn, "out", out);
+  if (out.dtype != DType::F8E4M3FN && out.dtype != DType::F8E5M2)
+    fail(kn, std::string("out must be f8e4m3fn or f8e5m2, got ") + dtypeName(out.dtype));
+  if (x.rank() != 2 || x.dim(0) % 16 || x.dim(1) % 16)
+    fail(kn, "x must be [rows, cols] with rows and cols multiples of 16");
+  const int64_t rows = x.dim(0), cols = x.dim(1);
+  if (out.rank() != 2 || out.dim(0) != cols || out.dim(1) != rows)
+    fail(kn,
+         "out must be [" + std::to_string(cols) + ", " + std::to_string(rows) + "]: x transposed");
+  if (!aligned16(x.data) || !aligned16(out.data))
+    fail(kn, "x and out must start on 16-byte boundaries");
+  if (x.numel() == 0)
+    return;
+  const unsigned blocks = transposedBlocks(kn, rows, cols);
+  auto *codes = static_cast<uint8_t *>(out.data);
+  dispatchFloat(x.dtype, [&](auto t) {
+    using T = decltype(t);
+    const T *in = static_cast<const T *>(x.data);
+    if (out.dtype == DType::F8E4M3FN)
+      castTransposedKernel<T, true>
+          <<<blocks, kThreads, 0, ctx.stream>>>(in, codes, rows, cols, scale, stats);
+    else
+      castTransposedKernel<T, false>
+          <<<blocks, kThreads, 0, ctx.stream>>>(in, codes, rows, cols, scale, stats);
+  });
+  checkLaunch(kn, "castTransposedKernel");
+}
+
 void updateDelayedScale(const Context &ctx, const Fp8CastStats *stats, float *history,
                         int64_t length, const int64_t *step, float *scale, float *descale,
                         fp8::Format format, int margin) {
@@ -526,9 +768,8 @@ void fp8Linear(const Context &ctx, const TensorView &x, const TensorView &w,
                               {&w, n, k, false, fp8::WeightRow, "w"}};
   checkFp8Operands(kn, ops, state, stats, workspace);
   uint8_t *codes[2];
-  Fp8Control *control = castOperands(ctx, kn, ops, state, current, margin, workspace, codes);
+  Fp8Control *control = castOperands(ctx, kn, ops, state, current, margin, workspace, stats, codes);
   runGemm(ctx, kn, ops, codes, control, m, n, k, y, bias);
-  writeStats(ctx, kn, control, stats);
 }
 
 void fp8LinearGradInput(const Context &ctx, const TensorView &dy, const TensorView &w,
@@ -547,9 +788,8 @@ void fp8LinearGradInput(const Context &ctx, const TensorView &dy, const TensorVi
                               {&w, n, k, true, fp8::WeightRow, "w"}};
   checkFp8Operands(kn, ops, state, stats, workspace);
   uint8_t *codes[2];
-  Fp8Control *control = castOperands(ctx, kn, ops, state, current, margin, workspace, codes);
+  Fp8Control *control = castOperands(ctx, kn, ops, state, current, margin, workspace, stats, codes);
   runGemm(ctx, kn, ops, codes, control, m, k, n, dx, nullptr);
-  writeStats(ctx, kn, control, stats);
 }
 
 void fp8LinearGradWeight(const Context &ctx, const TensorView &dy, const TensorView &x,
@@ -568,9 +808,8 @@ void fp8LinearGradWeight(const Context &ctx, const TensorView &dy, const TensorV
                               {&x, m, k, true, fp8::InputRow, "x"}};
   checkFp8Operands(kn, ops, state, stats, workspace);
   uint8_t *codes[2];
-  Fp8Control *control = castOperands(ctx, kn, ops, state, current, margin, workspace, codes);
+  Fp8Control *control = castOperands(ctx, kn, ops, state, current, margin, workspace, stats, codes);
   runGemm(ctx, kn, ops, codes, control, n, k, m, dw, nullptr);
-  writeStats(ctx, kn, control, stats);
 }
 
 void fp8UpdateScales(const Context &ctx, const TensorView &step, const TensorView &forward,

@@ -4,8 +4,10 @@
 // every bf16 bit pattern (normals, subnormals, zeros, infinities, NaNs) under scales that put
 // values in E4M3FN's and E5M2's normal, subnormal, underflow and saturation ranges; random f32
 // and f16 tensors; vector and unaligned (scalar) paths; statistics accumulated over two casts.
-// cuda::updateDelayedScale against fp8::recordAmax + fp8::delayedScale over steps that wrap the
-// history, including a first step whose amax is zero (the scale is kept).
+// cuda::castToFp8Transposed likewise, code for code at the transposed positions, over shapes
+// with partial tiles. cuda::updateDelayedScale against fp8::recordAmax + fp8::delayedScale
+// over steps that wrap the history, including a first step whose amax is zero (the scale is
+// kept).
 //
 // cuda::fp8Linear, fp8LinearGradInput, fp8LinearGradWeight and fp8UpdateScales (plan kinds
 // 90..93, docs/fp8.md) against a model built on the CPU reference's conversion alone (each
@@ -13,7 +15,7 @@
 // codes summed in double and descaled) and against the CPU backend's kernels over two steps.
 // The statistics and states must match exactly; the GEMM outputs within their rounding and the
 // tensor cores' accumulation precision (expectNear). Shapes are multiples of 16 but not of the
-// transposing cast's 64-element tile, and inputs have values that underflow and saturate.
+// transposing cast's 128-element tile, and inputs have values that underflow and saturate.
 //
 // Outputs are poisoned before each call. Without a GPU every test skips; on a GPU without FP8
 // tensor cores (below sm_89) the GEMM kernels' tests check that they refuse, saying why.
@@ -74,6 +76,13 @@ float bf16ToFloat(uint16_t bits) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
+}
+
+/// f32 to bf16 bits, rounding to nearest even (finite and infinite values).
+uint16_t toBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
 float halfToFloat(uint16_t h) {
@@ -188,6 +197,96 @@ TEST(CudaFp8Test, RandomF32AndF16MatchTheCpu) {
     }
 }
 
+/// cuda::castToFp8Transposed of x [rows, cols] (storage `dtype`, raw bits in `host`, f32
+/// values in `values`) against fp8::castScaled of x: out[c][r] must be the code of x[r][c], and
+/// the statistics (over two identical casts) the CPU's.
+void expectTransposedCastMatches(DType dtype, const std::vector<uint8_t> &host,
+                                 const std::vector<float> &values, int64_t rows, int64_t cols,
+                                 float scale, fp8::Format format, const std::string &what) {
+  const int64_t count = rows * cols;
+  ASSERT_EQ(int64_t(values.size()), count);
+  DeviceBuffer in(count * dtypeSize(dtype)), out(count), scaleBuf(sizeof(float)),
+      stats(sizeof(cuda::Fp8CastStats));
+  cudaOk(cudaMemcpy(in.ptr, host.data(), count * dtypeSize(dtype), cudaMemcpyHostToDevice),
+         "cudaMemcpy");
+  cudaOk(cudaMemcpy(scaleBuf.ptr, &scale, sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+  cudaOk(cudaMemset(out.ptr, 0xA5, count), "cudaMemset");
+  cudaOk(cudaMemset(stats.ptr, 0, sizeof(cuda::Fp8CastStats)), "cudaMemset");
+  TensorView x{in.ptr, dtype, {rows, cols}};
+  DType outType = format == fp8::Format::E4M3FN ? DType::F8E4M3FN : DType::F8E5M2;
+  TensorView y{out.ptr, outType, {cols, rows}};
+  cuda::Context ctx;
+  auto *devStats = stats.as<cuda::Fp8CastStats>();
+  cuda::castToFp8Transposed(ctx, x, scaleBuf.as<float>(), y, devStats);
+  cuda::castToFp8Transposed(ctx, x, scaleBuf.as<float>(), y, devStats);
+  cudaOk(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+
+  std::vector<uint8_t> codes(count), expected(count);
+  cuda::Fp8CastStats got;
+  cudaOk(cudaMemcpy(codes.data(), out.ptr, count, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  cudaOk(cudaMemcpy(&got, devStats, sizeof(got), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  fp8::CastStats want = fp8::castScaled(values.data(), count, scale, format, expected.data());
+  int64_t mismatches = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint8_t code = codes[c * rows + r], wantCode = expected[r * cols + c];
+      if (code != wantCode && mismatches++ < 5)
+        ADD_FAILURE() << what << ": x[" << r << "][" << c << "] = " << values[r * cols + c] << " * "
+                      << scale << " gave code 0x" << std::hex << int(code) << ", expected 0x"
+                      << int(wantCode) << std::dec;
+    }
+  EXPECT_EQ(mismatches, 0) << what;
+  EXPECT_EQ(got.count, 2ull * uint64_t(want.count)) << what;
+  EXPECT_EQ(got.underflows, 2ull * uint64_t(want.underflows)) << what;
+  EXPECT_EQ(got.saturations, 2ull * uint64_t(want.saturations)) << what;
+  float amax;
+  std::memcpy(&amax, &got.amaxBits, 4);
+  EXPECT_EQ(amax, want.amax) << what;
+}
+
+// The transposing cast works in 128 x 128 tiles, each thread an 8 x 8 piece: shapes of one
+// partial tile, of exactly one tile, and of several tiles with partial ones at both edges;
+// values that underflow, saturate, are subnormal, zero, infinite or NaN.
+TEST(CudaFp8Test, TransposedCastMatchesTheCpu) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU here";
+  std::mt19937 rng(20261201);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::pair<int64_t, int64_t> shapes[] = {{16, 16},   {48, 80},   {128, 128},
+                                                {144, 400}, {400, 144}, {272, 16}};
+  for (auto [rows, cols] : shapes)
+    for (DType dtype : {DType::BF16, DType::F16, DType::F32})
+      for (fp8::Format format : kFormats) {
+        const int64_t count = rows * cols;
+        std::vector<float> values(count);
+        for (float &v : values)
+          v = normal(rng) * std::exp2(float(int(rng() % 40) - 20));
+        values[0] = NAN;
+        values[count / 3] = -INFINITY;
+        values[count / 2] = -0.0f;
+        values[count - 1] = 0.0f;
+        std::vector<uint8_t> raw(count * dtypeSize(dtype));
+        for (int64_t i = 0; i < count; ++i) {
+          if (dtype == DType::F32) {
+            std::memcpy(&raw[i * 4], &values[i], 4);
+            continue;
+          }
+          uint16_t bits;
+          if (dtype == DType::BF16) {
+            bits = std::isnan(values[i]) ? uint16_t(0x7FC0) : toBf16(values[i]);
+            values[i] = bf16ToFloat(bits);
+          } else {
+            bits = uint16_t(rng()); // any f16 pattern
+            values[i] = halfToFloat(bits);
+          }
+          std::memcpy(&raw[i * 2], &bits, 2);
+        }
+        const std::string what = std::string(dtypeName(dtype)) + " " + fp8::formatName(format) +
+                                 " " + std::to_string(rows) + " x " + std::to_string(cols);
+        expectTransposedCastMatches(dtype, raw, values, rows, cols, 3.0f, format, what);
+      }
+}
+
 TEST(CudaFp8Test, BadOperandsThrow) {
   if (!haveGpu())
     GTEST_SKIP() << "no GPU here";
@@ -198,6 +297,12 @@ TEST(CudaFp8Test, BadOperandsThrow) {
   TensorView wrongShape{b.ptr, DType::F8E4M3FN, {5}};
   EXPECT_THROW(cuda::castToFp8(ctx, x, nullptr, wrongType, nullptr), Error);
   EXPECT_THROW(cuda::castToFp8(ctx, x, nullptr, wrongShape, nullptr), Error);
+  DeviceBuffer c(512), d(512);
+  TensorView square{c.ptr, DType::BF16, {16, 16}};
+  TensorView ragged{c.ptr, DType::BF16, {16, 8}};
+  TensorView notTransposed{d.ptr, DType::F8E4M3FN, {16, 8}};
+  EXPECT_THROW(cuda::castToFp8Transposed(ctx, ragged, nullptr, notTransposed, nullptr), Error);
+  EXPECT_THROW(cuda::castToFp8Transposed(ctx, square, nullptr, notTransposed, nullptr), Error);
   EXPECT_THROW(cuda::updateDelayedScale(ctx, nullptr, nullptr, 4, nullptr, nullptr, nullptr,
                                         fp8::Format::E4M3FN, 0),
                Error);
@@ -245,12 +350,6 @@ bool haveFp8TensorCores() {
   cudaDeviceProp prop{};
   cudaOk(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   return prop.major * 10 + prop.minor >= 89;
-}
-
-uint16_t toBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
 /// A host tensor with its values (f32) and its device copy in `dtype` (f32 or bf16).
@@ -589,6 +688,68 @@ TEST_F(CudaFp8LinearTest, GradWeightMatchesTheModel) {
       }
     expectNear(dw.read(), want, magnitude, DType::F32, m, "dw");
     expectStats(stats.read(), cdy, cx);
+  }
+}
+
+// Operands that span many blocks of the cast launch: several chunks of the plain cast, several
+// 128 x 128 tiles of the transposing one with partial tiles at both edges, under current and
+// delayed scaling (the amax pass's blocks all find values).
+TEST_F(CudaFp8LinearTest, ManyBlocksMatchTheModel) {
+  if (refusedWithoutFp8TensorCores())
+    return;
+  std::mt19937 rng(19);
+  const int64_t m = 528, n = 144, k = 400;
+  for (bool current : {false, true}) {
+    SCOPED_TRACE("current=" + std::to_string(current));
+    Operand x({m, k}, DType::BF16, rng, 1.0f), w({n, k}, DType::BF16, rng, 0.05f);
+    Operand dy({m, n}, DType::BF16, rng, 0.01f);
+    std::vector<float> state = makeState(4, 2.0f, 30.0f, 5000.0f);
+    auto stateDevice = upload(state);
+    TensorView stateView{stateDevice->ptr, DType::F32, {3, 8}};
+    Output y({m, n}, DType::BF16), dw({n, k}, DType::F32);
+    Output ys({2, 4}, DType::F32), dws({2, 4}, DType::F32);
+    TensorView ws1, ws2;
+    auto b1 = workspace(m * k, n * k, ws1), b2 = workspace(m * n, m * k, ws2);
+    cuda::fp8Linear(ctx, x.view(), w.view(), stateView, nullptr, current, 0, y.view(), ys.view(),
+                    ws1);
+    cuda::fp8LinearGradWeight(ctx, dy.view(), x.view(), stateView, current, 0, dw.view(),
+                              dws.view(), ws2);
+    cudaOk(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+
+    CastModel cx = castModel(x.values, 2.0f, current, fp8::Format::E4M3FN, 0);
+    CastModel cw = castModel(w.values, 30.0f, current, fp8::Format::E4M3FN, 0);
+    CastModel cdy = castModel(dy.values, 5000.0f, current, fp8::Format::E5M2, 0);
+    std::vector<double> want(size_t(m * n)), magnitude(size_t(m * n));
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double sum = 0, mag = 0;
+        for (int64_t l = 0; l < k; ++l) {
+          double p = double(cx.decoded[i * k + l]) * double(cw.decoded[j * k + l]);
+          sum += p;
+          mag += std::fabs(p);
+        }
+        double scale = 1.0 / (double(cx.scale) * double(cw.scale));
+        want[i * n + j] = sum * scale;
+        magnitude[i * n + j] = mag * scale;
+      }
+    expectNear(y.read(), want, magnitude, DType::BF16, k, "y");
+    expectStats(ys.read(), cx, cw);
+
+    std::vector<double> wantDw(size_t(n * k)), magnitudeDw(size_t(n * k));
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < k; ++j) {
+        double sum = 0, mag = 0;
+        for (int64_t l = 0; l < m; ++l) {
+          double p = double(cdy.decoded[l * n + i]) * double(cx.decoded[l * k + j]);
+          sum += p;
+          mag += std::fabs(p);
+        }
+        double scale = 1.0 / (double(cdy.scale) * double(cx.scale));
+        wantDw[i * k + j] = sum * scale;
+        magnitudeDw[i * k + j] = mag * scale;
+      }
+    expectNear(dw.read(), wantDw, magnitudeDw, DType::F32, m, "dw");
+    expectStats(dws.read(), cdy, cx);
   }
 }
 

@@ -37,6 +37,13 @@ struct Fp8CastStats {
 void castToFp8(const Context &ctx, const TensorView &x, const float *scale,
                const TensorView &out, Fp8CastStats *stats);
 
+/// out [cols, rows] = the codes of x [rows, cols] transposed, cast as castToFp8 casts them
+/// (codes and statistics): the cast the backward FP8 GEMMs give their operands, as cuBLASLt's
+/// FP8 kernels take only the "TN" layout. rows and cols must be multiples of 16, x and out
+/// 16-byte aligned.
+void castToFp8Transposed(const Context &ctx, const TensorView &x, const float *scale,
+                         const TensorView &out, Fp8CastStats *stats);
+
 /// The delayed-scaling update after a step (device memory throughout): records the amax of
 /// *stats in history[*step % length], then sets *scale to fp8::delayedScale(history, length,
 /// *scale, format, margin) and, when `descale` is not null, *descale to 1 / *scale (what an
