@@ -3,8 +3,9 @@
 # machine, from the folder bench/prepare_fp8_run.sh made (default .gpu-fp8/): the CUDA kernel
 # tests (the FP8 kernels against their host model and every other kernel against the CPU), the
 # FP8 GEMM against bf16 and torch._scaled_mm, the 500-step bf16-vs-FP8 run of TinyLlama's shape,
-# and the training steps of TinyLlama-1.1B and a Llama-3-8B layer stack in bf16 and FP8.
-# Logs go under $OUT.
+# the training steps of TinyLlama-1.1B and of Llama-3-8B layer stacks (8 and 16 layers) in bf16
+# and FP8, and where one step of the 8-layer stack spends its time (bonsai-run --profile).
+# BONSAI_FP8_VERIFY=0 skips the 500-step verification. Logs go under $OUT.
 set -uo pipefail
 dir="${1:-.gpu-fp8}"
 out="${OUT:-/tmp/bonsai-out}"
@@ -22,18 +23,28 @@ echo "== FP8 GEMM =="
 python3 bench/fp8_gemm_bench.py --bench "$dir/bin/fp8_gemm_bench" --reps 20 > "$out/gemm.log" 2>&1
 tail -12 "$out/gemm.log"
 
+if [ "${BONSAI_FP8_VERIFY:-1}" != 0 ]; then
 echo "== verification: TinyLlama-1.1B shape, 500 steps, bf16 and FP8 on the same tokens =="
 python3 bench/fp8_train_bench.py --bonsai-run "$run" --name verify --verify \
   --data "$dir/licenses.tokens" --steps 500 --warmup 20 --tail 20 \
   --bf16-plan "$dir/plans/verify_bf16.plan" --fp8-plan "$dir/plans/verify_fp8.plan" \
   --workdir "$out" > "$out/verify.log" 2>&1
 tail -12 "$out/verify.log"
+fi
 
-for model in tinyllama llama3_8b; do
+for model in tinyllama llama3_8b llama3_8b_l16; do
   echo "== training step $model =="
   grep -E "peak device" "$dir/plans/${model}_bf16.txt" "$dir/plans/${model}_fp8.txt"
   python3 bench/fp8_train_bench.py --bonsai-run "$run" --name "$model" --steps 25 --warmup 5 \
     --bf16-plan "$dir/plans/${model}_bf16.plan" --fp8-plan "$dir/plans/${model}_fp8.plan" \
     --workdir "$out" > "$out/step_$model.log" 2>&1
   tail -6 "$out/step_$model.log"
+done
+
+echo "== where a step of the 8-layer stack goes (kernels timed one by one) =="
+for recipe in bf16 fp8; do
+  "$run" "$dir/plans/llama3_8b_$recipe.plan" --backend=cuda --steps 3 --seed 1 --profile \
+    > "$out/profile_$recipe.log" 2>&1
+  echo "-- $recipe"
+  grep -E "^profile: (one step|[A-Z][A-Za-z0-9]+ +[a-z]+ +[0-9]+ kernels)" "$out/profile_$recipe.log" | head -12
 done

@@ -105,6 +105,7 @@ std::optional<fb::KernelKind> getKernelKind(StringRef name) {
       .Case("fp8_linear_grad_input", fb::KernelKind::Fp8LinearGradInput)
       .Case("fp8_linear_grad_weight", fb::KernelKind::Fp8LinearGradWeight)
       .Case("fp8_update_scales", fb::KernelKind::Fp8UpdateScales)
+      .Case("fp8_linear_grad_weight_accumulate", fb::KernelKind::Fp8LinearGradWeightAccumulate)
       .Default(std::nullopt);
 }
 
@@ -227,7 +228,8 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
   case fb::KernelKind::Fp8Linear:
   case fb::KernelKind::Fp8LinearGradInput:
   case fb::KernelKind::Fp8LinearGradWeight:
-  case fb::KernelKind::Fp8UpdateScales: {
+  case fb::KernelKind::Fp8UpdateScales:
+  case fb::KernelKind::Fp8LinearGradWeightAccumulate: {
     FailureOr<BoolAttr> current = getParam<BoolAttr>(launch, "current");
     FailureOr<int64_t> margin = i64("margin");
     if (failed(current) || failed(margin))

@@ -1,6 +1,6 @@
 //===- Fp8Linear.cpp - FP8 GEMMs and delayed scaling on the CPU -----------===//
 //
-// The CPU reference of plan kinds 90..93 (docs/fp8.md, "FP8 training: ops, state and kernels"):
+// The CPU reference of plan kinds 90..94 (docs/fp8.md, "FP8 training: ops, state and kernels"):
 // each GEMM operand is cast to E4M3FN (activations, weights) or E5M2 (output gradients) with
 // the scale of its row of the FP8 state, or with a scale from its own amax under current
 // scaling or before the first update, exactly as fp8::castScaled casts; the codes go to the
@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 namespace bonsai::rt::cpu {
 
@@ -219,6 +220,28 @@ void fp8LinearGradWeight(const TensorView &dy, const TensorView &x, const Tensor
   scaledGemm(decodeCodes(codes, dy.numel(), fp8::Format::E5M2, /*rows=*/m), dyScale,
              decodeCodes(xCodes, x.numel(), fp8::Format::E4M3FN, /*rows=*/m), xScale, n, kk, m,
              nullptr, dw, {&dy, &x, &state});
+}
+
+void fp8LinearGradWeightAccumulate(const TensorView &dy, const TensorView &x,
+                                   const TensorView &state, bool current, int margin,
+                                   const TensorView &stats, const TensorView &workspace,
+                                   const TensorView &acc) {
+  const char *k = "fp8_linear_grad_weight_accumulate";
+  checkFloat(k, "dy", dy);
+  checkFloat(k, "x", x);
+  checkFloat(k, "acc", acc);
+  if (dy.rank() < 1 || x.rank() != dy.rank() ||
+      !std::equal(dy.shape.begin(), dy.shape.end() - 1, x.shape.begin()))
+    fail(k, "x shape " + formatShape(x.shape) + " and dy shape " + formatShape(dy.shape) +
+                " are not [..., in] and [..., out] with the same leading dimensions");
+  checkShape(k, "acc", acc, {dy.dim(-1), x.dim(-1)},
+             "for dy shape " + formatShape(dy.shape) + " and x shape " + formatShape(x.shape));
+  // The product in f32, then one addition per element in the accumulator's type: the same
+  // arithmetic as fp8_linear_grad_weight into an f32 tensor followed by accumulate.
+  std::vector<float> product(size_t(acc.numel()));
+  TensorView dw{product.data(), DType::F32, acc.shape};
+  fp8LinearGradWeight(dy, x, state, current, margin, dw, stats, workspace);
+  accumulate(dw, acc);
 }
 
 void fp8UpdateScales(const TensorView &step, const TensorView &forwardStats,

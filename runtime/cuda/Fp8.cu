@@ -647,10 +647,11 @@ void checkFp8Operands(const char *kn, const GemmOperand (&ops)[2], const TensorV
                  " bytes from a 256-byte boundary (fp8::gemmWorkspaceBytes)");
 }
 
-/// Runs the FP8 GEMM out = codes[0] · codes[1]ᵀ of `ops` (m x k and n x k codes).
+/// Runs the FP8 GEMM out = codes[0] · codes[1]ᵀ of `ops` (m x k and n x k codes), or
+/// out += that product when `accumulate`.
 void runGemm(const Context &ctx, const char *kn, const GemmOperand (&ops)[2],
              uint8_t *const (&codes)[2], const Fp8Control *control, int64_t m, int64_t n,
-             int64_t k, const TensorView &out, const TensorView *bias) {
+             int64_t k, const TensorView &out, const TensorView *bias, bool accumulate = false) {
   if (!ctx.gemm)
     fail(kn, "the context has no GemmEngine");
   checkFloat(kn, "output", out);
@@ -668,6 +669,7 @@ void runGemm(const Context &ctx, const char *kn, const GemmOperand (&ops)[2],
   call.d = out.data;
   call.descaleA = &control->descale[0].value;
   call.descaleB = &control->descale[1].value;
+  call.accumulate = accumulate;
   if (bias) {
     checkFloat(kn, "bias", *bias);
     if (bias->dtype != out.dtype || bias->numel() != n || !aligned16(bias->data))
@@ -792,24 +794,42 @@ void fp8LinearGradInput(const Context &ctx, const TensorView &dy, const TensorVi
   runGemm(ctx, kn, ops, codes, control, m, k, n, dx, nullptr);
 }
 
-void fp8LinearGradWeight(const Context &ctx, const TensorView &dy, const TensorView &x,
-                         const TensorView &state, bool current, int margin,
-                         const TensorView &dw, const TensorView &stats,
-                         const TensorView &workspace) {
-  const char *kn = "fp8_linear_grad_weight";
+/// fp8LinearGradWeight into dw, or added to it when `accumulate` (kind 94's accumulator).
+static void gradWeight(const Context &ctx, const char *kn, const TensorView &dy,
+                       const TensorView &x, const TensorView &state, bool current, int margin,
+                       const TensorView &dw, const char *dwName, const TensorView &stats,
+                       const TensorView &workspace, bool accumulate) {
   auto [m, n] = asMatrix(kn, "dy", dy);
   auto [xm, k] = asMatrix(kn, "x", x);
   if (xm != m)
     fail(kn, "dy and x must have the same leading dimensions");
   if (dw.rank() != 2 || dw.dim(0) != n || dw.dim(1) != k)
-    fail(kn, "dw must be [" + std::to_string(n) + ", " + std::to_string(k) + "]");
+    fail(kn, std::string(dwName) + " must be [" + std::to_string(n) + ", " + std::to_string(k) +
+                 "]");
   // dw [n, k] = (dyᵀ [n, m]) · (xᵀ [k, m])ᵀ: both operands cast transposed.
   const GemmOperand ops[2] = {{&dy, m, n, true, fp8::OutputGradRow, "dy"},
                               {&x, m, k, true, fp8::InputRow, "x"}};
   checkFp8Operands(kn, ops, state, stats, workspace);
   uint8_t *codes[2];
-  Fp8Control *control = castOperands(ctx, kn, ops, state, current, margin, workspace, stats, codes);
-  runGemm(ctx, kn, ops, codes, control, n, k, m, dw, nullptr);
+  Fp8Control *control =
+      castOperands(ctx, kn, ops, state, current, margin, workspace, stats, codes);
+  runGemm(ctx, kn, ops, codes, control, n, k, m, dw, nullptr, accumulate);
+}
+
+void fp8LinearGradWeight(const Context &ctx, const TensorView &dy, const TensorView &x,
+                         const TensorView &state, bool current, int margin,
+                         const TensorView &dw, const TensorView &stats,
+                         const TensorView &workspace) {
+  gradWeight(ctx, "fp8_linear_grad_weight", dy, x, state, current, margin, dw, "dw", stats,
+             workspace, /*accumulate=*/false);
+}
+
+void fp8LinearGradWeightAccumulate(const Context &ctx, const TensorView &dy, const TensorView &x,
+                                   const TensorView &state, bool current, int margin,
+                                   const TensorView &stats, const TensorView &workspace,
+                                   const TensorView &acc) {
+  gradWeight(ctx, "fp8_linear_grad_weight_accumulate", dy, x, state, current, margin, acc, "acc",
+             stats, workspace, /*accumulate=*/true);
 }
 
 void fp8UpdateScales(const Context &ctx, const TensorView &step, const TensorView &forward,

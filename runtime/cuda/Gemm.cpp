@@ -525,7 +525,7 @@ void LtEngine::runFp8(const char *kernel, Stream stream, const Fp8GemmCall &call
   if (call.bias)
     setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias, sizeof call.bias,
             "BIAS_POINTER");
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f, beta = call.accumulate ? 1.0f : 0.0f;
   checkCublas(cublasLtMatmul(handle_, p.desc, &alpha, call.b, p.aLayout, call.a, p.bLayout,
                              &beta, call.d, p.cLayout, call.d, p.cLayout, &p.algo, workspace_,
                              workspaceBytes_, stream),

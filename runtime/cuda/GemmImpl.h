@@ -74,6 +74,7 @@ struct Fp8GemmCall {
   void *d = nullptr;
   const float *descaleA = nullptr, *descaleB = nullptr; ///< device memory
   const void *bias = nullptr;                           ///< n elements of dType, or null
+  bool accumulate = false; ///< d += the product (beta = 1: d is also cuBLASLt's C)
 };
 
 /// cuBLASLt handle, workspace and plan cache (not thread-safe: one per device and stream).

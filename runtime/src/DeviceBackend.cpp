@@ -485,6 +485,10 @@ private:
       cuda::fp8LinearGradWeight(ctx, in(0), in(1), in(2), a.fp8Current, a.fp8Margin, outAt(0),
                                 outAt(1), outAt(2));
       break;
+    case KernelKind::Fp8LinearGradWeightAccumulate:
+      cuda::fp8LinearGradWeightAccumulate(ctx, in(0), in(1), in(2), a.fp8Current, a.fp8Margin,
+                                          outAt(0), outAt(1), outAt(2));
+      break;
     case KernelKind::Fp8UpdateScales:
       cuda::fp8UpdateScales(ctx, in(0), in(1), k.inputs.size() == 3 ? &in(2) : nullptr,
                             a.fp8Margin, out);

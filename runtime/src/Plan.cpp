@@ -62,6 +62,8 @@ static_assert(uint16_t(fb::KernelKind::Copy) == uint16_t(KernelKind::Copy) &&
                   uint16_t(fb::KernelKind::Fp8Linear) == uint16_t(KernelKind::Fp8Linear) &&
                   uint16_t(fb::KernelKind::Fp8UpdateScales) ==
                       uint16_t(KernelKind::Fp8UpdateScales) &&
+                  uint16_t(fb::KernelKind::Fp8LinearGradWeightAccumulate) ==
+                      uint16_t(KernelKind::Fp8LinearGradWeightAccumulate) &&
                   uint16_t(fb::KernelKind::FlashAttention) ==
                       uint16_t(KernelKind::FlashAttention) &&
                   uint16_t(fb::KernelKind::MAX) == uint16_t(KernelKind::FlashAttentionGrad),
@@ -554,9 +556,10 @@ private:
   void checkFp8Stats(const TensorInfo &t, const std::string &name) const;
   /// GEMM dimension `what` (M, N or K) is a multiple of 16, as FP8 tensor cores need.
   void checkFp8Dimension(const char *what, int64_t value, const std::string &from) const;
-  /// The state (input 2), the stats (output 1) and the workspace (output 2, at least
-  /// fp8::gemmWorkspaceBytes / 4 f32 elements for casts of `a` and `b` elements) of kinds 90..92.
-  void checkFp8GemmOperands(int64_t aElements, int64_t bElements) const;
+  /// The state (input 2), the stats (output `stats`: 1, or 0 for the accumulating kind 94) and
+  /// the workspace (the output after it, at least fp8::gemmWorkspaceBytes / 4 f32 elements for
+  /// casts of `a` and `b` elements) of kinds 90..92 and 94.
+  void checkFp8GemmOperands(int64_t aElements, int64_t bElements, size_t stats = 1) const;
 
   const LoadedPlan &plan;
   size_t index;
@@ -807,6 +810,10 @@ void KernelChecker::checkArity() {
   case KernelKind::Fp8LinearGradWeight:
     operandNames = {"dy", "x", "state"};
     resultNames = {"dw", "stats", "workspace"};
+    break;
+  case KernelKind::Fp8LinearGradWeightAccumulate:
+    operandNames = {"dy", "x", "state"};
+    resultNames = {"stats", "workspace", "acc"};
     break;
   case KernelKind::Fp8UpdateScales:
     operandNames = {"step", "forward_stats", "backward_stats"};
@@ -1065,6 +1072,7 @@ void KernelChecker::checkAttrs() {
   case KernelKind::Fp8Linear:
   case KernelKind::Fp8LinearGradInput:
   case KernelKind::Fp8LinearGradWeight:
+  case KernelKind::Fp8LinearGradWeightAccumulate:
   case KernelKind::Fp8UpdateScales:
     if (a.fp8Margin < 0 || a.fp8Margin > kMaxFp8Margin)
       fail("margin must be in [0, " + std::to_string(kMaxFp8Margin) + "], got " +
@@ -1151,7 +1159,8 @@ void KernelChecker::checkState() const {
     break;
   case KernelKind::Fp8Linear:
   case KernelKind::Fp8LinearGradInput:
-  case KernelKind::Fp8LinearGradWeight: {
+  case KernelKind::Fp8LinearGradWeight:
+  case KernelKind::Fp8LinearGradWeightAccumulate: {
     const ArenaInfo &arena = arenaOf(in(2));
     if (arena.lifetime != Lifetime::Persistent)
       fail(inName(2) + " is in step arena " + std::to_string(in(2).arena) + " '" + arena.name +
@@ -1230,13 +1239,14 @@ void KernelChecker::checkFp8Dimension(const char *what, int64_t value,
          ", which FP8 tensor-core GEMMs need");
 }
 
-void KernelChecker::checkFp8GemmOperands(int64_t aElements, int64_t bElements) const {
+void KernelChecker::checkFp8GemmOperands(int64_t aElements, int64_t bElements,
+                                         size_t stats) const {
   checkFp8State(in(2), inName(2));
-  checkFp8Stats(out(1), outName(1));
+  checkFp8Stats(out(stats), outName(stats));
   int64_t want = fp8::gemmWorkspaceBytes(aElements, bElements) / int64_t(sizeof(float));
-  const TensorInfo &w = out(2);
+  const TensorInfo &w = out(stats + 1);
   if (w.dtype != DType::F32 || w.shape.size() != 1 || w.shape[0] < want)
-    fail(outName(2) + ": expected a 1-D f32 workspace of at least " + std::to_string(want) +
+    fail(outName(stats + 1) + ": expected a 1-D f32 workspace of at least " + std::to_string(want) +
          " elements (fp8::gemmWorkspaceBytes of casts of " + std::to_string(aElements) +
          " and " + std::to_string(bElements) + " elements), got " + formatShape(w.shape) + " " +
          dtypeName(w.dtype));
@@ -1610,7 +1620,8 @@ void KernelChecker::checkShapes() {
     checkFp8GemmOperands(in(0).numel, in(1).numel);
     break;
   }
-  case KernelKind::Fp8LinearGradWeight: {
+  case KernelKind::Fp8LinearGradWeight:
+  case KernelKind::Fp8LinearGradWeightAccumulate: {
     expectFloat(0);
     expectFloat(1);
     expectRankAtLeast(0, 1);
@@ -1622,8 +1633,10 @@ void KernelChecker::checkShapes() {
     checkFp8Dimension("M", in(0).numel / dy.back(), "the rows of dy " + formatShape(dy));
     checkFp8Dimension("N", dy.back(), "the columns of dy " + formatShape(dy));
     checkFp8Dimension("K", x.back(), "the columns of x " + formatShape(x));
-    expectFloatOutput(0, {dy.back(), x.back()});
-    checkFp8GemmOperands(in(0).numel, in(1).numel);
+    // dw, or the accumulator after the statistics and the workspace.
+    const bool accumulate = kernel.kind == KernelKind::Fp8LinearGradWeightAccumulate;
+    expectFloatOutput(accumulate ? 2 : 0, {dy.back(), x.back()});
+    checkFp8GemmOperands(in(0).numel, in(1).numel, accumulate ? 0 : 1);
     break;
   }
   case KernelKind::Fp8UpdateScales:
@@ -1874,6 +1887,7 @@ fb::KernelAttrs requiredAttrs(fb::KernelKind kind) {
   case fb::KernelKind::Fp8Linear:
   case fb::KernelKind::Fp8LinearGradInput:
   case fb::KernelKind::Fp8LinearGradWeight:
+  case fb::KernelKind::Fp8LinearGradWeightAccumulate:
   case fb::KernelKind::Fp8UpdateScales:
     return fb::KernelAttrs::Fp8Attrs;
   default:

@@ -9,9 +9,9 @@
 // over steps that wrap the history, including a first step whose amax is zero (the scale is
 // kept).
 //
-// cuda::fp8Linear, fp8LinearGradInput, fp8LinearGradWeight and fp8UpdateScales (plan kinds
-// 90..93, docs/fp8.md) against a model built on the CPU reference's conversion alone (each
-// operand cast with fp8::castScaled at the scale the contract picks, the product of the decoded
+// cuda::fp8Linear, fp8LinearGradInput, fp8LinearGradWeight, fp8LinearGradWeightAccumulate and
+// fp8UpdateScales (plan kinds 90..94, docs/fp8.md) against a model built on the CPU reference's
+// conversion alone (each operand cast with fp8::castScaled at the scale the contract picks, the product of the decoded
 // codes summed in double and descaled) and against the CPU backend's kernels over two steps.
 // The statistics and states must match exactly; the GEMM outputs within their rounding and the
 // tensor cores' accumulation precision (expectNear). Shapes are multiples of 16 but not of the
@@ -344,7 +344,7 @@ TEST(CudaFp8Test, DelayedScaleMatchesTheCpu) {
     }
 }
 
-// The FP8 GEMM kernels of plan kinds 90..93.
+// The FP8 GEMM kernels of plan kinds 90..94.
 
 bool haveFp8TensorCores() {
   cudaDeviceProp prop{};
@@ -750,6 +750,60 @@ TEST_F(CudaFp8LinearTest, ManyBlocksMatchTheModel) {
       }
     expectNear(dw.read(), wantDw, magnitudeDw, DType::F32, m, "dw");
     expectStats(dws.read(), cdy, cx);
+  }
+}
+
+TEST_F(CudaFp8LinearTest, GradWeightAccumulateMatchesTheModel) {
+  if (refusedWithoutFp8TensorCores())
+    return;
+  std::mt19937 rng(17);
+  // acc += dyᵀ x with cuBLASLt's beta = 1 into an f32 and a bf16 accumulator (kind 94).
+  const int64_t m = 144, n = 32, k = 80;
+  for (DType accType : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtypeName(accType));
+    Operand dy({3, 48, n}, DType::BF16, rng, 0.01f), x({3, 48, k}, DType::BF16, rng, 1.0f);
+    std::vector<float> state = makeState(2, 4.0f, 1.0f, 3000.0f);
+    auto stateDevice = upload(state);
+    TensorView stateView{stateDevice->ptr, DType::F32, {3, 6}};
+    Output acc({n, k}, accType), stats({2, 4}, DType::F32);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> initial(size_t(n * k));
+    std::vector<uint16_t> initialBits(initial.size());
+    for (size_t i = 0; i < initial.size(); ++i) {
+      initialBits[i] = toBf16(normal(rng));
+      initial[i] = bf16ToFloat(initialBits[i]);
+    }
+    if (accType == DType::F32)
+      cudaOk(cudaMemcpy(acc.device->ptr, initial.data(), initial.size() * 4,
+                        cudaMemcpyHostToDevice),
+             "cudaMemcpy");
+    else
+      cudaOk(cudaMemcpy(acc.device->ptr, initialBits.data(), initialBits.size() * 2,
+                        cudaMemcpyHostToDevice),
+             "cudaMemcpy");
+    TensorView ws;
+    auto wsBuffer = workspace(m * n, m * k, ws);
+    cuda::fp8LinearGradWeightAccumulate(ctx, dy.view(), x.view(), stateView, false, 0,
+                                        stats.view(), ws, acc.view());
+    cudaOk(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+
+    CastModel cdy = castModel(dy.values, 3000.0f, false, fp8::Format::E5M2, 0);
+    CastModel cx = castModel(x.values, 4.0f, false, fp8::Format::E4M3FN, 0);
+    std::vector<double> want(size_t(n * k)), magnitude(size_t(n * k));
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < k; ++j) {
+        double sum = 0, mag = 0;
+        for (int64_t l = 0; l < m; ++l) {
+          double p = double(cdy.decoded[l * n + i]) * double(cx.decoded[l * k + j]);
+          sum += p;
+          mag += std::fabs(p);
+        }
+        double scale = 1.0 / (double(cdy.scale) * double(cx.scale));
+        want[i * k + j] = double(initial[i * k + j]) + sum * scale;
+        magnitude[i * k + j] = mag * scale;
+      }
+    expectNear(acc.read(), want, magnitude, accType, m, "acc");
+    expectStats(stats.read(), cdy, cx);
   }
 }
 

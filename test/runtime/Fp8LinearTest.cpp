@@ -23,6 +23,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace bonsai::rt {
@@ -306,6 +307,56 @@ TEST(Fp8LinearTest, GradWeight) {
     std::vector<float> got(size_t(N * K));
     loadF32(dwv, got.data());
     EXPECT_EQ(got, want) << "variant " << variant;
+  }
+}
+
+TEST(Fp8LinearTest, GradWeightAccumulate) {
+  // acc [48, 32] += Σ_m dy [2, 16, 48]ᵀ · x [2, 16, 32]: the product of GradWeight in f32,
+  // then one addition per element in the accumulator's type; the statistics and codes are
+  // GradWeight's.
+  const int64_t M = 32, N = 48, K = 32;
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    std::vector<float> dy = raggedValues(M * N, 1e-3f, 60);
+    std::vector<float> x = raggedValues(M * K, 1.0f, 61);
+    std::vector<float> state = stateWith(16.0f, 1.0f, 1e6f);
+    std::vector<float> stats(8), ws = workspaceFor(M * N, M * K);
+    std::vector<float> initial = roundedTo(raggedValues(N * K, 1e-2f, 62), dtype);
+    std::vector<uint8_t> acc(size_t(N * K) * dtypeSize(dtype));
+    TensorView accv{acc.data(), dtype, {N, K}};
+    storeF32(initial.data(), accv);
+    cpu::fp8LinearGradWeightAccumulate(f32View(dy, {2, 16, N}), f32View(x, {2, 16, K}),
+                                       f32View(state, {3, 8}), false, 0,
+                                       f32View(stats, {2, 4}),
+                                       f32View(ws, {int64_t(ws.size())}), accv);
+    RefCast rdy = refCast(dy, state[16], false, Format::E5M2, 0);
+    RefCast rx = refCast(x, state[0], false, Format::E4M3FN, 0);
+    expectStatsRow(stats.data(), rdy, "dy");
+    expectStatsRow(stats.data() + 4, rx, "x");
+    EXPECT_EQ(codesAt(ws, (M * N + 255) / 256 * 256, M * K), rx.codes);
+    std::vector<float> want =
+        refGemm([&](int64_t i, int64_t p) { return rdy.values[size_t(p * N + i)]; }, rdy.scale,
+                [&](int64_t j, int64_t p) { return rx.values[size_t(p * K + j)]; }, rx.scale, N,
+                K, M);
+    for (size_t i = 0; i < want.size(); ++i)
+      want[i] += initial[i];
+    want = roundedTo(want, dtype);
+    std::vector<float> got(size_t(N * K));
+    loadF32(accv, got.data());
+    EXPECT_EQ(got, want) << dtypeName(dtype);
+  }
+  // An accumulator of the wrong shape is named.
+  std::vector<float> dy(32 * 48), x(32 * 32), state = stateWith(0, 0, 0), stats(8),
+      ws = workspaceFor(32 * 48, 32 * 32), acc(32 * 48);
+  try {
+    cpu::fp8LinearGradWeightAccumulate(f32View(dy, {32, 48}), f32View(x, {32, 32}),
+                                       f32View(state, {3, 8}), false, 0, f32View(stats, {2, 4}),
+                                       f32View(ws, {int64_t(ws.size())}),
+                                       f32View(acc, {32, 48}));
+    FAIL() << "expected an error";
+  } catch (const Error &e) {
+    EXPECT_NE(std::string(e.what()).find("fp8_linear_grad_weight_accumulate"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("acc"), std::string::npos) << e.what();
   }
 }
 

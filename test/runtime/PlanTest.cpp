@@ -1222,6 +1222,49 @@ TEST(PlanFp8Test, LoadsWithItsAttributes) {
   EXPECT_EQ(loadError(p.spec), "");
 }
 
+/// fp8Plan with its weight gradient in the accumulating form (kind 94): outputs stats,
+/// workspace, then the gradient it adds into.
+Fp8Plan accumulatingFp8Plan() {
+  Fp8Plan p = fp8Plan();
+  test::KernelSpec &k = p.spec.kernels[p.f.gradWeight];
+  k.kind = KernelKind::Fp8LinearGradWeightAccumulate;
+  k.outputs = {k.outputs[1], k.outputs[2], k.outputs[0]};
+  return p;
+}
+
+TEST(PlanFp8Test, AccumulatingWeightGradient) {
+  Fp8Plan p = accumulatingFp8Plan();
+  LoadedPlan plan = load(buildPlan(p.spec));
+  EXPECT_EQ(plan.kernels[p.f.gradWeight].kind, KernelKind::Fp8LinearGradWeightAccumulate);
+  EXPECT_STREQ(kernelKindName(KernelKind::Fp8LinearGradWeightAccumulate),
+               "Fp8LinearGradWeightAccumulate");
+  p.spec.kernels[p.f.gradWeight].outputs.pop_back();
+  expectError(p.spec, {"(Fp8LinearGradWeightAccumulate): expected 3 outputs (stats, workspace, "
+                       "acc), got 2"});
+  // The unfused kind's output order is refused: the accumulator comes last.
+  p = fp8Plan();
+  p.spec.kernels[p.f.gradWeight].kind = KernelKind::Fp8LinearGradWeightAccumulate;
+  expectError(p.spec, {"(Fp8LinearGradWeightAccumulate): acc (tensor", "shape: expected [16, 16]"});
+  p = accumulatingFp8Plan();
+  uint32_t acc = p.spec.add("acc.wrong", DType::F32, {16, 32}, TensorRole::Gradient, 1);
+  p.spec.kernels[p.f.gradWeight].outputs[2] = acc;
+  expectError(p.spec, {"(Fp8LinearGradWeightAccumulate): acc (tensor", "shape: expected [16, 16], "
+                       "got [16, 32]"});
+  p = accumulatingFp8Plan();
+  uint32_t small = p.spec.add("ws.small", DType::F32, {191}, TensorRole::Workspace, 1);
+  p.spec.kernels[p.f.gradWeight].outputs[1] = small;
+  expectError(p.spec, {"(Fp8LinearGradWeightAccumulate): workspace (tensor", "expected a 1-D f32 "
+                       "workspace of at least"});
+  p = accumulatingFp8Plan();
+  p.spec.kernels[p.f.gradWeight].attrs = test::fp8Attrs(false, 40);
+  expectError(p.spec, {"(Fp8LinearGradWeightAccumulate): margin must be in [0, 32], got 40"});
+  p = accumulatingFp8Plan();
+  uint32_t stepState = p.spec.add("step.fp8", DType::F32, {3, 8}, TensorRole::Activation, 1);
+  p.spec.kernels[p.f.gradWeight].inputs[2] = stepState;
+  expectError(p.spec, {"(Fp8LinearGradWeightAccumulate): state (tensor", "FP8 scaling state must "
+                       "live in a persistent arena"});
+}
+
 TEST(PlanFp8Test, Arity) {
   Fp8Plan p = fp8Plan();
   p.spec.kernels[p.f.forward].inputs.resize(2);

@@ -3,9 +3,9 @@
 // Work a GEMM's epilogue can do where cuBLASLt has an epilogue for it:
 //
 //   - accumulation: `bonsai.accumulate(p, acc)` of the result of an op that can add its result
-//     into the accumulator itself (AccumulatingProducerOpInterface: linear_grad_weight as a
-//     GEMM with beta = 1) becomes that op. The weight-sized gradient temporary, one launch and
-//     a read and write of it disappear.
+//     into the accumulator itself (AccumulatingProducerOpInterface: linear_grad_weight and
+//     fp8_linear_grad_weight as GEMMs with beta = 1) becomes that op. The weight-sized
+//     gradient temporary, one launch and a read and write of it disappear.
 //     GPT-2 stores its weights transposed ([in, out], Conv1D), so its weight gradient is
 //     transpose(linear_grad_weight(dy, x)); that is linear_grad_weight(x, dy), the same GEMM
 //     with its operands swapped, which the accumulation then absorbs (the transpose's kernel
@@ -75,9 +75,20 @@ struct AccumulateIntoProducer : OpRewritePattern<AccumulateOp> {
                                              "an operand of the producer is written between "
                                              "producer and accumulation");
     }
+    // The producer's other results (an FP8 GEMM's statistics) become the fused op's, which
+    // runs where the accumulation ran: their readers must come after it.
+    for (Value result : producer->getResults().drop_front())
+      for (Operation *user : result.getUsers())
+        if (user->getBlock() != accumulate->getBlock() || !accumulate->isBeforeInBlock(user))
+          return rewriter.notifyMatchFailure(accumulate,
+                                             "another result of the producer is read before "
+                                             "the accumulation");
     rewriter.setInsertionPoint(accumulate);
     Operation *fused = producer.buildAccumulating(rewriter, acc);
     copyPhase(accumulate, fused);
+    for (auto [result, replacement] :
+         llvm::zip_equal(producer->getResults().drop_front(), fused->getResults()))
+      rewriter.replaceAllUsesWith(result, replacement);
     rewriter.eraseOp(accumulate);
     rewriter.eraseOp(producer);
     options.fused(fused, (producer->getName().stripDialect() + " + accumulate").str());

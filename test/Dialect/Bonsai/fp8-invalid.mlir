@@ -173,6 +173,22 @@ func.func @grad_weight_n(%dy: tensor<1x16x24xbf16>, %x: tensor<1x16x64xbf16>, %s
 
 // -----
 
+func.func @accumulate_shape(%dy: tensor<1x16x32xbf16>, %x: tensor<1x16x64xbf16>, %s: tensor<3x20xf32>, %acc: tensor<64x32xf32>) {
+  // expected-error @+1 {{accumulator shape: expected [32, 64] ([N, K]), got [64, 32]}}
+  %as, %aw = bonsai.fp8_linear_grad_weight_accumulate %dy, %x, %s, %acc {current = false, margin = 0 : i64} : (tensor<1x16x32xbf16>, tensor<1x16x64xbf16>, tensor<3x20xf32>, tensor<64x32xf32>) -> (tensor<2x4xf32>, tensor<448xf32>)
+  return
+}
+
+// -----
+
+func.func @accumulate_workspace(%dy: tensor<1x16x32xbf16>, %x: tensor<1x16x64xbf16>, %s: tensor<3x20xf32>, %acc: tensor<32x64xf32>) {
+  // expected-error @+1 {{workspace must be tensor<448xf32>}}
+  %as, %aw = bonsai.fp8_linear_grad_weight_accumulate %dy, %x, %s, %acc {current = false, margin = 0 : i64} : (tensor<1x16x32xbf16>, tensor<1x16x64xbf16>, tensor<3x20xf32>, tensor<32x64xf32>) -> (tensor<2x4xf32>, tensor<440xf32>)
+  return
+}
+
+// -----
+
 func.func @update_stats(%step: tensor<i64>, %fs: tensor<2x4xf32>, %bs: tensor<2x5xf32>, %s: tensor<3x20xf32>) {
   // expected-error @+1 {{backward_stats must be f32 [2, 4] (amax, underflow, saturation, scale of each cast operand), got 'tensor<2x5xf32>'}}
   bonsai.fp8_update_scales %step, %fs, %bs, %s {current = false, margin = 0 : i64} : tensor<i64>, tensor<2x4xf32>, tensor<2x5xf32>, tensor<3x20xf32>

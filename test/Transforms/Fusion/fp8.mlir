@@ -1,27 +1,37 @@
-// RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=sm_90 per-linear-remarks=false' --bonsai-fuse='per-site-remarks=false' %s 2>/dev/null | FileCheck %s
-// RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=sm_80' --bonsai-fuse='per-site-remarks=false' %s 2>/dev/null | FileCheck %s --check-prefix=BF16
+// RUN: bonsai-opt --split-input-file --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=sm_90 per-linear-remarks=false' --bonsai-fuse='per-site-remarks=false' %s 2>/dev/null | FileCheck %s
+// RUN: bonsai-opt --split-input-file --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=sm_90 per-linear-remarks=false' --bonsai-fuse='per-site-remarks=false disable=gemm-epilogue' %s 2>/dev/null | FileCheck %s --check-prefix=NOEPI
+// RUN: bonsai-opt --split-input-file --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=sm_80' --bonsai-fuse='per-site-remarks=false' %s 2>/dev/null | FileCheck %s --check-prefix=BF16
 
-// Fusion families leave FP8 GEMMs alone: bonsai-fp8 runs first (docs/fp8.md), and no family
-// matches its ops. Here every linear is targeted, the LM head too: on sm_90 there is no
-// linear + gelu (gemm-epilogue), no weight gradient accumulated by its GEMM (gemm-epilogue),
-// no fused LM head (linear-cross-entropy); the same step for sm_80 gets all three.
+// bonsai-fp8 runs before bonsai-fuse (docs/fp8.md). Here every linear is targeted, the LM head
+// too. On sm_90 the only family that matches an FP8 GEMM is gemm-epilogue's accumulation: each
+// weight gradient is added into its accumulator by its own FP8 GEMM
+// (fp8_linear_grad_weight_accumulate); there is no linear + gelu (gemm-epilogue) and no fused
+// LM head (linear-cross-entropy). The same step for sm_80 gets all three in bf16.
 // CHECK-LABEL: func.func @mlp
 // CHECK-NOT: bonsai.linear_gelu
-// CHECK-NOT: bonsai.linear_grad_weight_accumulate
 // CHECK-NOT: bonsai.linear_cross_entropy
 // CHECK: bonsai.fp8_linear
 // CHECK: bonsai.gelu
 // CHECK: bonsai.fp8_linear
 // CHECK: bonsai.fp8_linear
 // CHECK: bonsai.cross_entropy
-// CHECK: bonsai.fp8_linear_grad_weight
-// CHECK: bonsai.accumulate
+// CHECK-NOT: bonsai.fp8_linear_grad_weight {{.*}}:
+// CHECK: %{{[a-z0-9_]+}}, %{{[a-z0-9_]+}} = bonsai.fp8_linear_grad_weight_accumulate {{.*}} : (tensor<1x16x64xf32>, tensor<1x16x16xf32>, tensor<3x20xf32>, tensor<64x16xf32>) -> (tensor<2x4xf32>, tensor<{{[0-9]+}}xf32>)
+// CHECK: bonsai.fp8_linear_grad_weight_accumulate
+// CHECK: bonsai.fp8_linear_grad_weight_accumulate
+// CHECK-NOT: bonsai.fp8_linear_grad_weight {{.*}}:
 // CHECK-NOT: bonsai.linear_gelu
 // CHECK-NOT: bonsai.linear_grad_weight_accumulate
 // CHECK-NOT: bonsai.linear_cross_entropy
 // CHECK: bonsai.fp8_update_scales
 // CHECK: bonsai.fp8_update_scales
 // CHECK: bonsai.fp8_update_scales
+
+// Without the family the weight gradient and its accumulation stay apart.
+// NOEPI-LABEL: func.func @mlp
+// NOEPI-NOT: fp8_linear_grad_weight_accumulate
+// NOEPI: %[[DW:[a-z0-9_]+]], %{{.*}} = bonsai.fp8_linear_grad_weight
+// NOEPI: bonsai.accumulate %[[DW]],
 
 // BF16-LABEL: func.func @mlp
 // BF16: bonsai.linear_gelu
@@ -44,4 +54,25 @@ func.func @mlp(%ids: tensor<1x16xi32>, %labels: tensor<1x16xi32>) -> tensor<f32>
 bonsai.recipe @r {
   bonsai.optimizer "adamw" lr 1.0e-3
   bonsai.fp8 "delayed" amax_history 16 margin 0 targets ["c_fc", "c_proj", "lm_head"]
+}
+
+// -----
+
+// A linear whose input needs no gradient (a frozen embedding) has no fp8_linear_grad_input:
+// its scale update reads the weight gradient's statistics, which become the accumulating op's.
+// CHECK-LABEL: func.func @frozen_input
+// CHECK: %[[STATS:[a-z0-9_]+]], %{{[a-z0-9_]+}} = bonsai.fp8_linear_grad_weight_accumulate
+// CHECK-NOT: bonsai.fp8_linear_grad_weight {{.*}}:
+// CHECK: bonsai.fp8_update_scales %{{.*}}, %{{.*}}, %[[STATS]], %{{.*}} {bonsai.phase = "update", current = false, margin = 0 : i64}
+func.func @frozen_input(%ids: tensor<1x16xi32>, %labels: tensor<1x16xi32>) -> tensor<f32> {
+  %emb = bonsai.param "transformer.wte.weight" frozen : tensor<64x16xf32>
+  %h = bonsai.embedding %emb, %ids : (tensor<64x16xf32>, tensor<1x16xi32>) -> tensor<1x16x16xf32>
+  %wf = bonsai.param "transformer.h.0.mlp.c_fc.weight" trainable : tensor<64x16xf32>
+  %f = bonsai.linear %h, %wf : (tensor<1x16x16xf32>, tensor<64x16xf32>) -> tensor<1x16x64xf32>
+  %loss = bonsai.cross_entropy %f, %labels : (tensor<1x16x64xf32>, tensor<1x16xi32>) -> tensor<f32>
+  return %loss : tensor<f32>
+}
+bonsai.recipe @r {
+  bonsai.optimizer "adamw" lr 1.0e-3
+  bonsai.fp8 "delayed" amax_history 16 margin 0 targets ["c_fc"]
 }

@@ -1,7 +1,7 @@
 //===- BonsaiFp8Ops.cpp - FP8 GEMMs and their scaling state ----------------===//
 //
 // Verifiers, costs and kernel interfaces of the ops bonsai-fp8 creates (BonsaiFp8Ops.td). The
-// verifiers check what plan validation (runtime/src/Plan.cpp) checks for kinds 90..93, so that a
+// verifiers check what plan validation (runtime/src/Plan.cpp) checks for kinds 90..94, so that a
 // malformed op is reported at its source location rather than when a plan is loaded: shapes,
 // element types, the state [3, 4 + H] with H in [1, 1024], the statistics [2, 4], the workspace
 // size, and GEMM dimensions that FP8 tensor cores take (multiples of 16).
@@ -211,6 +211,72 @@ OpCost Fp8LinearGradWeightOp::getForwardCost() {
 }
 
 SmallVector<unsigned> Fp8LinearGradWeightOp::getWorkspaceResults() {
+  return {cast<OpResult>(getWorkspace()).getResultNumber()};
+}
+
+/// Storage an FP8 GEMM accumulates into (cuBLASLt's C and D for FP8 operands).
+static bool isAccumulatorStorage(Type element) {
+  return isa<Float32Type, Float16Type, BFloat16Type>(element);
+}
+
+bool Fp8LinearGradWeightOp::canAccumulateInto(Value accumulator) {
+  auto acc = dyn_cast<RankedTensorType>(accumulator.getType());
+  return acc && acc.getShape() == getResult().getType().getShape() &&
+         isAccumulatorStorage(acc.getElementType());
+}
+
+Operation *Fp8LinearGradWeightOp::buildAccumulating(OpBuilder &builder, Value accumulator) {
+  return Fp8LinearGradWeightAccumulateOp::create(
+      builder, getLoc(), TypeRange{getStats().getType(), getWorkspace().getType()},
+      getResultGrad(), getInput(), getState(), accumulator, getCurrent(), getMargin());
+}
+
+//===----------------------------------------------------------------------===//
+// Fp8LinearGradWeightAccumulateOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult Fp8LinearGradWeightAccumulateOp::verify() {
+  RankedTensorType dy = tensorType(getResultGrad()), x = tensorType(getInput());
+  RankedTensorType acc = tensorType(getAccumulator());
+  if (dy.getRank() < 1)
+    return emitOpError("result_grad must have rank at least 1 (its last dimension is N)");
+  if (x.getShape().drop_back() != dy.getShape().drop_back())
+    return emitOpError() << "input " << fmt(x.getShape()) << " and result_grad "
+                         << fmt(dy.getShape())
+                         << " must have the same leading dimensions (the positions)";
+  if (failed(expectElementType(*this, "input", x.getElementType(), dy.getElementType())))
+    return failure();
+  int64_t n = dy.getShape().back(), k = x.getShape().back();
+  if (acc.getShape() != ArrayRef<int64_t>{n, k})
+    return emitOpError() << "accumulator shape: expected [" << n << ", " << k
+                         << "] ([N, K]), got " << fmt(acc.getShape());
+  if (failed(verifyFp8Dimensions(*this, getNumElements(dy) / n, n, k)))
+    return failure();
+  return verifyFp8Gemm(*this, getState(), getStats(), getWorkspace(), getResultGrad(),
+                       getInput());
+}
+
+OpCost Fp8LinearGradWeightAccumulateOp::getForwardCost() {
+  RankedTensorType dy = tensorType(getResultGrad());
+  int64_t n = dy.getShape().back(), k = tensorType(getInput()).getShape().back();
+  int64_t codes = getNumElements(dy) + getNumElements(tensorType(getInput()));
+  OpCost cost;
+  for (Value operand : getOperands())
+    cost.bytesRead += getStorageBytes(operand.getType());
+  // The accumulator is read (beta = 1) and written; the codes go through the workspace.
+  cost.bytesWritten = getStorageBytes(getAccumulator().getType()) +
+                      getStorageBytes(getStats().getType()) + codes;
+  cost.bytesRead += codes;
+  cost.matmulFlops = 2 * (getNumElements(dy) / n) * n * k;
+  cost.vectorFlops = 4 * codes + getNumElements(tensorType(getAccumulator()));
+  return cost;
+}
+
+SmallVector<unsigned> Fp8LinearGradWeightAccumulateOp::getInPlaceOperands() {
+  return {getAccumulatorMutable().getOperandNumber()};
+}
+
+SmallVector<unsigned> Fp8LinearGradWeightAccumulateOp::getWorkspaceResults() {
   return {cast<OpResult>(getWorkspace()).getResultNumber()};
 }
 

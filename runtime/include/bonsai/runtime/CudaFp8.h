@@ -52,7 +52,7 @@ void updateDelayedScale(const Context &ctx, const Fp8CastStats *stats, float *hi
                         int64_t length, const int64_t *step, float *scale, float *descale,
                         fp8::Format format, int margin);
 
-// The FP8 GEMM kernels of plan kinds 90..93 (docs/fp8.md; the CPU backend's cpu::fp8Linear
+// The FP8 GEMM kernels of plan kinds 90..94 (docs/fp8.md; the CPU backend's cpu::fp8Linear
 // and its siblings are the reference). Each casts its two operands with the scales of their
 // state rows (or, under current scaling and before a state's first update, from the operand's
 // own amax) into the workspace, multiplies the codes with cuBLASLt in fp32, and writes the
@@ -73,6 +73,12 @@ void fp8LinearGradWeight(const Context &ctx, const TensorView &dy, const TensorV
                          const TensorView &state, bool current, int margin,
                          const TensorView &dw, const TensorView &stats,
                          const TensorView &workspace);
+/// acc [N, K] += dyᵀ · x: fp8LinearGradWeight's GEMM with beta = 1 into the accumulator (f32,
+/// bf16 or f16), which cuBLASLt reads as C and writes as D.
+void fp8LinearGradWeightAccumulate(const Context &ctx, const TensorView &dy, const TensorView &x,
+                                   const TensorView &state, bool current, int margin,
+                                   const TensorView &stats, const TensorView &workspace,
+                                   const TensorView &acc);
 /// The once-per-step update of `state` from the forward kernel's stats (rows 0 and 1) and the
 /// backward's (row 2; null when the linear has no backward GEMM): fp8::recordAmax at *step, then
 /// fp8::delayedScale, and the stats' amax and fractions in columns 1..3.

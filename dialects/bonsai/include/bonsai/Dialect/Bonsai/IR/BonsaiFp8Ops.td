@@ -5,7 +5,8 @@
 // activations and weights, E5M2 for output gradients) with the scales of a piece of training
 // state, multiplies on FP8 tensor cores with f32 accumulation, and reports what the casts did;
 // one update per step turns those reports into the next step's scales. They are created after
-// autodiff, so they have no gradients of their own. Plan kinds 90..93 (runtime/schema/plan.fbs).
+// autodiff, so they have no gradients of their own. Plan kinds 90..94 (runtime/schema/plan.fbs);
+// bonsai-fuse forms the accumulating weight gradient (94).
 //
 //===----------------------------------------------------------------------===//
 
@@ -42,8 +43,8 @@ defvar Bonsai_Fp8LayoutDecls = [{
 /// An FP8 GEMM: operands, then the state; results: the product, the casts' statistics, the
 /// workspace. `current` scales every cast from its own tensor's amax instead of the state's
 /// delayed scale; `margin` is the power of two of head-room below the format's largest value.
-class Bonsai_Fp8GemmOp<string mnemonic>
-    : Bonsai_ModelOp<mnemonic, [], ["getWorkspaceResults"]> {
+class Bonsai_Fp8GemmOp<string mnemonic, list<Trait> traits = []>
+    : Bonsai_ModelOp<mnemonic, traits, ["getWorkspaceResults"]> {
   let results = (outs Bonsai_ComputeTensor:$result, Bonsai_ComputeTensor:$stats,
                       Bonsai_ComputeTensor:$workspace);
   let extraClassDeclaration = Bonsai_Fp8LayoutDecls;
@@ -84,7 +85,8 @@ def Bonsai_Fp8LinearGradInputOp : Bonsai_Fp8GemmOp<"fp8_linear_grad_input"> {
                    Bonsai_ComputeTensor:$state, BoolAttr:$current, I64Attr:$margin);
 }
 
-def Bonsai_Fp8LinearGradWeightOp : Bonsai_Fp8GemmOp<"fp8_linear_grad_weight"> {
+def Bonsai_Fp8LinearGradWeightOp : Bonsai_Fp8GemmOp<"fp8_linear_grad_weight",
+    [DeclareOpInterfaceMethods<Bonsai_AccumulatingProducerOpInterface>]> {
   let summary = "dW = dyᵀ · x from an E5M2 cast of dy and an E4M3FN cast of x";
   let description = [{
     `bonsai.linear_grad_weight` on FP8 tensor cores, over all leading dimensions: dy [..., N]
@@ -98,6 +100,32 @@ def Bonsai_Fp8LinearGradWeightOp : Bonsai_Fp8GemmOp<"fp8_linear_grad_weight"> {
   }];
   let arguments = (ins Bonsai_ComputeTensor:$result_grad, Bonsai_ComputeTensor:$input,
                    Bonsai_ComputeTensor:$state, BoolAttr:$current, I64Attr:$margin);
+}
+
+def Bonsai_Fp8LinearGradWeightAccumulateOp : Bonsai_Op<"fp8_linear_grad_weight_accumulate", [
+    MemoryEffects<[MemRead, MemWrite]>,
+    DeclareOpInterfaceMethods<Bonsai_CostOpInterface>,
+    DeclareOpInterfaceMethods<Bonsai_KernelOpInterface,
+                              ["getInPlaceOperands", "getWorkspaceResults"]>]> {
+  let summary = "acc += dyᵀ · x from E5M2 and E4M3FN casts, in place";
+  let description = [{
+    `bonsai.fp8_linear_grad_weight` followed by `bonsai.accumulate` of its result, as one FP8
+    GEMM with beta = 1 into the accumulator (bonsai-fuse, family `gemm-epilogue`): the
+    weight-sized gradient is never materialised. The casts, `stats` and `workspace` are those
+    of fp8_linear_grad_weight; the product, divided by both scales in f32, is added to the
+    accumulator (f32, bf16 or f16, [N, K]) once.
+
+    ```mlir
+    %stats, %ws = bonsai.fp8_linear_grad_weight_accumulate %dy, %x, %state, %acc {current = false, margin = 0 : i64} : (tensor<4x64x128xbf16>, tensor<4x64x64xbf16>, tensor<3x20xf32>, tensor<128x64xf32>) -> (tensor<2x4xf32>, tensor<12352xf32>)
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$result_grad, Bonsai_ComputeTensor:$input,
+                   Bonsai_ComputeTensor:$state, Bonsai_ComputeTensor:$accumulator,
+                   BoolAttr:$current, I64Attr:$margin);
+  let results = (outs Bonsai_ComputeTensor:$stats, Bonsai_ComputeTensor:$workspace);
+  let hasVerifier = 1;
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let extraClassDeclaration = Bonsai_Fp8LayoutDecls;
 }
 
 def Bonsai_Fp8UpdateScalesOp : Bonsai_Op<"fp8_update_scales", [

@@ -227,10 +227,11 @@ def Bonsai_MultiTensorUpdateOpInterface : OpInterface<"MultiTensorUpdateOpInterf
 def Bonsai_AccumulatingProducerOpInterface : OpInterface<"AccumulatingProducerOpInterface"> {
   let cppNamespace = "::mlir::bonsai";
   let description = [{
-    An op whose (single) result can be added into an accumulator by the op itself, without
+    An op whose first result can be added into an accumulator by the op itself, without
     materialising the result: a GEMM whose epilogue computes acc = 1 · acc + A · B. The
     `gemm-epilogue` fusion family replaces `bonsai.accumulate(producer, acc)` by the op
-    `buildAccumulating` returns.
+    `buildAccumulating` returns. The op's other results (an FP8 GEMM's statistics and
+    workspace) are the built op's results, in the same order.
   }];
   let methods = [
     InterfaceMethod<"Whether the op can add its result into `accumulator` (of the result's "
@@ -238,7 +239,8 @@ def Bonsai_AccumulatingProducerOpInterface : OpInterface<"AccumulatingProducerOp
       "bool", "canAccumulateInto", (ins "::mlir::Value":$accumulator)>,
     InterfaceMethod<[{
         Builds at the builder's insertion point the op computing accumulator += this op's
-        result, in place; the caller erases this op and the accumulation.
+        first result, in place, whose results stand for this op's other results; the caller
+        replaces those, then erases this op and the accumulation.
       }],
       "::mlir::Operation *", "buildAccumulating",
       (ins "::mlir::OpBuilder &":$builder, "::mlir::Value":$accumulator)>,
