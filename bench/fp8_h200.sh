@@ -5,25 +5,32 @@
 # FP8 GEMM against bf16 and torch._scaled_mm, the 500-step bf16-vs-FP8 run of TinyLlama's shape,
 # the training steps of TinyLlama-1.1B and of Llama-3-8B layer stacks (8 and 16 layers) in bf16
 # and FP8, and where one step of the 8-layer stack spends its time (bonsai-run --profile).
-# BONSAI_FP8_VERIFY=0 skips the 500-step verification. Logs go under $OUT.
+# A second argument picks parts (default all): a comma-separated list of tests, gemm, verify,
+# steps, profile (the whole run takes about 10 minutes on an H200). Logs go under $OUT.
 set -uo pipefail
 dir="${1:-.gpu-fp8}"
+parts=",${2:-tests,gemm,verify,steps,profile},"
+want() { [[ "$parts" == *",$1,"* ]]; }
 out="${OUT:-/tmp/bonsai-out}"
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$PWD/$dir/lib:${LD_LIBRARY_PATH:-}"
 run="$PWD/$dir/bin/bonsai-run"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 
+if want tests; then
 echo "== CUDA kernels =="
 "$dir/bin/bonsai-runtime-tests" --gtest_filter='*Cuda*' > "$out/cuda_tests.log" 2>&1
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$out/cuda_tests.log"
 grep -B3 -A8 "Failure" "$out/cuda_tests.log" | head -40
+fi
 
+if want gemm; then
 echo "== FP8 GEMM =="
 python3 bench/fp8_gemm_bench.py --bench "$dir/bin/fp8_gemm_bench" --reps 20 > "$out/gemm.log" 2>&1
 tail -12 "$out/gemm.log"
+fi
 
-if [ "${BONSAI_FP8_VERIFY:-1}" != 0 ]; then
+if want verify; then
 echo "== verification: TinyLlama-1.1B shape, 500 steps, bf16 and FP8 on the same tokens =="
 python3 bench/fp8_train_bench.py --bonsai-run "$run" --name verify --verify \
   --data "$dir/licenses.tokens" --steps 500 --warmup 20 --tail 20 \
@@ -32,7 +39,7 @@ python3 bench/fp8_train_bench.py --bonsai-run "$run" --name verify --verify \
 tail -12 "$out/verify.log"
 fi
 
-for model in tinyllama llama3_8b llama3_8b_l16; do
+want steps && for model in tinyllama llama3_8b llama3_8b_l16; do
   echo "== training step $model =="
   grep -E "peak device" "$dir/plans/${model}_bf16.txt" "$dir/plans/${model}_fp8.txt"
   python3 bench/fp8_train_bench.py --bonsai-run "$run" --name "$model" --steps 25 --warmup 5 \
@@ -41,7 +48,7 @@ for model in tinyllama llama3_8b llama3_8b_l16; do
   tail -6 "$out/step_$model.log"
 done
 
-echo "== where a step of the 8-layer stack goes (kernels timed one by one) =="
+want profile && echo "== where a step of the 8-layer stack goes (kernels timed one by one) ==" &&
 for recipe in bf16 fp8; do
   "$run" "$dir/plans/llama3_8b_$recipe.plan" --backend=cuda --steps 3 --seed 1 --profile \
     > "$out/profile_$recipe.log" 2>&1
