@@ -229,7 +229,9 @@ void fp8LinearGradWeightAccumulate(const TensorView &dy, const TensorView &x,
   const char *k = "fp8_linear_grad_weight_accumulate";
   checkFloat(k, "dy", dy);
   checkFloat(k, "x", x);
-  checkFloat(k, "acc", acc);
+  if (acc.dtype != DType::F32)
+    fail(k, std::string("acc must be f32 (FP8 GEMMs add into f32 accumulators only), got ") +
+                dtypeName(acc.dtype));
   if (dy.rank() < 1 || x.rank() != dy.rank() ||
       !std::equal(dy.shape.begin(), dy.shape.end() - 1, x.shape.begin()))
     fail(k, "x shape " + formatShape(x.shape) + " and dy shape " + formatShape(dy.shape) +

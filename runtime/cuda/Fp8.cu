@@ -828,8 +828,13 @@ void fp8LinearGradWeightAccumulate(const Context &ctx, const TensorView &dy, con
                                    const TensorView &state, bool current, int margin,
                                    const TensorView &stats, const TensorView &workspace,
                                    const TensorView &acc) {
-  gradWeight(ctx, "fp8_linear_grad_weight_accumulate", dy, x, state, current, margin, acc, "acc",
-             stats, workspace, /*accumulate=*/true);
+  const char *kn = "fp8_linear_grad_weight_accumulate";
+  // A bf16 C came out tens of ulps off on the H200 (docs/fp8.md); plans accumulate in f32.
+  if (acc.dtype != DType::F32)
+    fail(kn, std::string("acc must be f32 (FP8 GEMMs add into f32 accumulators only), got ") +
+                 dtypeName(acc.dtype));
+  gradWeight(ctx, kn, dy, x, state, current, margin, acc, "acc", stats, workspace,
+             /*accumulate=*/true);
 }
 
 void fp8UpdateScales(const Context &ctx, const TensorView &step, const TensorView &forward,

@@ -757,9 +757,11 @@ TEST_F(CudaFp8LinearTest, GradWeightAccumulateMatchesTheModel) {
   if (refusedWithoutFp8TensorCores())
     return;
   std::mt19937 rng(17);
-  // acc += dyᵀ x with cuBLASLt's beta = 1 into an f32 and a bf16 accumulator (kind 94).
+  // acc += dyᵀ x with cuBLASLt's beta = 1 into an f32 accumulator (kind 94). A bf16 one
+  // was off by tens of ulps on the H200 (acc = 0.046875 where 0.0392 was due), so the kernel
+  // refuses it, and the compiler fuses f32 accumulators only.
   const int64_t m = 144, n = 32, k = 80;
-  for (DType accType : {DType::F32, DType::BF16}) {
+  for (DType accType : {DType::F32}) {
     SCOPED_TRACE(dtypeName(accType));
     Operand dy({3, 48, n}, DType::BF16, rng, 0.01f), x({3, 48, k}, DType::BF16, rng, 1.0f);
     std::vector<float> state = makeState(2, 4.0f, 1.0f, 3000.0f);
@@ -804,6 +806,18 @@ TEST_F(CudaFp8LinearTest, GradWeightAccumulateMatchesTheModel) {
       }
     expectNear(acc.read(), want, magnitude, accType, m, "acc");
     expectStats(stats.read(), cdy, cx);
+  }
+  Operand dy({m, n}, DType::BF16, rng, 0.01f), x({m, k}, DType::BF16, rng, 1.0f);
+  auto stateDevice = upload(makeState(2, 4.0f, 1.0f, 3000.0f));
+  TensorView stateView{stateDevice->ptr, DType::F32, {3, 6}}, ws;
+  Output acc({n, k}, DType::BF16), stats({2, 4}, DType::F32);
+  auto wsBuffer = workspace(m * n, m * k, ws);
+  try {
+    cuda::fp8LinearGradWeightAccumulate(ctx, dy.view(), x.view(), stateView, false, 0,
+                                        stats.view(), ws, acc.view());
+    ADD_FAILURE() << "a bf16 accumulator was accepted";
+  } catch (const std::exception &e) {
+    EXPECT_NE(std::string(e.what()).find("acc must be f32"), std::string::npos) << e.what();
   }
 }
 

@@ -1251,6 +1251,11 @@ TEST(PlanFp8Test, AccumulatingWeightGradient) {
   expectError(p.spec, {"(Fp8LinearGradWeightAccumulate): acc (tensor", "shape: expected [16, 16], "
                        "got [16, 32]"});
   p = accumulatingFp8Plan();
+  uint32_t bf16Acc = p.spec.add("acc.bf16", DType::BF16, {16, 16}, TensorRole::Gradient, 1);
+  p.spec.kernels[p.f.gradWeight].outputs[2] = bf16Acc;
+  expectError(p.spec, {"(Fp8LinearGradWeightAccumulate): acc (tensor", "dtype: expected f32, "
+                       "got bf16"});
+  p = accumulatingFp8Plan();
   uint32_t small = p.spec.add("ws.small", DType::F32, {191}, TensorRole::Workspace, 1);
   p.spec.kernels[p.f.gradWeight].outputs[1] = small;
   expectError(p.spec, {"(Fp8LinearGradWeightAccumulate): workspace (tensor", "expected a 1-D f32 "

@@ -181,6 +181,14 @@ func.func @accumulate_shape(%dy: tensor<1x16x32xbf16>, %x: tensor<1x16x64xbf16>,
 
 // -----
 
+func.func @accumulate_type(%dy: tensor<1x16x32xbf16>, %x: tensor<1x16x64xbf16>, %s: tensor<3x20xf32>, %acc: tensor<32x64xbf16>) {
+  // expected-error @+1 {{accumulator element type must be f32 (FP8 GEMMs add into f32 accumulators only), got 'bf16'}}
+  %as, %aw = bonsai.fp8_linear_grad_weight_accumulate %dy, %x, %s, %acc {current = false, margin = 0 : i64} : (tensor<1x16x32xbf16>, tensor<1x16x64xbf16>, tensor<3x20xf32>, tensor<32x64xbf16>) -> (tensor<2x4xf32>, tensor<448xf32>)
+  return
+}
+
+// -----
+
 func.func @accumulate_workspace(%dy: tensor<1x16x32xbf16>, %x: tensor<1x16x64xbf16>, %s: tensor<3x20xf32>, %acc: tensor<32x64xf32>) {
   // expected-error @+1 {{workspace must be tensor<448xf32>}}
   %as, %aw = bonsai.fp8_linear_grad_weight_accumulate %dy, %x, %s, %acc {current = false, margin = 0 : i64} : (tensor<1x16x32xbf16>, tensor<1x16x64xbf16>, tensor<3x20xf32>, tensor<32x64xf32>) -> (tensor<2x4xf32>, tensor<440xf32>)

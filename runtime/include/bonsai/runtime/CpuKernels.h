@@ -265,8 +265,8 @@ void fp8LinearGradInput(const TensorView &dy, const TensorView &w, const TensorV
 void fp8LinearGradWeight(const TensorView &dy, const TensorView &x, const TensorView &state,
                          bool current, int margin, const TensorView &dw, const TensorView &stats,
                          const TensorView &workspace);
-/// acc [N, K] += dyᵀ · x: fp8LinearGradWeight's product, in f32, added to the accumulator
-/// (f32, bf16 or f16) once, as fp8LinearGradWeight into an f32 tensor and accumulate would.
+/// acc [N, K] (f32) += dyᵀ · x: fp8LinearGradWeight's product, in f32, added to the
+/// accumulator once, as fp8LinearGradWeight into an f32 tensor and accumulate would.
 void fp8LinearGradWeightAccumulate(const TensorView &dy, const TensorView &x,
                                    const TensorView &state, bool current, int margin,
                                    const TensorView &stats, const TensorView &workspace,

@@ -73,8 +73,8 @@ void fp8LinearGradWeight(const Context &ctx, const TensorView &dy, const TensorV
                          const TensorView &state, bool current, int margin,
                          const TensorView &dw, const TensorView &stats,
                          const TensorView &workspace);
-/// acc [N, K] += dyᵀ · x: fp8LinearGradWeight's GEMM with beta = 1 into the accumulator (f32,
-/// bf16 or f16), which cuBLASLt reads as C and writes as D.
+/// acc [N, K] (f32) += dyᵀ · x: fp8LinearGradWeight's GEMM with beta = 1 into the accumulator,
+/// which cuBLASLt reads as C and writes as D.
 void fp8LinearGradWeightAccumulate(const Context &ctx, const TensorView &dy, const TensorView &x,
                                    const TensorView &state, bool current, int margin,
                                    const TensorView &stats, const TensorView &workspace,

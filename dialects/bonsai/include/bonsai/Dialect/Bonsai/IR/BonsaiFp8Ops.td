@@ -113,7 +113,7 @@ def Bonsai_Fp8LinearGradWeightAccumulateOp : Bonsai_Op<"fp8_linear_grad_weight_a
     GEMM with beta = 1 into the accumulator (bonsai-fuse, family `gemm-epilogue`): the
     weight-sized gradient is never materialised. The casts, `stats` and `workspace` are those
     of fp8_linear_grad_weight; the product, divided by both scales in f32, is added to the
-    accumulator (f32, bf16 or f16, [N, K]) once.
+    accumulator (f32 [N, K]) once.
 
     ```mlir
     %stats, %ws = bonsai.fp8_linear_grad_weight_accumulate %dy, %x, %state, %acc {current = false, margin = 0 : i64} : (tensor<4x64x128xbf16>, tensor<4x64x64xbf16>, tensor<3x20xf32>, tensor<128x64xf32>) -> (tensor<2x4xf32>, tensor<12352xf32>)
