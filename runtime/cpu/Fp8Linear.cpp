@@ -227,19 +227,12 @@ void fp8LinearGradWeightAccumulate(const TensorView &dy, const TensorView &x,
                                    const TensorView &stats, const TensorView &workspace,
                                    const TensorView &acc) {
   const char *k = "fp8_linear_grad_weight_accumulate";
-  checkFloat(k, "dy", dy);
-  checkFloat(k, "x", x);
   if (acc.dtype != DType::F32)
     fail(k, std::string("acc must be f32 (FP8 GEMMs add into f32 accumulators only), got ") +
                 dtypeName(acc.dtype));
-  if (dy.rank() < 1 || x.rank() != dy.rank() ||
-      !std::equal(dy.shape.begin(), dy.shape.end() - 1, x.shape.begin()))
-    fail(k, "x shape " + formatShape(x.shape) + " and dy shape " + formatShape(dy.shape) +
-                " are not [..., in] and [..., out] with the same leading dimensions");
-  checkShape(k, "acc", acc, {dy.dim(-1), x.dim(-1)},
-             "for dy shape " + formatShape(dy.shape) + " and x shape " + formatShape(x.shape));
-  // The product in f32, then one addition per element in the accumulator's type: the same
-  // arithmetic as fp8_linear_grad_weight into an f32 tensor followed by accumulate.
+  checkLinearGradWeight(k, dy, x, acc, "acc");
+  // The product in f32, then one f32 addition per element: the same arithmetic as
+  // fp8_linear_grad_weight into an f32 tensor followed by accumulate.
   std::vector<float> product(size_t(acc.numel()));
   TensorView dw{product.data(), DType::F32, acc.shape};
   fp8LinearGradWeight(dy, x, state, current, margin, dw, stats, workspace);

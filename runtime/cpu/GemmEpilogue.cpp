@@ -32,15 +32,7 @@ void linearGelu(const TensorView &x, const TensorView &w, const TensorView *bias
 void linearGradWeightAccumulate(const TensorView &dy, const TensorView &x,
                                 const TensorView &acc) {
   const char *k = "linear_grad_weight_accumulate";
-  checkFloat(k, "dy", dy);
-  checkFloat(k, "x", x);
-  checkFloat(k, "acc", acc);
-  if (dy.rank() < 1 || x.rank() != dy.rank() ||
-      !std::equal(dy.shape.begin(), dy.shape.end() - 1, x.shape.begin()))
-    fail(k, "x shape " + formatShape(x.shape) + " and dy shape " + formatShape(dy.shape) +
-                " are not [..., in] and [..., out] with the same leading dimensions");
-  checkShape(k, "acc", acc, {dy.dim(-1), x.dim(-1)},
-             "for dy shape " + formatShape(dy.shape) + " and x shape " + formatShape(x.shape));
+  checkLinearGradWeight(k, dy, x, acc, "acc");
   // The product in fp32, then one fp32 addition per element: linear_grad_weight into an f32
   // tensor followed by accumulate, in the same order.
   std::vector<float> product(size_t(acc.numel()));

@@ -103,16 +103,16 @@ LinearSizes checkLinearGradInput(const char *k, const TensorView &dy, const Tens
 }
 
 LinearSizes checkLinearGradWeight(const char *k, const TensorView &dy, const TensorView &x,
-                                  const TensorView &dw) {
+                                  const TensorView &dw, const char *dwName) {
   checkFloat(k, "dy", dy);
   checkFloat(k, "x", x);
-  checkFloat(k, "dw", dw);
+  checkFloat(k, dwName, dw);
   if (dy.rank() < 1 || x.rank() != dy.rank() ||
       !std::equal(dy.shape.begin(), dy.shape.end() - 1, x.shape.begin()))
     fail(k, "x shape " + formatShape(x.shape) + " and dy shape " + formatShape(dy.shape) +
                 " are not [..., in] and [..., out] with the same leading dimensions");
   const int64_t out = dy.dim(-1), in = x.dim(-1);
-  checkShape(k, "dw", dw, {out, in},
+  checkShape(k, dwName, dw, {out, in},
              "for dy shape " + formatShape(dy.shape) + " and x shape " + formatShape(x.shape));
   return {leadingRows(dy), out, in};
 }

@@ -50,9 +50,10 @@ LinearSizes checkLinear(const char *kernel, const TensorView &x, const TensorVie
 LinearSizes checkLinearGradInput(const char *kernel, const TensorView &dy, const TensorView &w,
                                  const TensorView &dx);
 /// Checks the operands of dw = dyᵀ · x: float dy [..., out] and x [..., in] with the same
-/// leading dimensions, dw [out, in].
+/// leading dimensions, dw [out, in] (named `dwName` in errors: "acc" for the accumulating
+/// kernels).
 LinearSizes checkLinearGradWeight(const char *kernel, const TensorView &dy, const TensorView &x,
-                                  const TensorView &dw);
+                                  const TensorView &dw, const char *dwName = "dw");
 
 /// `axis` in [-rank, rank) made non-negative; throws otherwise.
 int64_t normalizeAxis(const char *kernel, int64_t axis, int64_t rank);

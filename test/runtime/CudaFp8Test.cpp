@@ -487,6 +487,49 @@ void expectNear(const std::vector<float> &got, const std::vector<double> &want,
     }
 }
 
+/// The double-precision model of an FP8 GEMM's output [rows, cols]: Σ_l a(i, l) · b(j, l) over
+/// `depth` decoded codes, divided by both cast scales, and the sum of the products' magnitudes
+/// (which expectNear's accumulation bound scales).
+struct GemmModel {
+  std::vector<double> want, magnitude;
+};
+
+template <typename A, typename B>
+GemmModel gemmModel(A a, const CastModel &ca, B b, const CastModel &cb, int64_t rows,
+                    int64_t cols, int64_t depth) {
+  GemmModel model{std::vector<double>(size_t(rows * cols)),
+                  std::vector<double>(size_t(rows * cols))};
+  const double scale = 1.0 / (double(ca.scale) * double(cb.scale));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      double sum = 0, mag = 0;
+      for (int64_t l = 0; l < depth; ++l) {
+        double p = double(a(i, l)) * double(b(j, l));
+        sum += p;
+        mag += std::fabs(p);
+      }
+      model.want[size_t(i * cols + j)] = sum * scale;
+      model.magnitude[size_t(i * cols + j)] = mag * scale;
+    }
+  return model;
+}
+
+/// dw [n, k] = dyᵀ [n, m] · x [m, k] from the casts of dy [m, n] and x [m, k].
+GemmModel gradWeightModel(const CastModel &cdy, const CastModel &cx, int64_t m, int64_t n,
+                          int64_t k) {
+  return gemmModel([&](int64_t i, int64_t l) { return cdy.decoded[size_t(l * n + i)]; }, cdy,
+                   [&](int64_t j, int64_t l) { return cx.decoded[size_t(l * k + j)]; }, cx, n,
+                   k, m);
+}
+
+/// y [m, n] = x [m, k] · wᵀ from the casts of x and w [n, k].
+GemmModel linearModel(const CastModel &cx, const CastModel &cw, int64_t m, int64_t n,
+                      int64_t k) {
+  return gemmModel([&](int64_t i, int64_t l) { return cx.decoded[size_t(i * k + l)]; }, cx,
+                   [&](int64_t j, int64_t l) { return cw.decoded[size_t(j * k + l)]; }, cw, m,
+                   n, k);
+}
+
 class CudaFp8LinearTest : public ::testing::Test {
 protected:
   void SetUp() override {
@@ -594,20 +637,12 @@ TEST_F(CudaFp8LinearTest, LinearMatchesTheModel) {
 
     CastModel cx = castModel(x.values, c.xScale, c.current, fp8::Format::E4M3FN, 0);
     CastModel cw = castModel(w.values, c.wScale, c.current, fp8::Format::E4M3FN, 0);
-    std::vector<double> want(size_t(m * n)), magnitude(size_t(m * n));
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) {
-        double sum = 0, mag = 0;
-        for (int64_t l = 0; l < k; ++l) {
-          double p = double(cx.decoded[i * k + l]) * double(cw.decoded[j * k + l]);
-          sum += p;
-          mag += std::fabs(p);
-        }
-        double scale = 1.0 / (double(cx.scale) * double(cw.scale));
-        want[i * n + j] = sum * scale + (c.bias ? b.values[j] : 0.0f);
-        magnitude[i * n + j] = mag * scale;
-      }
-    expectNear(y.read(), want, magnitude, DType::BF16, k, "y");
+    GemmModel model = linearModel(cx, cw, m, n, k);
+    if (c.bias)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j)
+          model.want[size_t(i * n + j)] += b.values[size_t(j)];
+    expectNear(y.read(), model.want, model.magnitude, DType::BF16, k, "y");
     expectStats(stats.read(), cx, cw);
     // The state is read, never written.
     EXPECT_EQ(read(*stateDevice, state.size()), state);
@@ -634,20 +669,12 @@ TEST_F(CudaFp8LinearTest, GradInputMatchesTheModel) {
 
     CastModel cdy = castModel(dy.values, dyScale, false, fp8::Format::E5M2, 1);
     CastModel cw = castModel(w.values, 40.0f, false, fp8::Format::E4M3FN, 1);
-    std::vector<double> want(size_t(m * k)), magnitude(size_t(m * k));
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < k; ++j) {
-        double sum = 0, mag = 0;
-        for (int64_t l = 0; l < n; ++l) {
-          double p = double(cdy.decoded[i * n + l]) * double(cw.decoded[l * k + j]);
-          sum += p;
-          mag += std::fabs(p);
-        }
-        double scale = 1.0 / (double(cdy.scale) * double(cw.scale));
-        want[i * k + j] = sum * scale;
-        magnitude[i * k + j] = mag * scale;
-      }
-    expectNear(dx.read(), want, magnitude, DType::BF16, n, "dx");
+    // dx [m, k] = dy [m, n] · w [n, k].
+    GemmModel model =
+        gemmModel([&](int64_t i, int64_t l) { return cdy.decoded[size_t(i * n + l)]; }, cdy,
+                  [&](int64_t j, int64_t l) { return cw.decoded[size_t(l * k + j)]; }, cw, m, k,
+                  n);
+    expectNear(dx.read(), model.want, model.magnitude, DType::BF16, n, "dx");
     expectStats(stats.read(), cdy, cw);
   }
 }
@@ -673,20 +700,8 @@ TEST_F(CudaFp8LinearTest, GradWeightMatchesTheModel) {
 
     CastModel cdy = castModel(dy.values, 3000.0f, false, fp8::Format::E5M2, 0);
     CastModel cx = castModel(x.values, 4.0f, false, fp8::Format::E4M3FN, 0);
-    std::vector<double> want(size_t(n * k)), magnitude(size_t(n * k));
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < k; ++j) {
-        double sum = 0, mag = 0;
-        for (int64_t l = 0; l < m; ++l) {
-          double p = double(cdy.decoded[l * n + i]) * double(cx.decoded[l * k + j]);
-          sum += p;
-          mag += std::fabs(p);
-        }
-        double scale = 1.0 / (double(cdy.scale) * double(cx.scale));
-        want[i * k + j] = sum * scale;
-        magnitude[i * k + j] = mag * scale;
-      }
-    expectNear(dw.read(), want, magnitude, DType::F32, m, "dw");
+    GemmModel model = gradWeightModel(cdy, cx, m, n, k);
+    expectNear(dw.read(), model.want, model.magnitude, DType::F32, m, "dw");
     expectStats(stats.read(), cdy, cx);
   }
 }
@@ -719,36 +734,12 @@ TEST_F(CudaFp8LinearTest, ManyBlocksMatchTheModel) {
     CastModel cx = castModel(x.values, 2.0f, current, fp8::Format::E4M3FN, 0);
     CastModel cw = castModel(w.values, 30.0f, current, fp8::Format::E4M3FN, 0);
     CastModel cdy = castModel(dy.values, 5000.0f, current, fp8::Format::E5M2, 0);
-    std::vector<double> want(size_t(m * n)), magnitude(size_t(m * n));
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) {
-        double sum = 0, mag = 0;
-        for (int64_t l = 0; l < k; ++l) {
-          double p = double(cx.decoded[i * k + l]) * double(cw.decoded[j * k + l]);
-          sum += p;
-          mag += std::fabs(p);
-        }
-        double scale = 1.0 / (double(cx.scale) * double(cw.scale));
-        want[i * n + j] = sum * scale;
-        magnitude[i * n + j] = mag * scale;
-      }
-    expectNear(y.read(), want, magnitude, DType::BF16, k, "y");
+    GemmModel forward = linearModel(cx, cw, m, n, k);
+    expectNear(y.read(), forward.want, forward.magnitude, DType::BF16, k, "y");
     expectStats(ys.read(), cx, cw);
 
-    std::vector<double> wantDw(size_t(n * k)), magnitudeDw(size_t(n * k));
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < k; ++j) {
-        double sum = 0, mag = 0;
-        for (int64_t l = 0; l < m; ++l) {
-          double p = double(cdy.decoded[l * n + i]) * double(cx.decoded[l * k + j]);
-          sum += p;
-          mag += std::fabs(p);
-        }
-        double scale = 1.0 / (double(cdy.scale) * double(cx.scale));
-        wantDw[i * k + j] = sum * scale;
-        magnitudeDw[i * k + j] = mag * scale;
-      }
-    expectNear(dw.read(), wantDw, magnitudeDw, DType::F32, m, "dw");
+    GemmModel backward = gradWeightModel(cdy, cx, m, n, k);
+    expectNear(dw.read(), backward.want, backward.magnitude, DType::F32, m, "dw");
     expectStats(dws.read(), cdy, cx);
   }
 }
@@ -757,64 +748,35 @@ TEST_F(CudaFp8LinearTest, GradWeightAccumulateMatchesTheModel) {
   if (refusedWithoutFp8TensorCores())
     return;
   std::mt19937 rng(17);
-  // acc += dyᵀ x with cuBLASLt's beta = 1 into an f32 accumulator (kind 94). A bf16 one
-  // was off by tens of ulps on the H200 (acc = 0.046875 where 0.0392 was due), so the kernel
-  // refuses it, and the compiler fuses f32 accumulators only.
+  // acc += dyᵀ x with cuBLASLt's beta = 1 into an f32 accumulator (kind 94).
   const int64_t m = 144, n = 32, k = 80;
-  for (DType accType : {DType::F32}) {
-    SCOPED_TRACE(dtypeName(accType));
-    Operand dy({3, 48, n}, DType::BF16, rng, 0.01f), x({3, 48, k}, DType::BF16, rng, 1.0f);
-    std::vector<float> state = makeState(2, 4.0f, 1.0f, 3000.0f);
-    auto stateDevice = upload(state);
-    TensorView stateView{stateDevice->ptr, DType::F32, {3, 6}};
-    Output acc({n, k}, accType), stats({2, 4}, DType::F32);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> initial(size_t(n * k));
-    std::vector<uint16_t> initialBits(initial.size());
-    for (size_t i = 0; i < initial.size(); ++i) {
-      initialBits[i] = toBf16(normal(rng));
-      initial[i] = bf16ToFloat(initialBits[i]);
-    }
-    if (accType == DType::F32)
-      cudaOk(cudaMemcpy(acc.device->ptr, initial.data(), initial.size() * 4,
-                        cudaMemcpyHostToDevice),
-             "cudaMemcpy");
-    else
-      cudaOk(cudaMemcpy(acc.device->ptr, initialBits.data(), initialBits.size() * 2,
-                        cudaMemcpyHostToDevice),
-             "cudaMemcpy");
-    TensorView ws;
-    auto wsBuffer = workspace(m * n, m * k, ws);
-    cuda::fp8LinearGradWeightAccumulate(ctx, dy.view(), x.view(), stateView, false, 0,
-                                        stats.view(), ws, acc.view());
-    cudaOk(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-
-    CastModel cdy = castModel(dy.values, 3000.0f, false, fp8::Format::E5M2, 0);
-    CastModel cx = castModel(x.values, 4.0f, false, fp8::Format::E4M3FN, 0);
-    std::vector<double> want(size_t(n * k)), magnitude(size_t(n * k));
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < k; ++j) {
-        double sum = 0, mag = 0;
-        for (int64_t l = 0; l < m; ++l) {
-          double p = double(cdy.decoded[l * n + i]) * double(cx.decoded[l * k + j]);
-          sum += p;
-          mag += std::fabs(p);
-        }
-        double scale = 1.0 / (double(cdy.scale) * double(cx.scale));
-        want[i * k + j] = double(initial[i * k + j]) + sum * scale;
-        magnitude[i * k + j] = mag * scale;
-      }
-    expectNear(acc.read(), want, magnitude, accType, m, "acc");
-    expectStats(stats.read(), cdy, cx);
-  }
-  Operand dy({m, n}, DType::BF16, rng, 0.01f), x({m, k}, DType::BF16, rng, 1.0f);
+  Operand dy({3, 48, n}, DType::BF16, rng, 0.01f), x({3, 48, k}, DType::BF16, rng, 1.0f);
+  Operand initial({n, k}, DType::F32, rng, 1.0f);
   auto stateDevice = upload(makeState(2, 4.0f, 1.0f, 3000.0f));
   TensorView stateView{stateDevice->ptr, DType::F32, {3, 6}}, ws;
-  Output acc({n, k}, DType::BF16), stats({2, 4}, DType::F32);
+  Output acc({n, k}, DType::F32), stats({2, 4}, DType::F32);
+  cudaOk(cudaMemcpy(acc.device->ptr, initial.values.data(), initial.values.size() * 4,
+                    cudaMemcpyHostToDevice),
+         "cudaMemcpy");
   auto wsBuffer = workspace(m * n, m * k, ws);
+  cuda::fp8LinearGradWeightAccumulate(ctx, dy.view(), x.view(), stateView, false, 0,
+                                      stats.view(), ws, acc.view());
+  cudaOk(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+
+  CastModel cdy = castModel(dy.values, 3000.0f, false, fp8::Format::E5M2, 0);
+  CastModel cx = castModel(x.values, 4.0f, false, fp8::Format::E4M3FN, 0);
+  GemmModel model = gradWeightModel(cdy, cx, m, n, k);
+  for (size_t i = 0; i < model.want.size(); ++i)
+    model.want[i] += double(initial.values[i]);
+  expectNear(acc.read(), model.want, model.magnitude, DType::F32, m, "acc");
+  expectStats(stats.read(), cdy, cx);
+
+  // A bf16 accumulator came out tens of ulps off on the H200 (0.046875 where 0.0392 was due):
+  // the kernel refuses it, and the compiler fuses f32 accumulators only.
+  Output bf16Acc({n, k}, DType::BF16);
   try {
     cuda::fp8LinearGradWeightAccumulate(ctx, dy.view(), x.view(), stateView, false, 0,
-                                        stats.view(), ws, acc.view());
+                                        stats.view(), ws, bf16Acc.view());
     ADD_FAILURE() << "a bf16 accumulator was accepted";
   } catch (const std::exception &e) {
     EXPECT_NE(std::string(e.what()).find("acc must be f32"), std::string::npos) << e.what();

@@ -183,25 +183,33 @@ SmallVector<unsigned> Fp8LinearGradInputOp::getWorkspaceResults() {
 // Fp8LinearGradWeightOp
 //===----------------------------------------------------------------------===//
 
-LogicalResult Fp8LinearGradWeightOp::verify() {
-  RankedTensorType dy = tensorType(getResultGrad()), x = tensorType(getInput());
+/// The checks of dW = dyᵀ · x shared by the weight gradient and its accumulating form: dy
+/// [..., N] and x [..., K] with the same leading dimensions and element type, `result` (what
+/// `resultName` names) [N, K], dimensions FP8 GEMMs take, and the state, stats and workspace.
+static LogicalResult verifyFp8GradWeight(Operation *op, Value resultGrad, Value input,
+                                         RankedTensorType result, StringRef resultName,
+                                         Value state, Value stats, Value workspace) {
+  RankedTensorType dy = tensorType(resultGrad), x = tensorType(input);
   if (dy.getRank() < 1)
-    return emitOpError("result_grad must have rank at least 1 (its last dimension is N)");
+    return op->emitOpError("result_grad must have rank at least 1 (its last dimension is N)");
   if (x.getShape().drop_back() != dy.getShape().drop_back())
-    return emitOpError() << "input " << fmt(x.getShape()) << " and result_grad "
-                         << fmt(dy.getShape())
-                         << " must have the same leading dimensions (the positions)";
-  if (failed(expectElementType(*this, "input", x.getElementType(), dy.getElementType())))
+    return op->emitOpError() << "input " << fmt(x.getShape()) << " and result_grad "
+                             << fmt(dy.getShape())
+                             << " must have the same leading dimensions (the positions)";
+  if (failed(expectElementType(op, "input", x.getElementType(), dy.getElementType())))
     return failure();
   int64_t n = dy.getShape().back(), k = x.getShape().back();
-  RankedTensorType dw = tensorType(getResult());
-  if (dw.getShape() != ArrayRef<int64_t>{n, k})
-    return emitOpError() << "result shape: expected [" << n << ", " << k << "] ([N, K]), got "
-                         << fmt(dw.getShape());
-  if (failed(verifyFp8Dimensions(*this, getNumElements(dy) / n, n, k)))
+  if (result.getShape() != ArrayRef<int64_t>{n, k})
+    return op->emitOpError() << resultName << " shape: expected [" << n << ", " << k
+                             << "] ([N, K]), got " << fmt(result.getShape());
+  if (failed(verifyFp8Dimensions(op, getNumElements(dy) / n, n, k)))
     return failure();
-  return verifyFp8Gemm(*this, getState(), getStats(), getWorkspace(), getResultGrad(),
-                       getInput());
+  return verifyFp8Gemm(op, state, stats, workspace, resultGrad, input);
+}
+
+LogicalResult Fp8LinearGradWeightOp::verify() {
+  return verifyFp8GradWeight(*this, getResultGrad(), getInput(), tensorType(getResult()),
+                             "result", getState(), getStats(), getWorkspace());
 }
 
 OpCost Fp8LinearGradWeightOp::getForwardCost() {
@@ -234,28 +242,13 @@ Operation *Fp8LinearGradWeightOp::buildAccumulating(OpBuilder &builder, Value ac
 //===----------------------------------------------------------------------===//
 
 LogicalResult Fp8LinearGradWeightAccumulateOp::verify() {
-  RankedTensorType dy = tensorType(getResultGrad()), x = tensorType(getInput());
   RankedTensorType acc = tensorType(getAccumulator());
-  if (dy.getRank() < 1)
-    return emitOpError("result_grad must have rank at least 1 (its last dimension is N)");
-  if (x.getShape().drop_back() != dy.getShape().drop_back())
-    return emitOpError() << "input " << fmt(x.getShape()) << " and result_grad "
-                         << fmt(dy.getShape())
-                         << " must have the same leading dimensions (the positions)";
-  if (failed(expectElementType(*this, "input", x.getElementType(), dy.getElementType())))
-    return failure();
-  int64_t n = dy.getShape().back(), k = x.getShape().back();
-  if (acc.getShape() != ArrayRef<int64_t>{n, k})
-    return emitOpError() << "accumulator shape: expected [" << n << ", " << k
-                         << "] ([N, K]), got " << fmt(acc.getShape());
   if (!acc.getElementType().isF32())
     return emitOpError() << "accumulator element type must be f32 (FP8 GEMMs add into f32 "
                             "accumulators only), got "
                          << acc.getElementType();
-  if (failed(verifyFp8Dimensions(*this, getNumElements(dy) / n, n, k)))
-    return failure();
-  return verifyFp8Gemm(*this, getState(), getStats(), getWorkspace(), getResultGrad(),
-                       getInput());
+  return verifyFp8GradWeight(*this, getResultGrad(), getInput(), acc, "accumulator",
+                             getState(), getStats(), getWorkspace());
 }
 
 OpCost Fp8LinearGradWeightAccumulateOp::getForwardCost() {
