@@ -91,10 +91,11 @@ static LogicalResult verifyFp8Gemm(Operation *op, Value state, Value stats, Valu
 /// 2·M·N·K on tensor cores, with the two casts (a pass over each operand counting the
 /// statistics) as vector work; every operand read and result written once, plus the casts'
 /// codes written to the workspace and read back by the GEMM.
-static OpCost fp8GemmCost(Operation *op, int64_t m, int64_t n, int64_t k, Value a, Value b) {
+static OpCost fp8GemmCost(Operation *op, int64_t m, int64_t n, int64_t k, Value a, Value b,
+                          Value workspace) {
   OpCost cost = streamingBytes(op);
   int64_t codes = getNumElements(tensorType(a)) + getNumElements(tensorType(b));
-  cost.bytesWritten -= getStorageBytes(op->getResult(2).getType());
+  cost.bytesWritten -= getStorageBytes(workspace.getType());
   cost.bytesWritten += codes;
   cost.bytesRead += codes;
   cost.matmulFlops = 2 * m * n * k;
@@ -135,7 +136,7 @@ LogicalResult Fp8LinearOp::verify() {
 OpCost Fp8LinearOp::getForwardCost() {
   int64_t k = tensorType(getWeight()).getDimSize(1), n = tensorType(getWeight()).getDimSize(0);
   return fp8GemmCost(*this, getNumElements(tensorType(getInput())) / k, n, k, getInput(),
-                     getWeight());
+                     getWeight(), getWorkspace());
 }
 
 SmallVector<unsigned> Fp8LinearOp::getWorkspaceResults() {
@@ -172,7 +173,7 @@ LogicalResult Fp8LinearGradInputOp::verify() {
 OpCost Fp8LinearGradInputOp::getForwardCost() {
   int64_t n = tensorType(getWeight()).getDimSize(0), k = tensorType(getWeight()).getDimSize(1);
   return fp8GemmCost(*this, getNumElements(tensorType(getResultGrad())) / n, n, k,
-                     getResultGrad(), getWeight());
+                     getResultGrad(), getWeight(), getWorkspace());
 }
 
 SmallVector<unsigned> Fp8LinearGradInputOp::getWorkspaceResults() {
@@ -215,7 +216,8 @@ LogicalResult Fp8LinearGradWeightOp::verify() {
 OpCost Fp8LinearGradWeightOp::getForwardCost() {
   RankedTensorType dy = tensorType(getResultGrad());
   int64_t n = dy.getShape().back(), k = tensorType(getInput()).getShape().back();
-  return fp8GemmCost(*this, getNumElements(dy) / n, n, k, getResultGrad(), getInput());
+  return fp8GemmCost(*this, getNumElements(dy) / n, n, k, getResultGrad(), getInput(),
+                     getWorkspace());
 }
 
 SmallVector<unsigned> Fp8LinearGradWeightOp::getWorkspaceResults() {
@@ -254,16 +256,11 @@ LogicalResult Fp8LinearGradWeightAccumulateOp::verify() {
 OpCost Fp8LinearGradWeightAccumulateOp::getForwardCost() {
   RankedTensorType dy = tensorType(getResultGrad());
   int64_t n = dy.getShape().back(), k = tensorType(getInput()).getShape().back();
-  int64_t codes = getNumElements(dy) + getNumElements(tensorType(getInput()));
-  OpCost cost;
-  for (Value operand : getOperands())
-    cost.bytesRead += getStorageBytes(operand.getType());
-  // The accumulator is read (beta = 1) and written; the codes go through the workspace.
-  cost.bytesWritten = getStorageBytes(getAccumulator().getType()) +
-                      getStorageBytes(getStats().getType()) + codes;
-  cost.bytesRead += codes;
-  cost.matmulFlops = 2 * (getNumElements(dy) / n) * n * k;
-  cost.vectorFlops = 4 * codes + getNumElements(tensorType(getAccumulator()));
+  OpCost cost = fp8GemmCost(*this, getNumElements(dy) / n, n, k, getResultGrad(), getInput(),
+                            getWorkspace());
+  // The accumulator, read as an operand (beta = 1), is also written, one addition an element.
+  cost.bytesWritten += getStorageBytes(getAccumulator().getType());
+  cost.vectorFlops += getNumElements(tensorType(getAccumulator()));
   return cost;
 }
 
