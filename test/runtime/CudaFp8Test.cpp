@@ -97,15 +97,20 @@ float halfToFloat(uint16_t h) {
   return sign ? -value : value;
 }
 
-/// Casts `count` elements of storage `dtype` (raw bits in `host`, their f32 values in
-/// `values`) on the GPU at element offset `offset` (an unaligned offset takes the scalar path)
-/// and compares codes and statistics with the CPU reference; the statistics are accumulated
-/// over two identical casts to check that they add.
-void expectCastMatches(DType dtype, const std::vector<uint8_t> &host,
-                       const std::vector<float> &values, int64_t offset, float scale,
-                       fp8::Format format, const std::string &what) {
-  const int64_t count = int64_t(values.size());
-  const size_t elem = dtypeSize(dtype);
+/// What a cast kernel wrote: its codes, and the statistics of two identical launches.
+struct CastRun {
+  std::vector<uint8_t> codes;
+  cuda::Fp8CastStats stats;
+};
+
+/// Uploads x (raw bits `host` of storage `dtype`, shape `shape`, at element offset `offset`),
+/// runs `launch(ctx, x, scale, y, stats)` twice into codes of shape `outShape` (poisoned
+/// beforehand) and one zeroed statistics block, and reads both back.
+template <typename Launch>
+CastRun runCastTwice(DType dtype, const std::vector<uint8_t> &host, std::vector<int64_t> shape,
+                     std::vector<int64_t> outShape, int64_t offset, float scale,
+                     fp8::Format format, Launch launch) {
+  const size_t elem = dtypeSize(dtype), count = host.size() / elem;
   DeviceBuffer in((count + offset) * elem), out(count + offset), scaleBuf(sizeof(float)),
       stats(sizeof(cuda::Fp8CastStats));
   cudaOk(cudaMemcpy(in.as<uint8_t>() + offset * elem, host.data(), count * elem,
@@ -114,35 +119,53 @@ void expectCastMatches(DType dtype, const std::vector<uint8_t> &host,
   cudaOk(cudaMemcpy(scaleBuf.ptr, &scale, sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
   cudaOk(cudaMemset(out.ptr, 0xA5, count + offset), "cudaMemset");
   cudaOk(cudaMemset(stats.ptr, 0, sizeof(cuda::Fp8CastStats)), "cudaMemset");
-
-  TensorView x{in.as<uint8_t>() + offset * elem, dtype, {count}};
+  TensorView x{in.as<uint8_t>() + offset * elem, dtype, std::move(shape)};
   DType outType = format == fp8::Format::E4M3FN ? DType::F8E4M3FN : DType::F8E5M2;
-  TensorView y{out.as<uint8_t>() + offset, outType, {count}};
+  TensorView y{out.as<uint8_t>() + offset, outType, std::move(outShape)};
   cuda::Context ctx;
   auto *devStats = stats.as<cuda::Fp8CastStats>();
-  cuda::castToFp8(ctx, x, scaleBuf.as<float>(), y, devStats);
-  cuda::castToFp8(ctx, x, scaleBuf.as<float>(), y, devStats);
+  launch(ctx, x, scaleBuf.as<float>(), y, devStats);
+  launch(ctx, x, scaleBuf.as<float>(), y, devStats);
   cudaOk(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  CastRun run{std::vector<uint8_t>(count), {}};
+  cudaOk(cudaMemcpy(run.codes.data(), y.data, count, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  cudaOk(cudaMemcpy(&run.stats, devStats, sizeof(run.stats), cudaMemcpyDeviceToHost),
+         "cudaMemcpy");
+  return run;
+}
 
-  std::vector<uint8_t> codes(count), expected(count);
-  cuda::Fp8CastStats got;
-  cudaOk(cudaMemcpy(codes.data(), y.data, count, cudaMemcpyDeviceToHost), "cudaMemcpy");
-  cudaOk(cudaMemcpy(&got, devStats, sizeof(got), cudaMemcpyDeviceToHost), "cudaMemcpy");
-  fp8::CastStats want = fp8::castScaled(values.data(), count, scale, format, expected.data());
-
-  int64_t mismatches = 0;
-  for (int64_t i = 0; i < count; ++i)
-    if (codes[i] != expected[i] && mismatches++ < 5)
-      ADD_FAILURE() << what << ": element " << i << " = " << values[i] << " * " << scale
-                    << " gave code 0x" << std::hex << int(codes[i]) << ", expected 0x"
-                    << int(expected[i]) << std::dec;
-  EXPECT_EQ(mismatches, 0) << what;
+/// The statistics of two identical casts are twice the CPU's counts, with its amax.
+void expectTwiceTheStats(const cuda::Fp8CastStats &got, const fp8::CastStats &want,
+                         const std::string &what) {
   EXPECT_EQ(got.count, 2ull * uint64_t(want.count)) << what;
   EXPECT_EQ(got.underflows, 2ull * uint64_t(want.underflows)) << what;
   EXPECT_EQ(got.saturations, 2ull * uint64_t(want.saturations)) << what;
   float amax;
   std::memcpy(&amax, &got.amaxBits, 4);
   EXPECT_EQ(amax, want.amax) << what;
+}
+
+/// Casts `count` elements of storage `dtype` (raw bits in `host`, their f32 values in
+/// `values`) on the GPU at element offset `offset` (an unaligned offset takes the scalar path)
+/// and compares codes and statistics with the CPU reference; the statistics are accumulated
+/// over two identical casts to check that they add.
+void expectCastMatches(DType dtype, const std::vector<uint8_t> &host,
+                       const std::vector<float> &values, int64_t offset, float scale,
+                       fp8::Format format, const std::string &what) {
+  const int64_t count = int64_t(values.size());
+  CastRun run = runCastTwice(dtype, host, {count}, {count}, offset, scale, format,
+                             [](auto &&...args) { cuda::castToFp8(args...); });
+  std::vector<uint8_t> expected(count);
+  fp8::CastStats want = fp8::castScaled(values.data(), count, scale, format, expected.data());
+
+  int64_t mismatches = 0;
+  for (int64_t i = 0; i < count; ++i)
+    if (run.codes[i] != expected[i] && mismatches++ < 5)
+      ADD_FAILURE() << what << ": element " << i << " = " << values[i] << " * " << scale
+                    << " gave code 0x" << std::hex << int(run.codes[i]) << ", expected 0x"
+                    << int(expected[i]) << std::dec;
+  EXPECT_EQ(mismatches, 0) << what;
+  expectTwiceTheStats(run.stats, want, what);
 }
 
 const fp8::Format kFormats[] = {fp8::Format::E4M3FN, fp8::Format::E5M2};
@@ -205,43 +228,21 @@ void expectTransposedCastMatches(DType dtype, const std::vector<uint8_t> &host,
                                  float scale, fp8::Format format, const std::string &what) {
   const int64_t count = rows * cols;
   ASSERT_EQ(int64_t(values.size()), count);
-  DeviceBuffer in(count * dtypeSize(dtype)), out(count), scaleBuf(sizeof(float)),
-      stats(sizeof(cuda::Fp8CastStats));
-  cudaOk(cudaMemcpy(in.ptr, host.data(), count * dtypeSize(dtype), cudaMemcpyHostToDevice),
-         "cudaMemcpy");
-  cudaOk(cudaMemcpy(scaleBuf.ptr, &scale, sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
-  cudaOk(cudaMemset(out.ptr, 0xA5, count), "cudaMemset");
-  cudaOk(cudaMemset(stats.ptr, 0, sizeof(cuda::Fp8CastStats)), "cudaMemset");
-  TensorView x{in.ptr, dtype, {rows, cols}};
-  DType outType = format == fp8::Format::E4M3FN ? DType::F8E4M3FN : DType::F8E5M2;
-  TensorView y{out.ptr, outType, {cols, rows}};
-  cuda::Context ctx;
-  auto *devStats = stats.as<cuda::Fp8CastStats>();
-  cuda::castToFp8Transposed(ctx, x, scaleBuf.as<float>(), y, devStats);
-  cuda::castToFp8Transposed(ctx, x, scaleBuf.as<float>(), y, devStats);
-  cudaOk(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-
-  std::vector<uint8_t> codes(count), expected(count);
-  cuda::Fp8CastStats got;
-  cudaOk(cudaMemcpy(codes.data(), out.ptr, count, cudaMemcpyDeviceToHost), "cudaMemcpy");
-  cudaOk(cudaMemcpy(&got, devStats, sizeof(got), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  CastRun run = runCastTwice(dtype, host, {rows, cols}, {cols, rows}, 0, scale, format,
+                             [](auto &&...args) { cuda::castToFp8Transposed(args...); });
+  std::vector<uint8_t> expected(count);
   fp8::CastStats want = fp8::castScaled(values.data(), count, scale, format, expected.data());
   int64_t mismatches = 0;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
-      const uint8_t code = codes[c * rows + r], wantCode = expected[r * cols + c];
+      const uint8_t code = run.codes[c * rows + r], wantCode = expected[r * cols + c];
       if (code != wantCode && mismatches++ < 5)
         ADD_FAILURE() << what << ": x[" << r << "][" << c << "] = " << values[r * cols + c] << " * "
                       << scale << " gave code 0x" << std::hex << int(code) << ", expected 0x"
                       << int(wantCode) << std::dec;
     }
   EXPECT_EQ(mismatches, 0) << what;
-  EXPECT_EQ(got.count, 2ull * uint64_t(want.count)) << what;
-  EXPECT_EQ(got.underflows, 2ull * uint64_t(want.underflows)) << what;
-  EXPECT_EQ(got.saturations, 2ull * uint64_t(want.saturations)) << what;
-  float amax;
-  std::memcpy(&amax, &got.amaxBits, 4);
-  EXPECT_EQ(amax, want.amax) << what;
+  expectTwiceTheStats(run.stats, want, what);
 }
 
 // The transposing cast works in 128 x 128 tiles, each thread an 8 x 8 piece: shapes of one
