@@ -195,11 +195,19 @@ struct Args {
   int64_t qStride, kvStride; ///< elements from one position to the next
   float scale, scaleLog2;
   int causal;
+  /// (batch, head) groups per chunk of tileOf's block order; 0: head by head.
+  int orderChunk;
   int numTiles; ///< tiles along the sequence per (batch, head) or (batch, kv head)
 };
 
+/// Groups per chunk of the causal kernels' block order (tileOf). On the H200, 8 and 16 measure the
+/// same (B4 S4096 H32: 8.39 and 8.42 ms forward and backward, against 8.64 head by head).
+constexpr int kOrderChunk = 8;
+
 Args makeArgs(const Dims &dims, bool causal, double scale) {
   Args a{};
+  // Tiles of one length need no order, and head by head keeps the blocks in flight on few heads.
+  a.orderChunk = causal ? kOrderChunk : 0;
   a.seq = int(dims.seq);
   a.heads = int(dims.heads);
   a.kvHeads = int(dims.kvHeads);
@@ -662,21 +670,21 @@ struct Tile {
   int rank, group;
 };
 
-/// Groups per chunk of tileOf's order. On the H200, 8 and 16 measure the same (B4 S4096 H32:
-/// 8.39 and 8.42 ms forward and backward, against 8.64 in group-major order).
-constexpr int kOrderChunk = 8;
-
 /// Causal tiles differ in length (a query tile's keys end at its diagonal, a key tile's queries
 /// start there), and blocks start roughly in blockIdx order, so the order decides the tail: in
-/// group-major order the last groups' longest tiles start last and run alone. Blocks are taken
-/// in chunks of kOrderChunk groups, rank-major within a chunk, so that every group's longest
-/// tiles start first (longest-processing-time order) while the blocks in flight still share a
-/// few heads' keys and values in L2. Rank 0 is the longest: the callers map it to their tile.
+/// group-major order the last groups' longest tiles start last and run alone. Causal blocks are
+/// taken in chunks of a.orderChunk groups, rank-major within a chunk, so that every group's
+/// longest tiles start first (longest-processing-time order) while the blocks in flight still
+/// share a few heads' keys and values in L2. Rank 0 is the longest: the callers map it to their
+/// tile.
 __device__ __forceinline__ Tile tileOf(const Args &a) {
-  const int groups = int(gridDim.x) / a.numTiles, chunkBlocks = kOrderChunk * a.numTiles;
+  const int width0 = a.orderChunk;
+  if (width0 == 0)
+    return {int(blockIdx.x % a.numTiles), int(blockIdx.x / a.numTiles)};
+  const int groups = int(gridDim.x) / a.numTiles, chunkBlocks = width0 * a.numTiles;
   const int chunk = int(blockIdx.x) / chunkBlocks, within = int(blockIdx.x) - chunk * chunkBlocks;
-  const int width = min(kOrderChunk, groups - chunk * kOrderChunk); // the last chunk may be short
-  return {within / width, chunk * kOrderChunk + within % width};
+  const int width = min(width0, groups - chunk * width0); // the last chunk may be short
+  return {within / width, chunk * width0 + within % width};
 }
 
 constexpr int kFwdBlockM = 128; ///< queries per forward block (32 per warp)
