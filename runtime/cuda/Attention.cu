@@ -678,13 +678,13 @@ struct Tile {
 /// share a few heads' keys and values in L2. Rank 0 is the longest: the callers map it to their
 /// tile.
 __device__ __forceinline__ Tile tileOf(const Args &a) {
-  const int width0 = a.orderChunk;
-  if (width0 == 0)
+  const int chunkGroups = a.orderChunk;
+  if (chunkGroups == 0)
     return {int(blockIdx.x % a.numTiles), int(blockIdx.x / a.numTiles)};
-  const int groups = int(gridDim.x) / a.numTiles, chunkBlocks = width0 * a.numTiles;
+  const int groups = int(gridDim.x) / a.numTiles, chunkBlocks = chunkGroups * a.numTiles;
   const int chunk = int(blockIdx.x) / chunkBlocks, within = int(blockIdx.x) - chunk * chunkBlocks;
-  const int width = min(width0, groups - chunk * width0); // the last chunk may be short
-  return {within / width, chunk * width0 + within % width};
+  const int width = min(chunkGroups, groups - chunk * chunkGroups); // the last chunk may be short
+  return {within / width, chunk * chunkGroups + within % width};
 }
 
 constexpr int kFwdBlockM = 128; ///< queries per forward block (32 per warp)
