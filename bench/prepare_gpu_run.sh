@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="${1:-.gpu-run}"
 build="${BONSAI_BUILD_DIR:-build}"
-archs="${BONSAI_GPU_ARCHS:-90-real}"
+archs="${BONSAI_GPU_ARCHS:-90a-real}"
 scripts/build.sh
 cmake -G Ninja -S runtime -B build-gpu -DCMAKE_BUILD_TYPE=Release -DBONSAI_CUDA_ARCHS="$archs"
 ninja -C build-gpu bonsai-run

@@ -21,6 +21,10 @@
 // flashAttentionGrad runs the same kernels with the saved log-sum-exp: the dq kernel forms
 // p = 2^(x - lse log2(e)) directly, with no running maximum, sum or rescaling of dq (and hands the
 // base-2 lse on to the dk/dv kernel), and the generic path skips its log-sum-exp pass.
+// On Hopper (a build with sm_90a code, an sm_90 device), bf16 at head dim 128 takes warpgroup MMA
+// (wgmma) kernels for the forward and for the dq kernel of flashAttentionGrad (namespace wg): the
+// same online softmax on the same fragment layout over 128-key tiles, the operands read by the
+// tensor cores straight from swizzled shared memory.
 // Causal tiles differ in length, so the tensor-core kernels start their blocks longest first
 // across groups of heads, not head by head (tileOf), which keeps the last wave from running a
 // few long tiles alone. Scratch (D and the log-sum-exp) comes from cudaMallocAsync on ctx.stream,
@@ -40,6 +44,7 @@
 #include <initializer_list>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -1301,6 +1306,451 @@ __global__ void __launch_bounds__(kThreads, 2) gradKVKernel(const Args a) {
 } // namespace tc
 
 //===----------------------------------------------------------------------===//
+// Hopper path: warpgroup MMA (wgmma, sm_90a) for the bf16 forward at head dim 128
+//===----------------------------------------------------------------------===//
+
+// wgmma reads its shared-memory operands itself (no ldmatrix through registers) and one
+// instruction covers a 64 x 128 x 16 product of four warps, so a 64-row warpgroup reads each K
+// and V tile once where four mma.sync warps read it four times. The instructions exist only in
+// the arch-specific sm_90a target; other targets compile these kernels to traps, and the host
+// takes this path only where CMake built sm_90a code and the device is an sm_90 (wgmmaUsable).
+namespace wg {
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define BONSAI_ATTENTION_WGMMA 1
+#else
+#define BONSAI_ATTENTION_WGMMA 0
+#endif
+
+constexpr int kGroups = 2;                  ///< warpgroups per block, 64 query rows each
+constexpr int kThreads = kGroups * 128;
+constexpr int kBlockM = 64 * kGroups;       ///< queries per block
+constexpr int kBlockN = 128;                ///< keys per tile
+constexpr int kD = 128;                     ///< the head dim this path takes
+
+/// Bytes of a [rows][128] bf16 tile stored as two [rows][64] regions, each row 128 bytes with
+/// the 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), regions 1024-aligned.
+constexpr int tileBytes(int rows) { return rows * kD * 2; }
+/// The q tile, two k and two v tiles, and slack to align the dynamic shared memory to 1024.
+constexpr size_t forwardSmem() { return 1024 + tileBytes(kBlockM) + 4 * tileBytes(kBlockN); }
+
+#if BONSAI_ATTENTION_WGMMA
+constexpr int kRegionBytes = 128; ///< a row of one 64-column region of a tile
+
+/// A shared-memory matrix descriptor for wgmma with the 128-byte swizzle: start address,
+/// leading- and stride-dimension byte offsets. K-major operands (q, k: 64 columns of k per
+/// region) step through k by advancing the start 32 bytes within a region; the stride offset is
+/// the 1024 bytes between groups of 8 rows. For v read with N contiguous, the leading offset is
+/// the distance between the two 64-column regions and a 16-key step advances 16 rows (2048
+/// bytes). (Checked on the H200 against a CPU product for both layouts before this kernel.)
+__device__ __forceinline__ uint64_t descriptor(uint32_t address, uint32_t leading,
+                                               uint32_t stride) {
+  return uint64_t((address & 0x3FFFF) >> 4) | uint64_t((leading >> 4) & 0x3FFF) << 16 |
+         uint64_t((stride >> 4) & 0x3FFF) << 32 | uint64_t(1) << 62;
+}
+
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void waitAll() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+/// Makes this thread's cp.async and st.shared writes visible to wgmma's (async-proxy) reads.
+__device__ __forceinline__ void proxyFence() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+/// d (+)= a · bᵀ for a 64 x 128 tile, both operands in shared memory (descriptors), f32
+/// accumulators in the wgmma fragment layout; d is overwritten when `accumulate` is 0.
+__device__ __forceinline__ void mmaSS128(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+/// d += a · b for a 64 x 128 tile: a (64 x 16) in registers in the mma.sync A-fragment layout,
+/// b (16 x 128) in shared memory with N contiguous (the descriptor's "MN-major", transposed).
+__device__ __forceinline__ void mmaRS128(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
+/// Starts copying rows [row0, row0 + kRows) of a [.., 128] operand (row r at base + r * stride)
+/// into a swizzled tile; rows past `seq` become zeros.
+template <int kRows>
+__device__ __forceinline__ void loadTile(uint8_t *tile, const __nv_bfloat16 *base, int64_t stride,
+                                         int row0, int seq) {
+  constexpr int kRowStep = kThreads / 16; // 16 chunks of 16 bytes per row
+  static_assert(kRows % kRowStep == 0, "whole rows per pass");
+  const int chunk = threadIdx.x % 16, r0 = threadIdx.x / 16;
+  // r0 + k kRowStep has r0's residue mod 8, so the swizzled chunk is the same on every pass.
+  uint8_t *dst = tile + (chunk / 8) * kRows * kRegionBytes + r0 * kRegionBytes +
+                 (((chunk % 8) ^ (r0 & 7)) << 4);
+  const __nv_bfloat16 *src = base + int64_t(row0 + r0) * stride + chunk * 8;
+#pragma unroll
+  for (int k = 0; k < kRows / kRowStep; ++k) {
+    const bool valid = row0 + r0 + k * kRowStep < seq;
+    tc::cpAsync16(dst + k * kRowStep * kRegionBytes, valid ? src + k * kRowStep * stride : base,
+                  valid);
+  }
+}
+#endif // BONSAI_ATTENTION_WGMMA
+
+/// Forward over one tile of 128 queries of one (batch, head), as tc::forwardKernel but on
+/// warpgroup MMA: warpgroup w owns queries 64w..64w+63, s = q kᵀ is one chain of eight
+/// m64n128k16 products from shared memory, the online softmax runs on the fragments (each warp
+/// 16 rows, the mma.sync C layout), and o += p v takes p from registers.
+__global__ void __launch_bounds__(kThreads, 1) forwardKernel(const Args a) {
+#if BONSAI_ATTENTION_WGMMA
+  extern __shared__ unsigned char smemRaw[];
+  uint8_t *sQ = reinterpret_cast<uint8_t *>((reinterpret_cast<uintptr_t>(smemRaw) + 1023) &
+                                            ~uintptr_t(1023));
+  uint8_t *sK = sQ + tileBytes(kBlockM); // two buffers
+  uint8_t *sV = sK + 2 * tileBytes(kBlockN); // two buffers
+  const int lane = threadIdx.x & 31, group = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32;
+  const tc::Tile tile = tc::tileOf(a);
+  const int bh = tile.group;
+  const int mBlock = a.causal ? a.numTiles - 1 - tile.rank : tile.rank;
+  const int b = bh / a.heads, h = bh % a.heads, g = h / a.group;
+  const int m0 = mBlock * kBlockM, seq = a.seq;
+  using T = __nv_bfloat16;
+  const T *qBase = static_cast<const T *>(a.q) + (int64_t(b) * seq * a.heads + h) * kD;
+  const T *kBase = static_cast<const T *>(a.k) + (int64_t(b) * seq * a.kvHeads + g) * kD;
+  const T *vBase = static_cast<const T *>(a.v) + (int64_t(b) * seq * a.kvHeads + g) * kD;
+
+  loadTile<kBlockM>(sQ, qBase, a.qStride, m0, seq);
+  loadTile<kBlockN>(sK, kBase, a.kvStride, 0, seq);
+  loadTile<kBlockN>(sV, vBase, a.kvStride, 0, seq);
+  tc::cpAsyncCommit();
+
+  float o[64];
+#pragma unroll
+  for (int e = 0; e < 64; ++e)
+    o[e] = 0.f;
+  float rowMax[2] = {-INFINITY, -INFINITY}, rowSum[2] = {0.f, 0.f};
+  const int warpRow0 = m0 + group * 64 + warp * 16; // rows warpRow0 + lane / 4 (+ 8)
+  const int keyEnd = a.causal ? min(seq, m0 + kBlockM) : seq;
+  const int tiles = (keyEnd + kBlockN - 1) / kBlockN;
+  // This warpgroup's 64 rows in each region of the q tile.
+  const uint32_t qAddress = tc::smemAddr(sQ) + group * 64 * kRegionBytes;
+  for (int t = 0; t < tiles; ++t) {
+    const int buf = t & 1, n0 = t * kBlockN;
+    if (t + 1 < tiles) {
+      loadTile<kBlockN>(sK + (buf ^ 1) * tileBytes(kBlockN), kBase, a.kvStride, n0 + kBlockN,
+                        seq);
+      loadTile<kBlockN>(sV + (buf ^ 1) * tileBytes(kBlockN), vBase, a.kvStride, n0 + kBlockN,
+                        seq);
+      tc::cpAsyncCommit();
+      tc::cpAsyncWait<1>();
+    } else {
+      tc::cpAsyncWait<0>();
+    }
+    proxyFence();
+    __syncthreads();
+    const uint32_t kAddress = tc::smemAddr(sK + buf * tileBytes(kBlockN));
+    const uint32_t vAddress = tc::smemAddr(sV + buf * tileBytes(kBlockN));
+
+    // s = q kᵀ: eight k-steps of 16, four per 64-column region.
+    float s[64];
+    fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t step = (kk % 4) * 32; // 16 columns of 2 bytes into the region
+      const uint64_t qd =
+          descriptor(qAddress + (kk / 4) * kBlockM * kRegionBytes + step, 16, 1024);
+      const uint64_t kd =
+          descriptor(kAddress + (kk / 4) * kBlockN * kRegionBytes + step, 16, 1024);
+      mmaSS128(s, qd, kd, kk > 0);
+    }
+    commit();
+    waitAll();
+
+    // Scale into base 2, mask, update the running maxima and sums; p in T pairs, the A
+    // fragments of the p v product. Element e of s: row lane / 4 + 8 ((e / 2) % 2), key
+    // n0 + 8 (e / 4) + 2 (lane % 4) + e % 2.
+    const bool needMask = n0 + kBlockN > seq || (a.causal && n0 + kBlockN - 1 > warpRow0);
+    uint32_t p[32];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = warpRow0 + (lane >> 2) + r * 8;
+      float tileMax = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < kBlockN / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float x = s[4 * nt + 2 * r + c] * a.scaleLog2;
+          if (needMask) {
+            const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
+            if (j >= seq || (a.causal && j > i))
+              x = -INFINITY;
+          }
+          s[4 * nt + 2 * r + c] = x;
+          tileMax = fmaxf(tileMax, x);
+        }
+      tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 1));
+      tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 2));
+      const float newMax = fmaxf(rowMax[r], tileMax);
+      // A row with every key so far masked keeps max -inf; subtract 0 then, not -inf.
+      const float base = newMax == -INFINITY ? 0.f : newMax;
+      const float correction = tc::exp2Approx(rowMax[r] - base);
+      rowMax[r] = newMax;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < kBlockN / 8; ++nt) {
+        const float p0 = tc::exp2Approx(s[4 * nt + 2 * r] - base);
+        const float p1 = tc::exp2Approx(s[4 * nt + 2 * r + 1] - base);
+        sum += p0;
+        sum += p1;
+        p[2 * nt + r] = tc::pack(T(), p0, p1);
+      }
+      rowSum[r] = rowSum[r] * correction + sum;
+#pragma unroll
+      for (int nt = 0; nt < kD / 8; ++nt) {
+        o[4 * nt + 2 * r] *= correction;
+        o[4 * nt + 2 * r + 1] *= correction;
+      }
+    }
+
+    // o += p v: eight 16-key steps, v read with the head dim contiguous.
+    fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t pa[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+      const uint64_t vd = descriptor(vAddress + kk * 16 * kRegionBytes,
+                                     kBlockN * kRegionBytes, 1024);
+      mmaRS128(o, pa, vd);
+    }
+    commit();
+    waitAll();
+    __syncthreads(); // this buffer is refilled by the next iteration's prefetch
+  }
+
+  // The four lanes of a quad hold partial sums of the same rows.
+  T *out = static_cast<T *>(a.out) + (int64_t(b) * seq * a.heads + h) * kD;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = rowSum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float factor = sum > 0.f ? 1.f / sum : 0.f;
+    const int i = warpRow0 + (lane >> 2) + r * 8;
+    if (i >= seq)
+      continue;
+    if (a.savedLse && (lane & 3) == 0)
+      a.savedLse[int64_t(bh) * seq + i] =
+          sum > 0.f ? (rowMax[r] + __log2f(sum)) * 0.6931471805599453f : -INFINITY;
+    T *row = out + int64_t(i) * a.qStride + (lane & 3) * 2;
+#pragma unroll
+    for (int nt = 0; nt < kD / 8; ++nt)
+      *reinterpret_cast<uint32_t *>(row + nt * 8) =
+          tc::pack(T(), o[4 * nt + 2 * r] * factor, o[4 * nt + 2 * r + 1] * factor);
+  }
+#else
+  __trap();
+#endif
+}
+
+
+/// Bytes of the dq kernel's shared memory: the q and dO tiles, two k and two v tiles, and the
+/// alignment slack.
+constexpr size_t gradQSmem() { return 1024 + 2 * tileBytes(kBlockM) + 4 * tileBytes(kBlockN); }
+
+/// dq from the saved log-sum-exp (flashAttentionGrad) over one tile of 128 queries of one
+/// (batch, head), as tc::gradQKernel<..., true> but on warpgroup MMA: per key tile, s = q kᵀ and
+/// dp = dO vᵀ from shared memory, p = 2^(s scale log2(e) - lse log2(e)) and ds = p (dp - D) on
+/// the fragments, dq += ds k with ds from registers (k read with the head dim contiguous). Also
+/// writes the rows the dk/dv kernel reads: D = dO . o (summed as tc::gradQKernel sums it, so
+/// that kernel's results do not change) and the base-2 log-sum-exp.
+__global__ void __launch_bounds__(kThreads, 1) gradQKernel(const Args a) {
+#if BONSAI_ATTENTION_WGMMA
+  extern __shared__ unsigned char smemRaw[];
+  uint8_t *sQ = reinterpret_cast<uint8_t *>((reinterpret_cast<uintptr_t>(smemRaw) + 1023) &
+                                            ~uintptr_t(1023));
+  uint8_t *sDo = sQ + tileBytes(kBlockM);
+  uint8_t *sK = sDo + tileBytes(kBlockM);    // two buffers
+  uint8_t *sV = sK + 2 * tileBytes(kBlockN); // two buffers
+  const int lane = threadIdx.x & 31, group = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32;
+  const tc::Tile tile = tc::tileOf(a);
+  const int bh = tile.group;
+  const int mBlock = a.causal ? a.numTiles - 1 - tile.rank : tile.rank;
+  const int b = bh / a.heads, h = bh % a.heads, g = h / a.group;
+  const int m0 = mBlock * kBlockM, seq = a.seq;
+  using T = __nv_bfloat16;
+  const int64_t qOffset = (int64_t(b) * seq * a.heads + h) * kD;
+  const T *kBase = static_cast<const T *>(a.k) + (int64_t(b) * seq * a.kvHeads + g) * kD;
+  const T *vBase = static_cast<const T *>(a.v) + (int64_t(b) * seq * a.kvHeads + g) * kD;
+
+  loadTile<kBlockM>(sQ, static_cast<const T *>(a.q) + qOffset, a.qStride, m0, seq);
+  loadTile<kBlockM>(sDo, static_cast<const T *>(a.dout) + qOffset, a.qStride, m0, seq);
+  loadTile<kBlockN>(sK, kBase, a.kvStride, 0, seq);
+  loadTile<kBlockN>(sV, vBase, a.kvStride, 0, seq);
+  tc::cpAsyncCommit();
+
+  // D and the base-2 log-sum-exp of the thread's two rows; the four lanes of a quad take a
+  // quarter of the head dim each, in order, as tc::gradQKernel does.
+  const int warpRow0 = m0 + group * 64 + warp * 16; // rows warpRow0 + lane / 4 (+ 8)
+  float rowDot[2], rowLse[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = warpRow0 + (lane >> 2) + r * 8;
+    float dot = 0.f;
+    if (i < seq) {
+      const int64_t at = qOffset + int64_t(i) * a.qStride + (lane & 3) * (kD / 4);
+      const T *dOut = static_cast<const T *>(a.dout) + at, *out = static_cast<const T *>(a.o) + at;
+#pragma unroll
+      for (int v = 0; v < kD / 32; ++v) {
+        const uint4 x = *reinterpret_cast<const uint4 *>(dOut + 8 * v);
+        const uint4 y = *reinterpret_cast<const uint4 *>(out + 8 * v);
+        const T *xs = reinterpret_cast<const T *>(&x), *ys = reinterpret_cast<const T *>(&y);
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          dot = fmaf(__bfloat162float(xs[e]), __bfloat162float(ys[e]), dot);
+      }
+    }
+    dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+    dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+    rowDot[r] = dot;
+    rowLse[r] = 0.f;
+    if (i < seq) {
+      rowLse[r] = a.savedLse[int64_t(bh) * seq + i] * 1.4426950408889634f;
+      if ((lane & 3) == 0) {
+        a.dsum[int64_t(bh) * seq + i] = dot;
+        a.lse[int64_t(bh) * seq + i] = rowLse[r];
+      }
+    }
+  }
+
+  float dq[64];
+#pragma unroll
+  for (int e = 0; e < 64; ++e)
+    dq[e] = 0.f;
+  const int keyEnd = a.causal ? min(seq, m0 + kBlockM) : seq;
+  const int tiles = (keyEnd + kBlockN - 1) / kBlockN;
+  const uint32_t qAddress = tc::smemAddr(sQ) + group * 64 * kRegionBytes;
+  const uint32_t doAddress = tc::smemAddr(sDo) + group * 64 * kRegionBytes;
+  for (int t = 0; t < tiles; ++t) {
+    const int buf = t & 1, n0 = t * kBlockN;
+    if (t + 1 < tiles) {
+      loadTile<kBlockN>(sK + (buf ^ 1) * tileBytes(kBlockN), kBase, a.kvStride, n0 + kBlockN,
+                        seq);
+      loadTile<kBlockN>(sV + (buf ^ 1) * tileBytes(kBlockN), vBase, a.kvStride, n0 + kBlockN,
+                        seq);
+      tc::cpAsyncCommit();
+      tc::cpAsyncWait<1>();
+    } else {
+      tc::cpAsyncWait<0>();
+    }
+    proxyFence();
+    __syncthreads();
+    const uint32_t kAddress = tc::smemAddr(sK + buf * tileBytes(kBlockN));
+    const uint32_t vAddress = tc::smemAddr(sV + buf * tileBytes(kBlockN));
+
+    // s = q kᵀ and dp = dO vᵀ, both chains in flight together.
+    float s[64], dp[64];
+    fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t step = (kk / 4) * kBlockM * kRegionBytes + (kk % 4) * 32;
+      const uint32_t keyStep = (kk / 4) * kBlockN * kRegionBytes + (kk % 4) * 32;
+      mmaSS128(s, descriptor(qAddress + step, 16, 1024), descriptor(kAddress + keyStep, 16, 1024),
+               kk > 0);
+      mmaSS128(dp, descriptor(doAddress + step, 16, 1024),
+               descriptor(vAddress + keyStep, 16, 1024), kk > 0);
+    }
+    commit();
+    waitAll();
+
+    // ds = p (dp - D) in T pairs, the A fragments of ds k. Element e: row lane / 4 +
+    // 8 ((e / 2) % 2), key n0 + 8 (e / 4) + 2 (lane % 4) + e % 2.
+    const bool needMask = n0 + kBlockN > seq || (a.causal && n0 + kBlockN - 1 > warpRow0);
+    uint32_t ds[32];
+#pragma unroll
+    for (int nt = 0; nt < kBlockN / 8; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = warpRow0 + (lane >> 2) + r * 8;
+        float v[2];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float x = s[4 * nt + 2 * r + c] * a.scaleLog2;
+          if (needMask) {
+            const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
+            if (j >= seq || (a.causal && j > i))
+              x = -INFINITY;
+          }
+          const float p = tc::exp2Approx(x - rowLse[r]);
+          v[c] = p * (dp[4 * nt + 2 * r + c] - rowDot[r]);
+        }
+        ds[2 * nt + r] = tc::pack(T(), v[0], v[1]);
+      }
+
+    // dq += ds k: eight 16-key steps, k read with the head dim contiguous.
+    fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t da[4] = {ds[4 * kk], ds[4 * kk + 1], ds[4 * kk + 2], ds[4 * kk + 3]};
+      mmaRS128(dq, da, descriptor(kAddress + kk * 16 * kRegionBytes, kBlockN * kRegionBytes, 1024));
+    }
+    commit();
+    waitAll();
+    __syncthreads(); // this buffer is refilled by the next iteration's prefetch
+  }
+
+  T *out = static_cast<T *>(a.dq) + qOffset;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = warpRow0 + (lane >> 2) + r * 8;
+    if (i >= seq)
+      continue;
+    T *row = out + int64_t(i) * a.qStride + (lane & 3) * 2;
+#pragma unroll
+    for (int nt = 0; nt < kD / 8; ++nt)
+      *reinterpret_cast<uint32_t *>(row + nt * 8) =
+          tc::pack(T(), dq[4 * nt + 2 * r] * a.scale, dq[4 * nt + 2 * r + 1] * a.scale);
+  }
+#else
+  __trap();
+#endif
+}
+
+} // namespace wg
+
+//===----------------------------------------------------------------------===//
 // Launchers
 //===----------------------------------------------------------------------===//
 
@@ -1319,6 +1769,18 @@ void launch(const char *kn, const char *name, void (*kernel)(Params...), int64_t
   checkCuda(kn, cudaGetLastError(), name);
 }
 
+/// Whether the warpgroup kernels run here: built for sm_90a (BONSAI_CUDA_SM90A, set by CMake when
+/// the architectures include it) and an sm_90 device, the only one sm_90a code runs on.
+bool wgmmaUsable(const char *kn) {
+#if BONSAI_CUDA_SM90A
+  return deviceAttribute(kn, cudaDevAttrComputeCapabilityMajor) == 9 &&
+         deviceAttribute(kn, cudaDevAttrComputeCapabilityMinor) == 0;
+#else
+  (void)kn;
+  return false;
+#endif
+}
+
 template <typename T, int kD>
 void forwardTensorCore(const char *kn, Stream stream, Args a, const Dims &dims) {
   a.numTiles = int(ceilDiv(dims.seq, tc::kFwdBlockM));
@@ -1332,18 +1794,39 @@ void gradTensorCore(const char *kn, Stream stream, Args a, const Dims &dims) {
   // The dq kernel writes the rows of D and log-sum-exp the dk/dv kernel reads (from the saved
   // log-sum-exp when there is one).
   a.numTiles = int(ceilDiv(dims.seq, tc::kDqBlockM));
-  auto *dqKernel = a.savedLse ? tc::gradQKernel<T, kD, true> : tc::gradQKernel<T, kD, false>;
-  launch(kn, "launch of the dq kernel", dqKernel,
-         int64_t(a.numTiles) * dims.batch * dims.heads, tc::kThreads, tc::gradQSmem<kD>(), stream,
-         a);
+  if (std::is_same_v<T, __nv_bfloat16> && kD == wg::kD && a.d == wg::kD && a.savedLse &&
+      wgmmaUsable(kn)) {
+    // bf16 at head dim 128 on Hopper, from the saved log-sum-exp: warpgroup MMA.
+    static_assert(wg::kBlockM == tc::kDqBlockM, "both dq kernels write the same row blocks");
+    launch(kn, "launch of the warpgroup dq kernel", wg::gradQKernel,
+           int64_t(a.numTiles) * dims.batch * dims.heads, wg::kThreads, wg::gradQSmem(), stream,
+           a);
+  } else {
+    auto *dqKernel = a.savedLse ? tc::gradQKernel<T, kD, true> : tc::gradQKernel<T, kD, false>;
+    launch(kn, "launch of the dq kernel", dqKernel,
+           int64_t(a.numTiles) * dims.batch * dims.heads, tc::kThreads, tc::gradQSmem<kD>(),
+           stream, a);
+  }
   a.numTiles = int(ceilDiv(dims.seq, tc::kBwdBlock));
   launch(kn, "launch of the dk/dv kernel", tc::gradKVKernel<T, kD>,
          int64_t(a.numTiles) * dims.batch * dims.kvHeads, tc::kThreads, tc::gradKVSmem<kD>(),
          stream, a);
 }
 
+void forwardWarpGroup(const char *kn, Stream stream, Args a, const Dims &dims) {
+  a.numTiles = int(ceilDiv(dims.seq, wg::kBlockM));
+  launch(kn, "launch of the warpgroup forward kernel", wg::forwardKernel,
+         int64_t(a.numTiles) * dims.batch * dims.heads, wg::kThreads, wg::forwardSmem(), stream,
+         a);
+}
+
 template <typename T>
 void forwardTensorCoreD(const char *kn, Stream stream, const Args &a, const Dims &dims) {
+  // bf16 at head dim 128 on Hopper: warpgroup MMA.
+  if (std::is_same_v<T, __nv_bfloat16> && dims.d == wg::kD && wgmmaUsable(kn)) {
+    forwardWarpGroup(kn, stream, a, dims);
+    return;
+  }
   if (dims.d <= 64)
     forwardTensorCore<T, 64>(kn, stream, a, dims);
   else
