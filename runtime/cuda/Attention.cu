@@ -22,9 +22,9 @@
 // p = 2^(x - lse log2(e)) directly, with no running maximum, sum or rescaling of dq (and hands the
 // base-2 lse on to the dk/dv kernel), and the generic path skips its log-sum-exp pass.
 // On Hopper (a build with sm_90a code, an sm_90 device), bf16 at head dim 128 takes warpgroup MMA
-// (wgmma) kernels for the forward and for the dq kernel of flashAttentionGrad (namespace wg): the
-// same online softmax on the same fragment layout over 128-key tiles, the operands read by the
-// tensor cores straight from swizzled shared memory.
+// (wgmma) kernels (namespace wg) for the forward, the dk/dv kernel and, from the saved
+// log-sum-exp, the dq kernel: the same arithmetic per element on the same fragment layout, over
+// 128-key tiles, with the operands read by the tensor cores straight from swizzled shared memory.
 // Causal tiles differ in length, so the tensor-core kernels start their blocks longest first
 // across groups of heads, not head by head (tileOf), which keeps the last wave from running a
 // few long tiles alone. Scratch (D and the log-sum-exp) comes from cudaMallocAsync on ctx.stream,
@@ -1385,6 +1385,23 @@ __device__ __forceinline__ void mmaSS128(float (&d)[64], uint64_t a, uint64_t b,
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
+/// mmaSS128 for a 64 x 64 tile.
+__device__ __forceinline__ void mmaSS64(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
 /// d += a · b for a 64 x 128 tile: a (64 x 16) in registers in the mma.sync A-fragment layout,
 /// b (16 x 128) in shared memory with N contiguous (the descriptor's "MN-major", transposed).
 __device__ __forceinline__ void mmaRS128(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
@@ -1748,6 +1765,167 @@ __global__ void __launch_bounds__(kThreads, 1) gradQKernel(const Args a) {
 #endif
 }
 
+constexpr int kKvBlockN = 128; ///< keys per dk/dv block, 64 per warpgroup
+constexpr int kKvBlockM = 64;  ///< queries per dk/dv step
+
+/// Bytes of the dk/dv kernel's shared memory: the k and v tiles, two q and two dO tiles, two
+/// rows each of the base-2 log-sum-exp and D, and the alignment slack.
+constexpr size_t gradKVSmem() {
+  return 1024 + 2 * tileBytes(kKvBlockN) + 4 * tileBytes(kKvBlockM) + 4 * kKvBlockM * sizeof(float);
+}
+
+/// dk and dv over one tile of 128 keys of one (batch, kv head), as tc::gradKVKernel but on
+/// warpgroup MMA: warpgroup w owns keys 64w..64w+63 and loops over the query heads that read
+/// them and their 64-query tiles; per step sᵀ = k qᵀ and dpᵀ = v dOᵀ from shared memory (two
+/// chains in flight), pᵀ = 2^(sᵀ scale log2(e) - lse) and dsᵀ = pᵀ (dpᵀ - D) on the fragments,
+/// then dv += pᵀ dO and dk += dsᵀ q with pᵀ and dsᵀ from registers (dO and q read with the head
+/// dim contiguous). Reads the rows of lse and D the dq kernel wrote.
+__global__ void __launch_bounds__(kThreads, 1) gradKVKernel(const Args a) {
+#if BONSAI_ATTENTION_WGMMA
+  extern __shared__ unsigned char smemRaw[];
+  uint8_t *sK = reinterpret_cast<uint8_t *>((reinterpret_cast<uintptr_t>(smemRaw) + 1023) &
+                                            ~uintptr_t(1023));
+  uint8_t *sV = sK + tileBytes(kKvBlockN);
+  uint8_t *sQ = sV + tileBytes(kKvBlockN);   // two buffers
+  uint8_t *sDo = sQ + 2 * tileBytes(kKvBlockM); // two buffers
+  float *sLse = reinterpret_cast<float *>(sDo + 2 * tileBytes(kKvBlockM)); // two buffers
+  float *sRowDot = sLse + 2 * kKvBlockM;                                   // two buffers
+  const int lane = threadIdx.x & 31, group = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32;
+  // Key block 0 reaches the most query tiles: rank 0 is the longest.
+  const tc::Tile tile = tc::tileOf(a);
+  const int nBlock = tile.rank, bg = tile.group;
+  const int b = bg / a.kvHeads, g = bg % a.kvHeads;
+  const int n0 = nBlock * kKvBlockN, seq = a.seq;
+  using T = __nv_bfloat16;
+  const int64_t kvOffset = (int64_t(b) * seq * a.kvHeads + g) * kD;
+
+  // Steps: (query head of the group, query tile), in order. With the causal mask the query
+  // tiles before the block's first key see none of its keys.
+  const int mStart = a.causal ? n0 / kKvBlockM : 0;
+  const int perHead = (seq + kKvBlockM - 1) / kKvBlockM - mStart;
+  const int steps = a.group * perHead;
+  auto loadStep = [&](int u, int buf) {
+    const int h = g * a.group + u / perHead, i0 = (mStart + u % perHead) * kKvBlockM;
+    const int64_t qOffset = (int64_t(b) * seq * a.heads + h) * kD;
+    loadTile<kKvBlockM>(sQ + buf * tileBytes(kKvBlockM), static_cast<const T *>(a.q) + qOffset,
+                        a.qStride, i0, seq);
+    loadTile<kKvBlockM>(sDo + buf * tileBytes(kKvBlockM),
+                        static_cast<const T *>(a.dout) + qOffset, a.qStride, i0, seq);
+    if (threadIdx.x < 2 * kKvBlockM) {
+      const int64_t rowBase = (int64_t(b) * a.heads + h) * seq;
+      const int x = threadIdx.x % kKvBlockM, i = i0 + x;
+      const float *src = threadIdx.x < kKvBlockM ? a.lse : a.dsum;
+      float *dst = (threadIdx.x < kKvBlockM ? sLse : sRowDot) + buf * kKvBlockM + x;
+      tc::cpAsync4(dst, i < seq ? src + rowBase + i : src, i < seq);
+    }
+  };
+
+  loadTile<kKvBlockN>(sK, static_cast<const T *>(a.k) + kvOffset, a.kvStride, n0, seq);
+  loadTile<kKvBlockN>(sV, static_cast<const T *>(a.v) + kvOffset, a.kvStride, n0, seq);
+  loadStep(0, 0);
+  tc::cpAsyncCommit();
+
+  float dk[64], dv[64];
+#pragma unroll
+  for (int e = 0; e < 64; ++e)
+    dk[e] = dv[e] = 0.f;
+  const int warpKey0 = n0 + group * 64 + warp * 16; // keys warpKey0 + lane / 4 (+ 8)
+  // This warpgroup's 64 keys in each region of the k and v tiles.
+  const uint32_t kAddress = tc::smemAddr(sK) + group * 64 * kRegionBytes;
+  const uint32_t vAddress = tc::smemAddr(sV) + group * 64 * kRegionBytes;
+  for (int u = 0; u < steps; ++u) {
+    const int buf = u & 1, i0 = (mStart + u % perHead) * kKvBlockM;
+    if (u + 1 < steps) {
+      loadStep(u + 1, buf ^ 1);
+      tc::cpAsyncCommit();
+      tc::cpAsyncWait<1>();
+    } else {
+      tc::cpAsyncWait<0>();
+    }
+    proxyFence();
+    __syncthreads();
+    const uint32_t qAddress = tc::smemAddr(sQ + buf * tileBytes(kKvBlockM));
+    const uint32_t doAddress = tc::smemAddr(sDo + buf * tileBytes(kKvBlockM));
+    const float *tLse = sLse + buf * kKvBlockM, *tRowDot = sRowDot + buf * kKvBlockM;
+
+    // sᵀ = k qᵀ and dpᵀ = v dOᵀ: eight k-steps of 16 over the head dim.
+    float st[32], dpt[32];
+    fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t keyStep = (kk / 4) * kKvBlockN * kRegionBytes + (kk % 4) * 32;
+      const uint32_t queryStep = (kk / 4) * kKvBlockM * kRegionBytes + (kk % 4) * 32;
+      mmaSS64(st, descriptor(kAddress + keyStep, 16, 1024),
+              descriptor(qAddress + queryStep, 16, 1024), kk > 0);
+      mmaSS64(dpt, descriptor(vAddress + keyStep, 16, 1024),
+              descriptor(doAddress + queryStep, 16, 1024), kk > 0);
+    }
+    commit();
+    waitAll();
+
+    // pᵀ and dsᵀ in T pairs, the A fragments of the dv and dk products. Element e: key
+    // warpKey0 + lane / 4 + 8 ((e / 2) % 2), query i0 + 8 (e / 4) + 2 (lane % 4) + e % 2.
+    const bool needMask = i0 + kKvBlockM > seq || (a.causal && warpKey0 + 15 > i0);
+    uint32_t pa[16], sa[16];
+#pragma unroll
+    for (int nt = 0; nt < kKvBlockM / 8; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int j = warpKey0 + (lane >> 2) + r * 8;
+        float p[2], ds[2];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int col = nt * 8 + (lane & 3) * 2 + c;
+          float pv = tc::exp2Approx(st[4 * nt + 2 * r + c] * a.scaleLog2 - tLse[col]);
+          if (needMask) {
+            const int i = i0 + col;
+            if (i >= seq || (a.causal && j > i))
+              pv = 0.f;
+          }
+          p[c] = pv;
+          ds[c] = pv * (dpt[4 * nt + 2 * r + c] - tRowDot[col]);
+        }
+        pa[2 * nt + r] = tc::pack(T(), p[0], p[1]);
+        sa[2 * nt + r] = tc::pack(T(), ds[0], ds[1]);
+      }
+
+    // dv += pᵀ dO and dk += dsᵀ q: four 16-query steps, dO and q read with the head dim
+    // contiguous.
+    fence();
+#pragma unroll
+    for (int kk = 0; kk < kKvBlockM / 16; ++kk) {
+      const uint32_t pk[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
+      const uint32_t sk[4] = {sa[4 * kk], sa[4 * kk + 1], sa[4 * kk + 2], sa[4 * kk + 3]};
+      const uint32_t rows = kk * 16 * kRegionBytes, region = kKvBlockM * kRegionBytes;
+      mmaRS128(dv, pk, descriptor(doAddress + rows, region, 1024));
+      mmaRS128(dk, sk, descriptor(qAddress + rows, region, 1024));
+    }
+    commit();
+    waitAll();
+    __syncthreads(); // this buffer is refilled by the next iteration's prefetch
+  }
+
+  T *dkOut = static_cast<T *>(a.dk) + kvOffset, *dvOut = static_cast<T *>(a.dv) + kvOffset;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int j = warpKey0 + (lane >> 2) + r * 8;
+    if (j >= seq)
+      continue;
+    T *dkRow = dkOut + int64_t(j) * a.kvStride + (lane & 3) * 2;
+    T *dvRow = dvOut + int64_t(j) * a.kvStride + (lane & 3) * 2;
+#pragma unroll
+    for (int nt = 0; nt < kD / 8; ++nt) {
+      *reinterpret_cast<uint32_t *>(dkRow + nt * 8) =
+          tc::pack(T(), dk[4 * nt + 2 * r] * a.scale, dk[4 * nt + 2 * r + 1] * a.scale);
+      *reinterpret_cast<uint32_t *>(dvRow + nt * 8) =
+          tc::pack(T(), dv[4 * nt + 2 * r], dv[4 * nt + 2 * r + 1]);
+    }
+  }
+#else
+  __trap();
+#endif
+}
+
 } // namespace wg
 
 //===----------------------------------------------------------------------===//
@@ -1806,6 +1984,13 @@ void gradTensorCore(const char *kn, Stream stream, Args a, const Dims &dims) {
     launch(kn, "launch of the dq kernel", dqKernel,
            int64_t(a.numTiles) * dims.batch * dims.heads, tc::kThreads, tc::gradQSmem<kD>(),
            stream, a);
+  }
+  if (std::is_same_v<T, __nv_bfloat16> && kD == wg::kD && a.d == wg::kD && wgmmaUsable(kn)) {
+    a.numTiles = int(ceilDiv(dims.seq, wg::kKvBlockN));
+    launch(kn, "launch of the warpgroup dk/dv kernel", wg::gradKVKernel,
+           int64_t(a.numTiles) * dims.batch * dims.kvHeads, wg::kThreads, wg::gradKVSmem(),
+           stream, a);
+    return;
   }
   a.numTiles = int(ceilDiv(dims.seq, tc::kBwdBlock));
   launch(kn, "launch of the dk/dv kernel", tc::gradKVKernel<T, kD>,
