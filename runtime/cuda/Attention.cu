@@ -23,8 +23,9 @@
 // base-2 lse on to the dk/dv kernel), and the generic path skips its log-sum-exp pass.
 // On Hopper (a build with sm_90a code, an sm_90 device), bf16 at head dim 128 takes warpgroup MMA
 // (wgmma) kernels (namespace wg) for the forward, the dk/dv kernel and, from the saved
-// log-sum-exp, the dq kernel: the same arithmetic per element on the same fragment layout, over
-// 128-key tiles, with the operands read by the tensor cores straight from swizzled shared memory.
+// log-sum-exp, the dq kernel: the mma.sync kernels' softmax arithmetic on the same fragment
+// layout, over 128-key tiles, with the operands read by the tensor cores straight from swizzled
+// shared memory.
 // Causal tiles differ in length, so the tensor-core kernels start their blocks longest first
 // across groups of heads, not head by head (tileOf), which keeps the last wave from running a
 // few long tiles alone. Scratch (D and the log-sum-exp) comes from cudaMallocAsync on ctx.stream,

@@ -17,6 +17,10 @@
 // (the generic path for every storage type), sequence lengths 1, 17, 128 and 257 (ragged against
 // the 64- and 128-row tiles), GQA ratios 1, 4 and 8, causal and not.
 //
+// On an sm_90 GPU with a build that has sm_90a code, the bf16 cases at head dim 128 run the
+// warpgroup-MMA kernels (the forward, the dk/dv kernel and the flash dq kernel); the others, and
+// every case on other GPUs, the mma.sync or generic kernels.
+//
 // Also: two runs give bit-identical results, operand errors throw, and one timing test prints
 // TFLOP/s for B=4, H=32, S=4096, D=128 causal bf16. Without a GPU every device test skips.
 //
