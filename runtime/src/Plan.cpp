@@ -430,6 +430,25 @@ private:
       fail(outName(j) + " shape: expected " + formatShape(shape) + ", got " +
            formatShape(out(j).shape));
   }
+  /// The forward linear's inputs, y = x · Wᵀ (+ b): x a float tensor [..., K], W [N, K] and the
+  /// optional bias [N] (input 2) of x's dtype. Returns y's shape [..., N].
+  std::vector<int64_t> checkLinearInputs() const {
+    expectFloat(0);
+    expectRankAtLeast(0, 1);
+    expectRank(1, 2);
+    expectInputDType(1, in(0).dtype);
+    int64_t k = in(0).shape.back(), n = in(1).shape[0];
+    if (in(1).shape[1] != k)
+      fail(inName(1) + " shape: expected [out, " + std::to_string(k) + "] ([out, in] layout), got " +
+           formatShape(in(1).shape));
+    if (kernel.inputs.size() == 3) {
+      expectInputDType(2, in(0).dtype);
+      expectInputShape(2, {n});
+    }
+    std::vector<int64_t> shape(in(0).shape.begin(), in(0).shape.end() - 1);
+    shape.push_back(n);
+    return shape;
+  }
   /// Input `i` is a float tensor of `shape`.
   void expectFloatInput(size_t i, const std::vector<int64_t> &shape) const {
     expectFloat(i);
@@ -1411,20 +1430,7 @@ void KernelChecker::checkShapes() {
     checkMultiTensorShapes();
     break;
   case KernelKind::LinearGeLU: {
-    expectFloat(0);
-    expectRankAtLeast(0, 1);
-    expectRank(1, 2);
-    expectInputDType(1, in(0).dtype);
-    int64_t k = in(0).shape.back(), n = in(1).shape[0];
-    if (in(1).shape[1] != k)
-      fail(inName(1) + " shape: expected [out, " + std::to_string(k) + "] ([out, in] layout), got " +
-           formatShape(in(1).shape));
-    if (kernel.inputs.size() == 3) {
-      expectInputDType(2, in(0).dtype);
-      expectInputShape(2, {n});
-    }
-    std::vector<int64_t> shape(in(0).shape.begin(), in(0).shape.end() - 1);
-    shape.push_back(n);
+    std::vector<int64_t> shape = checkLinearInputs();
     for (size_t j = 0; j < 2; ++j) {
       if (out(j).shape != shape)
         fail(outName(j) + " shape: expected " + formatShape(shape) + ", got " +
@@ -1665,24 +1671,9 @@ void KernelChecker::checkShapesV1() {
     expectOutput(shape, in(0).dtype);
     break;
   }
-  case KernelKind::Linear: {
-    expectFloat(0);
-    expectRankAtLeast(0, 1);
-    expectRank(1, 2);
-    expectInputDType(1, in(0).dtype);
-    int64_t k = in(0).shape.back(), n = in(1).shape[0];
-    if (in(1).shape[1] != k)
-      fail(inName(1) + " shape: expected [out, " + std::to_string(k) + "] ([out, in] layout), got " +
-           formatShape(in(1).shape));
-    if (kernel.inputs.size() == 3) {
-      expectInputDType(2, in(0).dtype);
-      expectInputShape(2, {n});
-    }
-    std::vector<int64_t> shape(in(0).shape.begin(), in(0).shape.end() - 1);
-    shape.push_back(n);
-    expectOutput(shape, in(0).dtype);
+  case KernelKind::Linear:
+    expectOutput(checkLinearInputs(), in(0).dtype);
     break;
-  }
   case KernelKind::Matmul: {
     expectFloat(0);
     expectRankAtLeast(0, 2);
