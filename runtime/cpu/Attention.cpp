@@ -29,19 +29,21 @@ constexpr int64_t kWorkGrain = 1 << 16;
 
 } // namespace
 
-void rope(const TensorView &x, double theta, const TensorView &y) {
-  const char *k = "rope";
-  checkFloat(k, "x", x);
-  checkFloat(k, "y", y);
+void detail::rotatePairs(const char *kernel, const char *xName, const TensorView &x,
+                         double theta, bool transpose, const char *yName, const TensorView &y) {
+  checkFloat(kernel, xName, x);
+  checkFloat(kernel, yName, y);
   if (x.rank() != 4 || x.dim(3) % 2 != 0)
-    fail(k, "x shape " + formatShape(x.shape) +
-                " is not [batch, seq, heads, head_dim] with an even head_dim");
-  checkSameShape(k, "y", y, "x", x);
+    fail(kernel, std::string(xName) + " shape " + formatShape(x.shape) +
+                     " is not [batch, seq, heads, head_dim] with an even head_dim");
+  checkSameShape(kernel, yName, y, xName, x);
   if (!(theta > 0.0))
-    fail(k, "theta " + std::to_string(theta) + " is not positive");
+    fail(kernel, "theta " + std::to_string(theta) + " is not positive");
   int64_t batch = x.dim(0), seq = x.dim(1), heads = x.dim(2), d = x.dim(3), half = d / 2;
 
   // Angles in fp64: an fp32 position * inv_freq is off by up to 2.4e-4 rad at position 4096.
+  // The forward and the gradient compute the same tables, so that ropeGrad(rope(x)) is x up to
+  // rounding.
   std::vector<double> cosTable(static_cast<size_t>(seq * half)),
       sinTable(static_cast<size_t>(seq * half));
   for (int64_t i = 0; i < half; ++i) {
@@ -65,15 +67,28 @@ void rope(const TensorView &x, double theta, const TensorView &y) {
                   for (int64_t h = 0; h < heads; ++h) {
                     const float *xi = &in[size_t(h * d)];
                     float *yi = &out[size_t(h * d)];
-                    for (int64_t i = 0; i < half; ++i) {
-                      double lo = xi[i], hi = xi[i + half];
-                      yi[i] = float(lo * c[i] - hi * sn[i]);
-                      yi[i + half] = float(hi * c[i] + lo * sn[i]);
+                    if (!transpose) {
+                      for (int64_t i = 0; i < half; ++i) {
+                        double lo = xi[i], hi = xi[i + half];
+                        yi[i] = float(lo * c[i] - hi * sn[i]);
+                        yi[i + half] = float(hi * c[i] + lo * sn[i]);
+                      }
+                    } else {
+                      // The transpose of [[c, -s], [s, c]]: [[c, s], [-s, c]].
+                      for (int64_t i = 0; i < half; ++i) {
+                        double lo = xi[i], hi = xi[i + half];
+                        yi[i] = float(lo * c[i] + hi * sn[i]);
+                        yi[i + half] = float(hi * c[i] - lo * sn[i]);
+                      }
                     }
                   }
                   storeF32(out.data(), subView(y, t * row, row));
                 }
               });
+}
+
+void rope(const TensorView &x, double theta, const TensorView &y) {
+  rotatePairs("rope", "x", x, theta, /*transpose=*/false, "y", y);
 }
 
 namespace {

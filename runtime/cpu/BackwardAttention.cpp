@@ -115,51 +115,7 @@ void attentionGradItem(const AttentionGradArgs &a, int64_t b, int64_t g, Attenti
 } // namespace
 
 void ropeGrad(const TensorView &dy, double theta, const TensorView &dx) {
-  const char *k = "rope_grad";
-  checkFloat(k, "dy", dy);
-  checkFloat(k, "dx", dx);
-  if (dy.rank() != 4 || dy.dim(3) % 2 != 0)
-    fail(k, "dy shape " + formatShape(dy.shape) +
-                " is not [batch, seq, heads, head_dim] with an even head_dim");
-  checkSameShape(k, "dx", dx, "dy", dy);
-  if (!(theta > 0.0))
-    fail(k, "theta " + std::to_string(theta) + " is not positive");
-  int64_t batch = dy.dim(0), seq = dy.dim(1), heads = dy.dim(2), d = dy.dim(3), half = d / 2;
-
-  // The forward's tables, computed the same way, so that ropeGrad(rope(x)) is x up to rounding.
-  std::vector<double> cosTable(static_cast<size_t>(seq * half)),
-      sinTable(static_cast<size_t>(seq * half));
-  for (int64_t i = 0; i < half; ++i) {
-    double invFreq = std::pow(theta, -2.0 * double(i) / double(d));
-    for (int64_t s = 0; s < seq; ++s) {
-      double angle = double(s) * invFreq;
-      cosTable[size_t(s * half + i)] = std::cos(angle);
-      sinTable[size_t(s * half + i)] = std::sin(angle);
-    }
-  }
-
-  int64_t row = heads * d; // one (batch, position): every head of one token
-  parallelFor(batch * seq, std::max<int64_t>(1, kWorkGrain / std::max<int64_t>(1, row)),
-              [&](int64_t t0, int64_t t1) {
-                std::vector<float> in(static_cast<size_t>(row)), out(static_cast<size_t>(row));
-                for (int64_t t = t0; t < t1; ++t) {
-                  int64_t s = t % seq;
-                  const double *c = &cosTable[size_t(s * half)];
-                  const double *sn = &sinTable[size_t(s * half)];
-                  loadF32(subView(dy, t * row, row), in.data());
-                  for (int64_t h = 0; h < heads; ++h) {
-                    const float *gi = &in[size_t(h * d)];
-                    float *xi = &out[size_t(h * d)];
-                    // The transpose of [[c, -s], [s, c]]: [[c, s], [-s, c]].
-                    for (int64_t i = 0; i < half; ++i) {
-                      double lo = gi[i], hi = gi[i + half];
-                      xi[i] = float(lo * c[i] + hi * sn[i]);
-                      xi[i + half] = float(hi * c[i] - lo * sn[i]);
-                    }
-                  }
-                  storeF32(out.data(), subView(dx, t * row, row));
-                }
-              });
+  rotatePairs("rope_grad", "dy", dy, theta, /*transpose=*/true, "dx", dx);
 }
 
 namespace {

@@ -82,6 +82,13 @@ std::string formatIndex(int64_t flat, const std::vector<int64_t> &shape);
 /// result does not depend on the split. Exceptions are rethrown after every thread has joined.
 void parallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)> &fn);
 
+/// y = x [batch, seq, heads, head_dim] with each pair (i, i + head_dim / 2) rotated by RoPE's
+/// angle s theta^(-2i / head_dim) at position s, or by its transpose (`transpose`: rope's
+/// gradient). The body of cpu::rope and cpu::ropeGrad (runtime/cpu/Attention.cpp); `kernel`,
+/// `xName` and `yName` word its errors.
+void rotatePairs(const char *kernel, const char *xName, const TensorView &x, double theta,
+                 bool transpose, const char *yName, const TensorView &y);
+
 /// Checks that `t` is a float scalar (one element) and returns it.
 double loadScalar(const char *kernel, const char *operand, const TensorView &t);
 /// Checks that `step` is an i64 scalar holding a non-negative count and returns it.
