@@ -6,7 +6,9 @@
 //   fp8:       cuda::fp8Linear, the kernel of plan kind 90: x and W cast to E4M3FN with the
 //              state's delayed scales (their statistics counted), the FP8 GEMM, the stats;
 //   fwd+bwd:   the three GEMMs of a training step (y, dx = dy·W, dW = dyᵀ·x) in bf16, against
-//              kinds 90..92 (the backward's casts transposing, dy in E5M2);
+//              kinds 90..92 (the backward's casts transposing, dy in E5M2), and against kinds
+//              90 and 95 (the backward fused as a plan runs it: dy cast once into both
+//              layouts, dW added into an f32 accumulator);
 //   casts:     the cast of x alone (cuda::castToFp8) and its transposing cast alone
 //              (cuda::castToFp8Transposed, as the backward's), in µs and GB/s moved.
 // Prints one line per shape with microseconds and TFLOP/s; bench/fp8_gemm_bench.py runs it next
@@ -101,7 +103,7 @@ int main(int argc, char **argv) {
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::printf("shape m n k bf16_us bf16_tflops fp8_us fp8_tflops bf16_step_us fp8_step_us "
-              "rel_err cast_x_us cast_x_gbps cast_xt_us cast_xt_gbps\n");
+              "rel_err cast_x_us cast_x_gbps cast_xt_us cast_xt_gbps fp8_fused_step_us\n");
   for (const Shape &s : shapes) {
     const int64_t xs = s.m * s.k, ws = s.n * s.k, ys = s.m * s.n;
     std::vector<__nv_bfloat16> hx(xs), hw(ws), hdy(ys);
@@ -156,6 +158,19 @@ int main(int argc, char **argv) {
       cuda::fp8LinearGradInput(ctx, vdy, vw, vst, false, 0, vdx, vstats, vwork);
       cuda::fp8LinearGradWeight(ctx, vdy, vx, vst, false, 0, vdw, vstats, vwork);
     });
+    // The fused backward: its workspace holds both GEMMs', the weight gradient goes into f32.
+    const int64_t fusedBytes = fp8::gemmWorkspaceBytes(ys, ws) + fp8::gemmWorkspaceBytes(ys, xs);
+    void *fusedWork = deviceAlloc(size_t(fusedBytes)), *acc = deviceAlloc(size_t(ws) * 4);
+    void *stats2 = deviceAlloc(32);
+    check(cudaMemset(acc, 0, size_t(ws) * 4), "cudaMemset");
+    TensorView vfused{fusedWork, DType::F32, {fusedBytes / 4}}, vacc{acc, DType::F32, {s.n, s.k}},
+        vstats2{stats2, DType::F32, {2, 4}};
+    double f8FusedStep = timeUs(reps, [&] {
+      fp8Forward();
+      cuda::fp8LinearBackward(ctx, vdy, vw, vx, vst, false, 0, vdx, vstats, vstats2, vfused, vacc);
+    });
+    for (void *p : {fusedWork, acc, stats2})
+      cudaFree(p);
     // The cast of x alone (what each FP8 linear pays per operand): bytes moved per second.
     void *codes = deviceAlloc(size_t(xs));
     TensorView vcodes{codes, DType::F8E4M3FN, {s.m, s.k}};
@@ -178,10 +193,11 @@ int main(int argc, char **argv) {
       num += d * d;
       den += double(__bfloat162float(a[i])) * __bfloat162float(a[i]);
     }
-    std::printf("%s %lld %lld %lld %.1f %.1f %.1f %.1f %.1f %.1f %.4f %.1f %.0f %.1f %.0f\n",
+    std::printf("%s %lld %lld %lld %.1f %.1f %.1f %.1f %.1f %.1f %.4f %.1f %.0f %.1f %.0f %.1f\n",
                 s.name, (long long)s.m, (long long)s.n, (long long)s.k, bf16, flops / bf16 / 1e6,
                 f8, flops / f8 / 1e6, bf16Step, f8Step, std::sqrt(num / den), castUs,
-                3.0 * double(xs) / castUs / 1e3, castTUs, 3.0 * double(xs) / castTUs / 1e3);
+                3.0 * double(xs) / castUs / 1e3, castTUs, 3.0 * double(xs) / castTUs / 1e3,
+                f8FusedStep);
     std::fflush(stdout);
     for (void *p : {x, w, dy, y, y8, dx, dw, st, stats, work})
       cudaFree(p);

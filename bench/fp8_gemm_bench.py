@@ -3,7 +3,8 @@
 
 Runs bin/fp8_gemm_bench (Bonsai: the cuBLASLt bf16 GEMM, and the FP8 linear kernel of a plan:
 casts of x and W with their statistics plus the FP8 GEMM; the three GEMMs of a training step
-both ways; the cast of x alone, plain and transposing) and times, on the same shapes,
+both ways, and with the backward fused as plans run it (dy cast once for dx and dW, dW added
+into f32); the cast of x alone, plain and transposing) and times, on the same shapes,
 torch.matmul in bf16 and torch._scaled_mm with float8_e4m3fn operands already cast (per-tensor
 scales, bf16 output: the GEMM alone). Prints one table. Needs a GPU with FP8 tensor cores
 (sm_89, sm_90).
@@ -41,13 +42,15 @@ def main():
                          capture_output=True, text=True).stdout
     rows = [line.split() for line in out.strip().splitlines()[1:]]
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("TFLOP/s of y = x Wᵀ (M = tokens); 'step' = the y, dx and dW GEMMs together")
+    print("TFLOP/s of y = x Wᵀ (M = tokens); 'step' = the y, dx and dW GEMMs together; "
+          "'fused' = the FP8 step with the backward fused (plan kind 95)")
     print("| shape (m, n, k) | Bonsai bf16 | Bonsai FP8 linear | torch bf16 | torch._scaled_mm "
           "| FP8 / bf16 (Bonsai) | Bonsai FP8 / _scaled_mm | step bf16 | step FP8 | step ratio "
-          "| FP8 rel. error | cast of x (µs, GB/s) | transposing cast of x (µs, GB/s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| step FP8 fused | fused ratio | FP8 rel. error | cast of x (µs, GB/s) "
+          "| transposing cast of x (µs, GB/s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (name, m, n, k, _, bf16, _, f8, bf16_step, f8_step, err, cast_us, cast_gbps, castt_us,
-         castt_gbps) in rows:
+         castt_gbps, fused_step) in rows:
         m, n, k = int(m), int(n), int(k)
         flops = 2.0 * m * n * k
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -62,9 +65,11 @@ def main():
                                  args.reps) / 1e6
         bf16, f8 = float(bf16), float(f8)
         bf16_step, f8_step = 3 * flops / float(bf16_step) / 1e6, 3 * flops / float(f8_step) / 1e6
+        fused_step = 3 * flops / float(fused_step) / 1e6
         print(f"| {name} ({m}, {n}, {k}) | {bf16:.0f} | {f8:.0f} | {torch_bf16:.0f} | "
               f"{scaled:.0f} | {f8 / bf16:.2f} | {f8 / scaled:.2f} | {bf16_step:.0f} | "
-              f"{f8_step:.0f} | {f8_step / bf16_step:.2f} | {float(err):.3f} | "
+              f"{f8_step:.0f} | {f8_step / bf16_step:.2f} | {fused_step:.0f} | "
+              f"{fused_step / bf16_step:.2f} | {float(err):.3f} | "
               f"{float(cast_us):.0f}, {float(cast_gbps):.0f} | "
               f"{float(castt_us):.0f}, {float(castt_gbps):.0f} |")
 

@@ -106,6 +106,7 @@ std::optional<fb::KernelKind> getKernelKind(StringRef name) {
       .Case("fp8_linear_grad_weight", fb::KernelKind::Fp8LinearGradWeight)
       .Case("fp8_update_scales", fb::KernelKind::Fp8UpdateScales)
       .Case("fp8_linear_grad_weight_accumulate", fb::KernelKind::Fp8LinearGradWeightAccumulate)
+      .Case("fp8_linear_backward", fb::KernelKind::Fp8LinearBackward)
       .Default(std::nullopt);
 }
 
@@ -229,7 +230,8 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
   case fb::KernelKind::Fp8LinearGradInput:
   case fb::KernelKind::Fp8LinearGradWeight:
   case fb::KernelKind::Fp8UpdateScales:
-  case fb::KernelKind::Fp8LinearGradWeightAccumulate: {
+  case fb::KernelKind::Fp8LinearGradWeightAccumulate:
+  case fb::KernelKind::Fp8LinearBackward: {
     FailureOr<BoolAttr> current = getParam<BoolAttr>(launch, "current");
     FailureOr<int64_t> margin = i64("margin");
     if (failed(current) || failed(margin))

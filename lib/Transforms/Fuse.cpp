@@ -20,8 +20,9 @@ namespace mlir::bonsai {
 ArrayRef<FusionFamily> getFusionFamilies() {
   // The order is a priority: a family applies to what the families before it left. The LM
   // head's chunked loss and the flash attention pair replace the most work, so they come
-  // before the GEMM epilogues (which would otherwise take the head's weight-gradient GEMM), and
-  // the generated kernels take whatever elementwise ops remain at the end.
+  // before the GEMM epilogues (which would otherwise take the head's weight-gradient GEMM); the
+  // FP8 backward pairs come after the accumulation they include, and the generated kernels
+  // take whatever elementwise ops remain at the end.
   static const std::vector<FusionFamily> families = {
       {"linear-cross-entropy",
        "LM head + cross-entropy + their gradients, chunked over positions",
@@ -34,6 +35,9 @@ ArrayRef<FusionFamily> getFusionFamilies() {
       {"gemm-epilogue",
        "accumulation and GELU in the epilogues of the GEMMs that produce their inputs",
        populateGemmEpilogueFusionPatterns, nullptr},
+      {"fp8-backward",
+       "an FP8 linear's input and weight gradients from one cast of the output gradient",
+       populateFp8BackwardFusionPatterns, nullptr},
       {"optimizer", "the update phase's optimizer updates as multi-tensor kernels", nullptr,
        fuseOptimizerUpdates},
       {"elementwise", "remaining chains of elementwise ops -> one generated kernel each",

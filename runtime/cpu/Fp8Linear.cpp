@@ -1,6 +1,6 @@
 //===- Fp8Linear.cpp - FP8 GEMMs and delayed scaling on the CPU -----------===//
 //
-// The CPU reference of plan kinds 90..94 (docs/fp8.md, "FP8 training: ops, state and kernels"):
+// The CPU reference of plan kinds 90..95 (docs/fp8.md, "FP8 training: ops, state and kernels"):
 // each GEMM operand is cast to E4M3FN (activations, weights) or E5M2 (output gradients) with
 // the scale of its row of the FP8 state, or with a scale from its own amax under current
 // scaling or before the first update, exactly as fp8::castScaled casts; the codes go to the
@@ -237,6 +237,36 @@ void fp8LinearGradWeightAccumulate(const TensorView &dy, const TensorView &x,
   TensorView dw{product.data(), DType::F32, acc.shape};
   fp8LinearGradWeight(dy, x, state, current, margin, dw, stats, workspace);
   accumulate(dw, acc);
+}
+
+void fp8LinearBackward(const TensorView &dy, const TensorView &w, const TensorView &x,
+                       const TensorView &state, bool current, int margin, const TensorView &dx,
+                       const TensorView &inputGradStats, const TensorView &weightGradStats,
+                       const TensorView &workspace, const TensorView &acc) {
+  const char *k = "fp8_linear_backward";
+  checkFloat(k, "dy", dy);
+  checkFloat(k, "w", w);
+  checkFloat(k, "x", x);
+  if (x.dtype != dy.dtype)
+    fail(k, std::string("x must have dy's dtype ") + dtypeName(dy.dtype) + ", got " +
+                dtypeName(x.dtype));
+  // The two GEMMs' workspaces, one after the other (fp8::gemmWorkspaceBytes each).
+  const int64_t first = fp8::gemmWorkspaceBytes(dy.numel(), w.numel());
+  const int64_t need = first + fp8::gemmWorkspaceBytes(dy.numel(), x.numel());
+  checkView(k, "workspace", workspace);
+  if (workspace.dtype != DType::F32 || workspace.numel() * 4 < need)
+    fail(k, "workspace must be f32 of at least " + std::to_string(need / 4) +
+                " elements (the workspaces of the input and weight gradients' GEMMs), got " +
+                formatShape(workspace.shape) + " " + dtypeName(workspace.dtype));
+  // The casts of the fused kernel are those of the two GEMMs apart (the same dy, state and
+  // scale), so on the CPU it is the pair, bit for bit.
+  TensorView inputWorkspace{workspace.data, DType::F32, {first / 4}};
+  TensorView weightWorkspace{static_cast<float *>(workspace.data) + first / 4,
+                             DType::F32,
+                             {workspace.numel() - first / 4}};
+  fp8LinearGradInput(dy, w, state, current, margin, dx, inputGradStats, inputWorkspace);
+  fp8LinearGradWeightAccumulate(dy, x, state, current, margin, weightGradStats, weightWorkspace,
+                                acc);
 }
 
 void fp8UpdateScales(const TensorView &step, const TensorView &forwardStats,

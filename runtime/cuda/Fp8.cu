@@ -228,9 +228,10 @@ __device__ __forceinline__ void transpose4x4(uint32_t r0, uint32_t r1, uint32_t 
 }
 
 /// Casts tile `tile` (row-major over the tiles of x) of x [rows, cols] into out [cols, rows]
-/// transposed, as castPlain casts; rows and cols are multiples of 16, x 16-byte and out 16-byte
-/// aligned. `smem` holds kTile * kTile bytes, 16-byte aligned; every thread of the block calls
-/// this.
+/// transposed, as castPlain casts, and when `plain` is not null also into plain [rows, cols]
+/// (the same codes in x's layout: one read of x for both); rows and cols are multiples of 16,
+/// x, out and plain 16-byte aligned. `smem` holds kTile * kTile bytes, 16-byte aligned; every
+/// thread of the block calls this.
 ///
 /// Thread t loads the 8 x 8 piece at rows 8 (t / 16), columns 8 (t % 16) of the tile (a half
 /// warp reads 256 contiguous bytes of a row per load), converts it, transposes it in registers
@@ -240,11 +241,13 @@ __device__ __forceinline__ void transpose4x4(uint32_t r0, uint32_t r1, uint32_t 
 /// column groups) store into 16 different units: no bank conflicts. The block then writes each
 /// column's codes as 16-byte chunks (two units: the swizzle keeps them in one 16-byte slot,
 /// swapped when c / 8 is odd), 8 consecutive threads taking the 8 chunks of one column: one
-/// 128-byte line of `out` per 8 threads, and again no bank conflicts.
+/// 128-byte line of `out` per 8 threads, and again no bank conflicts. The plain codes go out
+/// from registers, a row's 8 codes as one 8-byte word: 128 contiguous bytes per half warp.
 template <typename T, bool E4M3>
 __device__ __forceinline__ void
-castTransposedTile(const T *__restrict__ x, uint8_t *__restrict__ out, int64_t rows, int64_t cols,
-                   float scale, int64_t tile, uint8_t *smem, Counts &counts) {
+castTransposedTile(const T *__restrict__ x, uint8_t *__restrict__ out, uint8_t *__restrict__ plain,
+                   int64_t rows, int64_t cols, float scale, int64_t tile, uint8_t *smem,
+                   Counts &counts) {
   constexpr int VW = kVec<T>, L = 8 / VW; // loads per row of a piece
   const int64_t tilesC = std::max<int64_t>((cols + kTile - 1) / kTile, 1);
   const int64_t r0 = tile / tilesC * kTile, c0 = tile % tilesC * kTile;
@@ -274,6 +277,12 @@ castTransposedTile(const T *__restrict__ x, uint8_t *__restrict__ out, int64_t r
               uint32_t(counts.convert2<E4M3>(in[2], in[3], scale)) << 16;
       hi[i] = uint32_t(counts.convert2<E4M3>(in[4], in[5], scale)) |
               uint32_t(counts.convert2<E4M3>(in[6], in[7], scale)) << 16;
+    }
+    if (plain) {
+      uint8_t *q = plain + (r0 + rg * 8) * cols + c0 + cg * 8;
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        *reinterpret_cast<uint2 *>(q + i * cols) = make_uint2(lo[i], hi[i]);
     }
     uint2 run[8]; // run[j]: rows 0..7 of column j
     transpose4x4(lo[0], lo[1], lo[2], lo[3], run[0].x, run[1].x, run[2].x, run[3].x);
@@ -315,7 +324,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ alignas(16) uint8_t smem[kTile * kTile];
   const float scale = scalePtr ? *scalePtr : 1.0f;
   Counts counts;
-  castTransposedTile<T, E4M3>(x, out, rows, cols, scale, blockIdx.x, smem, counts);
+  castTransposedTile<T, E4M3>(x, out, nullptr, rows, cols, scale, blockIdx.x, smem, counts);
   addCounts(counts, stats, blockIdx.x == 0 ? rows * cols : 0);
 }
 
@@ -336,20 +345,27 @@ __device__ __forceinline__ bool usableScale(float scale) {
 constexpr int kAmaxBlocks = 16;
 constexpr int kAmaxThreads = 1024;
 
-/// The end of an FP8 GEMM kernel's workspace (fp8::gemmWorkspaceBytes keeps 256 bytes for it).
-/// The amax pass writes every one of its blocks' maxima (where it runs), and clears the
-/// statistics and the block counter for the casts; the casts write the descales. Each descale,
-/// which cuBLASLt reads through a scale pointer, has a 16-byte slot of its own: with a pointer
-/// aligned to less, cuBLASLt answers "not supported".
-struct Fp8Control {
-  float amax[2][kAmaxBlocks]; ///< per operand, the amax pass's blocks' maxima of |x|
-  Fp8CastStats stats[2];
+/// The end of an FP8 GEMM kernel's workspace, for its N cast operands (fp8::gemmWorkspaceBytes
+/// keeps 256 bytes for the two of a GEMM; the fused backward's three have the 512 bytes of its
+/// two GEMMs). The amax pass writes every one of its blocks' maxima (where it runs), and
+/// clears the statistics and the block counter for the casts; the casts write the descales.
+/// Each descale, which cuBLASLt reads through a scale pointer, has a 16-byte slot of its own:
+/// with a pointer aligned to less, cuBLASLt answers "not supported".
+template <int N> struct Fp8Control {
+  float amax[N][kAmaxBlocks]; ///< per operand, the amax pass's blocks' maxima of |x|
+  Fp8CastStats stats[N];
   unsigned castBlocksDone;
   struct alignas(16) Descale {
     float value;
-  } descale[2];
+  } descale[N];
 };
-static_assert(sizeof(Fp8Control) <= 256, "fp8::gemmWorkspaceBytes keeps 256 bytes");
+static_assert(sizeof(Fp8Control<2>) <= 256, "fp8::gemmWorkspaceBytes keeps 256 bytes");
+static_assert(sizeof(Fp8Control<3>) <= 512, "the fused backward keeps two GEMMs' 256 bytes");
+
+/// N operands of a launch, passed by value as one kernel parameter.
+template <typename Operand, int N> struct OperandList {
+  Operand op[N];
+};
 
 /// What the amax pass needs to know of one operand.
 struct AmaxOperand {
@@ -411,24 +427,26 @@ __device__ __forceinline__ float blockAmax(const T *__restrict__ x, int64_t n) {
   return amax;
 }
 
-/// The amax pass of an FP8 GEMM kernel's two casts (grid kAmaxBlocks x 2, blockIdx.y the
-/// operand): where an operand needs it, each block writes the largest |x| of its share into
-/// control->amax; in the steady state of delayed scaling the blocks only read the state's scale
-/// and return. It also clears the casts' statistics and block counter, so that the workspace
-/// needs no memset.
-template <typename TA, typename TB>
+/// The amax pass of an FP8 kernel's N casts (grid kAmaxBlocks x N, blockIdx.y the operand;
+/// operand 1 has element type TB, the others TA): where an operand needs it, each block writes
+/// the largest |x| of its share into control->amax; in the steady state of delayed scaling the
+/// blocks only read the state's scale and return. It also clears the casts' statistics and
+/// block counter, so that the workspace needs no memset.
+template <int N, typename TA, typename TB>
 __global__ void __launch_bounds__(kAmaxThreads)
-    amaxKernel(AmaxOperand a, AmaxOperand b, bool current, Fp8Control *control) {
+    amaxKernel(OperandList<AmaxOperand, N> ops, bool current, Fp8Control<N> *control) {
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
-    control->stats[0] = Fp8CastStats{};
-    control->stats[1] = Fp8CastStats{};
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+      control->stats[i] = Fp8CastStats{};
     control->castBlocksDone = 0;
   }
   const int i = blockIdx.y;
-  if (!needsAmax(i == 0 ? a.stateScale : b.stateScale, current))
+  const AmaxOperand &op = ops.op[i];
+  if (!needsAmax(op.stateScale, current))
     return;
-  const float amax = i == 0 ? blockAmax(static_cast<const TA *>(a.x), a.n)
-                            : blockAmax(static_cast<const TB *>(b.x), b.n);
+  const float amax = i == 1 ? blockAmax(static_cast<const TB *>(op.x), op.n)
+                            : blockAmax(static_cast<const TA *>(op.x), op.n);
   if (threadIdx.x == 0)
     control->amax[i][blockIdx.x] = amax;
 }
@@ -437,6 +455,7 @@ __global__ void __launch_bounds__(kAmaxThreads)
 struct CastOperand {
   const void *x;
   uint8_t *codes;
+  uint8_t *plainCodes;     ///< with `transpose`: also the codes in x's layout (or null)
   int64_t rows, cols;      ///< x as a [rows, cols] matrix
   const float *stateScale; ///< the state row's scale
   float maxFinite;
@@ -447,8 +466,9 @@ struct CastOperand {
 
 /// The scale operand i is cast with: the state's, or under current scaling (or before the
 /// first update) the one of its amax (the maximum of the amax pass's blocks' maxima).
-__device__ __forceinline__ float operandScale(const CastOperand &op, int i,
-                                              const Fp8Control *control, bool current, int margin) {
+template <int N>
+__device__ __forceinline__ float
+operandScale(const CastOperand &op, int i, const Fp8Control<N> *control, bool current, int margin) {
   float scale = *op.stateScale;
   if (needsAmax(op.stateScale, current)) {
     float amax = 0.0f;
@@ -462,9 +482,9 @@ __device__ __forceinline__ float operandScale(const CastOperand &op, int i,
 
 /// Block `block` of operand i's share of the cast launch: the cast with its counts; the first
 /// block also writes the descale the GEMM reads.
-template <typename T>
+template <typename T, int N>
 __device__ __forceinline__ void castOperand(const CastOperand &op, int i, int64_t block,
-                                            bool current, int margin, Fp8Control *control,
+                                            bool current, int margin, Fp8Control<N> *control,
                                             uint8_t *smem) {
   const float scale = operandScale(op, i, control, current, margin);
   if (block == 0 && threadIdx.x == 0)
@@ -473,9 +493,11 @@ __device__ __forceinline__ void castOperand(const CastOperand &op, int i, int64_
   Counts counts;
   if (op.transpose) {
     if (op.e4m3)
-      castTransposedTile<T, true>(x, op.codes, op.rows, op.cols, scale, block, smem, counts);
+      castTransposedTile<T, true>(x, op.codes, op.plainCodes, op.rows, op.cols, scale, block, smem,
+                                  counts);
     else
-      castTransposedTile<T, false>(x, op.codes, op.rows, op.cols, scale, block, smem, counts);
+      castTransposedTile<T, false>(x, op.codes, op.plainCodes, op.rows, op.cols, scale, block, smem,
+                                   counts);
   } else {
     const int64_t n = op.rows * op.cols;
     if (op.e4m3)
@@ -508,28 +530,43 @@ constexpr int kCastMinBlocks = 2;
 constexpr int kCastMinBlocks = 4;
 #endif
 
-/// Casts both operands of an FP8 GEMM kernel in one launch: blocks [0, a.blocks) cast a, the
-/// rest b, each taking its scale from the state or the amax pass (operandScale). The last block
-/// to finish (a counter the amax pass cleared, the usual fence-then-count pattern) writes the
-/// stats [2, 4].
-template <typename TA, typename TB>
+/// Casts the N operands of an FP8 kernel in one launch: operand i takes the blocks after
+/// those of the operands before it (operand 1 has element type TB, the others TA), each
+/// taking its scale from the state or the amax pass (operandScale). The last block to finish
+/// (a counter the amax pass cleared, the usual fence-then-count pattern) writes the stats
+/// [2, 4] of each GEMM: operands 0 and 1 into `stats`, and with three operands (the fused
+/// backward: dy, w, x) operands 0 and 2 into `stats2`.
+template <int N, typename TA, typename TB>
 __global__ void __launch_bounds__(kThreads, kCastMinBlocks)
-    castOperandsKernel(CastOperand a, CastOperand b, bool current, int margin, Fp8Control *control,
-                       float *stats) {
+    castOperandsKernel(OperandList<CastOperand, N> ops, bool current, int margin,
+                       Fp8Control<N> *control, float *stats, float *stats2) {
   __shared__ alignas(16) uint8_t smem[kTile * kTile];
-  if (blockIdx.x < a.blocks)
-    castOperand<TA>(a, 0, blockIdx.x, current, margin, control, smem);
-  else
-    castOperand<TB>(b, 1, blockIdx.x - a.blocks, current, margin, control, smem);
+  unsigned first = 0;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    if (blockIdx.x >= first && blockIdx.x < first + ops.op[i].blocks) {
+      if (i == 1)
+        castOperand<TB>(ops.op[i], i, blockIdx.x - first, current, margin, control, smem);
+      else
+        castOperand<TA>(ops.op[i], i, blockIdx.x - first, current, margin, control, smem);
+    }
+    first += ops.op[i].blocks;
+  }
   if (threadIdx.x != 0)
     return;
   __threadfence(); // this block's atomics before its count
   if (atomicAdd(&control->castBlocksDone, 1u) != gridDim.x - 1)
     return;
   __threadfence(); // every other block's atomics before the reads below
-  writeStatsRow(control->stats[0], operandScale(a, 0, control, current, margin), stats);
-  writeStatsRow(control->stats[1], operandScale(b, 1, control, current, margin),
-                stats + fp8::kStatsColumns);
+  auto row = [&](int i, float *to) {
+    writeStatsRow(control->stats[i], operandScale(ops.op[i], i, control, current, margin), to);
+  };
+  row(0, stats);
+  row(1, stats + fp8::kStatsColumns);
+  if constexpr (N == 3) {
+    row(0, stats2);
+    row(2, stats2 + fp8::kStatsColumns);
+  }
 }
 
 /// Thread r updates state row r from its stats row (fp8::recordAmax, then fp8::delayedScale).
@@ -561,7 +598,7 @@ __global__ void updateScalesKernel(const int64_t *step, const float *forward,
   row[fp8::SaturationColumn] = stats[fp8::StatsSaturation];
 }
 
-/// One operand of an FP8 GEMM kernel as the host sees it.
+/// One operand of an FP8 kernel as the host sees it.
 struct GemmOperand {
   const TensorView *x;
   int64_t rows, cols;   ///< x as a [rows, cols] matrix
@@ -570,49 +607,71 @@ struct GemmOperand {
   const char *name;
 };
 
-/// Casts the two operands of an FP8 GEMM into the workspace (codes, control), writes their
-/// statistics into `stats` and returns the control block, in two launches: the amax pass (which
-/// only reads the scales where delayed scaling has them), then both casts.
-Fp8Control *castOperands(const Context &ctx, const char *kn, const GemmOperand (&ops)[2],
-                         const TensorView &state, bool current, int margin,
-                         const TensorView &workspace, const TensorView &stats,
-                         uint8_t *(&codes)[2]) {
+/// Bytes of an operand's codes in a workspace: its elements, rounded up to 256.
+int64_t codeBytes(const GemmOperand &op) { return (op.x->numel() + 255) / 256 * 256; }
+
+/// Casts the N operands of an FP8 kernel into `codes` (and operand 0 also into `plain0`, in
+/// its own layout, when not null), with the scales in `control`, and writes the statistics
+/// (castOperandsKernel), in two launches: the amax pass (which only reads the scales where
+/// delayed scaling has them), then all casts. Operand 1 may have its own element type; the
+/// others share operand 0's.
+template <int N>
+void castOperands(const Context &ctx, const char *kn, const GemmOperand (&ops)[N],
+                  uint8_t *const (&codes)[N], uint8_t *plain0, const TensorView &state,
+                  bool current, int margin, Fp8Control<N> *control, float *stats, float *stats2) {
   const int64_t columns = state.dim(1);
-  auto *base = static_cast<uint8_t *>(workspace.data);
-  const int64_t aBytes = (ops[0].x->numel() + 255) / 256 * 256;
-  const int64_t bBytes = (ops[1].x->numel() + 255) / 256 * 256;
-  codes[0] = base;
-  codes[1] = base + aBytes;
-  auto *control = reinterpret_cast<Fp8Control *>(base + aBytes + bBytes);
-  AmaxOperand amax[2];
-  CastOperand cast[2];
-  for (int i = 0; i < 2; ++i) {
+  OperandList<AmaxOperand, N> amax;
+  OperandList<CastOperand, N> cast;
+  for (int i = 0; i < N; ++i) {
     const GemmOperand &op = ops[i];
-    const float *stateScale =
-        static_cast<const float *>(state.data) + op.row * columns + fp8::ScaleColumn;
-    const bool e4m3 = op.row != fp8::OutputGradRow;
-    amax[i] = {op.x->data, op.x->numel(), stateScale};
-    cast[i] = {op.x->data,   codes[i], op.rows, op.cols, stateScale, e4m3 ? 448.0f : 57344.0f,
-               op.transpose, e4m3,     0};
+    CastOperand &c = cast.op[i];
+    c.x = op.x->data;
+    c.codes = codes[i];
+    c.plainCodes = i == 0 ? plain0 : nullptr;
+    c.rows = op.rows;
+    c.cols = op.cols;
+    c.stateScale = static_cast<const float *>(state.data) + op.row * columns + fp8::ScaleColumn;
+    c.e4m3 = op.row != fp8::OutputGradRow;
+    c.maxFinite = c.e4m3 ? 448.0f : 57344.0f;
+    c.transpose = op.transpose;
     dispatchFloat(op.x->dtype, [&](auto t) {
       using T = decltype(t);
-      cast[i].blocks = op.transpose ? transposedBlocks(kn, op.rows, op.cols)
-                                    : plainBlocks<kVec<T>>(op.rows * op.cols);
+      c.blocks = op.transpose ? transposedBlocks(kn, op.rows, op.cols)
+                              : plainBlocks<kVec<T>>(op.rows * op.cols);
     });
+    amax.op[i] = {c.x, op.x->numel(), c.stateScale};
   }
+  unsigned blocks = 0;
+  for (int i = 0; i < N; ++i)
+    blocks += cast.op[i].blocks;
   dispatchFloat(ops[0].x->dtype, [&](auto ta) {
     dispatchFloat(ops[1].x->dtype, [&](auto tb) {
       using TA = decltype(ta);
       using TB = decltype(tb);
-      amaxKernel<TA, TB><<<dim3(kAmaxBlocks, 2), kAmaxThreads, 0, ctx.stream>>>(amax[0], amax[1],
-                                                                                current, control);
+      amaxKernel<N, TA, TB>
+          <<<dim3(kAmaxBlocks, N), kAmaxThreads, 0, ctx.stream>>>(amax, current, control);
       checkLaunch(kn, "amaxKernel");
-      castOperandsKernel<TA, TB><<<cast[0].blocks + cast[1].blocks, kThreads, 0, ctx.stream>>>(
-          cast[0], cast[1], current, margin, control, static_cast<float *>(stats.data));
+      castOperandsKernel<N, TA, TB>
+          <<<blocks, kThreads, 0, ctx.stream>>>(cast, current, margin, control, stats, stats2);
       checkLaunch(kn, "castOperandsKernel");
     });
   });
-  return control;
+}
+
+/// The codes of an FP8 GEMM's two operands and its control block in `workspace`: a's codes,
+/// b's, then the control (fp8::gemmWorkspaceBytes).
+struct GemmWorkspace {
+  uint8_t *codes[2];
+  Fp8Control<2> *control;
+};
+
+GemmWorkspace gemmWorkspace(const GemmOperand (&ops)[2], const TensorView &workspace) {
+  auto *base = static_cast<uint8_t *>(workspace.data);
+  GemmWorkspace w;
+  w.codes[0] = base;
+  w.codes[1] = base + codeBytes(ops[0]);
+  w.control = reinterpret_cast<Fp8Control<2> *>(w.codes[1] + codeBytes(ops[1]));
+  return w;
 }
 
 /// Checks an FP8 scaling state: f32 [3, 4 + H], H >= 1.
@@ -623,34 +682,56 @@ void checkState(const char *kn, const TensorView &state) {
     fail(kn, "state must be f32 [3, 4 + H] with H >= 1");
 }
 
+/// Checks a cast operand of an FP8 kernel: its dtype, divisibility and alignment.
+void checkCastOperand(const char *kn, const GemmOperand &op) {
+  checkFloat(kn, op.name, *op.x);
+  if (op.rows % 16 || op.cols % 16)
+    fail(kn, std::string(op.name) + " is " + std::to_string(op.rows) + " x " +
+                 std::to_string(op.cols) + ": FP8 GEMMs need multiples of 16");
+  if (!aligned16(op.x->data))
+    fail(kn, std::string(op.name) + " must start on a 16-byte boundary");
+}
+
+/// Checks an FP8 GEMM's statistics output: f32 [2, 4].
+void checkStats(const char *kn, const char *name, const TensorView &stats) {
+  checkView(kn, name, stats);
+  if (stats.dtype != DType::F32 || stats.numel() != 2 * fp8::kStatsColumns)
+    fail(kn, std::string(name) + " must be f32 [2, 4]");
+}
+
+/// Checks a workspace: f32 holding `need` bytes from a 256-byte boundary; `what` says how the
+/// size comes about.
+void checkWorkspace(const char *kn, const TensorView &workspace, int64_t need, const char *what) {
+  checkView(kn, "workspace", workspace);
+  if (workspace.dtype != DType::F32 || workspace.numel() * 4 < need ||
+      reinterpret_cast<uintptr_t>(workspace.data) % 256)
+    fail(kn, "workspace must be f32 holding " + std::to_string(need) +
+                 " bytes from a 256-byte boundary (" + what + ")");
+}
+
 /// Checks what every FP8 GEMM kernel shares: the state, stats and workspace operands, and
 /// the operands' dtypes and divisibility.
 void checkFp8Operands(const char *kn, const GemmOperand (&ops)[2], const TensorView &state,
                       const TensorView &stats, const TensorView &workspace) {
-  for (const GemmOperand &op : ops) {
-    checkFloat(kn, op.name, *op.x);
-    if (op.rows % 16 || op.cols % 16)
-      fail(kn, std::string(op.name) + " is " + std::to_string(op.rows) + " x " +
-                   std::to_string(op.cols) + ": FP8 GEMMs need multiples of 16");
-    if (!aligned16(op.x->data))
-      fail(kn, std::string(op.name) + " must start on a 16-byte boundary");
-  }
+  for (const GemmOperand &op : ops)
+    checkCastOperand(kn, op);
   checkState(kn, state);
-  checkView(kn, "stats", stats);
-  if (stats.dtype != DType::F32 || stats.numel() != 2 * fp8::kStatsColumns)
-    fail(kn, "stats must be f32 [2, 4]");
-  checkView(kn, "workspace", workspace);
-  const int64_t need = fp8::gemmWorkspaceBytes(ops[0].x->numel(), ops[1].x->numel());
-  if (workspace.dtype != DType::F32 || workspace.numel() * 4 < need ||
-      reinterpret_cast<uintptr_t>(workspace.data) % 256)
-    fail(kn, "workspace must be f32 holding " + std::to_string(need) +
-                 " bytes from a 256-byte boundary (fp8::gemmWorkspaceBytes)");
+  checkStats(kn, "stats", stats);
+  checkWorkspace(kn, workspace, fp8::gemmWorkspaceBytes(ops[0].x->numel(), ops[1].x->numel()),
+                 "fp8::gemmWorkspaceBytes");
 }
 
-/// Runs the FP8 GEMM out = codes[0] · codes[1]ᵀ of `ops` (m x k and n x k codes), or
-/// out += that product when `accumulate`.
-void runGemm(const Context &ctx, const char *kn, const GemmOperand (&ops)[2],
-             uint8_t *const (&codes)[2], const Fp8Control *control, int64_t m, int64_t n,
+/// The codes of one FP8 GEMM operand: where they are, their format, and the descale (1 / the
+/// scale of the cast) the GEMM multiplies by.
+struct GemmCodes {
+  const uint8_t *codes;
+  fp8::StateRow row;
+  const float *descale;
+};
+
+/// Runs the FP8 GEMM out = a · bᵀ (m x k and n x k codes), or out += that product when
+/// `accumulate`.
+void runGemm(const Context &ctx, const char *kn, GemmCodes a, GemmCodes b, int64_t m, int64_t n,
              int64_t k, const TensorView &out, const TensorView *bias, bool accumulate = false) {
   if (!ctx.gemm)
     fail(kn, "the context has no GemmEngine");
@@ -658,17 +739,17 @@ void runGemm(const Context &ctx, const char *kn, const GemmOperand (&ops)[2],
   if (!aligned16(out.data))
     fail(kn, "the output must start on a 16-byte boundary");
   Fp8GemmCall call;
-  call.aType = ops[0].row == fp8::OutputGradRow ? DType::F8E5M2 : DType::F8E4M3FN;
-  call.bType = ops[1].row == fp8::OutputGradRow ? DType::F8E5M2 : DType::F8E4M3FN;
+  call.aType = a.row == fp8::OutputGradRow ? DType::F8E5M2 : DType::F8E4M3FN;
+  call.bType = b.row == fp8::OutputGradRow ? DType::F8E5M2 : DType::F8E4M3FN;
   call.dType = out.dtype;
   call.m = m;
   call.n = n;
   call.k = k;
-  call.a = codes[0];
-  call.b = codes[1];
+  call.a = a.codes;
+  call.b = b.codes;
   call.d = out.data;
-  call.descaleA = &control->descale[0].value;
-  call.descaleB = &control->descale[1].value;
+  call.descaleA = a.descale;
+  call.descaleB = b.descale;
   call.accumulate = accumulate;
   if (bias) {
     checkFloat(kn, "bias", *bias);
@@ -678,6 +759,20 @@ void runGemm(const Context &ctx, const char *kn, const GemmOperand (&ops)[2],
     call.bias = bias->data;
   }
   ltEngineOf(kn, *ctx.gemm).runFp8(kn, ctx.stream, call);
+}
+
+/// The FP8 GEMM kernels of kinds 90..92 and 94: checks their operands, casts both into the
+/// workspace and runs out (+)= a · bᵀ (m x k and n x k codes).
+void castAndMultiply(const Context &ctx, const char *kn, const GemmOperand (&ops)[2],
+                     const TensorView &state, bool current, int margin, const TensorView &stats,
+                     const TensorView &workspace, int64_t m, int64_t n, int64_t k,
+                     const TensorView &out, const TensorView *bias, bool accumulate = false) {
+  checkFp8Operands(kn, ops, state, stats, workspace);
+  GemmWorkspace w = gemmWorkspace(ops, workspace);
+  castOperands<2>(ctx, kn, ops, w.codes, nullptr, state, current, margin, w.control,
+                  static_cast<float *>(stats.data), nullptr);
+  runGemm(ctx, kn, {w.codes[0], ops[0].row, &w.control->descale[0].value},
+          {w.codes[1], ops[1].row, &w.control->descale[1].value}, m, n, k, out, bias, accumulate);
 }
 
 /// [rows, cols] of a tensor seen as a matrix over its last dimension.
@@ -768,10 +863,7 @@ void fp8Linear(const Context &ctx, const TensorView &x, const TensorView &w,
     fail(kn, "y must be [..., " + std::to_string(n) + "] with x's leading dimensions");
   const GemmOperand ops[2] = {{&x, m, k, false, fp8::InputRow, "x"},
                               {&w, n, k, false, fp8::WeightRow, "w"}};
-  checkFp8Operands(kn, ops, state, stats, workspace);
-  uint8_t *codes[2];
-  Fp8Control *control = castOperands(ctx, kn, ops, state, current, margin, workspace, stats, codes);
-  runGemm(ctx, kn, ops, codes, control, m, n, k, y, bias);
+  castAndMultiply(ctx, kn, ops, state, current, margin, stats, workspace, m, n, k, y, bias);
 }
 
 void fp8LinearGradInput(const Context &ctx, const TensorView &dy, const TensorView &w,
@@ -788,10 +880,7 @@ void fp8LinearGradInput(const Context &ctx, const TensorView &dy, const TensorVi
   // dx [m, k] = dy [m, n] · (wᵀ [k, n])ᵀ.
   const GemmOperand ops[2] = {{&dy, m, n, false, fp8::OutputGradRow, "dy"},
                               {&w, n, k, true, fp8::WeightRow, "w"}};
-  checkFp8Operands(kn, ops, state, stats, workspace);
-  uint8_t *codes[2];
-  Fp8Control *control = castOperands(ctx, kn, ops, state, current, margin, workspace, stats, codes);
-  runGemm(ctx, kn, ops, codes, control, m, k, n, dx, nullptr);
+  castAndMultiply(ctx, kn, ops, state, current, margin, stats, workspace, m, k, n, dx, nullptr);
 }
 
 /// fp8LinearGradWeight into dw, or added to it when `accumulate` (kind 94's accumulator).
@@ -809,11 +898,8 @@ static void gradWeight(const Context &ctx, const char *kn, const TensorView &dy,
   // dw [n, k] = (dyᵀ [n, m]) · (xᵀ [k, m])ᵀ: both operands cast transposed.
   const GemmOperand ops[2] = {{&dy, m, n, true, fp8::OutputGradRow, "dy"},
                               {&x, m, k, true, fp8::InputRow, "x"}};
-  checkFp8Operands(kn, ops, state, stats, workspace);
-  uint8_t *codes[2];
-  Fp8Control *control =
-      castOperands(ctx, kn, ops, state, current, margin, workspace, stats, codes);
-  runGemm(ctx, kn, ops, codes, control, n, k, m, dw, nullptr, accumulate);
+  castAndMultiply(ctx, kn, ops, state, current, margin, stats, workspace, n, k, m, dw, nullptr,
+                  accumulate);
 }
 
 void fp8LinearGradWeight(const Context &ctx, const TensorView &dy, const TensorView &x,
@@ -835,6 +921,64 @@ void fp8LinearGradWeightAccumulate(const Context &ctx, const TensorView &dy, con
                  dtypeName(acc.dtype));
   gradWeight(ctx, kn, dy, x, state, current, margin, acc, "acc", stats, workspace,
              /*accumulate=*/true);
+}
+
+void fp8LinearBackward(const Context &ctx, const TensorView &dy, const TensorView &w,
+                       const TensorView &x, const TensorView &state, bool current, int margin,
+                       const TensorView &dx, const TensorView &inputGradStats,
+                       const TensorView &weightGradStats, const TensorView &workspace,
+                       const TensorView &acc) {
+  const char *kn = "fp8_linear_backward";
+  auto [m, n] = asMatrix(kn, "dy", dy);
+  auto [wn, k] = asMatrix(kn, "w", w);
+  if (w.rank() != 2 || wn != n)
+    fail(kn, "w must be [" + std::to_string(n) + ", K] for dy [..., " + std::to_string(n) + "]");
+  auto [xm, xk] = asMatrix(kn, "x", x);
+  if (xm != m || xk != k)
+    fail(kn, "x must be [..., " + std::to_string(k) + "] with dy's leading dimensions");
+  auto [dxm, dxk] = asMatrix(kn, "dx", dx);
+  if (dxm != m || dxk != k)
+    fail(kn, "dx must be [..., " + std::to_string(k) + "] with dy's leading dimensions");
+  if (x.dtype != dy.dtype)
+    fail(kn, std::string("x must have dy's dtype ") + dtypeName(dy.dtype) +
+                 " (one launch casts both), got " + dtypeName(x.dtype));
+  if (acc.dtype != DType::F32 || acc.rank() != 2 || acc.dim(0) != n || acc.dim(1) != k)
+    fail(kn, "acc must be f32 [" + std::to_string(n) + ", " + std::to_string(k) +
+                 "] (FP8 GEMMs add into f32 accumulators only)");
+  checkView(kn, "acc", acc);
+  // Operand 0, dy, is cast once into both layouts: transposed for dW = dyᵀ · x, as it is for
+  // dx = dy · w (the plain codes). w and x are cast transposed.
+  const GemmOperand ops[3] = {{&dy, m, n, true, fp8::OutputGradRow, "dy"},
+                              {&w, n, k, true, fp8::WeightRow, "w"},
+                              {&x, m, k, true, fp8::InputRow, "x"}};
+  for (const GemmOperand &op : ops)
+    checkCastOperand(kn, op);
+  checkState(kn, state);
+  checkStats(kn, "input_grad_stats", inputGradStats);
+  checkStats(kn, "weight_grad_stats", weightGradStats);
+  checkWorkspace(kn, workspace,
+                 fp8::gemmWorkspaceBytes(dy.numel(), w.numel()) +
+                     fp8::gemmWorkspaceBytes(dy.numel(), x.numel()),
+                 "the two GEMMs' fp8::gemmWorkspaceBytes");
+  // The workspace: dy's plain codes, wᵀ's, dyᵀ's, xᵀ's, then the control block in the two
+  // GEMMs' 512 bytes.
+  uint8_t *plain = static_cast<uint8_t *>(workspace.data);
+  uint8_t *wCodes = plain + codeBytes(ops[0]);
+  uint8_t *dyCodes = wCodes + codeBytes(ops[1]);
+  uint8_t *xCodes = dyCodes + codeBytes(ops[0]);
+  auto *control = reinterpret_cast<Fp8Control<3> *>(xCodes + codeBytes(ops[2]));
+  uint8_t *const codes[3] = {dyCodes, wCodes, xCodes};
+  castOperands<3>(ctx, kn, ops, codes, plain, state, current, margin, control,
+                  static_cast<float *>(inputGradStats.data),
+                  static_cast<float *>(weightGradStats.data));
+  const float *dyDescale = &control->descale[0].value;
+  // dx [m, k] = dy [m, n] · (wᵀ [k, n])ᵀ.
+  runGemm(ctx, kn, {plain, fp8::OutputGradRow, dyDescale},
+          {wCodes, fp8::WeightRow, &control->descale[1].value}, m, k, n, dx, nullptr);
+  // acc [n, k] += (dyᵀ [n, m]) · (xᵀ [k, m])ᵀ.
+  runGemm(ctx, kn, {dyCodes, fp8::OutputGradRow, dyDescale},
+          {xCodes, fp8::InputRow, &control->descale[2].value}, n, k, m, acc, nullptr,
+          /*accumulate=*/true);
 }
 
 void fp8UpdateScales(const Context &ctx, const TensorView &step, const TensorView &forward,

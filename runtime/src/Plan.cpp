@@ -64,6 +64,8 @@ static_assert(uint16_t(fb::KernelKind::Copy) == uint16_t(KernelKind::Copy) &&
                       uint16_t(KernelKind::Fp8UpdateScales) &&
                   uint16_t(fb::KernelKind::Fp8LinearGradWeightAccumulate) ==
                       uint16_t(KernelKind::Fp8LinearGradWeightAccumulate) &&
+                  uint16_t(fb::KernelKind::Fp8LinearBackward) ==
+                      uint16_t(KernelKind::Fp8LinearBackward) &&
                   uint16_t(fb::KernelKind::FlashAttention) ==
                       uint16_t(KernelKind::FlashAttention) &&
                   uint16_t(fb::KernelKind::MAX) == uint16_t(KernelKind::FlashAttentionGrad),
@@ -579,6 +581,9 @@ private:
   /// the workspace (the output after it, at least fp8::gemmWorkspaceBytes / 4 f32 elements for
   /// casts of `a` and `b` elements) of kinds 90..92 and 94.
   void checkFp8GemmOperands(int64_t aElements, int64_t bElements, size_t stats = 1) const;
+  /// Output `j` is a 1-D f32 workspace of at least `bytes` / 4 elements; `what` says what it
+  /// holds.
+  void checkFp8Workspace(size_t j, int64_t bytes, const std::string &what) const;
 
   const LoadedPlan &plan;
   size_t index;
@@ -833,6 +838,10 @@ void KernelChecker::checkArity() {
   case KernelKind::Fp8LinearGradWeightAccumulate:
     operandNames = {"dy", "x", "state"};
     resultNames = {"stats", "workspace", "acc"};
+    break;
+  case KernelKind::Fp8LinearBackward:
+    operandNames = {"dy", "w", "x", "state"};
+    resultNames = {"dx", "input_grad_stats", "weight_grad_stats", "workspace", "acc"};
     break;
   case KernelKind::Fp8UpdateScales:
     operandNames = {"step", "forward_stats", "backward_stats"};
@@ -1092,6 +1101,7 @@ void KernelChecker::checkAttrs() {
   case KernelKind::Fp8LinearGradInput:
   case KernelKind::Fp8LinearGradWeight:
   case KernelKind::Fp8LinearGradWeightAccumulate:
+  case KernelKind::Fp8LinearBackward:
   case KernelKind::Fp8UpdateScales:
     if (a.fp8Margin < 0 || a.fp8Margin > kMaxFp8Margin)
       fail("margin must be in [0, " + std::to_string(kMaxFp8Margin) + "], got " +
@@ -1179,11 +1189,14 @@ void KernelChecker::checkState() const {
   case KernelKind::Fp8Linear:
   case KernelKind::Fp8LinearGradInput:
   case KernelKind::Fp8LinearGradWeight:
-  case KernelKind::Fp8LinearGradWeightAccumulate: {
-    const ArenaInfo &arena = arenaOf(in(2));
+  case KernelKind::Fp8LinearGradWeightAccumulate:
+  case KernelKind::Fp8LinearBackward: {
+    // The state follows the GEMM operands: input 2, or 3 for the fused backward.
+    const size_t state = kernel.kind == KernelKind::Fp8LinearBackward ? 3 : 2;
+    const ArenaInfo &arena = arenaOf(in(state));
     if (arena.lifetime != Lifetime::Persistent)
-      fail(inName(2) + " is in step arena " + std::to_string(in(2).arena) + " '" + arena.name +
-           "': FP8 scaling state must live in a persistent arena");
+      fail(inName(state) + " is in step arena " + std::to_string(in(state).arena) + " '" +
+           arena.name + "': FP8 scaling state must live in a persistent arena");
     break;
   }
   case KernelKind::GaloreRefresh:
@@ -1262,13 +1275,17 @@ void KernelChecker::checkFp8GemmOperands(int64_t aElements, int64_t bElements,
                                          size_t stats) const {
   checkFp8State(in(2), inName(2));
   checkFp8Stats(out(stats), outName(stats));
-  int64_t want = fp8::gemmWorkspaceBytes(aElements, bElements) / int64_t(sizeof(float));
-  const TensorInfo &w = out(stats + 1);
+  checkFp8Workspace(stats + 1, fp8::gemmWorkspaceBytes(aElements, bElements),
+                    "fp8::gemmWorkspaceBytes of casts of " + std::to_string(aElements) + " and " +
+                        std::to_string(bElements) + " elements");
+}
+
+void KernelChecker::checkFp8Workspace(size_t j, int64_t bytes, const std::string &what) const {
+  int64_t want = bytes / int64_t(sizeof(float));
+  const TensorInfo &w = out(j);
   if (w.dtype != DType::F32 || w.shape.size() != 1 || w.shape[0] < want)
-    fail(outName(stats + 1) + ": expected a 1-D f32 workspace of at least " + std::to_string(want) +
-         " elements (fp8::gemmWorkspaceBytes of casts of " + std::to_string(aElements) +
-         " and " + std::to_string(bElements) + " elements), got " + formatShape(w.shape) + " " +
-         dtypeName(w.dtype));
+    fail(outName(j) + ": expected a 1-D f32 workspace of at least " + std::to_string(want) +
+         " elements (" + what + "), got " + formatShape(w.shape) + " " + dtypeName(w.dtype));
 }
 
 void KernelChecker::checkShapes() {
@@ -1649,6 +1666,39 @@ void KernelChecker::checkShapes() {
     checkFp8GemmOperands(in(0).numel, in(1).numel, accumulate ? 0 : 1);
     break;
   }
+  case KernelKind::Fp8LinearBackward: {
+    // dx = dy [..., N] · w [N, K] and acc [N, K] += dyᵀ · x [..., K]; dy and x share a dtype
+    // (one cast launch converts both), dx has it too, acc is f32.
+    expectFloat(0);
+    expectRankAtLeast(0, 1);
+    expectFloat(1);
+    expectRank(1, 2);
+    const std::vector<int64_t> &dy = in(0).shape, &w = in(1).shape;
+    int64_t n = w[0], k = w[1];
+    if (dy.back() != n)
+      fail(inName(1) + " shape: expected [" + std::to_string(dy.back()) +
+           ", in] ([out, in] layout), got " + formatShape(w));
+    std::vector<int64_t> shape(dy.begin(), dy.end() - 1);
+    shape.push_back(k);
+    expectFloatInput(2, shape);
+    expectInputDType(2, in(0).dtype);
+    checkFp8Dimension("M", in(0).numel / n, "the rows of dy " + formatShape(dy));
+    checkFp8Dimension("N", n, "the rows of w " + formatShape(w));
+    checkFp8Dimension("K", k, "the columns of w " + formatShape(w));
+    expectFloatOutput(0, shape);
+    if (out(0).dtype != in(0).dtype)
+      fail(outName(0) + " dtype: expected " + dtypeName(in(0).dtype) + " (as dy), got " +
+           dtypeName(out(0).dtype));
+    expectF32Output(4, {n, k});
+    checkFp8State(in(3), inName(3));
+    checkFp8Stats(out(1), outName(1));
+    checkFp8Stats(out(2), outName(2));
+    checkFp8Workspace(3,
+                      fp8::gemmWorkspaceBytes(in(0).numel, in(1).numel) +
+                          fp8::gemmWorkspaceBytes(in(0).numel, in(2).numel),
+                      "the workspaces of kinds 91 and 94 for these operands");
+    break;
+  }
   case KernelKind::Fp8UpdateScales:
     expectScalarInput(0, DType::I64);
     for (size_t i = 1; i < kernel.inputs.size(); ++i)
@@ -1883,6 +1933,7 @@ fb::KernelAttrs requiredAttrs(fb::KernelKind kind) {
   case fb::KernelKind::Fp8LinearGradInput:
   case fb::KernelKind::Fp8LinearGradWeight:
   case fb::KernelKind::Fp8LinearGradWeightAccumulate:
+  case fb::KernelKind::Fp8LinearBackward:
   case fb::KernelKind::Fp8UpdateScales:
     return fb::KernelAttrs::Fp8Attrs;
   default:

@@ -9,13 +9,14 @@
 // over steps that wrap the history, including a first step whose amax is zero (the scale is
 // kept).
 //
-// cuda::fp8Linear, fp8LinearGradInput, fp8LinearGradWeight, fp8LinearGradWeightAccumulate and
-// fp8UpdateScales (plan kinds 90..94, docs/fp8.md) against a model built on the CPU reference's
-// conversion alone (each operand cast with fp8::castScaled at the scale the contract picks, the product of the decoded
-// codes summed in double and descaled) and against the CPU backend's kernels over two steps.
-// The statistics and states must match exactly; the GEMM outputs within their rounding and the
-// tensor cores' accumulation precision (expectNear). Shapes are multiples of 16 but not of the
-// transposing cast's 128-element tile, and inputs have values that underflow and saturate.
+// cuda::fp8Linear, fp8LinearGradInput, fp8LinearGradWeight, fp8LinearGradWeightAccumulate,
+// fp8LinearBackward and fp8UpdateScales (plan kinds 90..95, docs/fp8.md) against a model built on
+// the CPU reference's conversion alone (each operand cast with fp8::castScaled at the scale the
+// contract picks, the product of the decoded codes summed in double and descaled) and against the
+// CPU backend's kernels over two steps. The statistics and states must match exactly; the GEMM
+// outputs within their rounding and the tensor cores' accumulation precision (expectNear). Shapes
+// are multiples of 16 but not of the transposing cast's 128-element tile, and inputs have values
+// that underflow and saturate.
 //
 // Outputs are poisoned before each call. Without a GPU every test skips; on a GPU without FP8
 // tensor cores (below sm_89) the GEMM kernels' tests check that they refuse, saying why.
@@ -781,6 +782,74 @@ TEST_F(CudaFp8LinearTest, GradWeightAccumulateMatchesTheModel) {
     ADD_FAILURE() << "a bf16 accumulator was accepted";
   } catch (const std::exception &e) {
     EXPECT_NE(std::string(e.what()).find("acc must be f32"), std::string::npos) << e.what();
+  }
+}
+
+// The fused backward (kind 95) casts dy once into both layouts, in the launch that casts w and
+// x: its dx, accumulator and statistics must be those of fp8LinearGradInput and
+// fp8LinearGradWeightAccumulate run apart, bit for bit (the same codes go to the same cuBLASLt
+// GEMMs), across tiles with partial edges, under delayed scaling, current scaling, and before
+// the first update (scales 0).
+TEST_F(CudaFp8LinearTest, FusedBackwardIsThePairBitForBit) {
+  if (refusedWithoutFp8TensorCores())
+    return;
+  std::mt19937 rng(23);
+  const int64_t m = 528, n = 144, k = 400;
+  struct Case {
+    bool current;
+    float scales[3];
+  } cases[] = {
+      {false, {2.0f, 30.0f, 5000.0f}}, {true, {2.0f, 30.0f, 5000.0f}}, {false, {0.0f, 0.0f, 0.0f}}};
+  for (const Case &c : cases) {
+    SCOPED_TRACE("current=" + std::to_string(c.current) + " scale=" + std::to_string(c.scales[0]));
+    Operand dy({4, 132, n}, DType::BF16, rng, 0.01f), w({n, k}, DType::BF16, rng, 0.05f);
+    Operand x({4, 132, k}, DType::BF16, rng, 1.0f), initial({n, k}, DType::F32, rng, 1.0f);
+    auto stateDevice = upload(makeState(4, c.scales[0], c.scales[1], c.scales[2]));
+    TensorView stateView{stateDevice->ptr, DType::F32, {3, 8}};
+    Output dx({4, 132, k}, DType::BF16), acc({n, k}, DType::F32);
+    Output dxs({2, 4}, DType::F32), dws({2, 4}, DType::F32);
+    Output fdx({4, 132, k}, DType::BF16), facc({n, k}, DType::F32);
+    Output fdxs({2, 4}, DType::F32), fdws({2, 4}, DType::F32);
+    for (const Output *a : {&acc, &facc})
+      cudaOk(cudaMemcpy(a->device->ptr, initial.values.data(), initial.values.size() * 4,
+                        cudaMemcpyHostToDevice),
+             "cudaMemcpy");
+    TensorView ws1, ws2, ws;
+    auto b1 = workspace(m * n, n * k, ws1), b2 = workspace(m * n, m * k, ws2);
+    DeviceBuffer fused(size_t((ws1.numel() + ws2.numel()) * 4));
+    cudaOk(cudaMemset(fused.ptr, 0xFF, size_t((ws1.numel() + ws2.numel()) * 4)), "cudaMemset");
+    ws = TensorView{fused.ptr, DType::F32, {ws1.numel() + ws2.numel()}};
+    cuda::fp8LinearGradInput(ctx, dy.view(), w.view(), stateView, c.current, 0, dx.view(),
+                             dxs.view(), ws1);
+    cuda::fp8LinearGradWeightAccumulate(ctx, dy.view(), x.view(), stateView, c.current, 0,
+                                        dws.view(), ws2, acc.view());
+    cuda::fp8LinearBackward(ctx, dy.view(), w.view(), x.view(), stateView, c.current, 0, fdx.view(),
+                            fdxs.view(), fdws.view(), ws, facc.view());
+    cudaOk(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    EXPECT_EQ(fdx.read(), dx.read());
+    EXPECT_EQ(facc.read(), acc.read());
+    EXPECT_EQ(fdxs.read(), dxs.read());
+    EXPECT_EQ(fdws.read(), dws.read());
+    // And the pair is what the model says (so that both are not wrong together).
+    CastModel cdy = castModel(dy.values, c.scales[2], c.current, fp8::Format::E5M2, 0);
+    CastModel cx = castModel(x.values, c.scales[0], c.current, fp8::Format::E4M3FN, 0);
+    expectStats(fdws.read(), cdy, cx);
+  }
+  // x of another dtype than dy is refused with the reason.
+  Operand dy({32, 16}, DType::BF16, rng, 0.01f), w({16, 16}, DType::BF16, rng, 0.05f);
+  Operand x({32, 16}, DType::F32, rng, 1.0f);
+  auto stateDevice = upload(makeState(4, 1.0f, 1.0f, 1.0f));
+  Output dx({32, 16}, DType::BF16), acc({16, 16}, DType::F32), st({2, 4}, DType::F32);
+  TensorView ws;
+  auto buffer = workspace(4096, 4096, ws);
+  try {
+    cuda::fp8LinearBackward(ctx, dy.view(), w.view(), x.view(),
+                            TensorView{stateDevice->ptr, DType::F32, {3, 8}}, false, 0, dx.view(),
+                            st.view(), st.view(), ws, acc.view());
+    ADD_FAILURE() << "x of another dtype was accepted";
+  } catch (const std::exception &e) {
+    EXPECT_NE(std::string(e.what()).find("x must have dy's dtype bf16"), std::string::npos)
+        << e.what();
   }
 }
 

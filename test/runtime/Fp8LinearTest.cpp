@@ -360,6 +360,63 @@ TEST(Fp8LinearTest, GradWeightAccumulate) {
   }
 }
 
+TEST(Fp8LinearTest, FusedBackwardIsThePair) {
+  // fp8_linear_backward (kind 95) = fp8_linear_grad_input + fp8_linear_grad_weight_accumulate
+  // with the same dy and state, bit for bit: dx, the accumulator and both statistics; before
+  // the first update (scales 0: each cast scaled from its own amax) and with delayed scales.
+  const int64_t M = 32, N = 48, K = 32;
+  std::vector<float> dy = raggedValues(M * N, 1e-3f, 70), w = raggedValues(N * K, 0.05f, 71);
+  std::vector<float> x = raggedValues(M * K, 1.0f, 72), initial = raggedValues(N * K, 1e-2f, 73);
+  for (const std::vector<float> &state : {stateWith(0, 0, 0), stateWith(16.0f, 64.0f, 1e6f)}) {
+    std::vector<float> s = state;
+    std::vector<float> dx(M * K), dxStats(8), dwStats(8), acc = initial;
+    std::vector<float> wsIn = workspaceFor(M * N, N * K), wsW = workspaceFor(M * N, M * K);
+    cpu::fp8LinearGradInput(f32View(dy, {2, 16, N}), f32View(w, {N, K}), f32View(s, {3, 8}), false,
+                            0, f32View(dx, {2, 16, K}), f32View(dxStats, {2, 4}),
+                            f32View(wsIn, {int64_t(wsIn.size())}));
+    cpu::fp8LinearGradWeightAccumulate(f32View(dy, {2, 16, N}), f32View(x, {2, 16, K}),
+                                       f32View(s, {3, 8}), false, 0, f32View(dwStats, {2, 4}),
+                                       f32View(wsW, {int64_t(wsW.size())}), f32View(acc, {N, K}));
+    std::vector<float> fdx(M * K), fdxStats(8), fdwStats(8), facc = initial;
+    std::vector<float> ws(wsIn.size() + wsW.size());
+    cpu::fp8LinearBackward(f32View(dy, {2, 16, N}), f32View(w, {N, K}), f32View(x, {2, 16, K}),
+                           f32View(s, {3, 8}), false, 0, f32View(fdx, {2, 16, K}),
+                           f32View(fdxStats, {2, 4}), f32View(fdwStats, {2, 4}),
+                           f32View(ws, {int64_t(ws.size())}), f32View(facc, {N, K}));
+    EXPECT_EQ(fdx, dx);
+    EXPECT_EQ(facc, acc);
+    EXPECT_EQ(fdxStats, dxStats);
+    EXPECT_EQ(fdwStats, dwStats);
+    EXPECT_NE(facc, initial);
+  }
+  // x of another dtype than dy, and a workspace with room for one GEMM only, are named.
+  std::vector<float> state = stateWith(0, 0, 0), dx(M * K), st(8), acc(N * K);
+  std::vector<float> ws = workspaceFor(M * N, N * K), big(2 * ws.size());
+  std::vector<uint16_t> bf16X(M * K);
+  struct Case {
+    TensorView x, workspace;
+    const char *reason;
+  } cases[] = {
+      {{bf16X.data(), DType::BF16, {2, 16, K}},
+       f32View(big, {int64_t(big.size())}),
+       "x must have dy's dtype f32, got bf16"},
+      {f32View(x, {2, 16, K}), f32View(ws, {int64_t(ws.size())}),
+       "the workspaces of the input and weight gradients' GEMMs"},
+  };
+  for (const Case &c : cases) {
+    try {
+      cpu::fp8LinearBackward(f32View(dy, {2, 16, N}), f32View(w, {N, K}), c.x,
+                             f32View(state, {3, 8}), false, 0, f32View(dx, {2, 16, K}),
+                             f32View(st, {2, 4}), f32View(st, {2, 4}), c.workspace,
+                             f32View(acc, {N, K}));
+      ADD_FAILURE() << "expected an error: " << c.reason;
+    } catch (const Error &e) {
+      EXPECT_NE(std::string(e.what()).find("fp8_linear_backward"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.reason), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Fp8LinearTest, EmptyAndNonFiniteOperands) {
   // No rows: zero fractions, the scale of an amax of 0 (1), an empty product.
   std::vector<float> x, w(16 * 16, 0.5f), y, state = stateWith(0, 0, 0), stats(8, -1.0f);
@@ -492,6 +549,30 @@ TEST(Fp8LinearTest, TheTrainingPlanRunsInFp8) {
   TokenLoader loader2("", 2, 8, 16, 3);
   float f32Loss = g.trainStep(loader2, 0, 1).loss;
   EXPECT_NEAR(losses[0], f32Loss, 0.02 * std::fabs(f32Loss));
+}
+
+TEST(Fp8LinearTest, TheFusedBackwardTrainsAsThePair) {
+  // The training plan with its FP8 backward fused (kind 95) against the unfused one: the same
+  // losses, states and weights, bit for bit, over steps that start without scales and then
+  // use delayed ones.
+  test::TrainingTensors t;
+  test::Fp8Tensors f;
+  std::vector<uint8_t> fusedBytes =
+      test::buildPlan(test::fp8FusedBackwardPlanSpec({2, 8, 16, 16}, &t, &f));
+  std::vector<uint8_t> pairBytes = test::buildPlan(test::fp8TrainingPlanSpec());
+  LoadedPlan fusedPlan = loadPlanBuffer(fusedBytes.data(), fusedBytes.size(), "fused.plan");
+  LoadedPlan pairPlan = loadPlanBuffer(pairBytes.data(), pairBytes.size(), "pair.plan");
+  ASSERT_EQ(fusedPlan.kernels[f.gradInput].kind, KernelKind::Fp8LinearBackward);
+  ASSERT_EQ(fusedPlan.kernels.size() + 2, pairPlan.kernels.size());
+  Executor fused(fusedPlan), pair(pairPlan);
+  fused.initWeights(3);
+  pair.initWeights(3);
+  TokenLoader a("", 2, 8, 16, 3), b("", 2, 8, 16, 3);
+  for (uint64_t s = 0; s < 4; ++s) {
+    EXPECT_EQ(fused.trainStep(a, s, 1).loss, pair.trainStep(b, s, 1).loss) << "step " << s;
+    EXPECT_EQ(test::floatsOf(fused, f.state), test::floatsOf(pair, f.state)) << "step " << s;
+    EXPECT_EQ(test::floatsOf(fused, t.head), test::floatsOf(pair, t.head)) << "step " << s;
+  }
 }
 
 TEST(Fp8LinearTest, SeveralMicroBatchesUpdateFromTheLast) {

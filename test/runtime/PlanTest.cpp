@@ -1270,6 +1270,52 @@ TEST(PlanFp8Test, AccumulatingWeightGradient) {
                        "live in a persistent arena"});
 }
 
+TEST(PlanFp8Test, FusedBackward) {
+  test::Fp8Tensors f;
+  test::TrainingTensors t;
+  auto plan = [&] { return test::fp8FusedBackwardPlanSpec({2, 8, 16, 16}, &t, &f); };
+  PlanSpec spec = plan();
+  LoadedPlan loaded = load(buildPlan(spec));
+  EXPECT_EQ(loaded.kernels[f.gradInput].kind, KernelKind::Fp8LinearBackward);
+  EXPECT_STREQ(kernelKindName(KernelKind::Fp8LinearBackward), "Fp8LinearBackward");
+  spec.kernels[f.gradInput].outputs.pop_back();
+  expectError(spec, {"(Fp8LinearBackward): expected 5 outputs (dx, input_grad_stats, "
+                     "weight_grad_stats, workspace, acc), got 4"});
+  // Each GEMM's workspace alone is too small: the fused kernel holds both.
+  spec = plan();
+  uint32_t oneGemm = spec.add("ws.one", DType::F32, {192}, TensorRole::Workspace, 1);
+  spec.kernels[f.gradInput].outputs[3] = oneGemm;
+  expectError(spec, {"(Fp8LinearBackward): workspace (tensor",
+                     "expected a 1-D f32 workspace of "
+                     "at least",
+                     "the workspaces of kinds 91 and 94"});
+  spec = plan();
+  uint32_t bf16Acc = spec.add("acc.bf16", DType::BF16, {16, 16}, TensorRole::Gradient, 1);
+  spec.kernels[f.gradInput].outputs[4] = bf16Acc;
+  expectError(spec, {"(Fp8LinearBackward): acc (tensor", "dtype: expected f32, got bf16"});
+  spec = plan();
+  uint32_t bf16X = spec.add("x.bf16", DType::BF16, {2, 8, 16}, TensorRole::Activation, 1);
+  spec.kernels[f.gradInput].inputs[2] = bf16X;
+  expectError(spec, {"(Fp8LinearBackward): x (tensor", "dtype: expected f32 (as dy), got bf16"});
+  spec = plan();
+  uint32_t wideX = spec.add("x.wide", DType::F32, {2, 8, 32}, TensorRole::Activation, 1);
+  spec.kernels[f.gradInput].inputs[2] = wideX;
+  expectError(spec, {"(Fp8LinearBackward): x (tensor", "shape: expected [2, 8, 16], got "
+                                                       "[2, 8, 32]"});
+  spec = plan();
+  spec.kernels[f.gradInput].outputs[2] = spec.kernels[f.gradInput].outputs[3];
+  expectError(spec, {"(Fp8LinearBackward): weight_grad_stats (tensor", "expected f32 [2, 4] FP8 "
+                                                                       "cast statistics"});
+  spec = plan();
+  uint32_t stepState = spec.add("step.fp8", DType::F32, {3, 8}, TensorRole::Activation, 1);
+  spec.kernels[f.gradInput].inputs[3] = stepState;
+  expectError(spec, {"(Fp8LinearBackward): state (tensor", "FP8 scaling state must live in a "
+                                                           "persistent arena"});
+  spec = plan();
+  spec.kernels[f.gradInput].attrs = test::fp8Attrs(false, 40);
+  expectError(spec, {"(Fp8LinearBackward): margin must be in [0, 32], got 40"});
+}
+
 TEST(PlanFp8Test, Arity) {
   Fp8Plan p = fp8Plan();
   p.spec.kernels[p.f.forward].inputs.resize(2);

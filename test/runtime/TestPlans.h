@@ -807,6 +807,51 @@ inline PlanSpec fp8TrainingPlanSpec(TrainingDims d = {2, 8, 16, 16}, int64_t his
   return p;
 }
 
+/// fp8TrainingPlanSpec with the lm_head's backward fused as bonsai-fuse's fp8-backward family
+/// fuses it (kind 95): Fp8LinearBackward (dy, w, x, state) -> (dx, the grad-input and
+/// grad-weight stats, one workspace holding both GEMMs', the gradient accumulator) where the
+/// input gradient was, without the weight gradient's kernel and its Accumulate. `outFp8`'s
+/// gradInput is the fused kernel's index (gradWeight too), gradInputWorkspace its workspace.
+inline PlanSpec fp8FusedBackwardPlanSpec(TrainingDims d = {2, 8, 16, 16},
+                                         TrainingTensors *outTensors = nullptr,
+                                         Fp8Tensors *outFp8 = nullptr) {
+  TrainingTensors t;
+  Fp8Tensors f;
+  PlanSpec p = fp8TrainingPlanSpec(d, 4, false, 0, &t, &f);
+  const int64_t M = d.batch * d.seq, V = d.vocab, D = d.hidden;
+  auto bytes = [](int64_t a, int64_t b) { return ((a + 255) / 256 + (b + 255) / 256) * 256 + 256; };
+  uint32_t workspace =
+      p.add("lm_head.fp8.backward.workspace", DType::F32,
+            {(bytes(M * V, V * D) + bytes(M * V, M * D)) / 4}, TensorRole::Workspace, 1);
+  const KernelSpec gradInput = p.kernels[f.gradInput], gradWeight = p.kernels[f.gradWeight];
+  KernelSpec fused = gradInput;
+  fused.kind = KernelKind::Fp8LinearBackward;
+  fused.inputs = {gradInput.inputs[0], gradInput.inputs[1], gradWeight.inputs[1],
+                  gradInput.inputs[2]};
+  fused.outputs = {gradInput.outputs[0], f.gradInputStats, f.gradWeightStats, workspace,
+                   t.gradHead};
+  const size_t gradInputAt = f.gradInput, gradWeightAt = f.gradWeight, updateAt = f.update;
+  std::vector<KernelSpec> kernels;
+  for (size_t i = 0; i < p.kernels.size(); ++i) {
+    const KernelSpec &k = p.kernels[i];
+    if (i == gradWeightAt ||
+        (k.kind == KernelKind::Accumulate && k.outputs == std::vector<uint32_t>{t.gradHead}))
+      continue;
+    if (i == gradInputAt)
+      f.gradInput = f.gradWeight = kernels.size();
+    if (i == updateAt)
+      f.update = kernels.size();
+    kernels.push_back(i == gradInputAt ? fused : k);
+  }
+  p.kernels = kernels;
+  f.gradInputWorkspace = workspace;
+  if (outTensors)
+    *outTensors = t;
+  if (outFp8)
+    *outFp8 = f;
+  return p;
+}
+
 } // namespace bonsai::rt::test
 
 #endif // BONSAI_TEST_RUNTIME_TESTPLANS_H

@@ -65,6 +65,9 @@ LogicalResult fuseOptimizerUpdates(FunctionOpInterface function, const FusionOpt
 /// (beta = 1) and linear + tanh GELU as one GEMM with a GELU epilogue.
 void populateGemmEpilogueFusionPatterns(RewritePatternSet &patterns,
                                         const FusionOptions &options);
+/// Family `fp8-backward` (Fusion/Fp8Backward.cpp): an FP8 linear's fp8_linear_grad_input and
+/// fp8_linear_grad_weight_accumulate -> one fp8_linear_backward, which casts dy once.
+void populateFp8BackwardFusionPatterns(RewritePatternSet &patterns, const FusionOptions &options);
 /// The `elementwise` family (Fusion/Elementwise.cpp): connected ElementwiseOpInterface ops
 /// of one iteration shape and phase become bonsai.fused_elementwise regions.
 LogicalResult fuseElementwiseChains(FunctionOpInterface function, const FusionOptions &options);

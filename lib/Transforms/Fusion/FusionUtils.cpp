@@ -5,6 +5,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "FusionUtils.h"
+#include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
 
 #include "mlir/IR/Block.h"
 #include "llvm/ADT/SmallPtrSet.h"
@@ -78,6 +80,13 @@ bool isDefinedBefore(Value value, Operation *op) {
   if (def->getBlock() != op->getBlock())
     return def->getBlock()->findAncestorOpInBlock(*op) != nullptr;
   return def->isBeforeInBlock(op);
+}
+
+bool mayWrite(Operation *op, Value value) {
+  if (auto kernel = dyn_cast<KernelOpInterface>(op))
+    return llvm::any_of(kernel.getInPlaceOperands(),
+                        [&](unsigned i) { return op->getOperand(i) == value; });
+  return !isMemoryEffectFree(op) && llvm::is_contained(op->getOperands(), value);
 }
 
 } // namespace mlir::bonsai::fusion

@@ -42,6 +42,10 @@ bool allUsersAfter(Value value, Operation *op);
 /// result of an op before `op` in its block.
 bool isDefinedBefore(Value value, Operation *op);
 
+/// Whether `op` may write `value`: one of its in-place operands when it is a kernel, never when
+/// it has no memory effects, and (conservatively) any operand otherwise.
+bool mayWrite(Operation *op, Value value);
+
 } // namespace mlir::bonsai::fusion
 
 #endif // BONSAI_LIB_TRANSFORMS_FUSION_FUSIONUTILS_H

@@ -19,9 +19,9 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "FusionUtils.h"
 #include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
 #include "bonsai/Transforms/Fusion.h"
-#include "mlir/Interfaces/SideEffectInterfaces.h"
 
 namespace mlir::bonsai {
 namespace {
@@ -30,15 +30,6 @@ namespace {
 void copyPhase(Operation *from, Operation *to) {
   if (Attribute phase = from->getAttr("bonsai.phase"))
     to->setAttr("bonsai.phase", phase);
-}
-
-/// Whether `op` may write `value`: one of its in-place operands when it is a kernel, never when
-/// it has no memory effects, and (conservatively) any operand otherwise.
-bool mayWrite(Operation *op, Value value) {
-  if (auto kernel = dyn_cast<KernelOpInterface>(op))
-    return llvm::any_of(kernel.getInPlaceOperands(),
-                        [&](unsigned i) { return op->getOperand(i) == value; });
-  return !isMemoryEffectFree(op) && llvm::is_contained(op->getOperands(), value);
 }
 
 /// accumulate(producer(...), acc) -> producer's accumulating form, in place on acc.
@@ -70,7 +61,7 @@ struct AccumulateIntoProducer : OpRewritePattern<AccumulateOp> {
                                            "the accumulator is used between producer and "
                                            "accumulation");
       for (Value read : producer->getOperands())
-        if (mayWrite(op, read))
+        if (fusion::mayWrite(op, read))
           return rewriter.notifyMatchFailure(accumulate,
                                              "an operand of the producer is written between "
                                              "producer and accumulation");

@@ -218,3 +218,51 @@ func.func @update_margin(%step: tensor<i64>, %fs: tensor<2x4xf32>, %s: tensor<3x
   bonsai.fp8_update_scales %step, %fs, %s {current = false, margin = -1 : i64} : tensor<i64>, tensor<2x4xf32>, tensor<3x20xf32>
   return
 }
+
+// -----
+
+func.func @backward_input_shape(%dy: tensor<1x16x32xbf16>, %w: tensor<32x64xbf16>, %x: tensor<1x16x48xbf16>, %s: tensor<3x20xf32>, %acc: tensor<32x64xf32>) {
+  // expected-error @+1 {{input shape: expected [1, 16, 64] (result_grad's positions, the weight's K), got [1, 16, 48]}}
+  %dx, %ds, %dws, %ws = bonsai.fp8_linear_backward %dy, %w, %x, %s, %acc {current = false, margin = 0 : i64} : (tensor<1x16x32xbf16>, tensor<32x64xbf16>, tensor<1x16x48xbf16>, tensor<3x20xf32>, tensor<32x64xf32>) -> (tensor<1x16x64xbf16>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<1152xf32>)
+  return
+}
+
+// -----
+
+func.func @backward_input_type(%dy: tensor<1x16x32xbf16>, %w: tensor<32x64xbf16>, %x: tensor<1x16x64xf32>, %s: tensor<3x20xf32>, %acc: tensor<32x64xf32>) {
+  // expected-error @+1 {{input element type}}
+  %dx, %ds, %dws, %ws = bonsai.fp8_linear_backward %dy, %w, %x, %s, %acc {current = false, margin = 0 : i64} : (tensor<1x16x32xbf16>, tensor<32x64xbf16>, tensor<1x16x64xf32>, tensor<3x20xf32>, tensor<32x64xf32>) -> (tensor<1x16x64xbf16>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<1152xf32>)
+  return
+}
+
+// -----
+
+func.func @backward_accumulator_type(%dy: tensor<1x16x32xbf16>, %w: tensor<32x64xbf16>, %x: tensor<1x16x64xbf16>, %s: tensor<3x20xf32>, %acc: tensor<32x64xbf16>) {
+  // expected-error @+1 {{accumulator element type must be f32 (FP8 GEMMs add into f32 accumulators only), got 'bf16'}}
+  %dx, %ds, %dws, %ws = bonsai.fp8_linear_backward %dy, %w, %x, %s, %acc {current = false, margin = 0 : i64} : (tensor<1x16x32xbf16>, tensor<32x64xbf16>, tensor<1x16x64xbf16>, tensor<3x20xf32>, tensor<32x64xbf16>) -> (tensor<1x16x64xbf16>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<1152xf32>)
+  return
+}
+
+// -----
+
+func.func @backward_accumulator_shape(%dy: tensor<1x16x32xbf16>, %w: tensor<32x64xbf16>, %x: tensor<1x16x64xbf16>, %s: tensor<3x20xf32>, %acc: tensor<64x32xf32>) {
+  // expected-error @+1 {{accumulator shape: expected [32, 64] ([N, K]), got [64, 32]}}
+  %dx, %ds, %dws, %ws = bonsai.fp8_linear_backward %dy, %w, %x, %s, %acc {current = false, margin = 0 : i64} : (tensor<1x16x32xbf16>, tensor<32x64xbf16>, tensor<1x16x64xbf16>, tensor<3x20xf32>, tensor<64x32xf32>) -> (tensor<1x16x64xbf16>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<1152xf32>)
+  return
+}
+
+// -----
+
+func.func @backward_workspace(%dy: tensor<1x16x32xbf16>, %w: tensor<32x64xbf16>, %x: tensor<1x16x64xbf16>, %s: tensor<3x20xf32>, %acc: tensor<32x64xf32>) {
+  // expected-error @+1 {{workspace must be tensor<1152xf32> (the workspaces of the input and the weight gradient's FP8 GEMMs), got 'tensor<704xf32>'}}
+  %dx, %ds, %dws, %ws = bonsai.fp8_linear_backward %dy, %w, %x, %s, %acc {current = false, margin = 0 : i64} : (tensor<1x16x32xbf16>, tensor<32x64xbf16>, tensor<1x16x64xbf16>, tensor<3x20xf32>, tensor<32x64xf32>) -> (tensor<1x16x64xbf16>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<704xf32>)
+  return
+}
+
+// -----
+
+func.func @backward_margin(%dy: tensor<1x16x32xbf16>, %w: tensor<32x64xbf16>, %x: tensor<1x16x64xbf16>, %s: tensor<3x20xf32>, %acc: tensor<32x64xf32>) {
+  // expected-error @+1 {{margin must be in [0, 16], got 17}}
+  %dx, %ds, %dws, %ws = bonsai.fp8_linear_backward %dy, %w, %x, %s, %acc {current = false, margin = 17 : i64} : (tensor<1x16x32xbf16>, tensor<32x64xbf16>, tensor<1x16x64xbf16>, tensor<3x20xf32>, tensor<32x64xf32>) -> (tensor<1x16x64xbf16>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<1152xf32>)
+  return
+}

@@ -1,12 +1,14 @@
 // RUN: bonsai-opt --split-input-file --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=sm_90 per-linear-remarks=false' --bonsai-fuse='per-site-remarks=false' %s 2>/dev/null | FileCheck %s
+// RUN: bonsai-opt --split-input-file --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=sm_90 per-linear-remarks=false' --bonsai-fuse='per-site-remarks=false disable=fp8-backward' %s 2>/dev/null | FileCheck %s --check-prefix=ACC
 // RUN: bonsai-opt --split-input-file --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=sm_90 per-linear-remarks=false' --bonsai-fuse='per-site-remarks=false disable=gemm-epilogue' %s 2>/dev/null | FileCheck %s --check-prefix=NOEPI
 // RUN: bonsai-opt --split-input-file --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=sm_80' --bonsai-fuse='per-site-remarks=false' %s 2>/dev/null | FileCheck %s --check-prefix=BF16
 
 // bonsai-fp8 runs before bonsai-fuse (docs/fp8.md). Here every linear is targeted, the LM head
-// too. On sm_90 the only family that matches an FP8 GEMM is gemm-epilogue's accumulation: each
-// weight gradient is added into its accumulator by its own FP8 GEMM
-// (fp8_linear_grad_weight_accumulate); there is no linear + gelu (gemm-epilogue) and no fused
-// LM head (linear-cross-entropy). The same step for sm_80 gets all three in bf16.
+// too. On sm_90 two families match FP8 GEMMs: gemm-epilogue's accumulation adds each weight
+// gradient into its accumulator by its own FP8 GEMM (fp8_linear_grad_weight_accumulate), and
+// fp8-backward then joins it to the input gradient of the same linear (fp8_linear_backward,
+// which casts dy once); there is no linear + gelu (gemm-epilogue) and no fused LM head
+// (linear-cross-entropy). The same step for sm_80 gets all three in bf16.
 // CHECK-LABEL: func.func @mlp
 // CHECK-NOT: bonsai.linear_gelu
 // CHECK-NOT: bonsai.linear_cross_entropy
@@ -15,21 +17,37 @@
 // CHECK: bonsai.fp8_linear
 // CHECK: bonsai.fp8_linear
 // CHECK: bonsai.cross_entropy
-// CHECK-NOT: bonsai.fp8_linear_grad_weight {{.*}}:
-// CHECK: %{{[a-z0-9_]+}}, %{{[a-z0-9_]+}} = bonsai.fp8_linear_grad_weight_accumulate {{.*}} : (tensor<1x16x64xf32>, tensor<1x16x16xf32>, tensor<3x20xf32>, tensor<64x16xf32>) -> (tensor<2x4xf32>, tensor<{{[0-9]+}}xf32>)
-// CHECK: bonsai.fp8_linear_grad_weight_accumulate
-// CHECK: bonsai.fp8_linear_grad_weight_accumulate
-// CHECK-NOT: bonsai.fp8_linear_grad_weight {{.*}}:
+// CHECK-NOT: bonsai.fp8_linear_grad_input
+// CHECK-NOT: bonsai.fp8_linear_grad_weight
+// CHECK: %{{[a-z0-9_]+}}, %[[DXS:[a-z0-9_]+]], %{{[a-z0-9_]+}}, %{{[a-z0-9_]+}} = bonsai.fp8_linear_backward {{.*}} : (tensor<1x16x64xf32>, tensor<64x16xf32>, tensor<1x16x16xf32>, tensor<3x20xf32>, tensor<64x16xf32>) -> (tensor<1x16x16xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<{{[0-9]+}}xf32>)
+// CHECK: bonsai.fp8_linear_backward
+// CHECK: bonsai.fp8_linear_backward
+// CHECK-NOT: bonsai.fp8_linear_grad_input
+// CHECK-NOT: bonsai.fp8_linear_grad_weight
 // CHECK-NOT: bonsai.linear_gelu
 // CHECK-NOT: bonsai.linear_grad_weight_accumulate
 // CHECK-NOT: bonsai.linear_cross_entropy
+// The LM head's backward comes first; its scales are updated last, from its input gradient's
+// statistics.
 // CHECK: bonsai.fp8_update_scales
 // CHECK: bonsai.fp8_update_scales
-// CHECK: bonsai.fp8_update_scales
+// CHECK: bonsai.fp8_update_scales %{{.*}}, %{{.*}}, %[[DXS]], %{{.*}} {bonsai.phase = "update"
 
-// Without the family the weight gradient and its accumulation stay apart.
+// Without fp8-backward each weight gradient is still added into its accumulator by its GEMM.
+// ACC-LABEL: func.func @mlp
+// ACC-NOT: bonsai.fp8_linear_backward
+// ACC-NOT: bonsai.fp8_linear_grad_weight {{.*}}:
+// ACC: %{{[a-z0-9_]+}}, %{{[a-z0-9_]+}} = bonsai.fp8_linear_grad_weight_accumulate {{.*}} : (tensor<1x16x64xf32>, tensor<1x16x16xf32>, tensor<3x20xf32>, tensor<64x16xf32>) -> (tensor<2x4xf32>, tensor<{{[0-9]+}}xf32>)
+// ACC: bonsai.fp8_linear_grad_weight_accumulate
+// ACC: bonsai.fp8_linear_grad_weight_accumulate
+// ACC-NOT: bonsai.fp8_linear_grad_weight {{.*}}:
+// ACC-NOT: bonsai.fp8_linear_backward
+
+// Without gemm-epilogue the weight gradient and its accumulation stay apart, and so
+// fp8-backward (which fuses the accumulating form) finds nothing.
 // NOEPI-LABEL: func.func @mlp
 // NOEPI-NOT: fp8_linear_grad_weight_accumulate
+// NOEPI-NOT: fp8_linear_backward
 // NOEPI: %[[DW:[a-z0-9_]+]], %{{.*}} = bonsai.fp8_linear_grad_weight
 // NOEPI: bonsai.accumulate %[[DW]],
 

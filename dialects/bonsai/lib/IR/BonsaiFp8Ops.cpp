@@ -1,7 +1,7 @@
 //===- BonsaiFp8Ops.cpp - FP8 GEMMs and their scaling state ----------------===//
 //
 // Verifiers, costs and kernel interfaces of the ops bonsai-fp8 creates (BonsaiFp8Ops.td). The
-// verifiers check what plan validation (runtime/src/Plan.cpp) checks for kinds 90..94, so that a
+// verifiers check what plan validation (runtime/src/Plan.cpp) checks for kinds 90..95, so that a
 // malformed op is reported at its source location rather than when a plan is loaded: shapes,
 // element types, the state [3, 4 + H] with H in [1, 1024], the statistics [2, 4], the workspace
 // size, and GEMM dimensions that FP8 tensor cores take (multiples of 16).
@@ -269,6 +269,86 @@ SmallVector<unsigned> Fp8LinearGradWeightAccumulateOp::getInPlaceOperands() {
 }
 
 SmallVector<unsigned> Fp8LinearGradWeightAccumulateOp::getWorkspaceResults() {
+  return {cast<OpResult>(getWorkspace()).getResultNumber()};
+}
+
+//===----------------------------------------------------------------------===//
+// Fp8LinearBackwardOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult Fp8LinearBackwardOp::verify() {
+  RankedTensorType dy = tensorType(getResultGrad()), w = tensorType(getWeight());
+  RankedTensorType x = tensorType(getInput()), acc = tensorType(getAccumulator());
+  if (dy.getRank() < 1)
+    return emitOpError("result_grad must have rank at least 1 (its last dimension is N)");
+  if (failed(expectRank(*this, "weight", w, 2)))
+    return failure();
+  int64_t n = dy.getShape().back(), k = w.getDimSize(1);
+  if (w.getDimSize(0) != n)
+    return emitOpError() << "weight shape: expected [" << n << ", K] ([out, in] for output "
+                         << "features " << n << "), got " << fmt(w.getShape());
+  SmallVector<int64_t> shape(dy.getShape());
+  shape.back() = k;
+  if (x.getShape() != ArrayRef<int64_t>(shape))
+    return emitOpError() << "input shape: expected " << fmt(shape)
+                         << " (result_grad's positions, the weight's K), got " << fmt(x.getShape());
+  Type element = dy.getElementType();
+  // One cast launch converts dy and x: they share an element type (the weight may differ).
+  if (failed(expectElementType(*this, "input", x.getElementType(), element)) ||
+      failed(
+          expectTypeOf(*this, "input_grad", getInputGrad(), RankedTensorType::get(shape, element))))
+    return failure();
+  if (!acc.getElementType().isF32())
+    return emitOpError() << "accumulator element type must be f32 (FP8 GEMMs add into f32 "
+                            "accumulators only), got "
+                         << acc.getElementType();
+  if (acc.getShape() != ArrayRef<int64_t>{n, k})
+    return emitOpError() << "accumulator shape: expected [" << n << ", " << k << "] ([N, K]), got "
+                         << fmt(acc.getShape());
+  if (failed(verifyFp8Dimensions(*this, getNumElements(dy) / n, n, k)) ||
+      failed(verifyFp8Margin(*this, getMargin())) || failed(verifyFp8State(*this, getState())) ||
+      failed(verifyFp8Stats(*this, "input_grad_stats", getInputGradStats())) ||
+      failed(verifyFp8Stats(*this, "weight_grad_stats", getWeightGradStats())))
+    return failure();
+  // The two GEMMs' workspaces, one after the other.
+  int64_t dyElements = getNumElements(dy);
+  int64_t expected = getWorkspaceElements(dyElements, getNumElements(w)) +
+                     getWorkspaceElements(dyElements, getNumElements(x));
+  RankedTensorType workspace = tensorType(getWorkspace());
+  if (!workspace.getElementType().isF32() || workspace.getRank() != 1 ||
+      workspace.getDimSize(0) != expected)
+    return emitOpError() << "workspace must be tensor<" << expected
+                         << "xf32> (the workspaces of the input and the weight gradient's FP8 "
+                            "GEMMs), got "
+                         << workspace;
+  return success();
+}
+
+OpCost Fp8LinearBackwardOp::getForwardCost() {
+  RankedTensorType dy = tensorType(getResultGrad());
+  int64_t n = dy.getShape().back(), k = tensorType(getWeight()).getDimSize(1);
+  int64_t m = getNumElements(dy) / n;
+  OpCost cost;
+  for (Value operand : getOperands())
+    cost.bytesRead += getStorageBytes(operand.getType());
+  // dy read once, cast into two layouts; W and x transposed; the codes go through the
+  // workspace. The accumulator is read (beta = 1) and written.
+  int64_t codes = 2 * getNumElements(dy) + getNumElements(tensorType(getWeight())) +
+                  getNumElements(tensorType(getInput()));
+  cost.bytesRead += codes;
+  cost.bytesWritten = getStorageBytes(getInputGrad().getType()) +
+                      2 * getStorageBytes(getInputGradStats().getType()) +
+                      getStorageBytes(getAccumulator().getType()) + codes;
+  cost.matmulFlops = 2 * (2 * m * n * k);
+  cost.vectorFlops = 4 * codes + getNumElements(tensorType(getAccumulator()));
+  return cost;
+}
+
+SmallVector<unsigned> Fp8LinearBackwardOp::getInPlaceOperands() {
+  return {getAccumulatorMutable().getOperandNumber()};
+}
+
+SmallVector<unsigned> Fp8LinearBackwardOp::getWorkspaceResults() {
   return {cast<OpResult>(getWorkspace()).getResultNumber()};
 }
 

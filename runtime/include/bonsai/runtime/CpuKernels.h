@@ -240,7 +240,7 @@ void linearGelu(const TensorView &x, const TensorView &w, const TensorView *bias
 void linearGradWeightAccumulate(const TensorView &dy, const TensorView &x, const TensorView &acc);
 
 //===----------------------------------------------------------------------===//
-// FP8 GEMMs (plan kinds 90..94, docs/fp8.md). `state` is an FP8 scaling state f32 [3, 4 + H]
+// FP8 GEMMs (plan kinds 90..95, docs/fp8.md). `state` is an FP8 scaling state f32 [3, 4 + H]
 // (fp8::StateRow, fp8::StateColumn); a cast uses the scale of its operand's row, or, when that
 // is not a positive finite number (before the first update) or `current` is set,
 // fp8::currentScale(amax of the operand, format, margin). Casts are fp8::castScaled's, their
@@ -271,6 +271,13 @@ void fp8LinearGradWeightAccumulate(const TensorView &dy, const TensorView &x,
                                    const TensorView &state, bool current, int margin,
                                    const TensorView &stats, const TensorView &workspace,
                                    const TensorView &acc);
+/// dx = dy · w and acc += dyᵀ · x (kind 95): fp8LinearGradInput and
+/// fp8LinearGradWeightAccumulate with the same dy and state, bit for bit, in the two halves of
+/// `workspace`; dy and x have one dtype.
+void fp8LinearBackward(const TensorView &dy, const TensorView &w, const TensorView &x,
+                       const TensorView &state, bool current, int margin, const TensorView &dx,
+                       const TensorView &inputGradStats, const TensorView &weightGradStats,
+                       const TensorView &workspace, const TensorView &acc);
 /// The once-per-step delayed-scale update, in place on `state`: rows InputRow and WeightRow
 /// from rows 0 and 1 of `forwardStats`, OutputGradRow from row 0 of `backwardStats` when
 /// given. Each records the amax in its history at step % H (fp8::recordAmax), sets its scale

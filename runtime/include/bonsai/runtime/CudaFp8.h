@@ -52,7 +52,7 @@ void updateDelayedScale(const Context &ctx, const Fp8CastStats *stats, float *hi
                         int64_t length, const int64_t *step, float *scale, float *descale,
                         fp8::Format format, int margin);
 
-// The FP8 GEMM kernels of plan kinds 90..94 (docs/fp8.md; the CPU backend's cpu::fp8Linear
+// The FP8 GEMM kernels of plan kinds 90..95 (docs/fp8.md; the CPU backend's cpu::fp8Linear
 // and its siblings are the reference). Each casts its two operands with the scales of their
 // state rows (or, under current scaling and before a state's first update, from the operand's
 // own amax) into the workspace, multiplies the codes with cuBLASLt in fp32, and writes the
@@ -79,6 +79,16 @@ void fp8LinearGradWeightAccumulate(const Context &ctx, const TensorView &dy, con
                                    const TensorView &state, bool current, int margin,
                                    const TensorView &stats, const TensorView &workspace,
                                    const TensorView &acc);
+/// dx = dy · w and acc (f32) += dyᵀ · x (kind 95): fp8LinearGradInput and
+/// fp8LinearGradWeightAccumulate with the same dy and state in two launches before their
+/// GEMMs, not four: dy is read once and its E5M2 codes written in both layouts, in the launch
+/// that also casts w and x (transposed). The stats are the two kernels' (rows dy, w and dy,
+/// x), the workspace holds both of theirs; dy and x have one dtype.
+void fp8LinearBackward(const Context &ctx, const TensorView &dy, const TensorView &w,
+                       const TensorView &x, const TensorView &state, bool current, int margin,
+                       const TensorView &dx, const TensorView &inputGradStats,
+                       const TensorView &weightGradStats, const TensorView &workspace,
+                       const TensorView &acc);
 /// The once-per-step update of `state` from the forward kernel's stats (rows 0 and 1) and the
 /// backward's (row 2; null when the linear has no backward GEMM): fp8::recordAmax at *step, then
 /// fp8::delayedScale, and the stats' amax and fractions in columns 1..3.

@@ -118,6 +118,8 @@ enum class KernelKind : uint16_t {
   Fp8UpdateScales = 93,     ///< the once-per-step delayed-scale update of an FP8 state.
   /// acc += dyᵀ · x from E5M2 dy and E4M3FN x (fp8_linear_grad_weight into an accumulator).
   Fp8LinearGradWeightAccumulate = 94,
+  /// dx = dy · w and acc += dyᵀ · x from one E5M2 cast of dy (kinds 91 and 94 together).
+  Fp8LinearBackward = 95,
   /// A generated kernel (docs/fusion.md): KernelAttrsInfo::generatedKernel names it.
   FusedElementwise = 80,
   FlashAttention = 100,     ///< attention that also writes the log-sum-exp (docs/fusion.md).

@@ -5,8 +5,8 @@
 // activations and weights, E5M2 for output gradients) with the scales of a piece of training
 // state, multiplies on FP8 tensor cores with f32 accumulation, and reports what the casts did;
 // one update per step turns those reports into the next step's scales. They are created after
-// autodiff, so they have no gradients of their own. Plan kinds 90..94 (runtime/schema/plan.fbs);
-// bonsai-fuse forms the accumulating weight gradient (94).
+// autodiff, so they have no gradients of their own. Plan kinds 90..95 (runtime/schema/plan.fbs);
+// bonsai-fuse forms the accumulating weight gradient (94) and the fused backward (95).
 //
 //===----------------------------------------------------------------------===//
 
@@ -123,6 +123,35 @@ def Bonsai_Fp8LinearGradWeightAccumulateOp : Bonsai_Op<"fp8_linear_grad_weight_a
                    Bonsai_ComputeTensor:$state, Bonsai_ComputeTensor:$accumulator,
                    BoolAttr:$current, I64Attr:$margin);
   let results = (outs Bonsai_ComputeTensor:$stats, Bonsai_ComputeTensor:$workspace);
+  let hasVerifier = 1;
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let extraClassDeclaration = Bonsai_Fp8LayoutDecls;
+}
+
+def Bonsai_Fp8LinearBackwardOp : Bonsai_Op<"fp8_linear_backward", [
+    MemoryEffects<[MemRead, MemWrite]>,
+    DeclareOpInterfaceMethods<Bonsai_CostOpInterface>,
+    DeclareOpInterfaceMethods<Bonsai_KernelOpInterface,
+                              ["getInPlaceOperands", "getWorkspaceResults"]>]> {
+  let summary = "dx = dy · W and acc += dyᵀ · x from one E5M2 cast of dy, in place";
+  let description = [{
+    `bonsai.fp8_linear_grad_input` and `bonsai.fp8_linear_grad_weight_accumulate` of one
+    linear (the same dy and state) as one kernel (bonsai-fuse, family `fp8-backward`): dy is
+    read once and cast to E5M2 into both layouts the two GEMMs take, in the same pass as the
+    transposed E4M3FN casts of W and x. `input_grad_stats` and `weight_grad_stats` are the two
+    ops' statistics (rows dy, W and dy, x), `workspace` the two ops' workspaces together; dx
+    is stored in dy's element type and the weight gradient added into the f32 accumulator.
+    dy and x have one element type.
+
+    ```mlir
+    %dx, %dxs, %dws, %ws = bonsai.fp8_linear_backward %dy, %w, %x, %state, %acc {current = false, margin = 0 : i64} : (tensor<4x64x128xbf16>, tensor<128x64xbf16>, tensor<4x64x64xbf16>, tensor<3x20xf32>, tensor<128x64xf32>) -> (tensor<4x64x64xbf16>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<22656xf32>)
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$result_grad, Bonsai_ComputeTensor:$weight,
+                   Bonsai_ComputeTensor:$input, Bonsai_ComputeTensor:$state,
+                   Bonsai_ComputeTensor:$accumulator, BoolAttr:$current, I64Attr:$margin);
+  let results = (outs Bonsai_ComputeTensor:$input_grad, Bonsai_ComputeTensor:$input_grad_stats,
+                      Bonsai_ComputeTensor:$weight_grad_stats, Bonsai_ComputeTensor:$workspace);
   let hasVerifier = 1;
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
   let extraClassDeclaration = Bonsai_Fp8LayoutDecls;
