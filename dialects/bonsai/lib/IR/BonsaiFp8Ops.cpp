@@ -147,24 +147,34 @@ SmallVector<unsigned> Fp8LinearOp::getWorkspaceResults() {
 // Fp8LinearGradInputOp
 //===----------------------------------------------------------------------===//
 
-LogicalResult Fp8LinearGradInputOp::verify() {
-  RankedTensorType dy = tensorType(getResultGrad()), w = tensorType(getWeight());
+/// The checks of dx = dy · W shared by the input gradient and the fused backward: dy [..., N]
+/// and W [N, K] of one element type, `result` (named `resultName`) [..., K] of it, dimensions
+/// FP8 GEMMs take. Returns dx's shape.
+static FailureOr<SmallVector<int64_t>> verifyFp8GradInput(Operation *op, Value resultGrad,
+                                                          Value weight, Value result,
+                                                          StringRef resultName) {
+  RankedTensorType dy = tensorType(resultGrad), w = tensorType(weight);
   if (dy.getRank() < 1)
-    return emitOpError("result_grad must have rank at least 1 (its last dimension is N)");
-  if (failed(expectRank(*this, "weight", w, 2)))
+    return op->emitOpError("result_grad must have rank at least 1 (its last dimension is N)");
+  if (failed(expectRank(op, "weight", w, 2)))
     return failure();
   int64_t n = dy.getShape().back(), k = w.getDimSize(1);
   if (w.getDimSize(0) != n)
-    return emitOpError() << "weight shape: expected [" << n << ", K] ([out, in] for output "
-                         << "features " << n << "), got " << fmt(w.getShape());
+    return op->emitOpError() << "weight shape: expected [" << n << ", K] ([out, in] for output "
+                             << "features " << n << "), got " << fmt(w.getShape());
   Type element = dy.getElementType();
-  if (failed(expectElementType(*this, "weight", w.getElementType(), element)))
+  if (failed(expectElementType(op, "weight", w.getElementType(), element)))
     return failure();
   SmallVector<int64_t> shape(dy.getShape());
   shape.back() = k;
-  if (failed(expectTypeOf(*this, "result", getResult(), RankedTensorType::get(shape, element))))
+  if (failed(expectTypeOf(op, resultName, result, RankedTensorType::get(shape, element))) ||
+      failed(verifyFp8Dimensions(op, getNumElements(dy) / n, n, k)))
     return failure();
-  if (failed(verifyFp8Dimensions(*this, getNumElements(dy) / n, n, k)))
+  return shape;
+}
+
+LogicalResult Fp8LinearGradInputOp::verify() {
+  if (failed(verifyFp8GradInput(*this, getResultGrad(), getWeight(), getResult(), "result")))
     return failure();
   return verifyFp8Gemm(*this, getState(), getStats(), getWorkspace(), getResultGrad(),
                        getWeight());
@@ -279,24 +289,15 @@ SmallVector<unsigned> Fp8LinearGradWeightAccumulateOp::getWorkspaceResults() {
 LogicalResult Fp8LinearBackwardOp::verify() {
   RankedTensorType dy = tensorType(getResultGrad()), w = tensorType(getWeight());
   RankedTensorType x = tensorType(getInput()), acc = tensorType(getAccumulator());
-  if (dy.getRank() < 1)
-    return emitOpError("result_grad must have rank at least 1 (its last dimension is N)");
-  if (failed(expectRank(*this, "weight", w, 2)))
+  FailureOr<SmallVector<int64_t>> shape =
+      verifyFp8GradInput(*this, getResultGrad(), getWeight(), getInputGrad(), "input_grad");
+  if (failed(shape))
     return failure();
   int64_t n = dy.getShape().back(), k = w.getDimSize(1);
-  if (w.getDimSize(0) != n)
-    return emitOpError() << "weight shape: expected [" << n << ", K] ([out, in] for output "
-                         << "features " << n << "), got " << fmt(w.getShape());
-  SmallVector<int64_t> shape(dy.getShape());
-  shape.back() = k;
-  if (x.getShape() != ArrayRef<int64_t>(shape))
-    return emitOpError() << "input shape: expected " << fmt(shape)
+  if (x.getShape() != ArrayRef<int64_t>(*shape))
+    return emitOpError() << "input shape: expected " << fmt(*shape)
                          << " (result_grad's positions, the weight's K), got " << fmt(x.getShape());
-  Type element = dy.getElementType();
-  // One cast launch converts dy and x: they share an element type (the weight may differ).
-  if (failed(expectElementType(*this, "input", x.getElementType(), element)) ||
-      failed(
-          expectTypeOf(*this, "input_grad", getInputGrad(), RankedTensorType::get(shape, element))))
+  if (failed(expectElementType(*this, "input", x.getElementType(), dy.getElementType())))
     return failure();
   if (!acc.getElementType().isF32())
     return emitOpError() << "accumulator element type must be f32 (FP8 GEMMs add into f32 "
@@ -305,8 +306,7 @@ LogicalResult Fp8LinearBackwardOp::verify() {
   if (acc.getShape() != ArrayRef<int64_t>{n, k})
     return emitOpError() << "accumulator shape: expected [" << n << ", " << k << "] ([N, K]), got "
                          << fmt(acc.getShape());
-  if (failed(verifyFp8Dimensions(*this, getNumElements(dy) / n, n, k)) ||
-      failed(verifyFp8Margin(*this, getMargin())) || failed(verifyFp8State(*this, getState())) ||
+  if (failed(verifyFp8Margin(*this, getMargin())) || failed(verifyFp8State(*this, getState())) ||
       failed(verifyFp8Stats(*this, "input_grad_stats", getInputGradStats())) ||
       failed(verifyFp8Stats(*this, "weight_grad_stats", getWeightGradStats())))
     return failure();

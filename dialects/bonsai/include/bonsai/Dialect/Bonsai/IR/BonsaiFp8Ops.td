@@ -141,7 +141,7 @@ def Bonsai_Fp8LinearBackwardOp : Bonsai_Op<"fp8_linear_backward", [
     transposed E4M3FN casts of W and x. `input_grad_stats` and `weight_grad_stats` are the two
     ops' statistics (rows dy, W and dy, x), `workspace` the two ops' workspaces together; dx
     is stored in dy's element type and the weight gradient added into the f32 accumulator.
-    dy and x have one element type.
+    dy, W and x have one element type.
 
     ```mlir
     %dx, %dxs, %dws, %ws = bonsai.fp8_linear_backward %dy, %w, %x, %state, %acc {current = false, margin = 0 : i64} : (tensor<4x64x128xbf16>, tensor<128x64xbf16>, tensor<4x64x64xbf16>, tensor<3x20xf32>, tensor<128x64xf32>) -> (tensor<4x64x64xbf16>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<22656xf32>)
