@@ -110,8 +110,9 @@ public:
     return std::string(props_.name) + rest;
   }
 
-  void uploadArena(size_t arena, const void *host, uint64_t bytes) override {
-    check(cudaMemcpyAsync(arenas_.at(arena), host, bytes, cudaMemcpyHostToDevice, stream_),
+  void uploadArena(size_t arena, uint64_t offset, const void *host, uint64_t bytes) override {
+    check(cudaMemcpyAsync(static_cast<char *>(arenas_.at(arena)) + offset, host, bytes,
+                          cudaMemcpyHostToDevice, stream_),
           "cudaMemcpyAsync(upload arena)");
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(upload arena)");
   }

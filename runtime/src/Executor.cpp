@@ -23,27 +23,66 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 namespace bonsai::rt {
 
 namespace {
 /// Every arena starts at least this aligned: enough for any vector load of any dtype.
 constexpr uint64_t kMinArenaAlignment = 256;
+
+/// Whether `bytes` bytes at `p` are all zero. Reading an untouched page of an anonymous mapping
+/// maps the kernel's shared zero page, so this takes no memory where a write would.
+bool isZero(const void *p, uint64_t bytes) {
+  const auto *c = static_cast<const unsigned char *>(p);
+  uint64_t i = 0;
+  // Word by word where aligned (arenas and tensors are), the tail byte by byte.
+  for (; i < bytes && reinterpret_cast<uintptr_t>(c + i) % 8; ++i)
+    if (c[i])
+      return false;
+  for (; i + 64 <= bytes; i += 64) {
+    uint64_t w[8];
+    std::memcpy(w, c + i, sizeof w);
+    if (w[0] | w[1] | w[2] | w[3] | w[4] | w[5] | w[6] | w[7])
+      return false;
+  }
+  for (; i < bytes; ++i)
+    if (c[i])
+      return false;
+  return true;
+}
 } // namespace
 
-void Executor::ArenaFree::operator()(void *p) const { std::free(p); }
+void Executor::ArenaFree::operator()(void *p) const {
+  if (mapped)
+    munmap(p, size_t(bytes));
+  else
+    std::free(p);
+}
 
 Executor::Executor(const LoadedPlan &plan, const ExecutorOptions &options) : plan_(plan) {
+  const uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
   for (const ArenaInfo &arena : plan_.arenas) {
     uint64_t alignment = std::max(arena.alignment, kMinArenaAlignment);
     // aligned_alloc wants a size that is a multiple of the alignment, and never 0.
     uint64_t size = std::max<uint64_t>(arena.size, 1);
     size = (size + alignment - 1) / alignment * alignment;
-    void *p = std::aligned_alloc(size_t(alignment), size_t(size));
+    // An anonymous mapping is page-aligned and reads as zeros without taking memory until a
+    // page is written: a GPU plan of 125 GiB needs host memory for its weights, not 125 GiB.
+    ArenaFree owner{size, alignment <= page};
+    void *p = nullptr;
+    if (owner.mapped) {
+      p = mmap(nullptr, size_t(size), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED)
+        p = nullptr;
+    } else if ((p = std::aligned_alloc(size_t(alignment), size_t(size)))) {
+      std::memset(p, 0, size_t(size));
+    }
     if (!p)
       throw Error("cannot allocate arena '" + arena.name + "' of " + std::to_string(arena.size) +
                   " bytes");
-    std::memset(p, 0, size_t(size));
-    arenas_.emplace_back(p);
+    arenas_.emplace_back(p, owner);
   }
   measured_.assign(plan_.arenas.size(), 0);
   views_.reserve(plan_.tensors.size());
@@ -80,9 +119,32 @@ std::string Executor::describeBackend() const {
 void Executor::syncToDevice() {
   if (!device_ || !hostDirty_)
     return;
-  for (size_t i = 0; i < plan_.arenas.size(); ++i)
-    device_->uploadArena(i, arenas_[i].get(), std::max<uint64_t>(plan_.arenas[i].size, 1));
+  for (size_t i = 0; i < plan_.arenas.size(); ++i) {
+    const auto *host = static_cast<const char *>(arenas_[i].get());
+    const uint64_t bytes = std::max<uint64_t>(plan_.arenas[i].size, 1);
+    if (!deviceZero_) {
+      device_->uploadArena(i, 0, host, bytes);
+      continue;
+    }
+    // The device arena is still all zeros: send only the chunks with a nonzero byte (the
+    // weights and their copies; optimizer state and gradients start at zero).
+    constexpr uint64_t kChunk = uint64_t(4) << 20;
+    uint64_t start = 0, end = 0; // the run of nonzero chunks not sent yet
+    for (uint64_t at = 0; at < bytes; at += kChunk) {
+      const uint64_t n = std::min(kChunk, bytes - at);
+      if (isZero(host + at, n)) {
+        if (end > start)
+          device_->uploadArena(i, start, host + start, end - start);
+        start = end = at + n;
+      } else {
+        end = at + n;
+      }
+    }
+    if (end > start)
+      device_->uploadArena(i, start, host + start, end - start);
+  }
   hostDirty_ = false;
+  deviceZero_ = false;
 }
 
 void Executor::syncToHost() const {
@@ -131,10 +193,20 @@ void Executor::applyInits() {
   // Zeros first: a copy may read a zero-initialized tensor, never the other way round (the
   // plan verifier forbids copies of copies). Parameters are bound or initialized before
   // (an adapter's zero init applies only when the weights lack it).
+  // Writing zeros over zeros would take host memory for every page of the optimizer state
+  // and the gradients (the arenas start as untouched zero pages): only the chunks that are not
+  // zero are cleared.
   for (uint32_t i = 0; i < plan_.tensors.size(); ++i)
     if (plan_.tensors[i].init == TensorInit::Zeros &&
         plan_.tensors[i].role != TensorRole::Parameter) {
-      std::memset(views_[i].data, 0, size_t(plan_.tensors[i].bytes));
+      auto *bytes = static_cast<char *>(views_[i].data);
+      const uint64_t size = uint64_t(plan_.tensors[i].bytes);
+      constexpr uint64_t kChunk = uint64_t(64) << 10;
+      for (uint64_t at = 0; at < size; at += kChunk) {
+        const uint64_t n = std::min(kChunk, size - at);
+        if (!isZero(bytes + at, n))
+          std::memset(bytes + at, 0, size_t(n));
+      }
       touch(i);
     }
   for (uint32_t i = 0; i < plan_.tensors.size(); ++i) {

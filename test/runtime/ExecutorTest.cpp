@@ -22,6 +22,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include <unistd.h>
+
 namespace bonsai::rt {
 namespace {
 
@@ -221,6 +223,45 @@ TEST(ExecutorTrainingTest, InitializersZeroAndCopy) {
     EXPECT_EQ(p, w) << master;
     EXPECT_NE(p[0], 0.0f);
   }
+}
+
+/// The resident set of this process, in bytes (Linux: /proc/self/statm).
+int64_t residentBytes() {
+  long pages = 0, resident = 0;
+  FILE *f = std::fopen("/proc/self/statm", "r");
+  if (!f || std::fscanf(f, "%ld %ld", &pages, &resident) != 2)
+    resident = -1;
+  if (f)
+    std::fclose(f);
+  return resident < 0 ? -1 : int64_t(resident) * sysconf(_SC_PAGESIZE);
+}
+
+TEST(ExecutorTrainingTest, ZeroStateTakesNoHostMemoryUntilWritten) {
+  // 512 MiB of zero-initialized optimizer state: the host arena holding it takes memory only
+  // where bytes are written, so a GPU plan larger than the host's memory still runs (the
+  // arenas live on the device; the host writes the weights and reads a few tensors back).
+  test::TrainingTensors t;
+  test::PlanSpec spec = test::trainingPlanSpec({2, 4, 16, 8}, &t);
+  const int64_t n = int64_t(128) << 20;
+  uint32_t big = spec.addInit("big.exp_avg", DType::F32, {n}, TensorRole::OptimizerState, 2,
+                              TensorInit::Zeros);
+  LoadedPlan plan = loadSpec(spec);
+  const int64_t before = residentBytes();
+  ASSERT_GT(before, 0) << "no /proc/self/statm";
+  Executor e(plan);
+  e.initWeights(2);
+  TokenLoader loader("", 2, 4, 16, 1);
+  EXPECT_TRUE(std::isfinite(e.trainStep(loader, 0, 1).loss));
+  EXPECT_LT(residentBytes() - before, int64_t(64) << 20) << "the zero state took host memory";
+  // It reads as zeros, and a write takes effect (and memory) where it lands.
+  auto *values = static_cast<float *>(e.view(big).data);
+  EXPECT_EQ(values[n - 1], 0.0f);
+  values[n / 2] = 3.0f;
+  EXPECT_EQ(static_cast<const float *>(e.view(big).data)[n / 2], 3.0f);
+  // Initializing again clears what is not zero, and only that.
+  e.initWeights(2);
+  EXPECT_EQ(static_cast<const float *>(e.view(big).data)[n / 2], 0.0f);
+  EXPECT_LT(residentBytes() - before, int64_t(64) << 20);
 }
 
 TEST(ExecutorTrainingTest, EachPhaseDoesItsPart) {

@@ -27,8 +27,8 @@ public:
 
   /// "NVIDIA H200 (sm_90, 139.8 GiB), CUDA Graphs on".
   virtual std::string describe() const = 0;
-  /// Copies `bytes` host bytes to the start of device arena `arena`.
-  virtual void uploadArena(size_t arena, const void *host, uint64_t bytes) = 0;
+  /// Copies `bytes` host bytes to device arena `arena` at byte `offset`.
+  virtual void uploadArena(size_t arena, uint64_t offset, const void *host, uint64_t bytes) = 0;
   /// Copies device arena `arena` into `bytes` host bytes.
   virtual void downloadArena(size_t arena, void *host, uint64_t bytes) = 0;
   /// Copies one tensor's bytes between host memory and its place on the device.

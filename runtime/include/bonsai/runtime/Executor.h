@@ -65,8 +65,10 @@ struct ExecutorOptions {
 /// (syncToHost); per step only the inputs, the loss scale, the loss and the metrics cross.
 class Executor {
 public:
-  /// Allocates and zeroes every arena of `plan` (which the executor copies). Throws rt::Error
-  /// naming the arena when an allocation fails.
+  /// Allocates every arena of `plan` (which the executor copies), zeroed. The zeros are the
+  /// operating system's untouched pages: host memory is taken only where bytes are written
+  /// (weights, their copies, what is read back), not for the whole plan, which on a GPU lives
+  /// on the device. Throws rt::Error naming the arena when an allocation fails.
   explicit Executor(const LoadedPlan &plan, const ExecutorOptions &options = {});
   ~Executor();
   /// Not copyable: it owns the arenas its views point into.
@@ -185,9 +187,15 @@ private:
   std::vector<double> cpuTimes_;
   mutable bool hostDirty_ = true;     ///< the host has bytes the device has not seen
   mutable bool deviceAhead_ = false;  ///< kernels wrote the device since the last download
+  /// No byte has gone to the device yet: its arenas hold the zeros they were created with, so
+  /// the first upload skips the host's zero ranges.
+  bool deviceZero_ = true;
 
   LoadedPlan plan_;
+  /// Frees a host arena: munmap for the mapped ones (`bytes` long), else free.
   struct ArenaFree {
+    uint64_t bytes = 0;
+    bool mapped = false;
     void operator()(void *p) const;
   };
   std::vector<std::unique_ptr<void, ArenaFree>> arenas_;
