@@ -3,8 +3,9 @@
 # machine, from the folder bench/prepare_fp8_run.sh made (default .gpu-fp8/): the CUDA kernel
 # tests (the FP8 kernels against their host model and every other kernel against the CPU), the
 # FP8 GEMM against bf16 and torch._scaled_mm, the 500-step bf16-vs-FP8 run of TinyLlama's shape,
-# the training steps of TinyLlama-1.1B and of Llama-3-8B layer stacks (8 and 16 layers) in bf16
-# and FP8, and where one step of the 8-layer stack spends its time (bonsai-run --profile).
+# the training steps of TinyLlama-1.1B and of Llama-3-8B layer stacks (8, 16 and 24 layers) in
+# bf16 and FP8, the 8-layer FP8 step with its backward GEMMs fused against apart (fp8-backward),
+# and where one step of the 8-layer stack spends its time (bonsai-run --profile).
 # A second argument picks parts (default all): a comma-separated list of tests, gemm, verify,
 # steps, profile (the whole run takes about 10 minutes on an H200). Logs go under $OUT.
 set -uo pipefail
@@ -39,7 +40,7 @@ python3 bench/fp8_train_bench.py --bonsai-run "$run" --name verify --verify \
 tail -12 "$out/verify.log"
 fi
 
-want steps && for model in tinyllama llama3_8b llama3_8b_l16; do
+want steps && for model in tinyllama llama3_8b llama3_8b_l16 llama3_8b_l24; do
   echo "== training step $model =="
   grep -E "peak device" "$dir/plans/${model}_bf16.txt" "$dir/plans/${model}_fp8.txt"
   python3 bench/fp8_train_bench.py --bonsai-run "$run" --name "$model" --steps 25 --warmup 5 \
@@ -47,6 +48,15 @@ want steps && for model in tinyllama llama3_8b llama3_8b_l16; do
     --workdir "$out" > "$out/step_$model.log" 2>&1
   tail -6 "$out/step_$model.log"
 done
+
+if want steps; then
+  echo "== the 8-layer FP8 step: each linear's backward GEMMs apart and fused =="
+  python3 bench/fp8_train_bench.py --bonsai-run "$run" --name llama3_8b_pair --steps 25 \
+    --labels apart,fused \
+    --warmup 5 --bf16-plan "$dir/plans/llama3_8b_fp8pair.plan" \
+    --fp8-plan "$dir/plans/llama3_8b_fp8.plan" --workdir "$out" > "$out/step_pair.log" 2>&1
+  tail -6 "$out/step_pair.log"
+fi
 
 want profile && echo "== where a step of the 8-layer stack goes (kernels timed one by one) ==" &&
 for recipe in bf16 fp8; do

@@ -61,6 +61,9 @@ def main():
                     help="compare the losses of the two runs (use with --data)")
     ap.add_argument("--tail", type=int, default=20, help="steps averaged for --verify")
     ap.add_argument("--workdir", default=".")
+    ap.add_argument("--labels", default="bf16,fp8",
+                    help="names of the two plans in the table (e.g. 'apart,fused' when both "
+                         "are FP8 plans)")
     args = ap.parse_args()
 
     results = {}
@@ -75,14 +78,15 @@ def main():
 
     gib = float(1 << 30)
     b, f = results["bf16"], results["fp8"]
+    labels = dict(zip(("bf16", "fp8"), args.labels.split(",", 1)))
     print("| %s | tokens/s | step (ms) | peak (GiB) | last loss |" % args.name)
     print("|---|---|---|---|---|")
     for tag in ("bf16", "fp8"):
         r = results[tag]
         print("| %s | %.0f | %.1f | %s | %.4f |" % (
-            tag, r["tps"], r["step"] * 1e3,
+            labels[tag], r["tps"], r["step"] * 1e3,
             "%.1f" % (r["peak"] / gib) if r["peak"] else "?", r["losses"][-1]))
-    print("FP8 / bf16 tokens/s: %.3f" % (f["tps"] / b["tps"]))
+    print("%s / %s tokens/s: %.3f" % (labels["fp8"], labels["bf16"], f["tps"] / b["tps"]))
     if args.verify:
         tail = args.tail
         mb = sum(b["losses"][-tail:]) / tail

@@ -11,7 +11,10 @@
 #              batch 2 x sequence 4096: what fits one GPU with AdamW and fp32 master weights
 #              on a 40-48 GB budget;
 #   llama3_8b_l16  the same with 16 layers (97 GiB on the H200): the LM head, which FP8 leaves
-#              in bf16, is a smaller part of its step, as in the 32-layer model.
+#              in bf16, is a smaller part of its step, as in the 32-layer model;
+#   llama3_8b_l24  with 24 layers (134 GiB): the deepest stack that fits the H200's 140 GiB.
+# And llama3_8b_fp8pair: the 8-layer FP8 plan compiled with --fuse-disable=fp8-backward (each
+# linear's two backward GEMMs apart), against which the fused plan is timed in the same run.
 # All in one folder (default .gpu-fp8/, ignored by git), packed as .gpu-fp8.tar.xz for `carry`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,19 +41,24 @@ python3 scripts/gen_models.py --print tinyllama_1_1b --set seq=512 > "$dir/model
 python3 scripts/gen_models.py --print tinyllama_1_1b > "$dir/models/tinyllama.mlir"
 python3 scripts/gen_models.py --print llama3_8b --set layers=8 --set batch=2 --set seq=4096 \
   > "$dir/models/llama3_8b.mlir"
-python3 scripts/gen_models.py --print llama3_8b --set layers=16 --set batch=2 --set seq=4096 \
-  > "$dir/models/llama3_8b_l16.mlir"
+for layers in 16 24; do
+  python3 scripts/gen_models.py --print llama3_8b --set layers=$layers --set batch=2 \
+    --set seq=4096 > "$dir/models/llama3_8b_l$layers.mlir"
+done
 optimizer='bonsai.optimizer "adamw" lr 3.000000e-04 {weight_decay = 1.000000e-02 : f64, grad_clip = 1.000000e+00 : f64, schedule = "cosine", warmup_steps = 50 : i64, total_steps = 500 : i64, min_lr_ratio = 1.000000e-01 : f64}'
 fp8='bonsai.fp8 "delayed" amax_history 16 margin 0 targets ["model.layers.*"]'
 printf 'bonsai.recipe @bf16 {\n  bonsai.target "sm_90"\n  %s\n}\n' "$optimizer" > "$dir/bf16.mlir"
 printf 'bonsai.recipe @fp8 {\n  bonsai.target "sm_90"\n  %s\n  %s\n}\n' "$fp8" "$optimizer" \
   > "$dir/fp8.mlir"
-for model in verify tinyllama llama3_8b llama3_8b_l16; do
+for model in verify tinyllama llama3_8b llama3_8b_l16 llama3_8b_l24; do
   for recipe in bf16 fp8; do
     "$build/bin/bonsai-compile" "$dir/models/$model.mlir" "$dir/$recipe.mlir" --target=h200 \
       -o "$dir/plans/${model}_$recipe.plan" > "$dir/plans/${model}_$recipe.txt" 2>&1
     echo "$model $recipe: $(grep -E 'peak device' "$dir/plans/${model}_$recipe.txt" | head -1)"
   done
 done
+"$build/bin/bonsai-compile" "$dir/models/llama3_8b.mlir" "$dir/fp8.mlir" --target=h200 \
+  --fuse-disable=fp8-backward -o "$dir/plans/llama3_8b_fp8pair.plan" \
+  > "$dir/plans/llama3_8b_fp8pair.txt" 2>&1
 tar cf - "$dir" | xz -T0 -3 > "$dir.tar.xz"
 du -sh "$dir" "$dir.tar.xz"
