@@ -235,8 +235,8 @@ std::string checkpointDirName(uint64_t step) {
 
 std::string saveCheckpoint(const std::string &root, const Executor &executor,
                            const TrainingPosition &position) {
-  // With a GPU the kernels wrote the device copy: bring it back first.
-  executor.syncToHost();
+  // With a GPU, each view below brings its tensor's arena back from the device: the
+  // parameters, gradient accumulators and optimizer state, not the activations.
   checkAccumulatorsClear(executor, position.step);
   makeDirectories(root);
   std::string name = checkpointDirName(position.step);
@@ -479,8 +479,7 @@ CheckpointManifest loadCheckpoint(const std::string &dir, Executor &executor) {
 }
 
 size_t writeGradients(const std::string &path, const Executor &executor) {
-  // With a GPU the kernels wrote the device copy: bring it back first.
-  executor.syncToHost();
+  // With a GPU, each view below brings its gradient's arena back from the device.
   const LoadedPlan &plan = executor.plan();
   std::map<std::string, uint32_t> chosen;
   for (uint32_t i = 0; i < plan.tensors.size(); ++i) {

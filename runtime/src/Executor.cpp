@@ -85,6 +85,8 @@ Executor::Executor(const LoadedPlan &plan, const ExecutorOptions &options) : pla
     arenas_.emplace_back(p, owner);
   }
   measured_.assign(plan_.arenas.size(), 0);
+  hostDirty_.assign(plan_.arenas.size(), true);
+  deviceAhead_.assign(plan_.arenas.size(), false);
   views_.reserve(plan_.tensors.size());
   for (const TensorInfo &t : plan_.tensors) {
     TensorView v;
@@ -117,9 +119,12 @@ std::string Executor::describeBackend() const {
 }
 
 void Executor::syncToDevice() {
-  if (!device_ || !hostDirty_)
+  if (!device_)
     return;
   for (size_t i = 0; i < plan_.arenas.size(); ++i) {
+    if (!hostDirty_[i])
+      continue;
+    hostDirty_[i] = false;
     const auto *host = static_cast<const char *>(arenas_[i].get());
     const uint64_t bytes = std::max<uint64_t>(plan_.arenas[i].size, 1);
     if (!deviceZero_) {
@@ -143,26 +148,32 @@ void Executor::syncToDevice() {
     if (end > start)
       device_->uploadArena(i, start, host + start, end - start);
   }
-  hostDirty_ = false;
+  // Every arena starts dirty, so the first call sent them all: the device is no longer zero.
   deviceZero_ = false;
 }
 
 void Executor::syncToHost() const {
-  if (!device_ || !deviceAhead_)
+  for (uint32_t i = 0; i < plan_.arenas.size(); ++i)
+    syncArenaToHost(i);
+}
+
+void Executor::syncArenaToHost(uint32_t arena) const {
+  if (!device_ || !deviceAhead_[arena])
     return;
-  for (size_t i = 0; i < plan_.arenas.size(); ++i)
-    device_->downloadArena(i, arenas_[i].get(), std::max<uint64_t>(plan_.arenas[i].size, 1));
-  deviceAhead_ = false;
+  device_->downloadArena(arena, arenas_[arena].get(),
+                         std::max<uint64_t>(plan_.arenas[arena].size, 1));
+  deviceAhead_[arena] = false;
 }
 
 void Executor::downloadTensor(uint32_t tensor) const {
-  if (device_ && deviceAhead_)
+  if (device_ && deviceAhead_[plan_.tensors[tensor].arena])
     device_->downloadTensor(tensor, views_[tensor].data);
 }
 
 void Executor::uploadTensor(uint32_t tensor) {
-  // Before the first run the whole host is copied anyway; after it, only this tensor.
-  if (device_ && !hostDirty_)
+  // An arena the host wrote goes to the device whole before the next kernel; otherwise only
+  // this tensor.
+  if (device_ && !hostDirty_[plan_.tensors[tensor].arena])
     device_->uploadTensor(tensor, views_[tensor].data);
 }
 
@@ -189,7 +200,7 @@ void Executor::initWeights(uint64_t seed) {
 }
 
 void Executor::applyInits() {
-  hostDirty_ = true;
+  hostDirty_.assign(hostDirty_.size(), true);
   // Zeros first: a copy may read a zero-initialized tensor, never the other way round (the
   // plan verifier forbids copies of copies). Parameters are bound or initialized before
   // (an adapter's zero init applies only when the weights lack it).
@@ -504,7 +515,7 @@ void Executor::runPhase(Phase phase) {
           touch(t);
       }
     device_->runPhase(phase);
-    deviceAhead_ = true;
+    deviceAhead_.assign(deviceAhead_.size(), true);
     return;
   }
   for (size_t i = 0; i < plan_.kernels.size(); ++i) {
@@ -580,7 +591,7 @@ void Executor::forwardPrefix(const TokenBatch &batch, size_t end) {
           touch(t);
       }
     device_->runPhasePrefix(Phase::Forward, end);
-    deviceAhead_ = true;
+    deviceAhead_.assign(deviceAhead_.size(), true);
     return;
   }
   for (size_t i = 0; i < end; ++i) {

@@ -341,6 +341,56 @@ TEST_F(TrainingTest, ResumeContinuesBitForBit) {
   }
 }
 
+#ifdef BONSAI_HAVE_CUDA
+// On the GPU, a checkpoint reads back only the arenas of the tensors it saves (weights,
+// gradient accumulators, optimizer state), and a resumed executor sends what it loaded: the
+// run resumed after step 5 continues bit for bit as the straight one, on the same device.
+TEST_F(TrainingTest, ResumeOnTheGpuContinuesBitForBit) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    GTEST_SKIP() << "no GPU here";
+  }
+  LoadedPlan plan = loadSpec(test::fusedTrainingPlanSpec({2, 4, 16, 8, true, 2}), "gpu.plan");
+  std::string data = cyclicTokens(dir + "/tokens.bin", 611, 16);
+  ExecutorOptions gpu;
+  gpu.backend = Backend::Cuda;
+  Executor straight(plan, gpu);
+  straight.initWeights(5);
+  TokenLoader loader(data, 2, 4, 16, 5);
+  TrainingPosition pos{0, 0, 5};
+  std::vector<float> expected;
+  train(straight, loader, pos, 2, 10, expected);
+
+  std::string ckpt = dir + "/ckpt";
+  test::removeTree(ckpt);
+  std::vector<float> losses;
+  {
+    Executor first(plan, gpu);
+    first.initWeights(5);
+    TokenLoader l(data, 2, 4, 16, 5);
+    TrainingPosition p{0, 0, 5};
+    train(first, l, p, 2, 5, losses);
+    saveCheckpoint(ckpt, first, p);
+    // Training goes on after a checkpoint as before it.
+    std::vector<float> more;
+    train(first, l, p, 2, 1, more);
+    EXPECT_EQ(std::memcmp(&more[0], &expected[5], 4), 0) << more[0] << " vs " << expected[5];
+  }
+  Executor resumed(plan, gpu);
+  CheckpointManifest m = loadCheckpoint(resolveCheckpoint(ckpt), resumed);
+  TrainingPosition p = m.position;
+  ASSERT_EQ(p.step, 5u);
+  TokenLoader l(data, 2, 4, 16, p.seed);
+  train(resumed, l, p, 2, 5, losses);
+  ASSERT_EQ(losses.size(), expected.size());
+  for (size_t i = 0; i < losses.size(); ++i)
+    EXPECT_EQ(std::memcmp(&losses[i], &expected[i], 4), 0)
+        << "step " << i + 1 << ": " << losses[i] << " vs " << expected[i];
+  EXPECT_EQ(test::stateOf(resumed), test::stateOf(straight));
+}
+#endif
+
 //===----------------------------------------------------------------------===//
 // The tools.
 //===----------------------------------------------------------------------===//

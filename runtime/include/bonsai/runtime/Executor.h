@@ -60,9 +60,11 @@ struct ExecutorOptions {
 
 /// Runs one verified plan on the CPU reference backend or, with Backend::Cuda, on a GPU. The
 /// host arenas are always there: weights are bound, inputs written and checkpoints read and
-/// written through them. With a GPU, the executor copies them to the device before the first
-/// kernel after any host write, and back when the host reads state the device wrote
-/// (syncToHost); per step only the inputs, the loss scale, the loss and the metrics cross.
+/// written through them. With a GPU, the executor copies an arena to the device before the
+/// first kernel after a host write into it, and back when the host reads a tensor of it that
+/// the device wrote (a view of one tensor brings back its arena alone, so a checkpoint does
+/// not bring back the activations); per step only the inputs, the loss scale, the loss and the
+/// metrics cross.
 class Executor {
 public:
   /// Allocates every arena of `plan` (which the executor copies), zeroed. The zeros are the
@@ -77,21 +79,24 @@ public:
 
   /// The plan it runs.
   const LoadedPlan &plan() const { return plan_; }
-  /// One host view per plan tensor, in plan order. With a GPU, taking a view first brings the
-  /// device's newer bytes back, and then marks the host as the copy to send before the next
+  /// One host view per plan tensor, in plan order. With a GPU, taking the views first brings
+  /// the device's newer bytes back, and then marks the host as the copy to send before the next
   /// kernel (the executor cannot tell whether the caller reads or writes, so both are safe).
   const std::vector<TensorView> &views() const {
     syncToHost();
-    hostDirty_ = true;
+    hostDirty_.assign(hostDirty_.size(), true);
     return views_;
   }
+  /// One tensor's host view, as views() but for the tensor's arena alone.
   const TensorView &view(uint32_t tensor) const {
-    syncToHost();
-    hostDirty_ = true;
-    return views_.at(tensor);
+    const TensorView &v = views_.at(tensor);
+    const uint32_t arena = plan_.tensors[tensor].arena;
+    syncArenaToHost(arena);
+    hostDirty_[arena] = true;
+    return v;
   }
 
-  /// With a GPU: copies every arena back to the host if kernels ran since the last copy.
+  /// With a GPU: copies every arena the kernels wrote since its last copy back to the host.
   void syncToHost() const;
   /// "cpu" or the GPU's description.
   std::string describeBackend() const;
@@ -116,7 +121,7 @@ public:
   void applyInits();
   /// Records that `tensor` was written from outside (a checkpoint), for the measured memory.
   void markWritten(uint32_t tensor) {
-    hostDirty_ = true;
+    hostDirty_.at(plan_.tensors.at(tensor).arena) = true;
     touch(tensor);
   }
   /// With a GPU: copies one tensor the kernels wrote (the logits, say) to its host view.
@@ -185,8 +190,13 @@ private:
   std::unique_ptr<DeviceBackend> device_;
   bool profiling_ = false;
   std::vector<double> cpuTimes_;
-  mutable bool hostDirty_ = true;     ///< the host has bytes the device has not seen
-  mutable bool deviceAhead_ = false;  ///< kernels wrote the device since the last download
+  /// With a GPU: copies arena `arena` back to the host if kernels wrote it since its last copy.
+  void syncArenaToHost(uint32_t arena) const;
+
+  /// Per arena: the host has bytes the device has not seen.
+  mutable std::vector<bool> hostDirty_;
+  /// Per arena: kernels wrote the device copy since its last download.
+  mutable std::vector<bool> deviceAhead_;
   /// No byte has gone to the device yet: its arenas hold the zeros they were created with, so
   /// the first upload skips the host's zero ranges.
   bool deviceZero_ = true;
