@@ -5,6 +5,8 @@
 //   bf16:      the backend's cuBLASLt GEMM (bf16 operands and output);
 //   fp8:       cuda::fp8Linear, the kernel of plan kind 90: x and W cast to E4M3FN with the
 //              state's delayed scales (their statistics counted), the FP8 GEMM, the stats;
+//              once with the GEMM's partial sums promoted to fp32, once with fast
+//              accumulation (the recipe's default `forward_accumulation`);
 //   fwd+bwd:   the three GEMMs of a training step (y, dx = dy·W, dW = dyᵀ·x) in bf16, against
 //              kinds 90..92 (the backward's casts transposing, dy in E5M2), and against kinds
 //              90 and 95 (the backward fused as a plan runs it: dy cast once into both
@@ -103,7 +105,8 @@ int main(int argc, char **argv) {
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::printf("shape m n k bf16_us bf16_tflops fp8_us fp8_tflops bf16_step_us fp8_step_us "
-              "rel_err cast_x_us cast_x_gbps cast_xt_us cast_xt_gbps fp8_fused_step_us\n");
+              "rel_err cast_x_us cast_x_gbps cast_xt_us cast_xt_gbps fp8_fused_step_us "
+              "fp8_fast_us\n");
   for (const Shape &s : shapes) {
     const int64_t xs = s.m * s.k, ws = s.n * s.k, ys = s.m * s.n;
     std::vector<__nv_bfloat16> hx(xs), hw(ws), hdy(ys);
@@ -146,6 +149,10 @@ int main(int argc, char **argv) {
     };
     double bf16 = timeUs(reps, bf16Forward);
     double f8 = timeUs(reps, fp8Forward);
+    double f8Fast = timeUs(reps, [&] {
+      cuda::fp8Linear(ctx, vx, vw, vst, nullptr, false, 0, vy8, vstats, vwork,
+                      /*fastAccumulation=*/true);
+    });
     double bf16Step = timeUs(reps, [&] {
       bf16Forward();
       engine.gemm(nullptr, DType::BF16, false, false, s.m, s.k, s.n, 1.0f, dy, 0, w, 0, 0.0f,
@@ -193,11 +200,12 @@ int main(int argc, char **argv) {
       num += d * d;
       den += double(__bfloat162float(a[i])) * __bfloat162float(a[i]);
     }
-    std::printf("%s %lld %lld %lld %.1f %.1f %.1f %.1f %.1f %.1f %.4f %.1f %.0f %.1f %.0f %.1f\n",
+    std::printf("%s %lld %lld %lld %.1f %.1f %.1f %.1f %.1f %.1f %.4f %.1f %.0f %.1f %.0f %.1f "
+                "%.1f\n",
                 s.name, (long long)s.m, (long long)s.n, (long long)s.k, bf16, flops / bf16 / 1e6,
                 f8, flops / f8 / 1e6, bf16Step, f8Step, std::sqrt(num / den), castUs,
                 3.0 * double(xs) / castUs / 1e3, castTUs, 3.0 * double(xs) / castTUs / 1e3,
-                f8FusedStep);
+                f8FusedStep, f8Fast);
     std::fflush(stdout);
     for (void *p : {x, w, dy, y, y8, dx, dw, st, stats, work})
       cudaFree(p);

@@ -44,13 +44,16 @@ def main():
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("TFLOP/s of y = x Wᵀ (M = tokens); 'step' = the y, dx and dW GEMMs together; "
           "'fused' = the FP8 step with the backward fused (plan kind 95)")
+    print("'fast' = the forward GEMM with fast accumulation (Bonsai's default forward; "
+          "_scaled_mm's use_fast_accum=True)")
     print("| shape (m, n, k) | Bonsai bf16 | Bonsai FP8 linear | torch bf16 | torch._scaled_mm "
-          "| FP8 / bf16 (Bonsai) | Bonsai FP8 / _scaled_mm | step bf16 | step FP8 | step ratio "
-          "| step FP8 fused | fused ratio | FP8 rel. error | cast of x (µs, GB/s) "
+          "| FP8 / bf16 (Bonsai) | Bonsai FP8 / _scaled_mm | Bonsai FP8 linear, fast "
+          "| _scaled_mm, fast | Bonsai fast / _scaled_mm fast | step bf16 | step FP8 "
+          "| step ratio | step FP8 fused | fused ratio | FP8 rel. error | cast of x (µs, GB/s) "
           "| transposing cast of x (µs, GB/s) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (name, m, n, k, _, bf16, _, f8, bf16_step, f8_step, err, cast_us, cast_gbps, castt_us,
-         castt_gbps, fused_step) in rows:
+         castt_gbps, fused_step, f8_fast_us) in rows:
         m, n, k = int(m), int(n), int(k)
         flops = 2.0 * m * n * k
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -63,11 +66,17 @@ def main():
         scaled = flops / time_us(lambda: torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw,
                                                           out_dtype=torch.bfloat16),
                                  args.reps) / 1e6
+        scaled_fast = flops / time_us(
+            lambda: torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw,
+                                     out_dtype=torch.bfloat16, use_fast_accum=True),
+            args.reps) / 1e6
+        f8_fast = flops / float(f8_fast_us) / 1e6
         bf16, f8 = float(bf16), float(f8)
         bf16_step, f8_step = 3 * flops / float(bf16_step) / 1e6, 3 * flops / float(f8_step) / 1e6
         fused_step = 3 * flops / float(fused_step) / 1e6
         print(f"| {name} ({m}, {n}, {k}) | {bf16:.0f} | {f8:.0f} | {torch_bf16:.0f} | "
-              f"{scaled:.0f} | {f8 / bf16:.2f} | {f8 / scaled:.2f} | {bf16_step:.0f} | "
+              f"{scaled:.0f} | {f8 / bf16:.2f} | {f8 / scaled:.2f} | {f8_fast:.0f} | "
+              f"{scaled_fast:.0f} | {f8_fast / scaled_fast:.2f} | {bf16_step:.0f} | "
               f"{f8_step:.0f} | {f8_step / bf16_step:.2f} | {fused_step:.0f} | "
               f"{fused_step / bf16_step:.2f} | {float(err):.3f} | "
               f"{float(cast_us):.0f}, {float(cast_gbps):.0f} | "

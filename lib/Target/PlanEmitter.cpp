@@ -236,8 +236,12 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     FailureOr<int64_t> margin = i64("margin");
     if (failed(current) || failed(margin))
       return failure();
+    // Only the forward GEMM has the option (fp8_linear's `fast_accumulation`, false when
+    // absent).
+    auto fast = launch.getParams().getAs<BoolAttr>("fast_accumulation");
     type = fb::KernelAttrs::Fp8Attrs;
-    attrs = fb::CreateFp8Attrs(fbb, current->getValue(), int32_t(*margin)).Union();
+    attrs = fb::CreateFp8Attrs(fbb, current->getValue(), int32_t(*margin), fast && fast.getValue())
+                .Union();
     return success();
   }
   case fb::KernelKind::LinearCrossEntropy: {

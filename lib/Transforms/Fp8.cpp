@@ -202,9 +202,13 @@ struct Fp8Pass : impl::BonsaiFp8PassBase<Fp8Pass> {
     LinearOp linear = group.linear;
     builder.setInsertionPoint(linear);
     Value x = linear.getInput(), w = linear.getWeight();
+    // Only the forward GEMM may keep its sum in the tensor cores' accumulator: the gradients'
+    // GEMMs always promote their partial sums to fp32 (Transformer Engine's and torchao's
+    // defaults, docs/fp8.md).
+    BoolAttr fastAccumulation = builder.getBoolAttr(directive.getForwardAccumulation() == "fast");
     auto forward = Fp8LinearOp::create(builder, linear.getLoc(), linear.getType(), statsType,
-                                       workspaceType(x, w), x, w, state, linear.getBias(),
-                                       current, margin);
+                                       workspaceType(x, w), x, w, state, linear.getBias(), current,
+                                       margin, fastAccumulation);
     replaceGemm(linear, forward);
 
     Value backwardStats;
@@ -333,11 +337,11 @@ struct Fp8Pass : impl::BonsaiFp8PassBase<Fp8Pass> {
     bool current = directive.getScaling() == "current";
     InFlightDiagnostic summary = emitRemark(directive.getLoc());
     summary << "bonsai-fp8: " << converted << (converted == 1 ? " linear" : " linears")
-            << " in FP8 on " << profile.arch
-            << " (E4M3 forward, E5M2 gradients), "
+            << " in FP8 on " << profile.arch << " (E4M3 forward, E5M2 gradients), "
             << (current ? "current scaling" : "delayed scaling") << " with an amax history of "
-            << int64_t(directive.getAmaxHistory()) << ", margin "
-            << int64_t(directive.getMargin()) << "; state " << stateBytes << " bytes";
+            << int64_t(directive.getAmaxHistory()) << ", margin " << int64_t(directive.getMargin())
+            << ", " << directive.getForwardAccumulation() << " forward accumulation; state "
+            << stateBytes << " bytes";
     if (kept)
       summary << "; " << kept
               << (kept == 1 ? " targeted linear stays as it was (see the remark on it)"

@@ -730,9 +730,10 @@ struct GemmCodes {
 };
 
 /// Runs the FP8 GEMM out = a · bᵀ (m x k and n x k codes), or out += that product when
-/// `accumulate`.
+/// `accumulate`; with `fastAccumulation` its sum stays in the tensor cores' accumulator.
 void runGemm(const Context &ctx, const char *kn, GemmCodes a, GemmCodes b, int64_t m, int64_t n,
-             int64_t k, const TensorView &out, const TensorView *bias, bool accumulate = false) {
+             int64_t k, const TensorView &out, const TensorView *bias, bool accumulate = false,
+             bool fastAccumulation = false) {
   if (!ctx.gemm)
     fail(kn, "the context has no GemmEngine");
   checkFloat(kn, "output", out);
@@ -751,6 +752,7 @@ void runGemm(const Context &ctx, const char *kn, GemmCodes a, GemmCodes b, int64
   call.descaleA = a.descale;
   call.descaleB = b.descale;
   call.accumulate = accumulate;
+  call.fastAccumulation = fastAccumulation;
   if (bias) {
     checkFloat(kn, "bias", *bias);
     if (bias->dtype != out.dtype || bias->numel() != n || !aligned16(bias->data))
@@ -766,13 +768,15 @@ void runGemm(const Context &ctx, const char *kn, GemmCodes a, GemmCodes b, int64
 void castAndMultiply(const Context &ctx, const char *kn, const GemmOperand (&ops)[2],
                      const TensorView &state, bool current, int margin, const TensorView &stats,
                      const TensorView &workspace, int64_t m, int64_t n, int64_t k,
-                     const TensorView &out, const TensorView *bias, bool accumulate = false) {
+                     const TensorView &out, const TensorView *bias, bool accumulate = false,
+                     bool fastAccumulation = false) {
   checkFp8Operands(kn, ops, state, stats, workspace);
   GemmWorkspace w = gemmWorkspace(ops, workspace);
   castOperands<2>(ctx, kn, ops, w.codes, nullptr, state, current, margin, w.control,
                   static_cast<float *>(stats.data), nullptr);
   runGemm(ctx, kn, {w.codes[0], ops[0].row, &w.control->descale[0].value},
-          {w.codes[1], ops[1].row, &w.control->descale[1].value}, m, n, k, out, bias, accumulate);
+          {w.codes[1], ops[1].row, &w.control->descale[1].value}, m, n, k, out, bias, accumulate,
+          fastAccumulation);
 }
 
 /// [rows, cols] of a tensor seen as a matrix over its last dimension.
@@ -852,7 +856,8 @@ void updateDelayedScale(const Context &ctx, const Fp8CastStats *stats, float *hi
 
 void fp8Linear(const Context &ctx, const TensorView &x, const TensorView &w,
                const TensorView &state, const TensorView *bias, bool current, int margin,
-               const TensorView &y, const TensorView &stats, const TensorView &workspace) {
+               const TensorView &y, const TensorView &stats, const TensorView &workspace,
+               bool fastAccumulation) {
   const char *kn = "fp8_linear";
   auto [m, k] = asMatrix(kn, "x", x);
   auto [n, wk] = asMatrix(kn, "w", w);
@@ -863,7 +868,8 @@ void fp8Linear(const Context &ctx, const TensorView &x, const TensorView &w,
     fail(kn, "y must be [..., " + std::to_string(n) + "] with x's leading dimensions");
   const GemmOperand ops[2] = {{&x, m, k, false, fp8::InputRow, "x"},
                               {&w, n, k, false, fp8::WeightRow, "w"}};
-  castAndMultiply(ctx, kn, ops, state, current, margin, stats, workspace, m, n, k, y, bias);
+  castAndMultiply(ctx, kn, ops, state, current, margin, stats, workspace, m, n, k, y, bias,
+                  /*accumulate=*/false, fastAccumulation);
 }
 
 void fp8LinearGradInput(const Context &ctx, const TensorView &dy, const TensorView &w,

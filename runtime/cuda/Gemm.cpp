@@ -463,6 +463,9 @@ LtEngine::Plan &LtEngine::fp8Plan(const char *kernel, const Fp8GemmCall &call,
             sizeof call.descaleB, "A_SCALE_POINTER");
     setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &call.descaleA,
             sizeof call.descaleA, "B_SCALE_POINTER");
+    // The heuristic is asked with the mode set: fast accumulation has kernels of its own.
+    int8_t fast = call.fastAccumulation ? 1 : 0;
+    setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast, "FAST_ACCUM");
     if (call.bias) {
       cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
       setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue,
@@ -515,8 +518,8 @@ void LtEngine::runFp8(const char *kernel, Stream stream, const Fp8GemmCall &call
   if (!call.descaleA || !call.descaleB || !aligned16(call.descaleA) ||
       !aligned16(call.descaleB))
     fail(kernel, "an FP8 GEMM needs both descales as 16-byte aligned device pointers");
-  Fp8Key key{int(call.aType), int(call.bType), int(call.dType), call.m, call.n, call.k,
-             call.bias != nullptr};
+  const Fp8Key key(int(call.aType), int(call.bType), int(call.dType), call.m, call.n, call.k,
+                   call.bias != nullptr, call.fastAccumulation);
   Plan &p = fp8Plan(kernel, call, key);
   setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &call.descaleB,
           sizeof call.descaleB, "A_SCALE_POINTER");

@@ -75,6 +75,9 @@ struct Fp8GemmCall {
   const float *descaleA = nullptr, *descaleB = nullptr; ///< device memory
   const void *bias = nullptr;                           ///< n elements of dType, or null
   bool accumulate = false; ///< d += the product (beta = 1: d is also cuBLASLt's C)
+  /// Keep the sum in the tensor cores' accumulator (CUBLASLT_MATMUL_DESC_FAST_ACCUM) instead of
+  /// promoting partial sums to fp32 registers: faster, less precise over long K.
+  bool fastAccumulation = false;
 };
 
 /// cuBLASLt handle, workspace and plan cache (not thread-safe: one per device and stream).
@@ -102,7 +105,7 @@ private:
                          int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int, int, int,
                          int, int64_t, int>;
   Plan &plan(const char *kernel, const GemmCall &call, const Key &key);
-  using Fp8Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, bool>;
+  using Fp8Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, bool, bool>;
   Plan &fp8Plan(const char *kernel, const Fp8GemmCall &call, const Fp8Key &key);
   /// Runs a call whose matrices all have 16-byte aligned rows (or any call, slowly).
   void runAligned(const char *kernel, Stream stream, const GemmCall &call);

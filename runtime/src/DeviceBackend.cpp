@@ -476,7 +476,8 @@ private:
       break;
     case KernelKind::Fp8Linear:
       cuda::fp8Linear(ctx, in(0), in(1), in(2), k.inputs.size() == 4 ? &in(3) : nullptr,
-                      a.fp8Current, a.fp8Margin, outAt(0), outAt(1), outAt(2));
+                      a.fp8Current, a.fp8Margin, outAt(0), outAt(1), outAt(2),
+                      a.fp8FastAccumulation);
       break;
     case KernelKind::Fp8LinearGradInput:
       cuda::fp8LinearGradInput(ctx, in(0), in(1), in(2), a.fp8Current, a.fp8Margin, outAt(0),

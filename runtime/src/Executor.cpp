@@ -468,6 +468,8 @@ void Executor::runKernel(size_t index) {
     cpu::linearGradWeightAccumulate(in(0), in(1), out);
     break;
   case KernelKind::Fp8Linear:
+    // Fp8Attrs.fast_accumulation is a GPU GEMM's mode: the CPU reference sums in f32 in k
+    // order either way (docs/fp8.md).
     cpu::fp8Linear(in(0), in(1), in(2), k.inputs.size() == 4 ? &in(3) : nullptr, a.fp8Current,
                    a.fp8Margin, outAt(0), outAt(1), outAt(2));
     break;

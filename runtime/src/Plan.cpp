@@ -1106,6 +1106,10 @@ void KernelChecker::checkAttrs() {
     if (a.fp8Margin < 0 || a.fp8Margin > kMaxFp8Margin)
       fail("margin must be in [0, " + std::to_string(kMaxFp8Margin) + "], got " +
            std::to_string(a.fp8Margin));
+    // The gradients' GEMMs always promote their partial sums (docs/fp8.md).
+    if (a.fp8FastAccumulation && kernel.kind != KernelKind::Fp8Linear)
+      fail("fast_accumulation is the forward GEMM's option (Fp8Linear); a gradient GEMM "
+           "always promotes its partial sums to fp32");
     break;
   default:
     break;
@@ -2410,6 +2414,7 @@ void PlanReader::readKernels() {
     case fb::KernelAttrs::Fp8Attrs:
       a.fp8Current = k->attrs_as_Fp8Attrs()->current();
       a.fp8Margin = k->attrs_as_Fp8Attrs()->margin();
+      a.fp8FastAccumulation = k->attrs_as_Fp8Attrs()->fast_accumulation();
       break;
     case fb::KernelAttrs::SGDAttrs: {
       const fb::SGDAttrs *sgd = k->attrs_as_SGDAttrs();

@@ -651,6 +651,41 @@ TEST_F(CudaFp8LinearTest, LinearMatchesTheModel) {
   }
 }
 
+// The forward GEMM under fast accumulation (the recipe's default `forward_accumulation`): the
+// sum stays in the tensor cores' accumulator over all of K, so its error grows with K; at
+// K = 2048 it stays within expectNear's accumulation bound (K · 2^-16 of the products'
+// magnitudes), and the casts and their statistics are those of the promoted GEMM.
+TEST_F(CudaFp8LinearTest, FastAccumulationStaysWithinTheBound) {
+  if (refusedWithoutFp8TensorCores())
+    return;
+  std::mt19937 rng(11);
+  const int64_t m = 128, n = 96, k = 2048;
+  Operand x({m, k}, DType::BF16, rng, 1.0f), w({n, k}, DType::BF16, rng, 0.05f);
+  std::vector<float> state = makeState(16, 40.0f, 1500.0f, 7.0f);
+  auto stateDevice = upload(state);
+  TensorView stateView{stateDevice->ptr, DType::F32, {3, 20}};
+  CastModel cx = castModel(x.values, 40.0f, false, fp8::Format::E4M3FN, 0);
+  CastModel cw = castModel(w.values, 1500.0f, false, fp8::Format::E4M3FN, 0);
+  GemmModel model = linearModel(cx, cw, m, n, k);
+  for (bool fast : {true, false}) {
+    SCOPED_TRACE(fast ? "fast accumulation" : "promoted");
+    Output y({m, n}, DType::BF16), stats({2, 4}, DType::F32);
+    TensorView ws;
+    auto wsBuffer = workspace(m * k, n * k, ws);
+    cuda::fp8Linear(ctx, x.view(), w.view(), stateView, nullptr, false, 0, y.view(), stats.view(),
+                    ws, fast);
+    cudaOk(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    std::vector<float> got = y.read();
+    expectNear(got, model.want, model.magnitude, DType::BF16, k, "y");
+    expectStats(stats.read(), cx, cw);
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      worst = std::max(worst, std::fabs(double(got[i]) - model.want[i]) / model.magnitude[i]);
+    RecordProperty(fast ? "fast_worst_error_over_magnitude" : "promoted_worst_error_over_magnitude",
+                   std::to_string(worst));
+  }
+}
+
 TEST_F(CudaFp8LinearTest, GradInputMatchesTheModel) {
   if (refusedWithoutFp8TensorCores())
     return;

@@ -1347,6 +1347,14 @@ TEST(PlanFp8Test, Attributes) {
   p = fp8Plan();
   p.spec.kernels[p.f.update].attrs = test::fp8Attrs(false, -1);
   expectError(p.spec, {"(Fp8UpdateScales): margin must be in [0, 32], got -1"});
+  // Fast accumulation is the forward GEMM's option alone.
+  p = fp8Plan();
+  p.spec.kernels[p.f.forward].attrs = test::fp8Attrs(false, 0, /*fastAccumulation=*/true);
+  EXPECT_EQ(loadError(p.spec), "");
+  p = fp8Plan();
+  p.spec.kernels[p.f.gradWeight].attrs = test::fp8Attrs(false, 0, /*fastAccumulation=*/true);
+  expectError(p.spec, {"(Fp8LinearGradWeight): fast_accumulation is the forward GEMM's option "
+                       "(Fp8Linear); a gradient GEMM always promotes its partial sums to fp32"});
 }
 
 TEST(PlanFp8Test, DTypesAndShapes) {

@@ -725,9 +725,9 @@ inline PlanSpec fusedTrainingPlanSpec(TrainingDims d = {}, TrainingTensors *out 
   return p;
 }
 
-inline auto fp8Attrs(bool current = false, int margin = 0) {
+inline auto fp8Attrs(bool current = false, int margin = 0, bool fastAccumulation = false) {
   return [=](flatbuffers::FlatBufferBuilder &b) {
-    return bonsai::plan::CreateFp8Attrs(b, current, margin).Union();
+    return bonsai::plan::CreateFp8Attrs(b, current, margin, fastAccumulation).Union();
   };
 }
 

@@ -3,10 +3,12 @@
 
 // The FP8 ops (BonsaiFp8Ops.td) parse, verify and print back: the workspace is
 // fp8::gemmWorkspaceBytes of the two cast operands / 4, e.g. (16·64 + 32·64 + 256) / 4 = 832
-// for x 1x16x64 and W 32x64; the fused backward's is its two GEMMs' (704 + 448).
+// for x 1x16x64 and W 32x64; the fused backward's is its two GEMMs' (704 + 448). The forward's
+// `fast_accumulation` is printed only when set (its default is false).
 
 // CHECK-LABEL: func.func @fp8_gemms
 // CHECK: %{{.*}}, %[[YS:.*]], %{{.*}} = bonsai.fp8_linear %{{.*}}, %{{.*}}, %[[S:.*]], %{{.*}} {current = false, margin = 0 : i64} : (tensor<1x16x64xbf16>, tensor<32x64xbf16>, tensor<3x20xf32>, tensor<32xbf16>) -> (tensor<1x16x32xbf16>, tensor<2x4xf32>, tensor<832xf32>)
+// CHECK: bonsai.fp8_linear %{{.*}}, %{{.*}}, %[[S]] {current = false, fast_accumulation = true, margin = 0 : i64} : (tensor<1x16x64xbf16>, tensor<32x64xbf16>, tensor<3x20xf32>) -> (tensor<1x16x32xbf16>, tensor<2x4xf32>, tensor<832xf32>)
 // CHECK: %{{.*}}, %[[DS:.*]], %{{.*}} = bonsai.fp8_linear_grad_input {{.*}} {current = true, margin = 2 : i64} : (tensor<1x16x32xbf16>, tensor<32x64xbf16>, tensor<3x20xf32>) -> (tensor<1x16x64xbf16>, tensor<2x4xf32>, tensor<704xf32>)
 // CHECK: bonsai.fp8_linear_grad_weight {{.*}} : (tensor<1x16x32xbf16>, tensor<1x16x64xbf16>, tensor<3x20xf32>) -> (tensor<32x64xf32>, tensor<2x4xf32>, tensor<448xf32>)
 // CHECK: %[[AS:.*]], %{{.*}} = bonsai.fp8_linear_grad_weight_accumulate %{{.*}}, %{{.*}}, %[[S]], %[[ACC:.*]] {current = false, margin = 0 : i64} : (tensor<1x16x32xbf16>, tensor<1x16x64xbf16>, tensor<3x20xf32>, tensor<32x64xf32>) -> (tensor<2x4xf32>, tensor<448xf32>)
@@ -18,6 +20,7 @@ func.func @fp8_gemms(%x: tensor<1x16x64xbf16>, %dy: tensor<1x16x32xbf16>, %step:
   %b = bonsai.param "b" trainable : tensor<32xbf16>
   %s = bonsai.state optimizer "w.fp8" : tensor<3x20xf32>
   %y, %ys, %yw = bonsai.fp8_linear %x, %w, %s, %b {current = false, margin = 0 : i64} : (tensor<1x16x64xbf16>, tensor<32x64xbf16>, tensor<3x20xf32>, tensor<32xbf16>) -> (tensor<1x16x32xbf16>, tensor<2x4xf32>, tensor<832xf32>)
+  %yf, %yfs, %yfw = bonsai.fp8_linear %x, %w, %s {current = false, fast_accumulation = true, margin = 0 : i64} : (tensor<1x16x64xbf16>, tensor<32x64xbf16>, tensor<3x20xf32>) -> (tensor<1x16x32xbf16>, tensor<2x4xf32>, tensor<832xf32>)
   %dx, %ds, %dw_ws = bonsai.fp8_linear_grad_input %dy, %w, %s {current = true, margin = 2 : i64} : (tensor<1x16x32xbf16>, tensor<32x64xbf16>, tensor<3x20xf32>) -> (tensor<1x16x64xbf16>, tensor<2x4xf32>, tensor<704xf32>)
   %dw, %ws, %ww = bonsai.fp8_linear_grad_weight %dy, %x, %s {current = false, margin = 0 : i64} : (tensor<1x16x32xbf16>, tensor<1x16x64xbf16>, tensor<3x20xf32>) -> (tensor<32x64xf32>, tensor<2x4xf32>, tensor<448xf32>)
   %acc = bonsai.state gradient "w" : tensor<32x64xf32>

@@ -398,6 +398,14 @@ bonsai.recipe @r {
 
 // -----
 
+// fp8: unknown forward accumulation.
+bonsai.recipe @r {
+  // expected-error @+1 {{unknown forward_accumulation 'exact'; expected one of: 'fast', 'promoted'}}
+  bonsai.fp8 "delayed" amax_history 16 margin 0 forward_accumulation "exact" targets ["q_proj"]
+}
+
+// -----
+
 // fp8: zero amax history.
 bonsai.recipe @r {
   // expected-error @+1 {{amax_history must be in [1, 1024], got 0}}

@@ -57,6 +57,18 @@ bonsai.recipe @minimal {
   bonsai.remat "none"
 }
 
+// FP8's forward accumulation: `fast` is the default and is not printed; `promoted` is.
+// CHECK-LABEL: bonsai.recipe @fp8_promoted
+// CHECK-NEXT:    bonsai.fp8 "current" amax_history 1 margin 0 forward_accumulation "promoted" targets []
+// CHECK-LABEL: bonsai.recipe @fp8_fast
+// CHECK-NEXT:    bonsai.fp8 "delayed" amax_history 16 margin 0 targets []
+bonsai.recipe @fp8_promoted {
+  bonsai.fp8 "current" amax_history 1 margin 0 forward_accumulation "promoted" targets []
+}
+bonsai.recipe @fp8_fast {
+  bonsai.fp8 "delayed" amax_history 16 margin 0 forward_accumulation "fast" targets []
+}
+
 // Hopper's arch-specific target and the CPU reference backend are valid targets.
 // CHECK-LABEL: bonsai.recipe @hopper_a
 // CHECK-NEXT:    bonsai.target "sm_90a"

@@ -255,7 +255,9 @@ SmallVector<StringRef> GaloreDirectiveOp::getTargetPatterns() {
 //===----------------------------------------------------------------------===//
 
 LogicalResult FP8DirectiveOp::verify() {
-  if (failed(expectOneOf(*this, "scaling", getScaling(), {"delayed", "current"})))
+  if (failed(expectOneOf(*this, "scaling", getScaling(), {"delayed", "current"})) ||
+      failed(expectOneOf(*this, "forward_accumulation", getForwardAccumulation(),
+                         {"fast", "promoted"})))
     return failure();
   if (int64_t(getAmaxHistory()) < 1 || int64_t(getAmaxHistory()) > 1024)
     return emitOpError() << "amax_history must be in [1, 1024], got " << int64_t(getAmaxHistory());

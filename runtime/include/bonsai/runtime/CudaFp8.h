@@ -59,9 +59,12 @@ void updateDelayedScale(const Context &ctx, const Fp8CastStats *stats, float *hi
 // casts' statistics. Everything stays on the device, so the kernels replay in CUDA Graphs.
 
 /// y [..., N] = x [..., K] · wᵀ (+ bias) from E4M3FN casts of x (state row 0) and w (row 1).
+/// With `fastAccumulation` the GEMM keeps its sum in the tensor cores' accumulator instead of
+/// promoting partial sums to fp32 registers (cuBLASLt's FAST_ACCUM; plan Fp8Attrs).
 void fp8Linear(const Context &ctx, const TensorView &x, const TensorView &w,
                const TensorView &state, const TensorView *bias, bool current, int margin,
-               const TensorView &y, const TensorView &stats, const TensorView &workspace);
+               const TensorView &y, const TensorView &stats, const TensorView &workspace,
+               bool fastAccumulation = false);
 /// dx [..., K] = dy [..., N] · w from an E5M2 cast of dy (row 2) and a transposed E4M3FN cast
 /// of w (row 1).
 void fp8LinearGradInput(const Context &ctx, const TensorView &dy, const TensorView &w,

@@ -258,6 +258,8 @@ struct KernelAttrsInfo {
   /// scale; scales put the largest value 2^fp8Margin below the format's largest finite one.
   bool fp8Current = false;
   int32_t fp8Margin = 0;
+  /// Fp8Attrs: the forward GEMM (Fp8Linear) keeps its sum in the tensor cores' accumulator.
+  bool fp8FastAccumulation = false;
 };
 
 /// One verified kernel: indices into LoadedPlan::tensors, checked against the kind's operand
