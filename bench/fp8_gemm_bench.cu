@@ -5,8 +5,8 @@
 //   bf16:      the backend's cuBLASLt GEMM (bf16 operands and output);
 //   fp8:       cuda::fp8Linear, the kernel of plan kind 90: x and W cast to E4M3FN with the
 //              state's delayed scales (their statistics counted), the FP8 GEMM, the stats;
-//              once with the GEMM's partial sums promoted to fp32, once with fast
-//              accumulation (the recipe's default `forward_accumulation`);
+//              once with the GEMM's partial sums promoted to fp32 (the default), once with
+//              fast accumulation (the recipe's `forward_accumulation "fast"`);
 //   fwd+bwd:   the three GEMMs of a training step (y, dx = dy·W, dW = dyᵀ·x) in bf16, against
 //              kinds 90..92 (the backward's casts transposing, dy in E5M2), and against kinds
 //              90 and 95 (the backward fused as a plan runs it: dy cast once into both

@@ -44,8 +44,8 @@ def main():
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("TFLOP/s of y = x Wᵀ (M = tokens); 'step' = the y, dx and dW GEMMs together; "
           "'fused' = the FP8 step with the backward fused (plan kind 95)")
-    print("'fast' = the forward GEMM with fast accumulation (Bonsai's default forward; "
-          "_scaled_mm's use_fast_accum=True)")
+    print("'fast' = the forward GEMM with fast accumulation (the recipe's forward_accumulation "
+          "\"fast\"; _scaled_mm's use_fast_accum=True)")
     print("| shape (m, n, k) | Bonsai bf16 | Bonsai FP8 linear | torch bf16 | torch._scaled_mm "
           "| FP8 / bf16 (Bonsai) | Bonsai FP8 / _scaled_mm | Bonsai FP8 linear, fast "
           "| _scaled_mm, fast | Bonsai fast / _scaled_mm fast | step bf16 | step FP8 "

@@ -202,9 +202,9 @@ struct Fp8Pass : impl::BonsaiFp8PassBase<Fp8Pass> {
     LinearOp linear = group.linear;
     builder.setInsertionPoint(linear);
     Value x = linear.getInput(), w = linear.getWeight();
-    // Only the forward GEMM may keep its sum in the tensor cores' accumulator: the gradients'
-    // GEMMs always promote their partial sums to fp32 (Transformer Engine's and torchao's
-    // defaults, docs/fp8.md).
+    // Only the forward GEMM may keep its sum in the tensor cores' accumulator, when the recipe
+    // asks: the gradients' GEMMs always promote their partial sums to fp32 (as Transformer
+    // Engine and torchao run them, docs/fp8.md).
     BoolAttr fastAccumulation = builder.getBoolAttr(directive.getForwardAccumulation() == "fast");
     auto forward = Fp8LinearOp::create(builder, linear.getLoc(), linear.getType(), statsType,
                                        workspaceType(x, w), x, w, state, linear.getBias(), current,

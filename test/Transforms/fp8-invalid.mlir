@@ -23,7 +23,7 @@ func.func @positions(%ids: tensor<1x8xi32>, %labels: tensor<1x8xi32>) -> tensor<
 }
 bonsai.recipe @r {
   bonsai.optimizer "adamw" lr 1.0e-3
-  // expected-remark @+1 {{bonsai-fp8: 0 linears in FP8 on sm_90 (E4M3 forward, E5M2 gradients), delayed scaling with an amax history of 16, margin 0, fast forward accumulation; state 0 bytes; 1 targeted linear stays as it was (see the remark on it)}}
+  // expected-remark @+1 {{bonsai-fp8: 0 linears in FP8 on sm_90 (E4M3 forward, E5M2 gradients), delayed scaling with an amax history of 16, margin 0, promoted forward accumulation; state 0 bytes; 1 targeted linear stays as it was (see the remark on it)}}
   bonsai.fp8 "delayed" amax_history 16 margin 0 targets []
 }
 
@@ -48,7 +48,7 @@ func.func @features(%ids: tensor<1x16xi32>, %labels: tensor<1x16xi32>) -> tensor
 }
 bonsai.recipe @r {
   bonsai.optimizer "adamw" lr 1.0e-3
-  // expected-remark @+1 {{bonsai-fp8: 1 linear in FP8 on sm_90 (E4M3 forward, E5M2 gradients), delayed scaling with an amax history of 16, margin 0, fast forward accumulation; state 240 bytes; 1 targeted linear stays as it was (see the remark on it)}}
+  // expected-remark @+1 {{bonsai-fp8: 1 linear in FP8 on sm_90 (E4M3 forward, E5M2 gradients), delayed scaling with an amax history of 16, margin 0, promoted forward accumulation; state 240 bytes; 1 targeted linear stays as it was (see the remark on it)}}
   bonsai.fp8 "delayed" amax_history 16 margin 0 targets []
 }
 
@@ -73,7 +73,7 @@ func.func @tied(%ids: tensor<1x16xi32>, %labels: tensor<1x16xi32>) -> tensor<f32
 }
 bonsai.recipe @r {
   bonsai.optimizer "adamw" lr 1.0e-3
-  // expected-remark @+1 {{bonsai-fp8: 0 linears in FP8 on sm_90 (E4M3 forward, E5M2 gradients), delayed scaling with an amax history of 16, margin 0, fast forward accumulation; state 0 bytes; 2 targeted linears stay as they were (see the remarks on them)}}
+  // expected-remark @+1 {{bonsai-fp8: 0 linears in FP8 on sm_90 (E4M3 forward, E5M2 gradients), delayed scaling with an amax history of 16, margin 0, promoted forward accumulation; state 0 bytes; 2 targeted linears stay as they were (see the remarks on them)}}
   bonsai.fp8 "delayed" amax_history 16 margin 0 targets ["mix_proj"]
 }
 
@@ -108,7 +108,7 @@ func.func @ambiguous(%ids: tensor<1x16xi32>, %labels: tensor<1x16xi32>) -> tenso
 }
 bonsai.recipe @r {
   bonsai.optimizer "adamw" lr 1.0e-3
-  // expected-remark @+1 {{bonsai-fp8: 1 linear in FP8 on sm_90 (E4M3 forward, E5M2 gradients), delayed scaling with an amax history of 16, margin 0, fast forward accumulation; state 240 bytes; 2 targeted linears stay as they were (see the remarks on them)}}
+  // expected-remark @+1 {{bonsai-fp8: 1 linear in FP8 on sm_90 (E4M3 forward, E5M2 gradients), delayed scaling with an amax history of 16, margin 0, promoted forward accumulation; state 240 bytes; 2 targeted linears stay as they were (see the remarks on them)}}
   bonsai.fp8 "delayed" amax_history 16 margin 0 targets ["*_proj.weight"]
 }
 
@@ -139,7 +139,7 @@ func.func @frozen_neighbour(%ids: tensor<1x16xi32>, %labels: tensor<1x16xi32>) -
 }
 bonsai.recipe @r {
   bonsai.optimizer "adamw" lr 1.0e-3
-  // expected-remark @+1 {{bonsai-fp8: 2 linears in FP8 on sm_90 (E4M3 forward, E5M2 gradients), delayed scaling with an amax history of 16, margin 0, fast forward accumulation; state 480 bytes}}
+  // expected-remark @+1 {{bonsai-fp8: 2 linears in FP8 on sm_90 (E4M3 forward, E5M2 gradients), delayed scaling with an amax history of 16, margin 0, promoted forward accumulation; state 480 bytes}}
   bonsai.fp8 "delayed" amax_history 16 margin 0 targets ["*_proj.weight"]
 }
 
@@ -167,6 +167,6 @@ func.func @claimed_twice(%ids: tensor<1x16xi32>, %labels: tensor<1x16xi32>) -> t
 }
 bonsai.recipe @r {
   bonsai.optimizer "adamw" lr 1.0e-3
-  // expected-remark @+1 {{bonsai-fp8: 0 linears in FP8 on sm_90 (E4M3 forward, E5M2 gradients), delayed scaling with an amax history of 16, margin 0, fast forward accumulation; state 0 bytes; 2 targeted linears stay as they were (see the remarks on them)}}
+  // expected-remark @+1 {{bonsai-fp8: 0 linears in FP8 on sm_90 (E4M3 forward, E5M2 gradients), delayed scaling with an amax history of 16, margin 0, promoted forward accumulation; state 0 bytes; 2 targeted linears stay as they were (see the remarks on them)}}
   bonsai.fp8 "delayed" amax_history 16 margin 0 targets ["*_proj.weight"]
 }

@@ -4,13 +4,13 @@
 // RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=a10g' %s 2>&1 | FileCheck %s --check-prefix=REMARK86
 // RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer --bonsai-fp8 %s 2>&1 | FileCheck %s --check-prefix=REMARKCPU
 // RUN: sed 's/"delayed" amax_history 16 margin 0/"current" amax_history 4 margin 2/' %s | bonsai-opt --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=sm_90' 2>&1 | FileCheck %s --check-prefix=CURRENT
-// RUN: sed 's/margin 0 targets/margin 0 forward_accumulation "promoted" targets/' %s | bonsai-opt --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=sm_90' 2>&1 | FileCheck %s --check-prefix=PROMOTED
+// RUN: sed 's/margin 0 targets/margin 0 forward_accumulation "fast" targets/' %s | bonsai-opt --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=sm_90' 2>&1 | FileCheck %s --check-prefix=FAST
 // RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=sm_90' '--bonsai-remat=policy=full per-value-remarks=false' %s 2>&1 | FileCheck %s --check-prefix=REMAT
 
 // Under remat policy `full` the FP8 GEMMs are recomputed like the linears they replace: the
 // scale update reads the forward's statistics, the backward a recomputed copy's result.
-// REMAT: %[[RU:.*]], %[[RUS:.*]], %{{.*}} = bonsai.fp8_linear %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {current = false, fast_accumulation = true, margin = 0 : i64}
-// REMAT: %[[RU2:.*]], %{{.*}}, %{{.*}} = bonsai.fp8_linear %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {bonsai.phase = "backward", bonsai.recomputed, current = false, fast_accumulation = true, margin = 0 : i64}
+// REMAT: %[[RU:.*]], %[[RUS:.*]], %{{.*}} = bonsai.fp8_linear %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {current = false, margin = 0 : i64}
+// REMAT: %[[RU2:.*]], %{{.*}}, %{{.*}} = bonsai.fp8_linear %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {bonsai.phase = "backward", bonsai.recomputed, current = false, margin = 0 : i64}
 // REMAT: bonsai.fp8_linear_grad_weight %{{.*}}, %[[RU2]],
 // REMAT: bonsai.fp8_update_scales %{{.*}}, %[[RUS]],
 
@@ -24,18 +24,18 @@
 // REMARK90: remark: bonsai-fp8: 'model.layers.0.self_attn.q_proj.weight' in FP8, state 'model.layers.0.self_attn.q_proj.weight.fp8'
 // REMARK90: remark: bonsai-fp8: 'model.layers.0.mlp.up_proj.weight' in FP8
 // REMARK90: remark: bonsai-fp8: 'model.layers.0.mlp.down_proj.weight' in FP8
-// REMARK90: remark: bonsai-fp8: 3 linears in FP8 on sm_90 (E4M3 forward, E5M2 gradients), delayed scaling with an amax history of 16, margin 0, fast forward accumulation; state 720 bytes
+// REMARK90: remark: bonsai-fp8: 3 linears in FP8 on sm_90 (E4M3 forward, E5M2 gradients), delayed scaling with an amax history of 16, margin 0, promoted forward accumulation; state 720 bytes
 // REMARK89: remark: bonsai-fp8: 3 linears in FP8 on sm_89
 
 // SM90-LABEL: func.func @fp8
 // SM90: %[[WQ:.*]] = bonsai.param "model.layers.0.self_attn.q_proj.weight" trainable : tensor<16x16xbf16>
 // SM90-NEXT: %[[SQ:.*]] = bonsai.state optimizer "model.layers.0.self_attn.q_proj.weight.fp8" : tensor<3x20xf32>
 // SM90: %[[XQ:.*]] = bonsai.cast
-// SM90-NEXT: %[[Q:.*]], %[[QS:.*]], %{{.*}} = bonsai.fp8_linear %[[XQ]], %[[WQ]], %[[SQ]] {current = false, fast_accumulation = true, margin = 0 : i64} : (tensor<1x16x16xbf16>, tensor<16x16xbf16>, tensor<3x20xf32>) -> (tensor<1x16x16xbf16>, tensor<2x4xf32>, tensor<192xf32>)
+// SM90-NEXT: %[[Q:.*]], %[[QS:.*]], %{{.*}} = bonsai.fp8_linear %[[XQ]], %[[WQ]], %[[SQ]] {current = false, margin = 0 : i64} : (tensor<1x16x16xbf16>, tensor<16x16xbf16>, tensor<3x20xf32>) -> (tensor<1x16x16xbf16>, tensor<2x4xf32>, tensor<192xf32>)
 // SM90: %[[WU:.*]] = bonsai.param "model.layers.0.mlp.up_proj.weight" trainable : tensor<32x16xf32>
 // SM90-NEXT: %[[SU:.*]] = bonsai.state optimizer "model.layers.0.mlp.up_proj.weight.fp8" : tensor<3x20xf32>
 // SM90: %[[BU:.*]] = bonsai.param "model.layers.0.mlp.up_proj.bias"
-// SM90-NEXT: %[[U:.*]], %[[US:.*]], %{{.*}} = bonsai.fp8_linear %{{.*}}, %[[WU]], %[[SU]], %[[BU]] {current = false, fast_accumulation = true, margin = 0 : i64}
+// SM90-NEXT: %[[U:.*]], %[[US:.*]], %{{.*}} = bonsai.fp8_linear %{{.*}}, %[[WU]], %[[SU]], %[[BU]] {current = false, margin = 0 : i64}
 // SM90: %[[SD:.*]] = bonsai.state optimizer "model.layers.0.mlp.down_proj.weight.fp8" : tensor<3x20xf32>
 // SM90-NEXT: %{{.*}}, %[[DS:.*]], %{{.*}} = bonsai.fp8_linear %[[U]], %{{.*}}, %[[SD]]
 // The LM head stays a linear.
@@ -72,19 +72,19 @@
 // SM80: bonsai.fp8 "delayed"
 
 // `current` scaling: every op scales from its own tensor, and the state holds a history of 4.
-// CURRENT: remark: bonsai-fp8: 3 linears in FP8 on sm_90 (E4M3 forward, E5M2 gradients), current scaling with an amax history of 4, margin 2, fast forward accumulation; state 288 bytes
+// CURRENT: remark: bonsai-fp8: 3 linears in FP8 on sm_90 (E4M3 forward, E5M2 gradients), current scaling with an amax history of 4, margin 2, promoted forward accumulation; state 288 bytes
 // CURRENT: bonsai.state optimizer "model.layers.0.self_attn.q_proj.weight.fp8" : tensor<3x8xf32>
-// CURRENT: bonsai.fp8_linear {{.*}} {current = true, fast_accumulation = true, margin = 2 : i64}
+// CURRENT: bonsai.fp8_linear {{.*}} {current = true, margin = 2 : i64}
 // CURRENT: bonsai.fp8_linear_grad_input {{.*}}current = true, margin = 2 : i64}
 // CURRENT: bonsai.fp8_linear_grad_weight {{.*}}current = true, margin = 2 : i64}
 // CURRENT: bonsai.fp8_update_scales {{.*}}current = true, margin = 2 : i64}
 
-// Only the forward GEMM may keep its sum in the tensor cores' accumulator, and only while the
-// recipe lets it (`forward_accumulation "fast"`, the default); the gradients' GEMMs never do
-// (the SM90 lines above spell out their whole attribute dictionaries).
-// PROMOTED: remark: bonsai-fp8: 3 linears in FP8 on sm_90 (E4M3 forward, E5M2 gradients), delayed scaling with an amax history of 16, margin 0, promoted forward accumulation; state 720 bytes
-// PROMOTED: bonsai.fp8_linear {{.*}} {current = false, margin = 0 : i64}
-// PROMOTED-NOT: fast_accumulation
+// Only the forward GEMM may keep its sum in the tensor cores' accumulator, and only when the
+// recipe asks (`forward_accumulation "fast"`; the default, `promoted`, leaves the attribute
+// out): the gradients' GEMMs never do.
+// FAST: remark: bonsai-fp8: 3 linears in FP8 on sm_90 (E4M3 forward, E5M2 gradients), delayed scaling with an amax history of 16, margin 0, fast forward accumulation; state 720 bytes
+// FAST-COUNT-3: bonsai.fp8_linear {{.*}} {current = false, fast_accumulation = true, margin = 0 : i64}
+// FAST-NOT: fast_accumulation
 func.func @fp8(%ids: tensor<1x16xi32>, %labels: tensor<1x16xi32>) -> tensor<f32> {
   %emb = bonsai.param "model.embed_tokens.weight" trainable : tensor<64x16xf32>
   %h = bonsai.embedding %emb, %ids : (tensor<64x16xf32>, tensor<1x16xi32>) -> tensor<1x16x16xf32>

@@ -651,7 +651,7 @@ TEST_F(CudaFp8LinearTest, LinearMatchesTheModel) {
   }
 }
 
-// The forward GEMM under fast accumulation (the recipe's default `forward_accumulation`): the
+// The forward GEMM under fast accumulation (the recipe's `forward_accumulation "fast"`): the
 // sum stays in the tensor cores' accumulator over all of K, so its error grows with K; at
 // K = 2048 it stays within expectNear's accumulation bound (K · 2^-16 of the products'
 // magnitudes), and the casts and their statistics are those of the promoted GEMM.

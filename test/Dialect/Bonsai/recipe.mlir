@@ -57,11 +57,11 @@ bonsai.recipe @minimal {
   bonsai.remat "none"
 }
 
-// FP8's forward accumulation: `fast` is the default and is not printed; `promoted` is.
+// FP8's forward accumulation: `promoted` is the default and is not printed; `fast` is.
 // CHECK-LABEL: bonsai.recipe @fp8_promoted
-// CHECK-NEXT:    bonsai.fp8 "current" amax_history 1 margin 0 forward_accumulation "promoted" targets []
+// CHECK-NEXT:    bonsai.fp8 "current" amax_history 1 margin 0 targets []
 // CHECK-LABEL: bonsai.recipe @fp8_fast
-// CHECK-NEXT:    bonsai.fp8 "delayed" amax_history 16 margin 0 targets []
+// CHECK-NEXT:    bonsai.fp8 "delayed" amax_history 16 margin 0 forward_accumulation "fast" targets []
 bonsai.recipe @fp8_promoted {
   bonsai.fp8 "current" amax_history 1 margin 0 forward_accumulation "promoted" targets []
 }

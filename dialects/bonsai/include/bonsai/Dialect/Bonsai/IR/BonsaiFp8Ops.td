@@ -61,7 +61,8 @@ def Bonsai_Fp8LinearOp : Bonsai_Fp8GemmOp<"fp8_linear"> {
     scale used; `bonsai.fp8_update_scales` reads it. `workspace` is scratch (the casts'
     codes). M (x's elements / K), N and K are multiples of 16. With `fast_accumulation` the
     GEMM keeps its sum in the tensor cores' accumulator instead of adding partial sums into
-    fp32 registers (faster, less precise over long K; the recipe's `forward_accumulation`).
+    fp32 registers (faster, less precise over long K; the recipe's `forward_accumulation
+    "fast"`).
 
     ```mlir
     %y, %stats, %ws = bonsai.fp8_linear %x, %w, %state {current = false, margin = 0 : i64} : (tensor<4x64x64xbf16>, tensor<128x64xbf16>, tensor<3x20xf32>) -> (tensor<4x64x128xbf16>, tensor<2x4xf32>, tensor<6208xf32>)
