@@ -5,9 +5,12 @@
 # FP8 GEMM against bf16 and torch._scaled_mm, the 500-step bf16-vs-FP8 run of TinyLlama's shape,
 # the training steps of TinyLlama-1.1B and of Llama-3-8B layer stacks (8, 16 and 24 layers) in
 # bf16 and FP8, the 8-layer FP8 step with its backward GEMMs fused against apart (fp8-backward),
-# and where one step of the 8-layer stack spends its time (bonsai-run --profile).
-# A second argument picks parts (default all): a comma-separated list of tests, gemm, verify,
-# steps, profile (the whole run takes about 10 minutes on an H200). Logs go under $OUT.
+# and where one step of the 8-layer stack spends its time (bonsai-run --profile). The part
+# `fast` compares the FP8 recipe with and without `forward_accumulation "fast"`: the 500-step
+# check and the 8- and 24-layer steps.
+# A second argument picks parts (default all but fast): a comma-separated list of tests, gemm,
+# verify, steps, profile, fast (the default run takes about 10 minutes on an H200, `fast` about
+# 6 more). Logs go under $OUT.
 set -uo pipefail
 dir="${1:-.gpu-fp8}"
 parts=",${2:-tests,gemm,verify,steps,profile},"
@@ -56,6 +59,23 @@ if want steps; then
     --warmup 5 --bf16-plan "$dir/plans/llama3_8b_fp8pair.plan" \
     --fp8-plan "$dir/plans/llama3_8b_fp8.plan" --workdir "$out" > "$out/step_pair.log" 2>&1
   tail -6 "$out/step_pair.log"
+fi
+
+if want fast; then
+  echo "== verification with fast forward accumulation =="
+  python3 bench/fp8_train_bench.py --bonsai-run "$run" --name verify_fast --verify \
+    --data "$dir/licenses.tokens" --steps 500 --warmup 20 --tail 20 \
+    --bf16-plan "$dir/plans/verify_bf16.plan" --fp8-plan "$dir/plans/verify_fp8fast.plan" \
+    --workdir "$out" > "$out/verify_fast.log" 2>&1
+  tail -12 "$out/verify_fast.log"
+  for model in llama3_8b llama3_8b_l24; do
+    echo "== $model: FP8 promoted against fast forward accumulation =="
+    python3 bench/fp8_train_bench.py --bonsai-run "$run" --name "${model}_fast" --steps 20 \
+      --warmup 5 --labels promoted,fast --bf16-plan "$dir/plans/${model}_fp8.plan" \
+      --fp8-plan "$dir/plans/${model}_fp8fast.plan" --workdir "$out" \
+      > "$out/step_${model}_fast.log" 2>&1
+    tail -6 "$out/step_${model}_fast.log"
+  done
 fi
 
 want profile && echo "== where a step of the 8-layer stack goes (kernels timed one by one) ==" &&
