@@ -34,13 +34,18 @@ python3 bench/fp8_gemm_bench.py --bench "$dir/bin/fp8_gemm_bench" --reps 20 > "$
 tail -12 "$out/gemm.log"
 fi
 
+# The 500-step check of TinyLlama's shape: bf16 against the FP8 plan plans/verify_$1.plan.
+verify() {
+  python3 bench/fp8_train_bench.py --bonsai-run "$run" --name "verify_$1" --verify \
+    --data "$dir/licenses.tokens" --steps 500 --warmup 20 --tail 20 \
+    --bf16-plan "$dir/plans/verify_bf16.plan" --fp8-plan "$dir/plans/verify_$1.plan" \
+    --workdir "$out" > "$out/verify_$1.log" 2>&1
+  tail -12 "$out/verify_$1.log"
+}
+
 if want verify; then
 echo "== verification: TinyLlama-1.1B shape, 500 steps, bf16 and FP8 on the same tokens =="
-python3 bench/fp8_train_bench.py --bonsai-run "$run" --name verify --verify \
-  --data "$dir/licenses.tokens" --steps 500 --warmup 20 --tail 20 \
-  --bf16-plan "$dir/plans/verify_bf16.plan" --fp8-plan "$dir/plans/verify_fp8.plan" \
-  --workdir "$out" > "$out/verify.log" 2>&1
-tail -12 "$out/verify.log"
+verify fp8
 fi
 
 want steps && for model in tinyllama llama3_8b llama3_8b_l16 llama3_8b_l24; do
@@ -63,11 +68,7 @@ fi
 
 if want fast; then
   echo "== verification with fast forward accumulation =="
-  python3 bench/fp8_train_bench.py --bonsai-run "$run" --name verify_fast --verify \
-    --data "$dir/licenses.tokens" --steps 500 --warmup 20 --tail 20 \
-    --bf16-plan "$dir/plans/verify_bf16.plan" --fp8-plan "$dir/plans/verify_fp8fast.plan" \
-    --workdir "$out" > "$out/verify_fast.log" 2>&1
-  tail -12 "$out/verify_fast.log"
+  verify fp8fast
   for model in llama3_8b llama3_8b_l24; do
     echo "== $model: FP8 promoted against fast forward accumulation =="
     python3 bench/fp8_train_bench.py --bonsai-run "$run" --name "${model}_fast" --steps 20 \
