@@ -1,6 +1,6 @@
 //===- Fp8Linear.cpp - FP8 GEMMs and delayed scaling on the CPU -----------===//
 //
-// The CPU reference of plan kinds 90..95 (docs/fp8.md, "FP8 training: ops, state and kernels"):
+// The CPU reference of plan kinds 90..97 (docs/fp8.md, "FP8 training: ops, state and kernels"):
 // each GEMM operand is cast to E4M3FN (activations, weights) or E5M2 (output gradients) with
 // the scale of its row of the FP8 state, or with a scale from its own amax under current
 // scaling or before the first update, exactly as fp8::castScaled casts; the codes go to the
@@ -260,13 +260,114 @@ void fp8LinearBackward(const TensorView &dy, const TensorView &w, const TensorVi
                 formatShape(workspace.shape) + " " + dtypeName(workspace.dtype));
   // The casts of the fused kernel are those of the two GEMMs apart (the same dy, state and
   // scale), so on the CPU it is the pair, bit for bit.
+  // The weight gradient's workspace ends where the workspace does, so that its x codes are at
+  // a place fp8LinearBackwardSharedInput finds from the end (they are in the exact-size
+  // workspaces the compiler makes: the first part's end).
   TensorView inputWorkspace{workspace.data, DType::F32, {first / 4}};
-  TensorView weightWorkspace{static_cast<float *>(workspace.data) + first / 4,
-                             DType::F32,
-                             {workspace.numel() - first / 4}};
+  const int64_t second = fp8::gemmWorkspaceBytes(dy.numel(), x.numel()) / 4;
+  TensorView weightWorkspace{
+      static_cast<float *>(workspace.data) + workspace.numel() - second, DType::F32, {second}};
   fp8LinearGradInput(dy, w, state, current, margin, dx, inputGradStats, inputWorkspace);
   fp8LinearGradWeightAccumulate(dy, x, state, current, margin, weightGradStats, weightWorkspace,
                                 acc);
+}
+
+/// The codes of `elements` input elements that another kernel's cast left in `inputCast` at
+/// byte `offset` (from the start when `offset` >= 0, else from the end), after checking that
+/// the workspace holds them and `minBytes`, and that `inputStats` are f32 [2, 4].
+static const uint8_t *sharedCodes(const char *k, const TensorView &inputCast,
+                                  const TensorView &inputStats, int64_t elements, int64_t minBytes,
+                                  int64_t offset) {
+  checkView(k, "input_cast", inputCast);
+  if (inputCast.dtype != DType::F32 || inputCast.rank() != 1 || inputCast.numel() * 4 < minBytes)
+    fail(k, "input_cast must be the f32 workspace of the kernel that cast the input, of at "
+            "least " +
+                std::to_string(minBytes / 4) + " elements for the codes of " +
+                std::to_string(elements) + " elements, got " + formatShape(inputCast.shape) + " " +
+                dtypeName(inputCast.dtype));
+  checkStats(k, "input_stats", inputStats);
+  const auto *base = static_cast<const uint8_t *>(inputCast.data);
+  return offset >= 0 ? base + offset : base + inputCast.numel() * 4 + offset;
+}
+
+/// Row `row` of `inputStats` (the other kernel's statistics of its cast of the input) into
+/// `statsRow`; returns the scale that cast used.
+static float sharedScale(const TensorView &inputStats, int row, float *statsRow) {
+  const float *from = static_cast<const float *>(inputStats.data) + row * fp8::kStatsColumns;
+  std::copy(from, from + fp8::kStatsColumns, statsRow);
+  return from[fp8::StatsScale];
+}
+
+void fp8LinearSharedInput(const TensorView &inputCast, const TensorView &inputStats,
+                          const TensorView &w, const TensorView &state, const TensorView *bias,
+                          bool current, int margin, const TensorView &y, const TensorView &stats,
+                          const TensorView &workspace) {
+  const char *k = "fp8_linear_shared_input";
+  checkFloat(k, "w", w);
+  checkFloat(k, "y", y);
+  if (w.rank() != 2 || y.rank() < 1 || y.dim(y.rank() - 1) != w.dim(0))
+    fail(k, "w must be [N, K] and y [..., N], got w " + formatShape(w.shape) + " and y " +
+                formatShape(y.shape));
+  const int64_t n = w.dim(0), kk = w.dim(1), m = n ? y.numel() / n : 0;
+  if (bias && (bias->numel() != n))
+    fail(k, "bias must be [" + std::to_string(n) + "], got " + formatShape(bias->shape));
+  stateColumns(k, state);
+  checkStats(k, "stats", stats);
+  // x's codes are the first operand's of the kind 90 that cast it: the workspace's start.
+  const uint8_t *xCodes =
+      sharedCodes(k, inputCast, inputStats, m * kk, fp8::gemmWorkspaceBytes(m * kk, 0), 0);
+  uint8_t *wCodes = workspaceBytes(k, workspace, 0, w.numel());
+  float *s = static_cast<float *>(stats.data);
+  const float xScale = sharedScale(inputStats, 0, s);
+  const float wScale = castOperand(w, state, fp8::WeightRow, fp8::Format::E4M3FN, current, margin,
+                                   wCodes, s + fp8::kStatsColumns);
+  scaledGemm(decodeCodes(xCodes, m * kk, fp8::Format::E4M3FN), xScale,
+             decodeCodes(wCodes, w.numel(), fp8::Format::E4M3FN), wScale, m, n, kk, bias, y,
+             {&inputCast, &w, &state, bias});
+}
+
+void fp8LinearBackwardSharedInput(const TensorView &dy, const TensorView &w,
+                                  const TensorView &inputCast, const TensorView &inputStats,
+                                  const TensorView &state, bool current, int margin,
+                                  const TensorView &dx, const TensorView &inputGradStats,
+                                  const TensorView &weightGradStats, const TensorView &workspace,
+                                  const TensorView &acc) {
+  const char *k = "fp8_linear_backward_shared_input";
+  const auto [m, n, kk] = checkLinearGradInput(k, dy, w, dx);
+  if (acc.dtype != DType::F32 || acc.rank() != 2 || acc.dim(0) != n || acc.dim(1) != kk)
+    fail(k, "acc must be f32 [" + std::to_string(n) + ", " + std::to_string(kk) +
+                "] (FP8 GEMMs add into f32 accumulators only), got " + formatShape(acc.shape) +
+                " " + dtypeName(acc.dtype));
+  stateColumns(k, state);
+  checkStats(k, "weight_grad_stats", weightGradStats);
+  // fp8LinearBackward leaves x's codes (row-major [M, K]) just before its workspace's last
+  // 256 bytes (it places the weight gradient's workspace at the end).
+  const int64_t xBytes = (m * kk + 255) / 256 * 256;
+  const uint8_t *xCodes = sharedCodes(
+      k, inputCast, inputStats, m * kk,
+      fp8::gemmWorkspaceBytes(0, 0) + fp8::gemmWorkspaceBytes(0, m * kk), -(xBytes + 256));
+  // The input gradient as fp8LinearBackward computes it, in the workspace's first part.
+  const int64_t first = fp8::gemmWorkspaceBytes(dy.numel(), w.numel());
+  const int64_t need = first + fp8::gemmWorkspaceBytes(dy.numel(), 0);
+  checkView(k, "workspace", workspace);
+  if (workspace.dtype != DType::F32 || workspace.numel() * 4 < need)
+    fail(k, "workspace must be f32 of at least " + std::to_string(need / 4) +
+                " elements (the casts of dy twice and of w), got " + formatShape(workspace.shape) +
+                " " + dtypeName(workspace.dtype));
+  TensorView inputWorkspace{workspace.data, DType::F32, {first / 4}};
+  fp8LinearGradInput(dy, w, state, current, margin, dx, inputGradStats, inputWorkspace);
+  // The weight gradient: dy cast again (the same codes), x's from the other kernel.
+  uint8_t *dyCodes = static_cast<uint8_t *>(workspace.data) + first;
+  float *s = static_cast<float *>(weightGradStats.data);
+  const float dyScale =
+      castOperand(dy, state, fp8::OutputGradRow, fp8::Format::E5M2, current, margin, dyCodes, s);
+  const float xScale = sharedScale(inputStats, 1, s + fp8::kStatsColumns);
+  std::vector<float> product(size_t(acc.numel()));
+  TensorView dw{product.data(), DType::F32, acc.shape};
+  scaledGemm(decodeCodes(dyCodes, dy.numel(), fp8::Format::E5M2, /*rows=*/m), dyScale,
+             decodeCodes(xCodes, m * kk, fp8::Format::E4M3FN, /*rows=*/m), xScale, n, kk, m,
+             nullptr, dw, {&dy, &inputCast, &state});
+  accumulate(dw, acc);
 }
 
 void fp8UpdateScales(const TensorView &step, const TensorView &forwardStats,

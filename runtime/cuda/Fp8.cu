@@ -443,8 +443,8 @@ __global__ void __launch_bounds__(kAmaxThreads)
   }
   const int i = blockIdx.y;
   const AmaxOperand &op = ops.op[i];
-  if (!needsAmax(op.stateScale, current))
-    return;
+  if (op.n == 0 || !needsAmax(op.stateScale, current))
+    return; // n == 0: an operand another kernel has cast (its scale comes with its codes)
   const float amax = i == 1 ? blockAmax(static_cast<const TB *>(op.x), op.n)
                             : blockAmax(static_cast<const TA *>(op.x), op.n);
   if (threadIdx.x == 0)
@@ -462,6 +462,9 @@ struct CastOperand {
   bool transpose; ///< cast to [cols, rows] codes
   bool e4m3;
   unsigned blocks; ///< blocks of the cast launch that cast this operand
+  /// Null, or for an operand another kernel has cast (no blocks here; `codes` are that
+  /// kernel's): its statistics row, whose scale the GEMM uses.
+  const float *sharedStats;
 };
 
 /// The scale operand i is cast with: the state's, or under current scaling (or before the
@@ -469,6 +472,8 @@ struct CastOperand {
 template <int N>
 __device__ __forceinline__ float
 operandScale(const CastOperand &op, int i, const Fp8Control<N> *control, bool current, int margin) {
+  if (op.sharedStats)
+    return op.sharedStats[fp8::StatsScale];
   float scale = *op.stateScale;
   if (needsAmax(op.stateScale, current)) {
     float amax = 0.0f;
@@ -549,10 +554,11 @@ constexpr int kCastMinBlocks = 4;
 
 /// Casts the N operands of an FP8 kernel in one launch: operand i takes the blocks after
 /// those of the operands before it (operand 1 has element type TB, the others TA), each
-/// taking its scale from the state or the amax pass (operandScale). The last block to finish
-/// (a counter the amax pass cleared, the usual fence-then-count pattern) writes the stats
-/// [2, 4] of each GEMM: operands 0 and 1 into `stats`, and with three operands (the fused
-/// backward: dy, w, x) operands 0 and 2 into `stats2`.
+/// taking its scale from the state or the amax pass (operandScale); an operand another kernel
+/// has cast takes no blocks. The last block to finish (a counter the amax pass cleared, the
+/// usual fence-then-count pattern) writes the stats [2, 4] of each GEMM: operands 0 and 1 into
+/// `stats`, and with three operands (the fused backward: dy, w, x) operands 0 and 2 into
+/// `stats2`; for an operand another kernel has cast, that kernel's row and the descale.
 template <int N, CastLayouts Layouts, typename TA, typename TB>
 __global__ void __launch_bounds__(kThreads, kCastMinBlocks)
     castOperandsKernel(OperandList<CastOperand, N> ops, bool current, int margin,
@@ -576,7 +582,17 @@ __global__ void __launch_bounds__(kThreads, kCastMinBlocks)
     return;
   __threadfence(); // every other block's atomics before the reads below
   auto row = [&](int i, float *to) {
-    writeStatsRow(control->stats[i], operandScale(ops.op[i], i, control, current, margin), to);
+    const CastOperand &op = ops.op[i];
+    if (op.sharedStats) {
+      // Cast by another kernel: its statistics, and the descale of its scale (no block of this
+      // launch wrote one).
+#pragma unroll
+      for (int c = 0; c < fp8::kStatsColumns; ++c)
+        to[c] = op.sharedStats[c];
+      control->descale[i].value = 1.0f / op.sharedStats[fp8::StatsScale];
+      return;
+    }
+    writeStatsRow(control->stats[i], operandScale(op, i, control, current, margin), to);
   };
   row(0, stats);
   row(1, stats + fp8::kStatsColumns);
@@ -617,15 +633,24 @@ __global__ void updateScalesKernel(const int64_t *step, const float *forward,
 
 /// One operand of an FP8 kernel as the host sees it.
 struct GemmOperand {
-  const TensorView *x;
-  int64_t rows, cols;   ///< x as a [rows, cols] matrix
-  bool transpose;       ///< cast to [cols, rows] codes
+  const TensorView *x; ///< (its data null when another kernel has cast it)
+  int64_t rows, cols;  ///< x as a [rows, cols] matrix
+  bool transpose;      ///< cast to [cols, rows] codes
   fp8::StateRow row;
   const char *name;
+  /// For an operand another kernel has cast: its codes and that kernel's statistics row.
+  const uint8_t *sharedCodes = nullptr;
+  const float *sharedStats = nullptr;
 };
 
-/// Bytes of an operand's codes in a workspace: its elements, rounded up to 256.
-int64_t codeBytes(const GemmOperand &op) { return (op.x->numel() + 255) / 256 * 256; }
+/// Bytes of codes rounded up to 256, as workspaces keep them.
+int64_t roundedCodeBytes(int64_t elements) { return (elements + 255) / 256 * 256; }
+
+/// Bytes of an operand's codes in this kernel's workspace: its elements, rounded up to 256
+/// (none for an operand another kernel has cast).
+int64_t codeBytes(const GemmOperand &op) {
+  return op.sharedCodes ? 0 : roundedCodeBytes(op.x->numel());
+}
 
 /// Casts the N operands of an FP8 kernel into `codes` (and operand 0 also into `plain0`, in
 /// its own layout, when not null), with the scales in `control`, and writes the statistics
@@ -643,7 +668,8 @@ void castOperands(const Context &ctx, const char *kn, const GemmOperand (&ops)[N
     const GemmOperand &op = ops[i];
     CastOperand &c = cast.op[i];
     c.x = op.x->data;
-    c.codes = codes[i];
+    c.codes = op.sharedCodes ? const_cast<uint8_t *>(op.sharedCodes) : codes[i];
+    c.sharedStats = op.sharedStats;
     c.plainCodes = i == 0 ? plain0 : nullptr;
     c.rows = op.rows;
     c.cols = op.cols;
@@ -653,10 +679,11 @@ void castOperands(const Context &ctx, const char *kn, const GemmOperand (&ops)[N
     c.transpose = op.transpose;
     dispatchFloat(op.x->dtype, [&](auto t) {
       using T = decltype(t);
-      c.blocks = op.transpose ? transposedBlocks(kn, op.rows, op.cols)
-                              : plainBlocks<kVec<T>>(op.rows * op.cols);
+      c.blocks = op.sharedCodes ? 0
+                 : op.transpose ? transposedBlocks(kn, op.rows, op.cols)
+                                : plainBlocks<kVec<T>>(op.rows * op.cols);
     });
-    amax.op[i] = {c.x, op.x->numel(), c.stateScale};
+    amax.op[i] = {c.x, op.sharedCodes ? 0 : op.x->numel(), c.stateScale};
   }
   unsigned blocks = 0;
   bool transpose[N];
@@ -718,6 +745,14 @@ void checkState(const char *kn, const TensorView &state) {
 
 /// Checks a cast operand of an FP8 kernel: its dtype, divisibility and alignment.
 void checkCastOperand(const char *kn, const GemmOperand &op) {
+  if (op.sharedCodes) {
+    if (!aligned16(op.sharedCodes))
+      fail(kn, std::string(op.name) + "'s codes (input_cast) must start on a 16-byte boundary");
+    if (op.rows % 16 || op.cols % 16)
+      fail(kn, std::string(op.name) + " is " + std::to_string(op.rows) + " x " +
+                   std::to_string(op.cols) + ": FP8 GEMMs need multiples of 16");
+    return;
+  }
   checkFloat(kn, op.name, *op.x);
   if (op.rows % 16 || op.cols % 16)
     fail(kn, std::string(op.name) + " is " + std::to_string(op.rows) + " x " +
@@ -751,8 +786,10 @@ void checkFp8Operands(const char *kn, const GemmOperand (&ops)[2], const TensorV
     checkCastOperand(kn, op);
   checkState(kn, state);
   checkStats(kn, "stats", stats);
-  checkWorkspace(kn, workspace, fp8::gemmWorkspaceBytes(ops[0].x->numel(), ops[1].x->numel()),
-                 "fp8::gemmWorkspaceBytes");
+  checkWorkspace(
+      kn, workspace,
+      fp8::gemmWorkspaceBytes(ops[0].sharedCodes ? 0 : ops[0].x->numel(), ops[1].x->numel()),
+      "fp8::gemmWorkspaceBytes");
 }
 
 /// The codes of one FP8 GEMM operand: where they are, their format, and the descale (1 / the
@@ -1000,13 +1037,14 @@ void fp8LinearBackward(const Context &ctx, const TensorView &dy, const TensorVie
                  fp8::gemmWorkspaceBytes(dy.numel(), w.numel()) +
                      fp8::gemmWorkspaceBytes(dy.numel(), x.numel()),
                  "the two GEMMs' fp8::gemmWorkspaceBytes");
-  // The workspace: dy's plain codes, wᵀ's, dyᵀ's, xᵀ's, then the control block in the two
-  // GEMMs' 512 bytes.
+  // The workspace: dy's plain codes, wᵀ's, dyᵀ's, the control block in the two GEMMs' 512
+  // bytes, and xᵀ's codes at the very end, where fp8LinearBackwardSharedInput finds them.
   uint8_t *plain = static_cast<uint8_t *>(workspace.data);
   uint8_t *wCodes = plain + codeBytes(ops[0]);
   uint8_t *dyCodes = wCodes + codeBytes(ops[1]);
-  uint8_t *xCodes = dyCodes + codeBytes(ops[0]);
-  auto *control = reinterpret_cast<Fp8Control<3> *>(xCodes + codeBytes(ops[2]));
+  auto *control = reinterpret_cast<Fp8Control<3> *>(dyCodes + codeBytes(ops[0]));
+  uint8_t *xCodes =
+      static_cast<uint8_t *>(workspace.data) + workspace.numel() * 4 - codeBytes(ops[2]);
   uint8_t *const codes[3] = {dyCodes, wCodes, xCodes};
   castOperands<3>(ctx, kn, ops, codes, plain, state, current, margin, control,
                   static_cast<float *>(inputGradStats.data),
@@ -1018,6 +1056,110 @@ void fp8LinearBackward(const Context &ctx, const TensorView &dy, const TensorVie
   // acc [n, k] += (dyᵀ [n, m]) · (xᵀ [k, m])ᵀ.
   runGemm(ctx, kn, {dyCodes, fp8::OutputGradRow, dyDescale},
           {xCodes, fp8::InputRow, &control->descale[2].value}, n, k, m, acc, nullptr,
+          /*accumulate=*/true);
+}
+
+/// Checks `inputCast`, another kernel's workspace holding the codes of `elements` input
+/// elements, and `inputStats`, its statistics, and returns their f32 data.
+static const float *checkSharedCast(const char *kn, const TensorView &inputCast,
+                                    const TensorView &inputStats, int64_t minBytes,
+                                    int64_t elements) {
+  checkView(kn, "input_cast", inputCast);
+  if (inputCast.dtype != DType::F32 || inputCast.rank() != 1 || inputCast.numel() * 4 < minBytes ||
+      reinterpret_cast<uintptr_t>(inputCast.data) % 256)
+    fail(kn, "input_cast must be the f32 workspace (from a 256-byte boundary) of the kernel "
+             "that cast the input, of at least " +
+                 std::to_string(minBytes / 4) + " elements for the codes of " +
+                 std::to_string(elements) + " elements, got " + formatShape(inputCast.shape) + " " +
+                 dtypeName(inputCast.dtype));
+  checkStats(kn, "input_stats", inputStats);
+  return static_cast<const float *>(inputStats.data);
+}
+
+void fp8LinearSharedInput(const Context &ctx, const TensorView &inputCast,
+                          const TensorView &inputStats, const TensorView &w,
+                          const TensorView &state, const TensorView *bias, bool current, int margin,
+                          const TensorView &y, const TensorView &stats, const TensorView &workspace,
+                          bool fastAccumulation) {
+  const char *kn = "fp8_linear_shared_input";
+  checkFloat(kn, "y", y);
+  auto [n, k] = asMatrix(kn, "w", w);
+  if (w.rank() != 2 || y.rank() < 1 || y.dim(y.rank() - 1) != n)
+    fail(kn, "w must be [N, K] and y [..., N], got w " + formatShape(w.shape) + " and y " +
+                 formatShape(y.shape));
+  const int64_t m = y.numel() / n;
+  // x's codes are the first operand's of the kind 90 that cast it: its workspace's start.
+  const float *shared =
+      checkSharedCast(kn, inputCast, inputStats, fp8::gemmWorkspaceBytes(m * k, 0), m * k);
+  const TensorView x{nullptr, y.dtype, {m, k}}; // x's shape; its codes are inputCast's
+  GemmOperand ops[2] = {{&x, m, k, false, fp8::InputRow, "x"},
+                        {&w, n, k, false, fp8::WeightRow, "w"}};
+  ops[0].sharedCodes = static_cast<const uint8_t *>(inputCast.data);
+  ops[0].sharedStats = shared;
+  checkFp8Operands(kn, ops, state, stats, workspace);
+  GemmWorkspace ws = gemmWorkspace(ops, workspace);
+  uint8_t *const codes[2] = {nullptr, ws.codes[1]};
+  castOperands<2>(ctx, kn, ops, codes, nullptr, state, current, margin, ws.control,
+                  static_cast<float *>(stats.data), nullptr);
+  runGemm(ctx, kn, {ops[0].sharedCodes, fp8::InputRow, &ws.control->descale[0].value},
+          {ws.codes[1], fp8::WeightRow, &ws.control->descale[1].value}, m, n, k, y, bias,
+          /*accumulate=*/false, fastAccumulation);
+}
+
+void fp8LinearBackwardSharedInput(const Context &ctx, const TensorView &dy, const TensorView &w,
+                                  const TensorView &inputCast, const TensorView &inputStats,
+                                  const TensorView &state, bool current, int margin,
+                                  const TensorView &dx, const TensorView &inputGradStats,
+                                  const TensorView &weightGradStats, const TensorView &workspace,
+                                  const TensorView &acc) {
+  const char *kn = "fp8_linear_backward_shared_input";
+  auto [m, n] = asMatrix(kn, "dy", dy);
+  auto [wn, k] = asMatrix(kn, "w", w);
+  if (w.rank() != 2 || wn != n)
+    fail(kn, "w must be [" + std::to_string(n) + ", K] for dy [..., " + std::to_string(n) + "]");
+  auto [dxm, dxk] = asMatrix(kn, "dx", dx);
+  if (dxm != m || dxk != k)
+    fail(kn, "dx must be [..., " + std::to_string(k) + "] with dy's leading dimensions");
+  if (acc.dtype != DType::F32 || acc.rank() != 2 || acc.dim(0) != n || acc.dim(1) != k)
+    fail(kn, "acc must be f32 [" + std::to_string(n) + ", " + std::to_string(k) +
+                 "] (FP8 GEMMs add into f32 accumulators only)");
+  checkView(kn, "acc", acc);
+  // fp8LinearBackward leaves xᵀ's codes at the end of its workspace, after its control block.
+  const float *shared =
+      checkSharedCast(kn, inputCast, inputStats,
+                      fp8::gemmWorkspaceBytes(0, 0) + fp8::gemmWorkspaceBytes(0, m * k), m * k);
+  const TensorView x{nullptr, dy.dtype, {m, k}}; // x's shape; its codes are inputCast's
+  GemmOperand ops[3] = {{&dy, m, n, true, fp8::OutputGradRow, "dy"},
+                        {&w, n, k, true, fp8::WeightRow, "w"},
+                        {&x, m, k, true, fp8::InputRow, "x"}};
+  ops[2].sharedCodes = static_cast<const uint8_t *>(inputCast.data) + inputCast.numel() * 4 -
+                       roundedCodeBytes(m * k);
+  ops[2].sharedStats = shared + fp8::kStatsColumns;
+  for (const GemmOperand &op : ops)
+    checkCastOperand(kn, op);
+  checkState(kn, state);
+  checkStats(kn, "input_grad_stats", inputGradStats);
+  checkStats(kn, "weight_grad_stats", weightGradStats);
+  checkWorkspace(kn, workspace,
+                 fp8::gemmWorkspaceBytes(dy.numel(), w.numel()) +
+                     fp8::gemmWorkspaceBytes(dy.numel(), 0),
+                 "kind 95's workspace without x's codes");
+  // The workspace: dy's plain codes, wᵀ's, dyᵀ's, then the control block (512 bytes).
+  uint8_t *plain = static_cast<uint8_t *>(workspace.data);
+  uint8_t *wCodes = plain + codeBytes(ops[0]);
+  uint8_t *dyCodes = wCodes + codeBytes(ops[1]);
+  auto *control = reinterpret_cast<Fp8Control<3> *>(dyCodes + codeBytes(ops[0]));
+  uint8_t *const codes[3] = {dyCodes, wCodes, nullptr};
+  castOperands<3>(ctx, kn, ops, codes, plain, state, current, margin, control,
+                  static_cast<float *>(inputGradStats.data),
+                  static_cast<float *>(weightGradStats.data));
+  const float *dyDescale = &control->descale[0].value;
+  // dx [m, k] = dy [m, n] · (wᵀ [k, n])ᵀ.
+  runGemm(ctx, kn, {plain, fp8::OutputGradRow, dyDescale},
+          {wCodes, fp8::WeightRow, &control->descale[1].value}, m, k, n, dx, nullptr);
+  // acc [n, k] += (dyᵀ [n, m]) · (xᵀ [k, m])ᵀ.
+  runGemm(ctx, kn, {dyCodes, fp8::OutputGradRow, dyDescale},
+          {ops[2].sharedCodes, fp8::InputRow, &control->descale[2].value}, n, k, m, acc, nullptr,
           /*accumulate=*/true);
 }
 

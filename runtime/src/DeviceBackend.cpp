@@ -495,6 +495,16 @@ private:
       cuda::fp8LinearBackward(ctx, in(0), in(1), in(2), in(3), a.fp8Current, a.fp8Margin, outAt(0),
                               outAt(1), outAt(2), outAt(3), outAt(4));
       break;
+    case KernelKind::Fp8LinearSharedInput:
+      cuda::fp8LinearSharedInput(ctx, in(0), in(1), in(2), in(3),
+                                 k.inputs.size() == 5 ? &in(4) : nullptr, a.fp8Current, a.fp8Margin,
+                                 outAt(0), outAt(1), outAt(2), a.fp8FastAccumulation);
+      break;
+    case KernelKind::Fp8LinearBackwardSharedInput:
+      cuda::fp8LinearBackwardSharedInput(ctx, in(0), in(1), in(2), in(3), in(4), a.fp8Current,
+                                         a.fp8Margin, outAt(0), outAt(1), outAt(2), outAt(3),
+                                         outAt(4));
+      break;
     case KernelKind::Fp8UpdateScales:
       cuda::fp8UpdateScales(ctx, in(0), in(1), k.inputs.size() == 3 ? &in(2) : nullptr,
                             a.fp8Margin, out);

@@ -489,6 +489,14 @@ void Executor::runKernel(size_t index) {
     cpu::fp8LinearBackward(in(0), in(1), in(2), in(3), a.fp8Current, a.fp8Margin, outAt(0),
                            outAt(1), outAt(2), outAt(3), outAt(4));
     break;
+  case KernelKind::Fp8LinearSharedInput:
+    cpu::fp8LinearSharedInput(in(0), in(1), in(2), in(3), k.inputs.size() == 5 ? &in(4) : nullptr,
+                              a.fp8Current, a.fp8Margin, outAt(0), outAt(1), outAt(2));
+    break;
+  case KernelKind::Fp8LinearBackwardSharedInput:
+    cpu::fp8LinearBackwardSharedInput(in(0), in(1), in(2), in(3), in(4), a.fp8Current, a.fp8Margin,
+                                      outAt(0), outAt(1), outAt(2), outAt(3), outAt(4));
+    break;
   case KernelKind::Fp8UpdateScales:
     cpu::fp8UpdateScales(in(0), in(1), k.inputs.size() == 3 ? &in(2) : nullptr, a.fp8Margin,
                          out);

@@ -43,33 +43,31 @@ static_assert(uint8_t(fb::TensorRole::LossScale) == uint8_t(TensorRole::LossScal
                   uint8_t(fb::TensorRole::MAX) == uint8_t(TensorRole::LossScale) &&
                   uint8_t(fb::TensorRole::Metric) == uint8_t(TensorRole::Metric),
               "rt::TensorRole must match plan.fbs");
-static_assert(uint16_t(fb::KernelKind::Copy) == uint16_t(KernelKind::Copy) &&
-                  uint16_t(fb::KernelKind::CrossEntropyGrad) ==
-                      uint16_t(KernelKind::CrossEntropyGrad) &&
-                  uint16_t(fb::KernelKind::AdamWUpdate) == uint16_t(KernelKind::AdamWUpdate) &&
-                  uint16_t(fb::KernelKind::Dequantize) == uint16_t(KernelKind::Dequantize) &&
-                  uint16_t(fb::KernelKind::GaloreRefresh) == uint16_t(KernelKind::GaloreRefresh) &&
-                  uint16_t(fb::KernelKind::LinearCrossEntropy) ==
-                      uint16_t(KernelKind::LinearCrossEntropy) &&
-                  uint16_t(fb::KernelKind::LayerNormGradAdd) ==
-                      uint16_t(KernelKind::LayerNormGradAdd) &&
-                  uint16_t(fb::KernelKind::MultiTensorAdamWUpdate) ==
-                      uint16_t(KernelKind::MultiTensorAdamWUpdate) &&
-                  uint16_t(fb::KernelKind::LinearGradWeightAccumulate) ==
-                      uint16_t(KernelKind::LinearGradWeightAccumulate) &&
-                  uint16_t(fb::KernelKind::FusedElementwise) ==
-                      uint16_t(KernelKind::FusedElementwise) &&
-                  uint16_t(fb::KernelKind::Fp8Linear) == uint16_t(KernelKind::Fp8Linear) &&
-                  uint16_t(fb::KernelKind::Fp8UpdateScales) ==
-                      uint16_t(KernelKind::Fp8UpdateScales) &&
-                  uint16_t(fb::KernelKind::Fp8LinearGradWeightAccumulate) ==
-                      uint16_t(KernelKind::Fp8LinearGradWeightAccumulate) &&
-                  uint16_t(fb::KernelKind::Fp8LinearBackward) ==
-                      uint16_t(KernelKind::Fp8LinearBackward) &&
-                  uint16_t(fb::KernelKind::FlashAttention) ==
-                      uint16_t(KernelKind::FlashAttention) &&
-                  uint16_t(fb::KernelKind::MAX) == uint16_t(KernelKind::FlashAttentionGrad),
-              "rt::KernelKind must match plan.fbs");
+static_assert(
+    uint16_t(fb::KernelKind::Copy) == uint16_t(KernelKind::Copy) &&
+        uint16_t(fb::KernelKind::CrossEntropyGrad) == uint16_t(KernelKind::CrossEntropyGrad) &&
+        uint16_t(fb::KernelKind::AdamWUpdate) == uint16_t(KernelKind::AdamWUpdate) &&
+        uint16_t(fb::KernelKind::Dequantize) == uint16_t(KernelKind::Dequantize) &&
+        uint16_t(fb::KernelKind::GaloreRefresh) == uint16_t(KernelKind::GaloreRefresh) &&
+        uint16_t(fb::KernelKind::LinearCrossEntropy) == uint16_t(KernelKind::LinearCrossEntropy) &&
+        uint16_t(fb::KernelKind::LayerNormGradAdd) == uint16_t(KernelKind::LayerNormGradAdd) &&
+        uint16_t(fb::KernelKind::MultiTensorAdamWUpdate) ==
+            uint16_t(KernelKind::MultiTensorAdamWUpdate) &&
+        uint16_t(fb::KernelKind::LinearGradWeightAccumulate) ==
+            uint16_t(KernelKind::LinearGradWeightAccumulate) &&
+        uint16_t(fb::KernelKind::FusedElementwise) == uint16_t(KernelKind::FusedElementwise) &&
+        uint16_t(fb::KernelKind::Fp8Linear) == uint16_t(KernelKind::Fp8Linear) &&
+        uint16_t(fb::KernelKind::Fp8UpdateScales) == uint16_t(KernelKind::Fp8UpdateScales) &&
+        uint16_t(fb::KernelKind::Fp8LinearGradWeightAccumulate) ==
+            uint16_t(KernelKind::Fp8LinearGradWeightAccumulate) &&
+        uint16_t(fb::KernelKind::Fp8LinearBackward) == uint16_t(KernelKind::Fp8LinearBackward) &&
+        uint16_t(fb::KernelKind::Fp8LinearSharedInput) ==
+            uint16_t(KernelKind::Fp8LinearSharedInput) &&
+        uint16_t(fb::KernelKind::Fp8LinearBackwardSharedInput) ==
+            uint16_t(KernelKind::Fp8LinearBackwardSharedInput) &&
+        uint16_t(fb::KernelKind::FlashAttention) == uint16_t(KernelKind::FlashAttention) &&
+        uint16_t(fb::KernelKind::MAX) == uint16_t(KernelKind::FlashAttentionGrad),
+    "rt::KernelKind must match plan.fbs");
 static_assert(uint8_t(fb::MemorySpace::PinnedHost) == uint8_t(MemorySpace::PinnedHost) &&
                   uint8_t(fb::Lifetime::Step) == uint8_t(Lifetime::Step),
               "rt::MemorySpace and rt::Lifetime must match plan.fbs");
@@ -584,6 +582,10 @@ private:
   /// Output `j` is a 1-D f32 workspace of at least `bytes` / 4 elements; `what` says what it
   /// holds.
   void checkFp8Workspace(size_t j, int64_t bytes, const std::string &what) const;
+  /// Inputs `cast` and `stats` are another FP8 kernel's workspace (f32, at least `bytes`,
+  /// holding x's codes; `what` says whose) and statistics.
+  void checkFp8SharedCast(size_t cast, size_t stats, int64_t elements, int64_t bytes,
+                          const std::string &what) const;
 
   const LoadedPlan &plan;
   size_t index;
@@ -841,6 +843,15 @@ void KernelChecker::checkArity() {
     break;
   case KernelKind::Fp8LinearBackward:
     operandNames = {"dy", "w", "x", "state"};
+    resultNames = {"dx", "input_grad_stats", "weight_grad_stats", "workspace", "acc"};
+    break;
+  case KernelKind::Fp8LinearSharedInput:
+    operandNames = {"input_cast", "input_stats", "w", "state", "bias"};
+    minIn = 4;
+    resultNames = {"y", "stats", "workspace"};
+    break;
+  case KernelKind::Fp8LinearBackwardSharedInput:
+    operandNames = {"dy", "w", "input_cast", "input_stats", "state"};
     resultNames = {"dx", "input_grad_stats", "weight_grad_stats", "workspace", "acc"};
     break;
   case KernelKind::Fp8UpdateScales:
@@ -1102,14 +1113,17 @@ void KernelChecker::checkAttrs() {
   case KernelKind::Fp8LinearGradWeight:
   case KernelKind::Fp8LinearGradWeightAccumulate:
   case KernelKind::Fp8LinearBackward:
+  case KernelKind::Fp8LinearSharedInput:
+  case KernelKind::Fp8LinearBackwardSharedInput:
   case KernelKind::Fp8UpdateScales:
     if (a.fp8Margin < 0 || a.fp8Margin > kMaxFp8Margin)
       fail("margin must be in [0, " + std::to_string(kMaxFp8Margin) + "], got " +
            std::to_string(a.fp8Margin));
     // The gradients' GEMMs always promote their partial sums (docs/fp8.md).
-    if (a.fp8FastAccumulation && kernel.kind != KernelKind::Fp8Linear)
-      fail("fast_accumulation is the forward GEMM's option (Fp8Linear); a gradient GEMM "
-           "always promotes its partial sums to fp32");
+    if (a.fp8FastAccumulation && kernel.kind != KernelKind::Fp8Linear &&
+        kernel.kind != KernelKind::Fp8LinearSharedInput)
+      fail("fast_accumulation is the forward GEMMs' option (Fp8Linear, Fp8LinearSharedInput); "
+           "a gradient GEMM always promotes its partial sums to fp32");
     break;
   default:
     break;
@@ -1194,9 +1208,16 @@ void KernelChecker::checkState() const {
   case KernelKind::Fp8LinearGradInput:
   case KernelKind::Fp8LinearGradWeight:
   case KernelKind::Fp8LinearGradWeightAccumulate:
-  case KernelKind::Fp8LinearBackward: {
-    // The state follows the GEMM operands: input 2, or 3 for the fused backward.
-    const size_t state = kernel.kind == KernelKind::Fp8LinearBackward ? 3 : 2;
+  case KernelKind::Fp8LinearBackward:
+  case KernelKind::Fp8LinearSharedInput:
+  case KernelKind::Fp8LinearBackwardSharedInput: {
+    // The state follows the GEMM operands: input 2, 3 for the fused backward and the forward
+    // that shares its input's cast, 4 for the backward that does.
+    const size_t state = kernel.kind == KernelKind::Fp8LinearBackwardSharedInput ? 4
+                         : kernel.kind == KernelKind::Fp8LinearBackward ||
+                                 kernel.kind == KernelKind::Fp8LinearSharedInput
+                             ? 3
+                             : 2;
     const ArenaInfo &arena = arenaOf(in(state));
     if (arena.lifetime != Lifetime::Persistent)
       fail(inName(state) + " is in step arena " + std::to_string(in(state).arena) + " '" +
@@ -1282,6 +1303,20 @@ void KernelChecker::checkFp8GemmOperands(int64_t aElements, int64_t bElements,
   checkFp8Workspace(stats + 1, fp8::gemmWorkspaceBytes(aElements, bElements),
                     "fp8::gemmWorkspaceBytes of casts of " + std::to_string(aElements) + " and " +
                         std::to_string(bElements) + " elements");
+}
+
+/// Inputs `cast` and `stats` of a GEMM that reads another's cast of its input (kinds 96 and
+/// 97): that kernel's workspace (f32, at least `bytes`, holding the codes of `elements`
+/// input elements) and its stats.
+void KernelChecker::checkFp8SharedCast(size_t cast, size_t stats, int64_t elements, int64_t bytes,
+                                       const std::string &what) const {
+  const TensorInfo &c = in(cast);
+  int64_t want = bytes / int64_t(sizeof(float));
+  if (c.dtype != DType::F32 || c.shape.size() != 1 || c.shape[0] < want)
+    fail(inName(cast) + ": expected " + what + ", f32 [" + std::to_string(want) +
+         "] or larger for the codes of " + std::to_string(elements) + " elements, got " +
+         formatShape(c.shape) + " " + dtypeName(c.dtype));
+  checkFp8Stats(in(stats), inName(stats));
 }
 
 void KernelChecker::checkFp8Workspace(size_t j, int64_t bytes, const std::string &what) const {
@@ -1703,6 +1738,68 @@ void KernelChecker::checkShapes() {
                       "the workspaces of kinds 91 and 94 for these operands");
     break;
   }
+  case KernelKind::Fp8LinearSharedInput: {
+    // y [..., N] = x [..., K] · w [N, K]ᵀ with x's codes and scale from another kind 90's
+    // workspace and stats: y gives M.
+    expectFloat(2);
+    expectRank(2, 2);
+    expectFloatOutput(0, out(0).shape);
+    if (out(0).shape.empty())
+      fail(outName(0) + " must have at least one dimension");
+    const std::vector<int64_t> &w = in(2).shape, &y = out(0).shape;
+    int64_t n = w[0], k = w[1];
+    if (y.back() != n)
+      fail(inName(2) + " shape: expected [" + std::to_string(y.back()) +
+           ", in] ([out, in] layout), got " + formatShape(w));
+    int64_t m = out(0).numel / n;
+    checkFp8Dimension("M", m, "the rows of y " + formatShape(y));
+    checkFp8Dimension("N", n, "the rows of w " + formatShape(w));
+    checkFp8Dimension("K", k, "the columns of w " + formatShape(w));
+    if (kernel.inputs.size() == 5)
+      expectFloatInput(4, {n});
+    checkFp8SharedCast(0, 1, m * k, fp8::gemmWorkspaceBytes(m * k, 0),
+                       "an Fp8Linear's workspace holding x's codes");
+    checkFp8State(in(3), inName(3));
+    checkFp8Stats(out(1), outName(1));
+    checkFp8Workspace(2, fp8::gemmWorkspaceBytes(0, in(2).numel),
+                      "fp8::gemmWorkspaceBytes of w's cast alone");
+    break;
+  }
+  case KernelKind::Fp8LinearBackwardSharedInput: {
+    // Kind 95 with x's transposed codes and scale from another kind 95's workspace and
+    // weight-gradient stats.
+    expectFloat(0);
+    expectRankAtLeast(0, 1);
+    expectFloat(1);
+    expectRank(1, 2);
+    const std::vector<int64_t> &dy = in(0).shape, &w = in(1).shape;
+    int64_t n = w[0], k = w[1], m = in(0).numel / dy.back();
+    if (dy.back() != n)
+      fail(inName(1) + " shape: expected [" + std::to_string(dy.back()) +
+           ", in] ([out, in] layout), got " + formatShape(w));
+    std::vector<int64_t> shape(dy.begin(), dy.end() - 1);
+    shape.push_back(k);
+    checkFp8Dimension("M", m, "the rows of dy " + formatShape(dy));
+    checkFp8Dimension("N", n, "the rows of w " + formatShape(w));
+    checkFp8Dimension("K", k, "the columns of w " + formatShape(w));
+    expectFloatOutput(0, shape);
+    if (out(0).dtype != in(0).dtype)
+      fail(outName(0) + " dtype: expected " + dtypeName(in(0).dtype) + " (as dy), got " +
+           dtypeName(out(0).dtype));
+    expectF32Output(4, {n, k});
+    // The source's workspace holds at least its x codes and both GEMMs' control blocks.
+    checkFp8SharedCast(2, 3, m * k,
+                       fp8::gemmWorkspaceBytes(0, 0) + fp8::gemmWorkspaceBytes(0, m * k),
+                       "an Fp8LinearBackward's workspace holding x's transposed codes");
+    checkFp8State(in(4), inName(4));
+    checkFp8Stats(out(1), outName(1));
+    checkFp8Stats(out(2), outName(2));
+    checkFp8Workspace(3,
+                      fp8::gemmWorkspaceBytes(in(0).numel, in(1).numel) +
+                          fp8::gemmWorkspaceBytes(in(0).numel, 0),
+                      "kind 95's workspace without x's codes");
+    break;
+  }
   case KernelKind::Fp8UpdateScales:
     expectScalarInput(0, DType::I64);
     for (size_t i = 1; i < kernel.inputs.size(); ++i)
@@ -1938,6 +2035,8 @@ fb::KernelAttrs requiredAttrs(fb::KernelKind kind) {
   case fb::KernelKind::Fp8LinearGradWeight:
   case fb::KernelKind::Fp8LinearGradWeightAccumulate:
   case fb::KernelKind::Fp8LinearBackward:
+  case fb::KernelKind::Fp8LinearSharedInput:
+  case fb::KernelKind::Fp8LinearBackwardSharedInput:
   case fb::KernelKind::Fp8UpdateScales:
     return fb::KernelAttrs::Fp8Attrs;
   default:

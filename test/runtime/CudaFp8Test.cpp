@@ -888,6 +888,98 @@ TEST_F(CudaFp8LinearTest, FusedBackwardIsThePairBitForBit) {
   }
 }
 
+TEST_F(CudaFp8LinearTest, SharedInputIsTheUnsharedBitForBit) {
+  // Kinds 96 and 97 read x's codes and scale from a first linear's kernel (kind 90, kind 95)
+  // and give what the second linear's own kernels give, bit for bit, when the two states'
+  // input rows agree: delayed, current and first-step scaling.
+  if (refusedWithoutFp8TensorCores())
+    return;
+  std::mt19937 rng(29);
+  const int64_t m = 528, n1 = 144, n2 = 80, k = 400;
+  struct Case {
+    bool current;
+    float scales[3];
+  } cases[] = {
+      {false, {2.0f, 30.0f, 5000.0f}}, {true, {2.0f, 30.0f, 5000.0f}}, {false, {0.0f, 0.0f, 0.0f}}};
+  for (const Case &c : cases) {
+    SCOPED_TRACE("current=" + std::to_string(c.current) + " scale=" + std::to_string(c.scales[0]));
+    Operand x({4, 132, k}, DType::BF16, rng, 1.0f);
+    Operand w1({n1, k}, DType::BF16, rng, 0.05f), w2({n2, k}, DType::BF16, rng, 0.02f);
+    Operand dy1({4, 132, n1}, DType::BF16, rng, 0.01f), dy2({4, 132, n2}, DType::BF16, rng, 0.02f);
+    auto state1 = upload(makeState(4, c.scales[0], c.scales[1], c.scales[2]));
+    auto state2 = upload(makeState(4, c.scales[0], 2 * c.scales[1], 0.5f * c.scales[2]));
+    TensorView s1{state1->ptr, DType::F32, {3, 8}}, s2{state2->ptr, DType::F32, {3, 8}};
+    // The forward.
+    Output y1({4, 132, n1}, DType::BF16), st1({2, 4}, DType::F32);
+    Output y2({4, 132, n2}, DType::BF16), st2({2, 4}, DType::F32);
+    Output sy2({4, 132, n2}, DType::BF16), sst2({2, 4}, DType::F32);
+    TensorView ws1, ws2, sws2;
+    auto b1 = workspace(m * k, n1 * k, ws1), b2 = workspace(m * k, n2 * k, ws2);
+    auto b3 = workspace(0, n2 * k, sws2);
+    cuda::fp8Linear(ctx, x.view(), w1.view(), s1, nullptr, c.current, 0, y1.view(), st1.view(),
+                    ws1);
+    cuda::fp8Linear(ctx, x.view(), w2.view(), s2, nullptr, c.current, 0, y2.view(), st2.view(),
+                    ws2);
+    cuda::fp8LinearSharedInput(ctx, ws1, st1.view(), w2.view(), s2, nullptr, c.current, 0,
+                               sy2.view(), sst2.view(), sws2);
+    EXPECT_EQ(sy2.read(), y2.read());
+    EXPECT_EQ(sst2.read(), st2.read());
+    // The backward.
+    auto fusedWorkspace = [&](int64_t dyElements, int64_t wElements, int64_t xElements,
+                              TensorView &view) {
+      const int64_t bytes = fp8::gemmWorkspaceBytes(dyElements, wElements) +
+                            fp8::gemmWorkspaceBytes(dyElements, xElements);
+      auto buffer = std::make_unique<DeviceBuffer>(size_t(bytes));
+      cudaOk(cudaMemset(buffer->ptr, 0xFF, size_t(bytes)), "cudaMemset");
+      view = TensorView{buffer->ptr, DType::F32, {bytes / 4}};
+      return buffer;
+    };
+    Output dx1({4, 132, k}, DType::BF16), acc1({n1, k}, DType::F32);
+    Output dxs1({2, 4}, DType::F32), dws1({2, 4}, DType::F32);
+    Output dx2({4, 132, k}, DType::BF16), acc2({n2, k}, DType::F32);
+    Output dxs2({2, 4}, DType::F32), dws2({2, 4}, DType::F32);
+    Output sdx2({4, 132, k}, DType::BF16), sacc2({n2, k}, DType::F32);
+    Output sdxs2({2, 4}, DType::F32), sdws2({2, 4}, DType::F32);
+    for (const Output *a : {&acc1, &acc2, &sacc2})
+      cudaOk(cudaMemset(a->device->ptr, 0, size_t(a->numel) * 4), "cudaMemset");
+    TensorView bws1, bws2, sbws2;
+    auto f1 = fusedWorkspace(m * n1, n1 * k, m * k, bws1);
+    auto f2 = fusedWorkspace(m * n2, n2 * k, m * k, bws2);
+    auto f3 = fusedWorkspace(m * n2, n2 * k, 0, sbws2);
+    cuda::fp8LinearBackward(ctx, dy1.view(), w1.view(), x.view(), s1, c.current, 0, dx1.view(),
+                            dxs1.view(), dws1.view(), bws1, acc1.view());
+    cuda::fp8LinearBackward(ctx, dy2.view(), w2.view(), x.view(), s2, c.current, 0, dx2.view(),
+                            dxs2.view(), dws2.view(), bws2, acc2.view());
+    cuda::fp8LinearBackwardSharedInput(ctx, dy2.view(), w2.view(), bws1, dws1.view(), s2, c.current,
+                                       0, sdx2.view(), sdxs2.view(), sdws2.view(), sbws2,
+                                       sacc2.view());
+    EXPECT_EQ(sdx2.read(), dx2.read());
+    EXPECT_EQ(sacc2.read(), acc2.read());
+    EXPECT_EQ(sdxs2.read(), dxs2.read());
+    EXPECT_EQ(sdws2.read(), dws2.read());
+    // And the shared x statistics are the model's (so that both are not wrong together).
+    CastModel cx = castModel(x.values, c.scales[0], c.current, fp8::Format::E4M3FN, 0);
+    const std::vector<float> stats = sdws2.read();
+    for (int col = 0; col < 4; ++col)
+      EXPECT_EQ(stats[size_t(4 + col)], cx.statsRow[size_t(col)]) << "x stats column " << col;
+  }
+  // An input cast too small for x's codes is refused with the reason.
+  Operand w({16, 16}, DType::BF16, rng, 0.05f);
+  auto stateDevice = upload(makeState(4, 1.0f, 1.0f, 1.0f));
+  Output y({32, 16}, DType::BF16), st({2, 4}, DType::F32);
+  TensorView small, ws;
+  auto smallBuffer = workspace(0, 256, small), buffer = workspace(0, 256, ws);
+  try {
+    cuda::fp8LinearSharedInput(ctx, small, st.view(), w.view(),
+                               TensorView{stateDevice->ptr, DType::F32, {3, 8}}, nullptr, false, 0,
+                               y.view(), st.view(), ws);
+    ADD_FAILURE() << "an input cast without room for x's codes was accepted";
+  } catch (const std::exception &e) {
+    EXPECT_NE(std::string(e.what()).find("input_cast must be the f32 workspace"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(CudaFp8LinearTest, UpdateScalesMatchesTheCpu) {
   const int64_t history = 3, cols = fp8::kStateColumns + history;
   std::vector<float> state = makeState(history, 0.0f, 0.0f, 0.0f);

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -415,6 +416,97 @@ TEST(Fp8LinearTest, FusedBackwardIsThePair) {
       EXPECT_NE(std::string(e.what()).find(c.reason), std::string::npos) << e.what();
     }
   }
+}
+
+TEST(Fp8LinearTest, SharedInputCastIsTheLinearsOwn) {
+  // fp8_linear_shared_input (kind 96) and fp8_linear_backward_shared_input (kind 97), reading
+  // the input's cast from a first linear of the same x, give what the second linear computes
+  // casting x itself, bit for bit, when the two states' input rows agree (as delayed scaling
+  // keeps them): before the first update (scales from the amax) and with delayed scales.
+  const int64_t M = 32, N1 = 48, N2 = 16, K = 32;
+  std::vector<float> x = raggedValues(M * K, 1.0f, 80), w1 = raggedValues(N1 * K, 0.05f, 81);
+  std::vector<float> w2 = raggedValues(N2 * K, 0.02f, 82), b2 = raggedValues(N2, 0.5f, 83);
+  std::vector<float> dy1 = raggedValues(M * N1, 1e-3f, 84), dy2 = raggedValues(M * N2, 1e-2f, 85);
+  std::vector<float> initial = raggedValues(N2 * K, 1e-2f, 86);
+  const std::pair<std::vector<float>, std::vector<float>> states[] = {
+      {stateWith(0, 0, 0), stateWith(0, 0, 0)},
+      {stateWith(16.0f, 64.0f, 1e6f), stateWith(16.0f, 512.0f, 1e5f)}};
+  for (const auto &[state1, state2] : states) {
+    std::vector<float> s1 = state1, s2 = state2;
+    TensorView xv = f32View(x, {2, 16, K}), s1v = f32View(s1, {3, 8}), s2v = f32View(s2, {3, 8});
+    // The forward: the first linear, the second on its own, the second from the first's cast.
+    std::vector<float> y1(M * N1), st1(8), ws1 = workspaceFor(M * K, N1 * K);
+    cpu::fp8Linear(xv, f32View(w1, {N1, K}), s1v, nullptr, false, 0, f32View(y1, {2, 16, N1}),
+                   f32View(st1, {2, 4}), f32View(ws1, {int64_t(ws1.size())}));
+    TensorView bias = f32View(b2, {N2});
+    std::vector<float> y2(M * N2), st2(8), ws2 = workspaceFor(M * K, N2 * K);
+    cpu::fp8Linear(xv, f32View(w2, {N2, K}), s2v, &bias, false, 0, f32View(y2, {2, 16, N2}),
+                   f32View(st2, {2, 4}), f32View(ws2, {int64_t(ws2.size())}));
+    std::vector<float> sy2(M * N2), sst2(8), sws2 = workspaceFor(0, N2 * K);
+    cpu::fp8LinearSharedInput(f32View(ws1, {int64_t(ws1.size())}), f32View(st1, {2, 4}),
+                              f32View(w2, {N2, K}), s2v, &bias, false, 0, f32View(sy2, {2, 16, N2}),
+                              f32View(sst2, {2, 4}), f32View(sws2, {int64_t(sws2.size())}));
+    EXPECT_EQ(sy2, y2);
+    EXPECT_EQ(sst2, st2);
+    // The backward, likewise.
+    std::vector<float> dx1(M * K), ds1(8), dws1(8), acc1(N1 * K, 0.0f);
+    std::vector<float> bws1(size_t(
+        (fp8::gemmWorkspaceBytes(M * N1, N1 * K) + fp8::gemmWorkspaceBytes(M * N1, M * K)) / 4));
+    cpu::fp8LinearBackward(f32View(dy1, {2, 16, N1}), f32View(w1, {N1, K}), xv, s1v, false, 0,
+                           f32View(dx1, {2, 16, K}), f32View(ds1, {2, 4}), f32View(dws1, {2, 4}),
+                           f32View(bws1, {int64_t(bws1.size())}), f32View(acc1, {N1, K}));
+    std::vector<float> dx2(M * K), ds2(8), dws2(8), acc2 = initial;
+    std::vector<float> bws2(size_t(
+        (fp8::gemmWorkspaceBytes(M * N2, N2 * K) + fp8::gemmWorkspaceBytes(M * N2, M * K)) / 4));
+    cpu::fp8LinearBackward(f32View(dy2, {2, 16, N2}), f32View(w2, {N2, K}), xv, s2v, false, 0,
+                           f32View(dx2, {2, 16, K}), f32View(ds2, {2, 4}), f32View(dws2, {2, 4}),
+                           f32View(bws2, {int64_t(bws2.size())}), f32View(acc2, {N2, K}));
+    std::vector<float> sdx2(M * K), sds2(8), sdws2(8), sacc2 = initial;
+    std::vector<float> sbws2(
+        size_t((fp8::gemmWorkspaceBytes(M * N2, N2 * K) + fp8::gemmWorkspaceBytes(M * N2, 0)) / 4));
+    cpu::fp8LinearBackwardSharedInput(
+        f32View(dy2, {2, 16, N2}), f32View(w2, {N2, K}), f32View(bws1, {int64_t(bws1.size())}),
+        f32View(dws1, {2, 4}), s2v, false, 0, f32View(sdx2, {2, 16, K}), f32View(sds2, {2, 4}),
+        f32View(sdws2, {2, 4}), f32View(sbws2, {int64_t(sbws2.size())}), f32View(sacc2, {N2, K}));
+    EXPECT_EQ(sdx2, dx2);
+    EXPECT_EQ(sacc2, acc2);
+    EXPECT_EQ(sds2, ds2);
+    EXPECT_EQ(sdws2, dws2);
+    EXPECT_NE(sacc2, initial);
+  }
+  // A workspace too small to hold the input's codes is named, in both kinds.
+  std::vector<float> small(64), stats(8), y(M * N2), ws(size_t(fp8::gemmWorkspaceBytes(0, N2 * K)));
+  std::vector<float> state = stateWith(0, 0, 0), acc(N2 * K), dx(M * K);
+  std::vector<float> bws(
+      size_t((fp8::gemmWorkspaceBytes(M * N2, N2 * K) + fp8::gemmWorkspaceBytes(M * N2, 0)) / 4));
+  auto expectError = [](const std::function<void()> &run, const char *kernel) {
+    try {
+      run();
+      ADD_FAILURE() << "expected an error from " << kernel;
+    } catch (const Error &e) {
+      EXPECT_NE(std::string(e.what()).find(kernel), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("input_cast must be the f32 workspace"),
+                std::string::npos)
+          << e.what();
+    }
+  };
+  expectError(
+      [&] {
+        cpu::fp8LinearSharedInput(f32View(small, {64}), f32View(stats, {2, 4}),
+                                  f32View(w2, {N2, K}), f32View(state, {3, 8}), nullptr, false, 0,
+                                  f32View(y, {2, 16, N2}), f32View(stats, {2, 4}),
+                                  f32View(ws, {int64_t(ws.size())}));
+      },
+      "fp8_linear_shared_input");
+  expectError(
+      [&] {
+        cpu::fp8LinearBackwardSharedInput(
+            f32View(dy2, {2, 16, N2}), f32View(w2, {N2, K}), f32View(small, {64}),
+            f32View(stats, {2, 4}), f32View(state, {3, 8}), false, 0, f32View(dx, {2, 16, K}),
+            f32View(stats, {2, 4}), f32View(stats, {2, 4}), f32View(bws, {int64_t(bws.size())}),
+            f32View(acc, {N2, K}));
+      },
+      "fp8_linear_backward_shared_input");
 }
 
 TEST(Fp8LinearTest, EmptyAndNonFiniteOperands) {

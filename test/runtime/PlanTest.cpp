@@ -13,6 +13,7 @@
 
 #include "TestPlans.h"
 #include "bonsai/runtime/Executor.h"
+#include "bonsai/runtime/Fp8.h"
 #include "bonsai/runtime/Random.h"
 
 #include <gtest/gtest.h>
@@ -1316,6 +1317,95 @@ TEST(PlanFp8Test, FusedBackward) {
   expectError(spec, {"(Fp8LinearBackward): margin must be in [0, 32], got 40"});
 }
 
+TEST(PlanFp8Test, SharedInputCast) {
+  // Kinds 96 and 97 (bonsai-fuse's fp8-shared-input): a second forward GEMM reading the
+  // forward's cast of x (its workspace and stats), and a second fused backward reading the
+  // fused backward's. They load; an input cast too small for x's codes, stats of another
+  // shape, a workspace without room for the kernel's own casts and fast accumulation on the
+  // backward are named.
+  test::Fp8Tensors f;
+  test::TrainingTensors t;
+  const int64_t M = 16, N = 16, K = 16;
+  size_t forwardShared = 0, backwardShared = 0;
+  uint32_t smallCast = 0, forwardWorkspace = 0, backwardWorkspace = 0;
+  auto plan = [&] {
+    PlanSpec spec = test::fp8FusedBackwardPlanSpec({2, 8, 16, 16}, &t, &f);
+    auto add = [&](const char *name, std::vector<int64_t> shape,
+                   TensorRole role = TensorRole::Activation) {
+      return spec.add(name, DType::F32, std::move(shape), role, 1);
+    };
+    const test::KernelSpec forward = spec.kernels[f.forward], fused = spec.kernels[f.gradInput];
+    forwardWorkspace =
+        add("ws.shared", {fp8::gemmWorkspaceBytes(0, N * K) / 4}, TensorRole::Workspace);
+    test::KernelSpec second = forward;
+    second.kind = KernelKind::Fp8LinearSharedInput;
+    second.inputs = {f.forwardWorkspace, f.forwardStats, forward.inputs[1], forward.inputs[2]};
+    second.outputs = {add("y.shared", {2, 8, N}), add("stats.shared", {2, 4}), forwardWorkspace};
+    backwardWorkspace =
+        add("ws.backward.shared",
+            {(fp8::gemmWorkspaceBytes(M * N, N * K) + fp8::gemmWorkspaceBytes(M * N, 0)) / 4},
+            TensorRole::Workspace);
+    test::KernelSpec secondBackward = fused;
+    secondBackward.kind = KernelKind::Fp8LinearBackwardSharedInput;
+    secondBackward.inputs = {fused.inputs[0], fused.inputs[1], f.gradInputWorkspace,
+                             f.gradWeightStats, fused.inputs[3]};
+    secondBackward.outputs = {add("dx.shared", {2, 8, K}), add("dxs.shared", {2, 4}),
+                              add("dws.shared", {2, 4}), backwardWorkspace,
+                              add("acc.shared", {N, K}, TensorRole::Gradient)};
+    smallCast = add("cast.small", {64}, TensorRole::Workspace);
+    std::vector<test::KernelSpec> kernels;
+    for (size_t i = 0; i < spec.kernels.size(); ++i) {
+      kernels.push_back(spec.kernels[i]);
+      if (i == f.forward) {
+        forwardShared = kernels.size();
+        kernels.push_back(second);
+      } else if (i == f.gradInput) {
+        backwardShared = kernels.size();
+        kernels.push_back(secondBackward);
+      }
+    }
+    spec.kernels = kernels;
+    return spec;
+  };
+  PlanSpec spec = plan();
+  ASSERT_EQ(loadError(spec), "");
+  LoadedPlan loaded = load(buildPlan(spec));
+  EXPECT_EQ(loaded.kernels[forwardShared].kind, KernelKind::Fp8LinearSharedInput);
+  EXPECT_EQ(loaded.kernels[backwardShared].kind, KernelKind::Fp8LinearBackwardSharedInput);
+  EXPECT_STREQ(kernelKindName(KernelKind::Fp8LinearBackwardSharedInput),
+               "Fp8LinearBackwardSharedInput");
+  spec.kernels[forwardShared].inputs[0] = smallCast;
+  expectError(spec, {"(Fp8LinearSharedInput): input_cast (tensor",
+                     "expected an Fp8Linear's workspace holding x's codes, f32 [128] or larger "
+                     "for the codes of 256 elements, got [64] f32"});
+  spec = plan();
+  spec.kernels[backwardShared].inputs[2] = smallCast;
+  expectError(spec, {"(Fp8LinearBackwardSharedInput): input_cast (tensor",
+                     "expected an Fp8LinearBackward's workspace holding x's transposed codes"});
+  spec = plan();
+  spec.kernels[forwardShared].inputs[1] = spec.kernels[forwardShared].outputs[0];
+  expectError(spec, {"(Fp8LinearSharedInput): input_stats (tensor",
+                     "expected f32 [2, 4] FP8 cast statistics"});
+  spec = plan();
+  spec.kernels[forwardShared].outputs[2] = spec.kernels[forwardShared].outputs[1];
+  expectError(spec, {"(Fp8LinearSharedInput): workspace (tensor",
+                     "fp8::gemmWorkspaceBytes of w's cast alone"});
+  spec = plan();
+  spec.kernels[backwardShared].outputs[3] = smallCast;
+  expectError(spec, {"(Fp8LinearBackwardSharedInput): workspace (tensor",
+                     "kind 95's workspace without x's codes"});
+  spec = plan();
+  spec.kernels[forwardShared].attrs = test::fp8Attrs(false, 0, /*fastAccumulation=*/true);
+  EXPECT_EQ(loadError(spec), "");
+  spec.kernels[backwardShared].attrs = test::fp8Attrs(false, 0, /*fastAccumulation=*/true);
+  expectError(spec, {"(Fp8LinearBackwardSharedInput): fast_accumulation is the forward GEMMs' "
+                     "option"});
+  spec = plan();
+  spec.kernels[backwardShared].inputs.pop_back();
+  expectError(spec, {"(Fp8LinearBackwardSharedInput): expected 5 inputs (dy, w, input_cast, "
+                     "input_stats, state), got 4"});
+}
+
 TEST(PlanFp8Test, Arity) {
   Fp8Plan p = fp8Plan();
   p.spec.kernels[p.f.forward].inputs.resize(2);
@@ -1353,8 +1443,9 @@ TEST(PlanFp8Test, Attributes) {
   EXPECT_EQ(loadError(p.spec), "");
   p = fp8Plan();
   p.spec.kernels[p.f.gradWeight].attrs = test::fp8Attrs(false, 0, /*fastAccumulation=*/true);
-  expectError(p.spec, {"(Fp8LinearGradWeight): fast_accumulation is the forward GEMM's option "
-                       "(Fp8Linear); a gradient GEMM always promotes its partial sums to fp32"});
+  expectError(p.spec, {"(Fp8LinearGradWeight): fast_accumulation is the forward GEMMs' option "
+                       "(Fp8Linear, Fp8LinearSharedInput); a gradient GEMM always promotes its "
+                       "partial sums to fp32"});
 }
 
 TEST(PlanFp8Test, DTypesAndShapes) {

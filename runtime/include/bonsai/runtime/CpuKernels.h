@@ -278,6 +278,25 @@ void fp8LinearBackward(const TensorView &dy, const TensorView &w, const TensorVi
                        const TensorView &state, bool current, int margin, const TensorView &dx,
                        const TensorView &inputGradStats, const TensorView &weightGradStats,
                        const TensorView &workspace, const TensorView &acc);
+/// fp8Linear of an input that fp8Linear has cast already (kind 96): x's codes are the first
+/// M·K bytes of `inputCast` (that call's workspace), its scale column 3 of row 0 of
+/// `inputStats` (its stats), which becomes row 0 of `stats`; only w is cast, its codes at
+/// the start of `workspace` (fp8::gemmWorkspaceBytes(0, N·K) bytes or more). y gives M and
+/// the dtype. The same as fp8Linear of that x with that scale, bit for bit.
+void fp8LinearSharedInput(const TensorView &inputCast, const TensorView &inputStats,
+                          const TensorView &w, const TensorView &state, const TensorView *bias,
+                          bool current, int margin, const TensorView &y, const TensorView &stats,
+                          const TensorView &workspace);
+/// fp8LinearBackward of an input that fp8LinearBackward has cast already (kind 97): x's codes
+/// are those that call left in `inputCast` (its workspace: the M·K bytes before its last 256),
+/// its scale column 3 of row 1 of `inputStats` (its weightGradStats), which becomes row 1 of
+/// `weightGradStats`; dy and w are cast as fp8LinearBackward casts them.
+void fp8LinearBackwardSharedInput(const TensorView &dy, const TensorView &w,
+                                  const TensorView &inputCast, const TensorView &inputStats,
+                                  const TensorView &state, bool current, int margin,
+                                  const TensorView &dx, const TensorView &inputGradStats,
+                                  const TensorView &weightGradStats, const TensorView &workspace,
+                                  const TensorView &acc);
 /// The once-per-step delayed-scale update, in place on `state`: rows InputRow and WeightRow
 /// from rows 0 and 1 of `forwardStats`, OutputGradRow from row 0 of `backwardStats` when
 /// given. Each records the amax in its history at step % H (fp8::recordAmax), sets its scale

@@ -52,7 +52,7 @@ void updateDelayedScale(const Context &ctx, const Fp8CastStats *stats, float *hi
                         int64_t length, const int64_t *step, float *scale, float *descale,
                         fp8::Format format, int margin);
 
-// The FP8 GEMM kernels of plan kinds 90..95 (docs/fp8.md; the CPU backend's cpu::fp8Linear
+// The FP8 GEMM kernels of plan kinds 90..97 (docs/fp8.md; the CPU backend's cpu::fp8Linear
 // and its siblings are the reference). Each casts its two operands with the scales of their
 // state rows (or, under current scaling and before a state's first update, from the operand's
 // own amax) into the workspace, multiplies the codes with cuBLASLt in fp32, and writes the
@@ -92,6 +92,25 @@ void fp8LinearBackward(const Context &ctx, const TensorView &dy, const TensorVie
                        const TensorView &dx, const TensorView &inputGradStats,
                        const TensorView &weightGradStats, const TensorView &workspace,
                        const TensorView &acc);
+/// fp8Linear of an x that fp8Linear has cast already (kind 96; cpu::fp8LinearSharedInput):
+/// x's codes are the first M·K bytes of `inputCast` (that kernel's workspace), its scale row
+/// 0 of `inputStats` (that kernel's stats), copied to row 0 of `stats`; the launch casts only
+/// w.
+void fp8LinearSharedInput(const Context &ctx, const TensorView &inputCast,
+                          const TensorView &inputStats, const TensorView &w,
+                          const TensorView &state, const TensorView *bias, bool current, int margin,
+                          const TensorView &y, const TensorView &stats, const TensorView &workspace,
+                          bool fastAccumulation = false);
+/// fp8LinearBackward of an x whose transposed cast fp8LinearBackward has made already (kind
+/// 97): the codes are the last M·K bytes (rounded up to 256) of `inputCast`, that kernel's
+/// workspace; the scale is row 1 of `inputStats` (its weightGradStats), copied to row 1 of
+/// `weightGradStats`. The launch casts dy (both layouts) and w.
+void fp8LinearBackwardSharedInput(const Context &ctx, const TensorView &dy, const TensorView &w,
+                                  const TensorView &inputCast, const TensorView &inputStats,
+                                  const TensorView &state, bool current, int margin,
+                                  const TensorView &dx, const TensorView &inputGradStats,
+                                  const TensorView &weightGradStats, const TensorView &workspace,
+                                  const TensorView &acc);
 /// The once-per-step update of `state` from the forward kernel's stats (rows 0 and 1) and the
 /// backward's (row 2; null when the linear has no backward GEMM): fp8::recordAmax at *step, then
 /// fp8::delayedScale, and the stats' amax and fractions in columns 1..3.

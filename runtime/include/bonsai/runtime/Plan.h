@@ -96,11 +96,11 @@ enum class KernelKind : uint16_t {
   StepIncrement = 37,
   Accumulate = 38,
   Zero = 39,
-  Dequantize = 40, ///< NF4 -> f32/f16/bf16 (docs/quantization.md).
-  DoraScale = 45, ///< m / ||W + s·B·A||_row, the norm detached (docs/lora.md).
-  GaloreRefresh = 55,     ///< GaLore (docs/galore.md): refresh a projector on its steps.
-  GaloreProject = 56,     ///< GaLore: project a gradient onto its subspace.
-  GaloreAdamWUpdate = 57, ///< GaLore: AdamW on the projection, projected back.
+  Dequantize = 40,         ///< NF4 -> f32/f16/bf16 (docs/quantization.md).
+  DoraScale = 45,          ///< m / ||W + s·B·A||_row, the norm detached (docs/lora.md).
+  GaloreRefresh = 55,      ///< GaLore (docs/galore.md): refresh a projector on its steps.
+  GaloreProject = 56,      ///< GaLore: project a gradient onto its subspace.
+  GaloreAdamWUpdate = 57,  ///< GaLore: AdamW on the projection, projected back.
   LinearCrossEntropy = 70, ///< Fused LM head + loss + gradients, chunked (docs/fusion.md).
   AddRMSNorm = 71,         ///< sum = lhs + rhs, y = rms_norm(sum) (docs/fusion.md).
   AddLayerNorm = 72,       ///< sum = lhs + rhs, y = layer_norm(sum).
@@ -120,6 +120,10 @@ enum class KernelKind : uint16_t {
   Fp8LinearGradWeightAccumulate = 94,
   /// dx = dy · w and acc += dyᵀ · x from one E5M2 cast of dy (kinds 91 and 94 together).
   Fp8LinearBackward = 95,
+  /// Kind 90 reading x's codes and scale from another kind 90's cast of the same x.
+  Fp8LinearSharedInput = 96,
+  /// Kind 95 reading x's codes and scale from another kind 95's cast of the same x.
+  Fp8LinearBackwardSharedInput = 97,
   /// A generated kernel (docs/fusion.md): KernelAttrsInfo::generatedKernel names it.
   FusedElementwise = 80,
   FlashAttention = 100,     ///< attention that also writes the log-sum-exp (docs/fusion.md).
