@@ -107,6 +107,8 @@ std::optional<fb::KernelKind> getKernelKind(StringRef name) {
       .Case("fp8_update_scales", fb::KernelKind::Fp8UpdateScales)
       .Case("fp8_linear_grad_weight_accumulate", fb::KernelKind::Fp8LinearGradWeightAccumulate)
       .Case("fp8_linear_backward", fb::KernelKind::Fp8LinearBackward)
+      .Case("fp8_linear_shared_input", fb::KernelKind::Fp8LinearSharedInput)
+      .Case("fp8_linear_backward_shared_input", fb::KernelKind::Fp8LinearBackwardSharedInput)
       .Default(std::nullopt);
 }
 
@@ -231,13 +233,14 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
   case fb::KernelKind::Fp8LinearGradWeight:
   case fb::KernelKind::Fp8UpdateScales:
   case fb::KernelKind::Fp8LinearGradWeightAccumulate:
-  case fb::KernelKind::Fp8LinearBackward: {
+  case fb::KernelKind::Fp8LinearBackward:
+  case fb::KernelKind::Fp8LinearSharedInput:
+  case fb::KernelKind::Fp8LinearBackwardSharedInput: {
     FailureOr<BoolAttr> current = getParam<BoolAttr>(launch, "current");
     FailureOr<int64_t> margin = i64("margin");
     if (failed(current) || failed(margin))
       return failure();
-    // Only the forward GEMM has the option (fp8_linear's `fast_accumulation`, false when
-    // absent).
+    // Only the forward GEMMs have the option (`fast_accumulation`, false when absent).
     auto fast = launch.getParams().getAs<BoolAttr>("fast_accumulation");
     type = fb::KernelAttrs::Fp8Attrs;
     attrs = fb::CreateFp8Attrs(fbb, current->getValue(), int32_t(*margin), fast && fast.getValue())

@@ -21,11 +21,11 @@ ArrayRef<FusionFamily> getFusionFamilies() {
   // The order is a priority: a family applies to what the families before it left. The LM
   // head's chunked loss and the flash attention pair replace the most work, so they come
   // before the GEMM epilogues (which would otherwise take the head's weight-gradient GEMM); the
-  // FP8 backward pairs come after the accumulation they include, and the generated kernels
+  // FP8 backward pairs come after the accumulation they include (and before the sharing of
+  // their input casts, which takes fused backwards), and the generated kernels
   // take whatever elementwise ops remain at the end.
   static const std::vector<FusionFamily> families = {
-      {"linear-cross-entropy",
-       "LM head + cross-entropy + their gradients, chunked over positions",
+      {"linear-cross-entropy", "LM head + cross-entropy + their gradients, chunked over positions",
        populateLinearCrossEntropyFusionPatterns},
       {"flash-attention",
        "attention + attention_grad: the forward saves the log-sum-exp the backward reads",
@@ -38,10 +38,13 @@ ArrayRef<FusionFamily> getFusionFamilies() {
       {"fp8-backward",
        "an FP8 linear's input and weight gradients from one cast of the output gradient",
        populateFp8BackwardFusionPatterns, nullptr},
+      {"fp8-shared-input",
+       "FP8 linears of one input (q, k, v; gate, up) from one cast of it, forward and backward",
+       nullptr, shareFp8InputCasts},
       {"optimizer", "the update phase's optimizer updates as multi-tensor kernels", nullptr,
        fuseOptimizerUpdates},
-      {"elementwise", "remaining chains of elementwise ops -> one generated kernel each",
-       nullptr, fuseElementwiseChains},
+      {"elementwise", "remaining chains of elementwise ops -> one generated kernel each", nullptr,
+       fuseElementwiseChains},
   };
   return families;
 }

@@ -68,6 +68,9 @@ void populateGemmEpilogueFusionPatterns(RewritePatternSet &patterns,
 /// Family `fp8-backward` (Fusion/Fp8Backward.cpp): an FP8 linear's fp8_linear_grad_input and
 /// fp8_linear_grad_weight_accumulate -> one fp8_linear_backward, which casts dy once.
 void populateFp8BackwardFusionPatterns(RewritePatternSet &patterns, const FusionOptions &options);
+/// Family `fp8-shared-input` (Fusion/Fp8SharedInput.cpp): FP8 GEMMs of one input after the
+/// first read its cast (fp8_linear_shared_input, fp8_linear_backward_shared_input).
+LogicalResult shareFp8InputCasts(FunctionOpInterface function, const FusionOptions &options);
 /// The `elementwise` family (Fusion/Elementwise.cpp): connected ElementwiseOpInterface ops
 /// of one iteration shape and phase become bonsai.fused_elementwise regions.
 LogicalResult fuseElementwiseChains(FunctionOpInterface function, const FusionOptions &options);

@@ -266,3 +266,74 @@ func.func @backward_margin(%dy: tensor<1x16x32xbf16>, %w: tensor<32x64xbf16>, %x
   %dx, %ds, %dws, %ws = bonsai.fp8_linear_backward %dy, %w, %x, %s, %acc {current = false, margin = 17 : i64} : (tensor<1x16x32xbf16>, tensor<32x64xbf16>, tensor<1x16x64xbf16>, tensor<3x20xf32>, tensor<32x64xf32>) -> (tensor<1x16x64xbf16>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<1152xf32>)
   return
 }
+
+// -----
+
+func.func @shared_input_not_a_workspace(%c: tensor<832xf32>, %cs: tensor<2x4xf32>, %w: tensor<32x64xbf16>, %s: tensor<3x20xf32>) {
+  // expected-error @+1 {{input_cast must be the workspace of a 'bonsai.fp8_linear'}}
+  %y, %ys, %yw = bonsai.fp8_linear_shared_input %c, %cs, %w, %s {current = false, margin = 0 : i64} : (tensor<832xf32>, tensor<2x4xf32>, tensor<32x64xbf16>, tensor<3x20xf32>) -> (tensor<1x16x32xbf16>, tensor<2x4xf32>, tensor<576xf32>)
+  return
+}
+
+// -----
+
+func.func @shared_input_other_stats(%x: tensor<1x16x64xbf16>, %w: tensor<32x64xbf16>, %s: tensor<3x20xf32>, %cs: tensor<2x4xf32>) {
+  %y, %ys, %yw = bonsai.fp8_linear %x, %w, %s {current = false, margin = 0 : i64} : (tensor<1x16x64xbf16>, tensor<32x64xbf16>, tensor<3x20xf32>) -> (tensor<1x16x32xbf16>, tensor<2x4xf32>, tensor<832xf32>)
+  // expected-error @+1 {{input_stats must be the stats of the 'bonsai.fp8_linear' whose workspace is input_cast}}
+  %y2, %ys2, %yw2 = bonsai.fp8_linear_shared_input %yw, %cs, %w, %s {current = false, margin = 0 : i64} : (tensor<832xf32>, tensor<2x4xf32>, tensor<32x64xbf16>, tensor<3x20xf32>) -> (tensor<1x16x32xbf16>, tensor<2x4xf32>, tensor<576xf32>)
+  return
+}
+
+// -----
+
+func.func @shared_input_other_input(%x: tensor<1x16x64xbf16>, %w: tensor<32x64xbf16>, %w2: tensor<32x32xbf16>, %s: tensor<3x20xf32>) {
+  %y, %ys, %yw = bonsai.fp8_linear %x, %w, %s {current = false, margin = 0 : i64} : (tensor<1x16x64xbf16>, tensor<32x64xbf16>, tensor<3x20xf32>) -> (tensor<1x16x32xbf16>, tensor<2x4xf32>, tensor<832xf32>)
+  // expected-error @+1 {{the input of input_cast's op type: expected 'tensor<1x16x32xbf16>', got 'tensor<1x16x64xbf16>'}}
+  %y2, %ys2, %yw2 = bonsai.fp8_linear_shared_input %yw, %ys, %w2, %s {current = false, margin = 0 : i64} : (tensor<832xf32>, tensor<2x4xf32>, tensor<32x32xbf16>, tensor<3x20xf32>) -> (tensor<1x16x32xbf16>, tensor<2x4xf32>, tensor<320xf32>)
+  return
+}
+
+// -----
+
+func.func @shared_input_other_margin(%x: tensor<1x16x64xbf16>, %w: tensor<32x64xbf16>, %s: tensor<3x20xf32>) {
+  %y, %ys, %yw = bonsai.fp8_linear %x, %w, %s {current = false, margin = 0 : i64} : (tensor<1x16x64xbf16>, tensor<32x64xbf16>, tensor<3x20xf32>) -> (tensor<1x16x32xbf16>, tensor<2x4xf32>, tensor<832xf32>)
+  // expected-error @+1 {{input_cast's op scales differently (current, margin): the input's scale must be the one this GEMM would use}}
+  %y2, %ys2, %yw2 = bonsai.fp8_linear_shared_input %yw, %ys, %w, %s {current = false, margin = 1 : i64} : (tensor<832xf32>, tensor<2x4xf32>, tensor<32x64xbf16>, tensor<3x20xf32>) -> (tensor<1x16x32xbf16>, tensor<2x4xf32>, tensor<576xf32>)
+  return
+}
+
+// -----
+
+func.func @shared_input_workspace(%x: tensor<1x16x64xbf16>, %w: tensor<32x64xbf16>, %s: tensor<3x20xf32>) {
+  %y, %ys, %yw = bonsai.fp8_linear %x, %w, %s {current = false, margin = 0 : i64} : (tensor<1x16x64xbf16>, tensor<32x64xbf16>, tensor<3x20xf32>) -> (tensor<1x16x32xbf16>, tensor<2x4xf32>, tensor<832xf32>)
+  // expected-error @+1 {{workspace must be tensor<576xf32> (the FP8 codes of 2048 weight elements and the device's scales), got 'tensor<832xf32>'}}
+  %y2, %ys2, %yw2 = bonsai.fp8_linear_shared_input %yw, %ys, %w, %s {current = false, margin = 0 : i64} : (tensor<832xf32>, tensor<2x4xf32>, tensor<32x64xbf16>, tensor<3x20xf32>) -> (tensor<1x16x32xbf16>, tensor<2x4xf32>, tensor<832xf32>)
+  return
+}
+
+// -----
+
+func.func @backward_shared_input_from_forward(%x: tensor<1x16x64xbf16>, %dy: tensor<1x16x32xbf16>, %w: tensor<32x64xbf16>, %s: tensor<3x20xf32>, %acc: tensor<32x64xf32>) {
+  %y, %ys, %yw = bonsai.fp8_linear %x, %w, %s {current = false, margin = 0 : i64} : (tensor<1x16x64xbf16>, tensor<32x64xbf16>, tensor<3x20xf32>) -> (tensor<1x16x32xbf16>, tensor<2x4xf32>, tensor<832xf32>)
+  // expected-error @+1 {{input_cast must be the workspace of a 'bonsai.fp8_linear_backward'}}
+  %dx, %ds, %dws, %ws = bonsai.fp8_linear_backward_shared_input %dy, %w, %yw, %ys, %s, %acc {current = false, margin = 0 : i64} : (tensor<1x16x32xbf16>, tensor<32x64xbf16>, tensor<832xf32>, tensor<2x4xf32>, tensor<3x20xf32>, tensor<32x64xf32>) -> (tensor<1x16x64xbf16>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<896xf32>)
+  return
+}
+
+// -----
+
+func.func @backward_shared_input_stats(%x: tensor<1x16x64xbf16>, %dy: tensor<1x16x32xbf16>, %w: tensor<32x64xbf16>, %s: tensor<3x20xf32>, %acc: tensor<32x64xf32>) {
+  %bdx, %bds, %bws, %bw = bonsai.fp8_linear_backward %dy, %w, %x, %s, %acc {current = false, margin = 0 : i64} : (tensor<1x16x32xbf16>, tensor<32x64xbf16>, tensor<1x16x64xbf16>, tensor<3x20xf32>, tensor<32x64xf32>) -> (tensor<1x16x64xbf16>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<1152xf32>)
+  // expected-error @+1 {{input_stats must be the weight_grad_stats of the 'bonsai.fp8_linear_backward' whose workspace is input_cast}}
+  %dx, %ds, %dws, %ws = bonsai.fp8_linear_backward_shared_input %dy, %w, %bw, %bds, %s, %acc {current = false, margin = 0 : i64} : (tensor<1x16x32xbf16>, tensor<32x64xbf16>, tensor<1152xf32>, tensor<2x4xf32>, tensor<3x20xf32>, tensor<32x64xf32>) -> (tensor<1x16x64xbf16>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<896xf32>)
+  return
+}
+
+// -----
+
+func.func @backward_shared_input_workspace(%x: tensor<1x16x64xbf16>, %dy: tensor<1x16x32xbf16>, %w: tensor<32x64xbf16>, %s: tensor<3x20xf32>, %acc: tensor<32x64xf32>) {
+  %bdx, %bds, %bws, %bw = bonsai.fp8_linear_backward %dy, %w, %x, %s, %acc {current = false, margin = 0 : i64} : (tensor<1x16x32xbf16>, tensor<32x64xbf16>, tensor<1x16x64xbf16>, tensor<3x20xf32>, tensor<32x64xf32>) -> (tensor<1x16x64xbf16>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<1152xf32>)
+  // expected-error @+1 {{workspace must be tensor<896xf32> (the codes of dy in two layouts and of the weight, and the device's scales), got 'tensor<1152xf32>'}}
+  %dx, %ds, %dws, %ws = bonsai.fp8_linear_backward_shared_input %dy, %w, %bw, %bws, %s, %acc {current = false, margin = 0 : i64} : (tensor<1x16x32xbf16>, tensor<32x64xbf16>, tensor<1152xf32>, tensor<2x4xf32>, tensor<3x20xf32>, tensor<32x64xf32>) -> (tensor<1x16x64xbf16>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<1152xf32>)
+  return
+}

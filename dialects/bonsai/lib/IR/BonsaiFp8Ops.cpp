@@ -1,7 +1,7 @@
 //===- BonsaiFp8Ops.cpp - FP8 GEMMs and their scaling state ----------------===//
 //
 // Verifiers, costs and kernel interfaces of the ops bonsai-fp8 creates (BonsaiFp8Ops.td). The
-// verifiers check what plan validation (runtime/src/Plan.cpp) checks for kinds 90..95, so that a
+// verifiers check what plan validation (runtime/src/Plan.cpp) checks for kinds 90..97, so that a
 // malformed op is reported at its source location rather than when a plan is loaded: shapes,
 // element types, the state [3, 4 + H] with H in [1, 1024], the statistics [2, 4], the workspace
 // size, and GEMM dimensions that FP8 tensor cores take (multiples of 16).
@@ -140,6 +140,9 @@ OpCost Fp8LinearOp::getForwardCost() {
 }
 
 SmallVector<unsigned> Fp8LinearOp::getWorkspaceResults() {
+  // A sibling that shares the input's cast reads the codes afterwards: then it is not scratch.
+  if (!getWorkspace().use_empty())
+    return {};
   return {cast<OpResult>(getWorkspace()).getResultNumber()};
 }
 
@@ -349,6 +352,164 @@ SmallVector<unsigned> Fp8LinearBackwardOp::getInPlaceOperands() {
 }
 
 SmallVector<unsigned> Fp8LinearBackwardOp::getWorkspaceResults() {
+  // A sibling that shares the input's cast reads the codes afterwards: then it is not scratch.
+  if (!getWorkspace().use_empty())
+    return {};
+  return {cast<OpResult>(getWorkspace()).getResultNumber()};
+}
+
+//===----------------------------------------------------------------------===//
+// Fp8LinearSharedInputOp and Fp8LinearBackwardSharedInputOp
+//===----------------------------------------------------------------------===//
+
+/// The checks of a GEMM that reads the input's cast from a sibling of type `SourceOp`: the
+/// cast is the sibling's workspace and `inputStats` its `stats` (the sibling's
+/// `sourceStatsName` result), and the sibling casts an input of `inputType` with the same
+/// scaling. The runtime finds the codes in that workspace by the sibling's layout.
+template <typename SourceOp>
+static LogicalResult verifySharedInputCast(Operation *op, Value inputCast, Value inputStats,
+                                           RankedTensorType inputType, bool current, int64_t margin,
+                                           StringRef sourceStatsName,
+                                           function_ref<Value(SourceOp)> sourceStats) {
+  auto source = inputCast.getDefiningOp<SourceOp>();
+  if (!source || source.getWorkspace() != inputCast)
+    return op->emitOpError() << "input_cast must be the workspace of a '"
+                             << SourceOp::getOperationName() << "'";
+  if (sourceStats(source) != inputStats)
+    return op->emitOpError() << "input_stats must be the " << sourceStatsName << " of the '"
+                             << SourceOp::getOperationName() << "' whose workspace is input_cast";
+  if (failed(expectTypeOf(op, "the input of input_cast's op", source.getInput(), inputType)))
+    return failure();
+  if (source.getCurrent() != current || source.getMargin() != margin)
+    return op->emitOpError() << "input_cast's op scales differently (current, margin): the "
+                                "input's scale must be the one this GEMM would use";
+  return verifyFp8Stats(op, "input_stats", inputStats);
+}
+
+LogicalResult Fp8LinearSharedInputOp::verify() {
+  RankedTensorType y = tensorType(getResult()), w = tensorType(getWeight());
+  if (y.getRank() < 1)
+    return emitOpError("result must have rank at least 1 (its last dimension is N)");
+  if (failed(expectRank(*this, "weight", w, 2)))
+    return failure();
+  int64_t n = w.getDimSize(0), k = w.getDimSize(1);
+  if (y.getShape().back() != n)
+    return emitOpError() << "weight shape: expected [" << y.getShape().back()
+                         << ", K] ([out, in] for output features " << y.getShape().back()
+                         << "), got " << fmt(w.getShape());
+  Type element = y.getElementType();
+  if (failed(expectElementType(*this, "weight", w.getElementType(), element)))
+    return failure();
+  if (Value bias = getBias())
+    if (failed(expectShape(*this, "bias", tensorType(bias).getShape(), {n})) ||
+        failed(expectElementType(*this, "bias", tensorType(bias).getElementType(), element)))
+      return failure();
+  SmallVector<int64_t> inputShape(y.getShape());
+  inputShape.back() = k;
+  if (failed(verifyFp8Dimensions(*this, getNumElements(y) / n, n, k)) ||
+      failed(verifySharedInputCast<Fp8LinearOp>(
+          *this, getInputCast(), getInputStats(), RankedTensorType::get(inputShape, element),
+          getCurrent(), getMargin(), "stats", [](Fp8LinearOp op) { return op.getStats(); })))
+    return failure();
+  // Only W is cast here: the workspace of a GEMM whose first operand has no codes of its own.
+  if (failed(verifyFp8Margin(*this, getMargin())) || failed(verifyFp8State(*this, getState())) ||
+      failed(verifyFp8Stats(*this, "stats", getStats())))
+    return failure();
+  int64_t expected = getWorkspaceElements(0, getNumElements(w));
+  RankedTensorType workspace = tensorType(getWorkspace());
+  if (!workspace.getElementType().isF32() || workspace.getRank() != 1 ||
+      workspace.getDimSize(0) != expected)
+    return emitOpError() << "workspace must be tensor<" << expected << "xf32> (the FP8 codes of "
+                         << getNumElements(w) << " weight elements and the device's scales), got "
+                         << workspace;
+  return success();
+}
+
+OpCost Fp8LinearSharedInputOp::getForwardCost() {
+  RankedTensorType w = tensorType(getWeight());
+  int64_t n = w.getDimSize(0), k = w.getDimSize(1);
+  int64_t m = getNumElements(tensorType(getResult())) / n;
+  // W is read and cast, its codes written and read back; the input's codes are read once.
+  OpCost cost;
+  for (Value operand : {getWeight(), getState(), getInputStats()})
+    cost.bytesRead += getStorageBytes(operand.getType());
+  if (Value bias = getBias())
+    cost.bytesRead += getStorageBytes(bias.getType());
+  cost.bytesRead += m * k + n * k;
+  cost.bytesWritten =
+      getStorageBytes(getResult().getType()) + getStorageBytes(getStats().getType()) + n * k;
+  cost.matmulFlops = 2 * m * n * k;
+  cost.vectorFlops = 4 * n * k;
+  return cost;
+}
+
+SmallVector<unsigned> Fp8LinearSharedInputOp::getWorkspaceResults() {
+  return {cast<OpResult>(getWorkspace()).getResultNumber()};
+}
+
+LogicalResult Fp8LinearBackwardSharedInputOp::verify() {
+  RankedTensorType dy = tensorType(getResultGrad()), w = tensorType(getWeight());
+  RankedTensorType acc = tensorType(getAccumulator());
+  FailureOr<SmallVector<int64_t>> shape =
+      verifyFp8GradInput(*this, getResultGrad(), getWeight(), getInputGrad(), "input_grad");
+  if (failed(shape))
+    return failure();
+  int64_t n = dy.getShape().back(), k = w.getDimSize(1);
+  if (failed(verifySharedInputCast<Fp8LinearBackwardOp>(
+          *this, getInputCast(), getInputStats(),
+          RankedTensorType::get(*shape, dy.getElementType()), getCurrent(), getMargin(),
+          "weight_grad_stats", [](Fp8LinearBackwardOp op) { return op.getWeightGradStats(); })))
+    return failure();
+  if (!acc.getElementType().isF32())
+    return emitOpError() << "accumulator element type must be f32 (FP8 GEMMs add into f32 "
+                            "accumulators only), got "
+                         << acc.getElementType();
+  if (acc.getShape() != ArrayRef<int64_t>{n, k})
+    return emitOpError() << "accumulator shape: expected [" << n << ", " << k << "] ([N, K]), got "
+                         << fmt(acc.getShape());
+  if (failed(verifyFp8Margin(*this, getMargin())) || failed(verifyFp8State(*this, getState())) ||
+      failed(verifyFp8Stats(*this, "input_grad_stats", getInputGradStats())) ||
+      failed(verifyFp8Stats(*this, "weight_grad_stats", getWeightGradStats())))
+    return failure();
+  // The fused backward's two workspaces without the input's codes.
+  int64_t dyElements = getNumElements(dy);
+  int64_t expected =
+      getWorkspaceElements(dyElements, getNumElements(w)) + getWorkspaceElements(dyElements, 0);
+  RankedTensorType workspace = tensorType(getWorkspace());
+  if (!workspace.getElementType().isF32() || workspace.getRank() != 1 ||
+      workspace.getDimSize(0) != expected)
+    return emitOpError() << "workspace must be tensor<" << expected
+                         << "xf32> (the codes of dy in two layouts and of the weight, and the "
+                            "device's scales), got "
+                         << workspace;
+  return success();
+}
+
+OpCost Fp8LinearBackwardSharedInputOp::getForwardCost() {
+  RankedTensorType dy = tensorType(getResultGrad());
+  int64_t n = dy.getShape().back(), k = tensorType(getWeight()).getDimSize(1);
+  int64_t m = getNumElements(dy) / n;
+  OpCost cost;
+  for (Value operand :
+       {getResultGrad(), getWeight(), getInputStats(), getState(), getAccumulator()})
+    cost.bytesRead += getStorageBytes(operand.getType());
+  // dy read once, cast into two layouts, W transposed; the codes go through the workspace,
+  // the input's codes are read once. The accumulator is read (beta = 1) and written.
+  int64_t codes = 2 * getNumElements(dy) + getNumElements(tensorType(getWeight()));
+  cost.bytesRead += codes + m * k;
+  cost.bytesWritten = getStorageBytes(getInputGrad().getType()) +
+                      2 * getStorageBytes(getInputGradStats().getType()) +
+                      getStorageBytes(getAccumulator().getType()) + codes;
+  cost.matmulFlops = 2 * (2 * m * n * k);
+  cost.vectorFlops = 4 * codes + getNumElements(tensorType(getAccumulator()));
+  return cost;
+}
+
+SmallVector<unsigned> Fp8LinearBackwardSharedInputOp::getInPlaceOperands() {
+  return {getAccumulatorMutable().getOperandNumber()};
+}
+
+SmallVector<unsigned> Fp8LinearBackwardSharedInputOp::getWorkspaceResults() {
   return {cast<OpResult>(getWorkspace()).getResultNumber()};
 }
 

@@ -5,8 +5,9 @@
 // activations and weights, E5M2 for output gradients) with the scales of a piece of training
 // state, multiplies on FP8 tensor cores with f32 accumulation, and reports what the casts did;
 // one update per step turns those reports into the next step's scales. They are created after
-// autodiff, so they have no gradients of their own. Plan kinds 90..95 (runtime/schema/plan.fbs);
-// bonsai-fuse forms the accumulating weight gradient (94) and the fused backward (95).
+// autodiff, so they have no gradients of their own. Plan kinds 90..97 (runtime/schema/plan.fbs);
+// bonsai-fuse forms the accumulating weight gradient (94), the fused backward (95) and the
+// GEMMs that reuse a sibling's cast of their input (96, 97).
 //
 //===----------------------------------------------------------------------===//
 
@@ -154,6 +155,58 @@ def Bonsai_Fp8LinearBackwardOp : Bonsai_Op<"fp8_linear_backward", [
   let arguments = (ins Bonsai_ComputeTensor:$result_grad, Bonsai_ComputeTensor:$weight,
                    Bonsai_ComputeTensor:$input, Bonsai_ComputeTensor:$state,
                    Bonsai_ComputeTensor:$accumulator, BoolAttr:$current, I64Attr:$margin);
+  let results = (outs Bonsai_ComputeTensor:$input_grad, Bonsai_ComputeTensor:$input_grad_stats,
+                      Bonsai_ComputeTensor:$weight_grad_stats, Bonsai_ComputeTensor:$workspace);
+  let hasVerifier = 1;
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let extraClassDeclaration = Bonsai_Fp8LayoutDecls;
+}
+
+def Bonsai_Fp8LinearSharedInputOp : Bonsai_Fp8GemmOp<"fp8_linear_shared_input"> {
+  let summary = "fp8_linear of an input another fp8_linear has already cast";
+  let description = [{
+    `bonsai.fp8_linear` of an input that a sibling `fp8_linear` (the same input, `current`
+    and `margin`: q, k and v of one block, or its gate and up projections) has cast already
+    (bonsai-fuse, family `fp8-shared-input`): the input's E4M3FN codes are read from the
+    sibling's workspace `input_cast` and its scale from the sibling's `input_stats` (row 0),
+    so only W is cast. Row 0 of `stats` is the sibling's, so the delayed-scale update records
+    the same input amax in both states, as it would with two casts: the two states' input
+    rows, equal from their first step, stay equal, and the result is the unfused op's bit for
+    bit. The input is [..., K] with the result's leading dimensions and the weight's K.
+
+    ```mlir
+    %y2, %stats2, %ws2 = bonsai.fp8_linear_shared_input %ws, %stats, %w2, %state2 {current = false, margin = 0 : i64} : (tensor<6208xf32>, tensor<2x4xf32>, tensor<32x64xbf16>, tensor<3x20xf32>) -> (tensor<4x64x32xbf16>, tensor<2x4xf32>, tensor<576xf32>)
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$input_cast, Bonsai_ComputeTensor:$input_stats,
+                   Bonsai_ComputeTensor:$weight, Bonsai_ComputeTensor:$state,
+                   Optional<Bonsai_ComputeTensor>:$bias, BoolAttr:$current, I64Attr:$margin,
+                   DefaultValuedAttr<BoolAttr, "false">:$fast_accumulation);
+}
+
+def Bonsai_Fp8LinearBackwardSharedInputOp : Bonsai_Op<"fp8_linear_backward_shared_input", [
+    MemoryEffects<[MemRead, MemWrite]>,
+    DeclareOpInterfaceMethods<Bonsai_CostOpInterface>,
+    DeclareOpInterfaceMethods<Bonsai_KernelOpInterface,
+                              ["getInPlaceOperands", "getWorkspaceResults"]>]> {
+  let summary = "fp8_linear_backward of an input another fp8_linear_backward has already cast";
+  let description = [{
+    `bonsai.fp8_linear_backward` of an input whose transposed E4M3FN cast a sibling
+    `fp8_linear_backward` (the same input, `current` and `margin`) has made already
+    (bonsai-fuse, family `fp8-shared-input`): the codes are read from the sibling's workspace
+    `input_cast`, the scale from its `input_stats` (its `weight_grad_stats`, row 1), so only dy
+    and W are cast. Row 1 of `weight_grad_stats` is the sibling's. The input is [..., K] with
+    result_grad's leading dimensions and the weight's K; the workspace holds dy's two layouts,
+    W's codes and the scales (the fused backward's without x's codes).
+
+    ```mlir
+    %dx2, %dxs2, %dws2, %ws2 = bonsai.fp8_linear_backward_shared_input %dy2, %w2, %ws, %dws, %s2, %acc2 {current = false, margin = 0 : i64} : (tensor<4x64x32xbf16>, tensor<32x64xbf16>, tensor<22656xf32>, tensor<2x4xf32>, tensor<3x20xf32>, tensor<32x64xf32>) -> (tensor<4x64x64xbf16>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<4736xf32>)
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$result_grad, Bonsai_ComputeTensor:$weight,
+                   Bonsai_ComputeTensor:$input_cast, Bonsai_ComputeTensor:$input_stats,
+                   Bonsai_ComputeTensor:$state, Bonsai_ComputeTensor:$accumulator,
+                   BoolAttr:$current, I64Attr:$margin);
   let results = (outs Bonsai_ComputeTensor:$input_grad, Bonsai_ComputeTensor:$input_grad_stats,
                       Bonsai_ComputeTensor:$weight_grad_stats, Bonsai_ComputeTensor:$workspace);
   let hasVerifier = 1;
