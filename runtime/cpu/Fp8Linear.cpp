@@ -1,6 +1,6 @@
 //===- Fp8Linear.cpp - FP8 GEMMs and delayed scaling on the CPU -----------===//
 //
-// The CPU reference of plan kinds 90..97 (docs/fp8.md, "FP8 training: ops, state and kernels"):
+// The CPU reference of plan kinds 90..99 (docs/fp8.md, "FP8 training: ops, state and kernels"):
 // each GEMM operand is cast to E4M3FN (activations, weights) or E5M2 (output gradients) with
 // the scale of its row of the FP8 state, or with a scale from its own amax under current
 // scaling or before the first update, exactly as fp8::castScaled casts; the codes go to the
@@ -326,27 +326,44 @@ void fp8LinearSharedInput(const TensorView &inputCast, const TensorView &inputSt
              {&inputCast, &w, &state, bias});
 }
 
-void fp8LinearBackwardSharedInput(const TensorView &dy, const TensorView &w,
-                                  const TensorView &inputCast, const TensorView &inputStats,
-                                  const TensorView &state, bool current, int margin,
-                                  const TensorView &dx, const TensorView &inputGradStats,
-                                  const TensorView &weightGradStats, const TensorView &workspace,
-                                  const TensorView &acc) {
-  const char *k = "fp8_linear_backward_shared_input";
-  const auto [m, n, kk] = checkLinearGradInput(k, dy, w, dx);
+/// Where a fused backward that does not cast its input finds x's codes: `codes` (row-major
+/// [M, K] when `transposed` is false, [K, M] when true, in the view `source`) and row
+/// `statsRow` of `inputStats`, whose scale was x's.
+struct CastInput {
+  const TensorView &source;
+  const TensorView &inputStats;
+  int statsRow;
+  bool transposed;
+};
+
+/// The checks of kinds 97 and 99 before x's codes are found: dx = dy · w's operands and the
+/// accumulator; returns M, N and K.
+static LinearSizes checkBackwardWithoutInputCast(const char *k, const TensorView &dy,
+                                                 const TensorView &w, const TensorView &state,
+                                                 const TensorView &dx,
+                                                 const TensorView &weightGradStats,
+                                                 const TensorView &acc) {
+  const LinearSizes sizes = checkLinearGradInput(k, dy, w, dx);
+  const auto [m, n, kk] = sizes;
   if (acc.dtype != DType::F32 || acc.rank() != 2 || acc.dim(0) != n || acc.dim(1) != kk)
     fail(k, "acc must be f32 [" + std::to_string(n) + ", " + std::to_string(kk) +
                 "] (FP8 GEMMs add into f32 accumulators only), got " + formatShape(acc.shape) +
                 " " + dtypeName(acc.dtype));
   stateColumns(k, state);
   checkStats(k, "weight_grad_stats", weightGradStats);
-  // fp8LinearBackward leaves x's codes (row-major [M, K]) just before its workspace's last
-  // 256 bytes (it places the weight gradient's workspace at the end).
-  const int64_t xBytes = (m * kk + 255) / 256 * 256;
-  const uint8_t *xCodes = sharedCodes(
-      k, inputCast, inputStats, m * kk,
-      fp8::gemmWorkspaceBytes(0, 0) + fp8::gemmWorkspaceBytes(0, m * kk), -(xBytes + 256));
-  // The input gradient as fp8LinearBackward computes it, in the workspace's first part.
+  return sizes;
+}
+
+/// Kinds 97 and 99 once x's codes are found: the input gradient as fp8LinearBackward computes
+/// it, in the workspace's first part; the weight gradient from dy cast again (the same codes)
+/// and x's codes.
+static void backwardWithoutInputCast(const char *k, const TensorView &dy, const TensorView &w,
+                                     const uint8_t *xCodes, const CastInput &x,
+                                     const TensorView &state, bool current, int margin,
+                                     const TensorView &dx, const TensorView &inputGradStats,
+                                     const TensorView &weightGradStats, const TensorView &workspace,
+                                     const TensorView &acc) {
+  const int64_t n = w.dim(0), kk = w.dim(1), m = n ? dy.numel() / n : 0;
   const int64_t first = fp8::gemmWorkspaceBytes(dy.numel(), w.numel());
   const int64_t need = first + fp8::gemmWorkspaceBytes(dy.numel(), 0);
   checkView(k, "workspace", workspace);
@@ -356,18 +373,78 @@ void fp8LinearBackwardSharedInput(const TensorView &dy, const TensorView &w,
                 " " + dtypeName(workspace.dtype));
   TensorView inputWorkspace{workspace.data, DType::F32, {first / 4}};
   fp8LinearGradInput(dy, w, state, current, margin, dx, inputGradStats, inputWorkspace);
-  // The weight gradient: dy cast again (the same codes), x's from the other kernel.
   uint8_t *dyCodes = static_cast<uint8_t *>(workspace.data) + first;
   float *s = static_cast<float *>(weightGradStats.data);
   const float dyScale =
       castOperand(dy, state, fp8::OutputGradRow, fp8::Format::E5M2, current, margin, dyCodes, s);
-  const float xScale = sharedScale(inputStats, 1, s + fp8::kStatsColumns);
+  const float xScale = sharedScale(x.inputStats, x.statsRow, s + fp8::kStatsColumns);
   std::vector<float> product(size_t(acc.numel()));
   TensorView dw{product.data(), DType::F32, acc.shape};
+  // dw [n, k] = dyᵀ [n, m] · x [m, k]: the sum runs over m, both read as [., m].
   scaledGemm(decodeCodes(dyCodes, dy.numel(), fp8::Format::E5M2, /*rows=*/m), dyScale,
-             decodeCodes(xCodes, m * kk, fp8::Format::E4M3FN, /*rows=*/m), xScale, n, kk, m,
-             nullptr, dw, {&dy, &inputCast, &state});
+             decodeCodes(xCodes, m * kk, fp8::Format::E4M3FN, x.transposed ? 0 : m), xScale, n, kk,
+             m, nullptr, dw, {&dy, &x.source, &state});
   accumulate(dw, acc);
+}
+
+void fp8LinearBackwardSharedInput(const TensorView &dy, const TensorView &w,
+                                  const TensorView &inputCast, const TensorView &inputStats,
+                                  const TensorView &state, bool current, int margin,
+                                  const TensorView &dx, const TensorView &inputGradStats,
+                                  const TensorView &weightGradStats, const TensorView &workspace,
+                                  const TensorView &acc) {
+  const char *k = "fp8_linear_backward_shared_input";
+  const auto [m, n, kk] = checkBackwardWithoutInputCast(k, dy, w, state, dx, weightGradStats, acc);
+  // fp8LinearBackward leaves x's codes (row-major [M, K]) just before its workspace's last
+  // 256 bytes (it places the weight gradient's workspace at the end).
+  const int64_t xBytes = (m * kk + 255) / 256 * 256;
+  const uint8_t *xCodes = sharedCodes(
+      k, inputCast, inputStats, m * kk,
+      fp8::gemmWorkspaceBytes(0, 0) + fp8::gemmWorkspaceBytes(0, m * kk), -(xBytes + 256));
+  backwardWithoutInputCast(k, dy, w, xCodes, {inputCast, inputStats, 1, false}, state, current,
+                           margin, dx, inputGradStats, weightGradStats, workspace, acc);
+}
+
+void fp8LinearWithInputCast(const TensorView &x, const TensorView &w, const TensorView &state,
+                            const TensorView *bias, bool current, int margin, const TensorView &y,
+                            const TensorView &stats, const TensorView &inputCast,
+                            const TensorView &workspace) {
+  const char *k = "fp8_linear_with_input_cast";
+  checkView(k, "input_cast", inputCast);
+  const int64_t kk = w.rank() == 2 ? w.dim(1) : 0, m = kk ? x.numel() / kk : 0;
+  if (inputCast.dtype != DType::F8E4M3FN || inputCast.shape != std::vector<int64_t>{kk, m})
+    fail(k, "input_cast must be f8_e4m3 [" + std::to_string(kk) + ", " + std::to_string(m) +
+                "] (x's transposed codes), got " + formatShape(inputCast.shape) + " " +
+                dtypeName(inputCast.dtype));
+  fp8Linear(x, w, state, bias, current, margin, y, stats, workspace);
+  // x's plain codes are the workspace's first; their transpose is what fp8LinearBackward's
+  // cast of x with the same scale writes.
+  const auto *plain = static_cast<const uint8_t *>(workspace.data);
+  auto *codes = static_cast<uint8_t *>(inputCast.data);
+  parallelFor(kk, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c)
+      for (int64_t r = 0; r < m; ++r)
+        codes[c * m + r] = plain[r * kk + c];
+  });
+}
+
+void fp8LinearBackwardFromInputCast(const TensorView &dy, const TensorView &w,
+                                    const TensorView &inputCast, const TensorView &inputStats,
+                                    const TensorView &state, bool current, int margin,
+                                    const TensorView &dx, const TensorView &inputGradStats,
+                                    const TensorView &weightGradStats, const TensorView &workspace,
+                                    const TensorView &acc) {
+  const char *k = "fp8_linear_backward_from_input_cast";
+  const auto [m, n, kk] = checkBackwardWithoutInputCast(k, dy, w, state, dx, weightGradStats, acc);
+  checkView(k, "input_cast", inputCast);
+  if (inputCast.dtype != DType::F8E4M3FN || inputCast.shape != std::vector<int64_t>{kk, m})
+    fail(k, "input_cast must be f8_e4m3 [" + std::to_string(kk) + ", " + std::to_string(m) +
+                "] (x's transposed codes), got " + formatShape(inputCast.shape) + " " +
+                dtypeName(inputCast.dtype));
+  checkStats(k, "input_stats", inputStats);
+  backwardWithoutInputCast(k, dy, w, static_cast<const uint8_t *>(inputCast.data),
+                           {inputCast, inputStats, 0, true}, state, current, margin, dx,
+                           inputGradStats, weightGradStats, workspace, acc);
 }
 
 void fp8UpdateScales(const TensorView &step, const TensorView &forwardStats,

@@ -23,6 +23,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <array>
 
 namespace bonsai::rt::cuda {
 
@@ -1106,13 +1107,11 @@ void fp8LinearSharedInput(const Context &ctx, const TensorView &inputCast,
           /*accumulate=*/false, fastAccumulation);
 }
 
-void fp8LinearBackwardSharedInput(const Context &ctx, const TensorView &dy, const TensorView &w,
-                                  const TensorView &inputCast, const TensorView &inputStats,
-                                  const TensorView &state, bool current, int margin,
-                                  const TensorView &dx, const TensorView &inputGradStats,
-                                  const TensorView &weightGradStats, const TensorView &workspace,
-                                  const TensorView &acc) {
-  const char *kn = "fp8_linear_backward_shared_input";
+/// dx = dy · w's operands and the accumulator of kinds 97 and 99, checked; returns M, N, K.
+static std::array<int64_t, 3> checkBackwardWithoutInputCast(const char *kn, const TensorView &dy,
+                                                            const TensorView &w,
+                                                            const TensorView &dx,
+                                                            const TensorView &acc) {
   auto [m, n] = asMatrix(kn, "dy", dy);
   auto [wn, k] = asMatrix(kn, "w", w);
   if (w.rank() != 2 || wn != n)
@@ -1124,17 +1123,24 @@ void fp8LinearBackwardSharedInput(const Context &ctx, const TensorView &dy, cons
     fail(kn, "acc must be f32 [" + std::to_string(n) + ", " + std::to_string(k) +
                  "] (FP8 GEMMs add into f32 accumulators only)");
   checkView(kn, "acc", acc);
-  // fp8LinearBackward leaves xᵀ's codes at the end of its workspace, after its control block.
-  const float *shared =
-      checkSharedCast(kn, inputCast, inputStats,
-                      fp8::gemmWorkspaceBytes(0, 0) + fp8::gemmWorkspaceBytes(0, m * k), m * k);
-  const TensorView x{nullptr, dy.dtype, {m, k}}; // x's shape; its codes are inputCast's
+  return {m, n, k};
+}
+
+/// Kinds 97 and 99 once xᵀ's codes (`xCodes`, [K, M]) and x's statistics row (`xStats`) are
+/// found: one launch casts dy (both layouts) and wᵀ, then the two GEMMs.
+static void backwardWithoutInputCast(const Context &ctx, const char *kn, int64_t m, int64_t n,
+                                     int64_t k, const TensorView &dy, const TensorView &w,
+                                     const uint8_t *xCodes, const float *xStats,
+                                     const TensorView &state, bool current, int margin,
+                                     const TensorView &dx, const TensorView &inputGradStats,
+                                     const TensorView &weightGradStats, const TensorView &workspace,
+                                     const TensorView &acc) {
+  const TensorView x{nullptr, dy.dtype, {m, k}}; // x's shape; its codes are another kernel's
   GemmOperand ops[3] = {{&dy, m, n, true, fp8::OutputGradRow, "dy"},
                         {&w, n, k, true, fp8::WeightRow, "w"},
                         {&x, m, k, true, fp8::InputRow, "x"}};
-  ops[2].sharedCodes = static_cast<const uint8_t *>(inputCast.data) + inputCast.numel() * 4 -
-                       roundedCodeBytes(m * k);
-  ops[2].sharedStats = shared + fp8::kStatsColumns;
+  ops[2].sharedCodes = xCodes;
+  ops[2].sharedStats = xStats;
   for (const GemmOperand &op : ops)
     checkCastOperand(kn, op);
   checkState(kn, state);
@@ -1159,8 +1165,79 @@ void fp8LinearBackwardSharedInput(const Context &ctx, const TensorView &dy, cons
           {wCodes, fp8::WeightRow, &control->descale[1].value}, m, k, n, dx, nullptr);
   // acc [n, k] += (dyᵀ [n, m]) · (xᵀ [k, m])ᵀ.
   runGemm(ctx, kn, {dyCodes, fp8::OutputGradRow, dyDescale},
-          {ops[2].sharedCodes, fp8::InputRow, &control->descale[2].value}, n, k, m, acc, nullptr,
+          {xCodes, fp8::InputRow, &control->descale[2].value}, n, k, m, acc, nullptr,
           /*accumulate=*/true);
+}
+
+void fp8LinearBackwardSharedInput(const Context &ctx, const TensorView &dy, const TensorView &w,
+                                  const TensorView &inputCast, const TensorView &inputStats,
+                                  const TensorView &state, bool current, int margin,
+                                  const TensorView &dx, const TensorView &inputGradStats,
+                                  const TensorView &weightGradStats, const TensorView &workspace,
+                                  const TensorView &acc) {
+  const char *kn = "fp8_linear_backward_shared_input";
+  auto [m, n, k] = checkBackwardWithoutInputCast(kn, dy, w, dx, acc);
+  // fp8LinearBackward leaves xᵀ's codes at the end of its workspace, after its control block.
+  const float *shared =
+      checkSharedCast(kn, inputCast, inputStats,
+                      fp8::gemmWorkspaceBytes(0, 0) + fp8::gemmWorkspaceBytes(0, m * k), m * k);
+  const uint8_t *xCodes = static_cast<const uint8_t *>(inputCast.data) + inputCast.numel() * 4 -
+                          roundedCodeBytes(m * k);
+  backwardWithoutInputCast(ctx, kn, m, n, k, dy, w, xCodes, shared + fp8::kStatsColumns, state,
+                           current, margin, dx, inputGradStats, weightGradStats, workspace, acc);
+}
+
+/// Checks `inputCast`: xᵀ's codes, f8e4m3fn [k, m] from a 16-byte boundary.
+static void checkInputCast(const char *kn, const TensorView &inputCast, int64_t k, int64_t m) {
+  checkView(kn, "input_cast", inputCast);
+  if (inputCast.dtype != DType::F8E4M3FN || inputCast.shape != std::vector<int64_t>{k, m} ||
+      !aligned16(inputCast.data))
+    fail(kn, "input_cast must be f8_e4m3 [" + std::to_string(k) + ", " + std::to_string(m) +
+                 "] (x's transposed codes) from a 16-byte boundary, got " +
+                 formatShape(inputCast.shape) + " " + dtypeName(inputCast.dtype));
+}
+
+void fp8LinearWithInputCast(const Context &ctx, const TensorView &x, const TensorView &w,
+                            const TensorView &state, const TensorView *bias, bool current,
+                            int margin, const TensorView &y, const TensorView &stats,
+                            const TensorView &inputCast, const TensorView &workspace,
+                            bool fastAccumulation) {
+  const char *kn = "fp8_linear_with_input_cast";
+  auto [m, k] = asMatrix(kn, "x", x);
+  auto [n, wk] = asMatrix(kn, "w", w);
+  if (w.rank() != 2 || wk != k)
+    fail(kn, "w must be [N, " + std::to_string(k) + "] for x [..., " + std::to_string(k) + "]");
+  auto [ym, yn] = asMatrix(kn, "y", y);
+  if (ym != m || yn != n)
+    fail(kn, "y must be [..., " + std::to_string(n) + "] with x's leading dimensions");
+  checkInputCast(kn, inputCast, k, m);
+  // x is cast once into both layouts (the transposing tile with its plain codes, as dy in
+  // the fused backward): the plain codes to the workspace for the GEMM, xᵀ's to input_cast.
+  const GemmOperand ops[2] = {{&x, m, k, true, fp8::InputRow, "x"},
+                              {&w, n, k, false, fp8::WeightRow, "w"}};
+  checkFp8Operands(kn, ops, state, stats, workspace);
+  GemmWorkspace ws = gemmWorkspace(ops, workspace);
+  uint8_t *const codes[2] = {static_cast<uint8_t *>(inputCast.data), ws.codes[1]};
+  castOperands<2>(ctx, kn, ops, codes, ws.codes[0], state, current, margin, ws.control,
+                  static_cast<float *>(stats.data), nullptr);
+  runGemm(ctx, kn, {ws.codes[0], fp8::InputRow, &ws.control->descale[0].value},
+          {ws.codes[1], fp8::WeightRow, &ws.control->descale[1].value}, m, n, k, y, bias,
+          /*accumulate=*/false, fastAccumulation);
+}
+
+void fp8LinearBackwardFromInputCast(const Context &ctx, const TensorView &dy, const TensorView &w,
+                                    const TensorView &inputCast, const TensorView &inputStats,
+                                    const TensorView &state, bool current, int margin,
+                                    const TensorView &dx, const TensorView &inputGradStats,
+                                    const TensorView &weightGradStats, const TensorView &workspace,
+                                    const TensorView &acc) {
+  const char *kn = "fp8_linear_backward_from_input_cast";
+  auto [m, n, k] = checkBackwardWithoutInputCast(kn, dy, w, dx, acc);
+  checkInputCast(kn, inputCast, k, m);
+  checkStats(kn, "input_stats", inputStats);
+  backwardWithoutInputCast(ctx, kn, m, n, k, dy, w, static_cast<const uint8_t *>(inputCast.data),
+                           static_cast<const float *>(inputStats.data), state, current, margin, dx,
+                           inputGradStats, weightGradStats, workspace, acc);
 }
 
 void fp8UpdateScales(const Context &ctx, const TensorView &step, const TensorView &forward,

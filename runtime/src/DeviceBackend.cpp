@@ -505,6 +505,16 @@ private:
                                          a.fp8Margin, outAt(0), outAt(1), outAt(2), outAt(3),
                                          outAt(4));
       break;
+    case KernelKind::Fp8LinearWithInputCast:
+      cuda::fp8LinearWithInputCast(
+          ctx, in(0), in(1), in(2), k.inputs.size() == 4 ? &in(3) : nullptr, a.fp8Current,
+          a.fp8Margin, outAt(0), outAt(1), outAt(2), outAt(3), a.fp8FastAccumulation);
+      break;
+    case KernelKind::Fp8LinearBackwardFromInputCast:
+      cuda::fp8LinearBackwardFromInputCast(ctx, in(0), in(1), in(2), in(3), in(4), a.fp8Current,
+                                           a.fp8Margin, outAt(0), outAt(1), outAt(2), outAt(3),
+                                           outAt(4));
+      break;
     case KernelKind::Fp8UpdateScales:
       cuda::fp8UpdateScales(ctx, in(0), in(1), k.inputs.size() == 3 ? &in(2) : nullptr,
                             a.fp8Margin, out);

@@ -497,6 +497,15 @@ void Executor::runKernel(size_t index) {
     cpu::fp8LinearBackwardSharedInput(in(0), in(1), in(2), in(3), in(4), a.fp8Current, a.fp8Margin,
                                       outAt(0), outAt(1), outAt(2), outAt(3), outAt(4));
     break;
+  case KernelKind::Fp8LinearWithInputCast:
+    cpu::fp8LinearWithInputCast(in(0), in(1), in(2), k.inputs.size() == 4 ? &in(3) : nullptr,
+                                a.fp8Current, a.fp8Margin, outAt(0), outAt(1), outAt(2), outAt(3));
+    break;
+  case KernelKind::Fp8LinearBackwardFromInputCast:
+    cpu::fp8LinearBackwardFromInputCast(in(0), in(1), in(2), in(3), in(4), a.fp8Current,
+                                        a.fp8Margin, outAt(0), outAt(1), outAt(2), outAt(3),
+                                        outAt(4));
+    break;
   case KernelKind::Fp8UpdateScales:
     cpu::fp8UpdateScales(in(0), in(1), k.inputs.size() == 3 ? &in(2) : nullptr, a.fp8Margin,
                          out);

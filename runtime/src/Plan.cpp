@@ -65,6 +65,10 @@ static_assert(
             uint16_t(KernelKind::Fp8LinearSharedInput) &&
         uint16_t(fb::KernelKind::Fp8LinearBackwardSharedInput) ==
             uint16_t(KernelKind::Fp8LinearBackwardSharedInput) &&
+        uint16_t(fb::KernelKind::Fp8LinearWithInputCast) ==
+            uint16_t(KernelKind::Fp8LinearWithInputCast) &&
+        uint16_t(fb::KernelKind::Fp8LinearBackwardFromInputCast) ==
+            uint16_t(KernelKind::Fp8LinearBackwardFromInputCast) &&
         uint16_t(fb::KernelKind::FlashAttention) == uint16_t(KernelKind::FlashAttention) &&
         uint16_t(fb::KernelKind::MAX) == uint16_t(KernelKind::FlashAttentionGrad),
     "rt::KernelKind must match plan.fbs");
@@ -851,8 +855,14 @@ void KernelChecker::checkArity() {
     resultNames = {"y", "stats", "workspace"};
     break;
   case KernelKind::Fp8LinearBackwardSharedInput:
+  case KernelKind::Fp8LinearBackwardFromInputCast:
     operandNames = {"dy", "w", "input_cast", "input_stats", "state"};
     resultNames = {"dx", "input_grad_stats", "weight_grad_stats", "workspace", "acc"};
+    break;
+  case KernelKind::Fp8LinearWithInputCast:
+    operandNames = {"x", "w", "state", "bias"};
+    minIn = 3;
+    resultNames = {"y", "stats", "input_cast", "workspace"};
     break;
   case KernelKind::Fp8UpdateScales:
     operandNames = {"step", "forward_stats", "backward_stats"};
@@ -1115,15 +1125,18 @@ void KernelChecker::checkAttrs() {
   case KernelKind::Fp8LinearBackward:
   case KernelKind::Fp8LinearSharedInput:
   case KernelKind::Fp8LinearBackwardSharedInput:
+  case KernelKind::Fp8LinearWithInputCast:
+  case KernelKind::Fp8LinearBackwardFromInputCast:
   case KernelKind::Fp8UpdateScales:
     if (a.fp8Margin < 0 || a.fp8Margin > kMaxFp8Margin)
       fail("margin must be in [0, " + std::to_string(kMaxFp8Margin) + "], got " +
            std::to_string(a.fp8Margin));
     // The gradients' GEMMs always promote their partial sums (docs/fp8.md).
     if (a.fp8FastAccumulation && kernel.kind != KernelKind::Fp8Linear &&
-        kernel.kind != KernelKind::Fp8LinearSharedInput)
-      fail("fast_accumulation is the forward GEMMs' option (Fp8Linear, Fp8LinearSharedInput); "
-           "a gradient GEMM always promotes its partial sums to fp32");
+        kernel.kind != KernelKind::Fp8LinearSharedInput &&
+        kernel.kind != KernelKind::Fp8LinearWithInputCast)
+      fail("fast_accumulation is the forward GEMMs' option (Fp8Linear, Fp8LinearSharedInput, "
+           "Fp8LinearWithInputCast); a gradient GEMM always promotes its partial sums to fp32");
     break;
   default:
     break;
@@ -1210,10 +1223,14 @@ void KernelChecker::checkState() const {
   case KernelKind::Fp8LinearGradWeightAccumulate:
   case KernelKind::Fp8LinearBackward:
   case KernelKind::Fp8LinearSharedInput:
-  case KernelKind::Fp8LinearBackwardSharedInput: {
+  case KernelKind::Fp8LinearBackwardSharedInput:
+  case KernelKind::Fp8LinearWithInputCast:
+  case KernelKind::Fp8LinearBackwardFromInputCast: {
     // The state follows the GEMM operands: input 2, 3 for the fused backward and the forward
-    // that shares its input's cast, 4 for the backward that does.
-    const size_t state = kernel.kind == KernelKind::Fp8LinearBackwardSharedInput ? 4
+    // that shares its input's cast, 4 for the backwards that read another kernel's.
+    const size_t state = kernel.kind == KernelKind::Fp8LinearBackwardSharedInput ||
+                                 kernel.kind == KernelKind::Fp8LinearBackwardFromInputCast
+                             ? 4
                          : kernel.kind == KernelKind::Fp8LinearBackward ||
                                  kernel.kind == KernelKind::Fp8LinearSharedInput
                              ? 3
@@ -1765,9 +1782,39 @@ void KernelChecker::checkShapes() {
                       "fp8::gemmWorkspaceBytes of w's cast alone");
     break;
   }
-  case KernelKind::Fp8LinearBackwardSharedInput: {
+  case KernelKind::Fp8LinearWithInputCast: {
+    // Kind 90 that also writes xᵀ's codes: f8e4m3fn [K, M].
+    expectFloat(0);
+    expectRankAtLeast(0, 1);
+    expectFloat(1);
+    expectRank(1, 2);
+    const std::vector<int64_t> &x = in(0).shape, &w = in(1).shape;
+    int64_t n = w[0], k = w[1], m = in(0).numel / x.back();
+    if (x.back() != k)
+      fail(inName(1) + " shape: expected [out, " + std::to_string(x.back()) +
+           "] ([out, in] layout), got " + formatShape(w));
+    checkFp8Dimension("M", m, "the rows of x " + formatShape(x));
+    checkFp8Dimension("N", n, "the rows of w " + formatShape(w));
+    checkFp8Dimension("K", k, "the columns of w " + formatShape(w));
+    if (kernel.inputs.size() == 4)
+      expectFloatInput(3, {n});
+    std::vector<int64_t> shape(x.begin(), x.end() - 1);
+    shape.push_back(n);
+    expectFloatOutput(0, shape);
+    checkFp8State(in(2), inName(2));
+    checkFp8Stats(out(1), outName(1));
+    if (out(2).dtype != DType::F8E4M3FN || out(2).shape != std::vector<int64_t>{k, m})
+      fail(outName(2) + ": expected f8_e4m3 " + formatShape({k, m}) +
+           " (x's transposed codes), got " + formatShape(out(2).shape) + " " +
+           dtypeName(out(2).dtype));
+    checkFp8Workspace(3, fp8::gemmWorkspaceBytes(in(0).numel, in(1).numel),
+                      "fp8::gemmWorkspaceBytes of casts of x and w");
+    break;
+  }
+  case KernelKind::Fp8LinearBackwardSharedInput:
+  case KernelKind::Fp8LinearBackwardFromInputCast: {
     // Kind 95 with x's transposed codes and scale from another kind 95's workspace and
-    // weight-gradient stats.
+    // weight-gradient stats (97), or from kind 98's codes and stats (99).
     expectFloat(0);
     expectRankAtLeast(0, 1);
     expectFloat(1);
@@ -1787,10 +1834,18 @@ void KernelChecker::checkShapes() {
       fail(outName(0) + " dtype: expected " + dtypeName(in(0).dtype) + " (as dy), got " +
            dtypeName(out(0).dtype));
     expectF32Output(4, {n, k});
-    // The source's workspace holds at least its x codes and both GEMMs' control blocks.
-    checkFp8SharedCast(2, 3, m * k,
-                       fp8::gemmWorkspaceBytes(0, 0) + fp8::gemmWorkspaceBytes(0, m * k),
-                       "an Fp8LinearBackward's workspace holding x's transposed codes");
+    if (kernel.kind == KernelKind::Fp8LinearBackwardFromInputCast) {
+      if (in(2).dtype != DType::F8E4M3FN || in(2).shape != std::vector<int64_t>{k, m})
+        fail(inName(2) + ": expected f8_e4m3 " + formatShape({k, m}) +
+             " (x's transposed codes, an Fp8LinearWithInputCast's), got " +
+             formatShape(in(2).shape) + " " + dtypeName(in(2).dtype));
+      checkFp8Stats(in(3), inName(3));
+    } else {
+      // The source's workspace holds at least its x codes and both GEMMs' control blocks.
+      checkFp8SharedCast(2, 3, m * k,
+                         fp8::gemmWorkspaceBytes(0, 0) + fp8::gemmWorkspaceBytes(0, m * k),
+                         "an Fp8LinearBackward's workspace holding x's transposed codes");
+    }
     checkFp8State(in(4), inName(4));
     checkFp8Stats(out(1), outName(1));
     checkFp8Stats(out(2), outName(2));
@@ -2037,6 +2092,8 @@ fb::KernelAttrs requiredAttrs(fb::KernelKind kind) {
   case fb::KernelKind::Fp8LinearBackward:
   case fb::KernelKind::Fp8LinearSharedInput:
   case fb::KernelKind::Fp8LinearBackwardSharedInput:
+  case fb::KernelKind::Fp8LinearWithInputCast:
+  case fb::KernelKind::Fp8LinearBackwardFromInputCast:
   case fb::KernelKind::Fp8UpdateScales:
     return fb::KernelAttrs::Fp8Attrs;
   default:

@@ -980,6 +980,65 @@ TEST_F(CudaFp8LinearTest, SharedInputIsTheUnsharedBitForBit) {
   }
 }
 
+TEST_F(CudaFp8LinearTest, SavedInputCastIsTheBackwardsOwnBitForBit) {
+  // Kind 98 gives kind 90's results bit for bit and xᵀ's codes; kind 99 reading them gives
+  // kind 95's results bit for bit (another linear's backward with the same input scale):
+  // delayed, current and first-step scaling.
+  if (refusedWithoutFp8TensorCores())
+    return;
+  std::mt19937 rng(31);
+  const int64_t m = 528, n1 = 144, n2 = 80, k = 400;
+  struct Case {
+    bool current;
+    float scales[3];
+  } cases[] = {
+      {false, {2.0f, 30.0f, 5000.0f}}, {true, {2.0f, 30.0f, 5000.0f}}, {false, {0.0f, 0.0f, 0.0f}}};
+  for (const Case &c : cases) {
+    SCOPED_TRACE("current=" + std::to_string(c.current) + " scale=" + std::to_string(c.scales[0]));
+    Operand x({4, 132, k}, DType::BF16, rng, 1.0f), w1({n1, k}, DType::BF16, rng, 0.05f);
+    Operand w2({n2, k}, DType::BF16, rng, 0.02f), dy({4, 132, n2}, DType::BF16, rng, 0.02f);
+    auto state1 = upload(makeState(4, c.scales[0], c.scales[1], c.scales[2]));
+    auto state2 = upload(makeState(4, c.scales[0], 2 * c.scales[1], 0.5f * c.scales[2]));
+    TensorView s1{state1->ptr, DType::F32, {3, 8}}, s2{state2->ptr, DType::F32, {3, 8}};
+    Output y({4, 132, n1}, DType::BF16), st({2, 4}, DType::F32);
+    Output ky({4, 132, n1}, DType::BF16), kst({2, 4}, DType::F32);
+    TensorView ws, kws;
+    auto b1 = workspace(m * k, n1 * k, ws), b2 = workspace(m * k, n1 * k, kws);
+    DeviceBuffer codes(size_t(k * m));
+    TensorView xt{codes.ptr, DType::F8E4M3FN, {k, m}};
+    cuda::fp8Linear(ctx, x.view(), w1.view(), s1, nullptr, c.current, 0, y.view(), st.view(), ws);
+    cuda::fp8LinearWithInputCast(ctx, x.view(), w1.view(), s1, nullptr, c.current, 0, ky.view(),
+                                 kst.view(), xt, kws);
+    EXPECT_EQ(ky.read(), y.read());
+    EXPECT_EQ(kst.read(), st.read());
+    auto fusedWorkspace = [&](int64_t xElements, TensorView &view) {
+      const int64_t bytes =
+          fp8::gemmWorkspaceBytes(m * n2, n2 * k) + fp8::gemmWorkspaceBytes(m * n2, xElements);
+      auto buffer = std::make_unique<DeviceBuffer>(size_t(bytes));
+      cudaOk(cudaMemset(buffer->ptr, 0xFF, size_t(bytes)), "cudaMemset");
+      view = TensorView{buffer->ptr, DType::F32, {bytes / 4}};
+      return buffer;
+    };
+    Output dx({4, 132, k}, DType::BF16), acc({n2, k}, DType::F32);
+    Output dxs({2, 4}, DType::F32), dws({2, 4}, DType::F32);
+    Output fdx({4, 132, k}, DType::BF16), facc({n2, k}, DType::F32);
+    Output fdxs({2, 4}, DType::F32), fdws({2, 4}, DType::F32);
+    for (const Output *a : {&acc, &facc})
+      cudaOk(cudaMemset(a->device->ptr, 0, size_t(a->numel) * 4), "cudaMemset");
+    TensorView bws, fbws;
+    auto f1 = fusedWorkspace(m * k, bws), f2 = fusedWorkspace(0, fbws);
+    cuda::fp8LinearBackward(ctx, dy.view(), w2.view(), x.view(), s2, c.current, 0, dx.view(),
+                            dxs.view(), dws.view(), bws, acc.view());
+    cuda::fp8LinearBackwardFromInputCast(ctx, dy.view(), w2.view(), xt, kst.view(), s2, c.current,
+                                         0, fdx.view(), fdxs.view(), fdws.view(), fbws,
+                                         facc.view());
+    EXPECT_EQ(fdx.read(), dx.read());
+    EXPECT_EQ(facc.read(), acc.read());
+    EXPECT_EQ(fdxs.read(), dxs.read());
+    EXPECT_EQ(fdws.read(), dws.read());
+  }
+}
+
 TEST_F(CudaFp8LinearTest, UpdateScalesMatchesTheCpu) {
   const int64_t history = 3, cols = fp8::kStateColumns + history;
   std::vector<float> state = makeState(history, 0.0f, 0.0f, 0.0f);

@@ -509,6 +509,66 @@ TEST(Fp8LinearTest, SharedInputCastIsTheLinearsOwn) {
       "fp8_linear_backward_shared_input");
 }
 
+TEST(Fp8LinearTest, SavedInputCastIsTheBackwardsOwn) {
+  // fp8_linear_with_input_cast (kind 98) is fp8_linear bit for bit and also writes xᵀ's codes;
+  // fp8_linear_backward_from_input_cast (kind 99) reading them and the forward's stats is
+  // fp8_linear_backward of x (here of another linear with the same input scale), bit for bit.
+  const int64_t M = 32, N1 = 48, N2 = 16, K = 32;
+  std::vector<float> x = raggedValues(M * K, 1.0f, 90), w1 = raggedValues(N1 * K, 0.05f, 91);
+  std::vector<float> w2 = raggedValues(N2 * K, 0.02f, 92), dy = raggedValues(M * N2, 1e-2f, 93);
+  std::vector<float> initial = raggedValues(N2 * K, 1e-2f, 94);
+  const std::pair<std::vector<float>, std::vector<float>> states[] = {
+      {stateWith(0, 0, 0), stateWith(0, 0, 0)},
+      {stateWith(16.0f, 64.0f, 1e6f), stateWith(16.0f, 512.0f, 1e5f)}};
+  for (const auto &[state1, state2] : states) {
+    std::vector<float> s1 = state1, s2 = state2;
+    TensorView xv = f32View(x, {2, 16, K}), s1v = f32View(s1, {3, 8}), s2v = f32View(s2, {3, 8});
+    std::vector<float> y(M * N1), st(8), ws = workspaceFor(M * K, N1 * K);
+    cpu::fp8Linear(xv, f32View(w1, {N1, K}), s1v, nullptr, false, 0, f32View(y, {2, 16, N1}),
+                   f32View(st, {2, 4}), f32View(ws, {int64_t(ws.size())}));
+    std::vector<float> ky(M * N1), kst(8), kws = workspaceFor(M * K, N1 * K);
+    std::vector<uint8_t> xt(size_t(K * M));
+    TensorView xtv{xt.data(), DType::F8E4M3FN, {K, M}};
+    cpu::fp8LinearWithInputCast(xv, f32View(w1, {N1, K}), s1v, nullptr, false, 0,
+                                f32View(ky, {2, 16, N1}), f32View(kst, {2, 4}), xtv,
+                                f32View(kws, {int64_t(kws.size())}));
+    EXPECT_EQ(ky, y);
+    EXPECT_EQ(kst, st);
+    EXPECT_EQ(codesAt(kws, 0, M * K), codesAt(ws, 0, M * K));
+    std::vector<float> dx(M * K), ds(8), dws(8), acc = initial;
+    std::vector<float> bws(size_t(
+        (fp8::gemmWorkspaceBytes(M * N2, N2 * K) + fp8::gemmWorkspaceBytes(M * N2, M * K)) / 4));
+    cpu::fp8LinearBackward(f32View(dy, {2, 16, N2}), f32View(w2, {N2, K}), xv, s2v, false, 0,
+                           f32View(dx, {2, 16, K}), f32View(ds, {2, 4}), f32View(dws, {2, 4}),
+                           f32View(bws, {int64_t(bws.size())}), f32View(acc, {N2, K}));
+    std::vector<float> fdx(M * K), fds(8), fdws(8), facc = initial;
+    std::vector<float> fbws(
+        size_t((fp8::gemmWorkspaceBytes(M * N2, N2 * K) + fp8::gemmWorkspaceBytes(M * N2, 0)) / 4));
+    cpu::fp8LinearBackwardFromInputCast(
+        f32View(dy, {2, 16, N2}), f32View(w2, {N2, K}), xtv, f32View(kst, {2, 4}), s2v, false, 0,
+        f32View(fdx, {2, 16, K}), f32View(fds, {2, 4}), f32View(fdws, {2, 4}),
+        f32View(fbws, {int64_t(fbws.size())}), f32View(facc, {N2, K}));
+    EXPECT_EQ(fdx, dx);
+    EXPECT_EQ(facc, acc);
+    EXPECT_EQ(fds, ds);
+    EXPECT_EQ(fdws, dws);
+    EXPECT_NE(facc, initial);
+  }
+  // Codes of the wrong shape are named.
+  std::vector<float> state = stateWith(0, 0, 0), y(M * N1), st(8), ws = workspaceFor(M * K, N1 * K);
+  std::vector<uint8_t> codes(size_t(K * M));
+  try {
+    cpu::fp8LinearWithInputCast(
+        f32View(x, {2, 16, K}), f32View(w1, {N1, K}), f32View(state, {3, 8}), nullptr, false, 0,
+        f32View(y, {2, 16, N1}), f32View(st, {2, 4}),
+        TensorView{codes.data(), DType::F8E4M3FN, {K, 16}}, f32View(ws, {int64_t(ws.size())}));
+    ADD_FAILURE() << "input_cast [K, 16] was accepted";
+  } catch (const Error &e) {
+    EXPECT_NE(std::string(e.what()).find("input_cast must be f8_e4m3 [32, 32]"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Fp8LinearTest, EmptyAndNonFiniteOperands) {
   // No rows: zero fractions, the scale of an amax of 0 (1), an empty product.
   std::vector<float> x, w(16 * 16, 0.5f), y, state = stateWith(0, 0, 0), stats(8, -1.0f);

@@ -1180,8 +1180,8 @@ TEST(PlanFlashAttentionTest, OperandsFollowAttention) {
 
 TEST(PlanFlashAttentionTest, KindsBetweenTheRangesAreUnknown) {
   PlanSpec spec = test::smallPlanSpec();
-  spec.kernels[2].kind = KernelKind(99);
-  expectError(spec, {"kernel 2 'k2' has an unknown kind 99"});
+  spec.kernels[2].kind = KernelKind(89);
+  expectError(spec, {"kernel 2 'k2' has an unknown kind 89"});
   spec.kernels[2].kind = KernelKind(102);
   expectError(spec, {"kernel 2 'k2' has an unknown kind 102"});
 }
@@ -1406,6 +1406,49 @@ TEST(PlanFp8Test, SharedInputCast) {
                      "input_stats, state), got 4"});
 }
 
+TEST(PlanFp8Test, SavedInputCast) {
+  // Kinds 98 and 99 (bonsai-fuse's fp8-saved-input): the forward also writes xᵀ's codes,
+  // f8e4m3fn [K, M], and the fused backward reads them and the forward's stats. They load;
+  // codes of another dtype or shape are named, and fast accumulation is the forward's only.
+  test::Fp8Tensors f;
+  test::TrainingTensors t;
+  const int64_t M = 16, K = 16;
+  uint32_t codes = 0;
+  auto plan = [&] {
+    PlanSpec spec = test::fp8FusedBackwardPlanSpec({2, 8, 16, 16}, &t, &f);
+    codes = spec.add("x.codes", DType::F8E4M3FN, {K, M}, TensorRole::Activation, 1);
+    test::KernelSpec &forward = spec.kernels[f.forward];
+    forward.kind = KernelKind::Fp8LinearWithInputCast;
+    forward.outputs.insert(forward.outputs.begin() + 2, codes);
+    test::KernelSpec &backward = spec.kernels[f.gradInput];
+    backward.kind = KernelKind::Fp8LinearBackwardFromInputCast;
+    backward.inputs = {backward.inputs[0], backward.inputs[1], codes, f.forwardStats,
+                       backward.inputs[3]};
+    return spec;
+  };
+  PlanSpec spec = plan();
+  ASSERT_EQ(loadError(spec), "");
+  LoadedPlan loaded = load(buildPlan(spec));
+  EXPECT_EQ(loaded.kernels[f.forward].kind, KernelKind::Fp8LinearWithInputCast);
+  EXPECT_EQ(loaded.kernels[f.gradInput].kind, KernelKind::Fp8LinearBackwardFromInputCast);
+  uint32_t bf16Codes = spec.add("x.codes.bf16", DType::BF16, {K, M}, TensorRole::Activation, 1);
+  spec.kernels[f.forward].outputs[2] = bf16Codes;
+  expectError(spec, {"(Fp8LinearWithInputCast): input_cast (tensor",
+                     "expected f8_e4m3 [16, 16] (x's transposed codes), got [16, 16] bf16"});
+  spec = plan();
+  uint32_t wide = spec.add("x.codes.wide", DType::F8E4M3FN, {K, 2 * M}, TensorRole::Activation, 1);
+  spec.kernels[f.gradInput].inputs[2] = wide;
+  expectError(spec, {"(Fp8LinearBackwardFromInputCast): input_cast (tensor",
+                     "expected f8_e4m3 [16, 16] (x's transposed codes, an "
+                     "Fp8LinearWithInputCast's), got [16, 32] f8_e4m3"});
+  spec = plan();
+  spec.kernels[f.forward].attrs = test::fp8Attrs(false, 0, /*fastAccumulation=*/true);
+  EXPECT_EQ(loadError(spec), "");
+  spec.kernels[f.gradInput].attrs = test::fp8Attrs(false, 0, /*fastAccumulation=*/true);
+  expectError(spec, {"(Fp8LinearBackwardFromInputCast): fast_accumulation is the forward "
+                     "GEMMs' option"});
+}
+
 TEST(PlanFp8Test, Arity) {
   Fp8Plan p = fp8Plan();
   p.spec.kernels[p.f.forward].inputs.resize(2);
@@ -1444,8 +1487,8 @@ TEST(PlanFp8Test, Attributes) {
   p = fp8Plan();
   p.spec.kernels[p.f.gradWeight].attrs = test::fp8Attrs(false, 0, /*fastAccumulation=*/true);
   expectError(p.spec, {"(Fp8LinearGradWeight): fast_accumulation is the forward GEMMs' option "
-                       "(Fp8Linear, Fp8LinearSharedInput); a gradient GEMM always promotes its "
-                       "partial sums to fp32"});
+                       "(Fp8Linear, Fp8LinearSharedInput, Fp8LinearWithInputCast); a gradient "
+                       "GEMM always promotes its partial sums to fp32"});
 }
 
 TEST(PlanFp8Test, DTypesAndShapes) {

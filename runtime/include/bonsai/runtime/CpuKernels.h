@@ -297,6 +297,21 @@ void fp8LinearBackwardSharedInput(const TensorView &dy, const TensorView &w,
                                   const TensorView &dx, const TensorView &inputGradStats,
                                   const TensorView &weightGradStats, const TensorView &workspace,
                                   const TensorView &acc);
+/// fp8Linear that also writes xᵀ's E4M3FN codes to `inputCast` (f8e4m3fn [K, M]; kind 98),
+/// the codes fp8LinearBackward would make of x with the same scale.
+void fp8LinearWithInputCast(const TensorView &x, const TensorView &w, const TensorView &state,
+                            const TensorView *bias, bool current, int margin, const TensorView &y,
+                            const TensorView &stats, const TensorView &inputCast,
+                            const TensorView &workspace);
+/// fp8LinearBackward with x's codes from fp8LinearWithInputCast (kind 99): `inputCast` its xᵀ
+/// codes [K, M], `inputStats` its stats, whose row 0 (x's scale) becomes row 1 of
+/// `weightGradStats`; the workspace is fp8LinearBackwardSharedInput's.
+void fp8LinearBackwardFromInputCast(const TensorView &dy, const TensorView &w,
+                                    const TensorView &inputCast, const TensorView &inputStats,
+                                    const TensorView &state, bool current, int margin,
+                                    const TensorView &dx, const TensorView &inputGradStats,
+                                    const TensorView &weightGradStats, const TensorView &workspace,
+                                    const TensorView &acc);
 /// The once-per-step delayed-scale update, in place on `state`: rows InputRow and WeightRow
 /// from rows 0 and 1 of `forwardStats`, OutputGradRow from row 0 of `backwardStats` when
 /// given. Each records the amax in its history at step % H (fp8::recordAmax), sets its scale

@@ -52,7 +52,7 @@ void updateDelayedScale(const Context &ctx, const Fp8CastStats *stats, float *hi
                         int64_t length, const int64_t *step, float *scale, float *descale,
                         fp8::Format format, int margin);
 
-// The FP8 GEMM kernels of plan kinds 90..97 (docs/fp8.md; the CPU backend's cpu::fp8Linear
+// The FP8 GEMM kernels of plan kinds 90..99 (docs/fp8.md; the CPU backend's cpu::fp8Linear
 // and its siblings are the reference). Each casts its two operands with the scales of their
 // state rows (or, under current scaling and before a state's first update, from the operand's
 // own amax) into the workspace, multiplies the codes with cuBLASLt in fp32, and writes the
@@ -111,6 +111,21 @@ void fp8LinearBackwardSharedInput(const Context &ctx, const TensorView &dy, cons
                                   const TensorView &dx, const TensorView &inputGradStats,
                                   const TensorView &weightGradStats, const TensorView &workspace,
                                   const TensorView &acc);
+/// fp8Linear that also writes xᵀ's E4M3FN codes to `inputCast` (f8e4m3fn [K, M]; kind 98): x
+/// is cast in one pass into both layouts (cpu::fp8LinearWithInputCast).
+void fp8LinearWithInputCast(const Context &ctx, const TensorView &x, const TensorView &w,
+                            const TensorView &state, const TensorView *bias, bool current,
+                            int margin, const TensorView &y, const TensorView &stats,
+                            const TensorView &inputCast, const TensorView &workspace,
+                            bool fastAccumulation = false);
+/// fp8LinearBackward with xᵀ's codes from fp8LinearWithInputCast (kind 99): `inputCast`, and
+/// x's scale from row 0 of `inputStats`, copied to row 1 of `weightGradStats`.
+void fp8LinearBackwardFromInputCast(const Context &ctx, const TensorView &dy, const TensorView &w,
+                                    const TensorView &inputCast, const TensorView &inputStats,
+                                    const TensorView &state, bool current, int margin,
+                                    const TensorView &dx, const TensorView &inputGradStats,
+                                    const TensorView &weightGradStats, const TensorView &workspace,
+                                    const TensorView &acc);
 /// The once-per-step update of `state` from the forward kernel's stats (rows 0 and 1) and the
 /// backward's (row 2; null when the linear has no backward GEMM): fp8::recordAmax at *step, then
 /// fp8::delayedScale, and the stats' amax and fractions in columns 1..3.

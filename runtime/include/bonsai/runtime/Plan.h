@@ -124,6 +124,10 @@ enum class KernelKind : uint16_t {
   Fp8LinearSharedInput = 96,
   /// Kind 95 reading x's codes and scale from another kind 95's cast of the same x.
   Fp8LinearBackwardSharedInput = 97,
+  /// Kind 90 that also writes x's transposed codes for kind 99.
+  Fp8LinearWithInputCast = 98,
+  /// Kind 95 reading x's transposed codes and scale from kind 98 of the same x.
+  Fp8LinearBackwardFromInputCast = 99,
   /// A generated kernel (docs/fusion.md): KernelAttrsInfo::generatedKernel names it.
   FusedElementwise = 80,
   FlashAttention = 100,     ///< attention that also writes the log-sum-exp (docs/fusion.md).
