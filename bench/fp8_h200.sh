@@ -8,10 +8,11 @@
 # and where one step of the 8-layer stack spends its time (bonsai-run --profile). The part
 # `fast` compares the FP8 recipe with and without `forward_accumulation "fast"`: the 500-step
 # check and the 8- and 24-layer steps.
-# The part `shared` times the 8-layer FP8 step with and without the fp8-shared-input fusion.
-# A second argument picks parts (default all but fast and shared): a comma-separated list of
-# tests, gemm, verify, steps, profile, fast, shared (the default run takes about 10 minutes on an
-# H200, `fast` about 6 more, `shared` about 1.5). Logs go under $OUT.
+# The parts `shared` and `saved` time the 8-layer FP8 step with and without the fusion family
+# fp8-shared-input, fp8-saved-input. A second argument picks parts (default all but fast,
+# shared and saved): a comma-separated list of tests, gemm, verify, steps, profile, fast,
+# shared, saved (the default run takes about 10 minutes on an H200, `fast` about 6 more,
+# `shared` and `saved` about 1.5 each). Logs go under $OUT.
 set -uo pipefail
 dir="${1:-.gpu-fp8}"
 parts=",${2:-tests,gemm,verify,steps,profile},"
@@ -67,12 +68,22 @@ if want steps; then
   tail -6 "$out/step_pair.log"
 fi
 
+# The 8-layer FP8 step without the fusion family fp8-$1-input against the default plan.
+family() {
+  python3 bench/fp8_train_bench.py --bonsai-run "$run" --name "llama3_8b_$1" --steps 20 \
+    --warmup 5 --labels "un$1,$1" --bf16-plan "$dir/plans/llama3_8b_fp8un$1.plan" \
+    --fp8-plan "$dir/plans/llama3_8b_fp8.plan" --workdir "$out" > "$out/step_$1.log" 2>&1
+  tail -6 "$out/step_$1.log"
+}
+
 if want shared; then
   echo "== the 8-layer FP8 step: each linear casting its input, and linears sharing a cast =="
-  python3 bench/fp8_train_bench.py --bonsai-run "$run" --name llama3_8b_shared --steps 20 \
-    --warmup 5 --labels unshared,shared --bf16-plan "$dir/plans/llama3_8b_fp8unshared.plan" \
-    --fp8-plan "$dir/plans/llama3_8b_fp8.plan" --workdir "$out" > "$out/step_shared.log" 2>&1
-  tail -6 "$out/step_shared.log"
+  family shared
+fi
+
+if want saved; then
+  echo "== the 8-layer FP8 step: each backward casting its input, and reading the forward's =="
+  family saved
 fi
 
 if want fast; then

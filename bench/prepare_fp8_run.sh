@@ -18,7 +18,8 @@
 # verify_fp8fast, llama3_8b_fp8fast and llama3_8b_l24_fp8fast: the FP8 recipe with
 # `forward_accumulation "fast"` (the forward GEMMs' sums kept in the tensor cores' accumulator);
 # llama3_8b_fp8unshared and llama3_8b_l24_fp8unshared: the FP8 plans compiled with
-# --fuse-disable=fp8-shared-input (each linear casts its input itself).
+# --fuse-disable=fp8-shared-input (each linear casts its input itself), and _fp8unsaved with
+# --fuse-disable=fp8-saved-input (each backward casts its input again).
 # All in one folder (default .gpu-fp8/, ignored by git), packed as .gpu-fp8.tar.xz for `carry`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -71,9 +72,11 @@ for model in verify llama3_8b llama3_8b_l24; do
     -o "$dir/plans/${model}_fp8fast.plan" > "$dir/plans/${model}_fp8fast.txt" 2>&1
 done
 for model in llama3_8b llama3_8b_l24; do
-  "$build/bin/bonsai-compile" "$dir/models/$model.mlir" "$dir/fp8.mlir" --target=h200 \
-    --fuse-disable=fp8-shared-input -o "$dir/plans/${model}_fp8unshared.plan" \
-    > "$dir/plans/${model}_fp8unshared.txt" 2>&1
+  for family in shared saved; do
+    "$build/bin/bonsai-compile" "$dir/models/$model.mlir" "$dir/fp8.mlir" --target=h200 \
+      --fuse-disable=fp8-$family-input -o "$dir/plans/${model}_fp8un$family.plan" \
+      > "$dir/plans/${model}_fp8un$family.txt" 2>&1
+  done
 done
 tar cf - "$dir" | xz -T0 -3 > "$dir.tar.xz"
 du -sh "$dir" "$dir.tar.xz"

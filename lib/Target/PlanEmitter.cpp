@@ -109,6 +109,8 @@ std::optional<fb::KernelKind> getKernelKind(StringRef name) {
       .Case("fp8_linear_backward", fb::KernelKind::Fp8LinearBackward)
       .Case("fp8_linear_shared_input", fb::KernelKind::Fp8LinearSharedInput)
       .Case("fp8_linear_backward_shared_input", fb::KernelKind::Fp8LinearBackwardSharedInput)
+      .Case("fp8_linear_with_input_cast", fb::KernelKind::Fp8LinearWithInputCast)
+      .Case("fp8_linear_backward_from_input_cast", fb::KernelKind::Fp8LinearBackwardFromInputCast)
       .Default(std::nullopt);
 }
 
@@ -235,7 +237,9 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
   case fb::KernelKind::Fp8LinearGradWeightAccumulate:
   case fb::KernelKind::Fp8LinearBackward:
   case fb::KernelKind::Fp8LinearSharedInput:
-  case fb::KernelKind::Fp8LinearBackwardSharedInput: {
+  case fb::KernelKind::Fp8LinearBackwardSharedInput:
+  case fb::KernelKind::Fp8LinearWithInputCast:
+  case fb::KernelKind::Fp8LinearBackwardFromInputCast: {
     FailureOr<BoolAttr> current = getParam<BoolAttr>(launch, "current");
     FailureOr<int64_t> margin = i64("margin");
     if (failed(current) || failed(margin))

@@ -22,7 +22,8 @@ ArrayRef<FusionFamily> getFusionFamilies() {
   // head's chunked loss and the flash attention pair replace the most work, so they come
   // before the GEMM epilogues (which would otherwise take the head's weight-gradient GEMM); the
   // FP8 backward pairs come after the accumulation they include (and before the sharing of
-  // their input casts, which takes fused backwards), and the generated kernels
+  // their input casts, which takes fused backwards, and the forward's keeping of the cast,
+  // which takes shared ones), and the generated kernels
   // take whatever elementwise ops remain at the end.
   static const std::vector<FusionFamily> families = {
       {"linear-cross-entropy", "LM head + cross-entropy + their gradients, chunked over positions",
@@ -41,6 +42,9 @@ ArrayRef<FusionFamily> getFusionFamilies() {
       {"fp8-shared-input",
        "FP8 linears of one input (q, k, v; gate, up) from one cast of it, forward and backward",
        nullptr, shareFp8InputCasts},
+      {"fp8-saved-input",
+       "FP8 linears' backwards from the forward's transposed cast of their input", nullptr,
+       saveFp8InputCasts},
       {"optimizer", "the update phase's optimizer updates as multi-tensor kernels", nullptr,
        fuseOptimizerUpdates},
       {"elementwise", "remaining chains of elementwise ops -> one generated kernel each", nullptr,

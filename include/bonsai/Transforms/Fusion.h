@@ -71,6 +71,10 @@ void populateFp8BackwardFusionPatterns(RewritePatternSet &patterns, const Fusion
 /// Family `fp8-shared-input` (Fusion/Fp8SharedInput.cpp): FP8 GEMMs of one input after the
 /// first read its cast (fp8_linear_shared_input, fp8_linear_backward_shared_input).
 LogicalResult shareFp8InputCasts(FunctionOpInterface function, const FusionOptions &options);
+/// Family `fp8-saved-input` (Fusion/Fp8SavedInput.cpp): the forward FP8 GEMM that casts an
+/// input also writes its transposed codes, and the fused backwards of that input read them
+/// (fp8_linear_with_input_cast, fp8_linear_backward_from_input_cast).
+LogicalResult saveFp8InputCasts(FunctionOpInterface function, const FusionOptions &options);
 /// The `elementwise` family (Fusion/Elementwise.cpp): connected ElementwiseOpInterface ops
 /// of one iteration shape and phase become bonsai.fused_elementwise regions.
 LogicalResult fuseElementwiseChains(FunctionOpInterface function, const FusionOptions &options);

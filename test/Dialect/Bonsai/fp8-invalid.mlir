@@ -279,7 +279,7 @@ func.func @shared_input_not_a_workspace(%c: tensor<832xf32>, %cs: tensor<2x4xf32
 
 func.func @shared_input_other_stats(%x: tensor<1x16x64xbf16>, %w: tensor<32x64xbf16>, %s: tensor<3x20xf32>, %cs: tensor<2x4xf32>) {
   %y, %ys, %yw = bonsai.fp8_linear %x, %w, %s {current = false, margin = 0 : i64} : (tensor<1x16x64xbf16>, tensor<32x64xbf16>, tensor<3x20xf32>) -> (tensor<1x16x32xbf16>, tensor<2x4xf32>, tensor<832xf32>)
-  // expected-error @+1 {{input_stats must be the stats of the 'bonsai.fp8_linear' whose workspace is input_cast}}
+  // expected-error @+1 {{input_stats must be the stats of the op whose workspace is input_cast}}
   %y2, %ys2, %yw2 = bonsai.fp8_linear_shared_input %yw, %cs, %w, %s {current = false, margin = 0 : i64} : (tensor<832xf32>, tensor<2x4xf32>, tensor<32x64xbf16>, tensor<3x20xf32>) -> (tensor<1x16x32xbf16>, tensor<2x4xf32>, tensor<576xf32>)
   return
 }
@@ -324,7 +324,7 @@ func.func @backward_shared_input_from_forward(%x: tensor<1x16x64xbf16>, %dy: ten
 
 func.func @backward_shared_input_stats(%x: tensor<1x16x64xbf16>, %dy: tensor<1x16x32xbf16>, %w: tensor<32x64xbf16>, %s: tensor<3x20xf32>, %acc: tensor<32x64xf32>) {
   %bdx, %bds, %bws, %bw = bonsai.fp8_linear_backward %dy, %w, %x, %s, %acc {current = false, margin = 0 : i64} : (tensor<1x16x32xbf16>, tensor<32x64xbf16>, tensor<1x16x64xbf16>, tensor<3x20xf32>, tensor<32x64xf32>) -> (tensor<1x16x64xbf16>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<1152xf32>)
-  // expected-error @+1 {{input_stats must be the weight_grad_stats of the 'bonsai.fp8_linear_backward' whose workspace is input_cast}}
+  // expected-error @+1 {{input_stats must be the weight_grad_stats of the op whose workspace is input_cast}}
   %dx, %ds, %dws, %ws = bonsai.fp8_linear_backward_shared_input %dy, %w, %bw, %bds, %s, %acc {current = false, margin = 0 : i64} : (tensor<1x16x32xbf16>, tensor<32x64xbf16>, tensor<1152xf32>, tensor<2x4xf32>, tensor<3x20xf32>, tensor<32x64xf32>) -> (tensor<1x16x64xbf16>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<896xf32>)
   return
 }
@@ -335,5 +335,30 @@ func.func @backward_shared_input_workspace(%x: tensor<1x16x64xbf16>, %dy: tensor
   %bdx, %bds, %bws, %bw = bonsai.fp8_linear_backward %dy, %w, %x, %s, %acc {current = false, margin = 0 : i64} : (tensor<1x16x32xbf16>, tensor<32x64xbf16>, tensor<1x16x64xbf16>, tensor<3x20xf32>, tensor<32x64xf32>) -> (tensor<1x16x64xbf16>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<1152xf32>)
   // expected-error @+1 {{workspace must be tensor<896xf32> (the codes of dy in two layouts and of the weight, and the device's scales), got 'tensor<1152xf32>'}}
   %dx, %ds, %dws, %ws = bonsai.fp8_linear_backward_shared_input %dy, %w, %bw, %bws, %s, %acc {current = false, margin = 0 : i64} : (tensor<1x16x32xbf16>, tensor<32x64xbf16>, tensor<1152xf32>, tensor<2x4xf32>, tensor<3x20xf32>, tensor<32x64xf32>) -> (tensor<1x16x64xbf16>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<1152xf32>)
+  return
+}
+
+// -----
+
+func.func @with_input_cast_type(%x: tensor<1x16x64xbf16>, %w: tensor<32x64xbf16>, %s: tensor<3x20xf32>) {
+  // expected-error @+1 {{input_cast type: expected 'tensor<64x16xf8E4M3FN>', got 'tensor<16x64xf8E4M3FN>'}}
+  %y, %ys, %xt, %yw = bonsai.fp8_linear_with_input_cast %x, %w, %s {current = false, margin = 0 : i64} : (tensor<1x16x64xbf16>, tensor<32x64xbf16>, tensor<3x20xf32>) -> (tensor<1x16x32xbf16>, tensor<2x4xf32>, tensor<16x64xf8E4M3FN>, tensor<832xf32>)
+  return
+}
+
+// -----
+
+func.func @from_input_cast_not_a_forward(%xt: tensor<64x16xf8E4M3FN>, %xs: tensor<2x4xf32>, %dy: tensor<1x16x32xbf16>, %w: tensor<32x64xbf16>, %s: tensor<3x20xf32>, %acc: tensor<32x64xf32>) {
+  // expected-error @+1 {{input_cast must be the input_cast of a 'bonsai.fp8_linear_with_input_cast'}}
+  %dx, %ds, %dws, %ws = bonsai.fp8_linear_backward_from_input_cast %dy, %w, %xt, %xs, %s, %acc {current = false, margin = 0 : i64} : (tensor<1x16x32xbf16>, tensor<32x64xbf16>, tensor<64x16xf8E4M3FN>, tensor<2x4xf32>, tensor<3x20xf32>, tensor<32x64xf32>) -> (tensor<1x16x64xbf16>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<896xf32>)
+  return
+}
+
+// -----
+
+func.func @from_input_cast_other_margin(%x: tensor<1x16x64xbf16>, %dy: tensor<1x16x32xbf16>, %w: tensor<32x64xbf16>, %s: tensor<3x20xf32>, %acc: tensor<32x64xf32>) {
+  %y, %ys, %xt, %yw = bonsai.fp8_linear_with_input_cast %x, %w, %s {current = false, margin = 0 : i64} : (tensor<1x16x64xbf16>, tensor<32x64xbf16>, tensor<3x20xf32>) -> (tensor<1x16x32xbf16>, tensor<2x4xf32>, tensor<64x16xf8E4M3FN>, tensor<832xf32>)
+  // expected-error @+1 {{input_cast's op scales differently (current, margin)}}
+  %dx, %ds, %dws, %ws = bonsai.fp8_linear_backward_from_input_cast %dy, %w, %xt, %ys, %s, %acc {current = false, margin = 2 : i64} : (tensor<1x16x32xbf16>, tensor<32x64xbf16>, tensor<64x16xf8E4M3FN>, tensor<2x4xf32>, tensor<3x20xf32>, tensor<32x64xf32>) -> (tensor<1x16x64xbf16>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<896xf32>)
   return
 }

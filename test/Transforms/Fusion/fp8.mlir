@@ -1,4 +1,5 @@
-// RUN: bonsai-opt --split-input-file --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=sm_90 per-linear-remarks=false' --bonsai-fuse='per-site-remarks=false' %s 2>/dev/null | FileCheck %s
+// RUN: bonsai-opt --split-input-file --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=sm_90 per-linear-remarks=false' --bonsai-fuse='per-site-remarks=false disable=fp8-saved-input' %s 2>/dev/null | FileCheck %s
+// RUN: bonsai-opt --split-input-file --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=sm_90 per-linear-remarks=false' --bonsai-fuse='per-site-remarks=false' %s 2>/dev/null | FileCheck %s --check-prefix=SAVED
 // RUN: bonsai-opt --split-input-file --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=sm_90 per-linear-remarks=false' --bonsai-fuse='per-site-remarks=false disable=fp8-backward' %s 2>/dev/null | FileCheck %s --check-prefix=ACC
 // RUN: bonsai-opt --split-input-file --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=sm_90 per-linear-remarks=false' --bonsai-fuse='per-site-remarks=false disable=gemm-epilogue' %s 2>/dev/null | FileCheck %s --check-prefix=NOEPI
 // RUN: bonsai-opt --split-input-file --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=sm_80' --bonsai-fuse='per-site-remarks=false' %s 2>/dev/null | FileCheck %s --check-prefix=BF16
@@ -8,7 +9,14 @@
 // gradient into its accumulator by its own FP8 GEMM (fp8_linear_grad_weight_accumulate), and
 // fp8-backward then joins it to the input gradient of the same linear (fp8_linear_backward,
 // which casts dy once); there is no linear + gelu (gemm-epilogue) and no fused LM head
-// (linear-cross-entropy). The same step for sm_80 gets all three in bf16.
+// (linear-cross-entropy). The same step for sm_80 gets all three in bf16. (CHECK leaves out
+// fp8-saved-input; with it, SAVED, each forward keeps its input's transposed codes and each
+// fused backward reads them.)
+// SAVED-LABEL: func.func @mlp
+// SAVED-COUNT-3: bonsai.fp8_linear_with_input_cast
+// SAVED-COUNT-3: bonsai.fp8_linear_backward_from_input_cast
+// SAVED-NOT: bonsai.fp8_linear_backward %
+// SAVED-LABEL: func.func @frozen_input
 // CHECK-LABEL: func.func @mlp
 // CHECK-NOT: bonsai.linear_gelu
 // CHECK-NOT: bonsai.linear_cross_entropy

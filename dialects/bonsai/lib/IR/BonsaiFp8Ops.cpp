@@ -107,28 +107,36 @@ static OpCost fp8GemmCost(Operation *op, int64_t m, int64_t n, int64_t k, Value 
 // Fp8LinearOp
 //===----------------------------------------------------------------------===//
 
-LogicalResult Fp8LinearOp::verify() {
-  RankedTensorType x = tensorType(getInput()), w = tensorType(getWeight());
+/// The checks of y = x · Wᵀ (+ b) shared by fp8_linear and fp8_linear_with_input_cast: x
+/// [..., K], W [N, K] and the bias [N] of one element type, y [..., N] of it, dimensions FP8
+/// GEMMs take.
+static LogicalResult verifyFp8Linear(Operation *op, Value input, Value weight, Value bias,
+                                     Value result) {
+  RankedTensorType x = tensorType(input), w = tensorType(weight);
   if (x.getRank() < 1)
-    return emitOpError("input must have rank at least 1 (its last dimension is K)");
-  if (failed(expectRank(*this, "weight", w, 2)))
+    return op->emitOpError("input must have rank at least 1 (its last dimension is K)");
+  if (failed(expectRank(op, "weight", w, 2)))
     return failure();
   int64_t k = x.getShape().back(), n = w.getDimSize(0);
   if (w.getDimSize(1) != k)
-    return emitOpError() << "weight shape: expected [N, " << k << "] ([out, in] for input "
-                         << "features " << k << "), got " << fmt(w.getShape());
+    return op->emitOpError() << "weight shape: expected [N, " << k << "] ([out, in] for input "
+                             << "features " << k << "), got " << fmt(w.getShape());
   Type element = x.getElementType();
-  if (failed(expectElementType(*this, "weight", w.getElementType(), element)))
+  if (failed(expectElementType(op, "weight", w.getElementType(), element)))
     return failure();
-  if (Value bias = getBias())
-    if (failed(expectShape(*this, "bias", tensorType(bias).getShape(), {n})) ||
-        failed(expectElementType(*this, "bias", tensorType(bias).getElementType(), element)))
+  if (bias)
+    if (failed(expectShape(op, "bias", tensorType(bias).getShape(), {n})) ||
+        failed(expectElementType(op, "bias", tensorType(bias).getElementType(), element)))
       return failure();
   SmallVector<int64_t> shape(x.getShape());
   shape.back() = n;
-  if (failed(expectTypeOf(*this, "result", getResult(), RankedTensorType::get(shape, element))))
+  if (failed(expectTypeOf(op, "result", result, RankedTensorType::get(shape, element))))
     return failure();
-  if (failed(verifyFp8Dimensions(*this, getNumElements(x) / k, n, k)))
+  return verifyFp8Dimensions(op, getNumElements(x) / k, n, k);
+}
+
+LogicalResult Fp8LinearOp::verify() {
+  if (failed(verifyFp8Linear(*this, getInput(), getWeight(), getBias(), getResult())))
     return failure();
   return verifyFp8Gemm(*this, getState(), getStats(), getWorkspace(), getInput(), getWeight());
 }
@@ -362,28 +370,48 @@ SmallVector<unsigned> Fp8LinearBackwardOp::getWorkspaceResults() {
 // Fp8LinearSharedInputOp and Fp8LinearBackwardSharedInputOp
 //===----------------------------------------------------------------------===//
 
-/// The checks of a GEMM that reads the input's cast from a sibling of type `SourceOp`: the
-/// cast is the sibling's workspace and `inputStats` its `stats` (the sibling's
-/// `sourceStatsName` result), and the sibling casts an input of `inputType` with the same
-/// scaling. The runtime finds the codes in that workspace by the sibling's layout.
-template <typename SourceOp>
+/// The op that made the cast a GEMM reads: its kind (for messages), the value that holds the
+/// codes, its statistics of the cast, the input it cast and its scaling.
+struct InputCastSource {
+  StringRef name; ///< e.g. "workspace of a 'bonsai.fp8_linear'"
+  Value cast;     ///< the result holding the codes
+  Value stats;    ///< its statistics (the row of x in them)
+  StringRef statsName;
+  Value input;
+  bool current;
+  int64_t margin;
+};
+
+/// The checks of a GEMM that reads the input's cast from another op: `inputCast` is `source`'s
+/// result holding the codes (the runtime finds them there by that op's layout), `inputStats`
+/// its statistics, and it cast an input of `inputType` with the same scaling.
 static LogicalResult verifySharedInputCast(Operation *op, Value inputCast, Value inputStats,
                                            RankedTensorType inputType, bool current, int64_t margin,
-                                           StringRef sourceStatsName,
-                                           function_ref<Value(SourceOp)> sourceStats) {
-  auto source = inputCast.getDefiningOp<SourceOp>();
-  if (!source || source.getWorkspace() != inputCast)
-    return op->emitOpError() << "input_cast must be the workspace of a '"
-                             << SourceOp::getOperationName() << "'";
-  if (sourceStats(source) != inputStats)
-    return op->emitOpError() << "input_stats must be the " << sourceStatsName << " of the '"
-                             << SourceOp::getOperationName() << "' whose workspace is input_cast";
-  if (failed(expectTypeOf(op, "the input of input_cast's op", source.getInput(), inputType)))
+                                           std::optional<InputCastSource> source,
+                                           StringRef expected) {
+  if (!source || source->cast != inputCast)
+    return op->emitOpError() << "input_cast must be the " << expected;
+  if (source->stats != inputStats)
+    return op->emitOpError() << "input_stats must be the " << source->statsName
+                             << " of the op whose " << source->name << " is input_cast";
+  if (failed(expectTypeOf(op, "the input of input_cast's op", source->input, inputType)))
     return failure();
-  if (source.getCurrent() != current || source.getMargin() != margin)
+  if (source->current != current || source->margin != margin)
     return op->emitOpError() << "input_cast's op scales differently (current, margin): the "
                                 "input's scale must be the one this GEMM would use";
   return verifyFp8Stats(op, "input_stats", inputStats);
+}
+
+/// The op whose workspace holds x's plain codes at its start: an fp8_linear, or an
+/// fp8_linear_with_input_cast.
+static std::optional<InputCastSource> forwardCastSource(Value workspace) {
+  if (auto linear = workspace.getDefiningOp<Fp8LinearOp>())
+    return InputCastSource{"workspace",       linear.getWorkspace(), linear.getStats(), "stats",
+                           linear.getInput(), linear.getCurrent(),   linear.getMargin()};
+  if (auto linear = workspace.getDefiningOp<Fp8LinearWithInputCastOp>())
+    return InputCastSource{"workspace",       linear.getWorkspace(), linear.getStats(), "stats",
+                           linear.getInput(), linear.getCurrent(),   linear.getMargin()};
+  return std::nullopt;
 }
 
 LogicalResult Fp8LinearSharedInputOp::verify() {
@@ -407,9 +435,11 @@ LogicalResult Fp8LinearSharedInputOp::verify() {
   SmallVector<int64_t> inputShape(y.getShape());
   inputShape.back() = k;
   if (failed(verifyFp8Dimensions(*this, getNumElements(y) / n, n, k)) ||
-      failed(verifySharedInputCast<Fp8LinearOp>(
-          *this, getInputCast(), getInputStats(), RankedTensorType::get(inputShape, element),
-          getCurrent(), getMargin(), "stats", [](Fp8LinearOp op) { return op.getStats(); })))
+      failed(verifySharedInputCast(*this, getInputCast(), getInputStats(),
+                                   RankedTensorType::get(inputShape, element), getCurrent(),
+                                   getMargin(), forwardCastSource(getInputCast()),
+                                   "workspace of a 'bonsai.fp8_linear' (or "
+                                   "'bonsai.fp8_linear_with_input_cast')")))
     return failure();
   // Only W is cast here: the workspace of a GEMM whose first operand has no codes of its own.
   if (failed(verifyFp8Margin(*this, getMargin())) || failed(verifyFp8State(*this, getState())) ||
@@ -447,62 +477,79 @@ SmallVector<unsigned> Fp8LinearSharedInputOp::getWorkspaceResults() {
   return {cast<OpResult>(getWorkspace()).getResultNumber()};
 }
 
+/// The checks of a fused backward that does not cast its input (kinds 97 and 99) after those
+/// of dx and of the input's cast: the accumulator, scaling, state, statistics and the
+/// workspace (dy's codes in two layouts and W's, and the scales).
+template <typename BackwardOp> static LogicalResult verifyBackwardWithoutInputCast(BackwardOp op) {
+  RankedTensorType dy = tensorType(op.getResultGrad()), w = tensorType(op.getWeight());
+  RankedTensorType acc = tensorType(op.getAccumulator());
+  int64_t n = dy.getShape().back(), k = w.getDimSize(1);
+  if (!acc.getElementType().isF32())
+    return op.emitOpError() << "accumulator element type must be f32 (FP8 GEMMs add into f32 "
+                               "accumulators only), got "
+                            << acc.getElementType();
+  if (acc.getShape() != ArrayRef<int64_t>{n, k})
+    return op.emitOpError() << "accumulator shape: expected [" << n << ", " << k
+                            << "] ([N, K]), got " << fmt(acc.getShape());
+  if (failed(verifyFp8Margin(op, op.getMargin())) || failed(verifyFp8State(op, op.getState())) ||
+      failed(verifyFp8Stats(op, "input_grad_stats", op.getInputGradStats())) ||
+      failed(verifyFp8Stats(op, "weight_grad_stats", op.getWeightGradStats())))
+    return failure();
+  // The fused backward's two workspaces without the input's codes.
+  int64_t dyElements = getNumElements(dy);
+  int64_t expected = BackwardOp::getWorkspaceElements(dyElements, getNumElements(w)) +
+                     BackwardOp::getWorkspaceElements(dyElements, 0);
+  RankedTensorType workspace = tensorType(op.getWorkspace());
+  if (!workspace.getElementType().isF32() || workspace.getRank() != 1 ||
+      workspace.getDimSize(0) != expected)
+    return op.emitOpError() << "workspace must be tensor<" << expected
+                            << "xf32> (the codes of dy in two layouts and of the weight, and the "
+                               "device's scales), got "
+                            << workspace;
+  return success();
+}
+
+/// 2 GEMMs of 2·M·N·K; dy read once and cast into two layouts, W transposed, the codes through
+/// the workspace; the input's codes read once; the accumulator read (beta = 1) and written.
+template <typename BackwardOp> static OpCost backwardWithoutInputCastCost(BackwardOp op) {
+  RankedTensorType dy = tensorType(op.getResultGrad());
+  int64_t n = dy.getShape().back(), k = tensorType(op.getWeight()).getDimSize(1);
+  int64_t m = getNumElements(dy) / n;
+  OpCost cost;
+  for (Value operand :
+       {op.getResultGrad(), op.getWeight(), op.getInputStats(), op.getState(), op.getAccumulator()})
+    cost.bytesRead += getStorageBytes(operand.getType());
+  int64_t codes = 2 * getNumElements(dy) + getNumElements(tensorType(op.getWeight()));
+  cost.bytesRead += codes + m * k;
+  cost.bytesWritten = getStorageBytes(op.getInputGrad().getType()) +
+                      2 * getStorageBytes(op.getInputGradStats().getType()) +
+                      getStorageBytes(op.getAccumulator().getType()) + codes;
+  cost.matmulFlops = 2 * (2 * m * n * k);
+  cost.vectorFlops = 4 * codes + getNumElements(tensorType(op.getAccumulator()));
+  return cost;
+}
+
 LogicalResult Fp8LinearBackwardSharedInputOp::verify() {
-  RankedTensorType dy = tensorType(getResultGrad()), w = tensorType(getWeight());
-  RankedTensorType acc = tensorType(getAccumulator());
+  RankedTensorType dy = tensorType(getResultGrad());
   FailureOr<SmallVector<int64_t>> shape =
       verifyFp8GradInput(*this, getResultGrad(), getWeight(), getInputGrad(), "input_grad");
   if (failed(shape))
     return failure();
-  int64_t n = dy.getShape().back(), k = w.getDimSize(1);
-  if (failed(verifySharedInputCast<Fp8LinearBackwardOp>(
-          *this, getInputCast(), getInputStats(),
-          RankedTensorType::get(*shape, dy.getElementType()), getCurrent(), getMargin(),
-          "weight_grad_stats", [](Fp8LinearBackwardOp op) { return op.getWeightGradStats(); })))
+  std::optional<InputCastSource> source;
+  if (auto fused = getInputCast().getDefiningOp<Fp8LinearBackwardOp>())
+    source = InputCastSource{"workspace",         fused.getWorkspace(), fused.getWeightGradStats(),
+                             "weight_grad_stats", fused.getInput(),     fused.getCurrent(),
+                             fused.getMargin()};
+  if (failed(verifySharedInputCast(*this, getInputCast(), getInputStats(),
+                                   RankedTensorType::get(*shape, dy.getElementType()), getCurrent(),
+                                   getMargin(), source,
+                                   "workspace of a 'bonsai.fp8_linear_backward'")))
     return failure();
-  if (!acc.getElementType().isF32())
-    return emitOpError() << "accumulator element type must be f32 (FP8 GEMMs add into f32 "
-                            "accumulators only), got "
-                         << acc.getElementType();
-  if (acc.getShape() != ArrayRef<int64_t>{n, k})
-    return emitOpError() << "accumulator shape: expected [" << n << ", " << k << "] ([N, K]), got "
-                         << fmt(acc.getShape());
-  if (failed(verifyFp8Margin(*this, getMargin())) || failed(verifyFp8State(*this, getState())) ||
-      failed(verifyFp8Stats(*this, "input_grad_stats", getInputGradStats())) ||
-      failed(verifyFp8Stats(*this, "weight_grad_stats", getWeightGradStats())))
-    return failure();
-  // The fused backward's two workspaces without the input's codes.
-  int64_t dyElements = getNumElements(dy);
-  int64_t expected =
-      getWorkspaceElements(dyElements, getNumElements(w)) + getWorkspaceElements(dyElements, 0);
-  RankedTensorType workspace = tensorType(getWorkspace());
-  if (!workspace.getElementType().isF32() || workspace.getRank() != 1 ||
-      workspace.getDimSize(0) != expected)
-    return emitOpError() << "workspace must be tensor<" << expected
-                         << "xf32> (the codes of dy in two layouts and of the weight, and the "
-                            "device's scales), got "
-                         << workspace;
-  return success();
+  return verifyBackwardWithoutInputCast(*this);
 }
 
 OpCost Fp8LinearBackwardSharedInputOp::getForwardCost() {
-  RankedTensorType dy = tensorType(getResultGrad());
-  int64_t n = dy.getShape().back(), k = tensorType(getWeight()).getDimSize(1);
-  int64_t m = getNumElements(dy) / n;
-  OpCost cost;
-  for (Value operand :
-       {getResultGrad(), getWeight(), getInputStats(), getState(), getAccumulator()})
-    cost.bytesRead += getStorageBytes(operand.getType());
-  // dy read once, cast into two layouts, W transposed; the codes go through the workspace,
-  // the input's codes are read once. The accumulator is read (beta = 1) and written.
-  int64_t codes = 2 * getNumElements(dy) + getNumElements(tensorType(getWeight()));
-  cost.bytesRead += codes + m * k;
-  cost.bytesWritten = getStorageBytes(getInputGrad().getType()) +
-                      2 * getStorageBytes(getInputGradStats().getType()) +
-                      getStorageBytes(getAccumulator().getType()) + codes;
-  cost.matmulFlops = 2 * (2 * m * n * k);
-  cost.vectorFlops = 4 * codes + getNumElements(tensorType(getAccumulator()));
-  return cost;
+  return backwardWithoutInputCastCost(*this);
 }
 
 SmallVector<unsigned> Fp8LinearBackwardSharedInputOp::getInPlaceOperands() {
@@ -540,4 +587,65 @@ OpCost Fp8UpdateScalesOp::getForwardCost() {
 SmallVector<unsigned> Fp8UpdateScalesOp::getInPlaceOperands() {
   // The state is the last operand, after the optional backward statistics.
   return {getNumOperands() - 1};
+}
+
+//===----------------------------------------------------------------------===//
+// Fp8LinearWithInputCastOp and Fp8LinearBackwardFromInputCastOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult Fp8LinearWithInputCastOp::verify() {
+  RankedTensorType x = tensorType(getInput());
+  if (failed(verifyFp8Linear(*this, getInput(), getWeight(), getBias(), getResult())))
+    return failure();
+  int64_t k = x.getShape().back();
+  auto expected =
+      RankedTensorType::get({k, getNumElements(x) / k}, Float8E4M3FNType::get(getContext()));
+  if (failed(expectTypeOf(*this, "input_cast", getInputCast(), expected)))
+    return failure();
+  return verifyFp8Gemm(*this, getState(), getStats(), getWorkspace(), getInput(), getWeight());
+}
+
+OpCost Fp8LinearWithInputCastOp::getForwardCost() {
+  int64_t k = tensorType(getWeight()).getDimSize(1), n = tensorType(getWeight()).getDimSize(0);
+  // fp8_linear's; the transposed codes are a result, written once more.
+  return fp8GemmCost(*this, getNumElements(tensorType(getInput())) / k, n, k, getInput(),
+                     getWeight(), getWorkspace());
+}
+
+SmallVector<unsigned> Fp8LinearWithInputCastOp::getWorkspaceResults() {
+  // A sibling that shares the input's cast reads the codes afterwards: then it is not scratch.
+  if (!getWorkspace().use_empty())
+    return {};
+  return {cast<OpResult>(getWorkspace()).getResultNumber()};
+}
+
+LogicalResult Fp8LinearBackwardFromInputCastOp::verify() {
+  RankedTensorType dy = tensorType(getResultGrad());
+  FailureOr<SmallVector<int64_t>> shape =
+      verifyFp8GradInput(*this, getResultGrad(), getWeight(), getInputGrad(), "input_grad");
+  if (failed(shape))
+    return failure();
+  std::optional<InputCastSource> source;
+  if (auto forward = getInputCast().getDefiningOp<Fp8LinearWithInputCastOp>())
+    source =
+        InputCastSource{"input_cast",       forward.getInputCast(), forward.getStats(), "stats",
+                        forward.getInput(), forward.getCurrent(),   forward.getMargin()};
+  if (failed(verifySharedInputCast(*this, getInputCast(), getInputStats(),
+                                   RankedTensorType::get(*shape, dy.getElementType()), getCurrent(),
+                                   getMargin(), source,
+                                   "input_cast of a 'bonsai.fp8_linear_with_input_cast'")))
+    return failure();
+  return verifyBackwardWithoutInputCast(*this);
+}
+
+OpCost Fp8LinearBackwardFromInputCastOp::getForwardCost() {
+  return backwardWithoutInputCastCost(*this);
+}
+
+SmallVector<unsigned> Fp8LinearBackwardFromInputCastOp::getInPlaceOperands() {
+  return {getAccumulatorMutable().getOperandNumber()};
+}
+
+SmallVector<unsigned> Fp8LinearBackwardFromInputCastOp::getWorkspaceResults() {
+  return {cast<OpResult>(getWorkspace()).getResultNumber()};
 }

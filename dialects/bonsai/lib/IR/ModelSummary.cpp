@@ -44,7 +44,8 @@ ModelSummary::ModelSummary(Operation *function) : function(function) {
     }
     // The LM head is a linear of the model also once bonsai-fuse has made it part of a
     // linear_cross_entropy, and so are a linear fused with its GELU and a linear bonsai-fp8
-    // has made an FP8 GEMM (recipes are verified against the model after every pass).
+    // has made an FP8 GEMM, in each form bonsai-fuse gives it (recipes are verified against the
+    // model after every pass).
     Value weight;
     if (auto linear = dyn_cast<LinearOp>(op))
       weight = linear.getWeight();
@@ -54,6 +55,10 @@ ModelSummary::ModelSummary(Operation *function) : function(function) {
       weight = gelu.getWeight();
     else if (auto fp8 = dyn_cast<Fp8LinearOp>(op))
       weight = fp8.getWeight();
+    else if (auto shared = dyn_cast<Fp8LinearSharedInputOp>(op))
+      weight = shared.getWeight();
+    else if (auto withCast = dyn_cast<Fp8LinearWithInputCastOp>(op))
+      weight = withCast.getWeight();
     if (!weight)
       return;
     ParamOp param = getUnderlyingParam(weight);

@@ -5,9 +5,10 @@
 // activations and weights, E5M2 for output gradients) with the scales of a piece of training
 // state, multiplies on FP8 tensor cores with f32 accumulation, and reports what the casts did;
 // one update per step turns those reports into the next step's scales. They are created after
-// autodiff, so they have no gradients of their own. Plan kinds 90..97 (runtime/schema/plan.fbs);
-// bonsai-fuse forms the accumulating weight gradient (94), the fused backward (95) and the
-// GEMMs that reuse a sibling's cast of their input (96, 97).
+// autodiff, so they have no gradients of their own. Plan kinds 90..99 (runtime/schema/plan.fbs);
+// bonsai-fuse forms the accumulating weight gradient (94), the fused backward (95), the GEMMs
+// that reuse a sibling's cast of their input (96, 97) and the forward that keeps its input's
+// cast for the backward (98, 99).
 //
 //===----------------------------------------------------------------------===//
 
@@ -205,6 +206,67 @@ def Bonsai_Fp8LinearBackwardSharedInputOp : Bonsai_Op<"fp8_linear_backward_share
   }];
   let arguments = (ins Bonsai_ComputeTensor:$result_grad, Bonsai_ComputeTensor:$weight,
                    Bonsai_ComputeTensor:$input_cast, Bonsai_ComputeTensor:$input_stats,
+                   Bonsai_ComputeTensor:$state, Bonsai_ComputeTensor:$accumulator,
+                   BoolAttr:$current, I64Attr:$margin);
+  let results = (outs Bonsai_ComputeTensor:$input_grad, Bonsai_ComputeTensor:$input_grad_stats,
+                      Bonsai_ComputeTensor:$weight_grad_stats, Bonsai_ComputeTensor:$workspace);
+  let hasVerifier = 1;
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let extraClassDeclaration = Bonsai_Fp8LayoutDecls;
+}
+
+/// A tensor of E4M3FN codes a GEMM leaves for another.
+def Bonsai_Fp8CodesTensor : Bonsai_TensorOf<[F8E4M3FN]>;
+
+def Bonsai_Fp8LinearWithInputCastOp : Bonsai_Op<"fp8_linear_with_input_cast", [Pure,
+    DeclareOpInterfaceMethods<Bonsai_CostOpInterface>,
+    DeclareOpInterfaceMethods<Bonsai_KernelOpInterface, ["getWorkspaceResults"]>]> {
+  let summary = "fp8_linear that also returns its input's transposed cast, for the backward";
+  let description = [{
+    `bonsai.fp8_linear` whose cast of x also writes xᵀ's E4M3FN codes, [K, M] (M = x's
+    elements / K), as `input_cast` (bonsai-fuse, family `fp8-saved-input`): the fused
+    backward of the same x reads them (`bonsai.fp8_linear_backward_from_input_cast`) instead of
+    reading x and casting it again with the same scale. y, `stats` and the workspace are
+    fp8_linear's (x's plain codes first, so that `bonsai.fp8_linear_shared_input` reads them as
+    it reads fp8_linear's).
+
+    ```mlir
+    %y, %stats, %xt, %ws = bonsai.fp8_linear_with_input_cast %x, %w, %state {current = false, margin = 0 : i64} : (tensor<4x64x64xbf16>, tensor<128x64xbf16>, tensor<3x20xf32>) -> (tensor<4x64x128xbf16>, tensor<2x4xf32>, tensor<64x256xf8E4M3FN>, tensor<6208xf32>)
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$input, Bonsai_ComputeTensor:$weight,
+                   Bonsai_ComputeTensor:$state, Optional<Bonsai_ComputeTensor>:$bias,
+                   BoolAttr:$current, I64Attr:$margin,
+                   DefaultValuedAttr<BoolAttr, "false">:$fast_accumulation);
+  let results = (outs Bonsai_ComputeTensor:$result, Bonsai_ComputeTensor:$stats,
+                      Bonsai_Fp8CodesTensor:$input_cast, Bonsai_ComputeTensor:$workspace);
+  let hasVerifier = 1;
+  let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
+  let extraClassDeclaration = Bonsai_Fp8LayoutDecls;
+}
+
+def Bonsai_Fp8LinearBackwardFromInputCastOp : Bonsai_Op<
+    "fp8_linear_backward_from_input_cast", [
+    MemoryEffects<[MemRead, MemWrite]>,
+    DeclareOpInterfaceMethods<Bonsai_CostOpInterface>,
+    DeclareOpInterfaceMethods<Bonsai_KernelOpInterface,
+                              ["getInPlaceOperands", "getWorkspaceResults"]>]> {
+  let summary = "fp8_linear_backward from the forward's transposed cast of its input";
+  let description = [{
+    `bonsai.fp8_linear_backward` whose weight gradient takes xᵀ's codes from the forward
+    (`input_cast` [K, M] of a `bonsai.fp8_linear_with_input_cast` of the same x and scaling,
+    and its `stats` as `input_stats`, whose row 0 gives x's scale and becomes row 1 of
+    `weight_grad_stats`) instead of reading x (bonsai-fuse, family `fp8-saved-input`): the
+    state's input scale does not change between the forward and the backward, so the codes are
+    those the backward would make. Only dy and W are cast; the workspace is
+    `fp8_linear_backward_shared_input`'s.
+
+    ```mlir
+    %dx, %dxs, %dws, %ws = bonsai.fp8_linear_backward_from_input_cast %dy, %w, %xt, %stats, %s, %acc {current = false, margin = 0 : i64} : (tensor<4x64x128xbf16>, tensor<128x64xbf16>, tensor<64x256xf8E4M3FN>, tensor<2x4xf32>, tensor<3x20xf32>, tensor<128x64xf32>) -> (tensor<4x64x64xbf16>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<18560xf32>)
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$result_grad, Bonsai_ComputeTensor:$weight,
+                   Bonsai_Fp8CodesTensor:$input_cast, Bonsai_ComputeTensor:$input_stats,
                    Bonsai_ComputeTensor:$state, Bonsai_ComputeTensor:$accumulator,
                    BoolAttr:$current, I64Attr:$margin);
   let results = (outs Bonsai_ComputeTensor:$input_grad, Bonsai_ComputeTensor:$input_grad_stats,
