@@ -405,17 +405,23 @@ void fp8LinearBackwardSharedInput(const TensorView &dy, const TensorView &w,
                            margin, dx, inputGradStats, weightGradStats, workspace, acc);
 }
 
+/// Checks `inputCast`: xᵀ's codes, f8_e4m3 [kk, m] (kinds 98 and 99).
+static void checkTransposedCodes(const char *k, const TensorView &inputCast, int64_t kk,
+                                 int64_t m) {
+  checkView(k, "input_cast", inputCast);
+  if (inputCast.dtype != DType::F8E4M3FN || inputCast.shape != std::vector<int64_t>{kk, m})
+    fail(k, "input_cast must be f8_e4m3 [" + std::to_string(kk) + ", " + std::to_string(m) +
+                "] (x's transposed codes), got " + formatShape(inputCast.shape) + " " +
+                dtypeName(inputCast.dtype));
+}
+
 void fp8LinearWithInputCast(const TensorView &x, const TensorView &w, const TensorView &state,
                             const TensorView *bias, bool current, int margin, const TensorView &y,
                             const TensorView &stats, const TensorView &inputCast,
                             const TensorView &workspace) {
   const char *k = "fp8_linear_with_input_cast";
-  checkView(k, "input_cast", inputCast);
   const int64_t kk = w.rank() == 2 ? w.dim(1) : 0, m = kk ? x.numel() / kk : 0;
-  if (inputCast.dtype != DType::F8E4M3FN || inputCast.shape != std::vector<int64_t>{kk, m})
-    fail(k, "input_cast must be f8_e4m3 [" + std::to_string(kk) + ", " + std::to_string(m) +
-                "] (x's transposed codes), got " + formatShape(inputCast.shape) + " " +
-                dtypeName(inputCast.dtype));
+  checkTransposedCodes(k, inputCast, kk, m);
   fp8Linear(x, w, state, bias, current, margin, y, stats, workspace);
   // x's plain codes are the workspace's first; their transpose is what fp8LinearBackward's
   // cast of x with the same scale writes.
@@ -436,11 +442,7 @@ void fp8LinearBackwardFromInputCast(const TensorView &dy, const TensorView &w,
                                     const TensorView &acc) {
   const char *k = "fp8_linear_backward_from_input_cast";
   const auto [m, n, kk] = checkBackwardWithoutInputCast(k, dy, w, state, dx, weightGradStats, acc);
-  checkView(k, "input_cast", inputCast);
-  if (inputCast.dtype != DType::F8E4M3FN || inputCast.shape != std::vector<int64_t>{kk, m})
-    fail(k, "input_cast must be f8_e4m3 [" + std::to_string(kk) + ", " + std::to_string(m) +
-                "] (x's transposed codes), got " + formatShape(inputCast.shape) + " " +
-                dtypeName(inputCast.dtype));
+  checkTransposedCodes(k, inputCast, kk, m);
   checkStats(k, "input_stats", inputStats);
   backwardWithoutInputCast(k, dy, w, static_cast<const uint8_t *>(inputCast.data),
                            {inputCast, inputStats, 0, true}, state, current, margin, dx,

@@ -1001,6 +1001,45 @@ void fp8LinearGradWeightAccumulate(const Context &ctx, const TensorView &dy, con
              /*accumulate=*/true);
 }
 
+/// The fused backward (kinds 95, 97 and 99) once dy, w, dx and acc are checked: checks the
+/// cast operands (x's codes may be another kernel's: ops[2].sharedCodes), the state, the
+/// statistics and the workspace (`workspaceBytes`, `what` says why), then casts in one launch
+/// and runs the two GEMMs. The workspace: dy's plain codes, wᵀ's, dyᵀ's, the control block in
+/// the two GEMMs' 512 bytes, and xᵀ's codes, where x is cast here, at its very end (where
+/// fp8LinearBackwardSharedInput finds them).
+static void runFusedBackward(const Context &ctx, const char *kn, const GemmOperand (&ops)[3],
+                             int64_t m, int64_t n, int64_t k, const TensorView &state, bool current,
+                             int margin, const TensorView &dx, const TensorView &inputGradStats,
+                             const TensorView &weightGradStats, const TensorView &workspace,
+                             const TensorView &acc, int64_t workspaceBytes, const char *what) {
+  for (const GemmOperand &op : ops)
+    checkCastOperand(kn, op);
+  checkState(kn, state);
+  checkStats(kn, "input_grad_stats", inputGradStats);
+  checkStats(kn, "weight_grad_stats", weightGradStats);
+  checkWorkspace(kn, workspace, workspaceBytes, what);
+  uint8_t *plain = static_cast<uint8_t *>(workspace.data);
+  uint8_t *wCodes = plain + codeBytes(ops[0]);
+  uint8_t *dyCodes = wCodes + codeBytes(ops[1]);
+  auto *control = reinterpret_cast<Fp8Control<3> *>(dyCodes + codeBytes(ops[0]));
+  uint8_t *xCodes = ops[2].sharedCodes ? nullptr
+                                       : static_cast<uint8_t *>(workspace.data) +
+                                             workspace.numel() * 4 - codeBytes(ops[2]);
+  uint8_t *const codes[3] = {dyCodes, wCodes, xCodes};
+  castOperands<3>(ctx, kn, ops, codes, plain, state, current, margin, control,
+                  static_cast<float *>(inputGradStats.data),
+                  static_cast<float *>(weightGradStats.data));
+  const float *dyDescale = &control->descale[0].value;
+  // dx [m, k] = dy [m, n] · (wᵀ [k, n])ᵀ.
+  runGemm(ctx, kn, {plain, fp8::OutputGradRow, dyDescale},
+          {wCodes, fp8::WeightRow, &control->descale[1].value}, m, k, n, dx, nullptr);
+  // acc [n, k] += (dyᵀ [n, m]) · (xᵀ [k, m])ᵀ.
+  runGemm(
+      ctx, kn, {dyCodes, fp8::OutputGradRow, dyDescale},
+      {ops[2].sharedCodes ? ops[2].sharedCodes : xCodes, fp8::InputRow, &control->descale[2].value},
+      n, k, m, acc, nullptr, /*accumulate=*/true);
+}
+
 void fp8LinearBackward(const Context &ctx, const TensorView &dy, const TensorView &w,
                        const TensorView &x, const TensorView &state, bool current, int margin,
                        const TensorView &dx, const TensorView &inputGradStats,
@@ -1029,35 +1068,11 @@ void fp8LinearBackward(const Context &ctx, const TensorView &dy, const TensorVie
   const GemmOperand ops[3] = {{&dy, m, n, true, fp8::OutputGradRow, "dy"},
                               {&w, n, k, true, fp8::WeightRow, "w"},
                               {&x, m, k, true, fp8::InputRow, "x"}};
-  for (const GemmOperand &op : ops)
-    checkCastOperand(kn, op);
-  checkState(kn, state);
-  checkStats(kn, "input_grad_stats", inputGradStats);
-  checkStats(kn, "weight_grad_stats", weightGradStats);
-  checkWorkspace(kn, workspace,
-                 fp8::gemmWorkspaceBytes(dy.numel(), w.numel()) +
-                     fp8::gemmWorkspaceBytes(dy.numel(), x.numel()),
-                 "the two GEMMs' fp8::gemmWorkspaceBytes");
-  // The workspace: dy's plain codes, wᵀ's, dyᵀ's, the control block in the two GEMMs' 512
-  // bytes, and xᵀ's codes at the very end, where fp8LinearBackwardSharedInput finds them.
-  uint8_t *plain = static_cast<uint8_t *>(workspace.data);
-  uint8_t *wCodes = plain + codeBytes(ops[0]);
-  uint8_t *dyCodes = wCodes + codeBytes(ops[1]);
-  auto *control = reinterpret_cast<Fp8Control<3> *>(dyCodes + codeBytes(ops[0]));
-  uint8_t *xCodes =
-      static_cast<uint8_t *>(workspace.data) + workspace.numel() * 4 - codeBytes(ops[2]);
-  uint8_t *const codes[3] = {dyCodes, wCodes, xCodes};
-  castOperands<3>(ctx, kn, ops, codes, plain, state, current, margin, control,
-                  static_cast<float *>(inputGradStats.data),
-                  static_cast<float *>(weightGradStats.data));
-  const float *dyDescale = &control->descale[0].value;
-  // dx [m, k] = dy [m, n] · (wᵀ [k, n])ᵀ.
-  runGemm(ctx, kn, {plain, fp8::OutputGradRow, dyDescale},
-          {wCodes, fp8::WeightRow, &control->descale[1].value}, m, k, n, dx, nullptr);
-  // acc [n, k] += (dyᵀ [n, m]) · (xᵀ [k, m])ᵀ.
-  runGemm(ctx, kn, {dyCodes, fp8::OutputGradRow, dyDescale},
-          {xCodes, fp8::InputRow, &control->descale[2].value}, n, k, m, acc, nullptr,
-          /*accumulate=*/true);
+  runFusedBackward(ctx, kn, ops, m, n, k, state, current, margin, dx, inputGradStats,
+                   weightGradStats, workspace, acc,
+                   fp8::gemmWorkspaceBytes(dy.numel(), w.numel()) +
+                       fp8::gemmWorkspaceBytes(dy.numel(), x.numel()),
+                   "the two GEMMs' fp8::gemmWorkspaceBytes");
 }
 
 /// Checks `inputCast`, another kernel's workspace holding the codes of `elements` input
@@ -1127,7 +1142,7 @@ static std::array<int64_t, 3> checkBackwardWithoutInputCast(const char *kn, cons
 }
 
 /// Kinds 97 and 99 once xᵀ's codes (`xCodes`, [K, M]) and x's statistics row (`xStats`) are
-/// found: one launch casts dy (both layouts) and wᵀ, then the two GEMMs.
+/// found: runFusedBackward, x not cast again.
 static void backwardWithoutInputCast(const Context &ctx, const char *kn, int64_t m, int64_t n,
                                      int64_t k, const TensorView &dy, const TensorView &w,
                                      const uint8_t *xCodes, const float *xStats,
@@ -1141,32 +1156,10 @@ static void backwardWithoutInputCast(const Context &ctx, const char *kn, int64_t
                         {&x, m, k, true, fp8::InputRow, "x"}};
   ops[2].sharedCodes = xCodes;
   ops[2].sharedStats = xStats;
-  for (const GemmOperand &op : ops)
-    checkCastOperand(kn, op);
-  checkState(kn, state);
-  checkStats(kn, "input_grad_stats", inputGradStats);
-  checkStats(kn, "weight_grad_stats", weightGradStats);
-  checkWorkspace(kn, workspace,
-                 fp8::gemmWorkspaceBytes(dy.numel(), w.numel()) +
-                     fp8::gemmWorkspaceBytes(dy.numel(), 0),
-                 "kind 95's workspace without x's codes");
-  // The workspace: dy's plain codes, wᵀ's, dyᵀ's, then the control block (512 bytes).
-  uint8_t *plain = static_cast<uint8_t *>(workspace.data);
-  uint8_t *wCodes = plain + codeBytes(ops[0]);
-  uint8_t *dyCodes = wCodes + codeBytes(ops[1]);
-  auto *control = reinterpret_cast<Fp8Control<3> *>(dyCodes + codeBytes(ops[0]));
-  uint8_t *const codes[3] = {dyCodes, wCodes, nullptr};
-  castOperands<3>(ctx, kn, ops, codes, plain, state, current, margin, control,
-                  static_cast<float *>(inputGradStats.data),
-                  static_cast<float *>(weightGradStats.data));
-  const float *dyDescale = &control->descale[0].value;
-  // dx [m, k] = dy [m, n] · (wᵀ [k, n])ᵀ.
-  runGemm(ctx, kn, {plain, fp8::OutputGradRow, dyDescale},
-          {wCodes, fp8::WeightRow, &control->descale[1].value}, m, k, n, dx, nullptr);
-  // acc [n, k] += (dyᵀ [n, m]) · (xᵀ [k, m])ᵀ.
-  runGemm(ctx, kn, {dyCodes, fp8::OutputGradRow, dyDescale},
-          {xCodes, fp8::InputRow, &control->descale[2].value}, n, k, m, acc, nullptr,
-          /*accumulate=*/true);
+  runFusedBackward(
+      ctx, kn, ops, m, n, k, state, current, margin, dx, inputGradStats, weightGradStats, workspace,
+      acc, fp8::gemmWorkspaceBytes(dy.numel(), w.numel()) + fp8::gemmWorkspaceBytes(dy.numel(), 0),
+      "kind 95's workspace without x's codes");
 }
 
 void fp8LinearBackwardSharedInput(const Context &ctx, const TensorView &dy, const TensorView &w,
@@ -1187,7 +1180,7 @@ void fp8LinearBackwardSharedInput(const Context &ctx, const TensorView &dy, cons
                            current, margin, dx, inputGradStats, weightGradStats, workspace, acc);
 }
 
-/// Checks `inputCast`: xᵀ's codes, f8e4m3fn [k, m] from a 16-byte boundary.
+/// Checks `inputCast`: xᵀ's codes, f8_e4m3 [k, m] from a 16-byte boundary.
 static void checkInputCast(const char *kn, const TensorView &inputCast, int64_t k, int64_t m) {
   checkView(kn, "input_cast", inputCast);
   if (inputCast.dtype != DType::F8E4M3FN || inputCast.shape != std::vector<int64_t>{k, m} ||

@@ -28,6 +28,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 
 namespace bonsai::rt {
@@ -580,9 +581,15 @@ private:
   /// GEMM dimension `what` (M, N or K) is a multiple of 16, as FP8 tensor cores need.
   void checkFp8Dimension(const char *what, int64_t value, const std::string &from) const;
   /// The state (input 2), the stats (output `stats`: 1, or 0 for the accumulating kind 94) and
-  /// the workspace (the output after it, at least fp8::gemmWorkspaceBytes / 4 f32 elements for
-  /// casts of `a` and `b` elements) of kinds 90..92 and 94.
-  void checkFp8GemmOperands(int64_t aElements, int64_t bElements, size_t stats = 1) const;
+  /// the workspace (output `workspace`, by default the one after the stats, at least
+  /// fp8::gemmWorkspaceBytes / 4 f32 elements for casts of `a` and `b` elements) of kinds
+  /// 90..92, 94 and 98.
+  void checkFp8GemmOperands(int64_t aElements, int64_t bElements, size_t stats = 1,
+                            std::optional<size_t> workspace = std::nullopt) const;
+  /// `t` (named `name`) holds xᵀ's codes for x [..., K] of M rows: f8_e4m3 [K, M] (kinds 98
+  /// and 99; `whose` says whose codes they are, or is empty).
+  void checkFp8TransposedCodes(const TensorInfo &t, const std::string &name, int64_t k, int64_t m,
+                               const std::string &whose) const;
   /// Output `j` is a 1-D f32 workspace of at least `bytes` / 4 elements; `what` says what it
   /// holds.
   void checkFp8Workspace(size_t j, int64_t bytes, const std::string &what) const;
@@ -1313,13 +1320,21 @@ void KernelChecker::checkFp8Dimension(const char *what, int64_t value,
          ", which FP8 tensor-core GEMMs need");
 }
 
-void KernelChecker::checkFp8GemmOperands(int64_t aElements, int64_t bElements,
-                                         size_t stats) const {
+void KernelChecker::checkFp8GemmOperands(int64_t aElements, int64_t bElements, size_t stats,
+                                         std::optional<size_t> workspace) const {
   checkFp8State(in(2), inName(2));
   checkFp8Stats(out(stats), outName(stats));
-  checkFp8Workspace(stats + 1, fp8::gemmWorkspaceBytes(aElements, bElements),
+  checkFp8Workspace(workspace.value_or(stats + 1), fp8::gemmWorkspaceBytes(aElements, bElements),
                     "fp8::gemmWorkspaceBytes of casts of " + std::to_string(aElements) + " and " +
                         std::to_string(bElements) + " elements");
+}
+
+void KernelChecker::checkFp8TransposedCodes(const TensorInfo &t, const std::string &name, int64_t k,
+                                            int64_t m, const std::string &whose) const {
+  if (t.dtype != DType::F8E4M3FN || t.shape != std::vector<int64_t>{k, m})
+    fail(name + ": expected f8_e4m3 " + formatShape({k, m}) + " (x's transposed codes" +
+         (whose.empty() ? "" : ", " + whose) + "), got " + formatShape(t.shape) + " " +
+         dtypeName(t.dtype));
 }
 
 /// Inputs `cast` and `stats` of a GEMM that reads another's cast of its input (kinds 96 and
@@ -1672,10 +1687,11 @@ void KernelChecker::checkShapes() {
     break;
   }
   case KernelKind::Fp8Linear:
+  case KernelKind::Fp8LinearWithInputCast:
   case KernelKind::Fp8LinearGradInput: {
     // x [..., K] · w [N, K]ᵀ, or dy [..., N] · w [N, K]: the activation's leading dimensions
-    // are M.
-    bool forward = kernel.kind == KernelKind::Fp8Linear;
+    // are M. Kind 98 also writes xᵀ's codes (output 2, before its workspace).
+    bool forward = kernel.kind != KernelKind::Fp8LinearGradInput;
     expectFloat(0);
     expectRankAtLeast(0, 1);
     expectFloat(1);
@@ -1696,7 +1712,12 @@ void KernelChecker::checkShapes() {
     std::vector<int64_t> shape(a.begin(), a.end() - 1);
     shape.push_back(forward ? n : k);
     expectFloatOutput(0, shape);
-    checkFp8GemmOperands(in(0).numel, in(1).numel);
+    if (kernel.kind == KernelKind::Fp8LinearWithInputCast) {
+      checkFp8GemmOperands(in(0).numel, in(1).numel, 1, 3);
+      checkFp8TransposedCodes(out(2), outName(2), k, m, "");
+    } else {
+      checkFp8GemmOperands(in(0).numel, in(1).numel);
+    }
     break;
   }
   case KernelKind::Fp8LinearGradWeight:
@@ -1782,35 +1803,6 @@ void KernelChecker::checkShapes() {
                       "fp8::gemmWorkspaceBytes of w's cast alone");
     break;
   }
-  case KernelKind::Fp8LinearWithInputCast: {
-    // Kind 90 that also writes xᵀ's codes: f8e4m3fn [K, M].
-    expectFloat(0);
-    expectRankAtLeast(0, 1);
-    expectFloat(1);
-    expectRank(1, 2);
-    const std::vector<int64_t> &x = in(0).shape, &w = in(1).shape;
-    int64_t n = w[0], k = w[1], m = in(0).numel / x.back();
-    if (x.back() != k)
-      fail(inName(1) + " shape: expected [out, " + std::to_string(x.back()) +
-           "] ([out, in] layout), got " + formatShape(w));
-    checkFp8Dimension("M", m, "the rows of x " + formatShape(x));
-    checkFp8Dimension("N", n, "the rows of w " + formatShape(w));
-    checkFp8Dimension("K", k, "the columns of w " + formatShape(w));
-    if (kernel.inputs.size() == 4)
-      expectFloatInput(3, {n});
-    std::vector<int64_t> shape(x.begin(), x.end() - 1);
-    shape.push_back(n);
-    expectFloatOutput(0, shape);
-    checkFp8State(in(2), inName(2));
-    checkFp8Stats(out(1), outName(1));
-    if (out(2).dtype != DType::F8E4M3FN || out(2).shape != std::vector<int64_t>{k, m})
-      fail(outName(2) + ": expected f8_e4m3 " + formatShape({k, m}) +
-           " (x's transposed codes), got " + formatShape(out(2).shape) + " " +
-           dtypeName(out(2).dtype));
-    checkFp8Workspace(3, fp8::gemmWorkspaceBytes(in(0).numel, in(1).numel),
-                      "fp8::gemmWorkspaceBytes of casts of x and w");
-    break;
-  }
   case KernelKind::Fp8LinearBackwardSharedInput:
   case KernelKind::Fp8LinearBackwardFromInputCast: {
     // Kind 95 with x's transposed codes and scale from another kind 95's workspace and
@@ -1835,10 +1827,7 @@ void KernelChecker::checkShapes() {
            dtypeName(out(0).dtype));
     expectF32Output(4, {n, k});
     if (kernel.kind == KernelKind::Fp8LinearBackwardFromInputCast) {
-      if (in(2).dtype != DType::F8E4M3FN || in(2).shape != std::vector<int64_t>{k, m})
-        fail(inName(2) + ": expected f8_e4m3 " + formatShape({k, m}) +
-             " (x's transposed codes, an Fp8LinearWithInputCast's), got " +
-             formatShape(in(2).shape) + " " + dtypeName(in(2).dtype));
+      checkFp8TransposedCodes(in(2), inName(2), k, m, "an Fp8LinearWithInputCast's");
       checkFp8Stats(in(3), inName(3));
     } else {
       // The source's workspace holds at least its x codes and both GEMMs' control blocks.

@@ -22,9 +22,6 @@
 namespace mlir::bonsai {
 namespace {
 
-/// The element count of a ranked tensor value.
-int64_t elementsOf(Value value) { return cast<RankedTensorType>(value.getType()).getNumElements(); }
-
 /// fp8_linear_grad_input(dy, W, s) ... fp8_linear_grad_weight_accumulate(dy, x, s, acc)
 ///   -> fp8_linear_backward(dy, W, x, s, acc) where the input gradient was.
 struct FuseFp8Backward : OpRewritePattern<Fp8LinearGradWeightAccumulateOp> {
@@ -83,9 +80,10 @@ struct FuseFp8Backward : OpRewritePattern<Fp8LinearGradWeightAccumulateOp> {
     if (moveAcc)
       rewriter.moveOpBefore(accDef, inputGrad);
     rewriter.setInsertionPoint(inputGrad);
-    int64_t workspace = Fp8LinearBackwardOp::getWorkspaceElements(
-                            elementsOf(dy), elementsOf(inputGrad.getWeight())) +
-                        Fp8LinearBackwardOp::getWorkspaceElements(elementsOf(dy), elementsOf(x));
+    int64_t workspace =
+        Fp8LinearBackwardOp::getWorkspaceElements(fusion::elementsOf(dy),
+                                                  fusion::elementsOf(inputGrad.getWeight())) +
+        Fp8LinearBackwardOp::getWorkspaceElements(fusion::elementsOf(dy), fusion::elementsOf(x));
     auto fused = Fp8LinearBackwardOp::create(
         rewriter, inputGrad.getLoc(),
         TypeRange{inputGrad.getResult().getType(), inputGrad.getStats().getType(),

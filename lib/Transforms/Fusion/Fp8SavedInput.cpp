@@ -30,9 +30,6 @@
 namespace mlir::bonsai {
 namespace {
 
-/// The element count of a ranked tensor value.
-int64_t elementsOf(Value value) { return cast<RankedTensorType>(value.getType()).getNumElements(); }
-
 /// Whether `backward` may read the codes `forward` would write of their common input: same
 /// block and scaling, `forward` first, and nothing between them writes the input or a state.
 bool canRead(Fp8LinearOp forward, Fp8LinearBackwardOp backward) {
@@ -52,7 +49,7 @@ bool canRead(Fp8LinearOp forward, Fp8LinearBackwardOp backward) {
 Fp8LinearWithInputCastOp keepInputCast(RewriterBase &rewriter, Fp8LinearOp forward) {
   rewriter.setInsertionPoint(forward);
   int64_t k = cast<RankedTensorType>(forward.getInput().getType()).getShape().back();
-  auto castType = RankedTensorType::get({k, elementsOf(forward.getInput()) / k},
+  auto castType = RankedTensorType::get({k, fusion::elementsOf(forward.getInput()) / k},
                                         rewriter.getType<Float8E4M3FNType>());
   auto kept = Fp8LinearWithInputCastOp::create(
       rewriter, forward.getLoc(),
@@ -75,10 +72,10 @@ template <typename BackwardOp>
 void readInputCast(RewriterBase &rewriter, BackwardOp backward, Fp8LinearWithInputCastOp forward,
                    const FusionOptions &options) {
   rewriter.setInsertionPoint(backward);
-  int64_t dy = elementsOf(backward.getResultGrad());
-  int64_t workspace =
-      Fp8LinearBackwardFromInputCastOp::getWorkspaceElements(dy, elementsOf(backward.getWeight())) +
-      Fp8LinearBackwardFromInputCastOp::getWorkspaceElements(dy, 0);
+  int64_t dy = fusion::elementsOf(backward.getResultGrad());
+  int64_t workspace = Fp8LinearBackwardFromInputCastOp::getWorkspaceElements(
+                          dy, fusion::elementsOf(backward.getWeight())) +
+                      Fp8LinearBackwardFromInputCastOp::getWorkspaceElements(dy, 0);
   auto fromCast = Fp8LinearBackwardFromInputCastOp::create(
       rewriter, backward.getLoc(),
       TypeRange{backward.getInputGrad().getType(), backward.getInputGradStats().getType(),

@@ -26,9 +26,6 @@
 namespace mlir::bonsai {
 namespace {
 
-/// The element count of a ranked tensor value.
-int64_t elementsOf(Value value) { return cast<RankedTensorType>(value.getType()).getNumElements(); }
-
 /// Whether `sibling` may read the cast `first` made of the input `input`: same block, phase
 /// and scaling, `first` earlier, and nothing between them writes the input.
 template <typename GemmOp> bool canShare(GemmOp first, GemmOp sibling, Value input) {
@@ -86,7 +83,8 @@ void shareCasts(FunctionOpInterface function, const FusionOptions &options, Stri
 /// fp8_linear(x, W2, s2) after fp8_linear(x, W1, s1) -> fp8_linear_shared_input(ws1, stats1,
 /// W2, s2).
 Operation *buildSharedForward(RewriterBase &rewriter, Fp8LinearOp first, Fp8LinearOp gemm) {
-  int64_t workspace = Fp8LinearSharedInputOp::getWorkspaceElements(0, elementsOf(gemm.getWeight()));
+  int64_t workspace =
+      Fp8LinearSharedInputOp::getWorkspaceElements(0, fusion::elementsOf(gemm.getWeight()));
   return Fp8LinearSharedInputOp::create(
       rewriter, gemm.getLoc(),
       TypeRange{gemm.getResult().getType(), gemm.getStats().getType(),
@@ -99,10 +97,10 @@ Operation *buildSharedForward(RewriterBase &rewriter, Fp8LinearOp first, Fp8Line
 /// -> fp8_linear_backward_shared_input(dy2, W2, ws1, weight_grad_stats1, s2, acc2).
 Operation *buildSharedBackward(RewriterBase &rewriter, Fp8LinearBackwardOp first,
                                Fp8LinearBackwardOp gemm) {
-  int64_t dy = elementsOf(gemm.getResultGrad());
-  int64_t workspace =
-      Fp8LinearBackwardSharedInputOp::getWorkspaceElements(dy, elementsOf(gemm.getWeight())) +
-      Fp8LinearBackwardSharedInputOp::getWorkspaceElements(dy, 0);
+  int64_t dy = fusion::elementsOf(gemm.getResultGrad());
+  int64_t workspace = Fp8LinearBackwardSharedInputOp::getWorkspaceElements(
+                          dy, fusion::elementsOf(gemm.getWeight())) +
+                      Fp8LinearBackwardSharedInputOp::getWorkspaceElements(dy, 0);
   return Fp8LinearBackwardSharedInputOp::create(
       rewriter, gemm.getLoc(),
       TypeRange{gemm.getInputGrad().getType(), gemm.getInputGradStats().getType(),

@@ -39,6 +39,8 @@ bool isSameValue(Value original, Value candidate) {
   return true;
 }
 
+int64_t elementsOf(Value value) { return cast<RankedTensorType>(value.getType()).getNumElements(); }
+
 StringRef getPhase(Operation *op) {
   if (auto phase = op->getAttrOfType<StringAttr>(kPhaseAttr))
     return phase.getValue();

@@ -24,6 +24,9 @@ constexpr StringLiteral kPhaseAttr = "bonsai.phase";
 /// attributes) whose operands compute the same values as the original's.
 bool isSameValue(Value original, Value candidate);
 
+/// The element count of a value of ranked tensor type.
+int64_t elementsOf(Value value);
+
 /// The phase annotation of `op` ("" for forward ops).
 StringRef getPhase(Operation *op);
 

@@ -406,11 +406,13 @@ static LogicalResult verifySharedInputCast(Operation *op, Value inputCast, Value
 /// fp8_linear_with_input_cast.
 static std::optional<InputCastSource> forwardCastSource(Value workspace) {
   if (auto linear = workspace.getDefiningOp<Fp8LinearOp>())
-    return InputCastSource{"workspace",       linear.getWorkspace(), linear.getStats(), "stats",
-                           linear.getInput(), linear.getCurrent(),   linear.getMargin()};
+    return InputCastSource{
+        "workspace",       linear.getWorkspace(), linear.getStats(),          "stats",
+        linear.getInput(), linear.getCurrent(),   int64_t(linear.getMargin())};
   if (auto linear = workspace.getDefiningOp<Fp8LinearWithInputCastOp>())
-    return InputCastSource{"workspace",       linear.getWorkspace(), linear.getStats(), "stats",
-                           linear.getInput(), linear.getCurrent(),   linear.getMargin()};
+    return InputCastSource{
+        "workspace",       linear.getWorkspace(), linear.getStats(),          "stats",
+        linear.getInput(), linear.getCurrent(),   int64_t(linear.getMargin())};
   return std::nullopt;
 }
 
@@ -537,9 +539,9 @@ LogicalResult Fp8LinearBackwardSharedInputOp::verify() {
     return failure();
   std::optional<InputCastSource> source;
   if (auto fused = getInputCast().getDefiningOp<Fp8LinearBackwardOp>())
-    source = InputCastSource{"workspace",         fused.getWorkspace(), fused.getWeightGradStats(),
-                             "weight_grad_stats", fused.getInput(),     fused.getCurrent(),
-                             fused.getMargin()};
+    source = InputCastSource{
+        "workspace",      fused.getWorkspace(), fused.getWeightGradStats(), "weight_grad_stats",
+        fused.getInput(), fused.getCurrent(),   int64_t(fused.getMargin())};
   if (failed(verifySharedInputCast(*this, getInputCast(), getInputStats(),
                                    RankedTensorType::get(*shape, dy.getElementType()), getCurrent(),
                                    getMargin(), source,
@@ -627,9 +629,9 @@ LogicalResult Fp8LinearBackwardFromInputCastOp::verify() {
     return failure();
   std::optional<InputCastSource> source;
   if (auto forward = getInputCast().getDefiningOp<Fp8LinearWithInputCastOp>())
-    source =
-        InputCastSource{"input_cast",       forward.getInputCast(), forward.getStats(), "stats",
-                        forward.getInput(), forward.getCurrent(),   forward.getMargin()};
+    source = InputCastSource{
+        "input_cast",       forward.getInputCast(), forward.getStats(),          "stats",
+        forward.getInput(), forward.getCurrent(),   int64_t(forward.getMargin())};
   if (failed(verifySharedInputCast(*this, getInputCast(), getInputStats(),
                                    RankedTensorType::get(*shape, dy.getElementType()), getCurrent(),
                                    getMargin(), source,
