@@ -145,6 +145,15 @@ public:
 
   const std::vector<double> &kernelMilliseconds() const override { return times_; }
 
+  void kernelAttrsChanged() override {
+    // Wait for any replay still reading the graphs before destroying them.
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    for (auto &entry : graphs_)
+      if (entry.second)
+        cudaGraphExecDestroy(entry.second);
+    graphs_.clear();
+  }
+
   void runPhase(Phase phase) override {
     if (profiling_) {
       runPhaseProfiled(phase);
@@ -531,7 +540,8 @@ private:
     }
   }
 
-  LoadedPlan plan_;
+  /// The executor's plan (the only copy), read at every launch and capture.
+  const LoadedPlan &plan_;
   bool useGraphs_;
   cudaDeviceProp props_{};
   cudaStream_t stream_ = nullptr;

@@ -248,6 +248,8 @@ void Executor::overrideLearningRate(double lr) {
     }
   if (!found)
     throw Error("plan '" + plan_.path + "' has no LearningRate kernel whose lr could be set");
+  if (device_)
+    device_->kernelAttrsChanged();
 }
 
 std::vector<int64_t> Executor::inputShape() const { return plan_.tensors[plan_.inputs[0]].shape; }

@@ -190,6 +190,53 @@ TEST_F(TrainingTest, FusedKernelsTrainOnTheGpuAsOnTheCpu) {
     }
   }
 }
+
+// bonsai-run --lr on the GPU: the CUDA backend once ran a copy of the plan that the override
+// never reached, so the GPU trained at the plan's lr while the CPU followed --lr. Now an
+// override before the first step, and one between steps (after the phases were captured as
+// CUDA Graphs), change the GPU's lr and losses as they change the CPU's.
+TEST_F(TrainingTest, LearningRateOverrideTakesEffectOnTheGpu) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    GTEST_SKIP() << "no GPU here";
+  }
+  for (bool graphs : {true, false}) {
+    SCOPED_TRACE(graphs ? "CUDA Graphs" : "eager");
+    test::TrainingTensors t{};
+    LoadedPlan plan = loadSpec(test::trainingPlanSpec({}, &t)); // lr 1e-2
+    ExecutorOptions gpuOptions;
+    gpuOptions.backend = Backend::Cuda;
+    gpuOptions.cudaGraphs = graphs;
+    Executor cpu(plan), gpu(plan, gpuOptions), planLr(plan, gpuOptions);
+    for (Executor *e : {&cpu, &gpu, &planLr})
+      e->initWeights(3);
+    cpu.overrideLearningRate(3e-3);
+    gpu.overrideLearningRate(3e-3);
+    TokenLoader loader(cyclicTokens(dir + "/tokens.bin", 4096, 16), 2, 4, 16, 7);
+    for (uint64_t s = 0; s < 3; ++s) {
+      StepResult rc = cpu.trainStep(loader, s, 1), rg = gpu.trainStep(loader, s, 1),
+                 rp = planLr.trainStep(loader, s, 1);
+      ASSERT_TRUE(rc.lr && rg.lr && rp.lr);
+      EXPECT_NEAR(*rg.lr, *rc.lr, 1e-6 * *rc.lr) << "step " << s + 1;
+      EXPECT_NEAR(rg.loss, rc.loss, 1e-4 * std::fabs(rc.loss)) << "step " << s + 1;
+      if (s == 2) {
+        ASSERT_GT(*rp.lr, 0.0f);
+        EXPECT_NEAR(*rg.lr / *rp.lr, 0.3, 1e-5); // 3e-3 against the plan's 1e-2
+        EXPECT_NE(rg.loss, rp.loss);
+      }
+    }
+    // After three captured steps: lr 0 leaves the weights where they are, on both.
+    std::vector<float> before = test::floatsOf(gpu, t.head);
+    cpu.overrideLearningRate(0);
+    gpu.overrideLearningRate(0);
+    StepResult rc = cpu.trainStep(loader, 3, 1), rg = gpu.trainStep(loader, 3, 1);
+    ASSERT_TRUE(rc.lr && rg.lr);
+    EXPECT_EQ(*rg.lr, 0.0f);
+    EXPECT_EQ(*rc.lr, 0.0f);
+    EXPECT_EQ(test::floatsOf(gpu, t.head), before);
+  }
+}
 #endif
 
 TEST_F(TrainingTest, GradientMatchesFiniteDifferences) {
@@ -526,6 +573,45 @@ TEST_F(ToolTest, TrainingPrintsMetricsAndWritesJsonLines) {
   for (const std::string &line : stepLines(r.out))
     EXPECT_NE(line.find(" lr 0"), std::string::npos) << line;
 }
+
+#ifdef BONSAI_HAVE_CUDA
+// bonsai-run --lr, as a user runs it, on the CUDA backend: every step's lr is the one asked
+// for and matches the CPU backend's, step by step (the plan's own peak is 1e-2).
+TEST_F(ToolTest, LearningRateFlagTakesEffectOnTheGpu) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    GTEST_SKIP() << "no GPU here";
+  }
+  std::string plan = writePlan(test::trainingPlanSpec(), "train.plan");
+  std::string data = cyclicTokens(dir + "/tokens.bin", 3000, 16);
+  std::regex line(R"(step ([0-9]+) loss (\S+) grad_norm (\S+) lr (\S+))");
+  auto lrs = [&](const std::string &backend, const std::string &lr) {
+    ToolResult r = run({plan, "--data", data, "--steps", "4", "--seed", "2", "--backend",
+                        backend, "--lr", lr});
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out.find("backend: cpu") != std::string::npos, backend == "cpu") << r.out;
+    std::vector<double> values;
+    for (const std::string &l : stepLines(r.out)) {
+      std::smatch m;
+      EXPECT_TRUE(std::regex_match(l, m, line)) << l;
+      values.push_back(std::strtod(m[4].str().c_str(), nullptr));
+    }
+    EXPECT_EQ(values.size(), 4u) << r.out;
+    return values;
+  };
+  std::vector<double> gpu = lrs("cuda", "3e-3"), cpu = lrs("cpu", "3e-3");
+  std::vector<double> plain = lrs("cuda", "1e-2");
+  ASSERT_EQ(gpu.size(), cpu.size());
+  for (size_t s = 0; s < gpu.size(); ++s) {
+    EXPECT_NEAR(gpu[s], cpu[s], 1e-6 * cpu[s]) << "step " << s + 1;
+    EXPECT_NEAR(gpu[s], 0.3 * plain[s], 1e-6 * plain[s]) << "step " << s + 1;
+  }
+  EXPECT_GT(gpu.back(), 0.0);
+  for (double lr : lrs("cuda", "0"))
+    EXPECT_EQ(lr, 0.0);
+}
+#endif
 
 TEST_F(ToolTest, CheckpointAndResumeContinueTheRun) {
   std::string plan = writePlan(test::trainingPlanSpec({2, 4, 16, 8, true, 2}), "train.plan");

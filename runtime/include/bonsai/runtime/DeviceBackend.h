@@ -48,13 +48,17 @@ public:
   /// kernel's time is added to kernelMilliseconds()[kernel index].
   virtual void setProfiling(bool on) = 0;
   virtual const std::vector<double> &kernelMilliseconds() const = 0;
+  /// Forgets whatever was built from the plan's kernel attributes (the captured CUDA Graphs,
+  /// whose launches hold them by value), after the executor changed them.
+  virtual void kernelAttrsChanged() = 0;
 };
 
 /// True when this build has the CUDA backend and a CUDA device is present.
 bool cudaDeviceAvailable();
 
 /// The CUDA backend for `plan` on device `ordinal`: allocates and zeroes one device arena per
-/// plan arena. Throws rt::Error when the build has no CUDA backend, the device is missing, or
+/// plan arena. The backend keeps a reference to `plan`, which must outlive it: the executor
+/// owns the only copy of the plan, so that what it changes (bonsai-run's --lr) is what runs. Throws rt::Error when the build has no CUDA backend, the device is missing, or
 /// an allocation fails (naming the arena and the bytes asked for).
 std::unique_ptr<DeviceBackend> createCudaBackend(const LoadedPlan &plan, int ordinal,
                                                  bool useGraphs);

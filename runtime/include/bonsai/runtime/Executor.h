@@ -127,8 +127,9 @@ public:
   /// With a GPU: copies one tensor the kernels wrote (the logits, say) to its host view.
   void fetch(uint32_t tensor) const { downloadTensor(tensor); }
 
-  /// Replaces the lr of every LearningRate kernel. Throws rt::Error when the plan has none or
-  /// `lr` is negative or not finite.
+  /// Replaces the lr of every LearningRate kernel, on the CPU and on the GPU alike (a GPU's
+  /// captured phases are captured again). Throws rt::Error when the plan has none or `lr` is
+  /// negative or not finite.
   void overrideLearningRate(double lr);
 
   /// Writes a batch into the plan's ids and labels tensors.
@@ -187,6 +188,8 @@ private:
   void downloadTensor(uint32_t tensor) const;
   void uploadTensor(uint32_t tensor);
 
+  /// The only copy of the plan: the device backend reads this one.
+  LoadedPlan plan_;
   std::unique_ptr<DeviceBackend> device_;
   bool profiling_ = false;
   std::vector<double> cpuTimes_;
@@ -201,7 +204,6 @@ private:
   /// the first upload skips the host's zero ranges.
   bool deviceZero_ = true;
 
-  LoadedPlan plan_;
   /// Frees a host arena: munmap for the mapped ones (`bytes` long), else free.
   struct ArenaFree {
     uint64_t bytes = 0;
