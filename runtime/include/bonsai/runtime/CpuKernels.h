@@ -11,7 +11,7 @@
 #ifndef BONSAI_RUNTIME_CPUKERNELS_H
 #define BONSAI_RUNTIME_CPUKERNELS_H
 
-#include "bonsai/runtime/Plan.h"
+#include "bonsai/runtime/ElementwiseProgram.h"
 #include "bonsai/runtime/Tensor.h"
 
 #include <vector>
