@@ -44,73 +44,8 @@ std::optional<fb::DType> getDType(Type type) {
 
 std::optional<fb::KernelKind> getKernelKind(StringRef name) {
   return llvm::StringSwitch<std::optional<fb::KernelKind>>(name)
-      .Case("embedding", fb::KernelKind::Embedding)
-      .Case("linear", fb::KernelKind::Linear)
-      .Case("matmul", fb::KernelKind::Matmul)
-      .Case("add", fb::KernelKind::Add)
-      .Case("mul", fb::KernelKind::Mul)
-      .Case("rms_norm", fb::KernelKind::RMSNorm)
-      .Case("layer_norm", fb::KernelKind::LayerNorm)
-      .Case("rope", fb::KernelKind::RoPE)
-      .Case("attention", fb::KernelKind::Attention)
-      .Case("silu", fb::KernelKind::SiLU)
-      .Case("gelu", fb::KernelKind::GeLU)
-      .Case("swiglu", fb::KernelKind::SwiGLU)
-      .Case("softmax", fb::KernelKind::Softmax)
-      .Case("cross_entropy", fb::KernelKind::CrossEntropy)
-      .Case("transpose", fb::KernelKind::Transpose)
-      .Case("slice", fb::KernelKind::Slice)
-      .Case("cast", fb::KernelKind::Cast)
-      .Case("copy", fb::KernelKind::Copy)
-      .Case("fill", fb::KernelKind::Fill)
-      .Case("embedding_grad", fb::KernelKind::EmbeddingGrad)
-      .Case("linear_grad_input", fb::KernelKind::LinearGradInput)
-      .Case("linear_grad_weight", fb::KernelKind::LinearGradWeight)
-      .Case("reduce_to", fb::KernelKind::ReduceTo)
-      .Case("rms_norm_grad", fb::KernelKind::RMSNormGrad)
-      .Case("layer_norm_grad", fb::KernelKind::LayerNormGrad)
-      .Case("rope_grad", fb::KernelKind::RoPEGrad)
-      .Case("attention_grad", fb::KernelKind::AttentionGrad)
-      .Case("flash_attention", fb::KernelKind::FlashAttention)
-      .Case("flash_attention_grad", fb::KernelKind::FlashAttentionGrad)
-      .Case("silu_grad", fb::KernelKind::SiLUGrad)
-      .Case("gelu_grad", fb::KernelKind::GeLUGrad)
-      .Case("swiglu_grad", fb::KernelKind::SwiGLUGrad)
-      .Case("softmax_grad", fb::KernelKind::SoftmaxGrad)
-      .Case("cross_entropy_grad", fb::KernelKind::CrossEntropyGrad)
-      .Case("slice_grad", fb::KernelKind::SliceGrad)
-      .Case("grad_norm", fb::KernelKind::GradNorm)
-      .Case("learning_rate", fb::KernelKind::LearningRate)
-      .Case("adamw_update", fb::KernelKind::AdamWUpdate)
-      .Case("sgd_update", fb::KernelKind::SGDUpdate)
-      .Case("step_increment", fb::KernelKind::StepIncrement)
-      .Case("accumulate", fb::KernelKind::Accumulate)
-      .Case("zero", fb::KernelKind::Zero)
-      .Case("dequantize", fb::KernelKind::Dequantize)
-      .Case("galore_refresh", fb::KernelKind::GaloreRefresh)
-      .Case("galore_project", fb::KernelKind::GaloreProject)
-      .Case("galore_adamw_update", fb::KernelKind::GaloreAdamWUpdate)
-      .Case("dora_scale", fb::KernelKind::DoraScale)
-      .Case("linear_cross_entropy", fb::KernelKind::LinearCrossEntropy)
-      .Case("add_rms_norm", fb::KernelKind::AddRMSNorm)
-      .Case("add_layer_norm", fb::KernelKind::AddLayerNorm)
-      .Case("rms_norm_grad_add", fb::KernelKind::RMSNormGradAdd)
-      .Case("layer_norm_grad_add", fb::KernelKind::LayerNormGradAdd)
-      .Case("multi_tensor_adamw_update", fb::KernelKind::MultiTensorAdamWUpdate)
-      .Case("multi_tensor_sgd_update", fb::KernelKind::MultiTensorSGDUpdate)
-      .Case("linear_gelu", fb::KernelKind::LinearGeLU)
-      .Case("linear_grad_weight_accumulate", fb::KernelKind::LinearGradWeightAccumulate)
-      .Case("fused_elementwise", fb::KernelKind::FusedElementwise)
-      .Case("fp8_linear", fb::KernelKind::Fp8Linear)
-      .Case("fp8_linear_grad_input", fb::KernelKind::Fp8LinearGradInput)
-      .Case("fp8_linear_grad_weight", fb::KernelKind::Fp8LinearGradWeight)
-      .Case("fp8_update_scales", fb::KernelKind::Fp8UpdateScales)
-      .Case("fp8_linear_grad_weight_accumulate", fb::KernelKind::Fp8LinearGradWeightAccumulate)
-      .Case("fp8_linear_backward", fb::KernelKind::Fp8LinearBackward)
-      .Case("fp8_linear_shared_input", fb::KernelKind::Fp8LinearSharedInput)
-      .Case("fp8_linear_backward_shared_input", fb::KernelKind::Fp8LinearBackwardSharedInput)
-      .Case("fp8_linear_with_input_cast", fb::KernelKind::Fp8LinearWithInputCast)
-      .Case("fp8_linear_backward_from_input_cast", fb::KernelKind::Fp8LinearBackwardFromInputCast)
+#define BONSAI_KERNEL_KIND(Name, Value, OpName, ...) .Case(OpName, fb::KernelKind::Name)
+#include "bonsai/runtime/KernelKinds.def"
       .Default(std::nullopt);
 }
 
@@ -150,6 +85,17 @@ FailureOr<AttrT> getParam(plan::LaunchOp launch, StringRef name) {
   return attr;
 }
 
+/// The attribute table (plan.fbs KernelAttrs) a kind requires, from the kernel table.
+fb::KernelAttrs attrsTableOf(fb::KernelKind kind) {
+  switch (kind) {
+#define BONSAI_KERNEL_KIND(Name, Value, OpName, Attrs, ...)                                       \
+  case fb::KernelKind::Name:                                                                     \
+    return fb::KernelAttrs::Attrs;
+#include "bonsai/runtime/KernelKinds.def"
+  }
+  return fb::KernelAttrs::NONE;
+}
+
 /// Packs a launch's parameters into the schema's attribute table for its kind.
 LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp launch,
                         fb::KernelKind kind, fb::KernelAttrs &type,
@@ -166,15 +112,8 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
       return failure();
     return a->getInt();
   };
-  switch (kind) {
-  case fb::KernelKind::RMSNorm:
-  case fb::KernelKind::LayerNorm:
-  case fb::KernelKind::RMSNormGrad:
-  case fb::KernelKind::LayerNormGrad:
-  case fb::KernelKind::AddRMSNorm:
-  case fb::KernelKind::AddLayerNorm:
-  case fb::KernelKind::RMSNormGradAdd:
-  case fb::KernelKind::LayerNormGradAdd: {
+  switch (attrsTableOf(kind)) {
+  case fb::KernelAttrs::NormAttrs: {
     FailureOr<double> eps = f64("epsilon");
     if (failed(eps))
       return failure();
@@ -182,8 +121,7 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     attrs = fb::CreateNormAttrs(fbb, *eps).Union();
     return success();
   }
-  case fb::KernelKind::RoPE:
-  case fb::KernelKind::RoPEGrad: {
+  case fb::KernelAttrs::RoPEAttrs: {
     FailureOr<double> theta = f64("theta");
     if (failed(theta))
       return failure();
@@ -191,10 +129,7 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     attrs = fb::CreateRoPEAttrs(fbb, *theta).Union();
     return success();
   }
-  case fb::KernelKind::Attention:
-  case fb::KernelKind::AttentionGrad:
-  case fb::KernelKind::FlashAttention:
-  case fb::KernelKind::FlashAttentionGrad: {
+  case fb::KernelAttrs::AttentionAttrs: {
     FailureOr<double> scale = f64("scale");
     if (failed(scale))
       return failure();
@@ -203,8 +138,7 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     attrs = fb::CreateAttentionAttrs(fbb, causal, *scale).Union();
     return success();
   }
-  case fb::KernelKind::GeLU:
-  case fb::KernelKind::GeLUGrad: {
+  case fb::KernelAttrs::GeLUAttrs: {
     FailureOr<BoolAttr> tanh = getParam<BoolAttr>(launch, "tanh");
     if (failed(tanh))
       return failure();
@@ -212,8 +146,7 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     attrs = fb::CreateGeLUAttrs(fbb, tanh->getValue()).Union();
     return success();
   }
-  case fb::KernelKind::Softmax:
-  case fb::KernelKind::SoftmaxGrad: {
+  case fb::KernelAttrs::AxisAttrs: {
     FailureOr<int64_t> axis = i64("axis");
     if (failed(axis))
       return failure();
@@ -221,8 +154,7 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     attrs = fb::CreateAxisAttrs(fbb, int32_t(*axis)).Union();
     return success();
   }
-  case fb::KernelKind::CrossEntropy:
-  case fb::KernelKind::CrossEntropyGrad: {
+  case fb::KernelAttrs::CrossEntropyAttrs: {
     FailureOr<int64_t> ignore = i64("ignore_index");
     if (failed(ignore))
       return failure();
@@ -230,16 +162,7 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     attrs = fb::CreateCrossEntropyAttrs(fbb, *ignore).Union();
     return success();
   }
-  case fb::KernelKind::Fp8Linear:
-  case fb::KernelKind::Fp8LinearGradInput:
-  case fb::KernelKind::Fp8LinearGradWeight:
-  case fb::KernelKind::Fp8UpdateScales:
-  case fb::KernelKind::Fp8LinearGradWeightAccumulate:
-  case fb::KernelKind::Fp8LinearBackward:
-  case fb::KernelKind::Fp8LinearSharedInput:
-  case fb::KernelKind::Fp8LinearBackwardSharedInput:
-  case fb::KernelKind::Fp8LinearWithInputCast:
-  case fb::KernelKind::Fp8LinearBackwardFromInputCast: {
+  case fb::KernelAttrs::Fp8Attrs: {
     FailureOr<BoolAttr> current = getParam<BoolAttr>(launch, "current");
     FailureOr<int64_t> margin = i64("margin");
     if (failed(current) || failed(margin))
@@ -251,7 +174,7 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
                 .Union();
     return success();
   }
-  case fb::KernelKind::LinearCrossEntropy: {
+  case fb::KernelAttrs::LinearCrossEntropyAttrs: {
     FailureOr<int64_t> ignore = i64("ignore_index"), chunk = i64("chunk_rows");
     if (failed(ignore) || failed(chunk))
       return failure();
@@ -259,7 +182,7 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     attrs = fb::CreateLinearCrossEntropyAttrs(fbb, *ignore, *chunk).Union();
     return success();
   }
-  case fb::KernelKind::Transpose: {
+  case fb::KernelAttrs::TransposeAttrs: {
     FailureOr<DenseI64ArrayAttr> perm = getParam<DenseI64ArrayAttr>(launch, "permutation");
     if (failed(perm))
       return failure();
@@ -268,8 +191,7 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     attrs = fb::CreateTransposeAttrsDirect(fbb, &values).Union();
     return success();
   }
-  case fb::KernelKind::Slice:
-  case fb::KernelKind::SliceGrad: {
+  case fb::KernelAttrs::SliceAttrs: {
     FailureOr<int64_t> axis = i64("axis"), start = i64("start");
     if (failed(axis) || failed(start))
       return failure();
@@ -277,7 +199,7 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     attrs = fb::CreateSliceAttrs(fbb, int32_t(*axis), *start).Union();
     return success();
   }
-  case fb::KernelKind::Fill: {
+  case fb::KernelAttrs::FillAttrs: {
     FailureOr<double> value = f64("value");
     if (failed(value))
       return failure();
@@ -285,7 +207,7 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     attrs = fb::CreateFillAttrs(fbb, *value).Union();
     return success();
   }
-  case fb::KernelKind::LearningRate: {
+  case fb::KernelAttrs::LearningRateAttrs: {
     FailureOr<double> lr = f64("lr"), minRatio = f64("min_lr_ratio");
     FailureOr<int64_t> warmup = i64("warmup_steps"), total = i64("total_steps");
     FailureOr<StringAttr> schedule = getParam<StringAttr>(launch, "schedule");
@@ -297,8 +219,7 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
                 .Union();
     return success();
   }
-  case fb::KernelKind::AdamWUpdate:
-  case fb::KernelKind::MultiTensorAdamWUpdate: {
+  case fb::KernelAttrs::AdamWAttrs: {
     FailureOr<double> b1 = f64("beta1"), b2 = f64("beta2"), eps = f64("eps"),
                       wd = f64("weight_decay"), clip = f64("grad_clip");
     if (failed(b1) || failed(b2) || failed(eps) || failed(wd) || failed(clip))
@@ -307,8 +228,7 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     attrs = fb::CreateAdamWAttrs(fbb, *b1, *b2, *eps, *wd, *clip).Union();
     return success();
   }
-  case fb::KernelKind::SGDUpdate:
-  case fb::KernelKind::MultiTensorSGDUpdate: {
+  case fb::KernelAttrs::SGDAttrs: {
     FailureOr<double> momentum = f64("momentum"), wd = f64("weight_decay"),
                       clip = f64("grad_clip");
     if (failed(momentum) || failed(wd) || failed(clip))
@@ -317,7 +237,7 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     attrs = fb::CreateSGDAttrs(fbb, *momentum, *wd, *clip).Union();
     return success();
   }
-  case fb::KernelKind::DoraScale: {
+  case fb::KernelAttrs::DoraScaleAttrs: {
     FailureOr<double> scale = f64("scale");
     if (failed(scale))
       return failure();
@@ -325,7 +245,7 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     attrs = fb::CreateDoraScaleAttrs(fbb, *scale).Union();
     return success();
   }
-  case fb::KernelKind::GaloreRefresh: {
+  case fb::KernelAttrs::GaloreRefreshAttrs: {
     FailureOr<int64_t> rank = i64("rank"), gap = i64("update_proj_gap"), offset = i64("offset"),
                        slot = i64("slot"), power = i64("power_iterations"), seed = i64("seed");
     FailureOr<BoolAttr> left = getParam<BoolAttr>(launch, "left");
@@ -339,7 +259,7 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
                 .Union();
     return success();
   }
-  case fb::KernelKind::GaloreProject: {
+  case fb::KernelAttrs::GaloreProjectAttrs: {
     FailureOr<BoolAttr> left = getParam<BoolAttr>(launch, "left");
     FailureOr<BoolAttr> bf16 = getParam<BoolAttr>(launch, "bf16_operands");
     if (failed(left) || failed(bf16))
@@ -348,7 +268,7 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     attrs = fb::CreateGaloreProjectAttrs(fbb, left->getValue(), bf16->getValue()).Union();
     return success();
   }
-  case fb::KernelKind::GaloreAdamWUpdate: {
+  case fb::KernelAttrs::GaloreAdamWAttrs: {
     FailureOr<double> b1 = f64("beta1"), b2 = f64("beta2"), eps = f64("eps"),
                       wd = f64("weight_decay"), clip = f64("grad_clip"), scale = f64("scale");
     FailureOr<BoolAttr> left = getParam<BoolAttr>(launch, "left");

@@ -44,35 +44,14 @@ static_assert(uint8_t(fb::TensorRole::LossScale) == uint8_t(TensorRole::LossScal
                   uint8_t(fb::TensorRole::MAX) == uint8_t(TensorRole::LossScale) &&
                   uint8_t(fb::TensorRole::Metric) == uint8_t(TensorRole::Metric),
               "rt::TensorRole must match plan.fbs");
-static_assert(
-    uint16_t(fb::KernelKind::Copy) == uint16_t(KernelKind::Copy) &&
-        uint16_t(fb::KernelKind::CrossEntropyGrad) == uint16_t(KernelKind::CrossEntropyGrad) &&
-        uint16_t(fb::KernelKind::AdamWUpdate) == uint16_t(KernelKind::AdamWUpdate) &&
-        uint16_t(fb::KernelKind::Dequantize) == uint16_t(KernelKind::Dequantize) &&
-        uint16_t(fb::KernelKind::GaloreRefresh) == uint16_t(KernelKind::GaloreRefresh) &&
-        uint16_t(fb::KernelKind::LinearCrossEntropy) == uint16_t(KernelKind::LinearCrossEntropy) &&
-        uint16_t(fb::KernelKind::LayerNormGradAdd) == uint16_t(KernelKind::LayerNormGradAdd) &&
-        uint16_t(fb::KernelKind::MultiTensorAdamWUpdate) ==
-            uint16_t(KernelKind::MultiTensorAdamWUpdate) &&
-        uint16_t(fb::KernelKind::LinearGradWeightAccumulate) ==
-            uint16_t(KernelKind::LinearGradWeightAccumulate) &&
-        uint16_t(fb::KernelKind::FusedElementwise) == uint16_t(KernelKind::FusedElementwise) &&
-        uint16_t(fb::KernelKind::Fp8Linear) == uint16_t(KernelKind::Fp8Linear) &&
-        uint16_t(fb::KernelKind::Fp8UpdateScales) == uint16_t(KernelKind::Fp8UpdateScales) &&
-        uint16_t(fb::KernelKind::Fp8LinearGradWeightAccumulate) ==
-            uint16_t(KernelKind::Fp8LinearGradWeightAccumulate) &&
-        uint16_t(fb::KernelKind::Fp8LinearBackward) == uint16_t(KernelKind::Fp8LinearBackward) &&
-        uint16_t(fb::KernelKind::Fp8LinearSharedInput) ==
-            uint16_t(KernelKind::Fp8LinearSharedInput) &&
-        uint16_t(fb::KernelKind::Fp8LinearBackwardSharedInput) ==
-            uint16_t(KernelKind::Fp8LinearBackwardSharedInput) &&
-        uint16_t(fb::KernelKind::Fp8LinearWithInputCast) ==
-            uint16_t(KernelKind::Fp8LinearWithInputCast) &&
-        uint16_t(fb::KernelKind::Fp8LinearBackwardFromInputCast) ==
-            uint16_t(KernelKind::Fp8LinearBackwardFromInputCast) &&
-        uint16_t(fb::KernelKind::FlashAttention) == uint16_t(KernelKind::FlashAttention) &&
-        uint16_t(fb::KernelKind::MAX) == uint16_t(KernelKind::FlashAttentionGrad),
-    "rt::KernelKind must match plan.fbs");
+// Every kind of the kernel table has its plan.fbs value, and the schema has no kind the table
+// lacks: equal counts of distinct kinds make the two one list.
+#define BONSAI_KERNEL_KIND(Name, Value, ...)                                                      \
+  static_assert(uint16_t(fb::KernelKind::Name) == Value,                                          \
+                "KernelKinds.def: " #Name "'s value differs from plan.fbs");
+#include "bonsai/runtime/KernelKinds.def"
+static_assert(sizeof(fb::EnumValuesKernelKind()) / sizeof(fb::KernelKind) == kKernelKindCount,
+              "plan.fbs has a KernelKind that KernelKinds.def lacks");
 static_assert(uint8_t(fb::MemorySpace::PinnedHost) == uint8_t(MemorySpace::PinnedHost) &&
                   uint8_t(fb::Lifetime::Step) == uint8_t(Lifetime::Step),
               "rt::MemorySpace and rt::Lifetime must match plan.fbs");
@@ -141,51 +120,7 @@ std::string num(double value) {
   return buf;
 }
 
-/// Kinds that update persistent state in place and must run once per step, after every
-/// micro-batch's gradient has been accumulated.
-bool isUpdateOnly(KernelKind kind) {
-  switch (kind) {
-  case KernelKind::GradNorm:
-  case KernelKind::LearningRate:
-  case KernelKind::AdamWUpdate:
-  case KernelKind::SGDUpdate:
-  case KernelKind::StepIncrement:
-  case KernelKind::GaloreRefresh:
-  case KernelKind::GaloreAdamWUpdate:
-  case KernelKind::MultiTensorAdamWUpdate:
-  case KernelKind::MultiTensorSGDUpdate:
-  case KernelKind::Fp8UpdateScales:
-    return true;
-  default:
-    return false;
-  }
-}
-
-/// Optimizer kinds a plan may also run in the backward pass, each parameter's update as soon
-/// as its gradient is complete (the recipe's update_in_backward), when a step has one
-/// micro-batch.
-bool mayUpdateInBackward(KernelKind kind) {
-  switch (kind) {
-  case KernelKind::GradNorm:
-  case KernelKind::LearningRate:
-  case KernelKind::AdamWUpdate:
-  case KernelKind::SGDUpdate:
-  case KernelKind::GaloreRefresh:
-  case KernelKind::GaloreProject:
-  case KernelKind::GaloreAdamWUpdate:
-    return true;
-  default:
-    return false;
-  }
-}
-
 } // namespace
-
-const char *kernelKindName(KernelKind kind) {
-  auto value = static_cast<fb::KernelKind>(kind);
-  const char *name = value > fb::KernelKind::MAX ? "" : fb::EnumNameKernelKind(value);
-  return *name ? name : "unknown";
-}
 
 const char *tensorRoleName(TensorRole role) {
   switch (role) {
@@ -250,8 +185,7 @@ bool LoadedPlan::trains() const {
 std::optional<size_t> LoadedPlan::updateInBackward() const {
   for (size_t i = 0; i < kernels.size(); ++i)
     if (kernels[i].phase == Phase::Backward &&
-        (kernels[i].kind == KernelKind::AdamWUpdate || kernels[i].kind == KernelKind::SGDUpdate ||
-         kernels[i].kind == KernelKind::GaloreAdamWUpdate))
+        kernelKindInfo(kernels[i].kind).has(kernel_traits::kUpdatesParameter))
       return i;
   return std::nullopt;
 }
@@ -528,17 +462,14 @@ private:
            formatShape(p.shape) + " " + dtypeName(p.dtype));
   }
   void checkArity();
-  /// The shared scalars of a multi-tensor update: step (AdamW only), lr, norm.
+  /// The shared scalars of a multi-tensor update (step for AdamW, lr, norm): the table's inputs.
   std::vector<std::string> multiTensorShared() const {
-    if (kernel.kind == KernelKind::MultiTensorAdamWUpdate)
-      return {"step", "lr", "norm"};
-    return {"lr", "norm"};
+    return kernelKindInfo(kernel.kind).inputs;
   }
-  /// The per-parameter output lists of a multi-tensor update, masters excluded.
+  /// The per-parameter output lists of a multi-tensor update, masters excluded: the table's
+  /// outputs.
   std::vector<std::string> multiTensorStates() const {
-    if (kernel.kind == KernelKind::MultiTensorAdamWUpdate)
-      return {"param", "m", "v"};
-    return {"param", "momentum"};
+    return kernelKindInfo(kernel.kind).outputs;
   }
   /// Names the operands of a multi-tensor update (g1 .. gn; param1 .. paramn, ...) from its
   /// counts; fails unless there is at least one gradient and one output per list and gradient.
@@ -606,23 +537,6 @@ private:
   bool variadic = false; ///< Any number >= 1 of inputs named operandNames[0] + 1, 2, ...
 };
 
-// Kinds whose output may be the very storage of one of their inputs: each output element
-// depends only on input elements at the same position, which every kernel reads before it
-// writes.
-bool mayRunInPlace(KernelKind kind) {
-  switch (kind) {
-  case KernelKind::Add:
-  case KernelKind::Mul:
-  case KernelKind::SiLU:
-  case KernelKind::GeLU:
-  case KernelKind::SwiGLU:
-  case KernelKind::Copy:
-    return true;
-  default:
-    return false;
-  }
-}
-
 /// Whether opcode `op` takes two operands.
 bool isBinary(ElementwiseOpcode op) {
   return op == ElementwiseOpcode::Add || op == ElementwiseOpcode::Sub ||
@@ -630,263 +544,21 @@ bool isBinary(ElementwiseOpcode op) {
 }
 
 void KernelChecker::checkArity() {
-  size_t minIn = 0, minOut = 1;
-  bool optionalLast = false; // the last input (minIn unset) or output is optional
-  switch (kernel.kind) {
-  case KernelKind::FusedElementwise:
-    // Its arity is its generated kernel's.
-    return checkGeneratedArity();
-  case KernelKind::Embedding:
-    operandNames = {"table", "ids"};
-    break;
-  case KernelKind::Linear:
-    operandNames = {"x", "w", "bias"};
-    minIn = 2;
-    resultNames = {"y"};
-    break;
-  case KernelKind::Matmul:
-    operandNames = {"a", "b"};
-    resultNames = {"c"};
-    break;
-  case KernelKind::Add:
-  case KernelKind::Mul:
-    operandNames = {"lhs", "rhs"};
-    break;
-  case KernelKind::RMSNorm:
-    operandNames = {"x", "weight"};
-    resultNames = {"y"};
-    break;
-  case KernelKind::LayerNorm:
-    operandNames = {"x", "weight", "bias"};
-    resultNames = {"y"};
-    break;
-  case KernelKind::Attention:
-    operandNames = {"q", "k", "v"};
-    resultNames = {"o"};
-    break;
-  case KernelKind::SwiGLU:
-    operandNames = {"gate", "up"};
-    resultNames = {"y"};
-    break;
-  case KernelKind::CrossEntropy:
-    operandNames = {"logits", "labels"};
-    resultNames = {"loss"};
-    break;
-  case KernelKind::RoPE:
-  case KernelKind::SiLU:
-  case KernelKind::GeLU:
-  case KernelKind::Softmax:
-  case KernelKind::Transpose:
-  case KernelKind::Slice:
-  case KernelKind::Cast:
-  case KernelKind::Copy:
-    operandNames = {"x"};
-    resultNames = {"y"};
-    break;
-  case KernelKind::Fill:
-    resultNames = {"y"};
-    break;
-  case KernelKind::EmbeddingGrad:
-    operandNames = {"dy", "ids"};
-    resultNames = {"dtable"};
-    break;
-  case KernelKind::LinearGradInput:
-    operandNames = {"dy", "w"};
-    resultNames = {"dx"};
-    break;
-  case KernelKind::LinearGradWeight:
-    operandNames = {"dy", "x"};
-    resultNames = {"dw"};
-    break;
-  case KernelKind::ReduceTo:
-    operandNames = {"x"};
-    resultNames = {"y"};
-    break;
-  case KernelKind::RMSNormGrad:
-    operandNames = {"dy", "x", "w"};
-    resultNames = {"dx", "dw"};
-    break;
-  case KernelKind::LayerNormGrad:
-    operandNames = {"dy", "x", "w"};
-    resultNames = {"dx", "dw", "db"};
-    break;
-  case KernelKind::RoPEGrad:
-    operandNames = {"dy"};
-    resultNames = {"dx"};
-    break;
-  case KernelKind::AttentionGrad:
-    operandNames = {"do", "q", "k", "v", "o"};
-    resultNames = {"dq", "dk", "dv"};
-    break;
-  case KernelKind::FlashAttention:
-    operandNames = {"q", "k", "v"};
-    resultNames = {"o", "lse"};
-    break;
-  case KernelKind::FlashAttentionGrad:
-    operandNames = {"do", "q", "k", "v", "o", "lse"};
-    resultNames = {"dq", "dk", "dv"};
-    break;
-  case KernelKind::SiLUGrad:
-  case KernelKind::GeLUGrad:
-    operandNames = {"dy", "x"};
-    resultNames = {"dx"};
-    break;
-  case KernelKind::SwiGLUGrad:
-    operandNames = {"dy", "gate", "up"};
-    resultNames = {"dgate", "dup"};
-    break;
-  case KernelKind::SoftmaxGrad:
-    operandNames = {"dy", "y"};
-    resultNames = {"dx"};
-    break;
-  case KernelKind::CrossEntropyGrad:
-    operandNames = {"dloss", "logits", "labels"};
-    resultNames = {"dlogits"};
-    break;
-  case KernelKind::SliceGrad:
-    operandNames = {"dy"};
-    resultNames = {"dx"};
-    break;
-  case KernelKind::GradNorm:
-    operandNames = {"g"};
-    variadic = true;
-    resultNames = {"norm"};
-    break;
-  case KernelKind::LearningRate:
-    operandNames = {"step"};
-    resultNames = {"lr"};
-    break;
-  case KernelKind::AdamWUpdate:
-    operandNames = {"grad", "step", "lr", "norm"};
-    resultNames = {"param", "m", "v", "master"};
-    minOut = 3;
-    optionalLast = true;
-    break;
-  case KernelKind::SGDUpdate:
-    operandNames = {"grad", "lr", "norm"};
-    resultNames = {"param", "momentum", "master"};
-    minOut = 2;
-    optionalLast = true;
-    break;
-  case KernelKind::StepIncrement:
-    resultNames = {"step"};
-    break;
-  case KernelKind::Accumulate:
-    operandNames = {"g"};
-    resultNames = {"acc"};
-    break;
-  case KernelKind::Zero:
-    resultNames = {"x"};
-    break;
-  case KernelKind::DoraScale:
-    operandNames = {"magnitude", "w", "lora_a", "lora_b"};
-    resultNames = {"y"};
-    break;
-  case KernelKind::Dequantize:
-    operandNames = {"q"};
-    resultNames = {"y"};
-    break;
-  case KernelKind::GaloreRefresh:
-    operandNames = {"grad", "step"};
-    resultNames = {"workspace", "projector", "status"};
-    break;
-  case KernelKind::GaloreProject:
-    operandNames = {"grad", "projector"};
-    resultNames = {"r"};
-    break;
-  case KernelKind::GaloreAdamWUpdate:
-    operandNames = {"step", "lr", "norm", "projector"};
-    resultNames = {"r", "param", "m", "v", "master"};
-    minOut = 4;
-    optionalLast = true;
-    break;
-  case KernelKind::LinearCrossEntropy:
-    operandNames = {"x", "w", "labels", "dloss"};
-    resultNames = {"loss", "dx", "workspace", "dw"};
-    minOut = 3;
-    optionalLast = true;
-    break;
-  case KernelKind::AddRMSNorm:
-    operandNames = {"lhs", "rhs", "weight"};
-    resultNames = {"sum", "y"};
-    break;
-  case KernelKind::AddLayerNorm:
-    operandNames = {"lhs", "rhs", "weight", "bias"};
-    resultNames = {"sum", "y"};
-    break;
-  case KernelKind::RMSNormGradAdd:
-    operandNames = {"dy", "x", "w", "addend"};
-    resultNames = {"dx", "dw"};
-    break;
-  case KernelKind::LayerNormGradAdd:
-    operandNames = {"dy", "x", "w", "addend"};
-    resultNames = {"dx", "dw", "db"};
-    break;
-  case KernelKind::MultiTensorAdamWUpdate:
-  case KernelKind::MultiTensorSGDUpdate:
-    nameMultiTensorOperands();
-    break;
-  case KernelKind::LinearGeLU:
-    operandNames = {"x", "w", "bias"};
-    minIn = 2;
-    resultNames = {"y", "pre"};
-    break;
-  case KernelKind::LinearGradWeightAccumulate:
-    operandNames = {"dy", "x"};
-    resultNames = {"acc"};
-    break;
-  case KernelKind::Fp8Linear:
-    operandNames = {"x", "w", "state", "bias"};
-    minIn = 3;
-    resultNames = {"y", "stats", "workspace"};
-    break;
-  case KernelKind::Fp8LinearGradInput:
-    operandNames = {"dy", "w", "state"};
-    resultNames = {"dx", "stats", "workspace"};
-    break;
-  case KernelKind::Fp8LinearGradWeight:
-    operandNames = {"dy", "x", "state"};
-    resultNames = {"dw", "stats", "workspace"};
-    break;
-  case KernelKind::Fp8LinearGradWeightAccumulate:
-    operandNames = {"dy", "x", "state"};
-    resultNames = {"stats", "workspace", "acc"};
-    break;
-  case KernelKind::Fp8LinearBackward:
-    operandNames = {"dy", "w", "x", "state"};
-    resultNames = {"dx", "input_grad_stats", "weight_grad_stats", "workspace", "acc"};
-    break;
-  case KernelKind::Fp8LinearSharedInput:
-    operandNames = {"input_cast", "input_stats", "w", "state", "bias"};
-    minIn = 4;
-    resultNames = {"y", "stats", "workspace"};
-    break;
-  case KernelKind::Fp8LinearBackwardSharedInput:
-  case KernelKind::Fp8LinearBackwardFromInputCast:
-    operandNames = {"dy", "w", "input_cast", "input_stats", "state"};
-    resultNames = {"dx", "input_grad_stats", "weight_grad_stats", "workspace", "acc"};
-    break;
-  case KernelKind::Fp8LinearWithInputCast:
-    operandNames = {"x", "w", "state", "bias"};
-    minIn = 3;
-    resultNames = {"y", "stats", "input_cast", "workspace"};
-    break;
-  case KernelKind::Fp8UpdateScales:
-    operandNames = {"step", "forward_stats", "backward_stats"};
-    minIn = 2;
-    resultNames = {"state"};
-    break;
-  }
-  if (minIn == 0)
+  const KernelKindInfo &info = kernelKindInfo(kernel.kind);
+  if (kernel.kind == KernelKind::FusedElementwise)
+    return checkGeneratedArity(); // its arity is its generated kernel's
+  size_t minIn = info.minInputs, minOut = info.minOutputs;
+  if (info.has(kernel_traits::kCustomArity)) {
+    nameMultiTensorOperands(); // names as many operands as the counts are right for
     minIn = operandNames.size();
-  size_t maxIn = operandNames.size();
-  if (variadic) {
-    minIn = 1;
-    maxIn = std::numeric_limits<size_t>::max();
+    minOut = resultNames.size();
+  } else {
+    operandNames = info.inputs;
+    resultNames = info.outputs;
+    variadic = info.has(kernel_traits::kVariadic);
   }
+  size_t maxIn = variadic ? std::numeric_limits<size_t>::max() : operandNames.size();
   size_t maxOut = resultNames.size();
-  if (!optionalLast)
-    minOut = maxOut;
   size_t n = kernel.inputs.size();
   if (n < minIn || n > maxIn) {
     std::string expected = variadic ? std::string("1 or more")
@@ -1159,7 +831,7 @@ void KernelChecker::checkOverlap() const {
     for (size_t i = 0; i < kernel.inputs.size(); ++i) {
       if (!rangesOverlap(in(i), out(j)))
         continue;
-      if (mayRunInPlace(kernel.kind) && sameStorage(in(i), out(j)))
+      if (kernelKindInfo(kernel.kind).has(kernel_traits::kInPlace) && sameStorage(in(i), out(j)))
         continue;
       // Element k of an output depends on element k of a full-size input only: a broadcast
       // input is read at other positions after they are written.
@@ -1167,15 +839,16 @@ void KernelChecker::checkOverlap() const {
           in(i).numel == out(j).numel)
         continue;
       fail(outName(j) + " overlaps " + inName(i) + " in arena " + std::to_string(out(j).arena) +
-           (mayRunInPlace(kernel.kind) ? " (only an exact alias is allowed for this kind)"
+           (kernelKindInfo(kernel.kind).has(kernel_traits::kInPlace) ? " (only an exact alias is allowed for this kind)"
                                        : " (this kind cannot run in place)"));
     }
   }
 }
 
 void KernelChecker::checkPhase() const {
-  if (isUpdateOnly(kernel.kind) && kernel.phase != Phase::Update &&
-      !(kernel.phase == Phase::Backward && mayUpdateInBackward(kernel.kind)))
+  const KernelKindInfo &info = kernelKindInfo(kernel.kind);
+  if (info.has(kernel_traits::kUpdateOnly) && kernel.phase != Phase::Update &&
+      !(kernel.phase == Phase::Backward && info.has(kernel_traits::kMayRunInBackward)))
     fail(std::string("runs in the ") + phaseName(kernel.phase) +
          " phase, but optimizer kernels run once per step, in the update phase (or, for "
          "updates applied as gradients complete, in the backward pass)");
@@ -2018,76 +1691,13 @@ template <typename AdamWTable> void readAdamWAttrs(const AdamWTable &t, KernelAt
   a.gradClip = t.grad_clip();
 }
 
-/// The union member each kind requires (NONE: the kind takes no attributes).
-fb::KernelAttrs requiredAttrs(fb::KernelKind kind) {
-  switch (kind) {
-  case fb::KernelKind::RMSNorm:
-  case fb::KernelKind::LayerNorm:
-  case fb::KernelKind::RMSNormGrad:
-  case fb::KernelKind::LayerNormGrad:
-  case fb::KernelKind::AddRMSNorm:
-  case fb::KernelKind::AddLayerNorm:
-  case fb::KernelKind::RMSNormGradAdd:
-  case fb::KernelKind::LayerNormGradAdd:
-    return fb::KernelAttrs::NormAttrs;
-  case fb::KernelKind::LinearCrossEntropy:
-    return fb::KernelAttrs::LinearCrossEntropyAttrs;
-  case fb::KernelKind::RoPE:
-  case fb::KernelKind::RoPEGrad:
-    return fb::KernelAttrs::RoPEAttrs;
-  case fb::KernelKind::Attention:
-  case fb::KernelKind::AttentionGrad:
-  case fb::KernelKind::FlashAttention:
-  case fb::KernelKind::FlashAttentionGrad:
-    return fb::KernelAttrs::AttentionAttrs;
-  case fb::KernelKind::GeLU:
-  case fb::KernelKind::GeLUGrad:
-    return fb::KernelAttrs::GeLUAttrs;
-  case fb::KernelKind::Softmax:
-  case fb::KernelKind::SoftmaxGrad:
-    return fb::KernelAttrs::AxisAttrs;
-  case fb::KernelKind::CrossEntropy:
-  case fb::KernelKind::CrossEntropyGrad:
-    return fb::KernelAttrs::CrossEntropyAttrs;
-  case fb::KernelKind::Transpose:
-    return fb::KernelAttrs::TransposeAttrs;
-  case fb::KernelKind::Slice:
-  case fb::KernelKind::SliceGrad:
-    return fb::KernelAttrs::SliceAttrs;
-  case fb::KernelKind::Fill:
-    return fb::KernelAttrs::FillAttrs;
-  case fb::KernelKind::DoraScale:
-    return fb::KernelAttrs::DoraScaleAttrs;
-  case fb::KernelKind::LearningRate:
-    return fb::KernelAttrs::LearningRateAttrs;
-  case fb::KernelKind::AdamWUpdate:
-  case fb::KernelKind::MultiTensorAdamWUpdate:
-    return fb::KernelAttrs::AdamWAttrs;
-  case fb::KernelKind::SGDUpdate:
-  case fb::KernelKind::MultiTensorSGDUpdate:
-    return fb::KernelAttrs::SGDAttrs;
-  case fb::KernelKind::GaloreRefresh:
-    return fb::KernelAttrs::GaloreRefreshAttrs;
-  case fb::KernelKind::GaloreProject:
-    return fb::KernelAttrs::GaloreProjectAttrs;
-  case fb::KernelKind::GaloreAdamWUpdate:
-    return fb::KernelAttrs::GaloreAdamWAttrs;
-  case fb::KernelKind::FusedElementwise:
-    return fb::KernelAttrs::GeneratedKernelAttrs;
-  case fb::KernelKind::Fp8Linear:
-  case fb::KernelKind::Fp8LinearGradInput:
-  case fb::KernelKind::Fp8LinearGradWeight:
-  case fb::KernelKind::Fp8LinearGradWeightAccumulate:
-  case fb::KernelKind::Fp8LinearBackward:
-  case fb::KernelKind::Fp8LinearSharedInput:
-  case fb::KernelKind::Fp8LinearBackwardSharedInput:
-  case fb::KernelKind::Fp8LinearWithInputCast:
-  case fb::KernelKind::Fp8LinearBackwardFromInputCast:
-  case fb::KernelKind::Fp8UpdateScales:
-    return fb::KernelAttrs::Fp8Attrs;
-  default:
-    return fb::KernelAttrs::NONE;
-  }
+/// The union member each kind requires (NONE: the kind takes no attributes), from the table.
+fb::KernelAttrs requiredAttrs(KernelKind kind) {
+  static const fb::KernelAttrs table[] = {
+#define BONSAI_KERNEL_KIND(Name, Value, OpName, Attrs, ...) fb::KernelAttrs::Attrs,
+#include "bonsai/runtime/KernelKinds.def"
+  };
+  return table[kernelKindIndex(kind)];
 }
 
 std::string attrsName(fb::KernelAttrs a) {
@@ -2459,7 +2069,7 @@ void PlanReader::readKernels() {
                        (info.name.empty() ? std::string() : " '" + info.name + "'");
     // The kinds are sparse (families own ranges): a value in a gap is as unknown as one past
     // the end.
-    if (k->kind() > fb::KernelKind::MAX || *fb::EnumNameKernelKind(k->kind()) == '\0')
+    if (!findKernelKind(uint32_t(k->kind())))
       fail(what + " has an unknown kind " + std::to_string(unsigned(k->kind())) +
            " (a newer compiler? recompile the plan with this runtime's compiler)");
     info.kind = static_cast<KernelKind>(k->kind());
@@ -2472,7 +2082,7 @@ void PlanReader::readKernels() {
     if (const auto *v = k->outputs())
       info.outputs.assign(v->begin(), v->end());
 
-    fb::KernelAttrs want = requiredAttrs(k->kind());
+    fb::KernelAttrs want = requiredAttrs(info.kind);
     fb::KernelAttrs got = k->attrs_type();
     // A union whose type is set but whose table is absent reads as absent.
     if (got != fb::KernelAttrs::NONE && !k->attrs())

@@ -14,6 +14,7 @@
 #define BONSAI_RUNTIME_PLAN_H
 
 #include "bonsai/runtime/ElementwiseProgram.h"
+#include "bonsai/runtime/KernelKinds.h"
 #include "bonsai/runtime/Tensor.h"
 
 #include <cstddef>
@@ -55,88 +56,6 @@ enum class TensorInit : uint8_t {
 /// When a kernel runs; values match bonsai.plan.Phase. A training step runs Forward and
 /// Backward once per micro-batch, then Update once; generation runs Forward alone.
 enum class Phase : uint8_t { Forward = 0, Backward = 1, Update = 2 };
-/// The kernels of a plan; values match bonsai.plan.KernelKind.
-enum class KernelKind : uint16_t {
-  Embedding = 0,
-  Linear = 1,
-  Matmul = 2,
-  Add = 3,
-  Mul = 4,
-  RMSNorm = 5,
-  LayerNorm = 6,
-  RoPE = 7,
-  Attention = 8,
-  SiLU = 9,
-  GeLU = 10,
-  SwiGLU = 11,
-  Softmax = 12,
-  CrossEntropy = 13,
-  Transpose = 14,
-  Slice = 15,
-  Cast = 16,
-  Copy = 17,
-  Fill = 18,
-  EmbeddingGrad = 19,
-  LinearGradInput = 20,
-  LinearGradWeight = 21,
-  ReduceTo = 22,
-  RMSNormGrad = 23,
-  LayerNormGrad = 24,
-  RoPEGrad = 25,
-  AttentionGrad = 26,
-  SiLUGrad = 27,
-  GeLUGrad = 28,
-  SwiGLUGrad = 29,
-  SoftmaxGrad = 30,
-  CrossEntropyGrad = 31,
-  SliceGrad = 32,
-  GradNorm = 33,
-  LearningRate = 34,
-  AdamWUpdate = 35,
-  SGDUpdate = 36,
-  StepIncrement = 37,
-  Accumulate = 38,
-  Zero = 39,
-  Dequantize = 40,         ///< NF4 -> f32/f16/bf16 (docs/quantization.md).
-  DoraScale = 45,          ///< m / ||W + s·B·A||_row, the norm detached (docs/lora.md).
-  GaloreRefresh = 55,      ///< GaLore (docs/galore.md): refresh a projector on its steps.
-  GaloreProject = 56,      ///< GaLore: project a gradient onto its subspace.
-  GaloreAdamWUpdate = 57,  ///< GaLore: AdamW on the projection, projected back.
-  LinearCrossEntropy = 70, ///< Fused LM head + loss + gradients, chunked (docs/fusion.md).
-  AddRMSNorm = 71,         ///< sum = lhs + rhs, y = rms_norm(sum) (docs/fusion.md).
-  AddLayerNorm = 72,       ///< sum = lhs + rhs, y = layer_norm(sum).
-  RMSNormGradAdd = 73,     ///< rms_norm_grad with an addend added into dx.
-  LayerNormGradAdd = 74,   ///< layer_norm_grad with an addend added into dx.
-  /// Fusion (docs/fusion.md): AdamW / SGD of many parameters in one kernel.
-  MultiTensorAdamWUpdate = 85,
-  MultiTensorSGDUpdate = 86,
-  LinearGeLU = 87,                 ///< linear then tanh GELU, keeping the pre-activation.
-  LinearGradWeightAccumulate = 88, ///< acc += dyᵀ x (linear_grad_weight into an accumulator).
-  /// FP8 GEMMs (docs/fp8.md): scaled casts to E4M3FN / E5M2, then an FP8 GEMM.
-  Fp8Linear = 90,           ///< y = x · wᵀ (+ bias) from E4M3FN casts of x and w.
-  Fp8LinearGradInput = 91,  ///< dx = dy · w from E5M2 dy and E4M3FN w.
-  Fp8LinearGradWeight = 92, ///< dw = dyᵀ · x from E5M2 dy and E4M3FN x.
-  Fp8UpdateScales = 93,     ///< the once-per-step delayed-scale update of an FP8 state.
-  /// acc += dyᵀ · x from E5M2 dy and E4M3FN x (fp8_linear_grad_weight into an accumulator).
-  Fp8LinearGradWeightAccumulate = 94,
-  /// dx = dy · w and acc += dyᵀ · x from one E5M2 cast of dy (kinds 91 and 94 together).
-  Fp8LinearBackward = 95,
-  /// Kind 90 reading x's codes and scale from another kind 90's cast of the same x.
-  Fp8LinearSharedInput = 96,
-  /// Kind 95 reading x's codes and scale from another kind 95's cast of the same x.
-  Fp8LinearBackwardSharedInput = 97,
-  /// Kind 90 that also writes x's transposed codes for kind 99.
-  Fp8LinearWithInputCast = 98,
-  /// Kind 95 reading x's transposed codes and scale from kind 98 of the same x.
-  Fp8LinearBackwardFromInputCast = 99,
-  /// A generated kernel (docs/fusion.md): KernelAttrsInfo::generatedKernel names it.
-  FusedElementwise = 80,
-  FlashAttention = 100,     ///< attention that also writes the log-sum-exp (docs/fusion.md).
-  FlashAttentionGrad = 101, ///< attention's gradients from the saved log-sum-exp.
-};
-
-/// "Linear", "RMSNorm", ... as spelled in plan.fbs.
-const char *kernelKindName(KernelKind kind);
 /// "parameter", "activation", ... (the memory class a tensor is reported under).
 const char *tensorRoleName(TensorRole role);
 /// "forward", "backward", "update".
