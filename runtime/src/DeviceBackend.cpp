@@ -1,10 +1,11 @@
 //===- DeviceBackend.cpp - Runs a plan's phases on a CUDA device ----------===//
 //
-// In a build with the CUDA backend (BONSAI_HAVE_CUDA), the CUDA DeviceBackend: one device arena per plan arena (cudaMalloc once, zeroed), a view per
-// plan tensor at the same offsets as on the host, and a dispatch of every kernel kind to the
-// CUDA kernels. Each phase is captured as a CUDA Graph the first time it runs and replayed
-// after, so a step costs a few graph launches instead of hundreds of kernel launches; if a
-// capture fails (a kernel that cannot be captured), the phase runs eagerly and says so once.
+// In a build with the CUDA backend (BONSAI_HAVE_CUDA), the CUDA DeviceBackend: one device arena
+// per plan arena (cudaMalloc once, zeroed), a view per plan tensor at the same offsets as on the
+// host, and each kernel handed to the CUDA backend's handler of its kind
+// (CudaKernelHandlers.cpp). Each phase is captured as a CUDA Graph the first time it runs and
+// replayed after, so a step costs a few graph launches instead of hundreds of kernel launches;
+// if a capture fails (a kernel that cannot be captured), the phase runs eagerly and says so once.
 // In a build without it, asking for a GPU is an error that says why.
 //
 //===----------------------------------------------------------------------===//
@@ -13,11 +14,9 @@
 
 #ifdef BONSAI_HAVE_CUDA
 
-#include "bonsai/runtime/CudaFp8.h"
 #include "bonsai/runtime/CudaKernels.h"
-#include "bonsai/runtime/GaLore.h"
 
-#include "KernelParams.h"
+#include "CudaKernelCall.h"
 
 #include <cuda_runtime.h>
 
@@ -282,262 +281,12 @@ private:
   }
 
   void runKernel(size_t index) {
-    const KernelInfo &k = plan_.kernels[index];
     cuda::Context ctx;
     ctx.stream = stream_;
     ctx.gemm = gemm_.get();
     ctx.deviceError = deviceError_;
     ctx.kernelIndex = int32_t(index);
-    auto in = [&](size_t i) -> const TensorView & { return views_[k.inputs[i]]; };
-    auto outAt = [&](size_t i) -> const TensorView & { return views_[k.outputs[i]]; };
-    auto optionalOut = [&](size_t i) -> const TensorView * {
-      return k.outputs.size() > i ? &views_[k.outputs[i]] : nullptr;
-    };
-    const TensorView &out = outAt(0);
-    const KernelAttrsInfo &a = k.attrs;
-    switch (k.kind) {
-    case KernelKind::Embedding:
-      cuda::embedding(ctx, in(0), in(1), out);
-      break;
-    case KernelKind::Linear:
-      cuda::linear(ctx, in(0), in(1), k.inputs.size() == 3 ? &in(2) : nullptr, out);
-      break;
-    case KernelKind::Matmul:
-      cuda::matmul(ctx, in(0), in(1), out);
-      break;
-    case KernelKind::Add:
-      cuda::add(ctx, in(0), in(1), out);
-      break;
-    case KernelKind::Mul:
-      cuda::mul(ctx, in(0), in(1), out);
-      break;
-    case KernelKind::RMSNorm:
-      cuda::rmsNorm(ctx, in(0), in(1), a.epsilon, out);
-      break;
-    case KernelKind::LayerNorm:
-      cuda::layerNorm(ctx, in(0), in(1), in(2), a.epsilon, out);
-      break;
-    case KernelKind::RoPE:
-      cuda::rope(ctx, in(0), a.theta, out);
-      break;
-    case KernelKind::Attention:
-      cuda::attention(ctx, in(0), in(1), in(2), a.causal, a.scale, out);
-      break;
-    case KernelKind::SiLU:
-      cuda::silu(ctx, in(0), out);
-      break;
-    case KernelKind::GeLU:
-      cuda::gelu(ctx, in(0), a.geluTanh, out);
-      break;
-    case KernelKind::SwiGLU:
-      cuda::swiglu(ctx, in(0), in(1), out);
-      break;
-    case KernelKind::Softmax:
-      cuda::softmax(ctx, in(0), a.axis, out);
-      break;
-    case KernelKind::CrossEntropy:
-      cuda::crossEntropy(ctx, in(0), in(1), a.ignoreIndex, out);
-      break;
-    case KernelKind::Transpose:
-      cuda::transpose(ctx, in(0), a.permutation, out);
-      break;
-    case KernelKind::Slice:
-      cuda::slice(ctx, in(0), a.axis, a.start, out);
-      break;
-    case KernelKind::Cast:
-      cuda::cast(ctx, in(0), out);
-      break;
-    case KernelKind::Copy:
-      // An exact alias is a no-op; the verifier allows no other overlap.
-      if (in(0).data != out.data)
-        cuda::copy(ctx, in(0), out);
-      break;
-    case KernelKind::Fill:
-      cuda::fill(ctx, a.value, out);
-      break;
-    case KernelKind::EmbeddingGrad:
-      cuda::embeddingGrad(ctx, in(0), in(1), out);
-      break;
-    case KernelKind::LinearGradInput:
-      cuda::linearGradInput(ctx, in(0), in(1), out);
-      break;
-    case KernelKind::LinearGradWeight:
-      cuda::linearGradWeight(ctx, in(0), in(1), out);
-      break;
-    case KernelKind::ReduceTo:
-      cuda::reduceTo(ctx, in(0), out);
-      break;
-    case KernelKind::RMSNormGrad:
-      cuda::rmsNormGrad(ctx, in(0), in(1), in(2), a.epsilon, outAt(0), outAt(1));
-      break;
-    case KernelKind::LayerNormGrad:
-      cuda::layerNormGrad(ctx, in(0), in(1), in(2), a.epsilon, outAt(0), outAt(1), outAt(2));
-      break;
-    case KernelKind::RoPEGrad:
-      cuda::ropeGrad(ctx, in(0), a.theta, out);
-      break;
-    case KernelKind::AttentionGrad:
-      cuda::attentionGrad(ctx, in(0), in(1), in(2), in(3), in(4), a.causal, a.scale, outAt(0), outAt(1),
-                         outAt(2));
-      break;
-    case KernelKind::FlashAttention:
-      cuda::flashAttention(ctx, in(0), in(1), in(2), a.causal, a.scale, outAt(0), outAt(1));
-      break;
-    case KernelKind::FlashAttentionGrad:
-      cuda::flashAttentionGrad(ctx, in(0), in(1), in(2), in(3), in(4), in(5), a.causal, a.scale,
-                               outAt(0), outAt(1), outAt(2));
-      break;
-    case KernelKind::SiLUGrad:
-      cuda::siluGrad(ctx, in(0), in(1), out);
-      break;
-    case KernelKind::GeLUGrad:
-      cuda::geluGrad(ctx, in(0), in(1), a.geluTanh, out);
-      break;
-    case KernelKind::SwiGLUGrad:
-      cuda::swigluGrad(ctx, in(0), in(1), in(2), outAt(0), outAt(1));
-      break;
-    case KernelKind::SoftmaxGrad:
-      cuda::softmaxGrad(ctx, in(0), in(1), a.axis, out);
-      break;
-    case KernelKind::CrossEntropyGrad:
-      cuda::crossEntropyGrad(ctx, in(0), in(1), in(2), a.ignoreIndex, out);
-      break;
-    case KernelKind::SliceGrad:
-      cuda::sliceGrad(ctx, in(0), a.axis, a.start, out);
-      break;
-    case KernelKind::GradNorm: {
-      std::vector<TensorView> grads;
-      grads.reserve(k.inputs.size());
-      for (uint32_t t : k.inputs)
-        grads.push_back(views_[t]);
-      cuda::gradNorm(ctx, grads, out);
-      break;
-    }
-    case KernelKind::LearningRate:
-      cuda::learningRate(ctx, in(0), learningRateSchedule(a), out);
-      break;
-    case KernelKind::AdamWUpdate:
-      cuda::adamwUpdate(ctx, in(0), in(1), in(2), in(3), adamwHyper(a), outAt(0), outAt(1),
-                        outAt(2), optionalOut(3));
-      break;
-    case KernelKind::SGDUpdate:
-      cuda::sgdUpdate(ctx, in(0), in(1), in(2), sgdHyper(a), outAt(0), outAt(1), optionalOut(2));
-      break;
-    case KernelKind::GaloreRefresh:
-      cuda::galoreRefresh(ctx, in(0), in(1), galoreRefreshParams(a), outAt(0), outAt(1), outAt(2));
-      break;
-    case KernelKind::GaloreProject:
-      cuda::galoreProject(ctx, in(0), in(1), a.left, a.bf16Operands, out);
-      break;
-    case KernelKind::GaloreAdamWUpdate:
-      cuda::galoreAdamwUpdate(ctx, in(0), in(1), in(2), in(3), adamwHyper(a), a.scale, a.left,
-                              outAt(0), outAt(1), outAt(2), outAt(3), optionalOut(4));
-      break;
-    case KernelKind::StepIncrement:
-      cuda::stepIncrement(ctx, out);
-      break;
-    case KernelKind::Accumulate:
-      cuda::accumulate(ctx, in(0), out);
-      break;
-    case KernelKind::Zero:
-      cuda::zero(ctx, out);
-      break;
-    case KernelKind::DoraScale:
-      cuda::doraScale(ctx, in(0), in(1), in(2), in(3), a.scale, out);
-      break;
-    case KernelKind::Dequantize:
-      cuda::dequantize(ctx, in(0), out);
-      break;
-    case KernelKind::LinearCrossEntropy:
-      cuda::linearCrossEntropy(ctx, in(0), in(1), in(2), in(3), a.ignoreIndex, a.chunkRows,
-                               outAt(0), outAt(1), outAt(2), optionalOut(3));
-      break;
-    case KernelKind::AddRMSNorm:
-      cuda::addRmsNorm(ctx, in(0), in(1), in(2), a.epsilon, outAt(0), outAt(1));
-      break;
-    case KernelKind::AddLayerNorm:
-      cuda::addLayerNorm(ctx, in(0), in(1), in(2), in(3), a.epsilon, outAt(0), outAt(1));
-      break;
-    case KernelKind::RMSNormGradAdd:
-      cuda::rmsNormGradAdd(ctx, in(0), in(1), in(2), in(3), a.epsilon, outAt(0), outAt(1));
-      break;
-    case KernelKind::LayerNormGradAdd:
-      cuda::layerNormGradAdd(ctx, in(0), in(1), in(2), in(3), a.epsilon, outAt(0), outAt(1),
-                             outAt(2));
-      break;
-    case KernelKind::MultiTensorAdamWUpdate:
-    case KernelKind::MultiTensorSGDUpdate: {
-      MultiTensorOperands t = multiTensorOperands(k, views_);
-      if (k.kind == KernelKind::MultiTensorAdamWUpdate)
-        cuda::multiTensorAdamwUpdate(ctx, t.grads, in(0), in(1), in(2), adamwHyper(a),
-                                     t.lists[0], t.lists[1], t.lists[2], t.masters);
-      else
-        cuda::multiTensorSgdUpdate(ctx, t.grads, in(0), in(1), sgdHyper(a), t.lists[0],
-                                   t.lists[1], t.masters);
-      break;
-    }
-    case KernelKind::LinearGeLU:
-      cuda::linearGelu(ctx, in(0), in(1), k.inputs.size() == 3 ? &in(2) : nullptr, outAt(0),
-                       outAt(1));
-      break;
-    case KernelKind::LinearGradWeightAccumulate:
-      cuda::linearGradWeightAccumulate(ctx, in(0), in(1), out);
-      break;
-    case KernelKind::Fp8Linear:
-      cuda::fp8Linear(ctx, in(0), in(1), in(2), k.inputs.size() == 4 ? &in(3) : nullptr,
-                      a.fp8Current, a.fp8Margin, outAt(0), outAt(1), outAt(2),
-                      a.fp8FastAccumulation);
-      break;
-    case KernelKind::Fp8LinearGradInput:
-      cuda::fp8LinearGradInput(ctx, in(0), in(1), in(2), a.fp8Current, a.fp8Margin, outAt(0),
-                               outAt(1), outAt(2));
-      break;
-    case KernelKind::Fp8LinearGradWeight:
-      cuda::fp8LinearGradWeight(ctx, in(0), in(1), in(2), a.fp8Current, a.fp8Margin, outAt(0),
-                                outAt(1), outAt(2));
-      break;
-    case KernelKind::Fp8LinearGradWeightAccumulate:
-      cuda::fp8LinearGradWeightAccumulate(ctx, in(0), in(1), in(2), a.fp8Current, a.fp8Margin,
-                                          outAt(0), outAt(1), outAt(2));
-      break;
-    case KernelKind::Fp8LinearBackward:
-      cuda::fp8LinearBackward(ctx, in(0), in(1), in(2), in(3), a.fp8Current, a.fp8Margin, outAt(0),
-                              outAt(1), outAt(2), outAt(3), outAt(4));
-      break;
-    case KernelKind::Fp8LinearSharedInput:
-      cuda::fp8LinearSharedInput(ctx, in(0), in(1), in(2), in(3),
-                                 k.inputs.size() == 5 ? &in(4) : nullptr, a.fp8Current, a.fp8Margin,
-                                 outAt(0), outAt(1), outAt(2), a.fp8FastAccumulation);
-      break;
-    case KernelKind::Fp8LinearBackwardSharedInput:
-      cuda::fp8LinearBackwardSharedInput(ctx, in(0), in(1), in(2), in(3), in(4), a.fp8Current,
-                                         a.fp8Margin, outAt(0), outAt(1), outAt(2), outAt(3),
-                                         outAt(4));
-      break;
-    case KernelKind::Fp8LinearWithInputCast:
-      cuda::fp8LinearWithInputCast(
-          ctx, in(0), in(1), in(2), k.inputs.size() == 4 ? &in(3) : nullptr, a.fp8Current,
-          a.fp8Margin, outAt(0), outAt(1), outAt(2), outAt(3), a.fp8FastAccumulation);
-      break;
-    case KernelKind::Fp8LinearBackwardFromInputCast:
-      cuda::fp8LinearBackwardFromInputCast(ctx, in(0), in(1), in(2), in(3), in(4), a.fp8Current,
-                                           a.fp8Margin, outAt(0), outAt(1), outAt(2), outAt(3),
-                                           outAt(4));
-      break;
-    case KernelKind::Fp8UpdateScales:
-      cuda::fp8UpdateScales(ctx, in(0), in(1), k.inputs.size() == 3 ? &in(2) : nullptr,
-                            a.fp8Margin, out);
-      break;
-    case KernelKind::FusedElementwise: {
-      std::vector<const TensorView *> ins, outs;
-      for (uint32_t t : k.inputs)
-        ins.push_back(&views_[t]);
-      for (uint32_t t : k.outputs)
-        outs.push_back(&views_[t]);
-      generated_->launch(ctx, a.generatedKernel, ins, outs);
-      break;
-    }
-    }
+    launchOnCuda(CudaCall(KernelCall(plan_, index, views_), ctx, generated_.get()));
   }
 
   /// The executor's plan (the only copy), read at every launch and capture.

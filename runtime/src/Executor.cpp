@@ -1,10 +1,11 @@
 //===- Executor.cpp - Runs a verified plan on the CPU backend -------------===//
 //
 // Everything here trusts the plan's verification (Plan.cpp): operand counts, indices, byte
-// ranges, shapes, initializers and the phase order were checked once at load, so dispatch is a
-// switch over the kind with no re-checking beyond what the kernels themselves do (ids and
-// labels in range). Phases are contiguous in plan order, so running the kernels of one phase
-// in plan order is running that slice of the schedule the memory planner saw.
+// ranges, shapes, initializers and the phase order were checked once at load, so dispatch is an
+// index into the CPU backend's handler table (CpuKernelHandlers.cpp) with no re-checking beyond
+// what the kernels themselves do (ids and labels in range). Phases are contiguous in plan order,
+// so running the kernels of one phase in plan order is running that slice of the schedule the
+// memory planner saw.
 //
 //===----------------------------------------------------------------------===//
 
@@ -15,7 +16,7 @@
 #include "bonsai/runtime/GaLore.h"
 #include "bonsai/runtime/Init.h"
 
-#include "KernelParams.h"
+#include "KernelCall.h"
 
 #include <algorithm>
 #include <chrono>
@@ -272,256 +273,11 @@ void Executor::setLossScale(float scale) {
 
 void Executor::runKernel(size_t index) {
   const KernelInfo &k = plan_.kernels[index];
-  auto in = [&](size_t i) -> const TensorView & { return views_[k.inputs[i]]; };
-  auto outAt = [&](size_t i) -> const TensorView & { return views_[k.outputs[i]]; };
-  auto optionalOut = [&](size_t i) -> const TensorView * {
-    return k.outputs.size() > i ? &views_[k.outputs[i]] : nullptr;
-  };
-  const TensorView &out = outAt(0);
   for (uint32_t t : k.inputs)
     touch(t);
   for (uint32_t t : k.outputs)
     touch(t);
-  const KernelAttrsInfo &a = k.attrs;
-  switch (k.kind) {
-  case KernelKind::Embedding:
-    cpu::embedding(in(0), in(1), out);
-    break;
-  case KernelKind::Linear:
-    cpu::linear(in(0), in(1), k.inputs.size() == 3 ? &in(2) : nullptr, out);
-    break;
-  case KernelKind::Matmul:
-    cpu::matmul(in(0), in(1), out);
-    break;
-  case KernelKind::Add:
-    cpu::add(in(0), in(1), out);
-    break;
-  case KernelKind::Mul:
-    cpu::mul(in(0), in(1), out);
-    break;
-  case KernelKind::RMSNorm:
-    cpu::rmsNorm(in(0), in(1), a.epsilon, out);
-    break;
-  case KernelKind::LayerNorm:
-    cpu::layerNorm(in(0), in(1), in(2), a.epsilon, out);
-    break;
-  case KernelKind::RoPE:
-    cpu::rope(in(0), a.theta, out);
-    break;
-  case KernelKind::Attention:
-    cpu::attention(in(0), in(1), in(2), a.causal, a.scale, out);
-    break;
-  case KernelKind::SiLU:
-    cpu::silu(in(0), out);
-    break;
-  case KernelKind::GeLU:
-    cpu::gelu(in(0), a.geluTanh, out);
-    break;
-  case KernelKind::SwiGLU:
-    cpu::swiglu(in(0), in(1), out);
-    break;
-  case KernelKind::Softmax:
-    cpu::softmax(in(0), a.axis, out);
-    break;
-  case KernelKind::CrossEntropy:
-    cpu::crossEntropy(in(0), in(1), a.ignoreIndex, out);
-    break;
-  case KernelKind::Transpose:
-    cpu::transpose(in(0), a.permutation, out);
-    break;
-  case KernelKind::Slice:
-    cpu::slice(in(0), a.axis, a.start, out);
-    break;
-  case KernelKind::Cast:
-    cpu::cast(in(0), out);
-    break;
-  case KernelKind::Copy:
-    // An exact alias is a no-op; the verifier allows no other overlap.
-    if (in(0).data != out.data)
-      cpu::copy(in(0), out);
-    break;
-  case KernelKind::Fill:
-    cpu::fill(a.value, out);
-    break;
-  case KernelKind::EmbeddingGrad:
-    cpu::embeddingGrad(in(0), in(1), out);
-    break;
-  case KernelKind::LinearGradInput:
-    cpu::linearGradInput(in(0), in(1), out);
-    break;
-  case KernelKind::LinearGradWeight:
-    cpu::linearGradWeight(in(0), in(1), out);
-    break;
-  case KernelKind::ReduceTo:
-    cpu::reduceTo(in(0), out);
-    break;
-  case KernelKind::RMSNormGrad:
-    cpu::rmsNormGrad(in(0), in(1), in(2), a.epsilon, outAt(0), outAt(1));
-    break;
-  case KernelKind::LayerNormGrad:
-    cpu::layerNormGrad(in(0), in(1), in(2), a.epsilon, outAt(0), outAt(1), outAt(2));
-    break;
-  case KernelKind::RoPEGrad:
-    cpu::ropeGrad(in(0), a.theta, out);
-    break;
-  case KernelKind::AttentionGrad:
-    cpu::attentionGrad(in(0), in(1), in(2), in(3), in(4), a.causal, a.scale, outAt(0), outAt(1),
-                       outAt(2));
-    break;
-  case KernelKind::FlashAttention:
-    cpu::flashAttention(in(0), in(1), in(2), a.causal, a.scale, outAt(0), outAt(1));
-    break;
-  case KernelKind::FlashAttentionGrad:
-    cpu::flashAttentionGrad(in(0), in(1), in(2), in(3), in(4), in(5), a.causal, a.scale,
-                            outAt(0), outAt(1), outAt(2));
-    break;
-  case KernelKind::SiLUGrad:
-    cpu::siluGrad(in(0), in(1), out);
-    break;
-  case KernelKind::GeLUGrad:
-    cpu::geluGrad(in(0), in(1), a.geluTanh, out);
-    break;
-  case KernelKind::SwiGLUGrad:
-    cpu::swigluGrad(in(0), in(1), in(2), outAt(0), outAt(1));
-    break;
-  case KernelKind::SoftmaxGrad:
-    cpu::softmaxGrad(in(0), in(1), a.axis, out);
-    break;
-  case KernelKind::CrossEntropyGrad:
-    cpu::crossEntropyGrad(in(0), in(1), in(2), a.ignoreIndex, out);
-    break;
-  case KernelKind::SliceGrad:
-    cpu::sliceGrad(in(0), a.axis, a.start, out);
-    break;
-  case KernelKind::GradNorm: {
-    std::vector<TensorView> grads;
-    grads.reserve(k.inputs.size());
-    for (uint32_t t : k.inputs)
-      grads.push_back(views_[t]);
-    cpu::gradNorm(grads, out);
-    break;
-  }
-  case KernelKind::LearningRate:
-    cpu::learningRate(in(0), learningRateSchedule(a), out);
-    break;
-  case KernelKind::AdamWUpdate:
-    cpu::adamwUpdate(in(0), in(1), in(2), in(3), adamwHyper(a), outAt(0), outAt(1), outAt(2),
-                     optionalOut(3));
-    break;
-  case KernelKind::SGDUpdate:
-    cpu::sgdUpdate(in(0), in(1), in(2), sgdHyper(a), outAt(0), outAt(1), optionalOut(2));
-    break;
-  case KernelKind::GaloreRefresh:
-    cpu::galoreRefresh(in(0), in(1), galoreRefreshParams(a), outAt(0), outAt(1), outAt(2));
-    break;
-  case KernelKind::GaloreProject:
-    cpu::galoreProject(in(0), in(1), a.left, a.bf16Operands, out);
-    break;
-  case KernelKind::GaloreAdamWUpdate:
-    cpu::galoreAdamwUpdate(in(0), in(1), in(2), in(3), adamwHyper(a), a.scale, a.left, outAt(0),
-                           outAt(1), outAt(2), outAt(3), optionalOut(4));
-    break;
-  case KernelKind::StepIncrement:
-    cpu::stepIncrement(out);
-    break;
-  case KernelKind::Accumulate:
-    cpu::accumulate(in(0), out);
-    break;
-  case KernelKind::Zero:
-    cpu::zero(out);
-    break;
-  case KernelKind::DoraScale:
-    cpu::doraScale(in(0), in(1), in(2), in(3), a.scale, out);
-    break;
-  case KernelKind::Dequantize:
-    cpu::dequantize(in(0), out);
-    break;
-  case KernelKind::LinearCrossEntropy:
-    cpu::linearCrossEntropy(in(0), in(1), in(2), in(3), a.ignoreIndex, a.chunkRows, outAt(0),
-                            outAt(1), outAt(2), optionalOut(3));
-    break;
-  case KernelKind::AddRMSNorm:
-    cpu::addRmsNorm(in(0), in(1), in(2), a.epsilon, outAt(0), outAt(1));
-    break;
-  case KernelKind::AddLayerNorm:
-    cpu::addLayerNorm(in(0), in(1), in(2), in(3), a.epsilon, outAt(0), outAt(1));
-    break;
-  case KernelKind::RMSNormGradAdd:
-    cpu::rmsNormGradAdd(in(0), in(1), in(2), in(3), a.epsilon, outAt(0), outAt(1));
-    break;
-  case KernelKind::LayerNormGradAdd:
-    cpu::layerNormGradAdd(in(0), in(1), in(2), in(3), a.epsilon, outAt(0), outAt(1), outAt(2));
-    break;
-  case KernelKind::MultiTensorAdamWUpdate:
-  case KernelKind::MultiTensorSGDUpdate: {
-    MultiTensorOperands t = multiTensorOperands(k, views_);
-    if (k.kind == KernelKind::MultiTensorAdamWUpdate)
-      cpu::multiTensorAdamwUpdate(t.grads, in(0), in(1), in(2), adamwHyper(a), t.lists[0],
-                                  t.lists[1], t.lists[2], t.masters);
-    else
-      cpu::multiTensorSgdUpdate(t.grads, in(0), in(1), sgdHyper(a), t.lists[0], t.lists[1],
-                                t.masters);
-    break;
-  }
-  case KernelKind::LinearGeLU:
-    cpu::linearGelu(in(0), in(1), k.inputs.size() == 3 ? &in(2) : nullptr, outAt(0), outAt(1));
-    break;
-  case KernelKind::LinearGradWeightAccumulate:
-    cpu::linearGradWeightAccumulate(in(0), in(1), out);
-    break;
-  case KernelKind::Fp8Linear:
-    // Fp8Attrs.fast_accumulation is a GPU GEMM's mode: the CPU reference sums in f32 in k
-    // order either way (docs/fp8.md).
-    cpu::fp8Linear(in(0), in(1), in(2), k.inputs.size() == 4 ? &in(3) : nullptr, a.fp8Current,
-                   a.fp8Margin, outAt(0), outAt(1), outAt(2));
-    break;
-  case KernelKind::Fp8LinearGradInput:
-    cpu::fp8LinearGradInput(in(0), in(1), in(2), a.fp8Current, a.fp8Margin, outAt(0), outAt(1),
-                            outAt(2));
-    break;
-  case KernelKind::Fp8LinearGradWeight:
-    cpu::fp8LinearGradWeight(in(0), in(1), in(2), a.fp8Current, a.fp8Margin, outAt(0),
-                             outAt(1), outAt(2));
-    break;
-  case KernelKind::Fp8LinearGradWeightAccumulate:
-    cpu::fp8LinearGradWeightAccumulate(in(0), in(1), in(2), a.fp8Current, a.fp8Margin,
-                                       outAt(0), outAt(1), outAt(2));
-    break;
-  case KernelKind::Fp8LinearBackward:
-    cpu::fp8LinearBackward(in(0), in(1), in(2), in(3), a.fp8Current, a.fp8Margin, outAt(0),
-                           outAt(1), outAt(2), outAt(3), outAt(4));
-    break;
-  case KernelKind::Fp8LinearSharedInput:
-    cpu::fp8LinearSharedInput(in(0), in(1), in(2), in(3), k.inputs.size() == 5 ? &in(4) : nullptr,
-                              a.fp8Current, a.fp8Margin, outAt(0), outAt(1), outAt(2));
-    break;
-  case KernelKind::Fp8LinearBackwardSharedInput:
-    cpu::fp8LinearBackwardSharedInput(in(0), in(1), in(2), in(3), in(4), a.fp8Current, a.fp8Margin,
-                                      outAt(0), outAt(1), outAt(2), outAt(3), outAt(4));
-    break;
-  case KernelKind::Fp8LinearWithInputCast:
-    cpu::fp8LinearWithInputCast(in(0), in(1), in(2), k.inputs.size() == 4 ? &in(3) : nullptr,
-                                a.fp8Current, a.fp8Margin, outAt(0), outAt(1), outAt(2), outAt(3));
-    break;
-  case KernelKind::Fp8LinearBackwardFromInputCast:
-    cpu::fp8LinearBackwardFromInputCast(in(0), in(1), in(2), in(3), in(4), a.fp8Current,
-                                        a.fp8Margin, outAt(0), outAt(1), outAt(2), outAt(3),
-                                        outAt(4));
-    break;
-  case KernelKind::Fp8UpdateScales:
-    cpu::fp8UpdateScales(in(0), in(1), k.inputs.size() == 3 ? &in(2) : nullptr, a.fp8Margin,
-                         out);
-    break;
-  case KernelKind::FusedElementwise: {
-    std::vector<const TensorView *> ins, outs;
-    for (uint32_t t : k.inputs)
-      ins.push_back(&views_[t]);
-    for (uint32_t t : k.outputs)
-      outs.push_back(&views_[t]);
-    cpu::fusedElementwise(plan_.generatedKernels[a.generatedKernel].program, ins, outs);
-    break;
-  }
-  }
+  launchOnCpu(KernelCall(plan_, index, views_));
 }
 
 void Executor::runPhase(Phase phase) {

@@ -15,7 +15,6 @@
 #include "bonsai/runtime/Plan.h"
 
 #include <cstdint>
-#include <vector>
 
 namespace bonsai::rt {
 
@@ -62,32 +61,6 @@ inline galore::RefreshParams galoreRefreshParams(const KernelAttrsInfo &a) {
   params.powerIterations = a.powerIterations;
   params.seed = uint64_t(a.seed);
   return params;
-}
-
-/// The tensors of a MultiTensorAdamWUpdate or MultiTensorSGDUpdate kernel (verified counts:
-/// inputs are the shared scalars then g1 .. gn; outputs the lists of n, masters last).
-struct MultiTensorOperands {
-  std::vector<TensorView> grads;
-  std::vector<std::vector<TensorView>> lists; ///< params, then each optimizer state
-  std::vector<TensorView> masters;           ///< empty, or one per parameter
-};
-
-inline MultiTensorOperands multiTensorOperands(const KernelInfo &k,
-                                               const std::vector<TensorView> &views) {
-  bool adam = k.kind == KernelKind::MultiTensorAdamWUpdate;
-  size_t shared = adam ? 3 : 2, lists = adam ? 3 : 2;
-  size_t n = k.inputs.size() - shared;
-  MultiTensorOperands t;
-  for (size_t i = 0; i < n; ++i)
-    t.grads.push_back(views[k.inputs[shared + i]]);
-  t.lists.resize(lists);
-  for (size_t l = 0; l < lists; ++l)
-    for (size_t i = 0; i < n; ++i)
-      t.lists[l].push_back(views[k.outputs[l * n + i]]);
-  if (k.outputs.size() > lists * n)
-    for (size_t i = 0; i < n; ++i)
-      t.masters.push_back(views[k.outputs[lists * n + i]]);
-  return t;
 }
 
 } // namespace bonsai::rt

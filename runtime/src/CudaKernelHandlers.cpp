@@ -1,0 +1,495 @@
+//===- CudaKernelHandlers.cpp - The CUDA backend's handler of every kernel kind -===//
+//
+// In a build with the CUDA backend: one `launch` overload per kind of KernelKinds.def, each
+// enqueueing the CUDA kernels (CudaKernels.h, CudaFp8.h) on the call's stream with the
+// kernel's operands read by name, and the table that dispatches to them by the kind's position
+// in the kernel table. A kind added to the table without a handler here does not compile
+// (docs/adding-a-kernel.md).
+//
+//===----------------------------------------------------------------------===//
+
+#ifdef BONSAI_HAVE_CUDA
+
+#include "CudaKernelCall.h"
+#include "KernelParams.h"
+
+#include "bonsai/runtime/CudaFp8.h"
+#include "bonsai/runtime/CudaKernels.h"
+#include "bonsai/runtime/GaLore.h"
+
+namespace bonsai::rt {
+
+namespace {
+
+void launch(kinds::Embedding, const CudaCall &c) {
+  using In = kinds::Embedding::In;
+  using Out = kinds::Embedding::Out;
+  cuda::embedding(c.ctx, c.in(In::table), c.in(In::ids), c.out(Out::result));
+}
+
+void launch(kinds::Linear, const CudaCall &c) {
+  using In = kinds::Linear::In;
+  using Out = kinds::Linear::Out;
+  cuda::linear(c.ctx, c.in(In::x), c.in(In::w), c.optionalIn(In::bias), c.out(Out::y));
+}
+
+void launch(kinds::Matmul, const CudaCall &c) {
+  using In = kinds::Matmul::In;
+  using Out = kinds::Matmul::Out;
+  cuda::matmul(c.ctx, c.in(In::a), c.in(In::b), c.out(Out::c));
+}
+
+void launch(kinds::Add, const CudaCall &c) {
+  using In = kinds::Add::In;
+  using Out = kinds::Add::Out;
+  cuda::add(c.ctx, c.in(In::lhs), c.in(In::rhs), c.out(Out::result));
+}
+
+void launch(kinds::Mul, const CudaCall &c) {
+  using In = kinds::Mul::In;
+  using Out = kinds::Mul::Out;
+  cuda::mul(c.ctx, c.in(In::lhs), c.in(In::rhs), c.out(Out::result));
+}
+
+void launch(kinds::RMSNorm, const CudaCall &c) {
+  using In = kinds::RMSNorm::In;
+  using Out = kinds::RMSNorm::Out;
+  cuda::rmsNorm(c.ctx, c.in(In::x), c.in(In::weight), c.attrs().epsilon, c.out(Out::y));
+}
+
+void launch(kinds::LayerNorm, const CudaCall &c) {
+  using In = kinds::LayerNorm::In;
+  using Out = kinds::LayerNorm::Out;
+  cuda::layerNorm(c.ctx, c.in(In::x), c.in(In::weight), c.in(In::bias), c.attrs().epsilon,
+                  c.out(Out::y));
+}
+
+void launch(kinds::RoPE, const CudaCall &c) {
+  using In = kinds::RoPE::In;
+  using Out = kinds::RoPE::Out;
+  cuda::rope(c.ctx, c.in(In::x), c.attrs().theta, c.out(Out::y));
+}
+
+void launch(kinds::Attention, const CudaCall &c) {
+  using In = kinds::Attention::In;
+  using Out = kinds::Attention::Out;
+  cuda::attention(c.ctx, c.in(In::q), c.in(In::k), c.in(In::v), c.attrs().causal, c.attrs().scale,
+                  c.out(Out::o));
+}
+
+void launch(kinds::SiLU, const CudaCall &c) {
+  using In = kinds::SiLU::In;
+  using Out = kinds::SiLU::Out;
+  cuda::silu(c.ctx, c.in(In::x), c.out(Out::y));
+}
+
+void launch(kinds::GeLU, const CudaCall &c) {
+  using In = kinds::GeLU::In;
+  using Out = kinds::GeLU::Out;
+  cuda::gelu(c.ctx, c.in(In::x), c.attrs().geluTanh, c.out(Out::y));
+}
+
+void launch(kinds::SwiGLU, const CudaCall &c) {
+  using In = kinds::SwiGLU::In;
+  using Out = kinds::SwiGLU::Out;
+  cuda::swiglu(c.ctx, c.in(In::gate), c.in(In::up), c.out(Out::y));
+}
+
+void launch(kinds::Softmax, const CudaCall &c) {
+  using In = kinds::Softmax::In;
+  using Out = kinds::Softmax::Out;
+  cuda::softmax(c.ctx, c.in(In::x), c.attrs().axis, c.out(Out::y));
+}
+
+void launch(kinds::CrossEntropy, const CudaCall &c) {
+  using In = kinds::CrossEntropy::In;
+  using Out = kinds::CrossEntropy::Out;
+  cuda::crossEntropy(c.ctx, c.in(In::logits), c.in(In::labels), c.attrs().ignoreIndex,
+                     c.out(Out::loss));
+}
+
+void launch(kinds::Transpose, const CudaCall &c) {
+  using In = kinds::Transpose::In;
+  using Out = kinds::Transpose::Out;
+  cuda::transpose(c.ctx, c.in(In::x), c.attrs().permutation, c.out(Out::y));
+}
+
+void launch(kinds::Slice, const CudaCall &c) {
+  using In = kinds::Slice::In;
+  using Out = kinds::Slice::Out;
+  cuda::slice(c.ctx, c.in(In::x), c.attrs().axis, c.attrs().start, c.out(Out::y));
+}
+
+void launch(kinds::Cast, const CudaCall &c) {
+  using In = kinds::Cast::In;
+  using Out = kinds::Cast::Out;
+  cuda::cast(c.ctx, c.in(In::x), c.out(Out::y));
+}
+
+void launch(kinds::Copy, const CudaCall &c) {
+  using In = kinds::Copy::In;
+  using Out = kinds::Copy::Out;
+  // An exact alias is a no-op; the verifier allows no other overlap.
+  if (c.in(In::x).data != c.out(Out::y).data)
+    cuda::copy(c.ctx, c.in(In::x), c.out(Out::y));
+}
+
+void launch(kinds::Fill, const CudaCall &c) {
+  using Out = kinds::Fill::Out;
+  cuda::fill(c.ctx, c.attrs().value, c.out(Out::y));
+}
+
+void launch(kinds::EmbeddingGrad, const CudaCall &c) {
+  using In = kinds::EmbeddingGrad::In;
+  using Out = kinds::EmbeddingGrad::Out;
+  cuda::embeddingGrad(c.ctx, c.in(In::dy), c.in(In::ids), c.out(Out::dtable));
+}
+
+void launch(kinds::LinearGradInput, const CudaCall &c) {
+  using In = kinds::LinearGradInput::In;
+  using Out = kinds::LinearGradInput::Out;
+  cuda::linearGradInput(c.ctx, c.in(In::dy), c.in(In::w), c.out(Out::dx));
+}
+
+void launch(kinds::LinearGradWeight, const CudaCall &c) {
+  using In = kinds::LinearGradWeight::In;
+  using Out = kinds::LinearGradWeight::Out;
+  cuda::linearGradWeight(c.ctx, c.in(In::dy), c.in(In::x), c.out(Out::dw));
+}
+
+void launch(kinds::ReduceTo, const CudaCall &c) {
+  using In = kinds::ReduceTo::In;
+  using Out = kinds::ReduceTo::Out;
+  cuda::reduceTo(c.ctx, c.in(In::x), c.out(Out::y));
+}
+
+void launch(kinds::RMSNormGrad, const CudaCall &c) {
+  using In = kinds::RMSNormGrad::In;
+  using Out = kinds::RMSNormGrad::Out;
+  cuda::rmsNormGrad(c.ctx, c.in(In::dy), c.in(In::x), c.in(In::w), c.attrs().epsilon,
+                    c.out(Out::dx), c.out(Out::dw));
+}
+
+void launch(kinds::LayerNormGrad, const CudaCall &c) {
+  using In = kinds::LayerNormGrad::In;
+  using Out = kinds::LayerNormGrad::Out;
+  cuda::layerNormGrad(c.ctx, c.in(In::dy), c.in(In::x), c.in(In::w), c.attrs().epsilon,
+                      c.out(Out::dx), c.out(Out::dw), c.out(Out::db));
+}
+
+void launch(kinds::RoPEGrad, const CudaCall &c) {
+  using In = kinds::RoPEGrad::In;
+  using Out = kinds::RoPEGrad::Out;
+  cuda::ropeGrad(c.ctx, c.in(In::dy), c.attrs().theta, c.out(Out::dx));
+}
+
+void launch(kinds::AttentionGrad, const CudaCall &c) {
+  using In = kinds::AttentionGrad::In;
+  using Out = kinds::AttentionGrad::Out;
+  cuda::attentionGrad(c.ctx, c.in(In::do_), c.in(In::q), c.in(In::k), c.in(In::v), c.in(In::o),
+                      c.attrs().causal, c.attrs().scale, c.out(Out::dq), c.out(Out::dk),
+                      c.out(Out::dv));
+}
+
+void launch(kinds::FlashAttention, const CudaCall &c) {
+  using In = kinds::FlashAttention::In;
+  using Out = kinds::FlashAttention::Out;
+  cuda::flashAttention(c.ctx, c.in(In::q), c.in(In::k), c.in(In::v), c.attrs().causal,
+                       c.attrs().scale, c.out(Out::o), c.out(Out::lse));
+}
+
+void launch(kinds::FlashAttentionGrad, const CudaCall &c) {
+  using In = kinds::FlashAttentionGrad::In;
+  using Out = kinds::FlashAttentionGrad::Out;
+  cuda::flashAttentionGrad(c.ctx, c.in(In::do_), c.in(In::q), c.in(In::k), c.in(In::v), c.in(In::o),
+                           c.in(In::lse), c.attrs().causal, c.attrs().scale, c.out(Out::dq),
+                           c.out(Out::dk), c.out(Out::dv));
+}
+
+void launch(kinds::SiLUGrad, const CudaCall &c) {
+  using In = kinds::SiLUGrad::In;
+  using Out = kinds::SiLUGrad::Out;
+  cuda::siluGrad(c.ctx, c.in(In::dy), c.in(In::x), c.out(Out::dx));
+}
+
+void launch(kinds::GeLUGrad, const CudaCall &c) {
+  using In = kinds::GeLUGrad::In;
+  using Out = kinds::GeLUGrad::Out;
+  cuda::geluGrad(c.ctx, c.in(In::dy), c.in(In::x), c.attrs().geluTanh, c.out(Out::dx));
+}
+
+void launch(kinds::SwiGLUGrad, const CudaCall &c) {
+  using In = kinds::SwiGLUGrad::In;
+  using Out = kinds::SwiGLUGrad::Out;
+  cuda::swigluGrad(c.ctx, c.in(In::dy), c.in(In::gate), c.in(In::up), c.out(Out::dgate),
+                   c.out(Out::dup));
+}
+
+void launch(kinds::SoftmaxGrad, const CudaCall &c) {
+  using In = kinds::SoftmaxGrad::In;
+  using Out = kinds::SoftmaxGrad::Out;
+  cuda::softmaxGrad(c.ctx, c.in(In::dy), c.in(In::y), c.attrs().axis, c.out(Out::dx));
+}
+
+void launch(kinds::CrossEntropyGrad, const CudaCall &c) {
+  using In = kinds::CrossEntropyGrad::In;
+  using Out = kinds::CrossEntropyGrad::Out;
+  cuda::crossEntropyGrad(c.ctx, c.in(In::dloss), c.in(In::logits), c.in(In::labels),
+                         c.attrs().ignoreIndex, c.out(Out::dlogits));
+}
+
+void launch(kinds::SliceGrad, const CudaCall &c) {
+  using In = kinds::SliceGrad::In;
+  using Out = kinds::SliceGrad::Out;
+  cuda::sliceGrad(c.ctx, c.in(In::dy), c.attrs().axis, c.attrs().start, c.out(Out::dx));
+}
+
+void launch(kinds::GradNorm, const CudaCall &c) {
+  using Out = kinds::GradNorm::Out;
+  cuda::gradNorm(c.ctx, c.inputsFrom(0), c.out(Out::norm));
+}
+
+void launch(kinds::LearningRate, const CudaCall &c) {
+  using In = kinds::LearningRate::In;
+  using Out = kinds::LearningRate::Out;
+  cuda::learningRate(c.ctx, c.in(In::step), learningRateSchedule(c.attrs()), c.out(Out::lr));
+}
+
+void launch(kinds::AdamWUpdate, const CudaCall &c) {
+  using In = kinds::AdamWUpdate::In;
+  using Out = kinds::AdamWUpdate::Out;
+  cuda::adamwUpdate(c.ctx, c.in(In::grad), c.in(In::step), c.in(In::lr), c.in(In::norm),
+                    adamwHyper(c.attrs()), c.out(Out::param), c.out(Out::m), c.out(Out::v),
+                    c.optionalOut(Out::master));
+}
+
+void launch(kinds::SGDUpdate, const CudaCall &c) {
+  using In = kinds::SGDUpdate::In;
+  using Out = kinds::SGDUpdate::Out;
+  cuda::sgdUpdate(c.ctx, c.in(In::grad), c.in(In::lr), c.in(In::norm), sgdHyper(c.attrs()),
+                  c.out(Out::param), c.out(Out::momentum), c.optionalOut(Out::master));
+}
+
+void launch(kinds::GaloreRefresh, const CudaCall &c) {
+  using In = kinds::GaloreRefresh::In;
+  using Out = kinds::GaloreRefresh::Out;
+  cuda::galoreRefresh(c.ctx, c.in(In::grad), c.in(In::step), galoreRefreshParams(c.attrs()),
+                      c.out(Out::workspace), c.out(Out::projector), c.out(Out::status));
+}
+
+void launch(kinds::GaloreProject, const CudaCall &c) {
+  using In = kinds::GaloreProject::In;
+  using Out = kinds::GaloreProject::Out;
+  cuda::galoreProject(c.ctx, c.in(In::grad), c.in(In::projector), c.attrs().left,
+                      c.attrs().bf16Operands, c.out(Out::r));
+}
+
+void launch(kinds::GaloreAdamWUpdate, const CudaCall &c) {
+  using In = kinds::GaloreAdamWUpdate::In;
+  using Out = kinds::GaloreAdamWUpdate::Out;
+  cuda::galoreAdamwUpdate(c.ctx, c.in(In::step), c.in(In::lr), c.in(In::norm), c.in(In::projector),
+                          adamwHyper(c.attrs()), c.attrs().scale, c.attrs().left, c.out(Out::r),
+                          c.out(Out::param), c.out(Out::m), c.out(Out::v),
+                          c.optionalOut(Out::master));
+}
+
+void launch(kinds::StepIncrement, const CudaCall &c) {
+  using Out = kinds::StepIncrement::Out;
+  cuda::stepIncrement(c.ctx, c.out(Out::step));
+}
+
+void launch(kinds::Accumulate, const CudaCall &c) {
+  using In = kinds::Accumulate::In;
+  using Out = kinds::Accumulate::Out;
+  cuda::accumulate(c.ctx, c.in(In::g), c.out(Out::acc));
+}
+
+void launch(kinds::Zero, const CudaCall &c) {
+  using Out = kinds::Zero::Out;
+  cuda::zero(c.ctx, c.out(Out::x));
+}
+
+void launch(kinds::DoraScale, const CudaCall &c) {
+  using In = kinds::DoraScale::In;
+  using Out = kinds::DoraScale::Out;
+  cuda::doraScale(c.ctx, c.in(In::magnitude), c.in(In::w), c.in(In::lora_a), c.in(In::lora_b),
+                  c.attrs().scale, c.out(Out::y));
+}
+
+void launch(kinds::Dequantize, const CudaCall &c) {
+  using In = kinds::Dequantize::In;
+  using Out = kinds::Dequantize::Out;
+  cuda::dequantize(c.ctx, c.in(In::q), c.out(Out::y));
+}
+
+void launch(kinds::LinearCrossEntropy, const CudaCall &c) {
+  using In = kinds::LinearCrossEntropy::In;
+  using Out = kinds::LinearCrossEntropy::Out;
+  cuda::linearCrossEntropy(c.ctx, c.in(In::x), c.in(In::w), c.in(In::labels), c.in(In::dloss),
+                           c.attrs().ignoreIndex, c.attrs().chunkRows, c.out(Out::loss),
+                           c.out(Out::dx), c.out(Out::workspace), c.optionalOut(Out::dw));
+}
+
+void launch(kinds::AddRMSNorm, const CudaCall &c) {
+  using In = kinds::AddRMSNorm::In;
+  using Out = kinds::AddRMSNorm::Out;
+  cuda::addRmsNorm(c.ctx, c.in(In::lhs), c.in(In::rhs), c.in(In::weight), c.attrs().epsilon,
+                   c.out(Out::sum), c.out(Out::y));
+}
+
+void launch(kinds::AddLayerNorm, const CudaCall &c) {
+  using In = kinds::AddLayerNorm::In;
+  using Out = kinds::AddLayerNorm::Out;
+  cuda::addLayerNorm(c.ctx, c.in(In::lhs), c.in(In::rhs), c.in(In::weight), c.in(In::bias),
+                     c.attrs().epsilon, c.out(Out::sum), c.out(Out::y));
+}
+
+void launch(kinds::RMSNormGradAdd, const CudaCall &c) {
+  using In = kinds::RMSNormGradAdd::In;
+  using Out = kinds::RMSNormGradAdd::Out;
+  cuda::rmsNormGradAdd(c.ctx, c.in(In::dy), c.in(In::x), c.in(In::w), c.in(In::addend),
+                       c.attrs().epsilon, c.out(Out::dx), c.out(Out::dw));
+}
+
+void launch(kinds::LayerNormGradAdd, const CudaCall &c) {
+  using In = kinds::LayerNormGradAdd::In;
+  using Out = kinds::LayerNormGradAdd::Out;
+  cuda::layerNormGradAdd(c.ctx, c.in(In::dy), c.in(In::x), c.in(In::w), c.in(In::addend),
+                         c.attrs().epsilon, c.out(Out::dx), c.out(Out::dw), c.out(Out::db));
+}
+
+void launch(kinds::MultiTensorAdamWUpdate, const CudaCall &c) {
+  using In = kinds::MultiTensorAdamWUpdate::In;
+  MultiTensorOperands t = c.multiTensor(3, 3);
+  cuda::multiTensorAdamwUpdate(c.ctx, t.grads, c.in(In::step), c.in(In::lr), c.in(In::norm),
+                               adamwHyper(c.attrs()), t.lists[0], t.lists[1], t.lists[2],
+                               t.masters);
+}
+
+void launch(kinds::MultiTensorSGDUpdate, const CudaCall &c) {
+  using In = kinds::MultiTensorSGDUpdate::In;
+  MultiTensorOperands t = c.multiTensor(2, 2);
+  cuda::multiTensorSgdUpdate(c.ctx, t.grads, c.in(In::lr), c.in(In::norm), sgdHyper(c.attrs()),
+                             t.lists[0], t.lists[1], t.masters);
+}
+void launch(kinds::LinearGeLU, const CudaCall &c) {
+  using In = kinds::LinearGeLU::In;
+  using Out = kinds::LinearGeLU::Out;
+  cuda::linearGelu(c.ctx, c.in(In::x), c.in(In::w), c.optionalIn(In::bias), c.out(Out::y),
+                   c.out(Out::pre));
+}
+
+void launch(kinds::LinearGradWeightAccumulate, const CudaCall &c) {
+  using In = kinds::LinearGradWeightAccumulate::In;
+  using Out = kinds::LinearGradWeightAccumulate::Out;
+  cuda::linearGradWeightAccumulate(c.ctx, c.in(In::dy), c.in(In::x), c.out(Out::acc));
+}
+
+void launch(kinds::Fp8Linear, const CudaCall &c) {
+  using In = kinds::Fp8Linear::In;
+  using Out = kinds::Fp8Linear::Out;
+  cuda::fp8Linear(c.ctx, c.in(In::x), c.in(In::w), c.in(In::state), c.optionalIn(In::bias),
+                  c.attrs().fp8Current, c.attrs().fp8Margin, c.out(Out::y), c.out(Out::stats),
+                  c.out(Out::workspace), c.attrs().fp8FastAccumulation);
+}
+
+void launch(kinds::Fp8LinearGradInput, const CudaCall &c) {
+  using In = kinds::Fp8LinearGradInput::In;
+  using Out = kinds::Fp8LinearGradInput::Out;
+  cuda::fp8LinearGradInput(c.ctx, c.in(In::dy), c.in(In::w), c.in(In::state), c.attrs().fp8Current,
+                           c.attrs().fp8Margin, c.out(Out::dx), c.out(Out::stats),
+                           c.out(Out::workspace));
+}
+
+void launch(kinds::Fp8LinearGradWeight, const CudaCall &c) {
+  using In = kinds::Fp8LinearGradWeight::In;
+  using Out = kinds::Fp8LinearGradWeight::Out;
+  cuda::fp8LinearGradWeight(c.ctx, c.in(In::dy), c.in(In::x), c.in(In::state), c.attrs().fp8Current,
+                            c.attrs().fp8Margin, c.out(Out::dw), c.out(Out::stats),
+                            c.out(Out::workspace));
+}
+
+void launch(kinds::Fp8LinearGradWeightAccumulate, const CudaCall &c) {
+  using In = kinds::Fp8LinearGradWeightAccumulate::In;
+  using Out = kinds::Fp8LinearGradWeightAccumulate::Out;
+  cuda::fp8LinearGradWeightAccumulate(c.ctx, c.in(In::dy), c.in(In::x), c.in(In::state),
+                                      c.attrs().fp8Current, c.attrs().fp8Margin, c.out(Out::stats),
+                                      c.out(Out::workspace), c.out(Out::acc));
+}
+
+void launch(kinds::Fp8LinearBackward, const CudaCall &c) {
+  using In = kinds::Fp8LinearBackward::In;
+  using Out = kinds::Fp8LinearBackward::Out;
+  cuda::fp8LinearBackward(c.ctx, c.in(In::dy), c.in(In::w), c.in(In::x), c.in(In::state),
+                          c.attrs().fp8Current, c.attrs().fp8Margin, c.out(Out::dx),
+                          c.out(Out::input_grad_stats), c.out(Out::weight_grad_stats),
+                          c.out(Out::workspace), c.out(Out::acc));
+}
+
+void launch(kinds::Fp8LinearSharedInput, const CudaCall &c) {
+  using In = kinds::Fp8LinearSharedInput::In;
+  using Out = kinds::Fp8LinearSharedInput::Out;
+  cuda::fp8LinearSharedInput(c.ctx, c.in(In::input_cast), c.in(In::input_stats), c.in(In::w),
+                             c.in(In::state), c.optionalIn(In::bias), c.attrs().fp8Current,
+                             c.attrs().fp8Margin, c.out(Out::y), c.out(Out::stats),
+                             c.out(Out::workspace), c.attrs().fp8FastAccumulation);
+}
+
+void launch(kinds::Fp8LinearBackwardSharedInput, const CudaCall &c) {
+  using In = kinds::Fp8LinearBackwardSharedInput::In;
+  using Out = kinds::Fp8LinearBackwardSharedInput::Out;
+  cuda::fp8LinearBackwardSharedInput(c.ctx, c.in(In::dy), c.in(In::w), c.in(In::input_cast),
+                                     c.in(In::input_stats), c.in(In::state), c.attrs().fp8Current,
+                                     c.attrs().fp8Margin, c.out(Out::dx),
+                                     c.out(Out::input_grad_stats), c.out(Out::weight_grad_stats),
+                                     c.out(Out::workspace), c.out(Out::acc));
+}
+
+void launch(kinds::Fp8LinearWithInputCast, const CudaCall &c) {
+  using In = kinds::Fp8LinearWithInputCast::In;
+  using Out = kinds::Fp8LinearWithInputCast::Out;
+  cuda::fp8LinearWithInputCast(c.ctx, c.in(In::x), c.in(In::w), c.in(In::state),
+                               c.optionalIn(In::bias), c.attrs().fp8Current, c.attrs().fp8Margin,
+                               c.out(Out::y), c.out(Out::stats), c.out(Out::input_cast),
+                               c.out(Out::workspace), c.attrs().fp8FastAccumulation);
+}
+
+void launch(kinds::Fp8LinearBackwardFromInputCast, const CudaCall &c) {
+  using In = kinds::Fp8LinearBackwardFromInputCast::In;
+  using Out = kinds::Fp8LinearBackwardFromInputCast::Out;
+  cuda::fp8LinearBackwardFromInputCast(c.ctx, c.in(In::dy), c.in(In::w), c.in(In::input_cast),
+                                       c.in(In::input_stats), c.in(In::state), c.attrs().fp8Current,
+                                       c.attrs().fp8Margin, c.out(Out::dx),
+                                       c.out(Out::input_grad_stats), c.out(Out::weight_grad_stats),
+                                       c.out(Out::workspace), c.out(Out::acc));
+}
+
+void launch(kinds::Fp8UpdateScales, const CudaCall &c) {
+  using In = kinds::Fp8UpdateScales::In;
+  using Out = kinds::Fp8UpdateScales::Out;
+  cuda::fp8UpdateScales(c.ctx, c.in(In::step), c.in(In::forward_stats),
+                        c.optionalIn(In::backward_stats), c.attrs().fp8Margin, c.out(Out::state));
+}
+
+void launch(kinds::FusedElementwise, const CudaCall &c) {
+  c.generated->launch(c.ctx, c.attrs().generatedKernel, c.inputPointers(), c.outputPointers());
+}
+
+using CudaHandler = void (*)(const CudaCall &);
+
+/// One handler per kind, in kernel-table order.
+const CudaHandler kCudaHandlers[] = {
+#define BONSAI_KERNEL_KIND(Name, ...) [](const CudaCall &c) { launch(kinds::Name{}, c); },
+#include "bonsai/runtime/KernelKinds.def"
+};
+static_assert(sizeof kCudaHandlers / sizeof kCudaHandlers[0] == kKernelKindCount);
+
+} // namespace
+
+void launchOnCuda(const CudaCall &call) {
+  kCudaHandlers[kernelKindIndex(call.kernel().kind)](call);
+}
+
+} // namespace bonsai::rt
+
+#endif // BONSAI_HAVE_CUDA
