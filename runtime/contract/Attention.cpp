@@ -1,0 +1,148 @@
+//===- Attention.cpp - The contracts of the attention kernels -------------===//
+//
+// The operand contracts of attention, flash attention, rotary embeddings and softmax: what the plan
+// loader checks of each such kernel before any backend runs it (KernelChecker.h). Each kind's
+// `verify` checks its attributes, then its operands, then the state it keeps.
+//
+//===----------------------------------------------------------------------===//
+
+#include "KernelChecker.h"
+
+namespace bonsai::rt::contract {
+
+void KernelChecker::checkAttentionShapes(size_t qi, size_t ki, size_t vi) const {
+  expectFloat(qi);
+  expectRank(qi, 4);
+  expectRank(ki, 4);
+  expectInputShape(vi, in(ki).shape);
+  const std::vector<int64_t> &q = in(qi).shape, &k = in(ki).shape;
+  if (k[0] != q[0] || k[1] != q[1] || k[3] != q[3])
+    fail(inName(ki) + " shape " + formatShape(k) + " does not match " + inName(qi) + " shape " +
+         formatShape(q) + " in batch, sequence or head_dim");
+  if (q[2] % k[2] != 0)
+    fail("query heads (" + std::to_string(q[2]) + ") must be a multiple of key/value heads (" +
+         std::to_string(k[2]) + ")");
+}
+
+/// The log-sum-exp of flash attention (output or input `i`) is f32 [batch, heads, seq] of the
+/// query (input 0 of FlashAttention, 1 of FlashAttentionGrad).
+void KernelChecker::checkLse(size_t i, bool isOutput) const {
+  const std::vector<int64_t> &q = in(isOutput ? 0 : 1).shape;
+  std::vector<int64_t> want = {q[0], q[2], q[1]};
+  const TensorInfo &lse = isOutput ? out(i) : in(i);
+  std::string name = isOutput ? outName(i) : inName(i);
+  if (lse.dtype != DType::F32 || lse.shape != want)
+    fail(name + ": expected an f32 " + formatShape(want) +
+         " log-sum-exp ([batch, heads, seq] of the query), got " + formatShape(lse.shape) + " " +
+         dtypeName(lse.dtype));
+}
+
+void KernelChecker::checkTheta() {
+  const KernelAttrsInfo &a = kernel.attrs;
+  if (!(a.theta > 0))
+    fail("theta must be positive, got " + num(a.theta));
+}
+
+void KernelChecker::checkAttentionScale() {
+  const KernelAttrsInfo &a = kernel.attrs;
+  if (!(a.scale > 0) || a.scale == std::numeric_limits<double>::infinity())
+    fail("scale must be positive and finite, got " + num(a.scale));
+}
+
+void KernelChecker::checkAxisOfInput() {
+  const KernelAttrsInfo &a = kernel.attrs;
+  if (a.axis < 0 || size_t(a.axis) >= in(0).shape.size())
+    fail("axis " + std::to_string(a.axis) + " is out of range for " + inName(0) + " of rank " +
+         std::to_string(in(0).shape.size()));
+}
+
+void KernelChecker::checkAttentionGradShapes() {
+  checkAttentionShapes(1, 2, 3);
+  expectFloat(2);
+  expectFloat(3);
+  expectFloatInput(0, in(1).shape);
+  expectFloatInput(4, in(1).shape);
+  expectFloatOutput(0, in(1).shape);
+  expectFloatOutput(1, in(2).shape);
+  expectFloatOutput(2, in(2).shape);
+  if (kernel.kind == KernelKind::FlashAttentionGrad)
+    checkLse(5, /*isOutput=*/false);
+}
+
+void KernelChecker::verify(kinds::RoPE) {
+  checkTheta();
+  // Operands.
+  expectFloat(0);
+  expectRank(0, 4);
+  if (in(0).shape[3] % 2 != 0)
+    fail(inName(0) + " head_dim must be even to rotate pairs, got " +
+         std::to_string(in(0).shape[3]));
+  expectOutputLike(0);
+}
+
+void KernelChecker::verify(kinds::Attention) {
+  checkAttentionScale();
+  // Operands.
+  expectFloat(0);
+  expectRank(0, 4);
+  expectRank(1, 4);
+  expectInputShape(2, in(1).shape);
+  expectInputDType(1, in(0).dtype);
+  expectInputDType(2, in(0).dtype);
+  const std::vector<int64_t> &q = in(0).shape, &k = in(1).shape;
+  if (k[0] != q[0] || k[1] != q[1] || k[3] != q[3])
+    fail(inName(1) + " shape " + formatShape(k) + " does not match " + inName(0) + " shape " +
+         formatShape(q) + " in batch, sequence or head_dim");
+  if (q[2] % k[2] != 0)
+    fail("query heads (" + std::to_string(q[2]) + ") must be a multiple of key/value heads (" +
+         std::to_string(k[2]) + ")");
+  expectOutputLike(0);
+}
+
+void KernelChecker::verify(kinds::Softmax) {
+  checkAxisOfInput();
+  // Operands.
+  checkUnaryShapes();
+}
+
+void KernelChecker::verify(kinds::RoPEGrad) {
+  checkTheta();
+  // Operands.
+  expectFloat(0);
+  expectRank(0, 4);
+  if (in(0).shape[3] % 2 != 0)
+    fail(inName(0) + " head_dim must be even to rotate pairs, got " +
+         std::to_string(in(0).shape[3]));
+  expectFloatOutput(0, in(0).shape);
+}
+
+void KernelChecker::verify(kinds::AttentionGrad) {
+  checkAttentionScale();
+  // Operands.
+  checkAttentionGradShapes();
+}
+
+void KernelChecker::verify(kinds::SoftmaxGrad) {
+  checkAxisOfInput();
+  // Operands.
+  checkUnaryGradShapes();
+}
+
+void KernelChecker::verify(kinds::FlashAttention) {
+  checkAttentionScale();
+  // Operands.
+  // As Attention: one storage type for q, k, v and o.
+  checkAttentionShapes(0, 1, 2);
+  expectInputDType(1, in(0).dtype);
+  expectInputDType(2, in(0).dtype);
+  expectOutputLike(0);
+  checkLse(1, /*isOutput=*/true);
+}
+
+void KernelChecker::verify(kinds::FlashAttentionGrad) {
+  checkAttentionScale();
+  // Operands.
+  checkAttentionGradShapes();
+}
+
+} // namespace bonsai::rt::contract

@@ -1,0 +1,364 @@
+//===- KernelChecker.h - The operand contract of every plan kernel --------===//
+//
+// Private to the runtime. The plan loader (Plan.cpp) runs one KernelChecker per kernel, after
+// the kernel's tensors were read and checked: the arity and operand names come from the kernel
+// table (KernelKinds.def), then the kind's own contract, `verify(kinds::K)`, checks its
+// attributes, operand dtypes and shapes, workspace sizes and the state it keeps. Each contract
+// lives with its family in runtime/contract/ (Norm.cpp, Fp8.cpp, ...); a kind of the table
+// without one does not link. Generic rules (overlap, phase, NF4 operands) are checked here for
+// every kind. Kernels then run on calls that passed: the backends re-check nothing the
+// contract checked (docs/runtime.md).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BONSAI_RUNTIME_SRC_KERNELCHECKER_H
+#define BONSAI_RUNTIME_SRC_KERNELCHECKER_H
+
+#include "bonsai/runtime/Fp8.h"
+#include "bonsai/runtime/Fusion.h"
+#include "bonsai/runtime/GaLore.h"
+#include "bonsai/runtime/KernelKinds.h"
+#include "bonsai/runtime/Nf4.h"
+#include "bonsai/runtime/Plan.h"
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace bonsai::rt::contract {
+
+// FP8 scaling state (docs/fp8.md): the amax history's length (the recipe's option bound), the
+// largest margin (2^32 below the largest finite value is already below every subnormal), and
+// the dimensions FP8 tensor-core GEMMs take (multiples of 16).
+inline constexpr int64_t kMaxFp8History = 1024;
+inline constexpr int32_t kMaxFp8Margin = 32;
+inline constexpr int64_t kFp8GemmMultiple = 16;
+
+/// i32 or i64: token ids, labels and steps.
+inline bool isIndexType(DType t) { return t == DType::I32 || t == DType::I64; }
+/// f32, f16 or bf16: what the float kernels read and write.
+inline bool isFloatStorage(DType t) {
+  return t == DType::F32 || t == DType::F16 || t == DType::BF16;
+}
+/// Whether two tensors share a byte of one arena.
+inline bool rangesOverlap(const TensorInfo &a, const TensorInfo &b) {
+  return a.arena == b.arena && a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes;
+}
+/// Whether two tensors are the very same bytes (an exact alias).
+inline bool sameStorage(const TensorInfo &a, const TensorInfo &b) {
+  return a.arena == b.arena && a.offset == b.offset && a.bytes == b.bytes;
+}
+/// Whether `t` is a scalar [] of `dtype`.
+inline bool isScalar(const TensorInfo &t, DType dtype) {
+  return t.shape.empty() && t.dtype == dtype;
+}
+/// A double for messages: "1e-08", "0.9", "inf".
+inline std::string num(double value) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", value);
+  return buf;
+}
+
+/// Verification of one kernel against its kind's operand conventions.
+class KernelChecker {
+public:
+  KernelChecker(const LoadedPlan &plan, size_t index)
+      : plan(plan), index(index), kernel(plan.kernels[index]) {}
+
+  void check();
+
+private:
+  [[noreturn]] void fail(const std::string &message) const {
+    throw Error("plan file '" + plan.path + "': " + plan.describeKernel(index) + ": " + message);
+  }
+
+  const TensorInfo &in(size_t i) const { return plan.tensors[kernel.inputs[i]]; }
+  const TensorInfo &out(size_t i = 0) const { return plan.tensors[kernel.outputs[i]]; }
+  const ArenaInfo &arenaOf(const TensorInfo &t) const { return plan.arenas[t.arena]; }
+
+  std::string inName(size_t i) const {
+    std::string name = variadic ? operandNames[0] + std::to_string(i + 1) : operandNames[i];
+    return name + " (" + plan.describeTensor(kernel.inputs[i]) + ")";
+  }
+  std::string outName(size_t i = 0) const {
+    return resultNames[i] + " (" + plan.describeTensor(kernel.outputs[i]) + ")";
+  }
+
+  void expectFloat(size_t i) const {
+    if (!isFloatStorage(in(i).dtype))
+      fail(inName(i) + " dtype: expected f32, f16 or bf16, got " + dtypeName(in(i).dtype));
+  }
+  void expectIndex(size_t i) const {
+    if (!isIndexType(in(i).dtype))
+      fail(inName(i) + " dtype: expected i32 or i64, got " + dtypeName(in(i).dtype));
+  }
+  void expectInputDType(size_t i, DType dtype) const {
+    if (in(i).dtype != dtype)
+      fail(inName(i) + " dtype: expected " + dtypeName(dtype) + " (as " + operandNames[0] +
+           "), got " + dtypeName(in(i).dtype));
+  }
+  void expectInputShape(size_t i, const std::vector<int64_t> &shape) const {
+    if (in(i).shape != shape)
+      fail(inName(i) + " shape: expected " + formatShape(shape) + ", got " +
+           formatShape(in(i).shape));
+  }
+  void expectRankAtLeast(size_t i, size_t rank) const {
+    if (in(i).shape.size() < rank)
+      fail(inName(i) + " rank: expected at least " + std::to_string(rank) + ", got " +
+           std::to_string(in(i).shape.size()));
+  }
+  void expectRank(size_t i, size_t rank) const {
+    if (in(i).shape.size() != rank)
+      fail(inName(i) + " rank: expected " + std::to_string(rank) + ", got " +
+           std::to_string(in(i).shape.size()) + " " + formatShape(in(i).shape));
+  }
+  void expectScalarInput(size_t i, DType dtype) const {
+    if (!isScalar(in(i), dtype))
+      fail(inName(i) + " must be a scalar [] of dtype " + dtypeName(dtype) + ", got " +
+           formatShape(in(i).shape) + " " + dtypeName(in(i).dtype));
+  }
+  void expectScalarOutput(size_t j, DType dtype) const {
+    if (!isScalar(out(j), dtype))
+      fail(outName(j) + " must be a scalar [] of dtype " + dtypeName(dtype) + ", got " +
+           formatShape(out(j).shape) + " " + dtypeName(out(j).dtype));
+  }
+  void expectOutput(const std::vector<int64_t> &shape, DType dtype) const {
+    if (out().shape != shape)
+      fail(outName() + " shape: expected " + formatShape(shape) + ", got " +
+           formatShape(out().shape));
+    if (out().dtype != dtype)
+      fail(outName() + " dtype: expected " + std::string(dtypeName(dtype)) + ", got " +
+           dtypeName(out().dtype));
+  }
+  /// The result has the type of input `i`.
+  void expectOutputLike(size_t i) const { expectOutput(in(i).shape, in(i).dtype); }
+  /// Output `j` has `shape` and any float storage (gradients may be kept in another precision
+  /// than the values they differentiate; the kernels convert through fp32).
+  void expectFloatOutput(size_t j, const std::vector<int64_t> &shape) const {
+    if (!isFloatStorage(out(j).dtype))
+      fail(outName(j) + " dtype: expected f32, f16 or bf16, got " + dtypeName(out(j).dtype));
+    if (out(j).shape != shape)
+      fail(outName(j) + " shape: expected " + formatShape(shape) + ", got " +
+           formatShape(out(j).shape));
+  }
+  /// Output `j` is an f32 tensor of `shape` (optimizer moments and master weights).
+  void expectF32Output(size_t j, const std::vector<int64_t> &shape) const {
+    if (out(j).dtype != DType::F32)
+      fail(outName(j) + " dtype: expected f32, got " + dtypeName(out(j).dtype));
+    if (out(j).shape != shape)
+      fail(outName(j) + " shape: expected " + formatShape(shape) + ", got " +
+           formatShape(out(j).shape));
+  }
+  /// The forward linear's inputs, y = x · Wᵀ (+ b): x a float tensor [..., K], W [N, K] and the
+  /// optional bias [N] (input 2) of x's dtype. Returns y's shape [..., N].
+  std::vector<int64_t> checkLinearInputs() const {
+    expectFloat(0);
+    expectRankAtLeast(0, 1);
+    expectRank(1, 2);
+    expectInputDType(1, in(0).dtype);
+    int64_t k = in(0).shape.back(), n = in(1).shape[0];
+    if (in(1).shape[1] != k)
+      fail(inName(1) + " shape: expected [out, " + std::to_string(k) +
+           "] ([out, in] layout), got " + formatShape(in(1).shape));
+    if (kernel.inputs.size() == 3) {
+      expectInputDType(2, in(0).dtype);
+      expectInputShape(2, {n});
+    }
+    std::vector<int64_t> shape(in(0).shape.begin(), in(0).shape.end() - 1);
+    shape.push_back(n);
+    return shape;
+  }
+  /// Input `i` is a float tensor of `shape`.
+  void expectFloatInput(size_t i, const std::vector<int64_t> &shape) const {
+    expectFloat(i);
+    expectInputShape(i, shape);
+  }
+  /// `small` broadcasts into `large`'s trailing dimensions (each equal or 1).
+  void expectBroadcast(const std::string &smallName, const std::vector<int64_t> &small,
+                       const std::string &largeName, const std::vector<int64_t> &large) const {
+    if (small.size() > large.size())
+      fail(smallName + " rank " + std::to_string(small.size()) + " exceeds " + largeName +
+           " rank " + std::to_string(large.size()) + " (only rhs is broadcast)");
+    for (size_t i = 0; i < small.size(); ++i) {
+      int64_t want = large[large.size() - small.size() + i];
+      if (small[i] != want && small[i] != 1)
+        fail(smallName + " shape " + formatShape(small) + " does not broadcast to " +
+             formatShape(large) + ": dimension " + std::to_string(i) + " is " +
+             std::to_string(small[i]) + ", expected " + std::to_string(want) + " or 1");
+    }
+  }
+  /// Output `j` carries state from step to step: it must live in a persistent arena.
+  void expectPersistent(size_t j) const {
+    const ArenaInfo &arena = arenaOf(out(j));
+    if (arena.lifetime != Lifetime::Persistent)
+      fail(outName(j) + " is in step arena " + std::to_string(out(j).arena) + " '" + arena.name +
+           "': state updated in place must live in a persistent arena");
+  }
+  /// Output `j` is state the kernel reads before its first update: it must start as `init`.
+  void expectInit(size_t j, TensorInit init, const char *why) const {
+    if (out(j).init != init)
+      fail(outName(j) + " must have init " + (init == TensorInit::Zeros ? "Zeros" : "CopyOf") +
+           " (" + why + ")");
+  }
+  /// Output `master` holds the fp32 master weights of output `param`: a copy of it at init.
+  void expectMasterCopy(size_t master, size_t param) const {
+    expectInit(master, TensorInit::CopyOf, "master weights start as a copy of the parameter");
+    const TensorInfo &source = plan.tensors[out(master).initSource];
+    if (!sameStorage(source, out(param)))
+      fail(outName(master) + " is a copy of " + plan.describeTensor(out(master).initSource) +
+           ", not of " + outName(param));
+  }
+  /// Attribute `name` is finite and non-negative.
+  void finiteAtLeast0(const char *name, double v) const {
+    if (!(v >= 0) || !std::isfinite(v))
+      fail(std::string(name) + " must be finite and non-negative, got " + num(v));
+  }
+  /// The hyperparameters AdamW and GaLore's AdamW share.
+  void checkAdamWAttrs() const {
+    const KernelAttrsInfo &a = kernel.attrs;
+    if (!(a.beta1 >= 0 && a.beta1 < 1))
+      fail("beta1 must be in [0, 1), got " + num(a.beta1));
+    if (!(a.beta2 >= 0 && a.beta2 < 1))
+      fail("beta2 must be in [0, 1), got " + num(a.beta2));
+    if (!(a.eps > 0) || !std::isfinite(a.eps))
+      fail("eps must be positive and finite, got " + num(a.eps));
+    finiteAtLeast0("weight_decay", a.weightDecay);
+    finiteAtLeast0("grad_clip", a.gradClip);
+  }
+
+  /// GaLore projects the smaller side of a 2-D gradient (`left`: rows); either for a square one.
+  void checkGaloreSide(const std::vector<int64_t> &shape, bool left) const {
+    if ((left && shape[0] > shape[1]) || (!left && shape[0] < shape[1]))
+      fail("projects the " + std::string(left ? "left" : "right") + " side of a " +
+           formatShape(shape) + " matrix; GaLore projects the smaller side");
+  }
+  /// Input `i` is a GaLore projector: f32 [rows, rank] with 0 < rank < rows.
+  void expectGaloreProjector(size_t i, int64_t rows) const {
+    const TensorInfo &p = in(i);
+    if (p.dtype != DType::F32 || p.shape.size() != 2 || p.shape[0] != rows || p.shape[1] < 1 ||
+        p.shape[1] >= rows)
+      fail(inName(i) + ": expected an f32 [" + std::to_string(rows) +
+           ", rank] projector with 0 < rank < " + std::to_string(rows) + ", got " +
+           formatShape(p.shape) + " " + dtypeName(p.dtype));
+  }
+  void checkArity();
+  /// The shared scalars of a multi-tensor update (step for AdamW, lr, norm): the table's inputs.
+  std::vector<std::string> multiTensorShared() const { return kernelKindInfo(kernel.kind).inputs; }
+  /// The per-parameter output lists of a multi-tensor update, masters excluded: the table's
+  /// outputs.
+  std::vector<std::string> multiTensorStates() const { return kernelKindInfo(kernel.kind).outputs; }
+  /// Names the operands of a multi-tensor update (g1 .. gn; param1 .. paramn, ...) from its
+  /// counts; fails unless there is at least one gradient and one output per list and gradient.
+  void nameMultiTensorOperands();
+  /// Checks shapes and dtypes of a multi-tensor update (names from nameMultiTensorOperands).
+  void checkMultiTensorShapes();
+  /// Parameters of a multi-tensor update, and whether it has master weights.
+  size_t multiTensorCount() const { return kernel.inputs.size() - multiTensorShared().size(); }
+  bool multiTensorHasMasters() const {
+    return kernel.outputs.size() == (multiTensorStates().size() + 1) * multiTensorCount();
+  }
+  /// A FusedElementwise kernel: a generated kernel of the plan, whose program has as many
+  /// inputs and outputs as the kernel, each of the tensor's dtype; outputs of one numel,
+  /// each input's numel divides it.
+  void checkGeneratedArity();
+  /// NF4 tensors are read by Dequantize only (no other kernel knows the layout) and written
+  /// by none (weights are quantized when they are bound).
+  void checkNf4Operands() const {
+    for (size_t i = 0; i < kernel.inputs.size(); ++i)
+      if (in(i).dtype == DType::NF4 && kernel.kind != KernelKind::Dequantize)
+        fail(inName(i) + " is nf4, which only a Dequantize kernel reads");
+    for (size_t j = 0; j < kernel.outputs.size(); ++j)
+      if (out(j).dtype == DType::NF4)
+        fail(outName(j) + " is nf4: no kernel writes NF4 (weights are quantized when bound)");
+  }
+  void checkOverlap() const;
+  void checkPhase() const;
+
+  /// The contract of each kind (runtime/contract/<family>.cpp): its attributes, operand
+  /// shapes and dtypes, and the state it keeps, checked after its arity.
+#define BONSAI_KERNEL_KIND(Name, ...) void verify(kinds::Name);
+#include "bonsai/runtime/KernelKinds.def"
+
+  // Checks that several kinds of a family share (runtime/contract/).
+  /// The normalization epsilon is positive.
+  void checkEpsilon();
+  /// The rotary base theta is positive.
+  void checkTheta();
+  /// The attention scale is positive and finite.
+  void checkAttentionScale();
+  /// The axis attribute indexes a dimension of the input.
+  void checkAxisOfInput();
+  /// The hyperparameters of SGD and its multi-tensor form.
+  void checkSgdAttrs();
+  /// The margin of every FP8 kind, and fast accumulation on the forward GEMMs only.
+  void checkFp8Attrs();
+  /// The gradients of RMSNorm and LayerNorm.
+  void checkNormGradShapes();
+  /// The gradients of attention, with or without the saved log-sum-exp.
+  void checkAttentionGradShapes();
+  /// dx = f'(x) dy of an elementwise op: dy, x and dx of one shape.
+  void checkUnaryGradShapes();
+  /// The operands of AdamW and SGD.
+  void checkUpdateShapes();
+  /// sum = lhs + rhs and its norm.
+  void checkAddNormShapes();
+  /// A norm's gradients with an addend added into dx.
+  void checkNormGradAddShapes();
+  /// The FP8 GEMMs of the forward and of the input gradient.
+  void checkFp8LinearShapes();
+  /// The FP8 weight-gradient GEMMs, plain and accumulating.
+  void checkFp8GradWeightShapes();
+  /// The fused FP8 backwards that read another kernel's cast of x.
+  void checkFp8BackwardCastShapes();
+  /// lhs and a trailing-broadcast rhs of one dtype.
+  void checkBinaryShapes();
+  /// x [..., D] and its weight (and bias) [D].
+  void checkNormShapes();
+  /// y has the type of x.
+  void checkUnaryShapes();
+  /// AdamW and SGD update persistent, zero-initialized state (and master copies).
+  void checkUpdateState();
+  /// The multi-tensor updates' state: persistent, zero-initialized, masters copied.
+  void checkMultiTensorState();
+  /// The FP8 GEMMs' scaling state lives in a persistent arena.
+  void checkFp8StateIsPersistent();
+  void checkAttentionShapes(size_t q, size_t k, size_t v) const;
+  void checkLse(size_t lse, bool isOutput) const;
+  /// FP8 GEMM kinds (docs/fp8.md): an FP8 scaling state f32 [3, 4 + H], 1 <= H <= 1024.
+  void checkFp8State(const TensorInfo &t, const std::string &name) const;
+  /// The statistics of two casts: f32 [2, 4].
+  void checkFp8Stats(const TensorInfo &t, const std::string &name) const;
+  /// GEMM dimension `what` (M, N or K) is a multiple of 16, as FP8 tensor cores need.
+  void checkFp8Dimension(const char *what, int64_t value, const std::string &from) const;
+  /// The state (input 2), the stats (output `stats`: 1, or 0 for the accumulating kind 94) and
+  /// the workspace (output `workspace`, by default the one after the stats, at least
+  /// fp8::gemmWorkspaceBytes / 4 f32 elements for casts of `a` and `b` elements) of kinds
+  /// 90..92, 94 and 98.
+  void checkFp8GemmOperands(int64_t aElements, int64_t bElements, size_t stats = 1,
+                            std::optional<size_t> workspace = std::nullopt) const;
+  /// `t` (named `name`) holds xᵀ's codes for x [..., K] of M rows: f8_e4m3 [K, M] (kinds 98
+  /// and 99; `whose` says whose codes they are, or is empty).
+  void checkFp8TransposedCodes(const TensorInfo &t, const std::string &name, int64_t k, int64_t m,
+                               const std::string &whose) const;
+  /// Output `j` is a 1-D f32 workspace of at least `bytes` / 4 elements; `what` says what it
+  /// holds.
+  void checkFp8Workspace(size_t j, int64_t bytes, const std::string &what) const;
+  /// Inputs `cast` and `stats` are another FP8 kernel's workspace (f32, at least `bytes`,
+  /// holding x's codes; `what` says whose) and statistics.
+  void checkFp8SharedCast(size_t cast, size_t stats, int64_t elements, int64_t bytes,
+                          const std::string &what) const;
+
+  const LoadedPlan &plan;
+  size_t index;
+  const KernelInfo &kernel;
+  std::vector<std::string> operandNames;
+  std::vector<std::string> resultNames = {"result"};
+  bool variadic = false; ///< Any number >= 1 of inputs named operandNames[0] + 1, 2, ...
+};
+
+} // namespace bonsai::rt::contract
+
+#endif // BONSAI_RUNTIME_SRC_KERNELCHECKER_H
