@@ -91,7 +91,7 @@ void KernelChecker::checkFp8Attrs() {
 
 void KernelChecker::checkFp8LinearShapes() {
   // x [..., K] · w [N, K]ᵀ, or dy [..., N] · w [N, K]: the activation's leading dimensions
-  // are M. Kind 98 also writes xᵀ's codes (output 2, before its workspace).
+  // are M. Fp8LinearWithInputCast also writes xᵀ's codes (output 2, before its workspace).
   bool forward = kernel.kind != KernelKind::Fp8LinearGradInput;
   expectFloat(0);
   expectRankAtLeast(0, 1);
@@ -144,8 +144,9 @@ void KernelChecker::checkFp8GradWeightShapes() {
 }
 
 void KernelChecker::checkFp8BackwardCastShapes() {
-  // Kind 95 with x's transposed codes and scale from another kind 95's workspace and
-  // weight-gradient stats (97), or from kind 98's codes and stats (99).
+  // Fp8LinearBackward with x's transposed codes and scale from another Fp8LinearBackward's
+  // workspace and weight-gradient stats (Fp8LinearBackwardSharedInput), or from
+  // Fp8LinearWithInputCast's codes and stats (Fp8LinearBackwardFromInputCast).
   expectFloat(0);
   expectRankAtLeast(0, 1);
   expectFloat(1);
@@ -180,7 +181,7 @@ void KernelChecker::checkFp8BackwardCastShapes() {
   checkFp8Workspace(3,
                     fp8::gemmWorkspaceBytes(in(0).numel, in(1).numel) +
                         fp8::gemmWorkspaceBytes(in(0).numel, 0),
-                    "kind 95's workspace without x's codes");
+                    "Fp8LinearBackward's workspace without x's codes");
 }
 
 void KernelChecker::checkFp8StateIsPersistent() {
@@ -279,10 +280,11 @@ void KernelChecker::verify(kinds::Fp8LinearBackward) {
   checkFp8State(in(3), inName(3));
   checkFp8Stats(out(1), outName(1));
   checkFp8Stats(out(2), outName(2));
-  checkFp8Workspace(3,
-                    fp8::gemmWorkspaceBytes(in(0).numel, in(1).numel) +
-                        fp8::gemmWorkspaceBytes(in(0).numel, in(2).numel),
-                    "the workspaces of kinds 91 and 94 for these operands");
+  checkFp8Workspace(
+      3,
+      fp8::gemmWorkspaceBytes(in(0).numel, in(1).numel) +
+          fp8::gemmWorkspaceBytes(in(0).numel, in(2).numel),
+      "the workspaces of Fp8LinearGradInput and Fp8LinearGradWeightAccumulate for these operands");
   // State.
   checkFp8StateIsPersistent();
 }
@@ -290,7 +292,7 @@ void KernelChecker::verify(kinds::Fp8LinearBackward) {
 void KernelChecker::verify(kinds::Fp8LinearSharedInput) {
   checkFp8Attrs();
   // Operands.
-  // y [..., N] = x [..., K] · w [N, K]ᵀ with x's codes and scale from another kind 90's
+  // y [..., N] = x [..., K] · w [N, K]ᵀ with x's codes and scale from another Fp8Linear's
   // workspace and stats: y gives M.
   expectFloat(2);
   expectRank(2, 2);

@@ -1,12 +1,12 @@
 //===- Fp8Linear.cpp - FP8 GEMMs and delayed scaling on the CPU -----------===//
 //
-// The CPU reference of plan kinds 90..99 (docs/fp8.md, "FP8 training: ops, state and kernels"):
-// each GEMM operand is cast to E4M3FN (activations, weights) or E5M2 (output gradients) with
-// the scale of its row of the FP8 state, or with a scale from its own amax under current
-// scaling or before the first update, exactly as fp8::castScaled casts; the codes go to the
-// workspace (in the operand's own row-major layout: the CPU needs no transposed casts), the
-// cast statistics to the stats output, and the GEMM multiplies the decoded values, sums them in
-// f32 in k order and multiplies by 1 / (scaleA · scaleB), as fp8::gemm does, bit for bit.
+// The CPU reference of plan kinds Fp8Linear .. Fp8LinearBackwardFromInputCast (docs/fp8.md, "FP8
+// training: ops, state and kernels"): each GEMM operand is cast to E4M3FN (activations, weights) or
+// E5M2 (output gradients) with the scale of its row of the FP8 state, or with a scale from its own
+// amax under current scaling or before the first update, exactly as fp8::castScaled casts; the
+// codes go to the workspace (in the operand's own row-major layout: the CPU needs no transposed
+// casts), the cast statistics to the stats output, and the GEMM multiplies the decoded values, sums
+// them in f32 in k order and multiplies by 1 / (scaleA · scaleB), as fp8::gemm does, bit for bit.
 // Casts run in parallel chunks and the GEMM in parallel rows: each count and each output
 // element is computed the same way whatever the split, so results do not depend on threads.
 //
@@ -313,7 +313,7 @@ void fp8LinearSharedInput(const TensorView &inputCast, const TensorView &inputSt
     fail(k, "bias must be [" + std::to_string(n) + "], got " + formatShape(bias->shape));
   stateColumns(k, state);
   checkStats(k, "stats", stats);
-  // x's codes are the first operand's of the kind 90 that cast it: the workspace's start.
+  // x's codes are the first operand's of the Fp8Linear that cast it: the workspace's start.
   const uint8_t *xCodes =
       sharedCodes(k, inputCast, inputStats, m * kk, fp8::gemmWorkspaceBytes(m * kk, 0), 0);
   uint8_t *wCodes = workspaceBytes(k, workspace, 0, w.numel());
@@ -336,8 +336,8 @@ struct CastInput {
   bool transposed;
 };
 
-/// The checks of kinds 97 and 99 before x's codes are found: dx = dy · w's operands and the
-/// accumulator; returns M, N and K.
+/// The checks of Fp8LinearBackwardSharedInput and Fp8LinearBackwardFromInputCast before x's codes
+/// are found: dx = dy · w's operands and the accumulator; returns M, N and K.
 static LinearSizes checkBackwardWithoutInputCast(const char *k, const TensorView &dy,
                                                  const TensorView &w, const TensorView &state,
                                                  const TensorView &dx,
@@ -405,7 +405,8 @@ void fp8LinearBackwardSharedInput(const TensorView &dy, const TensorView &w,
                            margin, dx, inputGradStats, weightGradStats, workspace, acc);
 }
 
-/// Checks `inputCast`: xᵀ's codes, f8_e4m3 [kk, m] (kinds 98 and 99).
+/// Checks `inputCast`: xᵀ's codes, f8_e4m3 [kk, m] (Fp8LinearWithInputCast and
+/// Fp8LinearBackwardFromInputCast).
 static void checkTransposedCodes(const char *k, const TensorView &inputCast, int64_t kk,
                                  int64_t m) {
   checkView(k, "input_cast", inputCast);

@@ -7,10 +7,10 @@
 // counting follow fp8::encode and fp8::castScaled exactly (every NaN becomes 0x7F), so the
 // codes and counts do not depend on how the work is split among threads and blocks.
 //
-// An FP8 GEMM kernel (plan kinds 90..92) runs two kernels before its cuBLASLt GEMM: one amax
-// pass over both operands (which, in the steady state of delayed scaling, only reads the
-// state's scales and returns), and one launch that casts both operands, each block taking its
-// scale from the state or the amax pass, and whose last block writes the stats.
+// An FP8 GEMM kernel (plan kinds Fp8Linear .. Fp8LinearGradWeight) runs two kernels before its
+// cuBLASLt GEMM: one amax pass over both operands (which, in the steady state of delayed scaling,
+// only reads the state's scales and returns), and one launch that casts both operands, each block
+// taking its scale from the state or the amax pass, and whose last block writes the stats.
 //
 //===----------------------------------------------------------------------===//
 
@@ -835,8 +835,9 @@ void runGemm(const Context &ctx, const char *kn, GemmCodes a, GemmCodes b, int64
   ltEngineOf(kn, *ctx.gemm).runFp8(kn, ctx.stream, call);
 }
 
-/// The FP8 GEMM kernels of kinds 90..92 and 94: checks their operands, casts both into the
-/// workspace and runs out (+)= a · bᵀ (m x k and n x k codes).
+/// The FP8 GEMM kernels of kinds Fp8Linear .. Fp8LinearGradWeight and
+/// Fp8LinearGradWeightAccumulate: checks their operands, casts both into the workspace and runs out
+/// (+)= a · bᵀ (m x k and n x k codes).
 void castAndMultiply(const Context &ctx, const char *kn, const GemmOperand (&ops)[2],
                      const TensorView &state, bool current, int margin, const TensorView &stats,
                      const TensorView &workspace, int64_t m, int64_t n, int64_t k,
@@ -961,7 +962,8 @@ void fp8LinearGradInput(const Context &ctx, const TensorView &dy, const TensorVi
   castAndMultiply(ctx, kn, ops, state, current, margin, stats, workspace, m, k, n, dx, nullptr);
 }
 
-/// fp8LinearGradWeight into dw, or added to it when `accumulate` (kind 94's accumulator).
+/// fp8LinearGradWeight into dw, or added to it when `accumulate` (Fp8LinearGradWeightAccumulate's
+/// accumulator).
 static void gradWeight(const Context &ctx, const char *kn, const TensorView &dy,
                        const TensorView &x, const TensorView &state, bool current, int margin,
                        const TensorView &dw, const char *dwName, const TensorView &stats,
@@ -1001,12 +1003,13 @@ void fp8LinearGradWeightAccumulate(const Context &ctx, const TensorView &dy, con
              /*accumulate=*/true);
 }
 
-/// The fused backward (kinds 95, 97 and 99) once dy, w, dx and acc are checked: checks the
-/// cast operands (x's codes may be another kernel's: ops[2].sharedCodes), the state, the
-/// statistics and the workspace (`workspaceBytes`, `what` says why), then casts in one launch
-/// and runs the two GEMMs. The workspace: dy's plain codes, wᵀ's, dyᵀ's, the control block in
-/// the two GEMMs' 512 bytes, and xᵀ's codes, where x is cast here, at its very end (where
-/// fp8LinearBackwardSharedInput finds them).
+/// The fused backward (Fp8LinearBackward, Fp8LinearBackwardSharedInput and
+/// Fp8LinearBackwardFromInputCast) once dy, w, dx and acc are checked: checks the cast operands
+/// (x's codes may be another kernel's: ops[2].sharedCodes), the state, the statistics and the
+/// workspace (`workspaceBytes`, `what` says why), then casts in one launch and runs the two GEMMs.
+/// The workspace: dy's plain codes, wᵀ's, dyᵀ's, the control block in the two GEMMs' 512 bytes, and
+/// xᵀ's codes, where x is cast here, at its very end (where fp8LinearBackwardSharedInput finds
+/// them).
 static void runFusedBackward(const Context &ctx, const char *kn, const GemmOperand (&ops)[3],
                              int64_t m, int64_t n, int64_t k, const TensorView &state, bool current,
                              int margin, const TensorView &dx, const TensorView &inputGradStats,
@@ -1104,7 +1107,7 @@ void fp8LinearSharedInput(const Context &ctx, const TensorView &inputCast,
     fail(kn, "w must be [N, K] and y [..., N], got w " + formatShape(w.shape) + " and y " +
                  formatShape(y.shape));
   const int64_t m = y.numel() / n;
-  // x's codes are the first operand's of the kind 90 that cast it: its workspace's start.
+  // x's codes are the first operand's of the Fp8Linear that cast it: its workspace's start.
   const float *shared =
       checkSharedCast(kn, inputCast, inputStats, fp8::gemmWorkspaceBytes(m * k, 0), m * k);
   const TensorView x{nullptr, y.dtype, {m, k}}; // x's shape; its codes are inputCast's
@@ -1122,7 +1125,8 @@ void fp8LinearSharedInput(const Context &ctx, const TensorView &inputCast,
           /*accumulate=*/false, fastAccumulation);
 }
 
-/// dx = dy · w's operands and the accumulator of kinds 97 and 99, checked; returns M, N, K.
+/// dx = dy · w's operands and the accumulator of Fp8LinearBackwardSharedInput and
+/// Fp8LinearBackwardFromInputCast, checked; returns M, N, K.
 static std::array<int64_t, 3> checkBackwardWithoutInputCast(const char *kn, const TensorView &dy,
                                                             const TensorView &w,
                                                             const TensorView &dx,
@@ -1159,7 +1163,7 @@ static void backwardWithoutInputCast(const Context &ctx, const char *kn, int64_t
   runFusedBackward(
       ctx, kn, ops, m, n, k, state, current, margin, dx, inputGradStats, weightGradStats, workspace,
       acc, fp8::gemmWorkspaceBytes(dy.numel(), w.numel()) + fp8::gemmWorkspaceBytes(dy.numel(), 0),
-      "kind 95's workspace without x's codes");
+      "Fp8LinearBackward's workspace without x's codes");
 }
 
 void fp8LinearBackwardSharedInput(const Context &ctx, const TensorView &dy, const TensorView &w,

@@ -333,10 +333,10 @@ private:
   void checkFp8Stats(const TensorInfo &t, const std::string &name) const;
   /// GEMM dimension `what` (M, N or K) is a multiple of 16, as FP8 tensor cores need.
   void checkFp8Dimension(const char *what, int64_t value, const std::string &from) const;
-  /// The state (input 2), the stats (output `stats`: 1, or 0 for the accumulating kind 94) and
-  /// the workspace (output `workspace`, by default the one after the stats, at least
-  /// fp8::gemmWorkspaceBytes / 4 f32 elements for casts of `a` and `b` elements) of kinds
-  /// 90..92, 94 and 98.
+  /// The state (input 2), the stats (output `stats`: 1, or 0 for the accumulating
+  /// Fp8LinearGradWeightAccumulate) and the workspace (output `workspace`, by default the one after
+  /// the stats, at least fp8::gemmWorkspaceBytes / 4 f32 elements for casts of `a` and `b`
+  /// elements) of kinds 90..92, 94 and 98.
   void checkFp8GemmOperands(int64_t aElements, int64_t bElements, size_t stats = 1,
                             std::optional<size_t> workspace = std::nullopt) const;
   /// `t` (named `name`) holds xᵀ's codes for x [..., K] of M rows: f8_e4m3 [K, M] (kinds 98

@@ -10,7 +10,7 @@
 // kept).
 //
 // cuda::fp8Linear, fp8LinearGradInput, fp8LinearGradWeight, fp8LinearGradWeightAccumulate,
-// fp8LinearBackward and fp8UpdateScales (plan kinds 90..95, docs/fp8.md) against a model built on
+// fp8LinearBackward and fp8UpdateScales (docs/fp8.md) against a model built on
 // the CPU reference's conversion alone (each operand cast with fp8::castScaled at the scale the
 // contract picks, the product of the decoded codes summed in double and descaled) and against the
 // CPU backend's kernels over two steps. The statistics and states must match exactly; the GEMM
@@ -346,7 +346,7 @@ TEST(CudaFp8Test, DelayedScaleMatchesTheCpu) {
     }
 }
 
-// The FP8 GEMM kernels of plan kinds 90..94.
+// The FP8 GEMM kernels, plain and accumulating.
 
 bool haveFp8TensorCores() {
   cudaDeviceProp prop{};
@@ -785,7 +785,7 @@ TEST_F(CudaFp8LinearTest, GradWeightAccumulateMatchesTheModel) {
   if (refusedWithoutFp8TensorCores())
     return;
   std::mt19937 rng(17);
-  // acc += dyᵀ x with cuBLASLt's beta = 1 into an f32 accumulator (kind 94).
+  // acc += dyᵀ x with cuBLASLt's beta = 1 into an f32 accumulator (Fp8LinearGradWeightAccumulate).
   const int64_t m = 144, n = 32, k = 80;
   Operand dy({3, 48, n}, DType::BF16, rng, 0.01f), x({3, 48, k}, DType::BF16, rng, 1.0f);
   Operand initial({n, k}, DType::F32, rng, 1.0f);
@@ -820,8 +820,8 @@ TEST_F(CudaFp8LinearTest, GradWeightAccumulateMatchesTheModel) {
   }
 }
 
-// The fused backward (kind 95) casts dy once into both layouts, in the launch that casts w and
-// x: its dx, accumulator and statistics must be those of fp8LinearGradInput and
+// The fused backward (Fp8LinearBackward) casts dy once into both layouts, in the launch that casts
+// w and x: its dx, accumulator and statistics must be those of fp8LinearGradInput and
 // fp8LinearGradWeightAccumulate run apart, bit for bit (the same codes go to the same cuBLASLt
 // GEMMs), across tiles with partial edges, under delayed scaling, current scaling, and before
 // the first update (scales 0).
@@ -889,7 +889,8 @@ TEST_F(CudaFp8LinearTest, FusedBackwardIsThePairBitForBit) {
 }
 
 TEST_F(CudaFp8LinearTest, SharedInputIsTheUnsharedBitForBit) {
-  // Kinds 96 and 97 read x's codes and scale from a first linear's kernel (kind 90, kind 95)
+  // Fp8LinearSharedInput and Fp8LinearBackwardSharedInput read x's codes and scale from a first
+  // linear's kernel (Fp8Linear, Fp8LinearBackward)
   // and give what the second linear's own kernels give, bit for bit, when the two states'
   // input rows agree: delayed, current and first-step scaling.
   if (refusedWithoutFp8TensorCores())
@@ -981,8 +982,9 @@ TEST_F(CudaFp8LinearTest, SharedInputIsTheUnsharedBitForBit) {
 }
 
 TEST_F(CudaFp8LinearTest, SavedInputCastIsTheBackwardsOwnBitForBit) {
-  // Kind 98 gives kind 90's results bit for bit and xᵀ's codes; kind 99 reading them gives
-  // kind 95's results bit for bit (another linear's backward with the same input scale):
+  // Fp8LinearWithInputCast gives Fp8Linear's results bit for bit and xᵀ's codes;
+  // Fp8LinearBackwardFromInputCast reading them gives
+  // Fp8LinearBackward's results bit for bit (another linear's backward with the same input scale):
   // delayed, current and first-step scaling.
   if (refusedWithoutFp8TensorCores())
     return;

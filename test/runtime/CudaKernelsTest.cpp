@@ -641,7 +641,7 @@ TEST_F(CudaKernelsTest, CrossEntropyAllIgnoredAndBadLabels) {
 }
 
 //===----------------------------------------------------------------------===//
-// Fused kernels (kinds 70..74, docs/fusion.md)
+// Fused kernels (the LM head and residual norms, docs/fusion.md)
 //===----------------------------------------------------------------------===//
 
 TEST_F(CudaKernelsTest, LinearCrossEntropyMatchesCpuAndRepeats) {

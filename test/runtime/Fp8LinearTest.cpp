@@ -1,7 +1,7 @@
 //===- Fp8LinearTest.cpp - The CPU FP8 GEMM kernels against a reference ---===//
 //
-// The kernels of plan kinds 90..93 (docs/fp8.md) against a reference written here from
-// fp8::encode and fp8::decode alone: the scale of each cast (the state's, or the format's
+// The kernels of plan kinds Fp8Linear .. Fp8UpdateScales (docs/fp8.md) against a reference written
+// here from fp8::encode and fp8::decode alone: the scale of each cast (the state's, or the format's
 // largest value over the tensor's amax, over 2^margin), the codes, the underflow and saturation
 // counts, and the GEMM of the decoded values summed in f32 in k order and descaled. Data are
 // random with zeros, values that underflow and values that saturate; the scale comes from the
@@ -362,7 +362,7 @@ TEST(Fp8LinearTest, GradWeightAccumulate) {
 }
 
 TEST(Fp8LinearTest, FusedBackwardIsThePair) {
-  // fp8_linear_backward (kind 95) = fp8_linear_grad_input + fp8_linear_grad_weight_accumulate
+  // fp8_linear_backward = fp8_linear_grad_input + fp8_linear_grad_weight_accumulate
   // with the same dy and state, bit for bit: dx, the accumulator and both statistics; before
   // the first update (scales 0: each cast scaled from its own amax) and with delayed scales.
   const int64_t M = 32, N = 48, K = 32;
@@ -419,7 +419,7 @@ TEST(Fp8LinearTest, FusedBackwardIsThePair) {
 }
 
 TEST(Fp8LinearTest, SharedInputCastIsTheLinearsOwn) {
-  // fp8_linear_shared_input (kind 96) and fp8_linear_backward_shared_input (kind 97), reading
+  // fp8_linear_shared_input and fp8_linear_backward_shared_input, reading
   // the input's cast from a first linear of the same x, give what the second linear computes
   // casting x itself, bit for bit, when the two states' input rows agree (as delayed scaling
   // keeps them): before the first update (scales from the amax) and with delayed scales.
@@ -510,8 +510,8 @@ TEST(Fp8LinearTest, SharedInputCastIsTheLinearsOwn) {
 }
 
 TEST(Fp8LinearTest, SavedInputCastIsTheBackwardsOwn) {
-  // fp8_linear_with_input_cast (kind 98) is fp8_linear bit for bit and also writes xᵀ's codes;
-  // fp8_linear_backward_from_input_cast (kind 99) reading them and the forward's stats is
+  // fp8_linear_with_input_cast is fp8_linear bit for bit and also writes xᵀ's codes;
+  // fp8_linear_backward_from_input_cast reading them and the forward's stats is
   // fp8_linear_backward of x (here of another linear with the same input scale), bit for bit.
   const int64_t M = 32, N1 = 48, N2 = 16, K = 32;
   std::vector<float> x = raggedValues(M * K, 1.0f, 90), w1 = raggedValues(N1 * K, 0.05f, 91);
@@ -704,9 +704,9 @@ TEST(Fp8LinearTest, TheTrainingPlanRunsInFp8) {
 }
 
 TEST(Fp8LinearTest, TheFusedBackwardTrainsAsThePair) {
-  // The training plan with its FP8 backward fused (kind 95) against the unfused one: the same
-  // losses, states and weights, bit for bit, over steps that start without scales and then
-  // use delayed ones.
+  // The training plan with its FP8 backward fused (Fp8LinearBackward) against the unfused one: the
+  // same losses, states and weights, bit for bit, over steps that start without scales and then use
+  // delayed ones.
   test::TrainingTensors t;
   test::Fp8Tensors f;
   std::vector<uint8_t> fusedBytes =

@@ -1,4 +1,4 @@
-//===- FusedTest.cpp - The fused kernels (kinds 70..74) on the CPU and in plans ===//
+//===- FusedTest.cpp - The fused LM head and residual norms, on the CPU and in plans ===//
 //
 // The CPU fused kernels against the chains of unfused CPU kernels they replace, on fresh
 // random data from fixed seeds (every output poisoned with NaN first, every element checked):

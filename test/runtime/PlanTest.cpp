@@ -1076,7 +1076,8 @@ TEST(PlanGeneratedKernelsTest, RandomByteFlipsLoadOrThrow) {
 }
 
 //===----------------------------------------------------------------------===//
-// Flash attention (kinds 100..101): the forward's log-sum-exp and the grad that reads it.
+// Flash attention (FlashAttention, FlashAttentionGrad): the forward's log-sum-exp and the grad that
+// reads it.
 //===----------------------------------------------------------------------===//
 
 /// The small plan plus a flash attention forward and its gradient on [2, 4, 4, 2] queries
@@ -1223,8 +1224,8 @@ TEST(PlanFp8Test, LoadsWithItsAttributes) {
   EXPECT_EQ(loadError(p.spec), "");
 }
 
-/// fp8Plan with its weight gradient in the accumulating form (kind 94): outputs stats,
-/// workspace, then the gradient it adds into.
+/// fp8Plan with its weight gradient in the accumulating form (Fp8LinearGradWeightAccumulate):
+/// outputs stats, workspace, then the gradient it adds into.
 Fp8Plan accumulatingFp8Plan() {
   Fp8Plan p = fp8Plan();
   test::KernelSpec &k = p.spec.kernels[p.f.gradWeight];
@@ -1289,7 +1290,7 @@ TEST(PlanFp8Test, FusedBackward) {
   expectError(spec, {"(Fp8LinearBackward): workspace (tensor",
                      "expected a 1-D f32 workspace of "
                      "at least",
-                     "the workspaces of kinds 91 and 94"});
+                     "the workspaces of Fp8LinearGradInput and Fp8LinearGradWeightAccumulate"});
   spec = plan();
   uint32_t bf16Acc = spec.add("acc.bf16", DType::BF16, {16, 16}, TensorRole::Gradient, 1);
   spec.kernels[f.gradInput].outputs[4] = bf16Acc;
@@ -1393,7 +1394,7 @@ TEST(PlanFp8Test, SharedInputCast) {
   spec = plan();
   spec.kernels[backwardShared].outputs[3] = smallCast;
   expectError(spec, {"(Fp8LinearBackwardSharedInput): workspace (tensor",
-                     "kind 95's workspace without x's codes"});
+                     "Fp8LinearBackward's workspace without x's codes"});
   spec = plan();
   spec.kernels[forwardShared].attrs = test::fp8Attrs(false, 0, /*fastAccumulation=*/true);
   EXPECT_EQ(loadError(spec), "");

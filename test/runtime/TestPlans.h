@@ -808,7 +808,7 @@ inline PlanSpec fp8TrainingPlanSpec(TrainingDims d = {2, 8, 16, 16}, int64_t his
 }
 
 /// fp8TrainingPlanSpec with the lm_head's backward fused as bonsai-fuse's fp8-backward family
-/// fuses it (kind 95): Fp8LinearBackward (dy, w, x, state) -> (dx, the grad-input and
+/// fuses it: Fp8LinearBackward (dy, w, x, state) -> (dx, the grad-input and
 /// grad-weight stats, one workspace holding both GEMMs', the gradient accumulator) where the
 /// input gradient was, without the weight gradient's kernel and its Accumulate. `outFp8`'s
 /// gradInput is the fused kernel's index (gradWeight too), gradInputWorkspace its workspace.

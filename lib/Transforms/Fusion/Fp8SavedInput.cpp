@@ -5,10 +5,10 @@
 // (kept from the forward for this alone, in a Llama block, for all but the attention output)
 // and writes xᵀ's codes, which the forward could have written while it had x in hand. This
 // family makes the forward GEMM that casts x (fp8_linear, or the first of a group sharing its
-// cast) write xᵀ's codes too (fp8_linear_with_input_cast, kind 98), and every fused backward
-// of x read them (fp8_linear_backward_from_input_cast, kind 99), siblings sharing a backward's
-// cast included. Bit for bit the same: the codes and the statistics (row 1 of the weight
-// gradient's, copied from the forward's row 0) are those the backward made.
+// cast) write xᵀ's codes too (fp8_linear_with_input_cast, Fp8LinearWithInputCast), and every fused
+// backward of x read them (fp8_linear_backward_from_input_cast, Fp8LinearBackwardFromInputCast),
+// siblings sharing a backward's cast included. Bit for bit the same: the codes and the statistics
+// (row 1 of the weight gradient's, copied from the forward's row 0) are those the backward made.
 //
 // Per layer of Llama-3-8B's shape this trades reading x (2 bytes an element) and writing its
 // codes in the backward for writing the codes in the forward: about 440 MB less memory traffic

@@ -1,10 +1,11 @@
 //===- BonsaiFp8Ops.cpp - FP8 GEMMs and their scaling state ----------------===//
 //
 // Verifiers, costs and kernel interfaces of the ops bonsai-fp8 creates (BonsaiFp8Ops.td). The
-// verifiers check what plan validation (runtime/src/Plan.cpp) checks for kinds 90..97, so that a
-// malformed op is reported at its source location rather than when a plan is loaded: shapes,
-// element types, the state [3, 4 + H] with H in [1, 1024], the statistics [2, 4], the workspace
-// size, and GEMM dimensions that FP8 tensor cores take (multiples of 16).
+// verifiers check what plan validation (runtime/src/Plan.cpp) checks for kinds Fp8Linear ..
+// Fp8LinearBackwardSharedInput, so that a malformed op is reported at its source location rather
+// than when a plan is loaded: shapes, element types, the state [3, 4 + H] with H in [1, 1024], the
+// statistics [2, 4], the workspace size, and GEMM dimensions that FP8 tensor cores take (multiples
+// of 16).
 //
 //===----------------------------------------------------------------------===//
 
@@ -479,9 +480,10 @@ SmallVector<unsigned> Fp8LinearSharedInputOp::getWorkspaceResults() {
   return {cast<OpResult>(getWorkspace()).getResultNumber()};
 }
 
-/// The checks of a fused backward that does not cast its input (kinds 97 and 99) after those
-/// of dx and of the input's cast: the accumulator, scaling, state, statistics and the
-/// workspace (dy's codes in two layouts and W's, and the scales).
+/// The checks of a fused backward that does not cast its input (Fp8LinearBackwardSharedInput and
+/// Fp8LinearBackwardFromInputCast) after those of dx and of the input's cast: the accumulator,
+/// scaling, state, statistics and the workspace (dy's codes in two layouts and W's, and the
+/// scales).
 template <typename BackwardOp> static LogicalResult verifyBackwardWithoutInputCast(BackwardOp op) {
   RankedTensorType dy = tensorType(op.getResultGrad()), w = tensorType(op.getWeight());
   RankedTensorType acc = tensorType(op.getAccumulator());

@@ -240,9 +240,9 @@ void linearGelu(const TensorView &x, const TensorView &w, const TensorView *bias
 void linearGradWeightAccumulate(const TensorView &dy, const TensorView &x, const TensorView &acc);
 
 //===----------------------------------------------------------------------===//
-// FP8 GEMMs (plan kinds 90..95, docs/fp8.md). `state` is an FP8 scaling state f32 [3, 4 + H]
-// (fp8::StateRow, fp8::StateColumn); a cast uses the scale of its operand's row, or, when that
-// is not a positive finite number (before the first update) or `current` is set,
+// FP8 GEMMs (plan kinds Fp8Linear .. Fp8LinearBackward, docs/fp8.md). `state` is an FP8 scaling
+// state f32 [3, 4 + H] (fp8::StateRow, fp8::StateColumn); a cast uses the scale of its operand's
+// row, or, when that is not a positive finite number (before the first update) or `current` is set,
 // fp8::currentScale(amax of the operand, format, margin). Casts are fp8::castScaled's, their
 // codes go to `workspace` (f32 of fp8::gemmWorkspaceBytes / 4 elements or more: the first
 // operand's codes, then the second's from the next multiple of 256 bytes, each row-major in
@@ -271,15 +271,15 @@ void fp8LinearGradWeightAccumulate(const TensorView &dy, const TensorView &x,
                                    const TensorView &state, bool current, int margin,
                                    const TensorView &stats, const TensorView &workspace,
                                    const TensorView &acc);
-/// dx = dy · w and acc += dyᵀ · x (kind 95): fp8LinearGradInput and
+/// dx = dy · w and acc += dyᵀ · x (Fp8LinearBackward): fp8LinearGradInput and
 /// fp8LinearGradWeightAccumulate with the same dy and state, bit for bit, in the two halves of
 /// `workspace`; dy and x have one dtype.
 void fp8LinearBackward(const TensorView &dy, const TensorView &w, const TensorView &x,
                        const TensorView &state, bool current, int margin, const TensorView &dx,
                        const TensorView &inputGradStats, const TensorView &weightGradStats,
                        const TensorView &workspace, const TensorView &acc);
-/// fp8Linear of an input that fp8Linear has cast already (kind 96): x's codes are the first
-/// M·K bytes of `inputCast` (that call's workspace), its scale column 3 of row 0 of
+/// fp8Linear of an input that fp8Linear has cast already (Fp8LinearSharedInput): x's codes are the
+/// first M·K bytes of `inputCast` (that call's workspace), its scale column 3 of row 0 of
 /// `inputStats` (its stats), which becomes row 0 of `stats`; only w is cast, its codes at
 /// the start of `workspace` (fp8::gemmWorkspaceBytes(0, N·K) bytes or more). y gives M and
 /// the dtype. The same as fp8Linear of that x with that scale, bit for bit.
@@ -287,25 +287,26 @@ void fp8LinearSharedInput(const TensorView &inputCast, const TensorView &inputSt
                           const TensorView &w, const TensorView &state, const TensorView *bias,
                           bool current, int margin, const TensorView &y, const TensorView &stats,
                           const TensorView &workspace);
-/// fp8LinearBackward of an input that fp8LinearBackward has cast already (kind 97): x's codes
-/// are those that call left in `inputCast` (its workspace: the M·K bytes before its last 256),
-/// its scale column 3 of row 1 of `inputStats` (its weightGradStats), which becomes row 1 of
-/// `weightGradStats`; dy and w are cast as fp8LinearBackward casts them.
+/// fp8LinearBackward of an input that fp8LinearBackward has cast already
+/// (Fp8LinearBackwardSharedInput): x's codes are those that call left in `inputCast` (its
+/// workspace: the M·K bytes before its last 256), its scale column 3 of row 1 of `inputStats` (its
+/// weightGradStats), which becomes row 1 of `weightGradStats`; dy and w are cast as
+/// fp8LinearBackward casts them.
 void fp8LinearBackwardSharedInput(const TensorView &dy, const TensorView &w,
                                   const TensorView &inputCast, const TensorView &inputStats,
                                   const TensorView &state, bool current, int margin,
                                   const TensorView &dx, const TensorView &inputGradStats,
                                   const TensorView &weightGradStats, const TensorView &workspace,
                                   const TensorView &acc);
-/// fp8Linear that also writes xᵀ's E4M3FN codes to `inputCast` (f8e4m3fn [K, M]; kind 98),
-/// the codes fp8LinearBackward would make of x with the same scale.
+/// fp8Linear that also writes xᵀ's E4M3FN codes to `inputCast` (f8e4m3fn [K, M];
+/// Fp8LinearWithInputCast), the codes fp8LinearBackward would make of x with the same scale.
 void fp8LinearWithInputCast(const TensorView &x, const TensorView &w, const TensorView &state,
                             const TensorView *bias, bool current, int margin, const TensorView &y,
                             const TensorView &stats, const TensorView &inputCast,
                             const TensorView &workspace);
-/// fp8LinearBackward with x's codes from fp8LinearWithInputCast (kind 99): `inputCast` its xᵀ
-/// codes [K, M], `inputStats` its stats, whose row 0 (x's scale) becomes row 1 of
-/// `weightGradStats`; the workspace is fp8LinearBackwardSharedInput's.
+/// fp8LinearBackward with x's codes from fp8LinearWithInputCast (Fp8LinearBackwardFromInputCast):
+/// `inputCast` its xᵀ codes [K, M], `inputStats` its stats, whose row 0 (x's scale) becomes row 1
+/// of `weightGradStats`; the workspace is fp8LinearBackwardSharedInput's.
 void fp8LinearBackwardFromInputCast(const TensorView &dy, const TensorView &w,
                                     const TensorView &inputCast, const TensorView &inputStats,
                                     const TensorView &state, bool current, int margin,

@@ -52,11 +52,12 @@ void updateDelayedScale(const Context &ctx, const Fp8CastStats *stats, float *hi
                         int64_t length, const int64_t *step, float *scale, float *descale,
                         fp8::Format format, int margin);
 
-// The FP8 GEMM kernels of plan kinds 90..99 (docs/fp8.md; the CPU backend's cpu::fp8Linear
-// and its siblings are the reference). Each casts its two operands with the scales of their
-// state rows (or, under current scaling and before a state's first update, from the operand's
-// own amax) into the workspace, multiplies the codes with cuBLASLt in fp32, and writes the
-// casts' statistics. Everything stays on the device, so the kernels replay in CUDA Graphs.
+// The FP8 GEMM kernels of plan kinds Fp8Linear .. Fp8LinearBackwardFromInputCast (docs/fp8.md; the
+// CPU backend's cpu::fp8Linear and its siblings are the reference). Each casts its two operands
+// with the scales of their state rows (or, under current scaling and before a state's first update,
+// from the operand's own amax) into the workspace, multiplies the codes with cuBLASLt in fp32, and
+// writes the casts' statistics. Everything stays on the device, so the kernels replay in CUDA
+// Graphs.
 
 /// y [..., N] = x [..., K] · wᵀ (+ bias) from E4M3FN casts of x (state row 0) and w (row 1).
 /// With `fastAccumulation` the GEMM keeps its sum in the tensor cores' accumulator instead of
@@ -82,7 +83,7 @@ void fp8LinearGradWeightAccumulate(const Context &ctx, const TensorView &dy, con
                                    const TensorView &state, bool current, int margin,
                                    const TensorView &stats, const TensorView &workspace,
                                    const TensorView &acc);
-/// dx = dy · w and acc (f32) += dyᵀ · x (kind 95): fp8LinearGradInput and
+/// dx = dy · w and acc (f32) += dyᵀ · x (Fp8LinearBackward): fp8LinearGradInput and
 /// fp8LinearGradWeightAccumulate with the same dy and state in two launches before their
 /// GEMMs, not four: dy is read once and its E5M2 codes written in both layouts, in the launch
 /// that also casts w and x (transposed). The stats are the two kernels' (rows dy, w and dy,
@@ -92,10 +93,10 @@ void fp8LinearBackward(const Context &ctx, const TensorView &dy, const TensorVie
                        const TensorView &dx, const TensorView &inputGradStats,
                        const TensorView &weightGradStats, const TensorView &workspace,
                        const TensorView &acc);
-/// fp8Linear of an x that fp8Linear has cast already (kind 96; cpu::fp8LinearSharedInput):
-/// x's codes are the first M·K bytes of `inputCast` (that kernel's workspace), its scale row
-/// 0 of `inputStats` (that kernel's stats), copied to row 0 of `stats`; the launch casts only
-/// w.
+/// fp8Linear of an x that fp8Linear has cast already (Fp8LinearSharedInput;
+/// cpu::fp8LinearSharedInput): x's codes are the first M·K bytes of `inputCast` (that kernel's
+/// workspace), its scale row 0 of `inputStats` (that kernel's stats), copied to row 0 of `stats`;
+/// the launch casts only w.
 void fp8LinearSharedInput(const Context &ctx, const TensorView &inputCast,
                           const TensorView &inputStats, const TensorView &w,
                           const TensorView &state, const TensorView *bias, bool current, int margin,
@@ -111,15 +112,15 @@ void fp8LinearBackwardSharedInput(const Context &ctx, const TensorView &dy, cons
                                   const TensorView &dx, const TensorView &inputGradStats,
                                   const TensorView &weightGradStats, const TensorView &workspace,
                                   const TensorView &acc);
-/// fp8Linear that also writes xᵀ's E4M3FN codes to `inputCast` (f8e4m3fn [K, M]; kind 98): x
-/// is cast in one pass into both layouts (cpu::fp8LinearWithInputCast).
+/// fp8Linear that also writes xᵀ's E4M3FN codes to `inputCast` (f8e4m3fn [K, M];
+/// Fp8LinearWithInputCast): x is cast in one pass into both layouts (cpu::fp8LinearWithInputCast).
 void fp8LinearWithInputCast(const Context &ctx, const TensorView &x, const TensorView &w,
                             const TensorView &state, const TensorView *bias, bool current,
                             int margin, const TensorView &y, const TensorView &stats,
                             const TensorView &inputCast, const TensorView &workspace,
                             bool fastAccumulation = false);
-/// fp8LinearBackward with xᵀ's codes from fp8LinearWithInputCast (kind 99): `inputCast`, and
-/// x's scale from row 0 of `inputStats`, copied to row 1 of `weightGradStats`.
+/// fp8LinearBackward with xᵀ's codes from fp8LinearWithInputCast (Fp8LinearBackwardFromInputCast):
+/// `inputCast`, and x's scale from row 0 of `inputStats`, copied to row 1 of `weightGradStats`.
 void fp8LinearBackwardFromInputCast(const Context &ctx, const TensorView &dy, const TensorView &w,
                                     const TensorView &inputCast, const TensorView &inputStats,
                                     const TensorView &state, bool current, int margin,

@@ -73,14 +73,15 @@ float delayedScale(const float *history, int64_t length, float previousScale, Fo
 /// one-entry history; 1 when the amax is zero or not finite.
 float currentScale(float amax, Format format, int margin);
 
-/// The FP8 GEMM kernels' scaling state (plan kinds 90..93, docs/fp8.md): an f32 tensor
-/// [3, kStateColumns + H] with one row per scaled operand of a linear ...
+/// The FP8 GEMM kernels' scaling state (plan kinds Fp8Linear .. Fp8UpdateScales, docs/fp8.md): an
+/// f32 tensor [3, kStateColumns + H] with one row per scaled operand of a linear ...
 enum StateRow : int64_t { InputRow = 0, WeightRow = 1, OutputGradRow = 2 };
 /// ... whose columns are the scale the next casts use (0: none yet), then the last update's
 /// amax, underflow fraction and saturation fraction, then the amax history of H entries.
 enum StateColumn : int64_t { ScaleColumn = 0, AmaxColumn = 1, UnderflowColumn = 2,
                              SaturationColumn = 3, kStateColumns = 4 };
-/// The statistics a kernel of kinds 90..92 reports per cast operand: f32 [2, kStatsColumns].
+/// The statistics a kernel of kinds Fp8Linear .. Fp8LinearGradWeight reports per cast operand: f32
+/// [2, kStatsColumns].
 enum StatsColumn : int64_t { StatsAmax = 0, StatsUnderflow = 1, StatsSaturation = 2,
                              StatsScale = 3, kStatsColumns = 4 };
 

@@ -5,10 +5,12 @@
 // activations and weights, E5M2 for output gradients) with the scales of a piece of training
 // state, multiplies on FP8 tensor cores with f32 accumulation, and reports what the casts did;
 // one update per step turns those reports into the next step's scales. They are created after
-// autodiff, so they have no gradients of their own. Plan kinds 90..99 (runtime/schema/plan.fbs);
-// bonsai-fuse forms the accumulating weight gradient (94), the fused backward (95), the GEMMs
-// that reuse a sibling's cast of their input (96, 97) and the forward that keeps its input's
-// cast for the backward (98, 99).
+// autodiff, so they have no gradients of their own. Plan kinds Fp8Linear ..
+// Fp8LinearBackwardFromInputCast (runtime/schema/plan.fbs); bonsai-fuse forms the accumulating
+// weight gradient (Fp8LinearGradWeightAccumulate), the fused backward (Fp8LinearBackward), the
+// GEMMs that reuse a sibling's cast of their input (Fp8LinearSharedInput,
+// Fp8LinearBackwardSharedInput) and the forward that keeps its input's cast for the backward
+// (Fp8LinearWithInputCast, Fp8LinearBackwardFromInputCast).
 //
 //===----------------------------------------------------------------------===//
 
