@@ -594,15 +594,19 @@ TEST_F(ToolTest, LearningRateFlagTakesEffectOnTheGpu) {
     std::vector<double> values;
     for (const std::string &l : stepLines(r.out)) {
       std::smatch m;
-      EXPECT_TRUE(std::regex_match(l, m, line)) << l;
-      values.push_back(std::strtod(m[4].str().c_str(), nullptr));
+      if (std::regex_match(l, m, line))
+        values.push_back(std::strtod(m[4].str().c_str(), nullptr));
+      else
+        ADD_FAILURE() << "not a step line: " << l;
     }
     EXPECT_EQ(values.size(), 4u) << r.out;
     return values;
   };
   std::vector<double> gpu = lrs("cuda", "3e-3"), cpu = lrs("cpu", "3e-3");
   std::vector<double> plain = lrs("cuda", "1e-2");
-  ASSERT_EQ(gpu.size(), cpu.size());
+  ASSERT_EQ(gpu.size(), 4u);
+  ASSERT_EQ(cpu.size(), 4u);
+  ASSERT_EQ(plain.size(), 4u);
   for (size_t s = 0; s < gpu.size(); ++s) {
     EXPECT_NEAR(gpu[s], cpu[s], 1e-6 * cpu[s]) << "step " << s + 1;
     EXPECT_NEAR(gpu[s], 0.3 * plain[s], 1e-6 * plain[s]) << "step " << s + 1;
