@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 dir="${1:-.gpu-runtime}"
 build="${BONSAI_BUILD_DIR:-build}"
 scripts/build.sh
-grep -q 'BONSAI_HAVE_CUDA' "$build/runtime/CMakeFiles/bonsai_runtime.dir/flags.make" ||
+grep -q "BONSAI_HAVE_CUDA=1" "$build/build.ninja" ||
   { echo "prepare_runtime_run: $build has no CUDA backend" >&2; exit 1; }
 rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib" "$dir/plans"
 for tool in bonsai-run bonsai-runtime-tests; do
