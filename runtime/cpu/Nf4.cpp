@@ -51,28 +51,6 @@ constexpr int64_t kBlockGrain = 256;
 
 } // namespace
 
-Nf4Layout nf4Layout(uint64_t numel, uint64_t blockSize, uint64_t doubleBlockSize) {
-  if (blockSize == 0 || doubleBlockSize == 0)
-    throw Error("NF4 layout: block size " + std::to_string(blockSize) +
-                " and double-quantization block " + std::to_string(doubleBlockSize) +
-                " must both be positive");
-  Nf4Layout l;
-  l.numel = numel;
-  l.blockSize = blockSize;
-  l.doubleBlockSize = doubleBlockSize;
-  l.numBlocks = (numel + blockSize - 1) / blockSize;
-  l.numGroups = (l.numBlocks + doubleBlockSize - 1) / doubleBlockSize;
-  l.absmaxOffset = (numel + 1) / 2;
-  l.scalesOffset = (l.absmaxOffset + l.numBlocks + 3) / 4 * 4;
-  l.offsetOffset = l.scalesOffset + 4 * l.numGroups;
-  l.bytes = l.offsetOffset + 4;
-  return l;
-}
-
-uint64_t nf4StorageBytes(uint64_t numel, uint64_t blockSize, uint64_t doubleBlockSize) {
-  return nf4Layout(numel, blockSize, doubleBlockSize).bytes;
-}
-
 void quantizeNf4(const float *x, uint64_t numel, uint64_t blockSize, uint64_t doubleBlockSize,
                  uint8_t *out) {
   Nf4Layout l = nf4Layout(numel, blockSize, doubleBlockSize);

@@ -36,6 +36,8 @@
 
 #include "bonsai/runtime/CudaKernels.h"
 
+#include "CudaCheck.h"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -57,40 +59,15 @@ namespace {
 // Host-side checks
 //===----------------------------------------------------------------------===//
 
-[[noreturn]] void fail(const char *kernel, const std::string &message) {
-  throw Error(std::string("cuda ") + kernel + ": " + message);
-}
+// The backend's checks (CudaCheck.h), with its messages.
+using detail::checkFloat;
+using detail::checkSameShape;
+using detail::fail;
+using detail::overlaps;
 
-// Messages as the rest of the backend words them: "cuda <kernel>: <call> failed: <name>: <text>".
+/// checkCuda with the kernel first, as this file's calls read.
 void checkCuda(const char *kernel, cudaError_t status, const char *call) {
-  if (status != cudaSuccess)
-    fail(kernel, std::string(call) + " failed: " + cudaGetErrorName(status) + ": " +
-                     cudaGetErrorString(status));
-}
-
-void checkFloat(const char *kernel, const char *operand, const TensorView &t) {
-  for (int64_t d : t.shape)
-    if (d < 0)
-      fail(kernel,
-           std::string(operand) + " has a negative dimension in shape " + formatShape(t.shape));
-  if (!t.data && t.numel() != 0)
-    fail(kernel, std::string(operand) + " of shape " + formatShape(t.shape) + " has no data");
-  if (!isComputeFloat(t.dtype))
-    fail(kernel, std::string(operand) + " must be f32, f16 or bf16, not " + dtypeName(t.dtype));
-}
-
-void checkSameShape(const char *kernel, const char *nameA, const TensorView &a, const char *nameB,
-                    const TensorView &b) {
-  if (a.shape != b.shape)
-    fail(kernel, std::string(nameA) + " shape " + formatShape(a.shape) + " does not match " +
-                     nameB + " shape " + formatShape(b.shape));
-}
-
-bool overlaps(const TensorView &a, const TensorView &b) {
-  if (a.numel() == 0 || b.numel() == 0)
-    return false;
-  auto a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
-  return a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
+  detail::checkCuda(status, call, kernel);
 }
 
 // Kernels read their inputs while other blocks write their outputs, so an output may share no

@@ -1,8 +1,9 @@
 //===- CudaCheck.cpp - Error checks, operand checks and scratch of the CUDA backend ===//
 //
-// Implements CudaCheck.h: error messages that name the backend kernel and the CUDA call,
-// operand checks with the CPU backend's messages, per-device launch parameters (multiprocessor
-// count, shared-memory limit) cached after the first query, and stream-ordered scratch memory.
+// Implements CudaCheck.h: error messages that name the backend kernel and the CUDA call, the
+// checks only the CUDA kernels make (scalars, in-place safety), per-device launch parameters
+// (multiprocessor count, shared-memory limit) cached after the first query, and stream-ordered
+// scratch memory.
 //
 //===----------------------------------------------------------------------===//
 
@@ -14,10 +15,6 @@
 #include <cstdio>
 
 namespace bonsai::rt::cuda::detail {
-
-void fail(const char *kernel, const std::string &message) {
-  throw Error(std::string("cuda ") + kernel + ": " + message);
-}
 
 void checkCuda(cudaError_t status, const char *call, const char *kernel) {
   if (status != cudaSuccess)
@@ -32,58 +29,10 @@ void checkLaunch(const char *kernel, const char *deviceKernel) {
                      cudaGetErrorName(status) + ": " + cudaGetErrorString(status));
 }
 
-void checkView(const char *kernel, const char *operand, const TensorView &t) {
-  for (int64_t d : t.shape)
-    if (d < 0)
-      fail(kernel,
-           std::string(operand) + " has a negative dimension in shape " + formatShape(t.shape));
-  if (!t.data && t.numel() != 0)
-    fail(kernel, std::string(operand) + " of shape " + formatShape(t.shape) + " has no data");
-}
-
-void checkFloat(const char *kernel, const char *operand, const TensorView &t) {
-  checkView(kernel, operand, t);
-  if (!isComputeFloat(t.dtype))
-    fail(kernel, std::string(operand) + " must be f32, f16 or bf16, not " + dtypeName(t.dtype));
-}
-
-void checkIndex(const char *kernel, const char *operand, const TensorView &t) {
-  checkView(kernel, operand, t);
-  if (t.dtype != DType::I32 && t.dtype != DType::I64)
-    fail(kernel, std::string(operand) + " must be i32 or i64, not " + dtypeName(t.dtype));
-}
-
-void checkShape(const char *kernel, const char *operand, const TensorView &a,
-                const std::vector<int64_t> &expected, const std::string &context) {
-  if (a.shape != expected)
-    fail(kernel, std::string(operand) + " shape " + formatShape(a.shape) + " should be " +
-                     formatShape(expected) + " " + context);
-}
-
-void checkSameShape(const char *kernel, const char *nameA, const TensorView &a,
-                    const char *nameB, const TensorView &b) {
-  if (a.shape != b.shape)
-    fail(kernel, std::string(nameA) + " shape " + formatShape(a.shape) + " does not match " +
-                     nameB + " shape " + formatShape(b.shape));
-}
-
-int64_t normalizeAxis(const char *kernel, int64_t axis, int64_t rank) {
-  if (axis < -rank || axis >= rank)
-    fail(kernel,
-         "axis " + std::to_string(axis) + " is out of range for rank " + std::to_string(rank));
-  return axis < 0 ? axis + rank : axis;
-}
-
 void checkScalar(const char *kernel, const char *operand, const TensorView &t) {
   checkFloat(kernel, operand, t);
   if (t.numel() != 1)
     fail(kernel, std::string(operand) + " shape " + formatShape(t.shape) + " is not a scalar");
-}
-
-bool overlaps(const TensorView &a, const TensorView &b) {
-  auto a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
-  size_t an = a.bytes(), bn = b.bytes();
-  return an && bn && a0 < b0 + bn && b0 < a0 + an;
 }
 
 bool safeInPlace(const TensorView &in, const TensorView &out) {

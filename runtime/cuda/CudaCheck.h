@@ -4,8 +4,8 @@
 // .cpp files use it. Every CUDA runtime call of the backend goes through checkCuda and every
 // launch is followed by checkLaunch, so a failure throws rt::Error naming the backend kernel
 // (the plan kernel kind, "cuda add"), the CUDA call or device kernel, and CUDA's own message.
-// The operand checks mirror the CPU backend's (same conditions, same messages, "cuda" prefix):
-// shapes are checked on the host before anything is enqueued. Scratch is stream-ordered device
+// The operand checks are the CPU backend's (OperandChecks.h: same conditions, same messages,
+// "cuda" prefix): shapes are checked on the host before anything is enqueued. Scratch is stream-ordered device
 // memory (cudaMallocAsync), freed on the same stream after the work that uses it.
 //
 //===----------------------------------------------------------------------===//
@@ -14,6 +14,8 @@
 #define BONSAI_RUNTIME_CUDA_CUDACHECK_H
 
 #include "bonsai/runtime/CudaKernels.h"
+
+#include "OperandChecks.h"
 
 #include <cuda_runtime_api.h>
 
@@ -24,8 +26,8 @@
 
 namespace bonsai::rt::cuda::detail {
 
-/// Throws rt::Error("cuda <kernel>: <message>").
-[[noreturn]] void fail(const char *kernel, const std::string &message);
+// The operand checks shared with the CPU kernels (OperandChecks.h), prefixed "cuda".
+BONSAI_BIND_OPERAND_CHECKS("cuda")
 
 /// Throws "cuda <kernel>: <call> failed: <CUDA error name>: <description>" unless `status` is
 /// cudaSuccess.
@@ -35,25 +37,9 @@ void checkCuda(cudaError_t status, const char *call, const char *kernel);
 /// (cudaGetLastError: bad configurations, missing images, earlier sticky faults).
 void checkLaunch(const char *kernel, const char *deviceKernel);
 
-/// Checks that `t` has non-negative dimensions and, unless empty, data.
-void checkView(const char *kernel, const char *operand, const TensorView &t);
-/// checkView, plus the dtype is F32, F16 or BF16.
-void checkFloat(const char *kernel, const char *operand, const TensorView &t);
-/// checkView, plus the dtype is I32 or I64.
-void checkIndex(const char *kernel, const char *operand, const TensorView &t);
-/// Throws naming both shapes unless `a` has shape `expected`.
-void checkShape(const char *kernel, const char *operand, const TensorView &a,
-                const std::vector<int64_t> &expected, const std::string &context);
-/// Throws naming both operands unless they have the same shape.
-void checkSameShape(const char *kernel, const char *nameA, const TensorView &a,
-                    const char *nameB, const TensorView &b);
-/// `axis` in [-rank, rank) made non-negative; throws otherwise.
-int64_t normalizeAxis(const char *kernel, int64_t axis, int64_t rank);
 /// Throws unless `t` is a float scalar (one element).
 void checkScalar(const char *kernel, const char *operand, const TensorView &t);
 
-/// Whether the byte ranges of two tensors intersect.
-bool overlaps(const TensorView &a, const TensorView &b);
 /// Whether an elementwise or row kernel may write `out` while reading `in`: they are disjoint,
 /// or `out` is `in` itself element for element (same address, same element size), in which
 /// case every element is read by the thread that later writes it.

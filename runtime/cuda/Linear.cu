@@ -194,39 +194,16 @@ void runGemm(const char *kernel, const Context &ctx, bool transA, bool transB, i
   }
 }
 
-/// The product of every dimension but the last.
-int64_t leadingRows(const TensorView &t) {
-  int64_t rows = 1;
-  for (int64_t i = 0; i + 1 < t.rank(); ++i)
-    rows *= t.shape[size_t(i)];
-  return rows;
-}
 
 } // namespace
 
 void linear(const Context &ctx, const TensorView &x, const TensorView &w,
             const TensorView *bias, const TensorView &y) {
   const char *k = "linear";
-  checkFloat(k, "x", x);
-  checkFloat(k, "w", w);
-  checkFloat(k, "y", y);
-  if (x.rank() < 1)
-    fail(k, "x must have at least one dimension, got shape " + formatShape(x.shape));
-  if (w.rank() != 2 || w.dim(1) != x.dim(-1))
-    fail(k, "w shape " + formatShape(w.shape) + " should be [out, " + std::to_string(x.dim(-1)) +
-                "] for x shape " + formatShape(x.shape));
-  int64_t in = x.dim(-1), out = w.dim(0);
-  if (bias) {
-    checkFloat(k, "bias", *bias);
-    checkShape(k, "bias", *bias, {out}, "for w shape " + formatShape(w.shape));
-  }
-  std::vector<int64_t> expected(x.shape.begin(), x.shape.end() - 1);
-  expected.push_back(out);
-  checkShape(k, "y", y, expected,
-             "for x shape " + formatShape(x.shape) + " and w shape " + formatShape(w.shape));
+  LinearSizes n = checkLinear(k, x, w, bias, y);
   // y [rows, out] = x [rows, in] wᵀ.
-  runGemm(k, ctx, /*transA=*/false, /*transB=*/true, leadingRows(x), out, in, x, 0, w, 0, bias,
-          y, 0, 1);
+  runGemm(k, ctx, /*transA=*/false, /*transB=*/true, n.rows, n.out, n.in, x, 0, w, 0, bias, y, 0,
+          1);
 }
 
 void matmul(const Context &ctx, const TensorView &a, const TensorView &b, const TensorView &c) {
@@ -253,64 +230,27 @@ void matmul(const Context &ctx, const TensorView &a, const TensorView &b, const 
 void linearGradInput(const Context &ctx, const TensorView &dy, const TensorView &w,
                      const TensorView &dx) {
   const char *k = "linear_grad_input";
-  checkFloat(k, "dy", dy);
-  checkFloat(k, "w", w);
-  checkFloat(k, "dx", dx);
-  if (dy.rank() < 1)
-    fail(k, "dy must have at least one dimension, got shape " + formatShape(dy.shape));
-  if (w.rank() != 2 || w.dim(0) != dy.dim(-1))
-    fail(k, "w shape " + formatShape(w.shape) + " should be [" + std::to_string(dy.dim(-1)) +
-                ", in] for dy shape " + formatShape(dy.shape));
-  int64_t out = w.dim(0), in = w.dim(1);
-  std::vector<int64_t> expected(dy.shape.begin(), dy.shape.end() - 1);
-  expected.push_back(in);
-  checkShape(k, "dx", dx, expected,
-             "for dy shape " + formatShape(dy.shape) + " and w shape " + formatShape(w.shape));
+  LinearSizes n = checkLinearGradInput(k, dy, w, dx);
   // dx [rows, in] = dy [rows, out] w [out, in].
-  runGemm(k, ctx, false, false, leadingRows(dy), in, out, dy, 0, w, 0, nullptr, dx, 0, 1);
+  runGemm(k, ctx, false, false, n.rows, n.in, n.out, dy, 0, w, 0, nullptr, dx, 0, 1);
 }
 
 void linearGradWeight(const Context &ctx, const TensorView &dy, const TensorView &x,
                       const TensorView &dw) {
   const char *k = "linear_grad_weight";
-  checkFloat(k, "dy", dy);
-  checkFloat(k, "x", x);
-  checkFloat(k, "dw", dw);
-  if (dy.rank() < 1 || x.rank() != dy.rank() ||
-      !std::equal(dy.shape.begin(), dy.shape.end() - 1, x.shape.begin()))
-    fail(k, "x shape " + formatShape(x.shape) + " and dy shape " + formatShape(dy.shape) +
-                " are not [..., in] and [..., out] with the same leading dimensions");
-  int64_t out = dy.dim(-1), in = x.dim(-1);
-  checkShape(k, "dw", dw, {out, in},
-             "for dy shape " + formatShape(dy.shape) + " and x shape " + formatShape(x.shape));
+  LinearSizes n = checkLinearGradWeight(k, dy, x, dw);
   // dw [out, in] = dyᵀ [out, rows] x [rows, in].
-  runGemm(k, ctx, /*transA=*/true, false, out, in, leadingRows(dy), dy, 0, x, 0, nullptr, dw, 0,
-          1);
+  runGemm(k, ctx, /*transA=*/true, false, n.out, n.in, n.rows, dy, 0, x, 0, nullptr, dw, 0, 1);
 }
 
 void linearGelu(const Context &ctx, const TensorView &x, const TensorView &w,
                 const TensorView *bias, const TensorView &y, const TensorView &pre) {
   const char *k = "linear_gelu";
-  checkFloat(k, "x", x);
-  checkFloat(k, "w", w);
-  checkFloat(k, "y", y);
   checkFloat(k, "pre", pre);
-  if (x.rank() < 1)
-    fail(k, "x must have at least one dimension, got shape " + formatShape(x.shape));
-  if (w.rank() != 2 || w.dim(1) != x.dim(-1))
-    fail(k, "w shape " + formatShape(w.shape) + " should be [out, " + std::to_string(x.dim(-1)) +
-                "] for x shape " + formatShape(x.shape));
-  int64_t in = x.dim(-1), out = w.dim(0), rows = leadingRows(x);
-  if (bias) {
-    checkFloat(k, "bias", *bias);
-    checkShape(k, "bias", *bias, {out}, "for w shape " + formatShape(w.shape));
-  }
-  std::vector<int64_t> expected(x.shape.begin(), x.shape.end() - 1);
-  expected.push_back(out);
-  std::string context =
-      "for x shape " + formatShape(x.shape) + " and w shape " + formatShape(w.shape);
-  checkShape(k, "y", y, expected, context);
-  checkShape(k, "pre", pre, expected, context);
+  LinearSizes n = checkLinear(k, x, w, bias, y);
+  checkShape(k, "pre", pre, y.shape,
+             "for x shape " + formatShape(x.shape) + " and w shape " + formatShape(w.shape));
+  int64_t in = n.in, out = n.out, rows = n.rows;
   if (!ctx.gemm)
     fail(k, "the context has no GemmEngine");
   // The epilogue needs one storage type for every operand, a non-empty sum, and outputs that
@@ -345,17 +285,8 @@ void linearGelu(const Context &ctx, const TensorView &x, const TensorView &w,
 void linearGradWeightAccumulate(const Context &ctx, const TensorView &dyIn, const TensorView &xIn,
                                 const TensorView &acc) {
   const char *k = "linear_grad_weight_accumulate";
-  checkFloat(k, "dy", dyIn);
-  checkFloat(k, "x", xIn);
-  checkFloat(k, "acc", acc);
-  if (dyIn.rank() < 1 || xIn.rank() != dyIn.rank() ||
-      !std::equal(dyIn.shape.begin(), dyIn.shape.end() - 1, xIn.shape.begin()))
-    fail(k, "x shape " + formatShape(xIn.shape) + " and dy shape " + formatShape(dyIn.shape) +
-                " are not [..., in] and [..., out] with the same leading dimensions");
-  int64_t out = dyIn.dim(-1), in = xIn.dim(-1), rows = leadingRows(dyIn);
-  checkShape(k, "acc", acc, {out, in},
-             "for dy shape " + formatShape(dyIn.shape) + " and x shape " +
-                 formatShape(xIn.shape));
+  LinearSizes n = checkLinearGradWeight(k, dyIn, xIn, acc, "acc");
+  int64_t out = n.out, in = n.in, rows = n.rows;
   if (!ctx.gemm)
     fail(k, "the context has no GemmEngine");
   if (out == 0 || in == 0 || rows == 0)

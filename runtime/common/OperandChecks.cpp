@@ -1,0 +1,143 @@
+//===- OperandChecks.cpp - The operand checks both backends' kernels share ===//
+//
+// One implementation of the checks of OperandChecks.h for the CPU and the CUDA kernels.
+//
+//===----------------------------------------------------------------------===//
+
+#include "OperandChecks.h"
+
+#include <algorithm>
+#include <cstdint>
+
+namespace bonsai::rt::checks {
+
+void fail(const char *backend, const char *kernel, const std::string &message) {
+  throw Error(std::string(backend) + " " + kernel + ": " + message);
+}
+
+void checkView(const char *backend, const char *kernel, const char *operand, const TensorView &t) {
+  for (int64_t d : t.shape)
+    if (d < 0)
+      fail(backend, kernel,
+           std::string(operand) + " has a negative dimension in shape " + formatShape(t.shape));
+  if (!t.data && t.numel() != 0)
+    fail(backend, kernel,
+         std::string(operand) + " of shape " + formatShape(t.shape) + " has no data");
+}
+
+void checkFloat(const char *backend, const char *kernel, const char *operand, const TensorView &t) {
+  checkView(backend, kernel, operand, t);
+  if (!isComputeFloat(t.dtype))
+    fail(backend, kernel,
+         std::string(operand) + " must be f32, f16 or bf16, not " + dtypeName(t.dtype));
+}
+
+void checkIndex(const char *backend, const char *kernel, const char *operand, const TensorView &t) {
+  checkView(backend, kernel, operand, t);
+  if (t.dtype != DType::I32 && t.dtype != DType::I64)
+    fail(backend, kernel, std::string(operand) + " must be i32 or i64, not " + dtypeName(t.dtype));
+}
+
+void checkShape(const char *backend, const char *kernel, const char *operand, const TensorView &a,
+                const std::vector<int64_t> &expected, const std::string &context) {
+  if (a.shape != expected)
+    fail(backend, kernel,
+         std::string(operand) + " shape " + formatShape(a.shape) + " should be " +
+             formatShape(expected) + " " + context);
+}
+
+void checkSameShape(const char *backend, const char *kernel, const char *nameA,
+                    const TensorView &a, const char *nameB, const TensorView &b) {
+  if (a.shape != b.shape)
+    fail(backend, kernel,
+         std::string(nameA) + " shape " + formatShape(a.shape) + " does not match " + nameB +
+             " shape " + formatShape(b.shape));
+}
+
+int64_t normalizeAxis(const char *backend, const char *kernel, int64_t axis, int64_t rank) {
+  if (axis < -rank || axis >= rank)
+    fail(backend, kernel,
+         "axis " + std::to_string(axis) + " is out of range for rank " + std::to_string(rank));
+  return axis < 0 ? axis + rank : axis;
+}
+
+bool overlaps(const TensorView &a, const TensorView &b) {
+  auto a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
+  size_t an = a.bytes(), bn = b.bytes();
+  return an && bn && a0 < b0 + bn && b0 < a0 + an;
+}
+
+namespace {
+
+/// The product of every dimension but the last.
+int64_t leadingRows(const TensorView &t) {
+  int64_t rows = 1;
+  for (int64_t i = 0; i + 1 < t.rank(); ++i)
+    rows *= t.shape[size_t(i)];
+  return rows;
+}
+
+/// `t`'s shape with its last dimension replaced by `last`.
+std::vector<int64_t> withLast(const TensorView &t, int64_t last) {
+  std::vector<int64_t> shape(t.shape.begin(), t.shape.end() - 1);
+  shape.push_back(last);
+  return shape;
+}
+
+} // namespace
+
+LinearSizes checkLinear(const char *b, const char *k, const TensorView &x, const TensorView &w,
+                        const TensorView *bias, const TensorView &y) {
+  checkFloat(b, k, "x", x);
+  checkFloat(b, k, "w", w);
+  checkFloat(b, k, "y", y);
+  if (x.rank() < 1)
+    fail(b, k, "x must have at least one dimension, got shape " + formatShape(x.shape));
+  if (w.rank() != 2 || w.dim(1) != x.dim(-1))
+    fail(b, k,
+         "w shape " + formatShape(w.shape) + " should be [out, " + std::to_string(x.dim(-1)) +
+             "] for x shape " + formatShape(x.shape));
+  const int64_t out = w.dim(0);
+  if (bias) {
+    checkFloat(b, k, "bias", *bias);
+    checkShape(b, k, "bias", *bias, {out}, "for w shape " + formatShape(w.shape));
+  }
+  checkShape(b, k, "y", y, withLast(x, out),
+             "for x shape " + formatShape(x.shape) + " and w shape " + formatShape(w.shape));
+  return {leadingRows(x), out, x.dim(-1)};
+}
+
+LinearSizes checkLinearGradInput(const char *b, const char *k, const TensorView &dy,
+                                 const TensorView &w, const TensorView &dx) {
+  checkFloat(b, k, "dy", dy);
+  checkFloat(b, k, "w", w);
+  checkFloat(b, k, "dx", dx);
+  if (dy.rank() < 1)
+    fail(b, k, "dy must have at least one dimension, got shape " + formatShape(dy.shape));
+  if (w.rank() != 2 || w.dim(0) != dy.dim(-1))
+    fail(b, k,
+         "w shape " + formatShape(w.shape) + " should be [" + std::to_string(dy.dim(-1)) +
+             ", in] for dy shape " + formatShape(dy.shape));
+  const int64_t in = w.dim(1);
+  checkShape(b, k, "dx", dx, withLast(dy, in),
+             "for dy shape " + formatShape(dy.shape) + " and w shape " + formatShape(w.shape));
+  return {leadingRows(dy), w.dim(0), in};
+}
+
+LinearSizes checkLinearGradWeight(const char *b, const char *k, const TensorView &dy,
+                                  const TensorView &x, const TensorView &dw, const char *dwName) {
+  checkFloat(b, k, "dy", dy);
+  checkFloat(b, k, "x", x);
+  checkFloat(b, k, dwName, dw);
+  if (dy.rank() < 1 || x.rank() != dy.rank() ||
+      !std::equal(dy.shape.begin(), dy.shape.end() - 1, x.shape.begin()))
+    fail(b, k,
+         "x shape " + formatShape(x.shape) + " and dy shape " + formatShape(dy.shape) +
+             " are not [..., in] and [..., out] with the same leading dimensions");
+  const int64_t out = dy.dim(-1), in = x.dim(-1);
+  checkShape(b, k, dwName, dw, {out, in},
+             "for dy shape " + formatShape(dy.shape) + " and x shape " + formatShape(x.shape));
+  return {leadingRows(dy), out, in};
+}
+
+} // namespace bonsai::rt::checks
