@@ -1,9 +1,9 @@
-//===- Executor.cpp - Runs a verified plan on the CPU backend -------------===//
+//===- Executor.cpp - Runs a verified plan on a kernel backend -------------===//
 //
 // Everything here trusts the plan's verification (Plan.cpp): operand counts, indices, byte
-// ranges, shapes, initializers and the phase order were checked once at load, so dispatch is an
-// index into the CPU backend's handler table (CpuKernelHandlers.cpp) with no re-checking beyond
-// what the kernels themselves do (ids and labels in range). Phases are contiguous in plan order,
+// ranges, shapes, initializers and the phase order were checked once at load. The executor
+// knows no kernel: it hands phases to its KernelBackend (CpuBackend.cpp, CudaBackend.cpp),
+// whose handler tables run each kernel by its kind. Phases are contiguous in plan order,
 // so running the kernels of one phase in plan order is running that slice of the schedule the
 // memory planner saw.
 //
@@ -16,7 +16,6 @@
 #include "bonsai/runtime/GaLore.h"
 #include "bonsai/runtime/Init.h"
 
-#include "KernelCall.h"
 
 #include <algorithm>
 #include <chrono>
@@ -98,26 +97,20 @@ Executor::Executor(const LoadedPlan &plan, const ExecutorOptions &options) : pla
     v.quantDoubleBlock = t.quantDoubleBlock;
     views_.push_back(std::move(v));
   }
-  if (options.backend == Backend::Cuda)
-    device_ = createCudaBackend(plan_, options.device, options.cudaGraphs);
+  backend_ = options.backend == Backend::Cuda
+                 ? createCudaBackend(plan_, options.device, options.cudaGraphs)
+                 : createCpuBackend(plan_, views_);
+  if (backend_->hasOwnMemory())
+    device_ = backend_.get();
 }
 
 Executor::~Executor() = default;
 
-void Executor::setProfiling(bool on) {
-  profiling_ = on;
-  cpuTimes_.assign(plan_.kernels.size(), 0.0);
-  if (device_)
-    device_->setProfiling(on);
-}
+void Executor::setProfiling(bool on) { backend_->setProfiling(on); }
 
-std::vector<double> Executor::kernelMilliseconds() const {
-  return device_ ? device_->kernelMilliseconds() : cpuTimes_;
-}
+std::vector<double> Executor::kernelMilliseconds() const { return backend_->kernelMilliseconds(); }
 
-std::string Executor::describeBackend() const {
-  return device_ ? device_->describe() : std::string("cpu");
-}
+std::string Executor::describeBackend() const { return backend_->describe(); }
 
 void Executor::syncToDevice() {
   if (!device_)
@@ -249,8 +242,7 @@ void Executor::overrideLearningRate(double lr) {
     }
   if (!found)
     throw Error("plan '" + plan_.path + "' has no LearningRate kernel whose lr could be set");
-  if (device_)
-    device_->kernelAttrsChanged();
+  backend_->kernelAttrsChanged();
 }
 
 std::vector<int64_t> Executor::inputShape() const { return plan_.tensors[plan_.inputs[0]].shape; }
@@ -271,44 +263,22 @@ void Executor::setLossScale(float scale) {
   uploadTensor(*plan_.lossScale);
 }
 
-void Executor::runKernel(size_t index) {
-  const KernelInfo &k = plan_.kernels[index];
-  for (uint32_t t : k.inputs)
-    touch(t);
-  for (uint32_t t : k.outputs)
-    touch(t);
-  launchOnCpu(KernelCall(plan_, index, views_));
+void Executor::touchPhase(Phase phase, size_t end) {
+  for (size_t i = 0; i < end; ++i)
+    if (plan_.kernels[i].phase == phase) {
+      for (uint32_t t : plan_.kernels[i].inputs)
+        touch(t);
+      for (uint32_t t : plan_.kernels[i].outputs)
+        touch(t);
+    }
 }
 
 void Executor::runPhase(Phase phase) {
-  if (device_) {
-    syncToDevice();
-    // The device measures nothing per tensor; every tensor a kernel of the phase names counts.
-    for (const KernelInfo &k : plan_.kernels)
-      if (k.phase == phase) {
-        for (uint32_t t : k.inputs)
-          touch(t);
-        for (uint32_t t : k.outputs)
-          touch(t);
-      }
-    device_->runPhase(phase);
+  syncToDevice();
+  touchPhase(phase, plan_.kernels.size());
+  backend_->runPhase(phase);
+  if (device_)
     deviceAhead_.assign(deviceAhead_.size(), true);
-    return;
-  }
-  for (size_t i = 0; i < plan_.kernels.size(); ++i) {
-    if (plan_.kernels[i].phase != phase)
-      continue;
-    auto start = std::chrono::steady_clock::now();
-    try {
-      runKernel(i);
-    } catch (const Error &e) {
-      throw Error(plan_.describeKernel(i) + ": " + e.what());
-    }
-    if (profiling_)
-      cpuTimes_[i] += std::chrono::duration<double, std::milli>(
-                          std::chrono::steady_clock::now() - start)
-                          .count();
-  }
 }
 
 float Executor::loss() const {
@@ -358,28 +328,11 @@ void Executor::forwardPrefix(const TokenBatch &batch, size_t end) {
   setInputs(batch);
   setLossScale(1.0f);
   end = std::min(end, plan_.kernels.size());
-  if (device_) {
-    syncToDevice();
-    for (size_t i = 0; i < end; ++i)
-      if (plan_.kernels[i].phase == Phase::Forward) {
-        for (uint32_t t : plan_.kernels[i].inputs)
-          touch(t);
-        for (uint32_t t : plan_.kernels[i].outputs)
-          touch(t);
-      }
-    device_->runPhasePrefix(Phase::Forward, end);
+  syncToDevice();
+  touchPhase(Phase::Forward, end);
+  backend_->runPhasePrefix(Phase::Forward, end);
+  if (device_)
     deviceAhead_.assign(deviceAhead_.size(), true);
-    return;
-  }
-  for (size_t i = 0; i < end; ++i) {
-    if (plan_.kernels[i].phase != Phase::Forward)
-      continue;
-    try {
-      runKernel(i);
-    } catch (const Error &e) {
-      throw Error(plan_.describeKernel(i) + ": " + e.what());
-    }
-  }
 }
 
 StepResult Executor::trainStep(TokenLoader &loader, uint64_t firstMicroBatch, uint32_t count) {

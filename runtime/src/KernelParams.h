@@ -1,7 +1,7 @@
 //===- KernelParams.h - Kernel parameters from a plan kernel's attributes -===//
 //
-// Private to runtime/src. The CPU executor (Executor.cpp) and the CUDA backend
-// (DeviceBackend.cpp) call kernels that take their hyperparameters as small structs; these
+// Private to runtime/src. The CPU and CUDA handlers (CpuKernelHandlers.cpp,
+// CudaKernelHandlers.cpp) call kernels that take their hyperparameters as small structs; these
 // functions build each struct from a verified kernel's attributes, so that both backends read
 // the same attributes the same way.
 //

@@ -1,4 +1,4 @@
-//===- Executor.h - Runs a verified plan on the CPU backend ---------------===//
+//===- Executor.h - Runs a verified plan on a kernel backend ---------------===//
 //
 // The executor owns the arenas of one plan: each is allocated once (aligned, zeroed), and every
 // plan tensor becomes a TensorView at arena base + offset, so tensors that the compiler placed at
@@ -6,7 +6,8 @@
 // from the seed, then every tensor's initializer is applied (zeros; converting copies such as
 // fp32 master weights). A training step runs, for each of its k micro-batches, the Forward and
 // Backward kernels on that micro-batch's tokens with the LossScale tensor set to 1/k, then the
-// Update kernels once; generation runs the Forward kernels alone. The executor also measures,
+// Update kernels once; generation runs the Forward kernels alone. The kernels themselves run on
+// a KernelBackend, the CPU's or a GPU's (KernelBackend.h). The executor also measures,
 // per arena, the highest byte any binding, input or kernel operand actually touched, to report
 // beside the planned size. See docs/training.md.
 //
@@ -16,7 +17,7 @@
 #define BONSAI_RUNTIME_EXECUTOR_H
 
 #include "bonsai/runtime/Data.h"
-#include "bonsai/runtime/DeviceBackend.h"
+#include "bonsai/runtime/KernelBackend.h"
 #include "bonsai/runtime/Metrics.h"
 #include "bonsai/runtime/Plan.h"
 #include "bonsai/runtime/Safetensors.h"
@@ -106,7 +107,7 @@ public:
   /// Milliseconds spent in each plan kernel since profiling was turned on.
   std::vector<double> kernelMilliseconds() const;
   /// Device bytes the GPU backend holds as measured by the driver (0 on the CPU).
-  uint64_t measuredDeviceBytes() const { return device_ ? device_->measuredDeviceBytes() : 0; }
+  uint64_t measuredDeviceBytes() const { return backend_->measuredDeviceBytes(); }
 
   /// Binds every parameter from `checkpoint` (see bindCheckpoint), initializes the adapters
   /// it lacks from `seed` (initUnboundParameters), then applies the initializers (applyInits).
@@ -181,18 +182,17 @@ public:
 
 private:
   void touch(uint32_t tensor);
-  void runKernel(size_t index);
+  /// Counts every tensor the kernels of `phase` below plan index `end` name as touched: the
+  /// measured memory of a step (the backends measure nothing per tensor).
+  void touchPhase(Phase phase, size_t end);
   /// With a GPU: copies every host arena to the device if the host was written since.
   void syncToDevice();
   /// With a GPU: copies one small tensor (loss, metric, input) between host and device.
   void downloadTensor(uint32_t tensor) const;
   void uploadTensor(uint32_t tensor);
 
-  /// The only copy of the plan: the device backend reads this one.
+  /// The only copy of the plan: the backend reads this one.
   LoadedPlan plan_;
-  std::unique_ptr<DeviceBackend> device_;
-  bool profiling_ = false;
-  std::vector<double> cpuTimes_;
   /// With a GPU: copies arena `arena` back to the host if kernels wrote it since its last copy.
   void syncArenaToHost(uint32_t arena) const;
 
@@ -214,6 +214,11 @@ private:
   std::vector<TensorView> views_;
   std::vector<uint64_t> measured_;
   uint32_t checkedMicroBatches_ = 0; ///< The count trainStep last verified (0: none yet).
+  /// Where the kernels run; it reads plan_ and, on the CPU, views_, declared before it.
+  std::unique_ptr<KernelBackend> backend_;
+  /// backend_ when it has memory of its own (a GPU), which the executor copies to and from;
+  /// null for the CPU, which runs on the host arenas.
+  KernelBackend *device_ = nullptr;
 };
 
 } // namespace bonsai::rt

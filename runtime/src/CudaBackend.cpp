@@ -1,6 +1,6 @@
-//===- DeviceBackend.cpp - Runs a plan's phases on a CUDA device ----------===//
+//===- CudaBackend.cpp - Runs a plan's phases on a CUDA device ------------===//
 //
-// In a build with the CUDA backend (BONSAI_HAVE_CUDA), the CUDA DeviceBackend: one device arena
+// In a build with the CUDA backend (BONSAI_HAVE_CUDA), the CUDA KernelBackend: one device arena
 // per plan arena (cudaMalloc once, zeroed), a view per plan tensor at the same offsets as on the
 // host, and each kernel handed to the CUDA backend's handler of its kind
 // (CudaKernelHandlers.cpp). Each phase is captured as a CUDA Graph the first time it runs and
@@ -10,7 +10,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "bonsai/runtime/DeviceBackend.h"
+#include "bonsai/runtime/KernelBackend.h"
 
 #ifdef BONSAI_HAVE_CUDA
 
@@ -35,7 +35,7 @@ void check(cudaError_t status, const char *call) {
                 ": " + cudaGetErrorString(status));
 }
 
-class CudaBackend final : public DeviceBackend {
+class CudaBackend final : public KernelBackend {
 public:
   CudaBackend(const LoadedPlan &plan, int ordinal, bool useGraphs)
       : plan_(plan), useGraphs_(useGraphs) {
@@ -99,6 +99,8 @@ public:
     if (stream_)
       cudaStreamDestroy(stream_);
   }
+
+  bool hasOwnMemory() const override { return true; }
 
   std::string describe() const override {
     // The device name is up to 256 characters: build the string instead of bounding a buffer.
@@ -325,7 +327,7 @@ bool cudaDeviceAvailable() {
   return count > 0;
 }
 
-std::unique_ptr<DeviceBackend> createCudaBackend(const LoadedPlan &plan, int ordinal,
+std::unique_ptr<KernelBackend> createCudaBackend(const LoadedPlan &plan, int ordinal,
                                                  bool useGraphs) {
   return std::make_unique<CudaBackend>(plan, ordinal, useGraphs);
 }
@@ -338,7 +340,7 @@ namespace bonsai::rt {
 
 bool cudaDeviceAvailable() { return false; }
 
-std::unique_ptr<DeviceBackend> createCudaBackend(const LoadedPlan &, int, bool) {
+std::unique_ptr<KernelBackend> createCudaBackend(const LoadedPlan &, int, bool) {
   throw Error("this build has no CUDA backend: it was configured without a CUDA toolkit "
               "(use --backend=cpu, or rebuild where nvcc is installed)");
 }

@@ -1,17 +1,21 @@
-//===- DeviceBackend.h - Runs a plan's kernels on an accelerator -----------===//
+//===- KernelBackend.h - Where a plan's kernels run: the CPU or a GPU -----===//
 //
-// The executor runs kernels on the CPU itself; with an accelerator it hands them to a
-// DeviceBackend, which owns device copies of the arenas, runs whole phases (captured once as
-// CUDA Graphs and replayed), and moves bytes between the executor's host arenas and the
-// device. The executor's host arenas stay the place where weights are bound, inputs written
-// and checkpoints read and written; the executor decides when to copy (docs/cuda.md).
+// The executor orchestrates a plan (arenas, weights, inputs, phases, copies) and hands its
+// kernels to one KernelBackend: the CPU reference backend (CpuBackend.cpp), which runs them on
+// the executor's host arenas, or the CUDA backend (CudaBackend.cpp), which owns device copies
+// of the arenas, runs whole phases (captured once as CUDA Graphs and replayed), and moves bytes
+// between the host arenas and the device. Each backend runs a kernel through its handler table,
+// one handler per kind of the kernel table (docs/runtime.md). The executor's host arenas stay
+// the place where weights are bound, inputs written and checkpoints read and written; for a
+// backend with memory of its own the executor decides when to copy (docs/cuda.md).
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef BONSAI_RUNTIME_DEVICEBACKEND_H
-#define BONSAI_RUNTIME_DEVICEBACKEND_H
+#ifndef BONSAI_RUNTIME_KERNELBACKEND_H
+#define BONSAI_RUNTIME_KERNELBACKEND_H
 
 #include "bonsai/runtime/Plan.h"
+#include "bonsai/runtime/Tensor.h"
 
 #include <cstdint>
 #include <memory>
@@ -20,13 +24,17 @@
 
 namespace bonsai::rt {
 
-/// An accelerator running one plan.
-class DeviceBackend {
+/// The kernels of one plan, run on the CPU or on a GPU.
+class KernelBackend {
 public:
-  virtual ~DeviceBackend() = default;
+  virtual ~KernelBackend() = default;
 
-  /// "NVIDIA H200 (sm_90, 139.8 GiB), CUDA Graphs on".
+  /// "cpu", or "NVIDIA H200 (sm_90, 139.8 GiB), CUDA Graphs on".
   virtual std::string describe() const = 0;
+  /// Whether the backend runs on arenas of its own (a GPU's), which the executor keeps in step
+  /// with its host arenas through the copies below; a backend without (the CPU) runs on the
+  /// host arenas themselves and is never asked to copy.
+  virtual bool hasOwnMemory() const = 0;
   /// Copies `bytes` host bytes to device arena `arena` at byte `offset`.
   virtual void uploadArena(size_t arena, uint64_t offset, const void *host, uint64_t bytes) = 0;
   /// Copies device arena `arena` into `bytes` host bytes.
@@ -56,13 +64,18 @@ public:
 /// True when this build has the CUDA backend and a CUDA device is present.
 bool cudaDeviceAvailable();
 
+/// The CPU reference backend for `plan`, running its kernels on `views`, the executor's host
+/// views of the plan's tensors. It keeps references to both, which must outlive it.
+std::unique_ptr<KernelBackend> createCpuBackend(const LoadedPlan &plan,
+                                                const std::vector<TensorView> &views);
+
 /// The CUDA backend for `plan` on device `ordinal`: allocates and zeroes one device arena per
 /// plan arena. The backend keeps a reference to `plan`, which must outlive it: the executor
 /// owns the only copy of the plan, so that what it changes (bonsai-run's --lr) is what runs. Throws rt::Error when the build has no CUDA backend, the device is missing, or
 /// an allocation fails (naming the arena and the bytes asked for).
-std::unique_ptr<DeviceBackend> createCudaBackend(const LoadedPlan &plan, int ordinal,
+std::unique_ptr<KernelBackend> createCudaBackend(const LoadedPlan &plan, int ordinal,
                                                  bool useGraphs);
 
 } // namespace bonsai::rt
 
-#endif // BONSAI_RUNTIME_DEVICEBACKEND_H
+#endif // BONSAI_RUNTIME_KERNELBACKEND_H

@@ -1,0 +1,83 @@
+//===- CpuBackend.cpp - Runs a plan's phases on the CPU -------------------===//
+//
+// The reference backend: fp32 accumulation, OpenBLAS GEMMs, one kernel after another on the
+// executor's host arenas (it has no memory of its own, so the executor never copies for it).
+// Each kernel goes to the CPU handler of its kind (CpuKernelHandlers.cpp); with profiling on,
+// each kernel's wall-clock time is added up per plan kernel.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/runtime/KernelBackend.h"
+
+#include "KernelCall.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace bonsai::rt {
+
+namespace {
+
+class CpuBackend final : public KernelBackend {
+public:
+  CpuBackend(const LoadedPlan &plan, const std::vector<TensorView> &views)
+      : plan_(plan), views_(views) {}
+
+  std::string describe() const override { return "cpu"; }
+  bool hasOwnMemory() const override { return false; }
+
+  // The executor copies only for a backend with memory of its own.
+  void uploadArena(size_t, uint64_t, const void *, uint64_t) override {}
+  void downloadArena(size_t, void *, uint64_t) override {}
+  void uploadTensor(uint32_t, const void *) override {}
+  void downloadTensor(uint32_t, void *) override {}
+
+  void runPhase(Phase phase) override { runPhasePrefix(phase, plan_.kernels.size()); }
+
+  void runPhasePrefix(Phase phase, size_t end) override {
+    end = std::min(end, plan_.kernels.size());
+    for (size_t i = 0; i < end; ++i) {
+      if (plan_.kernels[i].phase != phase)
+        continue;
+      auto start = std::chrono::steady_clock::now();
+      try {
+        launchOnCpu(KernelCall(plan_, i, views_));
+      } catch (const Error &e) {
+        throw Error(plan_.describeKernel(i) + ": " + e.what());
+      }
+      if (profiling_)
+        times_[i] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                               start)
+                         .count();
+    }
+  }
+
+  // Kernels run synchronously; their errors were thrown as they ran.
+  void synchronize() override {}
+  uint64_t measuredDeviceBytes() const override { return 0; }
+
+  void setProfiling(bool on) override {
+    profiling_ = on;
+    times_.assign(plan_.kernels.size(), 0.0);
+  }
+  const std::vector<double> &kernelMilliseconds() const override { return times_; }
+
+  // Every launch reads the attributes from the executor's plan.
+  void kernelAttrsChanged() override {}
+
+private:
+  /// The executor's plan and host views, read at every launch.
+  const LoadedPlan &plan_;
+  const std::vector<TensorView> &views_;
+  bool profiling_ = false;
+  std::vector<double> times_;
+};
+
+} // namespace
+
+std::unique_ptr<KernelBackend> createCpuBackend(const LoadedPlan &plan,
+                                                const std::vector<TensorView> &views) {
+  return std::make_unique<CpuBackend>(plan, views);
+}
+
+} // namespace bonsai::rt
