@@ -140,4 +140,60 @@ LinearSizes checkLinearGradWeight(const char *b, const char *k, const TensorView
   return {leadingRows(dy), out, in};
 }
 
+int64_t checkNorm(const char *b, const char *k, const TensorView &x, const TensorView &w,
+                  const TensorView *bias, const TensorView &y) {
+  checkFloat(b, k, "x", x);
+  checkFloat(b, k, "weight", w);
+  checkFloat(b, k, "y", y);
+  if (x.rank() < 1)
+    fail(b, k, "x must have at least one dimension, got shape " + formatShape(x.shape));
+  int64_t d = x.dim(-1);
+  checkShape(b, k, "weight", w, {d}, "for x shape " + formatShape(x.shape));
+  if (bias) {
+    checkFloat(b, k, "bias", *bias);
+    checkShape(b, k, "bias", *bias, {d}, "for x shape " + formatShape(x.shape));
+  }
+  checkSameShape(b, k, "y", y, "x", x);
+  return d;
+}
+
+int64_t checkNormGrad(const char *b, const char *k, const TensorView &dy, const TensorView &x,
+                      const TensorView &w, const TensorView &dx) {
+  checkFloat(b, k, "dy", dy);
+  checkFloat(b, k, "x", x);
+  checkFloat(b, k, "weight", w);
+  checkFloat(b, k, "dx", dx);
+  if (x.rank() < 1)
+    fail(b, k, "x must have at least one dimension, got shape " + formatShape(x.shape));
+  checkSameShape(b, k, "dy", dy, "x", x);
+  int64_t d = x.dim(-1);
+  checkShape(b, k, "weight", w, {d}, "for x shape " + formatShape(x.shape));
+  checkSameShape(b, k, "dx", dx, "x", x);
+  return d;
+}
+
+void checkF32(const char *b, const char *k, const char *operand, const TensorView &t,
+              const std::vector<int64_t> &shape) {
+  checkView(b, k, operand, t);
+  if (t.dtype != DType::F32)
+    fail(b, k, std::string(operand) + " must be f32, not " + dtypeName(t.dtype));
+  if (t.shape != shape)
+    fail(b, k,
+         std::string(operand) + " shape " + formatShape(t.shape) + " should be " +
+             formatShape(shape));
+}
+
+std::pair<int64_t, int64_t> checkGaloreSide(const char *b, const char *k, const char *operand,
+                                            const TensorView &t, bool left) {
+  checkFloat(b, k, operand, t);
+  if (t.shape.size() != 2)
+    fail(b, k, std::string(operand) + " shape " + formatShape(t.shape) + " is not 2-D");
+  int64_t m = t.shape[0], n = t.shape[1];
+  if ((left && m > n) || (!left && m < n))
+    fail(b, k,
+         std::string("the ") + (left ? "left" : "right") + " side of " + formatShape(t.shape) +
+             " is not its smaller side");
+  return {m, n};
+}
+
 } // namespace bonsai::rt::checks

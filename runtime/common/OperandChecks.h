@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace bonsai::rt::checks {
@@ -63,6 +64,21 @@ LinearSizes checkLinearGradWeight(const char *backend, const char *kernel, const
                                   const TensorView &x, const TensorView &dw,
                                   const char *dwName = "dw");
 
+/// Checks x [..., D], a weight (and bias) [D] and y like x (the norms); returns D.
+int64_t checkNorm(const char *backend, const char *kernel, const TensorView &x,
+                  const TensorView &w, const TensorView *b, const TensorView &y);
+/// Checks dy [..., D], x like dy, a weight [D] and dx like dy (the norms' gradients); returns D.
+int64_t checkNormGrad(const char *backend, const char *kernel, const TensorView &dy,
+                      const TensorView &x, const TensorView &w, const TensorView &dx);
+
+/// Checks that `t` is an f32 tensor of `shape` (optimizer state, GaLore's projections).
+void checkF32(const char *backend, const char *kernel, const char *operand, const TensorView &t,
+              const std::vector<int64_t> &shape);
+/// Checks a 2-D gradient-shaped tensor against the side GaLore projects (`left`: its rows,
+/// which must then be the smaller side) and returns its (rows, columns).
+std::pair<int64_t, int64_t> checkGaloreSide(const char *backend, const char *kernel,
+                                            const char *operand, const TensorView &t, bool left);
+
 } // namespace bonsai::rt::checks
 
 /// Declares, in a backend's private namespace, the checks above with its prefix `Backend`
@@ -105,6 +121,22 @@ LinearSizes checkLinearGradWeight(const char *backend, const char *kernel, const
                                            const TensorView &x, const TensorView &dw,              \
                                            const char *dwName = "dw") {                            \
     return ::bonsai::rt::checks::checkLinearGradWeight(Backend, kernel, dy, x, dw, dwName);        \
+  }                                                                                                \
+  inline int64_t checkNorm(const char *kernel, const TensorView &x, const TensorView &w,           \
+                           const TensorView *b, const TensorView &y) {                             \
+    return ::bonsai::rt::checks::checkNorm(Backend, kernel, x, w, b, y);                           \
+  }                                                                                                \
+  inline int64_t checkNormGrad(const char *kernel, const TensorView &dy, const TensorView &x,       \
+                               const TensorView &w, const TensorView &dx) {                        \
+    return ::bonsai::rt::checks::checkNormGrad(Backend, kernel, dy, x, w, dx);                     \
+  }                                                                                                \
+  inline void checkF32(const char *kernel, const char *operand, const TensorView &t,               \
+                       const std::vector<int64_t> &shape) {                                        \
+    ::bonsai::rt::checks::checkF32(Backend, kernel, operand, t, shape);                            \
+  }                                                                                                \
+  inline std::pair<int64_t, int64_t> checkSide(const char *kernel, const char *operand,            \
+                                               const TensorView &t, bool left) {                   \
+    return ::bonsai::rt::checks::checkGaloreSide(Backend, kernel, operand, t, left);               \
   }
 
 #endif // BONSAI_RUNTIME_COMMON_OPERANDCHECKS_H

@@ -27,22 +27,6 @@ namespace {
 /// Elements per thread below which threading costs more than it saves.
 constexpr int64_t kElementGrain = 32768;
 
-/// Checks dy [..., D], x like dy, a weight [D] and dx like dy; returns D.
-int64_t checkNormGrad(const char *kernel, const TensorView &dy, const TensorView &x,
-                      const TensorView &w, const TensorView &dx) {
-  checkFloat(kernel, "dy", dy);
-  checkFloat(kernel, "x", x);
-  checkFloat(kernel, "weight", w);
-  checkFloat(kernel, "dx", dx);
-  if (x.rank() < 1)
-    fail(kernel, "x must have at least one dimension, got shape " + formatShape(x.shape));
-  checkSameShape(kernel, "dy", dy, "x", x);
-  int64_t d = x.dim(-1);
-  checkShape(kernel, "weight", w, {d}, "for x shape " + formatShape(x.shape));
-  checkSameShape(kernel, "dx", dx, "x", x);
-  return d;
-}
-
 /// Runs fn(r0, r1) over row ranges of `rows` rows of `d` elements, in parallel.
 template <typename F> void forRowRanges(int64_t rows, int64_t d, F fn) {
   parallelFor(rows, std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, d)), fn);

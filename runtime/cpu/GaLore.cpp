@@ -263,31 +263,6 @@ Matrix symmetricEigenvectors(Matrix a, std::vector<double> &values) {
   return sorted;
 }
 
-/// Checks that `t` is an f32 tensor of `shape`.
-void checkF32(const char *kernel, const char *operand, const TensorView &t,
-              const std::vector<int64_t> &shape) {
-  checkView(kernel, operand, t);
-  if (t.dtype != DType::F32)
-    fail(kernel, std::string(operand) + " must be f32, not " + dtypeName(t.dtype));
-  if (t.shape != shape)
-    fail(kernel, std::string(operand) + " shape " + formatShape(t.shape) + " should be " +
-                     formatShape(shape));
-}
-
-
-/// Checks a 2-D gradient-shaped tensor against the side and returns (m, n).
-std::pair<int64_t, int64_t> checkSide(const char *kernel, const char *operand, const TensorView &t,
-                                      bool left) {
-  checkFloat(kernel, operand, t);
-  if (t.shape.size() != 2)
-    fail(kernel, std::string(operand) + " shape " + formatShape(t.shape) + " is not 2-D");
-  int64_t m = t.shape[0], n = t.shape[1];
-  if ((left && m > n) || (!left && m < n))
-    fail(kernel, std::string("the ") + (left ? "left" : "right") + " side of " +
-                     formatShape(t.shape) + " is not its smaller side");
-  return {m, n};
-}
-
 } // namespace
 
 void galoreRefresh(const TensorView &grad, const TensorView &step,

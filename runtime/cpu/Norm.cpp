@@ -25,24 +25,6 @@ namespace {
 /// Elements per thread below which threading costs more than it saves.
 constexpr int64_t kElementGrain = 32768;
 
-/// Checks x [..., D], a weight (and bias) [D] and y like x; returns D.
-int64_t checkNorm(const char *kernel, const TensorView &x, const TensorView &w, const TensorView *b,
-                  const TensorView &y) {
-  checkFloat(kernel, "x", x);
-  checkFloat(kernel, "weight", w);
-  checkFloat(kernel, "y", y);
-  if (x.rank() < 1)
-    fail(kernel, "x must have at least one dimension, got shape " + formatShape(x.shape));
-  int64_t d = x.dim(-1);
-  checkShape(kernel, "weight", w, {d}, "for x shape " + formatShape(x.shape));
-  if (b) {
-    checkFloat(kernel, "bias", *b);
-    checkShape(kernel, "bias", *b, {d}, "for x shape " + formatShape(x.shape));
-  }
-  checkSameShape(kernel, "y", y, "x", x);
-  return d;
-}
-
 /// Runs fn(row, in, out) on every row of `d` elements of x, writing y, in parallel; `in` holds
 /// the row as fp32 and fn fills `out`.
 template <typename F> void forRows(const TensorView &x, const TensorView &y, int64_t d, F fn) {

@@ -950,26 +950,6 @@ const void *operandIn(const char *k, Stream stream, const TensorView &t, DType t
   return dst;
 }
 
-void checkF32(const char *k, const char *operand, const TensorView &t,
-              const std::vector<int64_t> &shape) {
-  checkView(k, operand, t);
-  if (t.dtype != DType::F32)
-    fail(k, std::string(operand) + " must be f32, not " + dtypeName(t.dtype));
-  checkShape(k, operand, t, shape, "");
-}
-
-/// The gradient's sides, checked against `left`.
-std::pair<int64_t, int64_t> checkSide(const char *k, const char *operand, const TensorView &t,
-                                      bool left) {
-  checkFloat(k, operand, t);
-  if (t.shape.size() != 2)
-    fail(k, std::string(operand) + " shape " + formatShape(t.shape) + " is not 2-D");
-  if ((left && t.shape[0] > t.shape[1]) || (!left && t.shape[0] < t.shape[1]))
-    fail(k, std::string("the ") + (left ? "left" : "right") + " side of " + formatShape(t.shape) +
-                " is not its smaller side");
-  return {t.shape[0], t.shape[1]};
-}
-
 } // namespace
 
 void galoreRefresh(const Context &ctx, const TensorView &grad, const TensorView &step,

@@ -142,24 +142,6 @@ __global__ void normKernel(const T *x, const T *rhs, T *sum, const W *w, const W
   });
 }
 
-/// Checks x [..., D], a weight (and bias) [D] and y like x; returns D.
-int64_t checkNorm(const char *kernel, const TensorView &x, const TensorView &w,
-                  const TensorView *b, const TensorView &y) {
-  checkFloat(kernel, "x", x);
-  checkFloat(kernel, "weight", w);
-  checkFloat(kernel, "y", y);
-  if (x.rank() < 1)
-    fail(kernel, "x must have at least one dimension, got shape " + formatShape(x.shape));
-  int64_t d = x.dim(-1);
-  checkShape(kernel, "weight", w, {d}, "for x shape " + formatShape(x.shape));
-  if (b) {
-    checkFloat(kernel, "bias", *b);
-    checkShape(kernel, "bias", *b, {d}, "for x shape " + formatShape(x.shape));
-  }
-  checkSameShape(kernel, "y", y, "x", x);
-  return d;
-}
-
 /// Calls f(T{}, W{}) for the storage types of the activations and the side operands when they
 /// are one of the pairs the kernels are built for: W = T, or W = float.
 template <typename F> bool dispatchNormTypes(DType t, DType w, F &&f) {
@@ -663,16 +645,7 @@ void normGrad(const char *kernel, const Context &ctx, const TensorView &dyIn,
               const TensorView &xIn, const TensorView &wIn, double eps, const TensorView &dxIn,
               const TensorView &dwIn, const TensorView *dbIn,
               const TensorView *addendIn = nullptr) {
-  checkFloat(kernel, "dy", dyIn);
-  checkFloat(kernel, "x", xIn);
-  checkFloat(kernel, "weight", wIn);
-  checkFloat(kernel, "dx", dxIn);
-  if (xIn.rank() < 1)
-    fail(kernel, "x must have at least one dimension, got shape " + formatShape(xIn.shape));
-  checkSameShape(kernel, "dy", dyIn, "x", xIn);
-  int64_t d = xIn.dim(-1);
-  checkShape(kernel, "weight", wIn, {d}, "for x shape " + formatShape(xIn.shape));
-  checkSameShape(kernel, "dx", dxIn, "x", xIn);
+  int64_t d = checkNormGrad(kernel, dyIn, xIn, wIn, dxIn);
   checkFloat(kernel, "dw", dwIn);
   checkShape(kernel, "dw", dwIn, {d}, "for x shape " + formatShape(xIn.shape));
   if (dbIn) {
