@@ -101,7 +101,6 @@ void KernelChecker::verify(kinds::Attention) {
 
 void KernelChecker::verify(kinds::Softmax) {
   checkAxisOfInput();
-  // Operands.
   checkUnaryShapes();
 }
 
@@ -118,13 +117,11 @@ void KernelChecker::verify(kinds::RoPEGrad) {
 
 void KernelChecker::verify(kinds::AttentionGrad) {
   checkAttentionScale();
-  // Operands.
   checkAttentionGradShapes();
 }
 
 void KernelChecker::verify(kinds::SoftmaxGrad) {
   checkAxisOfInput();
-  // Operands.
   checkUnaryGradShapes();
 }
 
@@ -141,7 +138,6 @@ void KernelChecker::verify(kinds::FlashAttention) {
 
 void KernelChecker::verify(kinds::FlashAttentionGrad) {
   checkAttentionScale();
-  // Operands.
   checkAttentionGradShapes();
 }
 

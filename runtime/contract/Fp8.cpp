@@ -200,28 +200,22 @@ void KernelChecker::checkFp8StateIsPersistent() {
          arena.name + "': FP8 scaling state must live in a persistent arena");
 }
 
-void KernelChecker::verify(kinds::Fp8Linear) {
+void KernelChecker::verifyFp8Gemm(void (KernelChecker::*operands)()) {
   checkFp8Attrs();
-  // Operands.
-  checkFp8LinearShapes();
-  // State.
+  (this->*operands)();
   checkFp8StateIsPersistent();
+}
+
+void KernelChecker::verify(kinds::Fp8Linear) {
+  verifyFp8Gemm(&KernelChecker::checkFp8LinearShapes);
 }
 
 void KernelChecker::verify(kinds::Fp8LinearGradInput) {
-  checkFp8Attrs();
-  // Operands.
-  checkFp8LinearShapes();
-  // State.
-  checkFp8StateIsPersistent();
+  verifyFp8Gemm(&KernelChecker::checkFp8LinearShapes);
 }
 
 void KernelChecker::verify(kinds::Fp8LinearGradWeight) {
-  checkFp8Attrs();
-  // Operands.
-  checkFp8GradWeightShapes();
-  // State.
-  checkFp8StateIsPersistent();
+  verifyFp8Gemm(&KernelChecker::checkFp8GradWeightShapes);
 }
 
 void KernelChecker::verify(kinds::Fp8UpdateScales) {
@@ -244,11 +238,7 @@ void KernelChecker::verify(kinds::Fp8UpdateScales) {
 }
 
 void KernelChecker::verify(kinds::Fp8LinearGradWeightAccumulate) {
-  checkFp8Attrs();
-  // Operands.
-  checkFp8GradWeightShapes();
-  // State.
-  checkFp8StateIsPersistent();
+  verifyFp8Gemm(&KernelChecker::checkFp8GradWeightShapes);
 }
 
 void KernelChecker::verify(kinds::Fp8LinearBackward) {
@@ -285,7 +275,6 @@ void KernelChecker::verify(kinds::Fp8LinearBackward) {
       fp8::gemmWorkspaceBytes(in(0).numel, in(1).numel) +
           fp8::gemmWorkspaceBytes(in(0).numel, in(2).numel),
       "the workspaces of Fp8LinearGradInput and Fp8LinearGradWeightAccumulate for these operands");
-  // State.
   checkFp8StateIsPersistent();
 }
 
@@ -316,32 +305,19 @@ void KernelChecker::verify(kinds::Fp8LinearSharedInput) {
   checkFp8Stats(out(1), outName(1));
   checkFp8Workspace(2, fp8::gemmWorkspaceBytes(0, in(2).numel),
                     "fp8::gemmWorkspaceBytes of w's cast alone");
-  // State.
   checkFp8StateIsPersistent();
 }
 
 void KernelChecker::verify(kinds::Fp8LinearBackwardSharedInput) {
-  checkFp8Attrs();
-  // Operands.
-  checkFp8BackwardCastShapes();
-  // State.
-  checkFp8StateIsPersistent();
+  verifyFp8Gemm(&KernelChecker::checkFp8BackwardCastShapes);
 }
 
 void KernelChecker::verify(kinds::Fp8LinearWithInputCast) {
-  checkFp8Attrs();
-  // Operands.
-  checkFp8LinearShapes();
-  // State.
-  checkFp8StateIsPersistent();
+  verifyFp8Gemm(&KernelChecker::checkFp8LinearShapes);
 }
 
 void KernelChecker::verify(kinds::Fp8LinearBackwardFromInputCast) {
-  checkFp8Attrs();
-  // Operands.
-  checkFp8BackwardCastShapes();
-  // State.
-  checkFp8StateIsPersistent();
+  verifyFp8Gemm(&KernelChecker::checkFp8BackwardCastShapes);
 }
 
 } // namespace bonsai::rt::contract

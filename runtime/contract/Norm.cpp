@@ -66,49 +66,41 @@ void KernelChecker::checkNormShapes() {
 
 void KernelChecker::verify(kinds::RMSNorm) {
   checkEpsilon();
-  // Operands.
   checkNormShapes();
 }
 
 void KernelChecker::verify(kinds::LayerNorm) {
   checkEpsilon();
-  // Operands.
   checkNormShapes();
 }
 
 void KernelChecker::verify(kinds::RMSNormGrad) {
   checkEpsilon();
-  // Operands.
   checkNormGradShapes();
 }
 
 void KernelChecker::verify(kinds::LayerNormGrad) {
   checkEpsilon();
-  // Operands.
   checkNormGradShapes();
 }
 
 void KernelChecker::verify(kinds::AddRMSNorm) {
   checkEpsilon();
-  // Operands.
   checkAddNormShapes();
 }
 
 void KernelChecker::verify(kinds::AddLayerNorm) {
   checkEpsilon();
-  // Operands.
   checkAddNormShapes();
 }
 
 void KernelChecker::verify(kinds::RMSNormGradAdd) {
   checkEpsilon();
-  // Operands.
   checkNormGradAddShapes();
 }
 
 void KernelChecker::verify(kinds::LayerNormGradAdd) {
   checkEpsilon();
-  // Operands.
   checkNormGradAddShapes();
 }
 

@@ -107,17 +107,13 @@ void KernelChecker::verify(kinds::LearningRate) {
 
 void KernelChecker::verify(kinds::AdamWUpdate) {
   checkAdamWAttrs();
-  // Operands.
   checkUpdateShapes();
-  // State.
   checkUpdateState();
 }
 
 void KernelChecker::verify(kinds::SGDUpdate) {
   checkSgdAttrs();
-  // Operands.
   checkUpdateShapes();
-  // State.
   checkUpdateState();
 }
 
@@ -130,17 +126,13 @@ void KernelChecker::verify(kinds::StepIncrement) {
 
 void KernelChecker::verify(kinds::MultiTensorAdamWUpdate) {
   checkAdamWAttrs();
-  // Operands.
   checkMultiTensorShapes();
-  // State.
   checkMultiTensorState();
 }
 
 void KernelChecker::verify(kinds::MultiTensorSGDUpdate) {
   checkSgdAttrs();
-  // Operands.
   checkMultiTensorShapes();
-  // State.
   checkMultiTensorState();
 }
 

@@ -283,6 +283,8 @@ private:
 #include "bonsai/runtime/KernelKinds.def"
 
   // Checks that several kinds of a family share (runtime/contract/).
+  /// An FP8 GEMM kind's contract: its attributes, its `operands` check, its persistent state.
+  void verifyFp8Gemm(void (KernelChecker::*operands)());
   /// The normalization epsilon is positive.
   void checkEpsilon();
   /// The rotary base theta is positive.
