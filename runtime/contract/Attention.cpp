@@ -38,21 +38,20 @@ void KernelChecker::checkLse(size_t i, bool isOutput) const {
 }
 
 void KernelChecker::checkTheta() {
-  const KernelAttrsInfo &a = kernel.attrs;
+  const auto &a = kernel.attrsAs<RoPEAttrs>();
   if (!(a.theta > 0))
     fail("theta must be positive, got " + num(a.theta));
 }
 
 void KernelChecker::checkAttentionScale() {
-  const KernelAttrsInfo &a = kernel.attrs;
+  const auto &a = kernel.attrsAs<AttentionAttrs>();
   if (!(a.scale > 0) || a.scale == std::numeric_limits<double>::infinity())
     fail("scale must be positive and finite, got " + num(a.scale));
 }
 
-void KernelChecker::checkAxisOfInput() {
-  const KernelAttrsInfo &a = kernel.attrs;
-  if (a.axis < 0 || size_t(a.axis) >= in(0).shape.size())
-    fail("axis " + std::to_string(a.axis) + " is out of range for " + inName(0) + " of rank " +
+void KernelChecker::checkAxisOfInput(int32_t axis) {
+  if (axis < 0 || size_t(axis) >= in(0).shape.size())
+    fail("axis " + std::to_string(axis) + " is out of range for " + inName(0) + " of rank " +
          std::to_string(in(0).shape.size()));
 }
 
@@ -100,7 +99,7 @@ void KernelChecker::verify(kinds::Attention) {
 }
 
 void KernelChecker::verify(kinds::Softmax) {
-  checkAxisOfInput();
+  checkAxisOfInput(attrs<kinds::Softmax>().axis);
   checkUnaryShapes();
 }
 
@@ -121,7 +120,7 @@ void KernelChecker::verify(kinds::AttentionGrad) {
 }
 
 void KernelChecker::verify(kinds::SoftmaxGrad) {
-  checkAxisOfInput();
+  checkAxisOfInput(attrs<kinds::SoftmaxGrad>().axis);
   checkUnaryGradShapes();
 }
 

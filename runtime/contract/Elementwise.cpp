@@ -68,7 +68,7 @@ void KernelChecker::verify(kinds::Copy) {
 }
 
 void KernelChecker::verify(kinds::Fill) {
-  const KernelAttrsInfo &a = kernel.attrs;
+  const auto &a = attrs<kinds::Fill>();
   // Attributes.
   if (!std::isfinite(a.value))
     fail("value must be finite, got " + num(a.value));

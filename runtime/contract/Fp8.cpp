@@ -77,12 +77,12 @@ void KernelChecker::checkFp8Workspace(size_t j, int64_t bytes, const std::string
 }
 
 void KernelChecker::checkFp8Attrs() {
-  const KernelAttrsInfo &a = kernel.attrs;
-  if (a.fp8Margin < 0 || a.fp8Margin > kMaxFp8Margin)
+  const auto &a = kernel.attrsAs<Fp8Attrs>();
+  if (a.margin < 0 || a.margin > kMaxFp8Margin)
     fail("margin must be in [0, " + std::to_string(kMaxFp8Margin) + "], got " +
-         std::to_string(a.fp8Margin));
+         std::to_string(a.margin));
   // The gradients' GEMMs always promote their partial sums (docs/fp8.md).
-  if (a.fp8FastAccumulation && kernel.kind != KernelKind::Fp8Linear &&
+  if (a.fastAccumulation && kernel.kind != KernelKind::Fp8Linear &&
       kernel.kind != KernelKind::Fp8LinearSharedInput &&
       kernel.kind != KernelKind::Fp8LinearWithInputCast)
     fail("fast_accumulation is the forward GEMMs' option (Fp8Linear, Fp8LinearSharedInput, "

@@ -11,7 +11,7 @@
 namespace bonsai::rt::contract {
 
 void KernelChecker::verify(kinds::GaloreRefresh) {
-  const KernelAttrsInfo &a = kernel.attrs;
+  const auto &a = attrs<kinds::GaloreRefresh>();
   // Attributes.
   if (a.updateProjGap <= 0)
     fail("update_proj_gap must be positive, got " + std::to_string(a.updateProjGap));
@@ -49,7 +49,7 @@ void KernelChecker::verify(kinds::GaloreProject) {
   expectFloat(0);
   expectRank(0, 2);
   const std::vector<int64_t> &g = in(0).shape;
-  bool left = kernel.attrs.left;
+  bool left = attrs<kinds::GaloreProject>().left;
   checkGaloreSide(g, left);
   expectGaloreProjector(1, left ? g[0] : g[1]);
   int64_t r = in(1).shape[1];
@@ -57,9 +57,9 @@ void KernelChecker::verify(kinds::GaloreProject) {
 }
 
 void KernelChecker::verify(kinds::GaloreAdamWUpdate) {
-  const KernelAttrsInfo &a = kernel.attrs;
+  const auto &a = attrs<kinds::GaloreAdamWUpdate>();
   // Attributes.
-  checkAdamWAttrs();
+  checkAdamWAttrs(attrs<kinds::GaloreAdamWUpdate>());
   if (!(a.scale > 0) || !std::isfinite(a.scale))
     fail("scale must be positive and finite, got " + num(a.scale));
   // Operands.
@@ -69,7 +69,7 @@ void KernelChecker::verify(kinds::GaloreAdamWUpdate) {
   if (out(1).shape.size() != 2)
     fail(outName(1) + " rank: expected 2, got " + formatShape(out(1).shape));
   const std::vector<int64_t> w = out(1).shape;
-  bool left = kernel.attrs.left;
+  bool left = attrs<kinds::GaloreAdamWUpdate>().left;
   checkGaloreSide(w, left);
   expectFloatOutput(1, w);
   expectGaloreProjector(3, left ? w[0] : w[1]);

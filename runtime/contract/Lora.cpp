@@ -11,7 +11,7 @@
 namespace bonsai::rt::contract {
 
 void KernelChecker::verify(kinds::DoraScale) {
-  const KernelAttrsInfo &a = kernel.attrs;
+  const auto &a = attrs<kinds::DoraScale>();
   // Attributes.
   if (!std::isfinite(a.scale))
     fail("scale must be finite, got " + num(a.scale));

@@ -30,7 +30,7 @@ void KernelChecker::verify(kinds::CrossEntropyGrad) {
 }
 
 void KernelChecker::verify(kinds::LinearCrossEntropy) {
-  const KernelAttrsInfo &a = kernel.attrs;
+  const auto &a = attrs<kinds::LinearCrossEntropy>();
   // Attributes.
   if (a.chunkRows <= 0)
     fail("chunk_rows must be positive, got " + std::to_string(a.chunkRows));
@@ -56,7 +56,8 @@ void KernelChecker::verify(kinds::LinearCrossEntropy) {
          " (as w), got " + formatShape(out(3).shape) + " " + dtypeName(out(3).dtype));
   int64_t rows = in(2).numel;
   int64_t elements = linearCrossEntropyWorkspaceElements(
-      rows, w[0], w[1], kernel.attrs.chunkRows, int64_t(dtypeSize(in(0).dtype)), weightGrad);
+      rows, w[0], w[1], attrs<kinds::LinearCrossEntropy>().chunkRows,
+      int64_t(dtypeSize(in(0).dtype)), weightGrad);
   expectF32Output(2, {elements});
 }
 

@@ -12,7 +12,7 @@
 namespace bonsai::rt::contract {
 
 void KernelChecker::checkEpsilon() {
-  const KernelAttrsInfo &a = kernel.attrs;
+  const auto &a = kernel.attrsAs<NormAttrs>();
   if (!(a.epsilon > 0))
     fail("epsilon must be positive, got " + num(a.epsilon));
 }

@@ -38,7 +38,7 @@ void KernelChecker::checkMultiTensorShapes() {
 }
 
 void KernelChecker::checkSgdAttrs() {
-  const KernelAttrsInfo &a = kernel.attrs;
+  const auto &a = kernel.attrsAs<SGDAttrs>();
   finiteAtLeast0("momentum", a.momentum);
   finiteAtLeast0("weight_decay", a.weightDecay);
   finiteAtLeast0("grad_clip", a.gradClip);
@@ -90,7 +90,7 @@ void KernelChecker::verify(kinds::GradNorm) {
 }
 
 void KernelChecker::verify(kinds::LearningRate) {
-  const KernelAttrsInfo &a = kernel.attrs;
+  const auto &a = attrs<kinds::LearningRate>();
   // Attributes.
   finiteAtLeast0("lr", a.lr);
   if (a.warmupSteps < 0)
@@ -106,7 +106,7 @@ void KernelChecker::verify(kinds::LearningRate) {
 }
 
 void KernelChecker::verify(kinds::AdamWUpdate) {
-  checkAdamWAttrs();
+  checkAdamWAttrs(attrs<kinds::AdamWUpdate>());
   checkUpdateShapes();
   checkUpdateState();
 }
@@ -125,7 +125,7 @@ void KernelChecker::verify(kinds::StepIncrement) {
 }
 
 void KernelChecker::verify(kinds::MultiTensorAdamWUpdate) {
-  checkAdamWAttrs();
+  checkAdamWAttrs(attrs<kinds::MultiTensorAdamWUpdate>());
   checkMultiTensorShapes();
   checkMultiTensorState();
 }

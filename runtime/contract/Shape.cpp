@@ -20,7 +20,7 @@ void KernelChecker::verify(kinds::Embedding) {
 }
 
 void KernelChecker::verify(kinds::Transpose) {
-  const KernelAttrsInfo &a = kernel.attrs;
+  const auto &a = attrs<kinds::Transpose>();
   // Attributes.
   size_t rank = in(0).shape.size();
   if (a.permutation.size() != rank)
@@ -35,22 +35,22 @@ void KernelChecker::verify(kinds::Transpose) {
   }
   // Operands.
   std::vector<int64_t> shape;
-  for (int64_t p : kernel.attrs.permutation)
+  for (int64_t p : attrs<kinds::Transpose>().permutation)
     shape.push_back(in(0).shape[size_t(p)]);
   expectOutput(shape, in(0).dtype);
 }
 
 void KernelChecker::verify(kinds::Slice) {
-  checkAxisOfInput();
+  checkAxisOfInput(attrs<kinds::Slice>().axis);
   // Operands.
-  size_t axis = size_t(kernel.attrs.axis);
+  size_t axis = size_t(attrs<kinds::Slice>().axis);
   if (out().shape.size() != in(0).shape.size())
     fail(outName() + " rank: expected " + std::to_string(in(0).shape.size()) + ", got " +
          std::to_string(out().shape.size()));
   std::vector<int64_t> shape = in(0).shape;
   shape[axis] = out().shape[axis];
   expectOutput(shape, in(0).dtype);
-  int64_t start = kernel.attrs.start, size = out().shape[axis], dim = in(0).shape[axis];
+  int64_t start = attrs<kinds::Slice>().start, size = out().shape[axis], dim = in(0).shape[axis];
   if (start < 0 || start > dim || size > dim - start)
     fail("range [" + std::to_string(start) + ", " + std::to_string(start) + " + " +
          std::to_string(size) + ") is outside dimension " + std::to_string(axis) + " of size " +
@@ -75,21 +75,22 @@ void KernelChecker::verify(kinds::ReduceTo) {
 }
 
 void KernelChecker::verify(kinds::SliceGrad) {
-  const KernelAttrsInfo &a = kernel.attrs;
+  const auto &a = attrs<kinds::SliceGrad>();
   // Attributes.
   if (a.axis < 0 || size_t(a.axis) >= out().shape.size())
     fail("axis " + std::to_string(a.axis) + " is out of range for " + outName() + " of rank " +
          std::to_string(out().shape.size()));
   // Operands.
   expectFloat(0);
-  size_t axis = size_t(kernel.attrs.axis);
+  size_t axis = size_t(attrs<kinds::SliceGrad>().axis);
   if (out().shape.size() != in(0).shape.size())
     fail(outName() + " rank: expected " + std::to_string(in(0).shape.size()) + ", got " +
          std::to_string(out().shape.size()));
   std::vector<int64_t> shape = in(0).shape;
   shape[axis] = out().shape[axis];
   expectFloatOutput(0, shape);
-  int64_t start = kernel.attrs.start, size = in(0).shape[axis], dim = out().shape[axis];
+  int64_t start = attrs<kinds::SliceGrad>().start, size = in(0).shape[axis],
+          dim = out().shape[axis];
   if (start < 0 || start > dim || size > dim - start)
     fail("range [" + std::to_string(start) + ", " + std::to_string(start) + " + " +
          std::to_string(size) + ") is outside dimension " + std::to_string(axis) + " of size " +

@@ -51,26 +51,29 @@ void launch(kinds::Mul, const KernelCall &c) {
 void launch(kinds::RMSNorm, const KernelCall &c) {
   using In = kinds::RMSNorm::In;
   using Out = kinds::RMSNorm::Out;
-  cpu::rmsNorm(c.in(In::x), c.in(In::weight), c.attrs().epsilon, c.out(Out::y));
+  const auto &a = c.attrs<kinds::RMSNorm>();
+  cpu::rmsNorm(c.in(In::x), c.in(In::weight), a.epsilon, c.out(Out::y));
 }
 
 void launch(kinds::LayerNorm, const KernelCall &c) {
   using In = kinds::LayerNorm::In;
   using Out = kinds::LayerNorm::Out;
-  cpu::layerNorm(c.in(In::x), c.in(In::weight), c.in(In::bias), c.attrs().epsilon, c.out(Out::y));
+  const auto &a = c.attrs<kinds::LayerNorm>();
+  cpu::layerNorm(c.in(In::x), c.in(In::weight), c.in(In::bias), a.epsilon, c.out(Out::y));
 }
 
 void launch(kinds::RoPE, const KernelCall &c) {
   using In = kinds::RoPE::In;
   using Out = kinds::RoPE::Out;
-  cpu::rope(c.in(In::x), c.attrs().theta, c.out(Out::y));
+  const auto &a = c.attrs<kinds::RoPE>();
+  cpu::rope(c.in(In::x), a.theta, c.out(Out::y));
 }
 
 void launch(kinds::Attention, const KernelCall &c) {
   using In = kinds::Attention::In;
   using Out = kinds::Attention::Out;
-  cpu::attention(c.in(In::q), c.in(In::k), c.in(In::v), c.attrs().causal, c.attrs().scale,
-                 c.out(Out::o));
+  const auto &a = c.attrs<kinds::Attention>();
+  cpu::attention(c.in(In::q), c.in(In::k), c.in(In::v), a.causal, a.scale, c.out(Out::o));
 }
 
 void launch(kinds::SiLU, const KernelCall &c) {
@@ -82,7 +85,8 @@ void launch(kinds::SiLU, const KernelCall &c) {
 void launch(kinds::GeLU, const KernelCall &c) {
   using In = kinds::GeLU::In;
   using Out = kinds::GeLU::Out;
-  cpu::gelu(c.in(In::x), c.attrs().geluTanh, c.out(Out::y));
+  const auto &a = c.attrs<kinds::GeLU>();
+  cpu::gelu(c.in(In::x), a.tanh, c.out(Out::y));
 }
 
 void launch(kinds::SwiGLU, const KernelCall &c) {
@@ -94,25 +98,29 @@ void launch(kinds::SwiGLU, const KernelCall &c) {
 void launch(kinds::Softmax, const KernelCall &c) {
   using In = kinds::Softmax::In;
   using Out = kinds::Softmax::Out;
-  cpu::softmax(c.in(In::x), c.attrs().axis, c.out(Out::y));
+  const auto &a = c.attrs<kinds::Softmax>();
+  cpu::softmax(c.in(In::x), a.axis, c.out(Out::y));
 }
 
 void launch(kinds::CrossEntropy, const KernelCall &c) {
   using In = kinds::CrossEntropy::In;
   using Out = kinds::CrossEntropy::Out;
-  cpu::crossEntropy(c.in(In::logits), c.in(In::labels), c.attrs().ignoreIndex, c.out(Out::loss));
+  const auto &a = c.attrs<kinds::CrossEntropy>();
+  cpu::crossEntropy(c.in(In::logits), c.in(In::labels), a.ignoreIndex, c.out(Out::loss));
 }
 
 void launch(kinds::Transpose, const KernelCall &c) {
   using In = kinds::Transpose::In;
   using Out = kinds::Transpose::Out;
-  cpu::transpose(c.in(In::x), c.attrs().permutation, c.out(Out::y));
+  const auto &a = c.attrs<kinds::Transpose>();
+  cpu::transpose(c.in(In::x), a.permutation, c.out(Out::y));
 }
 
 void launch(kinds::Slice, const KernelCall &c) {
   using In = kinds::Slice::In;
   using Out = kinds::Slice::Out;
-  cpu::slice(c.in(In::x), c.attrs().axis, c.attrs().start, c.out(Out::y));
+  const auto &a = c.attrs<kinds::Slice>();
+  cpu::slice(c.in(In::x), a.axis, a.start, c.out(Out::y));
 }
 
 void launch(kinds::Cast, const KernelCall &c) {
@@ -131,7 +139,8 @@ void launch(kinds::Copy, const KernelCall &c) {
 
 void launch(kinds::Fill, const KernelCall &c) {
   using Out = kinds::Fill::Out;
-  cpu::fill(c.attrs().value, c.out(Out::y));
+  const auto &a = c.attrs<kinds::Fill>();
+  cpu::fill(a.value, c.out(Out::y));
 }
 
 void launch(kinds::EmbeddingGrad, const KernelCall &c) {
@@ -161,44 +170,49 @@ void launch(kinds::ReduceTo, const KernelCall &c) {
 void launch(kinds::RMSNormGrad, const KernelCall &c) {
   using In = kinds::RMSNormGrad::In;
   using Out = kinds::RMSNormGrad::Out;
-  cpu::rmsNormGrad(c.in(In::dy), c.in(In::x), c.in(In::w), c.attrs().epsilon, c.out(Out::dx),
+  const auto &a = c.attrs<kinds::RMSNormGrad>();
+  cpu::rmsNormGrad(c.in(In::dy), c.in(In::x), c.in(In::w), a.epsilon, c.out(Out::dx),
                    c.out(Out::dw));
 }
 
 void launch(kinds::LayerNormGrad, const KernelCall &c) {
   using In = kinds::LayerNormGrad::In;
   using Out = kinds::LayerNormGrad::Out;
-  cpu::layerNormGrad(c.in(In::dy), c.in(In::x), c.in(In::w), c.attrs().epsilon, c.out(Out::dx),
+  const auto &a = c.attrs<kinds::LayerNormGrad>();
+  cpu::layerNormGrad(c.in(In::dy), c.in(In::x), c.in(In::w), a.epsilon, c.out(Out::dx),
                      c.out(Out::dw), c.out(Out::db));
 }
 
 void launch(kinds::RoPEGrad, const KernelCall &c) {
   using In = kinds::RoPEGrad::In;
   using Out = kinds::RoPEGrad::Out;
-  cpu::ropeGrad(c.in(In::dy), c.attrs().theta, c.out(Out::dx));
+  const auto &a = c.attrs<kinds::RoPEGrad>();
+  cpu::ropeGrad(c.in(In::dy), a.theta, c.out(Out::dx));
 }
 
 void launch(kinds::AttentionGrad, const KernelCall &c) {
   using In = kinds::AttentionGrad::In;
   using Out = kinds::AttentionGrad::Out;
-  cpu::attentionGrad(c.in(In::do_), c.in(In::q), c.in(In::k), c.in(In::v), c.in(In::o),
-                     c.attrs().causal, c.attrs().scale, c.out(Out::dq), c.out(Out::dk),
-                     c.out(Out::dv));
+  const auto &a = c.attrs<kinds::AttentionGrad>();
+  cpu::attentionGrad(c.in(In::do_), c.in(In::q), c.in(In::k), c.in(In::v), c.in(In::o), a.causal,
+                     a.scale, c.out(Out::dq), c.out(Out::dk), c.out(Out::dv));
 }
 
 void launch(kinds::FlashAttention, const KernelCall &c) {
   using In = kinds::FlashAttention::In;
   using Out = kinds::FlashAttention::Out;
-  cpu::flashAttention(c.in(In::q), c.in(In::k), c.in(In::v), c.attrs().causal, c.attrs().scale,
-                      c.out(Out::o), c.out(Out::lse));
+  const auto &a = c.attrs<kinds::FlashAttention>();
+  cpu::flashAttention(c.in(In::q), c.in(In::k), c.in(In::v), a.causal, a.scale, c.out(Out::o),
+                      c.out(Out::lse));
 }
 
 void launch(kinds::FlashAttentionGrad, const KernelCall &c) {
   using In = kinds::FlashAttentionGrad::In;
   using Out = kinds::FlashAttentionGrad::Out;
+  const auto &a = c.attrs<kinds::FlashAttentionGrad>();
   cpu::flashAttentionGrad(c.in(In::do_), c.in(In::q), c.in(In::k), c.in(In::v), c.in(In::o),
-                          c.in(In::lse), c.attrs().causal, c.attrs().scale, c.out(Out::dq),
-                          c.out(Out::dk), c.out(Out::dv));
+                          c.in(In::lse), a.causal, a.scale, c.out(Out::dq), c.out(Out::dk),
+                          c.out(Out::dv));
 }
 
 void launch(kinds::SiLUGrad, const KernelCall &c) {
@@ -210,7 +224,8 @@ void launch(kinds::SiLUGrad, const KernelCall &c) {
 void launch(kinds::GeLUGrad, const KernelCall &c) {
   using In = kinds::GeLUGrad::In;
   using Out = kinds::GeLUGrad::Out;
-  cpu::geluGrad(c.in(In::dy), c.in(In::x), c.attrs().geluTanh, c.out(Out::dx));
+  const auto &a = c.attrs<kinds::GeLUGrad>();
+  cpu::geluGrad(c.in(In::dy), c.in(In::x), a.tanh, c.out(Out::dx));
 }
 
 void launch(kinds::SwiGLUGrad, const KernelCall &c) {
@@ -222,20 +237,23 @@ void launch(kinds::SwiGLUGrad, const KernelCall &c) {
 void launch(kinds::SoftmaxGrad, const KernelCall &c) {
   using In = kinds::SoftmaxGrad::In;
   using Out = kinds::SoftmaxGrad::Out;
-  cpu::softmaxGrad(c.in(In::dy), c.in(In::y), c.attrs().axis, c.out(Out::dx));
+  const auto &a = c.attrs<kinds::SoftmaxGrad>();
+  cpu::softmaxGrad(c.in(In::dy), c.in(In::y), a.axis, c.out(Out::dx));
 }
 
 void launch(kinds::CrossEntropyGrad, const KernelCall &c) {
   using In = kinds::CrossEntropyGrad::In;
   using Out = kinds::CrossEntropyGrad::Out;
-  cpu::crossEntropyGrad(c.in(In::dloss), c.in(In::logits), c.in(In::labels), c.attrs().ignoreIndex,
+  const auto &a = c.attrs<kinds::CrossEntropyGrad>();
+  cpu::crossEntropyGrad(c.in(In::dloss), c.in(In::logits), c.in(In::labels), a.ignoreIndex,
                         c.out(Out::dlogits));
 }
 
 void launch(kinds::SliceGrad, const KernelCall &c) {
   using In = kinds::SliceGrad::In;
   using Out = kinds::SliceGrad::Out;
-  cpu::sliceGrad(c.in(In::dy), c.attrs().axis, c.attrs().start, c.out(Out::dx));
+  const auto &a = c.attrs<kinds::SliceGrad>();
+  cpu::sliceGrad(c.in(In::dy), a.axis, a.start, c.out(Out::dx));
 }
 
 void launch(kinds::GradNorm, const KernelCall &c) {
@@ -246,45 +264,48 @@ void launch(kinds::GradNorm, const KernelCall &c) {
 void launch(kinds::LearningRate, const KernelCall &c) {
   using In = kinds::LearningRate::In;
   using Out = kinds::LearningRate::Out;
-  cpu::learningRate(c.in(In::step), learningRateSchedule(c.attrs()), c.out(Out::lr));
+  const auto &a = c.attrs<kinds::LearningRate>();
+  cpu::learningRate(c.in(In::step), learningRateSchedule(a), c.out(Out::lr));
 }
 
 void launch(kinds::AdamWUpdate, const KernelCall &c) {
   using In = kinds::AdamWUpdate::In;
   using Out = kinds::AdamWUpdate::Out;
-  cpu::adamwUpdate(c.in(In::grad), c.in(In::step), c.in(In::lr), c.in(In::norm),
-                   adamwHyper(c.attrs()), c.out(Out::param), c.out(Out::m), c.out(Out::v),
-                   c.optionalOut(Out::master));
+  const auto &a = c.attrs<kinds::AdamWUpdate>();
+  cpu::adamwUpdate(c.in(In::grad), c.in(In::step), c.in(In::lr), c.in(In::norm), adamwHyper(a),
+                   c.out(Out::param), c.out(Out::m), c.out(Out::v), c.optionalOut(Out::master));
 }
 
 void launch(kinds::SGDUpdate, const KernelCall &c) {
   using In = kinds::SGDUpdate::In;
   using Out = kinds::SGDUpdate::Out;
-  cpu::sgdUpdate(c.in(In::grad), c.in(In::lr), c.in(In::norm), sgdHyper(c.attrs()),
-                 c.out(Out::param), c.out(Out::momentum), c.optionalOut(Out::master));
+  const auto &a = c.attrs<kinds::SGDUpdate>();
+  cpu::sgdUpdate(c.in(In::grad), c.in(In::lr), c.in(In::norm), sgdHyper(a), c.out(Out::param),
+                 c.out(Out::momentum), c.optionalOut(Out::master));
 }
 
 void launch(kinds::GaloreRefresh, const KernelCall &c) {
   using In = kinds::GaloreRefresh::In;
   using Out = kinds::GaloreRefresh::Out;
-  cpu::galoreRefresh(c.in(In::grad), c.in(In::step), galoreRefreshParams(c.attrs()),
-                     c.out(Out::workspace), c.out(Out::projector), c.out(Out::status));
+  const auto &a = c.attrs<kinds::GaloreRefresh>();
+  cpu::galoreRefresh(c.in(In::grad), c.in(In::step), galoreRefreshParams(a), c.out(Out::workspace),
+                     c.out(Out::projector), c.out(Out::status));
 }
 
 void launch(kinds::GaloreProject, const KernelCall &c) {
   using In = kinds::GaloreProject::In;
   using Out = kinds::GaloreProject::Out;
-  cpu::galoreProject(c.in(In::grad), c.in(In::projector), c.attrs().left, c.attrs().bf16Operands,
-                     c.out(Out::r));
+  const auto &a = c.attrs<kinds::GaloreProject>();
+  cpu::galoreProject(c.in(In::grad), c.in(In::projector), a.left, a.bf16Operands, c.out(Out::r));
 }
 
 void launch(kinds::GaloreAdamWUpdate, const KernelCall &c) {
   using In = kinds::GaloreAdamWUpdate::In;
   using Out = kinds::GaloreAdamWUpdate::Out;
+  const auto &a = c.attrs<kinds::GaloreAdamWUpdate>();
   cpu::galoreAdamwUpdate(c.in(In::step), c.in(In::lr), c.in(In::norm), c.in(In::projector),
-                         adamwHyper(c.attrs()), c.attrs().scale, c.attrs().left, c.out(Out::r),
-                         c.out(Out::param), c.out(Out::m), c.out(Out::v),
-                         c.optionalOut(Out::master));
+                         adamwHyper(a), a.scale, a.left, c.out(Out::r), c.out(Out::param),
+                         c.out(Out::m), c.out(Out::v), c.optionalOut(Out::master));
 }
 
 void launch(kinds::StepIncrement, const KernelCall &c) {
@@ -306,8 +327,9 @@ void launch(kinds::Zero, const KernelCall &c) {
 void launch(kinds::DoraScale, const KernelCall &c) {
   using In = kinds::DoraScale::In;
   using Out = kinds::DoraScale::Out;
-  cpu::doraScale(c.in(In::magnitude), c.in(In::w), c.in(In::lora_a), c.in(In::lora_b),
-                 c.attrs().scale, c.out(Out::y));
+  const auto &a = c.attrs<kinds::DoraScale>();
+  cpu::doraScale(c.in(In::magnitude), c.in(In::w), c.in(In::lora_a), c.in(In::lora_b), a.scale,
+                 c.out(Out::y));
 }
 
 void launch(kinds::Dequantize, const KernelCall &c) {
@@ -319,50 +341,57 @@ void launch(kinds::Dequantize, const KernelCall &c) {
 void launch(kinds::LinearCrossEntropy, const KernelCall &c) {
   using In = kinds::LinearCrossEntropy::In;
   using Out = kinds::LinearCrossEntropy::Out;
+  const auto &a = c.attrs<kinds::LinearCrossEntropy>();
   cpu::linearCrossEntropy(c.in(In::x), c.in(In::w), c.in(In::labels), c.in(In::dloss),
-                          c.attrs().ignoreIndex, c.attrs().chunkRows, c.out(Out::loss),
-                          c.out(Out::dx), c.out(Out::workspace), c.optionalOut(Out::dw));
+                          a.ignoreIndex, a.chunkRows, c.out(Out::loss), c.out(Out::dx),
+                          c.out(Out::workspace), c.optionalOut(Out::dw));
 }
 
 void launch(kinds::AddRMSNorm, const KernelCall &c) {
   using In = kinds::AddRMSNorm::In;
   using Out = kinds::AddRMSNorm::Out;
-  cpu::addRmsNorm(c.in(In::lhs), c.in(In::rhs), c.in(In::weight), c.attrs().epsilon,
-                  c.out(Out::sum), c.out(Out::y));
+  const auto &a = c.attrs<kinds::AddRMSNorm>();
+  cpu::addRmsNorm(c.in(In::lhs), c.in(In::rhs), c.in(In::weight), a.epsilon, c.out(Out::sum),
+                  c.out(Out::y));
 }
 
 void launch(kinds::AddLayerNorm, const KernelCall &c) {
   using In = kinds::AddLayerNorm::In;
   using Out = kinds::AddLayerNorm::Out;
-  cpu::addLayerNorm(c.in(In::lhs), c.in(In::rhs), c.in(In::weight), c.in(In::bias),
-                    c.attrs().epsilon, c.out(Out::sum), c.out(Out::y));
+  const auto &a = c.attrs<kinds::AddLayerNorm>();
+  cpu::addLayerNorm(c.in(In::lhs), c.in(In::rhs), c.in(In::weight), c.in(In::bias), a.epsilon,
+                    c.out(Out::sum), c.out(Out::y));
 }
 
 void launch(kinds::RMSNormGradAdd, const KernelCall &c) {
   using In = kinds::RMSNormGradAdd::In;
   using Out = kinds::RMSNormGradAdd::Out;
-  cpu::rmsNormGradAdd(c.in(In::dy), c.in(In::x), c.in(In::w), c.in(In::addend), c.attrs().epsilon,
+  const auto &a = c.attrs<kinds::RMSNormGradAdd>();
+  cpu::rmsNormGradAdd(c.in(In::dy), c.in(In::x), c.in(In::w), c.in(In::addend), a.epsilon,
                       c.out(Out::dx), c.out(Out::dw));
 }
 
 void launch(kinds::LayerNormGradAdd, const KernelCall &c) {
   using In = kinds::LayerNormGradAdd::In;
   using Out = kinds::LayerNormGradAdd::Out;
-  cpu::layerNormGradAdd(c.in(In::dy), c.in(In::x), c.in(In::w), c.in(In::addend), c.attrs().epsilon,
+  const auto &a = c.attrs<kinds::LayerNormGradAdd>();
+  cpu::layerNormGradAdd(c.in(In::dy), c.in(In::x), c.in(In::w), c.in(In::addend), a.epsilon,
                         c.out(Out::dx), c.out(Out::dw), c.out(Out::db));
 }
 
 void launch(kinds::MultiTensorAdamWUpdate, const KernelCall &c) {
   using In = kinds::MultiTensorAdamWUpdate::In;
+  const auto &a = c.attrs<kinds::MultiTensorAdamWUpdate>();
   MultiTensorOperands t = c.multiTensor(3, 3);
-  cpu::multiTensorAdamwUpdate(t.grads, c.in(In::step), c.in(In::lr), c.in(In::norm),
-                              adamwHyper(c.attrs()), t.lists[0], t.lists[1], t.lists[2], t.masters);
+  cpu::multiTensorAdamwUpdate(t.grads, c.in(In::step), c.in(In::lr), c.in(In::norm), adamwHyper(a),
+                              t.lists[0], t.lists[1], t.lists[2], t.masters);
 }
 
 void launch(kinds::MultiTensorSGDUpdate, const KernelCall &c) {
   using In = kinds::MultiTensorSGDUpdate::In;
+  const auto &a = c.attrs<kinds::MultiTensorSGDUpdate>();
   MultiTensorOperands t = c.multiTensor(2, 2);
-  cpu::multiTensorSgdUpdate(t.grads, c.in(In::lr), c.in(In::norm), sgdHyper(c.attrs()), t.lists[0],
+  cpu::multiTensorSgdUpdate(t.grads, c.in(In::lr), c.in(In::norm), sgdHyper(a), t.lists[0],
                             t.lists[1], t.masters);
 }
 void launch(kinds::LinearGeLU, const KernelCall &c) {
@@ -380,91 +409,97 @@ void launch(kinds::LinearGradWeightAccumulate, const KernelCall &c) {
 void launch(kinds::Fp8Linear, const KernelCall &c) {
   using In = kinds::Fp8Linear::In;
   using Out = kinds::Fp8Linear::Out;
+  const auto &a = c.attrs<kinds::Fp8Linear>();
   // Fp8Attrs.fast_accumulation is a GPU GEMM's mode: the CPU reference sums in f32 in k
   // order either way (docs/fp8.md).
-  cpu::fp8Linear(c.in(In::x), c.in(In::w), c.in(In::state), c.optionalIn(In::bias),
-                 c.attrs().fp8Current, c.attrs().fp8Margin, c.out(Out::y), c.out(Out::stats),
-                 c.out(Out::workspace));
+  cpu::fp8Linear(c.in(In::x), c.in(In::w), c.in(In::state), c.optionalIn(In::bias), a.current,
+                 a.margin, c.out(Out::y), c.out(Out::stats), c.out(Out::workspace));
 }
 
 void launch(kinds::Fp8LinearGradInput, const KernelCall &c) {
   using In = kinds::Fp8LinearGradInput::In;
   using Out = kinds::Fp8LinearGradInput::Out;
-  cpu::fp8LinearGradInput(c.in(In::dy), c.in(In::w), c.in(In::state), c.attrs().fp8Current,
-                          c.attrs().fp8Margin, c.out(Out::dx), c.out(Out::stats),
-                          c.out(Out::workspace));
+  const auto &a = c.attrs<kinds::Fp8LinearGradInput>();
+  cpu::fp8LinearGradInput(c.in(In::dy), c.in(In::w), c.in(In::state), a.current, a.margin,
+                          c.out(Out::dx), c.out(Out::stats), c.out(Out::workspace));
 }
 
 void launch(kinds::Fp8LinearGradWeight, const KernelCall &c) {
   using In = kinds::Fp8LinearGradWeight::In;
   using Out = kinds::Fp8LinearGradWeight::Out;
-  cpu::fp8LinearGradWeight(c.in(In::dy), c.in(In::x), c.in(In::state), c.attrs().fp8Current,
-                           c.attrs().fp8Margin, c.out(Out::dw), c.out(Out::stats),
-                           c.out(Out::workspace));
+  const auto &a = c.attrs<kinds::Fp8LinearGradWeight>();
+  cpu::fp8LinearGradWeight(c.in(In::dy), c.in(In::x), c.in(In::state), a.current, a.margin,
+                           c.out(Out::dw), c.out(Out::stats), c.out(Out::workspace));
 }
 
 void launch(kinds::Fp8LinearGradWeightAccumulate, const KernelCall &c) {
   using In = kinds::Fp8LinearGradWeightAccumulate::In;
   using Out = kinds::Fp8LinearGradWeightAccumulate::Out;
-  cpu::fp8LinearGradWeightAccumulate(c.in(In::dy), c.in(In::x), c.in(In::state),
-                                     c.attrs().fp8Current, c.attrs().fp8Margin, c.out(Out::stats),
-                                     c.out(Out::workspace), c.out(Out::acc));
+  const auto &a = c.attrs<kinds::Fp8LinearGradWeightAccumulate>();
+  cpu::fp8LinearGradWeightAccumulate(c.in(In::dy), c.in(In::x), c.in(In::state), a.current,
+                                     a.margin, c.out(Out::stats), c.out(Out::workspace),
+                                     c.out(Out::acc));
 }
 
 void launch(kinds::Fp8LinearBackward, const KernelCall &c) {
   using In = kinds::Fp8LinearBackward::In;
   using Out = kinds::Fp8LinearBackward::Out;
-  cpu::fp8LinearBackward(c.in(In::dy), c.in(In::w), c.in(In::x), c.in(In::state),
-                         c.attrs().fp8Current, c.attrs().fp8Margin, c.out(Out::dx),
-                         c.out(Out::input_grad_stats), c.out(Out::weight_grad_stats),
-                         c.out(Out::workspace), c.out(Out::acc));
+  const auto &a = c.attrs<kinds::Fp8LinearBackward>();
+  cpu::fp8LinearBackward(c.in(In::dy), c.in(In::w), c.in(In::x), c.in(In::state), a.current,
+                         a.margin, c.out(Out::dx), c.out(Out::input_grad_stats),
+                         c.out(Out::weight_grad_stats), c.out(Out::workspace), c.out(Out::acc));
 }
 
 void launch(kinds::Fp8LinearSharedInput, const KernelCall &c) {
   using In = kinds::Fp8LinearSharedInput::In;
   using Out = kinds::Fp8LinearSharedInput::Out;
+  const auto &a = c.attrs<kinds::Fp8LinearSharedInput>();
   cpu::fp8LinearSharedInput(c.in(In::input_cast), c.in(In::input_stats), c.in(In::w),
-                            c.in(In::state), c.optionalIn(In::bias), c.attrs().fp8Current,
-                            c.attrs().fp8Margin, c.out(Out::y), c.out(Out::stats),
-                            c.out(Out::workspace));
+                            c.in(In::state), c.optionalIn(In::bias), a.current, a.margin,
+                            c.out(Out::y), c.out(Out::stats), c.out(Out::workspace));
 }
 
 void launch(kinds::Fp8LinearBackwardSharedInput, const KernelCall &c) {
   using In = kinds::Fp8LinearBackwardSharedInput::In;
   using Out = kinds::Fp8LinearBackwardSharedInput::Out;
+  const auto &a = c.attrs<kinds::Fp8LinearBackwardSharedInput>();
   cpu::fp8LinearBackwardSharedInput(
       c.in(In::dy), c.in(In::w), c.in(In::input_cast), c.in(In::input_stats), c.in(In::state),
-      c.attrs().fp8Current, c.attrs().fp8Margin, c.out(Out::dx), c.out(Out::input_grad_stats),
+      a.current, a.margin, c.out(Out::dx), c.out(Out::input_grad_stats),
       c.out(Out::weight_grad_stats), c.out(Out::workspace), c.out(Out::acc));
 }
 
 void launch(kinds::Fp8LinearWithInputCast, const KernelCall &c) {
   using In = kinds::Fp8LinearWithInputCast::In;
   using Out = kinds::Fp8LinearWithInputCast::Out;
+  const auto &a = c.attrs<kinds::Fp8LinearWithInputCast>();
   cpu::fp8LinearWithInputCast(c.in(In::x), c.in(In::w), c.in(In::state), c.optionalIn(In::bias),
-                              c.attrs().fp8Current, c.attrs().fp8Margin, c.out(Out::y),
-                              c.out(Out::stats), c.out(Out::input_cast), c.out(Out::workspace));
+                              a.current, a.margin, c.out(Out::y), c.out(Out::stats),
+                              c.out(Out::input_cast), c.out(Out::workspace));
 }
 
 void launch(kinds::Fp8LinearBackwardFromInputCast, const KernelCall &c) {
   using In = kinds::Fp8LinearBackwardFromInputCast::In;
   using Out = kinds::Fp8LinearBackwardFromInputCast::Out;
+  const auto &a = c.attrs<kinds::Fp8LinearBackwardFromInputCast>();
   cpu::fp8LinearBackwardFromInputCast(
       c.in(In::dy), c.in(In::w), c.in(In::input_cast), c.in(In::input_stats), c.in(In::state),
-      c.attrs().fp8Current, c.attrs().fp8Margin, c.out(Out::dx), c.out(Out::input_grad_stats),
+      a.current, a.margin, c.out(Out::dx), c.out(Out::input_grad_stats),
       c.out(Out::weight_grad_stats), c.out(Out::workspace), c.out(Out::acc));
 }
 
 void launch(kinds::Fp8UpdateScales, const KernelCall &c) {
   using In = kinds::Fp8UpdateScales::In;
   using Out = kinds::Fp8UpdateScales::Out;
+  const auto &a = c.attrs<kinds::Fp8UpdateScales>();
   cpu::fp8UpdateScales(c.in(In::step), c.in(In::forward_stats), c.optionalIn(In::backward_stats),
-                       c.attrs().fp8Margin, c.out(Out::state));
+                       a.margin, c.out(Out::state));
 }
 
 void launch(kinds::FusedElementwise, const KernelCall &c) {
-  cpu::fusedElementwise(c.plan().generatedKernels[c.attrs().generatedKernel].program,
-                        c.inputPointers(), c.outputPointers());
+  const auto &a = c.attrs<kinds::FusedElementwise>();
+  cpu::fusedElementwise(c.plan().generatedKernels[a.kernel].program, c.inputPointers(),
+                        c.outputPointers());
 }
 
 using CpuHandler = void (*)(const KernelCall &);

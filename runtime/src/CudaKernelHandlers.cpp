@@ -54,27 +54,29 @@ void launch(kinds::Mul, const CudaCall &c) {
 void launch(kinds::RMSNorm, const CudaCall &c) {
   using In = kinds::RMSNorm::In;
   using Out = kinds::RMSNorm::Out;
-  cuda::rmsNorm(c.ctx, c.in(In::x), c.in(In::weight), c.attrs().epsilon, c.out(Out::y));
+  const auto &a = c.attrs<kinds::RMSNorm>();
+  cuda::rmsNorm(c.ctx, c.in(In::x), c.in(In::weight), a.epsilon, c.out(Out::y));
 }
 
 void launch(kinds::LayerNorm, const CudaCall &c) {
   using In = kinds::LayerNorm::In;
   using Out = kinds::LayerNorm::Out;
-  cuda::layerNorm(c.ctx, c.in(In::x), c.in(In::weight), c.in(In::bias), c.attrs().epsilon,
-                  c.out(Out::y));
+  const auto &a = c.attrs<kinds::LayerNorm>();
+  cuda::layerNorm(c.ctx, c.in(In::x), c.in(In::weight), c.in(In::bias), a.epsilon, c.out(Out::y));
 }
 
 void launch(kinds::RoPE, const CudaCall &c) {
   using In = kinds::RoPE::In;
   using Out = kinds::RoPE::Out;
-  cuda::rope(c.ctx, c.in(In::x), c.attrs().theta, c.out(Out::y));
+  const auto &a = c.attrs<kinds::RoPE>();
+  cuda::rope(c.ctx, c.in(In::x), a.theta, c.out(Out::y));
 }
 
 void launch(kinds::Attention, const CudaCall &c) {
   using In = kinds::Attention::In;
   using Out = kinds::Attention::Out;
-  cuda::attention(c.ctx, c.in(In::q), c.in(In::k), c.in(In::v), c.attrs().causal, c.attrs().scale,
-                  c.out(Out::o));
+  const auto &a = c.attrs<kinds::Attention>();
+  cuda::attention(c.ctx, c.in(In::q), c.in(In::k), c.in(In::v), a.causal, a.scale, c.out(Out::o));
 }
 
 void launch(kinds::SiLU, const CudaCall &c) {
@@ -86,7 +88,8 @@ void launch(kinds::SiLU, const CudaCall &c) {
 void launch(kinds::GeLU, const CudaCall &c) {
   using In = kinds::GeLU::In;
   using Out = kinds::GeLU::Out;
-  cuda::gelu(c.ctx, c.in(In::x), c.attrs().geluTanh, c.out(Out::y));
+  const auto &a = c.attrs<kinds::GeLU>();
+  cuda::gelu(c.ctx, c.in(In::x), a.tanh, c.out(Out::y));
 }
 
 void launch(kinds::SwiGLU, const CudaCall &c) {
@@ -98,26 +101,29 @@ void launch(kinds::SwiGLU, const CudaCall &c) {
 void launch(kinds::Softmax, const CudaCall &c) {
   using In = kinds::Softmax::In;
   using Out = kinds::Softmax::Out;
-  cuda::softmax(c.ctx, c.in(In::x), c.attrs().axis, c.out(Out::y));
+  const auto &a = c.attrs<kinds::Softmax>();
+  cuda::softmax(c.ctx, c.in(In::x), a.axis, c.out(Out::y));
 }
 
 void launch(kinds::CrossEntropy, const CudaCall &c) {
   using In = kinds::CrossEntropy::In;
   using Out = kinds::CrossEntropy::Out;
-  cuda::crossEntropy(c.ctx, c.in(In::logits), c.in(In::labels), c.attrs().ignoreIndex,
-                     c.out(Out::loss));
+  const auto &a = c.attrs<kinds::CrossEntropy>();
+  cuda::crossEntropy(c.ctx, c.in(In::logits), c.in(In::labels), a.ignoreIndex, c.out(Out::loss));
 }
 
 void launch(kinds::Transpose, const CudaCall &c) {
   using In = kinds::Transpose::In;
   using Out = kinds::Transpose::Out;
-  cuda::transpose(c.ctx, c.in(In::x), c.attrs().permutation, c.out(Out::y));
+  const auto &a = c.attrs<kinds::Transpose>();
+  cuda::transpose(c.ctx, c.in(In::x), a.permutation, c.out(Out::y));
 }
 
 void launch(kinds::Slice, const CudaCall &c) {
   using In = kinds::Slice::In;
   using Out = kinds::Slice::Out;
-  cuda::slice(c.ctx, c.in(In::x), c.attrs().axis, c.attrs().start, c.out(Out::y));
+  const auto &a = c.attrs<kinds::Slice>();
+  cuda::slice(c.ctx, c.in(In::x), a.axis, a.start, c.out(Out::y));
 }
 
 void launch(kinds::Cast, const CudaCall &c) {
@@ -136,7 +142,8 @@ void launch(kinds::Copy, const CudaCall &c) {
 
 void launch(kinds::Fill, const CudaCall &c) {
   using Out = kinds::Fill::Out;
-  cuda::fill(c.ctx, c.attrs().value, c.out(Out::y));
+  const auto &a = c.attrs<kinds::Fill>();
+  cuda::fill(c.ctx, a.value, c.out(Out::y));
 }
 
 void launch(kinds::EmbeddingGrad, const CudaCall &c) {
@@ -166,44 +173,49 @@ void launch(kinds::ReduceTo, const CudaCall &c) {
 void launch(kinds::RMSNormGrad, const CudaCall &c) {
   using In = kinds::RMSNormGrad::In;
   using Out = kinds::RMSNormGrad::Out;
-  cuda::rmsNormGrad(c.ctx, c.in(In::dy), c.in(In::x), c.in(In::w), c.attrs().epsilon,
-                    c.out(Out::dx), c.out(Out::dw));
+  const auto &a = c.attrs<kinds::RMSNormGrad>();
+  cuda::rmsNormGrad(c.ctx, c.in(In::dy), c.in(In::x), c.in(In::w), a.epsilon, c.out(Out::dx),
+                    c.out(Out::dw));
 }
 
 void launch(kinds::LayerNormGrad, const CudaCall &c) {
   using In = kinds::LayerNormGrad::In;
   using Out = kinds::LayerNormGrad::Out;
-  cuda::layerNormGrad(c.ctx, c.in(In::dy), c.in(In::x), c.in(In::w), c.attrs().epsilon,
-                      c.out(Out::dx), c.out(Out::dw), c.out(Out::db));
+  const auto &a = c.attrs<kinds::LayerNormGrad>();
+  cuda::layerNormGrad(c.ctx, c.in(In::dy), c.in(In::x), c.in(In::w), a.epsilon, c.out(Out::dx),
+                      c.out(Out::dw), c.out(Out::db));
 }
 
 void launch(kinds::RoPEGrad, const CudaCall &c) {
   using In = kinds::RoPEGrad::In;
   using Out = kinds::RoPEGrad::Out;
-  cuda::ropeGrad(c.ctx, c.in(In::dy), c.attrs().theta, c.out(Out::dx));
+  const auto &a = c.attrs<kinds::RoPEGrad>();
+  cuda::ropeGrad(c.ctx, c.in(In::dy), a.theta, c.out(Out::dx));
 }
 
 void launch(kinds::AttentionGrad, const CudaCall &c) {
   using In = kinds::AttentionGrad::In;
   using Out = kinds::AttentionGrad::Out;
+  const auto &a = c.attrs<kinds::AttentionGrad>();
   cuda::attentionGrad(c.ctx, c.in(In::do_), c.in(In::q), c.in(In::k), c.in(In::v), c.in(In::o),
-                      c.attrs().causal, c.attrs().scale, c.out(Out::dq), c.out(Out::dk),
-                      c.out(Out::dv));
+                      a.causal, a.scale, c.out(Out::dq), c.out(Out::dk), c.out(Out::dv));
 }
 
 void launch(kinds::FlashAttention, const CudaCall &c) {
   using In = kinds::FlashAttention::In;
   using Out = kinds::FlashAttention::Out;
-  cuda::flashAttention(c.ctx, c.in(In::q), c.in(In::k), c.in(In::v), c.attrs().causal,
-                       c.attrs().scale, c.out(Out::o), c.out(Out::lse));
+  const auto &a = c.attrs<kinds::FlashAttention>();
+  cuda::flashAttention(c.ctx, c.in(In::q), c.in(In::k), c.in(In::v), a.causal, a.scale,
+                       c.out(Out::o), c.out(Out::lse));
 }
 
 void launch(kinds::FlashAttentionGrad, const CudaCall &c) {
   using In = kinds::FlashAttentionGrad::In;
   using Out = kinds::FlashAttentionGrad::Out;
+  const auto &a = c.attrs<kinds::FlashAttentionGrad>();
   cuda::flashAttentionGrad(c.ctx, c.in(In::do_), c.in(In::q), c.in(In::k), c.in(In::v), c.in(In::o),
-                           c.in(In::lse), c.attrs().causal, c.attrs().scale, c.out(Out::dq),
-                           c.out(Out::dk), c.out(Out::dv));
+                           c.in(In::lse), a.causal, a.scale, c.out(Out::dq), c.out(Out::dk),
+                           c.out(Out::dv));
 }
 
 void launch(kinds::SiLUGrad, const CudaCall &c) {
@@ -215,7 +227,8 @@ void launch(kinds::SiLUGrad, const CudaCall &c) {
 void launch(kinds::GeLUGrad, const CudaCall &c) {
   using In = kinds::GeLUGrad::In;
   using Out = kinds::GeLUGrad::Out;
-  cuda::geluGrad(c.ctx, c.in(In::dy), c.in(In::x), c.attrs().geluTanh, c.out(Out::dx));
+  const auto &a = c.attrs<kinds::GeLUGrad>();
+  cuda::geluGrad(c.ctx, c.in(In::dy), c.in(In::x), a.tanh, c.out(Out::dx));
 }
 
 void launch(kinds::SwiGLUGrad, const CudaCall &c) {
@@ -228,20 +241,23 @@ void launch(kinds::SwiGLUGrad, const CudaCall &c) {
 void launch(kinds::SoftmaxGrad, const CudaCall &c) {
   using In = kinds::SoftmaxGrad::In;
   using Out = kinds::SoftmaxGrad::Out;
-  cuda::softmaxGrad(c.ctx, c.in(In::dy), c.in(In::y), c.attrs().axis, c.out(Out::dx));
+  const auto &a = c.attrs<kinds::SoftmaxGrad>();
+  cuda::softmaxGrad(c.ctx, c.in(In::dy), c.in(In::y), a.axis, c.out(Out::dx));
 }
 
 void launch(kinds::CrossEntropyGrad, const CudaCall &c) {
   using In = kinds::CrossEntropyGrad::In;
   using Out = kinds::CrossEntropyGrad::Out;
-  cuda::crossEntropyGrad(c.ctx, c.in(In::dloss), c.in(In::logits), c.in(In::labels),
-                         c.attrs().ignoreIndex, c.out(Out::dlogits));
+  const auto &a = c.attrs<kinds::CrossEntropyGrad>();
+  cuda::crossEntropyGrad(c.ctx, c.in(In::dloss), c.in(In::logits), c.in(In::labels), a.ignoreIndex,
+                         c.out(Out::dlogits));
 }
 
 void launch(kinds::SliceGrad, const CudaCall &c) {
   using In = kinds::SliceGrad::In;
   using Out = kinds::SliceGrad::Out;
-  cuda::sliceGrad(c.ctx, c.in(In::dy), c.attrs().axis, c.attrs().start, c.out(Out::dx));
+  const auto &a = c.attrs<kinds::SliceGrad>();
+  cuda::sliceGrad(c.ctx, c.in(In::dy), a.axis, a.start, c.out(Out::dx));
 }
 
 void launch(kinds::GradNorm, const CudaCall &c) {
@@ -252,45 +268,50 @@ void launch(kinds::GradNorm, const CudaCall &c) {
 void launch(kinds::LearningRate, const CudaCall &c) {
   using In = kinds::LearningRate::In;
   using Out = kinds::LearningRate::Out;
-  cuda::learningRate(c.ctx, c.in(In::step), learningRateSchedule(c.attrs()), c.out(Out::lr));
+  const auto &a = c.attrs<kinds::LearningRate>();
+  cuda::learningRate(c.ctx, c.in(In::step), learningRateSchedule(a), c.out(Out::lr));
 }
 
 void launch(kinds::AdamWUpdate, const CudaCall &c) {
   using In = kinds::AdamWUpdate::In;
   using Out = kinds::AdamWUpdate::Out;
+  const auto &a = c.attrs<kinds::AdamWUpdate>();
   cuda::adamwUpdate(c.ctx, c.in(In::grad), c.in(In::step), c.in(In::lr), c.in(In::norm),
-                    adamwHyper(c.attrs()), c.out(Out::param), c.out(Out::m), c.out(Out::v),
+                    adamwHyper(a), c.out(Out::param), c.out(Out::m), c.out(Out::v),
                     c.optionalOut(Out::master));
 }
 
 void launch(kinds::SGDUpdate, const CudaCall &c) {
   using In = kinds::SGDUpdate::In;
   using Out = kinds::SGDUpdate::Out;
-  cuda::sgdUpdate(c.ctx, c.in(In::grad), c.in(In::lr), c.in(In::norm), sgdHyper(c.attrs()),
+  const auto &a = c.attrs<kinds::SGDUpdate>();
+  cuda::sgdUpdate(c.ctx, c.in(In::grad), c.in(In::lr), c.in(In::norm), sgdHyper(a),
                   c.out(Out::param), c.out(Out::momentum), c.optionalOut(Out::master));
 }
 
 void launch(kinds::GaloreRefresh, const CudaCall &c) {
   using In = kinds::GaloreRefresh::In;
   using Out = kinds::GaloreRefresh::Out;
-  cuda::galoreRefresh(c.ctx, c.in(In::grad), c.in(In::step), galoreRefreshParams(c.attrs()),
+  const auto &a = c.attrs<kinds::GaloreRefresh>();
+  cuda::galoreRefresh(c.ctx, c.in(In::grad), c.in(In::step), galoreRefreshParams(a),
                       c.out(Out::workspace), c.out(Out::projector), c.out(Out::status));
 }
 
 void launch(kinds::GaloreProject, const CudaCall &c) {
   using In = kinds::GaloreProject::In;
   using Out = kinds::GaloreProject::Out;
-  cuda::galoreProject(c.ctx, c.in(In::grad), c.in(In::projector), c.attrs().left,
-                      c.attrs().bf16Operands, c.out(Out::r));
+  const auto &a = c.attrs<kinds::GaloreProject>();
+  cuda::galoreProject(c.ctx, c.in(In::grad), c.in(In::projector), a.left, a.bf16Operands,
+                      c.out(Out::r));
 }
 
 void launch(kinds::GaloreAdamWUpdate, const CudaCall &c) {
   using In = kinds::GaloreAdamWUpdate::In;
   using Out = kinds::GaloreAdamWUpdate::Out;
+  const auto &a = c.attrs<kinds::GaloreAdamWUpdate>();
   cuda::galoreAdamwUpdate(c.ctx, c.in(In::step), c.in(In::lr), c.in(In::norm), c.in(In::projector),
-                          adamwHyper(c.attrs()), c.attrs().scale, c.attrs().left, c.out(Out::r),
-                          c.out(Out::param), c.out(Out::m), c.out(Out::v),
-                          c.optionalOut(Out::master));
+                          adamwHyper(a), a.scale, a.left, c.out(Out::r), c.out(Out::param),
+                          c.out(Out::m), c.out(Out::v), c.optionalOut(Out::master));
 }
 
 void launch(kinds::StepIncrement, const CudaCall &c) {
@@ -312,8 +333,9 @@ void launch(kinds::Zero, const CudaCall &c) {
 void launch(kinds::DoraScale, const CudaCall &c) {
   using In = kinds::DoraScale::In;
   using Out = kinds::DoraScale::Out;
+  const auto &a = c.attrs<kinds::DoraScale>();
   cuda::doraScale(c.ctx, c.in(In::magnitude), c.in(In::w), c.in(In::lora_a), c.in(In::lora_b),
-                  c.attrs().scale, c.out(Out::y));
+                  a.scale, c.out(Out::y));
 }
 
 void launch(kinds::Dequantize, const CudaCall &c) {
@@ -325,52 +347,58 @@ void launch(kinds::Dequantize, const CudaCall &c) {
 void launch(kinds::LinearCrossEntropy, const CudaCall &c) {
   using In = kinds::LinearCrossEntropy::In;
   using Out = kinds::LinearCrossEntropy::Out;
+  const auto &a = c.attrs<kinds::LinearCrossEntropy>();
   cuda::linearCrossEntropy(c.ctx, c.in(In::x), c.in(In::w), c.in(In::labels), c.in(In::dloss),
-                           c.attrs().ignoreIndex, c.attrs().chunkRows, c.out(Out::loss),
-                           c.out(Out::dx), c.out(Out::workspace), c.optionalOut(Out::dw));
+                           a.ignoreIndex, a.chunkRows, c.out(Out::loss), c.out(Out::dx),
+                           c.out(Out::workspace), c.optionalOut(Out::dw));
 }
 
 void launch(kinds::AddRMSNorm, const CudaCall &c) {
   using In = kinds::AddRMSNorm::In;
   using Out = kinds::AddRMSNorm::Out;
-  cuda::addRmsNorm(c.ctx, c.in(In::lhs), c.in(In::rhs), c.in(In::weight), c.attrs().epsilon,
+  const auto &a = c.attrs<kinds::AddRMSNorm>();
+  cuda::addRmsNorm(c.ctx, c.in(In::lhs), c.in(In::rhs), c.in(In::weight), a.epsilon,
                    c.out(Out::sum), c.out(Out::y));
 }
 
 void launch(kinds::AddLayerNorm, const CudaCall &c) {
   using In = kinds::AddLayerNorm::In;
   using Out = kinds::AddLayerNorm::Out;
+  const auto &a = c.attrs<kinds::AddLayerNorm>();
   cuda::addLayerNorm(c.ctx, c.in(In::lhs), c.in(In::rhs), c.in(In::weight), c.in(In::bias),
-                     c.attrs().epsilon, c.out(Out::sum), c.out(Out::y));
+                     a.epsilon, c.out(Out::sum), c.out(Out::y));
 }
 
 void launch(kinds::RMSNormGradAdd, const CudaCall &c) {
   using In = kinds::RMSNormGradAdd::In;
   using Out = kinds::RMSNormGradAdd::Out;
-  cuda::rmsNormGradAdd(c.ctx, c.in(In::dy), c.in(In::x), c.in(In::w), c.in(In::addend),
-                       c.attrs().epsilon, c.out(Out::dx), c.out(Out::dw));
+  const auto &a = c.attrs<kinds::RMSNormGradAdd>();
+  cuda::rmsNormGradAdd(c.ctx, c.in(In::dy), c.in(In::x), c.in(In::w), c.in(In::addend), a.epsilon,
+                       c.out(Out::dx), c.out(Out::dw));
 }
 
 void launch(kinds::LayerNormGradAdd, const CudaCall &c) {
   using In = kinds::LayerNormGradAdd::In;
   using Out = kinds::LayerNormGradAdd::Out;
-  cuda::layerNormGradAdd(c.ctx, c.in(In::dy), c.in(In::x), c.in(In::w), c.in(In::addend),
-                         c.attrs().epsilon, c.out(Out::dx), c.out(Out::dw), c.out(Out::db));
+  const auto &a = c.attrs<kinds::LayerNormGradAdd>();
+  cuda::layerNormGradAdd(c.ctx, c.in(In::dy), c.in(In::x), c.in(In::w), c.in(In::addend), a.epsilon,
+                         c.out(Out::dx), c.out(Out::dw), c.out(Out::db));
 }
 
 void launch(kinds::MultiTensorAdamWUpdate, const CudaCall &c) {
   using In = kinds::MultiTensorAdamWUpdate::In;
+  const auto &a = c.attrs<kinds::MultiTensorAdamWUpdate>();
   MultiTensorOperands t = c.multiTensor(3, 3);
   cuda::multiTensorAdamwUpdate(c.ctx, t.grads, c.in(In::step), c.in(In::lr), c.in(In::norm),
-                               adamwHyper(c.attrs()), t.lists[0], t.lists[1], t.lists[2],
-                               t.masters);
+                               adamwHyper(a), t.lists[0], t.lists[1], t.lists[2], t.masters);
 }
 
 void launch(kinds::MultiTensorSGDUpdate, const CudaCall &c) {
   using In = kinds::MultiTensorSGDUpdate::In;
+  const auto &a = c.attrs<kinds::MultiTensorSGDUpdate>();
   MultiTensorOperands t = c.multiTensor(2, 2);
-  cuda::multiTensorSgdUpdate(c.ctx, t.grads, c.in(In::lr), c.in(In::norm), sgdHyper(c.attrs()),
-                             t.lists[0], t.lists[1], t.masters);
+  cuda::multiTensorSgdUpdate(c.ctx, t.grads, c.in(In::lr), c.in(In::norm), sgdHyper(a), t.lists[0],
+                             t.lists[1], t.masters);
 }
 void launch(kinds::LinearGeLU, const CudaCall &c) {
   using In = kinds::LinearGeLU::In;
@@ -388,91 +416,97 @@ void launch(kinds::LinearGradWeightAccumulate, const CudaCall &c) {
 void launch(kinds::Fp8Linear, const CudaCall &c) {
   using In = kinds::Fp8Linear::In;
   using Out = kinds::Fp8Linear::Out;
+  const auto &a = c.attrs<kinds::Fp8Linear>();
   cuda::fp8Linear(c.ctx, c.in(In::x), c.in(In::w), c.in(In::state), c.optionalIn(In::bias),
-                  c.attrs().fp8Current, c.attrs().fp8Margin, c.out(Out::y), c.out(Out::stats),
-                  c.out(Out::workspace), c.attrs().fp8FastAccumulation);
+                  a.current, a.margin, c.out(Out::y), c.out(Out::stats), c.out(Out::workspace),
+                  a.fastAccumulation);
 }
 
 void launch(kinds::Fp8LinearGradInput, const CudaCall &c) {
   using In = kinds::Fp8LinearGradInput::In;
   using Out = kinds::Fp8LinearGradInput::Out;
-  cuda::fp8LinearGradInput(c.ctx, c.in(In::dy), c.in(In::w), c.in(In::state), c.attrs().fp8Current,
-                           c.attrs().fp8Margin, c.out(Out::dx), c.out(Out::stats),
-                           c.out(Out::workspace));
+  const auto &a = c.attrs<kinds::Fp8LinearGradInput>();
+  cuda::fp8LinearGradInput(c.ctx, c.in(In::dy), c.in(In::w), c.in(In::state), a.current, a.margin,
+                           c.out(Out::dx), c.out(Out::stats), c.out(Out::workspace));
 }
 
 void launch(kinds::Fp8LinearGradWeight, const CudaCall &c) {
   using In = kinds::Fp8LinearGradWeight::In;
   using Out = kinds::Fp8LinearGradWeight::Out;
-  cuda::fp8LinearGradWeight(c.ctx, c.in(In::dy), c.in(In::x), c.in(In::state), c.attrs().fp8Current,
-                            c.attrs().fp8Margin, c.out(Out::dw), c.out(Out::stats),
-                            c.out(Out::workspace));
+  const auto &a = c.attrs<kinds::Fp8LinearGradWeight>();
+  cuda::fp8LinearGradWeight(c.ctx, c.in(In::dy), c.in(In::x), c.in(In::state), a.current, a.margin,
+                            c.out(Out::dw), c.out(Out::stats), c.out(Out::workspace));
 }
 
 void launch(kinds::Fp8LinearGradWeightAccumulate, const CudaCall &c) {
   using In = kinds::Fp8LinearGradWeightAccumulate::In;
   using Out = kinds::Fp8LinearGradWeightAccumulate::Out;
-  cuda::fp8LinearGradWeightAccumulate(c.ctx, c.in(In::dy), c.in(In::x), c.in(In::state),
-                                      c.attrs().fp8Current, c.attrs().fp8Margin, c.out(Out::stats),
-                                      c.out(Out::workspace), c.out(Out::acc));
+  const auto &a = c.attrs<kinds::Fp8LinearGradWeightAccumulate>();
+  cuda::fp8LinearGradWeightAccumulate(c.ctx, c.in(In::dy), c.in(In::x), c.in(In::state), a.current,
+                                      a.margin, c.out(Out::stats), c.out(Out::workspace),
+                                      c.out(Out::acc));
 }
 
 void launch(kinds::Fp8LinearBackward, const CudaCall &c) {
   using In = kinds::Fp8LinearBackward::In;
   using Out = kinds::Fp8LinearBackward::Out;
-  cuda::fp8LinearBackward(c.ctx, c.in(In::dy), c.in(In::w), c.in(In::x), c.in(In::state),
-                          c.attrs().fp8Current, c.attrs().fp8Margin, c.out(Out::dx),
-                          c.out(Out::input_grad_stats), c.out(Out::weight_grad_stats),
-                          c.out(Out::workspace), c.out(Out::acc));
+  const auto &a = c.attrs<kinds::Fp8LinearBackward>();
+  cuda::fp8LinearBackward(c.ctx, c.in(In::dy), c.in(In::w), c.in(In::x), c.in(In::state), a.current,
+                          a.margin, c.out(Out::dx), c.out(Out::input_grad_stats),
+                          c.out(Out::weight_grad_stats), c.out(Out::workspace), c.out(Out::acc));
 }
 
 void launch(kinds::Fp8LinearSharedInput, const CudaCall &c) {
   using In = kinds::Fp8LinearSharedInput::In;
   using Out = kinds::Fp8LinearSharedInput::Out;
+  const auto &a = c.attrs<kinds::Fp8LinearSharedInput>();
   cuda::fp8LinearSharedInput(c.ctx, c.in(In::input_cast), c.in(In::input_stats), c.in(In::w),
-                             c.in(In::state), c.optionalIn(In::bias), c.attrs().fp8Current,
-                             c.attrs().fp8Margin, c.out(Out::y), c.out(Out::stats),
-                             c.out(Out::workspace), c.attrs().fp8FastAccumulation);
+                             c.in(In::state), c.optionalIn(In::bias), a.current, a.margin,
+                             c.out(Out::y), c.out(Out::stats), c.out(Out::workspace),
+                             a.fastAccumulation);
 }
 
 void launch(kinds::Fp8LinearBackwardSharedInput, const CudaCall &c) {
   using In = kinds::Fp8LinearBackwardSharedInput::In;
   using Out = kinds::Fp8LinearBackwardSharedInput::Out;
-  cuda::fp8LinearBackwardSharedInput(c.ctx, c.in(In::dy), c.in(In::w), c.in(In::input_cast),
-                                     c.in(In::input_stats), c.in(In::state), c.attrs().fp8Current,
-                                     c.attrs().fp8Margin, c.out(Out::dx),
-                                     c.out(Out::input_grad_stats), c.out(Out::weight_grad_stats),
-                                     c.out(Out::workspace), c.out(Out::acc));
+  const auto &a = c.attrs<kinds::Fp8LinearBackwardSharedInput>();
+  cuda::fp8LinearBackwardSharedInput(
+      c.ctx, c.in(In::dy), c.in(In::w), c.in(In::input_cast), c.in(In::input_stats),
+      c.in(In::state), a.current, a.margin, c.out(Out::dx), c.out(Out::input_grad_stats),
+      c.out(Out::weight_grad_stats), c.out(Out::workspace), c.out(Out::acc));
 }
 
 void launch(kinds::Fp8LinearWithInputCast, const CudaCall &c) {
   using In = kinds::Fp8LinearWithInputCast::In;
   using Out = kinds::Fp8LinearWithInputCast::Out;
+  const auto &a = c.attrs<kinds::Fp8LinearWithInputCast>();
   cuda::fp8LinearWithInputCast(c.ctx, c.in(In::x), c.in(In::w), c.in(In::state),
-                               c.optionalIn(In::bias), c.attrs().fp8Current, c.attrs().fp8Margin,
-                               c.out(Out::y), c.out(Out::stats), c.out(Out::input_cast),
-                               c.out(Out::workspace), c.attrs().fp8FastAccumulation);
+                               c.optionalIn(In::bias), a.current, a.margin, c.out(Out::y),
+                               c.out(Out::stats), c.out(Out::input_cast), c.out(Out::workspace),
+                               a.fastAccumulation);
 }
 
 void launch(kinds::Fp8LinearBackwardFromInputCast, const CudaCall &c) {
   using In = kinds::Fp8LinearBackwardFromInputCast::In;
   using Out = kinds::Fp8LinearBackwardFromInputCast::Out;
-  cuda::fp8LinearBackwardFromInputCast(c.ctx, c.in(In::dy), c.in(In::w), c.in(In::input_cast),
-                                       c.in(In::input_stats), c.in(In::state), c.attrs().fp8Current,
-                                       c.attrs().fp8Margin, c.out(Out::dx),
-                                       c.out(Out::input_grad_stats), c.out(Out::weight_grad_stats),
-                                       c.out(Out::workspace), c.out(Out::acc));
+  const auto &a = c.attrs<kinds::Fp8LinearBackwardFromInputCast>();
+  cuda::fp8LinearBackwardFromInputCast(
+      c.ctx, c.in(In::dy), c.in(In::w), c.in(In::input_cast), c.in(In::input_stats),
+      c.in(In::state), a.current, a.margin, c.out(Out::dx), c.out(Out::input_grad_stats),
+      c.out(Out::weight_grad_stats), c.out(Out::workspace), c.out(Out::acc));
 }
 
 void launch(kinds::Fp8UpdateScales, const CudaCall &c) {
   using In = kinds::Fp8UpdateScales::In;
   using Out = kinds::Fp8UpdateScales::Out;
+  const auto &a = c.attrs<kinds::Fp8UpdateScales>();
   cuda::fp8UpdateScales(c.ctx, c.in(In::step), c.in(In::forward_stats),
-                        c.optionalIn(In::backward_stats), c.attrs().fp8Margin, c.out(Out::state));
+                        c.optionalIn(In::backward_stats), a.margin, c.out(Out::state));
 }
 
 void launch(kinds::FusedElementwise, const CudaCall &c) {
-  c.generated->launch(c.ctx, c.attrs().generatedKernel, c.inputPointers(), c.outputPointers());
+  const auto &a = c.attrs<kinds::FusedElementwise>();
+  c.generated->launch(c.ctx, a.kernel, c.inputPointers(), c.outputPointers());
 }
 
 using CudaHandler = void (*)(const CudaCall &);

@@ -237,7 +237,7 @@ void Executor::overrideLearningRate(double lr) {
   bool found = false;
   for (KernelInfo &k : plan_.kernels)
     if (k.kind == KernelKind::LearningRate) {
-      k.attrs.lr = lr;
+      k.attrsAs<LearningRateAttrs>().lr = lr;
       found = true;
     }
   if (!found)
@@ -369,7 +369,9 @@ std::vector<std::pair<std::string, int>> Executor::galoreSkipped() const {
         downloadTensor(*status);
       }
       float value;
-      std::memcpy(&value, static_cast<const float *>(views_[*status].data) + k.attrs.slot,
+      std::memcpy(&value,
+                  static_cast<const float *>(views_[*status].data) +
+                      k.attrsAs<GaloreRefreshAttrs>().slot,
                   sizeof value);
       // Positive: this step's refresh failed; negative: an earlier failure not retried now.
       if (value > 0.0f)

@@ -39,7 +39,10 @@ public:
   /// The kernel's position in the plan.
   size_t index() const { return index_; }
   const KernelInfo &kernel() const { return kernel_; }
-  const KernelAttrsInfo &attrs() const { return kernel_.attrs; }
+  /// The attributes of `Kind`'s table (kinds::K::Attrs): the kernel must be of that kind.
+  template <typename Kind> const typename Kind::Attrs &attrs() const {
+    return kernel_.attrsAs<typename Kind::Attrs>();
+  }
 
   /// Input `i` (a kinds::K::In name).
   const TensorView &in(unsigned i) const { return views_[kernel_.inputs[i]]; }

@@ -94,7 +94,7 @@ void KernelChecker::nameMultiTensorOperands() {
 }
 
 void KernelChecker::checkGeneratedArity() {
-  uint32_t g = kernel.attrs.generatedKernel;
+  uint32_t g = kernel.attrsAs<GeneratedKernelAttrs>().kernel;
   if (g >= plan.generatedKernels.size())
     fail("runs generated kernel " + std::to_string(g) + ", but the plan has " +
          std::to_string(plan.generatedKernels.size()) + " generated kernels");

@@ -75,6 +75,10 @@ private:
     throw Error("plan file '" + plan.path + "': " + plan.describeKernel(index) + ": " + message);
   }
 
+  /// The attributes of `Kind`'s table (kinds::K::Attrs): the kernel is of that kind.
+  template <typename Kind> const typename Kind::Attrs &attrs() const {
+    return kernel.attrsAs<typename Kind::Attrs>();
+  }
   const TensorInfo &in(size_t i) const { return plan.tensors[kernel.inputs[i]]; }
   const TensorInfo &out(size_t i = 0) const { return plan.tensors[kernel.outputs[i]]; }
   const ArenaInfo &arenaOf(const TensorInfo &t) const { return plan.arenas[t.arena]; }
@@ -217,8 +221,7 @@ private:
       fail(std::string(name) + " must be finite and non-negative, got " + num(v));
   }
   /// The hyperparameters AdamW and GaLore's AdamW share.
-  void checkAdamWAttrs() const {
-    const KernelAttrsInfo &a = kernel.attrs;
+  void checkAdamWAttrs(const AdamWAttrs &a) const {
     if (!(a.beta1 >= 0 && a.beta1 < 1))
       fail("beta1 must be in [0, 1), got " + num(a.beta1));
     if (!(a.beta2 >= 0 && a.beta2 < 1))
@@ -292,7 +295,7 @@ private:
   /// The attention scale is positive and finite.
   void checkAttentionScale();
   /// The axis attribute indexes a dimension of the input.
-  void checkAxisOfInput();
+  void checkAxisOfInput(int32_t axis);
   /// The hyperparameters of SGD and its multi-tensor form.
   void checkSgdAttrs();
   /// The margin of every FP8 kind, and fast accumulation on the forward GEMMs only.

@@ -19,7 +19,7 @@
 namespace bonsai::rt {
 
 /// The schedule of a LearningRate kernel.
-inline cpu::LearningRateSchedule learningRateSchedule(const KernelAttrsInfo &a) {
+inline cpu::LearningRateSchedule learningRateSchedule(const LearningRateAttrs &a) {
   cpu::LearningRateSchedule schedule;
   schedule.lr = a.lr;
   schedule.cosine = a.cosine;
@@ -30,7 +30,7 @@ inline cpu::LearningRateSchedule learningRateSchedule(const KernelAttrsInfo &a) 
 }
 
 /// The hyperparameters of an AdamWUpdate or GaloreAdamWUpdate kernel.
-inline cpu::AdamWHyper adamwHyper(const KernelAttrsInfo &a) {
+inline cpu::AdamWHyper adamwHyper(const AdamWAttrs &a) {
   cpu::AdamWHyper hyper;
   hyper.beta1 = a.beta1;
   hyper.beta2 = a.beta2;
@@ -41,7 +41,7 @@ inline cpu::AdamWHyper adamwHyper(const KernelAttrsInfo &a) {
 }
 
 /// The hyperparameters of an SGDUpdate kernel.
-inline cpu::SGDHyper sgdHyper(const KernelAttrsInfo &a) {
+inline cpu::SGDHyper sgdHyper(const SGDAttrs &a) {
   cpu::SGDHyper hyper;
   hyper.momentum = a.momentum;
   hyper.weightDecay = a.weightDecay;
@@ -50,7 +50,7 @@ inline cpu::SGDHyper sgdHyper(const KernelAttrsInfo &a) {
 }
 
 /// The parameters of a GaloreRefresh kernel.
-inline galore::RefreshParams galoreRefreshParams(const KernelAttrsInfo &a) {
+inline galore::RefreshParams galoreRefreshParams(const GaloreRefreshAttrs &a) {
   galore::RefreshParams params;
   params.rank = a.rank;
   params.updateProjGap = a.updateProjGap;

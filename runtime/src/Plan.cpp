@@ -269,12 +269,92 @@ bool isBinary(ElementwiseOpcode op) {
 }
 
 /// Reads the hyperparameters AdamWAttrs and GaloreAdamWAttrs share.
-template <typename AdamWTable> void readAdamWAttrs(const AdamWTable &t, KernelAttrsInfo &a) {
+template <typename AdamWTable> void readAdamW(const AdamWTable &t, AdamWAttrs &a) {
   a.beta1 = t.beta1();
   a.beta2 = t.beta2();
   a.eps = t.eps();
   a.weightDecay = t.weight_decay();
   a.gradClip = t.grad_clip();
+}
+
+/// A kernel's attributes as the struct of their table `table` (the kind's, checked already).
+KernelAttrsInfo readAttrs(const fb::Kernel &k, fb::KernelAttrs table) {
+  switch (table) {
+  case fb::KernelAttrs::NormAttrs:
+    return NormAttrs{k.attrs_as_NormAttrs()->epsilon()};
+  case fb::KernelAttrs::RoPEAttrs:
+    return RoPEAttrs{k.attrs_as_RoPEAttrs()->theta()};
+  case fb::KernelAttrs::AttentionAttrs:
+    return AttentionAttrs{k.attrs_as_AttentionAttrs()->causal(),
+                          k.attrs_as_AttentionAttrs()->scale()};
+  case fb::KernelAttrs::GeLUAttrs:
+    return GeLUAttrs{k.attrs_as_GeLUAttrs()->tanh()};
+  case fb::KernelAttrs::AxisAttrs:
+    return AxisAttrs{k.attrs_as_AxisAttrs()->axis()};
+  case fb::KernelAttrs::CrossEntropyAttrs:
+    return CrossEntropyAttrs{k.attrs_as_CrossEntropyAttrs()->ignore_index()};
+  case fb::KernelAttrs::LinearCrossEntropyAttrs:
+    return LinearCrossEntropyAttrs{k.attrs_as_LinearCrossEntropyAttrs()->ignore_index(),
+                                   k.attrs_as_LinearCrossEntropyAttrs()->chunk_rows()};
+  case fb::KernelAttrs::TransposeAttrs: {
+    TransposeAttrs a;
+    if (const auto *perm = k.attrs_as_TransposeAttrs()->permutation())
+      a.permutation = readInt64s(*perm);
+    return a;
+  }
+  case fb::KernelAttrs::SliceAttrs:
+    return SliceAttrs{k.attrs_as_SliceAttrs()->axis(), k.attrs_as_SliceAttrs()->start()};
+  case fb::KernelAttrs::FillAttrs:
+    return FillAttrs{k.attrs_as_FillAttrs()->value()};
+  case fb::KernelAttrs::DoraScaleAttrs:
+    return DoraScaleAttrs{k.attrs_as_DoraScaleAttrs()->scale()};
+  case fb::KernelAttrs::LearningRateAttrs: {
+    const fb::LearningRateAttrs *lr = k.attrs_as_LearningRateAttrs();
+    return LearningRateAttrs{lr->lr(), lr->cosine(), lr->warmup_steps(), lr->total_steps(),
+                             lr->min_lr_ratio()};
+  }
+  case fb::KernelAttrs::AdamWAttrs: {
+    AdamWAttrs a;
+    readAdamW(*k.attrs_as_AdamWAttrs(), a);
+    return a;
+  }
+  case fb::KernelAttrs::SGDAttrs: {
+    const fb::SGDAttrs *sgd = k.attrs_as_SGDAttrs();
+    return SGDAttrs{sgd->momentum(), sgd->weight_decay(), sgd->grad_clip()};
+  }
+  case fb::KernelAttrs::GaloreRefreshAttrs: {
+    const fb::GaloreRefreshAttrs *g = k.attrs_as_GaloreRefreshAttrs();
+    GaloreRefreshAttrs a;
+    a.rank = g->rank();
+    a.updateProjGap = g->update_proj_gap();
+    a.offset = g->offset();
+    a.slot = g->slot();
+    a.left = g->left();
+    a.randomized = g->randomized();
+    a.powerIterations = g->power_iterations();
+    a.seed = g->seed();
+    return a;
+  }
+  case fb::KernelAttrs::GaloreProjectAttrs:
+    return GaloreProjectAttrs{k.attrs_as_GaloreProjectAttrs()->left(),
+                              k.attrs_as_GaloreProjectAttrs()->bf16_operands()};
+  case fb::KernelAttrs::GaloreAdamWAttrs: {
+    const fb::GaloreAdamWAttrs *g = k.attrs_as_GaloreAdamWAttrs();
+    GaloreAdamWAttrs a;
+    readAdamW(*g, a);
+    a.scale = g->scale();
+    a.left = g->left();
+    return a;
+  }
+  case fb::KernelAttrs::GeneratedKernelAttrs:
+    return GeneratedKernelAttrs{k.attrs_as_GeneratedKernelAttrs()->kernel()};
+  case fb::KernelAttrs::Fp8Attrs:
+    return Fp8Attrs{k.attrs_as_Fp8Attrs()->current(), k.attrs_as_Fp8Attrs()->margin(),
+                    k.attrs_as_Fp8Attrs()->fast_accumulation()};
+  case fb::KernelAttrs::NONE:
+    break;
+  }
+  return NoAttrs{};
 }
 
 /// The union member each kind requires (NONE: the kind takes no attributes), from the table.
@@ -675,98 +755,7 @@ void PlanReader::readKernels() {
       got = fb::KernelAttrs::NONE;
     if (got != want)
       fail(what + " attributes: expected " + attrsName(want) + ", got " + attrsName(got));
-    KernelAttrsInfo &a = info.attrs;
-    switch (want) {
-    case fb::KernelAttrs::NormAttrs:
-      a.epsilon = k->attrs_as_NormAttrs()->epsilon();
-      break;
-    case fb::KernelAttrs::RoPEAttrs:
-      a.theta = k->attrs_as_RoPEAttrs()->theta();
-      break;
-    case fb::KernelAttrs::AttentionAttrs:
-      a.causal = k->attrs_as_AttentionAttrs()->causal();
-      a.scale = k->attrs_as_AttentionAttrs()->scale();
-      break;
-    case fb::KernelAttrs::GeLUAttrs:
-      a.geluTanh = k->attrs_as_GeLUAttrs()->tanh();
-      break;
-    case fb::KernelAttrs::AxisAttrs:
-      a.axis = k->attrs_as_AxisAttrs()->axis();
-      break;
-    case fb::KernelAttrs::CrossEntropyAttrs:
-      a.ignoreIndex = k->attrs_as_CrossEntropyAttrs()->ignore_index();
-      break;
-    case fb::KernelAttrs::LinearCrossEntropyAttrs:
-      a.ignoreIndex = k->attrs_as_LinearCrossEntropyAttrs()->ignore_index();
-      a.chunkRows = k->attrs_as_LinearCrossEntropyAttrs()->chunk_rows();
-      break;
-    case fb::KernelAttrs::TransposeAttrs:
-      if (const auto *perm = k->attrs_as_TransposeAttrs()->permutation())
-        a.permutation = readInt64s(*perm);
-      break;
-    case fb::KernelAttrs::SliceAttrs:
-      a.axis = k->attrs_as_SliceAttrs()->axis();
-      a.start = k->attrs_as_SliceAttrs()->start();
-      break;
-    case fb::KernelAttrs::FillAttrs:
-      a.value = k->attrs_as_FillAttrs()->value();
-      break;
-    case fb::KernelAttrs::DoraScaleAttrs:
-      a.scale = k->attrs_as_DoraScaleAttrs()->scale();
-      break;
-    case fb::KernelAttrs::LearningRateAttrs: {
-      const fb::LearningRateAttrs *lr = k->attrs_as_LearningRateAttrs();
-      a.lr = lr->lr();
-      a.cosine = lr->cosine();
-      a.warmupSteps = lr->warmup_steps();
-      a.totalSteps = lr->total_steps();
-      a.minLrRatio = lr->min_lr_ratio();
-      break;
-    }
-    case fb::KernelAttrs::AdamWAttrs:
-      readAdamWAttrs(*k->attrs_as_AdamWAttrs(), a);
-      break;
-    case fb::KernelAttrs::GaloreRefreshAttrs: {
-      const fb::GaloreRefreshAttrs *g = k->attrs_as_GaloreRefreshAttrs();
-      a.rank = g->rank();
-      a.updateProjGap = g->update_proj_gap();
-      a.offset = g->offset();
-      a.slot = g->slot();
-      a.left = g->left();
-      a.randomized = g->randomized();
-      a.powerIterations = g->power_iterations();
-      a.seed = g->seed();
-      break;
-    }
-    case fb::KernelAttrs::GaloreProjectAttrs:
-      a.left = k->attrs_as_GaloreProjectAttrs()->left();
-      a.bf16Operands = k->attrs_as_GaloreProjectAttrs()->bf16_operands();
-      break;
-    case fb::KernelAttrs::GaloreAdamWAttrs: {
-      const fb::GaloreAdamWAttrs *g = k->attrs_as_GaloreAdamWAttrs();
-      readAdamWAttrs(*g, a);
-      a.scale = g->scale();
-      a.left = g->left();
-      break;
-    }
-    case fb::KernelAttrs::GeneratedKernelAttrs:
-      a.generatedKernel = k->attrs_as_GeneratedKernelAttrs()->kernel();
-      break;
-    case fb::KernelAttrs::Fp8Attrs:
-      a.fp8Current = k->attrs_as_Fp8Attrs()->current();
-      a.fp8Margin = k->attrs_as_Fp8Attrs()->margin();
-      a.fp8FastAccumulation = k->attrs_as_Fp8Attrs()->fast_accumulation();
-      break;
-    case fb::KernelAttrs::SGDAttrs: {
-      const fb::SGDAttrs *sgd = k->attrs_as_SGDAttrs();
-      a.momentum = sgd->momentum();
-      a.weightDecay = sgd->weight_decay();
-      a.gradClip = sgd->grad_clip();
-      break;
-    }
-    default:
-      break;
-    }
+    info.attrs = readAttrs(*k, want);
     plan.kernels.push_back(std::move(info));
     contract::KernelChecker(plan, i).check();
   }

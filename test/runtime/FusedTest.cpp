@@ -373,10 +373,10 @@ TEST(PlanFusedTest, LoadsTheFusedPlan) {
   LoadedPlan plan = loadPlanBuffer(bytes.data(), bytes.size(), "fused.plan");
   const KernelInfo &head = plan.kernels[f.headKernel];
   EXPECT_EQ(head.kind, KernelKind::LinearCrossEntropy);
-  EXPECT_EQ(head.attrs.chunkRows, 3);
-  EXPECT_EQ(head.attrs.ignoreIndex, -100);
+  EXPECT_EQ(head.attrsAs<LinearCrossEntropyAttrs>().chunkRows, 3);
+  EXPECT_EQ(head.attrsAs<LinearCrossEntropyAttrs>().ignoreIndex, -100);
   EXPECT_STREQ(kernelKindName(KernelKind::LayerNormGradAdd), "LayerNormGradAdd");
-  EXPECT_DOUBLE_EQ(plan.kernels[f.gradAdd].attrs.epsilon, 1e-5);
+  EXPECT_DOUBLE_EQ(plan.kernels[f.gradAdd].attrsAs<NormAttrs>().epsilon, 1e-5);
   // Without dw (a frozen head) too.
   f.spec.kernels[f.headKernel].outputs.pop_back();
   f.spec.tensors[f.workspace].shape = {linearCrossEntropyWorkspaceElements(8, 16, 8, 3, 4, false)};

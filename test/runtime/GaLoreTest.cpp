@@ -413,10 +413,10 @@ TEST(GaLorePlanTest, LoadsAndTrains) {
   LoadedPlan plan = loadPlanBuffer(bytes.data(), bytes.size(), "galore.plan");
   const KernelInfo &refresh = plan.kernels[g.refresh];
   EXPECT_EQ(refresh.kind, KernelKind::GaloreRefresh);
-  EXPECT_EQ(refresh.attrs.rank, 2);
-  EXPECT_EQ(refresh.attrs.updateProjGap, 3);
-  EXPECT_FALSE(refresh.attrs.left);
-  EXPECT_DOUBLE_EQ(plan.kernels[g.update].attrs.scale, 0.25);
+  EXPECT_EQ(refresh.attrsAs<GaloreRefreshAttrs>().rank, 2);
+  EXPECT_EQ(refresh.attrsAs<GaloreRefreshAttrs>().updateProjGap, 3);
+  EXPECT_FALSE(refresh.attrsAs<GaloreRefreshAttrs>().left);
+  EXPECT_DOUBLE_EQ(plan.kernels[g.update].attrsAs<GaloreAdamWAttrs>().scale, 0.25);
 
   Executor e(plan);
   e.initWeights(1);

@@ -62,8 +62,8 @@ TEST(PlanTest, LoadsTheSmallPlan) {
   EXPECT_TRUE(plan.tensors[0].trainable);
   ASSERT_EQ(plan.kernels.size(), 4u);
   EXPECT_EQ(plan.kernels[1].kind, KernelKind::RMSNorm);
-  EXPECT_DOUBLE_EQ(plan.kernels[1].attrs.epsilon, 1e-5);
-  EXPECT_EQ(plan.kernels[3].attrs.ignoreIndex, -100);
+  EXPECT_DOUBLE_EQ(plan.kernels[1].attrsAs<NormAttrs>().epsilon, 1e-5);
+  EXPECT_EQ(plan.kernels[3].attrsAs<CrossEntropyAttrs>().ignoreIndex, -100);
   EXPECT_EQ(plan.inputs, (std::vector<uint32_t>{3, 4}));
   EXPECT_EQ(plan.loss, 8u);
   EXPECT_EQ(plan.vocabularySize(), 16);
@@ -78,11 +78,12 @@ TEST(PlanTest, AcceptsEveryKernelKind) {
     seen[size_t(k.kind)] = true;
   for (size_t i = 0; i < seen.size(); ++i)
     EXPECT_TRUE(seen[i]) << kernelKindName(KernelKind(i)) << " is not covered";
-  EXPECT_EQ(plan.kernels[23].attrs.permutation, (std::vector<int64_t>{0, 2, 1}));
-  EXPECT_TRUE(plan.kernels[9].attrs.causal);
-  EXPECT_DOUBLE_EQ(plan.kernels[9].attrs.scale, 0.5);
-  EXPECT_TRUE(plan.kernels[17].attrs.geluTanh);
-  EXPECT_EQ(plan.kernels[6].attrs.start, 12);
+  EXPECT_EQ(plan.kernels[23].attrsAs<TransposeAttrs>().permutation,
+            (std::vector<int64_t>{0, 2, 1}));
+  EXPECT_TRUE(plan.kernels[9].attrsAs<AttentionAttrs>().causal);
+  EXPECT_DOUBLE_EQ(plan.kernels[9].attrsAs<AttentionAttrs>().scale, 0.5);
+  EXPECT_TRUE(plan.kernels[17].attrsAs<GeLUAttrs>().tanh);
+  EXPECT_EQ(plan.kernels[6].attrsAs<SliceAttrs>().start, 12);
 }
 
 TEST(PlanTest, FileErrorsNameThePath) {
@@ -454,14 +455,14 @@ TEST(PlanTrainingTest, LoadsTheTrainingPlan) {
   EXPECT_EQ(plan.kernels.back().phase, Phase::Update);
   const KernelInfo &adam =
       plan.kernels[kernelOf(test::trainingPlanSpec(), KernelKind::AdamWUpdate)];
-  EXPECT_DOUBLE_EQ(adam.attrs.beta2, 0.95);
-  EXPECT_DOUBLE_EQ(adam.attrs.weightDecay, 0.01);
-  EXPECT_DOUBLE_EQ(adam.attrs.gradClip, 1.0);
+  EXPECT_DOUBLE_EQ(adam.attrsAs<AdamWAttrs>().beta2, 0.95);
+  EXPECT_DOUBLE_EQ(adam.attrsAs<AdamWAttrs>().weightDecay, 0.01);
+  EXPECT_DOUBLE_EQ(adam.attrsAs<AdamWAttrs>().gradClip, 1.0);
   const KernelInfo &lr = plan.kernels[kernelOf(test::trainingPlanSpec(), KernelKind::LearningRate)];
-  EXPECT_TRUE(lr.attrs.cosine);
-  EXPECT_EQ(lr.attrs.warmupSteps, 2);
-  EXPECT_EQ(lr.attrs.totalSteps, 40);
-  EXPECT_DOUBLE_EQ(lr.attrs.minLrRatio, 0.1);
+  EXPECT_TRUE(lr.attrsAs<LearningRateAttrs>().cosine);
+  EXPECT_EQ(lr.attrsAs<LearningRateAttrs>().warmupSteps, 2);
+  EXPECT_EQ(lr.attrsAs<LearningRateAttrs>().totalSteps, 40);
+  EXPECT_DOUBLE_EQ(lr.attrsAs<LearningRateAttrs>().minLrRatio, 0.1);
   EXPECT_EQ(plan.microBatchProblem(4), "");
   EXPECT_EQ(loadError(test::trainingPlanSpec({2, 4, 16, 8, true, 3})), "");
 }
@@ -475,9 +476,9 @@ TEST(PlanTrainingTest, AcceptsEveryTrainingKernelKind) {
   for (size_t i = 0; i < seen.size(); ++i)
     EXPECT_TRUE(seen[i]) << kernelKindName(KernelKind(i)) << " is not covered";
   const KernelInfo &sgd = plan.kernels[kernelOf(spec, KernelKind::SGDUpdate)];
-  EXPECT_DOUBLE_EQ(sgd.attrs.momentum, 0.9);
+  EXPECT_DOUBLE_EQ(sgd.attrsAs<SGDAttrs>().momentum, 0.9);
   EXPECT_EQ(sgd.outputs.size(), 3u);
-  EXPECT_DOUBLE_EQ(plan.kernels[kernelOf(spec, KernelKind::Fill)].attrs.value, 0.01);
+  EXPECT_DOUBLE_EQ(plan.kernels[kernelOf(spec, KernelKind::Fill)].attrsAs<FillAttrs>().value, 0.01);
   EXPECT_EQ(
       plan.tensors[tensorOf(spec, "optimizer.master.wte.weight", TensorRole::OptimizerState)].init,
       TensorInit::CopyOf);
@@ -732,7 +733,7 @@ TEST(PlanFusedTest, LoadsTheFusedTrainingPlan) {
     EXPECT_EQ(adam.inputs.size(), 5u);
     EXPECT_EQ(adam.outputs.size(), master ? 8u : 6u);
     EXPECT_EQ(adam.phase, Phase::Update);
-    EXPECT_DOUBLE_EQ(adam.attrs.beta2, 0.95);
+    EXPECT_DOUBLE_EQ(adam.attrsAs<AdamWAttrs>().beta2, 0.95);
     const KernelInfo &acc = plan.kernels[kernelOf(spec, KernelKind::LinearGradWeightAccumulate)];
     EXPECT_EQ(acc.outputs, std::vector<uint32_t>{t.gradHead});
     EXPECT_EQ(plan.microBatchProblem(2), "");
@@ -821,7 +822,7 @@ TEST(PlanFusedTest, MultiTensorSgd) {
   k.attrsType = fb::KernelAttrs::SGDAttrs;
   k.attrs = test::sgdAttrs(0.9);
   LoadedPlan plan = load(buildPlan(spec));
-  EXPECT_DOUBLE_EQ(plan.kernels[adam].attrs.momentum, 0.9);
+  EXPECT_DOUBLE_EQ(plan.kernels[adam].attrsAs<SGDAttrs>().momentum, 0.9);
   spec.kernels[adam].attrs = test::sgdAttrs(-1.0);
   expectError(spec, {"(MultiTensorSGDUpdate): momentum must be finite and non-negative, got -1"});
   spec.kernels[adam].attrs = test::sgdAttrs(0.9);
@@ -979,7 +980,7 @@ TEST(PlanGeneratedKernelsTest, LoadsAndRuns) {
   EXPECT_EQ(g.program.instructions[1].opcode, Op::Truncate);
   EXPECT_EQ(g.program.outputs, (std::vector<uint16_t>{3, 4}));
   EXPECT_EQ(plan.kernels[1].kind, KernelKind::FusedElementwise);
-  EXPECT_EQ(plan.kernels[1].attrs.generatedKernel, 0u);
+  EXPECT_EQ(plan.kernels[1].attrsAs<GeneratedKernelAttrs>().kernel, 0u);
   Executor executor(plan);
   executor.initWeights(1);
   TokenBatch batch;
@@ -1120,8 +1121,8 @@ TEST(PlanFlashAttentionTest, LoadsWithItsAttributes) {
   const KernelInfo &forward = plan.kernels[f.forward];
   EXPECT_EQ(forward.kind, KernelKind::FlashAttention);
   EXPECT_STREQ(kernelKindName(forward.kind), "FlashAttention");
-  EXPECT_TRUE(forward.attrs.causal);
-  EXPECT_DOUBLE_EQ(forward.attrs.scale, 0.5);
+  EXPECT_TRUE(forward.attrsAs<AttentionAttrs>().causal);
+  EXPECT_DOUBLE_EQ(forward.attrsAs<AttentionAttrs>().scale, 0.5);
   EXPECT_EQ(plan.kernels[f.grad].kind, KernelKind::FlashAttentionGrad);
   EXPECT_EQ(plan.kernels[f.grad].inputs.size(), 6u);
 }
@@ -1212,10 +1213,10 @@ TEST(PlanFp8Test, LoadsWithItsAttributes) {
   const KernelInfo &forward = plan.kernels[p.f.forward];
   EXPECT_EQ(forward.kind, KernelKind::Fp8Linear);
   EXPECT_STREQ(kernelKindName(forward.kind), "Fp8Linear");
-  EXPECT_FALSE(forward.attrs.fp8Current);
-  EXPECT_EQ(forward.attrs.fp8Margin, 0);
-  EXPECT_TRUE(plan.kernels[p.f.gradWeight].attrs.fp8Current);
-  EXPECT_EQ(plan.kernels[p.f.gradWeight].attrs.fp8Margin, 3);
+  EXPECT_FALSE(forward.attrsAs<Fp8Attrs>().current);
+  EXPECT_EQ(forward.attrsAs<Fp8Attrs>().margin, 0);
+  EXPECT_TRUE(plan.kernels[p.f.gradWeight].attrsAs<Fp8Attrs>().current);
+  EXPECT_EQ(plan.kernels[p.f.gradWeight].attrsAs<Fp8Attrs>().margin, 3);
   EXPECT_EQ(plan.kernels[p.f.update].kind, KernelKind::Fp8UpdateScales);
   EXPECT_STREQ(kernelKindName(KernelKind::Fp8LinearGradInput), "Fp8LinearGradInput");
   EXPECT_STREQ(kernelKindName(KernelKind::Fp8LinearGradWeight), "Fp8LinearGradWeight");

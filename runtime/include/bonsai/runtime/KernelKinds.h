@@ -10,6 +10,8 @@
 #ifndef BONSAI_RUNTIME_KERNELKINDS_H
 #define BONSAI_RUNTIME_KERNELKINDS_H
 
+#include "bonsai/runtime/KernelAttrs.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -81,21 +83,22 @@ inline constexpr size_t kKernelKindCount = 0
 #include "bonsai/runtime/KernelKinds.def"
     ;
 
-/// Named operand indices, one struct per kind: kinds::Linear::In::bias is 2,
-/// kinds::AdamWUpdate::Out::master is 3. A struct also serves as the kind's tag type, which
-/// backends overload their handlers on.
+/// Named operand indices and the attribute struct, one struct per kind: kinds::Linear::In::bias
+/// is 2, kinds::AdamWUpdate::Out::master is 3, kinds::AdamWUpdate::Attrs is AdamWAttrs. A
+/// struct also serves as the kind's tag type, which backends overload their handlers on.
 namespace kinds {
 #define BONSAI_OPERAND_LIST(...) __VA_ARGS__
-#define BONSAI_KERNEL_KIND(Name, Value, OpName, Attrs, MinInputs, Inputs, MinOutputs, Outputs,   \
-                           Traits)                                                               \
-  struct Name {                                                                                  \
-    static constexpr KernelKind kind = KernelKind::Name;                                         \
-    struct In {                                                                                  \
-      enum : unsigned { BONSAI_OPERAND_LIST Inputs };                                            \
-    };                                                                                           \
-    struct Out {                                                                                 \
-      enum : unsigned { BONSAI_OPERAND_LIST Outputs };                                           \
-    };                                                                                           \
+#define BONSAI_KERNEL_KIND(Name, Value, OpName, AttrTable, MinInputs, Inputs, MinOutputs, Outputs, \
+                           Traits)                                                                 \
+  struct Name {                                                                                    \
+    static constexpr KernelKind kind = KernelKind::Name;                                           \
+    using Attrs = attribute_tables::AttrTable;                                                     \
+    struct In {                                                                                    \
+      enum : unsigned { BONSAI_OPERAND_LIST Inputs };                                              \
+    };                                                                                             \
+    struct Out {                                                                                   \
+      enum : unsigned { BONSAI_OPERAND_LIST Outputs };                                             \
+    };                                                                                             \
   };
 #include "bonsai/runtime/KernelKinds.def"
 #undef BONSAI_OPERAND_LIST

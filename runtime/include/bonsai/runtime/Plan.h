@@ -91,67 +91,21 @@ struct TensorInfo {
   uint32_t quantDoubleBlock = 0;
 };
 
-/// The attributes of a kernel, flattened: only the fields of the kind's attribute table are
-/// meaningful (NormAttrs -> epsilon, RoPEAttrs -> theta, AttentionAttrs -> causal and scale,
-/// GeLUAttrs -> geluTanh, AxisAttrs and SliceAttrs -> axis, SliceAttrs -> start,
-/// CrossEntropyAttrs -> ignoreIndex, TransposeAttrs -> permutation, FillAttrs -> value,
-/// LearningRateAttrs -> lr .. minLrRatio, AdamWAttrs -> beta1 .. gradClip, SGDAttrs ->
-/// momentum, weightDecay and gradClip).
-struct KernelAttrsInfo {
-  double epsilon = 0;
-  double theta = 0;
-  bool causal = false;
-  double scale = 0;
-  bool geluTanh = false;
-  int32_t axis = 0;
-  int64_t start = 0;
-  int64_t ignoreIndex = -100;
-  /// LinearCrossEntropyAttrs: positions per chunk (ignoreIndex as CrossEntropyAttrs).
-  int64_t chunkRows = 0;
-  std::vector<int64_t> permutation;
-  double value = 0;
-  double lr = 0;
-  bool cosine = false;
-  int64_t warmupSteps = 0;
-  int64_t totalSteps = 0;
-  double minLrRatio = 0;
-  double beta1 = 0;
-  double beta2 = 0;
-  double eps = 0;
-  double weightDecay = 0;
-  double gradClip = 0;
-  double momentum = 0;
-  /// GaloreRefreshAttrs (GaloreProjectAttrs: left and bf16Operands; GaloreAdamWAttrs: beta1 ..
-  /// gradClip, left and `scale`, the factor the back-projected direction is multiplied by).
-  int64_t rank = 0;
-  int64_t updateProjGap = 0;
-  int64_t offset = 0;
-  int64_t slot = 0;
-  bool left = false;
-  bool randomized = false;
-  int64_t powerIterations = 0;
-  int64_t seed = 0;
-  bool bf16Operands = false;
-  /// GeneratedKernelAttrs: the index of the kernel in LoadedPlan::generatedKernels.
-  uint32_t generatedKernel = 0;
-  /// Fp8Attrs (docs/fp8.md): scale every cast from its own amax instead of the state's delayed
-  /// scale; scales put the largest value 2^fp8Margin below the format's largest finite one.
-  bool fp8Current = false;
-  int32_t fp8Margin = 0;
-  /// Fp8Attrs: the forward GEMM (Fp8Linear) keeps its sum in the tensor cores' accumulator.
-  bool fp8FastAccumulation = false;
-};
-
 /// One verified kernel: indices into LoadedPlan::tensors, checked against the kind's operand
 /// conventions.
 struct KernelInfo {
   KernelKind kind = KernelKind::Copy;
   std::vector<uint32_t> inputs;
   std::vector<uint32_t> outputs;
+  /// The struct of the kind's attribute table (KernelAttrs.h).
   KernelAttrsInfo attrs;
   uint8_t stream = 0;
   std::string name;
   Phase phase = Phase::Forward;
+
+  /// The attributes as `Table` (NormAttrs, ...), which must be the kind's attribute table.
+  template <typename Table> const Table &attrsAs() const { return std::get<Table>(attrs); }
+  template <typename Table> Table &attrsAs() { return std::get<Table>(attrs); }
 };
 
 /// Planned bytes by memory class, as the compiler computed them (Plan.memory).

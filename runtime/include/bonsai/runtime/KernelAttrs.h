@@ -1,0 +1,158 @@
+//===- KernelAttrs.h - A kernel's attributes, typed by attribute table ----===//
+//
+// One struct per attribute table of plan.fbs (NormAttrs, AdamWAttrs, ...), with the loader's
+// checked values. A kernel holds the one of its kind's table (the Attrs column of
+// KernelKinds.def; NoAttrs for a kind without attributes), so an attribute of another table
+// cannot be read by mistake: `kernel.attrsAs<NormAttrs>().epsilon`, or in a handler or a
+// contract that knows its kind, `attrs<kinds::RMSNorm>().epsilon`.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BONSAI_RUNTIME_KERNELATTRS_H
+#define BONSAI_RUNTIME_KERNELATTRS_H
+
+#include <cstdint>
+#include <variant>
+#include <vector>
+
+namespace bonsai::rt {
+
+/// A kind without attributes.
+using NoAttrs = std::monostate;
+
+/// RMSNorm, LayerNorm, their gradients and fusions.
+struct NormAttrs {
+  double epsilon = 0;
+};
+/// RoPE and its gradient: the rotary base.
+struct RoPEAttrs {
+  double theta = 0;
+};
+/// Attention, flash attention and their gradients.
+struct AttentionAttrs {
+  bool causal = false;
+  double scale = 0;
+};
+/// GeLU and its gradient: the tanh approximation, or erf.
+struct GeLUAttrs {
+  bool tanh = false;
+};
+/// Softmax and its gradient.
+struct AxisAttrs {
+  int32_t axis = 0;
+};
+/// Cross-entropy and its gradient.
+struct CrossEntropyAttrs {
+  int64_t ignoreIndex = -100;
+};
+/// The fused LM head and loss: ignoreIndex as CrossEntropyAttrs, positions per chunk.
+struct LinearCrossEntropyAttrs {
+  int64_t ignoreIndex = -100;
+  int64_t chunkRows = 0;
+};
+struct TransposeAttrs {
+  std::vector<int64_t> permutation;
+};
+/// Slice and its gradient.
+struct SliceAttrs {
+  int32_t axis = 0;
+  int64_t start = 0;
+};
+struct FillAttrs {
+  double value = 0;
+};
+/// DoRA: the LoRA scale alpha / rank.
+struct DoraScaleAttrs {
+  double scale = 0;
+};
+/// The learning-rate schedule.
+struct LearningRateAttrs {
+  double lr = 0;
+  bool cosine = false;
+  int64_t warmupSteps = 0;
+  int64_t totalSteps = 0;
+  double minLrRatio = 0;
+};
+/// AdamW and its multi-tensor form.
+struct AdamWAttrs {
+  double beta1 = 0;
+  double beta2 = 0;
+  double eps = 0;
+  double weightDecay = 0;
+  double gradClip = 0;
+};
+/// SGD and its multi-tensor form.
+struct SGDAttrs {
+  double momentum = 0;
+  double weightDecay = 0;
+  double gradClip = 0;
+};
+/// GaLore's projector refresh (docs/galore.md).
+struct GaloreRefreshAttrs {
+  int64_t rank = 0;
+  int64_t updateProjGap = 0;
+  int64_t offset = 0;
+  int64_t slot = 0;
+  bool left = false;
+  bool randomized = false;
+  int64_t powerIterations = 0;
+  int64_t seed = 0;
+};
+/// GaLore's projection of a gradient.
+struct GaloreProjectAttrs {
+  bool left = false;
+  bool bf16Operands = false;
+};
+/// GaLore's AdamW: AdamW's hyperparameters, the factor the back-projected direction is
+/// multiplied by, and the projected side.
+struct GaloreAdamWAttrs : AdamWAttrs {
+  double scale = 0;
+  bool left = false;
+};
+/// FusedElementwise: the index of its kernel in LoadedPlan::generatedKernels.
+struct GeneratedKernelAttrs {
+  uint32_t kernel = 0;
+};
+/// The FP8 kinds (docs/fp8.md): scale every cast from its own amax instead of the state's
+/// delayed scale; scales put the largest value 2^margin below the format's largest finite
+/// one; the forward GEMMs may keep their sums in the tensor cores' accumulator.
+struct Fp8Attrs {
+  bool current = false;
+  int32_t margin = 0;
+  bool fastAccumulation = false;
+};
+
+/// The attributes of a kernel: the struct of its kind's attribute table.
+using KernelAttrsInfo =
+    std::variant<NoAttrs, NormAttrs, RoPEAttrs, AttentionAttrs, GeLUAttrs, AxisAttrs,
+                 CrossEntropyAttrs, LinearCrossEntropyAttrs, TransposeAttrs, SliceAttrs, FillAttrs,
+                 DoraScaleAttrs, LearningRateAttrs, AdamWAttrs, SGDAttrs, GaloreRefreshAttrs,
+                 GaloreProjectAttrs, GaloreAdamWAttrs, GeneratedKernelAttrs, Fp8Attrs>;
+
+/// The struct of each attribute table by its name in KernelKinds.def (NONE: NoAttrs).
+namespace attribute_tables {
+using NONE = NoAttrs;
+using ::bonsai::rt::AdamWAttrs;
+using ::bonsai::rt::AttentionAttrs;
+using ::bonsai::rt::AxisAttrs;
+using ::bonsai::rt::CrossEntropyAttrs;
+using ::bonsai::rt::DoraScaleAttrs;
+using ::bonsai::rt::FillAttrs;
+using ::bonsai::rt::Fp8Attrs;
+using ::bonsai::rt::GaloreAdamWAttrs;
+using ::bonsai::rt::GaloreProjectAttrs;
+using ::bonsai::rt::GaloreRefreshAttrs;
+using ::bonsai::rt::GeLUAttrs;
+using ::bonsai::rt::GeneratedKernelAttrs;
+using ::bonsai::rt::LearningRateAttrs;
+using ::bonsai::rt::LinearCrossEntropyAttrs;
+using ::bonsai::rt::NormAttrs;
+using ::bonsai::rt::RoPEAttrs;
+using ::bonsai::rt::SGDAttrs;
+using ::bonsai::rt::SliceAttrs;
+using ::bonsai::rt::TransposeAttrs;
+} // namespace attribute_tables
+
+} // namespace bonsai::rt
+
+#endif // BONSAI_RUNTIME_KERNELATTRS_H
