@@ -37,14 +37,33 @@ std::vector<std::string> splitNames(const char *list) {
   return names;
 }
 
+/// One row: the operand lists as the table spells them, split; each output marked read-write
+/// when the row's ReadWrite list names it.
+KernelKindInfo entry(KernelKind kind, const char *name, const char *opName, uint32_t minInputs,
+                     uint32_t minOutputs, const char *inputs, const char *outputs,
+                     const char *readWrite, uint32_t traits) {
+  KernelKindInfo info{kind, name, opName, minInputs, minOutputs, splitNames(inputs),
+                      splitNames(outputs), {}, traits};
+  for (const std::string &output : info.outputs)
+    info.readWrite.push_back(false);
+  for (const std::string &rw : splitNames(readWrite)) {
+    auto at = std::find(info.outputs.begin(), info.outputs.end(), rw);
+    if (at == info.outputs.end()) // a mistake in KernelKinds.def, caught by every test
+      throw std::logic_error(std::string("KernelKinds.def: ") + name + "'s ReadWrite names '" +
+                             rw + "', which is not one of its outputs");
+    info.readWrite[size_t(at - info.outputs.begin())] = true;
+  }
+  return info;
+}
+
 std::vector<KernelKindInfo> buildTable() {
   std::vector<KernelKindInfo> table;
 #define BONSAI_OPERAND_NAMES(...) #__VA_ARGS__
 #define BONSAI_KERNEL_KIND(Name, Value, OpName, Attrs, MinInputs, Inputs, MinOutputs, Outputs,   \
-                           Traits)                                                               \
-  table.push_back({KernelKind::Name, #Name, OpName, MinInputs, MinOutputs,                        \
-                   splitNames(BONSAI_OPERAND_NAMES Inputs),                                       \
-                   splitNames(BONSAI_OPERAND_NAMES Outputs), Traits});
+                           ReadWrite, Traits)                                                    \
+  table.push_back(entry(KernelKind::Name, #Name, OpName, MinInputs, MinOutputs,                   \
+                        BONSAI_OPERAND_NAMES Inputs, BONSAI_OPERAND_NAMES Outputs,                \
+                        BONSAI_OPERAND_NAMES ReadWrite, Traits));
 #include "bonsai/runtime/KernelKinds.def"
 #undef BONSAI_OPERAND_NAMES
   return table;

@@ -457,16 +457,21 @@ LoadedPlan loadSample(const KernelKindInfo &info, Sample &s) {
   return loadPlanBuffer(bytes.data(), bytes.size(), std::string(info.name) + ".plan");
 }
 
-/// Fills, the same way on every executor, each tensor a kernel of the plan reads before any
-/// kernel writes it and that no initializer sets: floats uniform in [-1, 1] (or [0.1, 1] for
-/// the sample's positive ones), indices (token ids, labels, steps) in [0, 4), FP8 codes from
-/// floats in [-1, 1].
+/// Fills, the same way on every executor, each tensor a kernel of the plan reads (an input, or
+/// an output the table marks read-write) before any kernel writes it and that no initializer
+/// sets: floats uniform in [-1, 1] (or [0.1, 1] for the sample's positive ones), indices (token
+/// ids, labels, steps) in [0, 4), FP8 codes from floats in [-1, 1].
 void fillInputs(const LoadedPlan &plan, const Sample &s, Executor &e) {
   std::vector<bool> written(plan.tensors.size(), false);
   std::mt19937 rng(7);
   const std::vector<TensorView> &views = e.views();
   for (const KernelInfo &k : plan.kernels) {
-    for (uint32_t t : k.inputs) {
+    std::vector<uint32_t> read = k.inputs;
+    const KernelKindInfo &info = kernelKindInfo(k.kind);
+    for (size_t j = 0; j < k.outputs.size() && !info.has(kernel_traits::kCustomArity); ++j)
+      if (j < info.readWrite.size() && info.readWrite[j])
+        read.push_back(k.outputs[j]);
+    for (uint32_t t : read) {
       const TensorInfo &info = plan.tensors[t];
       if (written[t] || info.role == TensorRole::Parameter || info.init != TensorInit::None)
         continue;

@@ -59,6 +59,9 @@ struct KernelKindInfo {
   uint32_t minOutputs;
   std::vector<std::string> inputs;  ///< Names, in order ("do", not the table's "do_").
   std::vector<std::string> outputs; ///< Names, in order.
+  /// Per output: the kernel reads it before it writes it (state and accumulators updated in
+  /// place). For a multi-tensor update, per output list.
+  std::vector<bool> readWrite;
   uint32_t traits;
 
   /// Whether the kind has every trait of `mask` (kernel_traits).
@@ -89,7 +92,7 @@ inline constexpr size_t kKernelKindCount = 0
 namespace kinds {
 #define BONSAI_OPERAND_LIST(...) __VA_ARGS__
 #define BONSAI_KERNEL_KIND(Name, Value, OpName, AttrTable, MinInputs, Inputs, MinOutputs, Outputs, \
-                           Traits)                                                                 \
+                           ReadWrite, Traits)                                                      \
   struct Name {                                                                                    \
     static constexpr KernelKind kind = KernelKind::Name;                                           \
     using Attrs = attribute_tables::AttrTable;                                                     \
