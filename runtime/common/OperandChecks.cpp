@@ -172,6 +172,14 @@ int64_t checkNormGrad(const char *b, const char *k, const TensorView &dy, const 
   return d;
 }
 
+void checkStep(const char *b, const char *k, const TensorView &step) {
+  checkView(b, k, "step", step);
+  if (step.dtype != DType::I64)
+    fail(b, k, std::string("step must be i64, not ") + dtypeName(step.dtype));
+  if (step.numel() != 1)
+    fail(b, k, "step shape " + formatShape(step.shape) + " is not a scalar");
+}
+
 void checkF32(const char *b, const char *k, const char *operand, const TensorView &t,
               const std::vector<int64_t> &shape) {
   checkView(b, k, operand, t);

@@ -71,6 +71,8 @@ int64_t checkNorm(const char *backend, const char *kernel, const TensorView &x,
 int64_t checkNormGrad(const char *backend, const char *kernel, const TensorView &dy,
                       const TensorView &x, const TensorView &w, const TensorView &dx);
 
+/// Checks that `step` is the i64 scalar step counter.
+void checkStep(const char *backend, const char *kernel, const TensorView &step);
 /// Checks that `t` is an f32 tensor of `shape` (optimizer state, GaLore's projections).
 void checkF32(const char *backend, const char *kernel, const char *operand, const TensorView &t,
               const std::vector<int64_t> &shape);
@@ -129,6 +131,9 @@ std::pair<int64_t, int64_t> checkGaloreSide(const char *backend, const char *ker
   inline int64_t checkNormGrad(const char *kernel, const TensorView &dy, const TensorView &x,       \
                                const TensorView &w, const TensorView &dx) {                        \
     return ::bonsai::rt::checks::checkNormGrad(Backend, kernel, dy, x, w, dx);                     \
+  }                                                                                                \
+  inline void checkStep(const char *kernel, const TensorView &step) {                              \
+    ::bonsai::rt::checks::checkStep(Backend, kernel, step);                                        \
   }                                                                                                \
   inline void checkF32(const char *kernel, const char *operand, const TensorView &t,               \
                        const std::vector<int64_t> &shape) {                                        \

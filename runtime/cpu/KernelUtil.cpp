@@ -92,11 +92,7 @@ double loadScalar(const char *kernel, const char *operand, const TensorView &t) 
 }
 
 int64_t loadStep(const char *kernel, const TensorView &step) {
-  checkView(kernel, "step", step);
-  if (step.dtype != DType::I64)
-    fail(kernel, std::string("step must be i64, not ") + dtypeName(step.dtype));
-  if (step.numel() != 1)
-    fail(kernel, "step shape " + formatShape(step.shape) + " is not a scalar");
+  checkStep(kernel, step);
   int64_t value;
   std::memcpy(&value, step.data, sizeof value);
   if (value < 0)

@@ -408,14 +408,6 @@ void forEachTable(const std::vector<const TensorView *> (&lists)[Lists], Launch 
   flush();
 }
 
-void checkStep(const char *kernel, const TensorView &step) {
-  checkView(kernel, "step", step);
-  if (step.dtype != DType::I64)
-    fail(kernel, std::string("step must be i64, not ") + dtypeName(step.dtype));
-  if (step.numel() != 1)
-    fail(kernel, "step shape " + formatShape(step.shape) + " is not a scalar");
-}
-
 /// Checks that optimizer state `t` is f32 and shaped like `param`.
 void checkState(const char *kernel, const char *operand, const TensorView &t,
                 const TensorView &param) {
