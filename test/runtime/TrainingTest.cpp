@@ -67,6 +67,17 @@ void train(Executor &e, TokenLoader &loader, TrainingPosition &pos, uint32_t cou
   }
 }
 
+#ifdef BONSAI_HAVE_CUDA
+/// Whether a CUDA device is present (the GPU tests skip without one).
+bool gpuPresent() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0)
+    return true;
+  cudaGetLastError();
+  return false;
+}
+#endif
+
 class TrainingTest : public ::testing::Test {
 protected:
   void SetUp() override { dir = test::makeTempDir("training"); }
@@ -152,11 +163,8 @@ TEST_F(TrainingTest, FusedKernelsTrainBitForBitAsUnfused) {
 // tolerance), and the multi-tensor AdamW, the beta = 1 accumulating GEMM and the graphs'
 // replay of both keep doing so step after step.
 TEST_F(TrainingTest, FusedKernelsTrainOnTheGpuAsOnTheCpu) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    cudaGetLastError();
+  if (!gpuPresent())
     GTEST_SKIP() << "no GPU here";
-  }
   for (bool graphs : {true, false}) {
     SCOPED_TRACE(graphs ? "CUDA Graphs" : "eager");
     test::TrainingDims dims{2, 4, 16, 8, false, 2};
@@ -196,11 +204,8 @@ TEST_F(TrainingTest, FusedKernelsTrainOnTheGpuAsOnTheCpu) {
 // override before the first step, and one between steps (after the phases were captured as
 // CUDA Graphs), change the GPU's lr and losses as they change the CPU's.
 TEST_F(TrainingTest, LearningRateOverrideTakesEffectOnTheGpu) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    cudaGetLastError();
+  if (!gpuPresent())
     GTEST_SKIP() << "no GPU here";
-  }
   for (bool graphs : {true, false}) {
     SCOPED_TRACE(graphs ? "CUDA Graphs" : "eager");
     test::TrainingTensors t{};
@@ -393,11 +398,8 @@ TEST_F(TrainingTest, ResumeContinuesBitForBit) {
 // gradient accumulators, optimizer state), and a resumed executor sends what it loaded: the
 // run resumed after step 5 continues bit for bit as the straight one, on the same device.
 TEST_F(TrainingTest, ResumeOnTheGpuContinuesBitForBit) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    cudaGetLastError();
+  if (!gpuPresent())
     GTEST_SKIP() << "no GPU here";
-  }
   LoadedPlan plan = loadSpec(test::fusedTrainingPlanSpec({2, 4, 16, 8, true, 2}), "gpu.plan");
   std::string data = cyclicTokens(dir + "/tokens.bin", 611, 16);
   ExecutorOptions gpu;
@@ -578,11 +580,8 @@ TEST_F(ToolTest, TrainingPrintsMetricsAndWritesJsonLines) {
 // bonsai-run --lr, as a user runs it, on the CUDA backend: every step's lr is the one asked
 // for and matches the CPU backend's, step by step (the plan's own peak is 1e-2).
 TEST_F(ToolTest, LearningRateFlagTakesEffectOnTheGpu) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    cudaGetLastError();
+  if (!gpuPresent())
     GTEST_SKIP() << "no GPU here";
-  }
   std::string plan = writePlan(test::trainingPlanSpec(), "train.plan");
   std::string data = cyclicTokens(dir + "/tokens.bin", 3000, 16);
   std::regex line(R"(step ([0-9]+) loss (\S+) grad_norm (\S+) lr (\S+))");
