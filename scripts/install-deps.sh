@@ -10,6 +10,7 @@ packages=(
   llvm-22-dev llvm-22-tools libmlir-22-dev mlir-22-tools
   libflatbuffers-dev flatbuffers-compiler
   libopenblas-dev
+  libpcre2-dev libicu-dev libsentencepiece-dev
   libgtest-dev
   python3-numpy
 )
