@@ -21,6 +21,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "FlatMap.h"
+#include "KnownPatterns.h"
 #include "Regex.h"
 #include "Unicode.h"
 
@@ -39,24 +40,6 @@
 namespace bonsai::tok {
 
 namespace {
-
-/// The pre-tokenizer patterns this file knows by name (see findCut).
-constexpr const char *kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-constexpr const char *kLlama3Pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-constexpr const char *kQwen2Pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
-const char *knownPatternName(const std::string &pattern) {
-  if (pattern == kGpt2Pattern)
-    return "GPT-2";
-  if (pattern == kLlama3Pattern)
-    return "Llama-3";
-  if (pattern == kQwen2Pattern)
-    return "Qwen2";
-  return nullptr;
-}
 
 /// GPT-2's bytes_to_unicode: the character that stands for each byte in a byte-level
 /// vocabulary. Printable Latin-1 bytes stand for themselves, the others for U+0100 upwards.
@@ -94,6 +77,7 @@ struct Stage {
   bool byteLevel = false;
   bool addPrefixSpace = false;
   std::shared_ptr<Regex> regex; // null for a ByteLevel step without its regex
+  KnownPattern known = KnownPattern::None;
   Behavior behavior = Behavior::Isolated;
   bool invert = false;
 };
@@ -396,6 +380,23 @@ void HfBpeEncoder::preTokenize(size_t stage, std::string_view piece) {
   }
   if (!st.regex) {
     preTokenize(stage + 1, piece);
+    return;
+  }
+  if (st.behavior == Behavior::Isolated && !st.invert && st.known != KnownPattern::None) {
+    // A known pattern, isolated: ASCII pre-tokens by hand, the others by PCRE2 (see
+    // KnownPatterns.h). Each of these patterns matches at every position, so the pieces are
+    // its consecutive matches.
+    for (size_t i = 0; i < piece.size();) {
+      size_t end = matchKnownAscii(st.known, piece, i);
+      if (end == std::string_view::npos) {
+        size_t start;
+        if (!matcher_.find(*st.regex, piece, i, start, end) || start != i || end <= start)
+          throw rt::Error("the pre-tokenizer regex '" + st.regex->pattern() +
+                          "' did not match at offset " + std::to_string(i) + " as it always does");
+      }
+      preTokenize(stage + 1, piece.substr(i, end - i));
+      i = end;
+    }
     return;
   }
   if (st.behavior == Behavior::Isolated && !st.invert) {
@@ -733,7 +734,9 @@ void parsePreTokenizer(const Reader &r, const rt::JsonValue &v, HfBpeTokenizer &
     s.byteLevel = true;
     s.addPrefixSpace = r.flag(v, "add_prefix_space", true, "pre_tokenizer ByteLevel");
     if (r.flag(v, "use_regex", true, "pre_tokenizer ByteLevel")) {
-      s.regex = std::make_shared<Regex>(kGpt2Pattern, r.named("pre_tokenizer ByteLevel"));
+      s.known = KnownPattern::Gpt2;
+      s.regex =
+          std::make_shared<Regex>(knownPatternText(s.known), r.named("pre_tokenizer ByteLevel"));
       names.push_back("ByteLevel with the GPT-2 regex");
     } else {
       names.push_back("ByteLevel");
@@ -753,7 +756,8 @@ void parsePreTokenizer(const Reader &r, const rt::JsonValue &v, HfBpeTokenizer &
     std::string text;
     if (const rt::JsonValue *re = pattern.find("Regex")) {
       text = r.string(*re, "pre_tokenizer Split's pattern.Regex");
-      const char *known = knownPatternName(text);
+      s.known = knownPattern(text);
+      const char *known = knownPatternName(s.known);
       names.push_back(known ? std::string(known) + " regex" : "regex '" + text + "'");
       s.regex = std::make_shared<Regex>(text, r.named("pre_tokenizer Split"));
     } else if (const rt::JsonValue *str = pattern.find("String")) {
@@ -1049,7 +1053,7 @@ std::unique_ptr<Tokenizer> parseHfTokenizer(std::string_view json, const std::st
   // newline or a left strip.
   t->cutsAllowed_ = true;
   for (const Stage &s : t->stages_) {
-    if (s.addPrefixSpace || (s.regex && !knownPatternName(s.regex->pattern())) || s.invert ||
+    if (s.addPrefixSpace || (s.regex && s.known == KnownPattern::None) || s.invert ||
         s.behavior != Behavior::Isolated)
       t->cutsAllowed_ = false;
   }

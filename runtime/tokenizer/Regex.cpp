@@ -154,8 +154,8 @@ RegexMatcher::~RegexMatcher() {
   pcre2_match_data_free(static_cast<pcre2_match_data *>(matchData_));
 }
 
-bool RegexMatcher::search(const Regex &re, std::string_view text, size_t from, size_t &start,
-                          size_t &end) {
+bool RegexMatcher::find(const Regex &re, std::string_view text, size_t from, size_t &start,
+                        size_t &end) {
   auto *md = static_cast<pcre2_match_data *>(matchData_);
   // The text was validated once by the caller: PCRE2 need not check it again at every call.
   // pcre2_jit_match is the JIT's fast path, without pcre2_match's per-call checks.

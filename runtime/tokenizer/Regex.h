@@ -59,7 +59,7 @@ public:
     bool haveLastMatch = false;
     size_t lastMatchEnd = 0;
     size_t start, end;
-    while (lastEnd <= text.size() && search(re, text, lastEnd, start, end)) {
+    while (lastEnd <= text.size() && find(re, text, lastEnd, start, end)) {
       if (start == end && haveLastMatch && lastMatchEnd == lastEnd) {
         lastEnd += lastEnd < text.size() ? charLength(text, lastEnd) : 1;
         continue;
@@ -71,9 +71,10 @@ public:
     }
   }
 
+  /// The first match of `re` in `text` (valid UTF-8) at or after `from`, as [start, end).
+  bool find(const Regex &re, std::string_view text, size_t from, size_t &start, size_t &end);
+
 private:
-  /// The first match of `re` in `text` at or after `from`.
-  bool search(const Regex &re, std::string_view text, size_t from, size_t &start, size_t &end);
   static size_t charLength(std::string_view text, size_t i);
   void *matchData_ = nullptr; // pcre2_match_data_8 *
   void *context_ = nullptr;   // pcre2_match_context_8 *

@@ -13,11 +13,15 @@
 
 #include "bonsai/tokenizer/Tokenizer.h"
 
+#include "KnownPatterns.h"
+#include "Regex.h"
 #include "TestPlans.h"
 #include "bonsai/runtime/Data.h"
 #include "bonsai/runtime/Json.h"
 
 #include <gtest/gtest.h>
+
+#include <random>
 
 #include <fcntl.h>
 #include <sys/wait.h>
@@ -179,6 +183,47 @@ TEST(TokenizerTest, InvalidUtf8IsReadAsPythonReadsIt) {
     encoder->encode("caf\xc3 ok \xff", ids);
     EXPECT_EQ(ids, t->encode("caf\xef\xbf\xbd ok \xef\xbf\xbd"));
     EXPECT_EQ(encoder->invalidUtf8(), 2u);
+  }
+}
+
+// The hand-written GPT-2, Llama-3 and Qwen2 patterns (with PCRE2 where they need a non-ASCII
+// character) cut random text exactly where PCRE2 alone does.
+TEST(TokenizerTest, HandWrittenPatternsMatchAsPcre2Does) {
+  const char *alphabet[] = {"a",      "Z", "s",     "t",    "re", "ve",     "m",      "ll",
+                            "d",      "S", "LL",    "RE",   "0",  "7",      "123",    "'",
+                            "''",     " ", "  ",    "\t",   "\n", "\r",     "\r\n",   "\v",
+                            "\f",     ".", ",",     "(",    "-",  "_",      "#",      "\x01",
+                            "\x7f",   "é", "Größe", "我们", "😀",  "\u00a0", "\u3000", "\u2028",
+                            "\u0085", "ſ", "²",     "٣",    "—",  "\u180e", "\u212a"};
+  std::mt19937 rng(30);
+  RegexMatcher matcher;
+  for (KnownPattern p : {KnownPattern::Gpt2, KnownPattern::Llama3, KnownPattern::Qwen2}) {
+    SCOPED_TRACE(knownPatternName(p));
+    Regex re(knownPatternText(p), "test");
+    size_t handled = 0, asked = 0;
+    for (int trial = 0; trial < 3000; ++trial) {
+      std::string text;
+      int length = 1 + int(rng() % 24);
+      for (int k = 0; k < length; ++k)
+        text += alphabet[rng() % (sizeof alphabet / sizeof *alphabet)];
+      std::vector<std::pair<size_t, size_t>> want, got;
+      matcher.forEachMatch(re, text, [&](size_t s, size_t e) { want.emplace_back(s, e); });
+      for (size_t i = 0; i < text.size();) {
+        size_t end = matchKnownAscii(p, text, i), start = i;
+        if (end == std::string_view::npos) {
+          ASSERT_TRUE(matcher.find(re, text, i, start, end));
+          ++asked;
+        } else {
+          ++handled;
+        }
+        got.emplace_back(start, end);
+        i = end;
+      }
+      ASSERT_EQ(got, want) << "text: " << text;
+    }
+    // Both paths were taken many times.
+    EXPECT_GT(handled, 10000u);
+    EXPECT_GT(asked, 1000u);
   }
 }
 
