@@ -9,6 +9,7 @@
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
 #include "mlir/IR/Block.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/SmallPtrSet.h"
 
 namespace mlir::bonsai::fusion {
@@ -22,8 +23,12 @@ static SmallVector<NamedAttribute> getInherentAttrs(Operation *op) {
   return attrs;
 }
 
-bool isSameValue(Value original, Value candidate) {
-  if (original == candidate)
+namespace {
+/// isSameValue with the pairs already found equal: a clone chain is a DAG (the residual
+/// stream feeds both operands of every residual add), and without them the walk would follow
+/// every path through it, 2^layers of them for a fully recomputed model.
+bool isSameValue(Value original, Value candidate, llvm::DenseSet<std::pair<Value, Value>> &equal) {
+  if (original == candidate || equal.contains({original, candidate}))
     return true;
   auto a = dyn_cast<OpResult>(original), b = dyn_cast<OpResult>(candidate);
   if (!a || !b || a.getResultNumber() != b.getResultNumber())
@@ -34,9 +39,16 @@ bool isSameValue(Value original, Value candidate) {
       getInherentAttrs(orig) != getInherentAttrs(clone))
     return false;
   for (auto [x, y] : llvm::zip(orig->getOperands(), clone->getOperands()))
-    if (!isSameValue(x, y))
+    if (!isSameValue(x, y, equal))
       return false;
+  equal.insert({original, candidate});
   return true;
+}
+} // namespace
+
+bool isSameValue(Value original, Value candidate) {
+  llvm::DenseSet<std::pair<Value, Value>> equal;
+  return isSameValue(original, candidate, equal);
 }
 
 int64_t elementsOf(Value value) { return cast<RankedTensorType>(value.getType()).getNumElements(); }
