@@ -63,6 +63,7 @@ void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &o
     remat.deviceMemory = options.deviceMemory;
     remat.target = options.target;
     remat.perValueRemarks = false;
+    remat.timeLimit = options.rematTimeLimit;
     // Policy auto plans trials as the pipeline will plan the step: fused.
     remat.fuse = options.fuse;
     remat.fuseDisable.assign(options.fuseDisable.begin(), options.fuseDisable.end());

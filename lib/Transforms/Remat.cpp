@@ -22,11 +22,15 @@
 #include "llvm/ADT/BitVector.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/Debug.h"
 #include "llvm/Support/Format.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <functional>
+#include <optional>
 #include <tuple>
 
 #define DEBUG_TYPE "bonsai-remat"
@@ -42,6 +46,14 @@ constexpr StringLiteral kRecomputedAttr = "bonsai.recomputed";
 
 /// Exhaustive search tries every subset of the candidates: 2^24 sets is about 17 million.
 constexpr unsigned kMaxExhaustiveCandidates = 24;
+/// Auto judges every set by the peak model, and plans the cheapest few it says fit, for
+/// graphs of at most this many candidates (2^20 sets take about a second to enumerate); at
+/// most kMaxExhaustivePlans plans.
+constexpr unsigned kMaxModelExhaustiveCandidates = 20, kMaxExhaustivePlans = 1024;
+/// The greedy moves candidates one by one while (candidates x positions) of the model, what
+/// scoring every move once costs, stays within this; beyond, it moves a kind of candidate in
+/// every repeated layer at once.
+constexpr uint64_t kPerCandidateWork = 100'000'000;
 
 bool isBackward(Operation *op) {
   auto phase = op->getAttrOfType<StringAttr>(kPhaseAttr);
@@ -72,6 +84,13 @@ std::string withCommas(int64_t value) {
     out += digits[i];
   }
   return value < 0 ? "-" + out : out;
+}
+
+/// `value` as %g prints it (a time limit: "60", "0.5", "1e-06").
+std::string shortest(double value) {
+  std::string s;
+  llvm::raw_string_ostream(s) << llvm::format("%g", value);
+  return s;
 }
 
 /// `value` with three decimals.
@@ -337,6 +356,293 @@ SmallVector<Operation *> applyRecompute(ArrayRef<Operation *> forward, const Bit
 }
 
 //===----------------------------------------------------------------------===//
+// The peak model: liveness of the joint step, without planning it
+//===----------------------------------------------------------------------===//
+
+/// Trial plans made for the peak model carry, in every op's location, its position in the
+/// function: lowering gives each buffer the location of the op that computes it, and fusion
+/// a fused location of the ops it replaced.
+constexpr StringLiteral kTagPrefix = "bonsai.remat.op#";
+
+/// Appends the positions tagged into `loc` to `tags`.
+void collectTags(Location loc, SmallVectorImpl<unsigned> &tags) {
+  if (auto name = dyn_cast<NameLoc>(loc)) {
+    StringRef text = name.getName().getValue();
+    unsigned position;
+    if (text.consume_front(kTagPrefix) && !text.getAsInteger(10, position))
+      tags.push_back(position);
+    collectTags(name.getChildLoc(), tags);
+  } else if (auto fused = dyn_cast<FusedLoc>(loc)) {
+    for (Location inner : fused.getLocations())
+      collectTags(inner, tags);
+  }
+}
+
+/// The ops of a function body, terminator included: their indices are the positions the
+/// peak model counts in.
+SmallVector<Operation *> collectPositions(func::FuncOp function) {
+  return llvm::map_to_vector(function.getBody().front(), [](Operation &op) { return &op; });
+}
+
+/// What the fused, lowered plan of a step keeps in per-step buffers, by op of the unfused
+/// function it was made from: fusion leaves some values without a buffer (the LM head's
+/// logits, the inside of an elementwise chain, the gradients a fused backward never writes
+/// out) and adds others (workspaces, a flash kernel's log-sum-exp).
+struct Materialization {
+  /// Bytes of the buffer of each result of the op at each position; 0: the plan has none.
+  SmallVector<SmallVector<int64_t, 1>> resultBytes;
+  /// Buffers that no result of the ops they came from accounts for: bytes, and the position
+  /// of the last of those ops, where the model counts them live for one op.
+  SmallVector<std::pair<unsigned, int64_t>> extras;
+};
+
+/// Reads a plan made from a copy of `function` whose ops were tagged with their positions.
+Materialization readMaterialization(func::FuncOp function, plan::StepOp step) {
+  SmallVector<Operation *> ops = collectPositions(function);
+  Materialization m;
+  m.resultBytes.resize(ops.size());
+  for (auto [position, op] : llvm::enumerate(ops))
+    m.resultBytes[position].assign(op->getNumResults(), 0);
+  Block &body = step.getBody().front();
+  llvm::StringSet<> perStep;
+  for (auto arena : body.getOps<plan::ArenaOp>())
+    if (arena.getLifetime() == plan::Lifetime::Step)
+      perStep.insert(arena.getSymName());
+  for (auto buffer : body.getOps<plan::BufferOp>()) {
+    // Inputs and the loss scale live through the whole step whatever is recomputed: they are
+    // part of what the model's calibration measures.
+    if (!perStep.contains(buffer.getArena()) || buffer.getRole() == plan::BufferRole::Input ||
+        buffer.getRole() == plan::BufferRole::LossScale)
+      continue;
+    SmallVector<unsigned> tags;
+    collectTags(buffer.getLoc(), tags);
+    llvm::erase_if(tags, [&](unsigned tag) { return tag >= ops.size(); });
+    if (tags.empty())
+      continue;
+    llvm::sort(tags);
+    tags.erase(std::unique(tags.begin(), tags.end()), tags.end());
+    int64_t size = buffer.getSizeInBytes();
+    // The result of the latest tagged op of the buffer's size: a fused kernel's outputs are
+    // its last members' results. A clone's buffer has its original's tag.
+    auto match = [&](bool allowTaken) {
+      for (unsigned tag : llvm::reverse(tags))
+        for (auto [r, result] : llvm::enumerate(ops[tag]->getResults())) {
+          auto type = dyn_cast<RankedTensorType>(result.getType());
+          if (!type || getStorageBytes(type) != size || (m.resultBytes[tag][r] != 0 && !allowTaken))
+            continue;
+          m.resultBytes[tag][r] = size;
+          return true;
+        }
+      return false;
+    };
+    if (!match(false) && !match(true))
+      m.extras.emplace_back(tags.back(), size);
+  }
+  return m;
+}
+
+/// The live bytes of a step's per-step buffers at every op of the joint function, for any
+/// recompute set, without cloning, lowering or planning: the liveness the planner will see,
+/// from the unfused function and what one fused trial plan materialises. Values no recompute
+/// set changes (backward and update ops, extras) are summed once; the forward values are
+/// re-timed for each set: a recomputed value lives from its op to its last forward reader,
+/// and again, as its clone, from where applyRecompute puts the clone to its last backward
+/// reader; a kept value read by a clone lives until that clone runs. A clone is counted live
+/// from its anchor op on, as if it ran there (clones at one anchor run one after another,
+/// just before it). What the model leaves out (the planner's fragmentation, persistent
+/// arenas, inputs) is measured by calibrating it against real plans (searchGreedy).
+class PeakModel {
+public:
+  PeakModel(func::FuncOp function, const ForwardGraph &g, const Materialization &m);
+
+  /// Live bytes at every position with `recompute` applied.
+  void getProfile(const BitVector &recompute, SmallVectorImpl<int64_t> &live) const;
+  /// The largest live total.
+  int64_t getPeak(const BitVector &recompute) const;
+  /// The live bytes above `budget`, summed over positions: 0 when the set fits.
+  int64_t getExcess(const BitVector &recompute, int64_t budget) const;
+  unsigned getNumPositions() const { return numPositions; }
+
+private:
+  const ForwardGraph &g;
+  unsigned numPositions = 0;
+  /// Difference array of what no recompute set changes.
+  SmallVector<int64_t> fixed;
+  /// Each forward op's position.
+  SmallVector<unsigned> position;
+  /// Each forward op's anchor when nothing it reads is recomputed: its first backward
+  /// reader's position (numPositions if none).
+  SmallVector<unsigned> firstBackwardRead;
+  /// The values of forward ops that own a buffer (views alias their source's value).
+  struct ForwardValue {
+    unsigned op;
+    int64_t bytes;
+    /// Last position that reads it outside the backward pass (its own position if none),
+    /// last position in the backward pass (0 if none), and last of all.
+    unsigned lastForwardRead, lastBackwardRead, lastRead;
+    /// Forward ops that read it (directly or through views) and are not views: their clones
+    /// read it at their anchors.
+    SmallVector<unsigned, 4> readers;
+  };
+  SmallVector<ForwardValue> values;
+  /// Per forward op, the values it owns.
+  SmallVector<SmallVector<unsigned, 1>> valuesOf;
+
+  void addInterval(SmallVectorImpl<int64_t> &diff, unsigned from, unsigned to,
+                   int64_t bytes) const {
+    diff[from] += bytes;
+    diff[std::max(from, to) + 1] -= bytes;
+  }
+};
+
+PeakModel::PeakModel(func::FuncOp function, const ForwardGraph &g, const Materialization &m)
+    : g(g) {
+  SmallVector<Operation *> ops = collectPositions(function);
+  numPositions = ops.size();
+  llvm::DenseMap<Operation *, unsigned> positionOf;
+  for (auto [p, op] : llvm::enumerate(ops))
+    positionOf[op] = p;
+  llvm::DenseMap<Operation *, unsigned> forwardIndex;
+  for (auto [i, op] : llvm::enumerate(g.ops))
+    forwardIndex[op] = i;
+
+  // The last position that reads a value's buffer, through views of it.
+  llvm::DenseMap<Value, unsigned> lastThroughViews;
+  std::function<unsigned(Value)> lastUse = [&](Value value) -> unsigned {
+    if (auto it = lastThroughViews.find(value); it != lastThroughViews.end())
+      return it->second;
+    unsigned last = positionOf.lookup(value.getDefiningOp());
+    for (Operation *user : value.getUsers()) {
+      last = std::max(last, positionOf.lookup(user));
+      if (auto view = dyn_cast<ViewLikeOpInterface>(user))
+        if (view.getViewSource() == value)
+          last = std::max(last, lastUse(view->getResult(0)));
+    }
+    lastThroughViews[value] = last;
+    return last;
+  };
+
+  fixed.assign(numPositions + 1, 0);
+  for (auto [p, op] : llvm::enumerate(ops)) {
+    if (forwardIndex.count(op) || isa<ViewLikeOpInterface>(op))
+      continue;
+    for (auto [r, result] : llvm::enumerate(op->getResults()))
+      if (m.resultBytes[p][r] > 0)
+        addInterval(fixed, p, lastUse(result), m.resultBytes[p][r]);
+  }
+  for (auto [p, bytes] : m.extras)
+    addInterval(fixed, p, p, bytes);
+
+  unsigned n = g.size();
+  position.resize(n);
+  firstBackwardRead.assign(n, numPositions);
+  valuesOf.resize(n);
+  llvm::DenseMap<Value, unsigned> valueOf;
+  for (auto [i, op] : llvm::enumerate(g.ops)) {
+    position[i] = positionOf.lookup(op);
+    for (Operation *user : op->getUsers())
+      if (isBackward(user))
+        firstBackwardRead[i] = std::min(firstBackwardRead[i], positionOf.lookup(user));
+    if (g.isView.test(i)) {
+      auto it = valueOf.find(cast<ViewLikeOpInterface>(op).getViewSource());
+      if (it != valueOf.end())
+        valueOf[op->getResult(0)] = it->second;
+      continue;
+    }
+    for (auto [r, result] : llvm::enumerate(op->getResults())) {
+      valueOf[result] = values.size();
+      valuesOf[i].push_back(values.size());
+      values.push_back(
+          {unsigned(i), m.resultBytes[position[i]][r], position[i], 0, position[i], {}});
+    }
+  }
+  // Readers, through forward views.
+  for (auto [i, op] : llvm::enumerate(g.ops))
+    for (Value result : op->getResults()) {
+      auto it = valueOf.find(result);
+      if (it == valueOf.end())
+        continue;
+      ForwardValue &value = values[it->second];
+      for (Operation *user : result.getUsers()) {
+        unsigned p = positionOf.lookup(user);
+        if (auto f = forwardIndex.find(user); f != forwardIndex.end()) {
+          if (g.isView.test(f->second))
+            continue; // Its readers are this value's readers.
+          value.lastForwardRead = std::max(value.lastForwardRead, p);
+          value.readers.push_back(f->second);
+        } else if (isBackward(user)) {
+          unsigned last = p;
+          if (isa<ViewLikeOpInterface>(user))
+            last = lastUse(user->getResult(0));
+          value.lastBackwardRead = std::max(value.lastBackwardRead, last);
+        } else {
+          // The return, an update, a metric: not the backward pass, and never recomputed.
+          value.lastForwardRead = std::max(value.lastForwardRead, lastUse(result));
+        }
+      }
+      value.lastRead = std::max({value.lastRead, value.lastForwardRead, value.lastBackwardRead});
+    }
+}
+
+void PeakModel::getProfile(const BitVector &recompute, SmallVectorImpl<int64_t> &live) const {
+  unsigned n = g.size();
+  // Anchors as applyRecompute places clones: before the first backward reader, or before the
+  // first clone that reads it.
+  SmallVector<unsigned> anchor(n, numPositions);
+  for (unsigned i = n; i-- > 0;) {
+    if (!recompute.test(i))
+      continue;
+    unsigned a = firstBackwardRead[i];
+    for (unsigned user : g.users[i])
+      if (recompute.test(user))
+        a = std::min(a, anchor[user]);
+    anchor[i] = a;
+  }
+  live.assign(fixed.begin(), fixed.end());
+  for (const ForwardValue &value : values) {
+    if (value.bytes == 0)
+      continue;
+    unsigned def = position[value.op];
+    if (recompute.test(value.op)) {
+      addInterval(live, def, value.lastForwardRead, value.bytes);
+      unsigned end = std::max(anchor[value.op], value.lastBackwardRead);
+      for (unsigned reader : value.readers)
+        if (recompute.test(reader))
+          end = std::max(end, anchor[reader]);
+      if (anchor[value.op] < numPositions)
+        addInterval(live, anchor[value.op], end, value.bytes);
+      continue;
+    }
+    unsigned end = value.lastRead;
+    for (unsigned reader : value.readers)
+      if (recompute.test(reader))
+        end = std::max(end, anchor[reader]);
+    addInterval(live, def, end, value.bytes);
+  }
+  int64_t running = 0;
+  for (int64_t &bytes : live) {
+    running += bytes;
+    bytes = running;
+  }
+  live.pop_back();
+}
+
+int64_t PeakModel::getPeak(const BitVector &recompute) const {
+  SmallVector<int64_t> live;
+  getProfile(recompute, live);
+  return live.empty() ? 0 : *llvm::max_element(live);
+}
+
+int64_t PeakModel::getExcess(const BitVector &recompute, int64_t budget) const {
+  SmallVector<int64_t> live;
+  getProfile(recompute, live);
+  int64_t excess = 0;
+  for (int64_t bytes : live)
+    excess += std::max<int64_t>(0, bytes - budget);
+  return excess;
+}
+
+//===----------------------------------------------------------------------===//
 // Trial plans
 //===----------------------------------------------------------------------===//
 
@@ -366,13 +672,22 @@ public:
     pm.addPass(createBonsaiPlanMemoryPass());
   }
 
-  /// The planned memory of the step with `recompute` applied.
-  FailureOr<PlanMemorySummary> evaluate(const BitVector &recompute) {
-    if (auto it = memo.find(recompute); it != memo.end())
+  /// The planned memory of the step with `recompute` applied; with `materialization`, also
+  /// what the plan keeps in per-step buffers, by op of the function (the set is planned again
+  /// even if it was before: its plan must carry the tags).
+  FailureOr<PlanMemorySummary> evaluate(const BitVector &recompute,
+                                        Materialization *materialization = nullptr) {
+    if (auto it = memo.find(recompute); it != memo.end() && !materialization)
       return it->second;
     OwningOpRef<ModuleOp> scratch = ModuleOp::create(function.getLoc());
     auto copy = cast<func::FuncOp>(function->clone());
     scratch->push_back(copy);
+    if (materialization) {
+      // Clones made below keep their original's location, so its tag.
+      MLIRContext *ctx = function.getContext();
+      for (auto [position, op] : llvm::enumerate(collectPositions(copy)))
+        op->setLoc(NameLoc::get(StringAttr::get(ctx, kTagPrefix + Twine(position)), op->getLoc()));
+    }
     applyRecompute(collectForwardOps(copy), recompute);
     // Remarks about the copies (bonsai-fuse's) would read as remarks about the model.
     ScopedDiagnosticHandler quiet(function.getContext(), [](Diagnostic &diagnostic) {
@@ -384,6 +699,8 @@ public:
     if (steps.empty())
       return function.emitError("bonsai-remat's trial lowering produced no step");
     PlanMemorySummary summary = summarizePlanMemory(*steps.begin());
+    if (materialization)
+      *materialization = readMaterialization(function, *steps.begin());
     memo.try_emplace(recompute, summary);
     LLVM_DEBUG({
       llvm::dbgs() << "trial " << memo.size() << ": peak " << summary.peakDevice << " set";
@@ -430,6 +747,34 @@ struct Trial {
   int64_t peak = 0;
 };
 
+/// The search's time: progress on stderr once it has run for a second (a line a second at
+/// most), and the time limit after which it returns the best it has.
+class SearchClock {
+public:
+  explicit SearchClock(double limitSeconds) : limit(limitSeconds) {}
+
+  double getElapsed() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  bool expired() const { return limit > 0 && getElapsed() > limit; }
+  double getLimit() const { return limit; }
+  /// Prints what `describe` writes, if a line is due.
+  void progress(llvm::function_ref<void(llvm::raw_ostream &)> describe) {
+    double elapsed = getElapsed();
+    if (elapsed < 1 || elapsed - lastReport < 1)
+      return;
+    lastReport = elapsed;
+    llvm::errs() << "bonsai-remat: " << llvm::format("%.1f", elapsed) << " s: ";
+    describe(llvm::errs());
+    llvm::errs() << "\n";
+  }
+
+private:
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  double limit;
+  double lastReport = 0;
+};
+
 struct RematPass : impl::BonsaiRematPassBase<RematPass> {
   using Base::Base;
 
@@ -453,16 +798,27 @@ struct RematPass : impl::BonsaiRematPassBase<RematPass> {
     return Trial{recompute, g.getFlops(recompute), summary->peakDevice};
   }
 
-  FailureOr<Trial> searchGreedy(const ForwardGraph &g, TrialPlanner &planner, int64_t budget,
-                                const Trial &none);
+  /// A recompute set the peak model chose, and whether the model says it fits.
+  struct ModelResult {
+    BitVector recompute;
+    bool met = false;
+  };
+  ModelResult descendOnModel(const ForwardGraph &g, const PeakModel &model, int64_t modelBudget,
+                             SearchClock &clock);
+  FailureOr<Trial> searchGreedy(const ForwardGraph &g, TrialPlanner &planner,
+                                const PeakModel &model, int64_t budget, const Trial &none,
+                                ArrayRef<std::pair<StringRef, Trial>> fixed, SearchClock &clock,
+                                bool exhaustiveWhenSmall = true);
   FailureOr<std::vector<BitVector>> enumerateSets(const ForwardGraph &g);
   FailureOr<Trial> searchExhaustive(const ForwardGraph &g, TrialPlanner &planner, int64_t budget);
   /// Auto's choice for `budget`: the search's, or a fixed policy's if it fits more cheaply.
-  FailureOr<Trial> searchAuto(const ForwardGraph &g, TrialPlanner &planner, int64_t budget,
-                              const Trial &none, ArrayRef<std::pair<StringRef, Trial>> fixed,
-                              bool exhaustive);
+  FailureOr<Trial> searchAuto(const ForwardGraph &g, TrialPlanner &planner, const PeakModel &model,
+                              int64_t budget, const Trial &none,
+                              ArrayRef<std::pair<StringRef, Trial>> fixed, bool exhaustive,
+                              SearchClock &clock);
   LogicalResult compareSearches(func::FuncOp function, const ForwardGraph &g, TrialPlanner &planner,
-                                const Trial &none, ArrayRef<std::pair<StringRef, Trial>> fixed);
+                                const PeakModel &model, const Trial &none,
+                                ArrayRef<std::pair<StringRef, Trial>> fixed);
   /// Which trial plans an infeasible budget was judged on.
   enum class InfeasibleScope { Fixed, Exhaustive, Greedy };
   LogicalResult reportInfeasible(func::FuncOp function, const ForwardGraph &g,
@@ -471,234 +827,304 @@ struct RematPass : impl::BonsaiRematPassBase<RematPass> {
   void runOnOperation() override;
 };
 
-/// Greedy by real peak bytes freed per recomputed FLOP, in rounds of two phases.
+/// The candidates grouped by kind: same op, operand and result types and attributes, which
+/// the same op of every repeated layer shares. Each group in forward order; groups in the
+/// order of their first members.
+std::vector<SmallVector<unsigned>> groupRepeated(const ForwardGraph &g,
+                                                 ArrayRef<unsigned> candidates) {
+  llvm::MapVector<llvm::hash_code, SmallVector<unsigned>> bySignature;
+  for (unsigned c : candidates) {
+    Operation *op = g.ops[c];
+    llvm::hash_code signature = llvm::hash_combine(
+        op->getName(), llvm::hash_combine_range(op->getResultTypes()),
+        llvm::hash_combine_range(op->getOperandTypes()), op->getAttrDictionary());
+    bySignature[signature].push_back(c);
+  }
+  std::vector<SmallVector<unsigned>> groups;
+  for (auto &[signature, members] : bySignature)
+    groups.push_back(std::move(members));
+  return groups;
+}
+
+/// The greedy on the peak model for one model budget: drops candidates until the model's live
+/// bytes stay within `modelBudget` everywhere, then keeps again what it need not drop.
 ///
 /// Descent: a move drops one candidate, alone or with its chain (the operands, recursively,
 /// that nothing keeps alive for the backward pass yet: recomputing a value from an operand
-/// that would otherwise die in the forward pass only moves the memory). Every move is scored
-/// by its trial plan: the peak bytes it frees per FLOP it adds, then (for moves that free
-/// none but do not raise the peak, when several tensors hold the peak together) the bytes it
-/// stops keeping per FLOP. A step takes the best-scored move; the cheapest fresh move that
-/// meets the budget at each step is remembered, and wins if it is cheaper than where the
-/// descent ends (a few cheap moves may beat one big one, and the other way round: the usual
-/// greedy for covering knapsacks). Scores go stale when a step changes the plan; they are
-/// refreshed lazily (the best stale score is re-evaluated until the best is fresh), all of
-/// them at every step when there are at most kRefreshAll moves and every few steps beyond
-/// (kRefreshPerStep re-planned moves per step on average), and whenever no fresh move frees
-/// anything. The descent ends when the budget is met, when it can no longer beat the
-/// remembered move, or when no move changes anything; short of the budget, it goes back to
-/// the cheapest set with the lowest peak it reached.
+/// that would otherwise die in the forward pass only moves the memory). A move is scored by
+/// the live bytes above the budget it removes, summed over the positions of the step, per
+/// FLOP it adds: unlike the peak alone, the sum sees every position over the budget, so a
+/// move counts when several tensors or several moments hold the peak together. Each step
+/// takes the best-scored move. Scores are refreshed lazily (the best stale score is
+/// re-evaluated until the best is fresh) and all of them every kRefreshEvery steps, or at
+/// every step where that costs little (small graphs).
 ///
-/// Keeping again: dropped candidates, costliest first, are kept again wherever the peak
-/// stays within the budget (or, while it is not met, falls). What an earlier step dropped may
-/// stand in the way of a lower peak once later steps have changed the plan; if the budget is
-/// still not met, the descent runs again without those candidates (at most three rounds).
-FailureOr<Trial> RematPass::searchGreedy(const ForwardGraph &g, TrialPlanner &planner,
-                                         int64_t budget, const Trial &none) {
-  // Refreshing every score re-plans every move: every step for small graphs, every few steps
-  // (kRefreshPerStep moves per step on average) beyond.
-  constexpr unsigned kRefreshAll = 64, kRefreshPerStep = 16;
+/// Keeping again: dropped candidates, costliest first, are kept again wherever the model
+/// stays within the budget.
+RematPass::ModelResult RematPass::descendOnModel(const ForwardGraph &g, const PeakModel &model,
+                                                 int64_t modelBudget, SearchClock &clock) {
+  constexpr unsigned kRefreshEvery = 16;
   unsigned n = g.size();
-  BitVector dropped(n), tabu(n);
-  Trial current = none;
-  BitVector savedRoots;
+  BitVector dropped(n);
+  BitVector recompute = g.resolve(dropped);
+  int64_t excess = model.getExcess(recompute, modelBudget);
+  int64_t flops = g.getFlops(recompute);
+  SmallVector<unsigned> relevant = llvm::to_vector(g.getRelevant().set_bits());
+  uint64_t positions = model.getNumPositions();
+  // A move drops a group of candidates: each candidate alone where judging every candidate
+  // at every step costs little, else the candidates of one kind in every repeated layer.
+  std::vector<SmallVector<unsigned>> groups;
+  if (uint64_t(relevant.size()) * 2 * positions <= kPerCandidateWork) {
+    for (unsigned c : relevant)
+      groups.push_back({c});
+  } else {
+    groups = groupRepeated(g, relevant);
+  }
+  // Refreshing every score costs (moves x positions); small graphs afford it at every step.
+  bool refreshAlways = uint64_t(groups.size()) * 2 * positions <= 4'000'000;
 
-  // Move 2c drops candidate c alone, move 2c + 1 drops it with its chain.
-  auto getMove = [&](unsigned move) {
-    unsigned c = move / 2;
-    if (move % 2 == 0) {
-      BitVector single(n);
-      single.set(c);
-      return single;
-    }
-    BitVector chain = g.getChain(c, dropped, savedRoots);
-    chain.reset(tabu);
-    chain.set(c);
-    return chain;
-  };
   struct Score {
+    double perFlop = 0;
     unsigned move = 0;
-    /// The step the score was computed at; 0: never.
     unsigned step = 0;
-    /// A chain move that is its candidate alone: never taken.
-    bool duplicate = false;
-    /// Real peak bytes freed per FLOP, then bytes no longer kept per FLOP.
-    double perFlop = 0, keptPerFlop = 0;
-    /// The move's trial.
-    int64_t peak = INT64_MAX, flops = 0;
-    std::pair<double, double> key() const { return {perFlop, keptPerFlop}; }
+  };
+  auto worse = [](const Score &a, const Score &b) {
+    return std::tie(a.perFlop, b.move) < std::tie(b.perFlop, a.move);
   };
   unsigned step = 1;
-  auto rescore = [&](Score &s) -> LogicalResult {
+  BitVector savedRoots = g.getSavedRoots(recompute);
+  // The cheapest move seen that meets the budget on its own, as a dropped set: one big move
+  // may beat the few cheap ones the descent takes (the usual greedy for covering knapsacks).
+  struct Cover {
+    BitVector dropped;
+    int64_t flops = INT64_MAX;
+  } cover;
+  // Move 2k drops the first `limit` members of groups[k] not dropped yet, each alone; move
+  // 2k + 1 each with its chain.
+  auto getMove = [&](unsigned move, unsigned limit = UINT_MAX) {
+    BitVector moved(n);
+    unsigned taken = 0;
+    for (unsigned c : groups[move / 2]) {
+      if (dropped.test(c))
+        continue;
+      if (taken++ == limit)
+        break;
+      if (move % 2 == 0)
+        moved.set(c);
+      else
+        moved |= g.getChain(c, dropped, savedRoots);
+    }
+    return moved;
+  };
+  auto remaining = [&](unsigned move) {
+    return unsigned(llvm::count_if(groups[move / 2], [&](unsigned c) { return !dropped.test(c); }));
+  };
+  auto rescore = [&](Score &s) {
     s.step = step;
-    s.perFlop = s.keptPerFlop = 0;
-    s.peak = current.peak;
-    s.flops = current.flops;
+    s.perFlop = 0;
+    unsigned left = remaining(s.move);
+    if (left == 0)
+      return;
     BitVector moved = getMove(s.move);
-    s.duplicate = s.move % 2 == 1 && moved.count() == 1;
-    if (s.duplicate)
-      return success();
+    if (s.move % 2 == 1 && moved.count() == left)
+      return; // The same as dropping them alone.
     BitVector next = dropped;
     next |= moved;
-    BitVector recompute = g.resolve(next);
-    if (recompute == current.recompute)
-      return success(); // Nothing reads it in the backward pass yet.
-    FailureOr<Trial> trial = evaluate(g, planner, recompute);
-    if (failed(trial))
-      return failure();
-    double flops = std::max<int64_t>(1, trial->flops - current.flops);
-    int64_t newlyRecomputed = 0;
-    for (unsigned i : recompute.set_bits())
-      if (!current.recompute.test(i) && !g.isView.test(i))
-        newlyRecomputed += g.bytes[i];
-    s.peak = trial->peak;
-    s.flops = trial->flops;
-    s.perFlop = std::max<int64_t>(0, current.peak - trial->peak) / flops;
-    // A move that raises the peak is never taken for the bytes it stops keeping.
-    s.keptPerFlop = trial->peak <= current.peak ? newlyRecomputed / flops : 0;
-    return success();
+    BitVector nextRecompute = g.resolve(next);
+    if (nextRecompute == recompute)
+      return;
+    int64_t nextExcess = model.getExcess(nextRecompute, modelBudget);
+    if (nextExcess >= excess)
+      return;
+    int64_t nextFlops = g.getFlops(nextRecompute);
+    if (nextExcess == 0 && nextFlops < cover.flops)
+      cover = {next, nextFlops};
+    s.perFlop = double(excess - nextExcess) / std::max<int64_t>(1, nextFlops - flops);
   };
 
-  auto descend = [&]() -> LogicalResult {
-    savedRoots = g.getSavedRoots(current.recompute);
-    std::vector<Score> scores;
-    BitVector movable = g.getRelevant();
-    movable.reset(tabu);
-    movable.reset(dropped);
-    for (unsigned c : movable.set_bits())
-      for (unsigned move : {2 * c, 2 * c + 1})
-        scores.push_back(Score{move});
-    unsigned refreshPeriod =
-        scores.size() <= kRefreshAll ? 1 : std::max<size_t>(1, scores.size() / kRefreshPerStep);
-    // Moves that only stop keeping bytes may lead nowhere: if the budget is not met, the
-    // descent ends where it reached its lowest peak most cheaply.
-    Trial best = current;
-    BitVector bestDropped = dropped;
-    // The cheapest set met on the way that fits the budget.
-    Trial fit{BitVector(), INT64_MAX, INT64_MAX};
-    BitVector fitDropped;
-
-    for (unsigned sinceRefresh = refreshPeriod; current.peak > budget; ++sinceRefresh) {
-      // Steps only add FLOPs: past the cheapest set that fits, the descent cannot win.
-      if (current.flops >= fit.flops)
-        break;
-      llvm::erase_if(scores, [&](const Score &s) { return dropped.test(s.move / 2); });
-      auto refreshAll = [&]() -> LogicalResult {
-        for (Score &s : scores)
-          if (s.step != step && failed(rescore(s)))
-            return failure();
-        return success();
-      };
-      if (sinceRefresh >= refreshPeriod) {
-        if (failed(refreshAll()))
-          return failure();
-        sinceRefresh = 0;
+  std::vector<Score> heap;
+  auto refreshAll = [&] {
+    heap.clear();
+    for (unsigned move = 0; move < 2 * groups.size(); ++move) {
+      Score s;
+      s.move = move;
+      rescore(s);
+      if (s.perFlop > 0)
+        heap.push_back(s);
+    }
+    std::make_heap(heap.begin(), heap.end(), worse);
+  };
+  refreshAll();
+  unsigned sinceRefresh = 0;
+  while (excess > 0 && !clock.expired()) {
+    clock.progress([&](llvm::raw_ostream &os) {
+      os << "descending: " << dropped.count() << " tensors dropped, "
+         << formatBytes(excess / std::max<unsigned>(1, model.getNumPositions()))
+         << " over the budget on average";
+    });
+    if (refreshAlways || sinceRefresh >= kRefreshEvery) {
+      refreshAll();
+      sinceRefresh = 0;
+    }
+    // Lazily: re-score the best until the best is fresh.
+    while (!heap.empty() && heap.front().step != step) {
+      std::pop_heap(heap.begin(), heap.end(), worse);
+      Score s = heap.back();
+      heap.pop_back();
+      rescore(s);
+      if (s.perFlop > 0) {
+        heap.push_back(s);
+        std::push_heap(heap.begin(), heap.end(), worse);
       }
-      // Lazily: re-evaluate the best until it is fresh. Stale scores never beat a fresh
-      // one, so the choice below is among fresh scores.
-      auto rank = [](const Score &s) {
-        return s.step == 0 ? std::make_pair(double(INFINITY), double(INFINITY)) : s.key();
+    }
+    if (heap.empty()) {
+      if (sinceRefresh == 0)
+        break;                      // No move brings the model closer to the budget.
+      sinceRefresh = kRefreshEvery; // Stale scores may have hidden one: refresh them all.
+      continue;
+    }
+    std::pop_heap(heap.begin(), heap.end(), worse);
+    Score best = heap.back();
+    heap.pop_back();
+    // A group whose whole move meets the budget: only as many of its members (in forward
+    // order) as that takes.
+    unsigned limit = UINT_MAX, left = remaining(best.move);
+    if (left > 1) {
+      auto meets = [&](unsigned count) {
+        BitVector next = dropped;
+        next |= getMove(best.move, count);
+        return model.getExcess(g.resolve(next), modelBudget) == 0;
       };
-      auto bestScore = [&]() -> Score * {
-        Score *top = nullptr;
-        for (Score &s : scores)
-          if (!s.duplicate && (!top || rank(s) > rank(*top)))
-            top = &s;
-        return top;
-      };
-      Score *top = nullptr;
-      while ((top = bestScore()) && top->step != step)
-        if (failed(rescore(*top)))
-          return failure();
-      if (top && top->perFlop == 0 && sinceRefresh != 0) {
-        // No fresh move frees peak bytes: stale ones may have grown.
-        if (failed(refreshAll()))
-          return failure();
-        sinceRefresh = 0;
-        top = bestScore();
-      }
-      if (!top || (top->perFlop == 0 && top->keptPerFlop == 0))
-        break; // No move changes anything any more.
-      // The cheapest fresh move that meets the budget is a solution; the descent goes on by
-      // score, as a few cheaper moves may meet it for less.
-      for (Score &s : scores)
-        if (s.step == step && !s.duplicate && s.peak <= budget && s.flops < fit.flops) {
-          fit.flops = s.flops;
-          fit.peak = s.peak;
-          fitDropped = dropped;
-          fitDropped |= getMove(s.move);
-          fit.recompute = g.resolve(fitDropped);
+      if (meets(left)) {
+        unsigned low = 1, high = left; // meets(high) holds.
+        while (low < high) {
+          unsigned mid = low + (high - low) / 2;
+          if (meets(mid))
+            high = mid;
+          else
+            low = mid + 1;
         }
-      dropped |= getMove(top->move);
-      FailureOr<Trial> next = evaluate(g, planner, g.resolve(dropped));
-      if (failed(next))
-        return failure();
-      current = *next;
-      if (std::make_pair(current.peak, current.flops) < std::make_pair(best.peak, best.flops)) {
-        best = current;
-        bestDropped = dropped;
+        limit = high;
       }
-      savedRoots = g.getSavedRoots(current.recompute);
-      LLVM_DEBUG(llvm::dbgs() << "greedy step " << step << ": drop " << top->move / 2
-                              << (top->move % 2 ? " with its chain (" : " (")
-                              << g.ops[top->move / 2]->getName() << "), peak " << current.peak
-                              << ", flops " << current.flops << "\n");
-      ++step;
     }
-    if (current.peak > budget &&
-        std::make_pair(best.peak, best.flops) < std::make_pair(current.peak, current.flops)) {
-      current = best;
-      dropped = bestDropped;
-    }
-    if (fit.peak <= budget && (current.peak > budget || fit.flops < current.flops)) {
-      current = fit;
-      dropped = fitDropped;
-    }
-    return success();
-  };
+    dropped |= getMove(best.move, limit);
+    recompute = g.resolve(dropped);
+    excess = model.getExcess(recompute, modelBudget);
+    flops = g.getFlops(recompute);
+    savedRoots = g.getSavedRoots(recompute);
+    ++step;
+    ++sinceRefresh;
+  }
 
-  // Returns whether anything was kept again.
-  auto keepAgain = [&]() -> FailureOr<bool> {
-    bool changed = false;
-    SmallVector<unsigned> order = llvm::to_vector(dropped.set_bits());
+  // Keeps again, costliest first, what the budget does not need dropped.
+  auto keepAgain = [&](BitVector &set) {
+    SmallVector<unsigned> order = llvm::to_vector(set.set_bits());
     llvm::stable_sort(order, [&](unsigned a, unsigned b) { return g.flops[a] > g.flops[b]; });
     for (unsigned c : order) {
-      BitVector next = dropped;
+      if (clock.expired())
+        break;
+      BitVector next = set;
       next.reset(c);
-      BitVector recompute = g.resolve(next);
-      if (recompute == current.recompute) {
-        dropped = next;
+      if (model.getExcess(g.resolve(next), modelBudget) == 0)
+        set = next;
+    }
+    return g.resolve(set);
+  };
+  if (excess == 0)
+    recompute = keepAgain(dropped);
+  if (cover.flops != INT64_MAX && cover.flops < g.getFlops(recompute)) {
+    BitVector covered = keepAgain(cover.dropped);
+    if (excess != 0 || g.getFlops(covered) < g.getFlops(recompute)) {
+      recompute = covered;
+      excess = 0;
+    }
+  }
+  return {recompute, excess == 0};
+}
+
+/// Auto's search: the greedy on the peak model, confirmed by real plans. The model is
+/// calibrated by the plan without recomputation (what it leaves out: persistent arenas,
+/// inputs, the planner's fragmentation); each confirmed set moves the model's budget by what
+/// the real plan missed or had to spare, bisecting between the largest model budget whose set
+/// fitted and the smallest whose set did not, for at most kMaxConfirmations plans. The
+/// cheapest set that fits wins.
+FailureOr<Trial> RematPass::searchGreedy(const ForwardGraph &g, TrialPlanner &planner,
+                                         const PeakModel &model, int64_t budget, const Trial &none,
+                                         ArrayRef<std::pair<StringRef, Trial>> fixed,
+                                         SearchClock &clock, bool exhaustiveWhenSmall) {
+  constexpr unsigned kMaxConfirmations = 8;
+  // What the model misses depends on the set (fusion of clones, fragmentation): calibrate it
+  // on the real plan nearest the budget, without recomputation or a fixed policy.
+  const Trial *nearest = &none;
+  for (auto &[policy, trial] : fixed)
+    if (std::abs(trial.peak - budget) < std::abs(nearest->peak - budget))
+      nearest = &trial;
+  int64_t calibration = nearest->peak - model.getPeak(nearest->recompute);
+  // Small graphs: every distinct set, cheapest first, is judged by the model, and those it
+  // says fit (within a margin for what it misses) are planned until one fits: the optimum,
+  // unless the model misses by more than the margin.
+  if (exhaustiveWhenSmall && g.getRelevant().count() <= kMaxModelExhaustiveCandidates) {
+    FailureOr<std::vector<BitVector>> sets = enumerateSets(g);
+    if (failed(sets))
+      return failure();
+    int64_t margin = budget / 20;
+    unsigned plans = 0;
+    for (const BitVector &set : *sets) {
+      if (model.getPeak(set) + calibration > budget + margin)
         continue;
-      }
-      FailureOr<Trial> trial = evaluate(g, planner, recompute);
+      FailureOr<Trial> trial = evaluate(g, planner, set);
       if (failed(trial))
         return failure();
-      // Within the budget, any set that stays within it; above it, only a lower peak.
-      bool better = current.peak > budget ? trial->peak < current.peak : trial->peak <= budget;
-      if (better && trial->flops <= current.flops) {
-        LLVM_DEBUG(llvm::dbgs() << "keep " << c << " again: peak " << trial->peak << "\n");
-        dropped = next;
-        current = *trial;
-        if (current.peak > budget)
-          tabu.set(c);
-        changed = true;
-      }
+      if (trial->peak <= budget)
+        return *trial;
+      if (++plans == kMaxExhaustivePlans || clock.expired())
+        break;
     }
-    return changed;
-  };
-
-  for (unsigned round = 0; round < 3; ++round) {
-    if (failed(descend()))
-      return failure();
-    FailureOr<bool> changed = keepAgain();
-    if (failed(changed))
-      return failure();
-    if (current.peak <= budget || !*changed)
-      break;
   }
-  if (current.peak > budget)
-    return Trial{BitVector(), 0, INT64_MAX}; // Out of the greedy's reach.
-  return current;
+  int64_t modelBudget = budget - calibration;
+  // Close enough: a set within this much of the budget is not worth another plan.
+  int64_t tolerance = std::max<int64_t>(budget / 200, 1 << 20);
+  int64_t fits = INT64_MIN, overflows = INT64_MAX;
+  Trial best{BitVector(), 0, INT64_MAX};
+  for (unsigned round = 0; round < kMaxConfirmations && !clock.expired(); ++round) {
+    ModelResult result = descendOnModel(g, model, modelBudget, clock);
+    FailureOr<Trial> trial = evaluate(g, planner, result.recompute);
+    if (failed(trial))
+      return failure();
+    clock.progress([&](llvm::raw_ostream &os) {
+      os << "trial plan " << round + 1 << ": planned peak " << formatBytes(trial->peak)
+         << ", recomputing " << withCommas(trial->flops) << " FLOPs";
+    });
+    LLVM_DEBUG(llvm::dbgs() << "model budget " << modelBudget << ": model peak "
+                            << model.getPeak(result.recompute) << ", planned " << trial->peak
+                            << ", " << trial->flops << " FLOPs\n");
+    int64_t next;
+    if (trial->peak <= budget) {
+      if (trial->flops < best.flops || best.peak > budget)
+        best = *trial;
+      fits = std::max(fits, modelBudget);
+      if (budget - trial->peak <= tolerance)
+        break;
+      next = overflows == INT64_MAX ? modelBudget + (budget - trial->peak)
+                                    : fits + (overflows - fits) / 2;
+    } else {
+      if (!result.met)
+        break; // The model cannot go lower: neither can a smaller model budget.
+      overflows = std::min(overflows, modelBudget);
+      // The set was below the model budget already: go below the set's own model peak.
+      int64_t lowered =
+          std::min(modelBudget, model.getPeak(result.recompute)) - (trial->peak - budget);
+      next = fits == INT64_MIN ? lowered : fits + (overflows - fits) / 2;
+    }
+    if (overflows != INT64_MAX && fits != INT64_MIN && overflows - fits <= tolerance)
+      break;
+    if (next == modelBudget)
+      break;
+    modelBudget = next;
+  }
+  if (best.peak == INT64_MAX)
+    return Trial{BitVector(), 0, INT64_MAX};
+  return best;
 }
 
 /// Every distinct recompute set that some subset of the relevant candidates resolves to,
@@ -755,17 +1181,17 @@ FailureOr<Trial> RematPass::searchExhaustive(const ForwardGraph &g, TrialPlanner
   return Trial{BitVector(), 0, INT64_MAX};
 }
 
-FailureOr<Trial> RematPass::searchAuto(const ForwardGraph &g, TrialPlanner &planner, int64_t budget,
-                                       const Trial &none,
-                                       ArrayRef<std::pair<StringRef, Trial>> fixed,
-                                       bool exhaustive) {
-  FailureOr<Trial> found =
-      exhaustive ? searchExhaustive(g, planner, budget) : searchGreedy(g, planner, budget, none);
+FailureOr<Trial> RematPass::searchAuto(const ForwardGraph &g, TrialPlanner &planner,
+                                       const PeakModel &model, int64_t budget, const Trial &none,
+                                       ArrayRef<std::pair<StringRef, Trial>> fixed, bool exhaustive,
+                                       SearchClock &clock) {
+  FailureOr<Trial> found = exhaustive ? searchExhaustive(g, planner, budget)
+                                      : searchGreedy(g, planner, model, budget, none, fixed, clock);
   if (failed(found))
     return failure();
   // The fixed policies are fallbacks: the cheapest set that fits wins.
   for (auto &[policy, trial] : fixed)
-    if (trial.peak <= budget && trial.flops < found->flops) {
+    if (trial.peak <= budget && (found->peak > budget || trial.flops < found->flops)) {
       LLVM_DEBUG(llvm::dbgs() << "policy " << policy << " beats the search\n");
       found = trial;
     }
@@ -776,7 +1202,8 @@ FailureOr<Trial> RematPass::searchAuto(const ForwardGraph &g, TrialPlanner &plan
 /// each peak that some set reaches more cheaply than every cheaper set, the fewest FLOPs
 /// that reach it) and runs auto's greedy search with each frontier peak as the budget.
 LogicalResult RematPass::compareSearches(func::FuncOp function, const ForwardGraph &g,
-                                         TrialPlanner &planner, const Trial &none,
+                                         TrialPlanner &planner, const PeakModel &model,
+                                         const Trial &none,
                                          ArrayRef<std::pair<StringRef, Trial>> fixed) {
   FailureOr<std::vector<BitVector>> sets = enumerateSets(g);
   if (failed(sets))
@@ -789,35 +1216,47 @@ LogicalResult RematPass::compareSearches(func::FuncOp function, const ForwardGra
     if (frontier.empty() || trial->peak < frontier.back().peak)
       frontier.push_back(*trial);
   }
-  unsigned optimal = 0;
-  double worst = 1;
+  // Auto's search as it runs, and its greedy alone (what it runs on graphs too large for the
+  // model's exhaustive stage).
+  struct Tally {
+    unsigned optimal = 0;
+    double worst = 1;
+  } tally[2];
   for (const Trial &optimum : frontier) {
-    FailureOr<Trial> greedy = searchAuto(g, planner, optimum.peak, none, fixed, false);
-    if (failed(greedy))
-      return failure();
     InFlightDiagnostic remark = emitRemark(function.getLoc());
     remark << "budget " << optimum.peak << " bytes: optimum " << withCommas(optimum.flops)
-           << " FLOPs, greedy ";
-    if (greedy->peak > optimum.peak) {
-      remark << "does not fit";
-      worst = INFINITY;
-      continue;
+           << " FLOPs";
+    for (unsigned which = 0; which < 2; ++which) {
+      SearchClock clock(0);
+      FailureOr<Trial> found =
+          which == 0 ? searchAuto(g, planner, model, optimum.peak, none, fixed, false, clock)
+                     : searchGreedy(g, planner, model, optimum.peak, none, fixed, clock,
+                                    /*exhaustiveWhenSmall=*/false);
+      if (failed(found))
+        return failure();
+      remark << (which == 0 ? ", auto " : ", greedy alone ");
+      if (found->peak > optimum.peak) {
+        remark << "does not fit";
+        tally[which].worst = INFINITY;
+        continue;
+      }
+      remark << withCommas(found->flops) << " FLOPs";
+      if (found->flops == optimum.flops) {
+        ++tally[which].optimal;
+        continue;
+      }
+      double ratio = optimum.flops ? double(found->flops) / optimum.flops : INFINITY;
+      tally[which].worst = std::max(tally[which].worst, ratio);
+      remark << " (" << fixedPoint(ratio) << "x)";
     }
-    remark << withCommas(greedy->flops) << " FLOPs";
-    if (greedy->flops == optimum.flops) {
-      ++optimal;
-      continue;
-    }
-    double ratio = optimum.flops ? double(greedy->flops) / optimum.flops : INFINITY;
-    worst = std::max(worst, ratio);
-    remark << " (" << fixedPoint(ratio) << "x)";
   }
-  emitRemark(function.getLoc()) << "bonsai-remat (search 'compare'): greedy is optimal at "
-                                << optimal << " of " << frontier.size()
+  emitRemark(function.getLoc()) << "bonsai-remat (search 'compare'): auto is optimal at "
+                                << tally[0].optimal << " of " << frontier.size()
                                 << " budgets on the exhaustive frontier ("
                                 << g.getRelevant().count() << " candidate tensors, " << sets->size()
-                                << " distinct recompute sets planned); worst greedy/optimum FLOPs "
-                                << fixedPoint(worst);
+                                << " distinct recompute sets planned); worst auto/optimum FLOPs "
+                                << fixedPoint(tally[0].worst) << "; the greedy alone is optimal at "
+                                << tally[1].optimal << ", worst " << fixedPoint(tally[1].worst);
   numPlans += planner.getNumPlans();
   return success();
 }
@@ -847,7 +1286,7 @@ LogicalResult RematPass::reportInfeasible(func::FuncOp function, const ForwardGr
     diag << "the smallest planned device peak of every recompute set";
     break;
   case InfeasibleScope::Greedy:
-    diag << "the smallest planned device peak the greedy search reached";
+    diag << "the smallest planned device peak the search reached";
     break;
   }
   diag << " is " << formatBytes(peak) << " (" << peak << " bytes, recomputing " << tensors
@@ -882,10 +1321,15 @@ LogicalResult RematPass::rematFunction(func::FuncOp function, StringRef chosen, 
                               "device_memory");
 
   TrialPlanner planner(function, target, fuse, fuseDisable);
-  // The baseline keeps everything it may: only what is always recomputed is.
-  FailureOr<Trial> none = evaluate(g, planner, g.resolve(BitVector(g.size())));
-  if (failed(none))
+  // The baseline keeps everything it may: only what is always recomputed is. Auto's peak
+  // model reads what its plan materialises.
+  Materialization materialization;
+  BitVector baseline = g.resolve(BitVector(g.size()));
+  FailureOr<PlanMemorySummary> baseSummary =
+      planner.evaluate(baseline, chosen == "auto" ? &materialization : nullptr);
+  if (failed(baseSummary))
     return failure();
+  std::optional<Trial> none = Trial{baseline, g.getFlops(baseline), baseSummary->peakDevice};
 
   Trial chosenTrial = *none;
   std::string how;
@@ -906,8 +1350,9 @@ LogicalResult RematPass::rematFunction(func::FuncOp function, StringRef chosen, 
         return failure();
       fixed.emplace_back(policy, *trial);
     }
+    PeakModel model(function, g, materialization);
     if (search == "compare")
-      return compareSearches(function, g, planner, *none, fixed);
+      return compareSearches(function, g, planner, model, *none, fixed);
     // Recomputation moves activations only: weights, gradients, optimizer state and inputs
     // stay. A budget below them is out of reach without searching.
     FailureOr<PlanMemorySummary> base = planner.evaluate(none->recompute);
@@ -915,17 +1360,30 @@ LogicalResult RematPass::rematFunction(func::FuncOp function, StringRef chosen, 
       return failure();
     if (budget < base->peakDevice - base->activations)
       return reportInfeasible(function, g, planner, budget, InfeasibleScope::Fixed);
-    FailureOr<Trial> found = searchAuto(g, planner, budget, *none, fixed, search == "exhaustive");
+    SearchClock clock(timeLimit);
+    FailureOr<Trial> found =
+        searchAuto(g, planner, model, budget, *none, fixed, search == "exhaustive", clock);
     if (failed(found))
       return failure();
+    bool outOfTime = clock.expired();
+    if (found->peak > budget && outOfTime)
+      return function.emitError()
+             << "bonsai-remat reached its time limit of " << shortest(clock.getLimit())
+             << " s before any recompute set it planned fitted the budget of "
+             << formatBytes(budget) << " (" << planner.getNumPlans()
+             << " trial plans); raise the limit (--remat-time-limit) or the budget";
     if (found->peak > budget)
       return reportInfeasible(function, g, planner, budget,
                               search == "exhaustive" ? InfeasibleScope::Exhaustive
                                                      : InfeasibleScope::Greedy);
     chosenTrial = *found;
-    how = (Twine("search ") + search + ", " + Twine(planner.getNumPlans()) +
-           " trial plans; budget " + formatBytes(budget))
+    how = (Twine("search ") + search + ", " + Twine(planner.getNumPlans()) + " trial plans in " +
+           fixedPoint(clock.getElapsed()) + " s; budget " + formatBytes(budget))
               .str();
+    if (outOfTime)
+      emitRemark(function.getLoc())
+          << "bonsai-remat reached its time limit of " << shortest(clock.getLimit())
+          << " s: the plan below is the best found so far, not the search's end";
   } else {
     FailureOr<Trial> trial = evaluate(g, planner, g.resolve(getDropped(g, chosen)));
     if (failed(trial))

@@ -2,6 +2,7 @@
 //
 // bonsai-compile model.mlir [recipe.mlir] [-o step.plan] [--target=sm_90]
 //                [--device-memory=24GiB] [--fuse=false] [--fuse-disable=family,...]
+//                [--remat-time-limit=60]
 //
 // Parses the model (and the recipe, if given, into the same module), runs the standard
 // pipeline (with the backward pass, the optimizer and activation recomputation when the
@@ -49,6 +50,13 @@ static llvm::cl::opt<std::string>
     memoryOption("device-memory",
                  llvm::cl::desc("Per-device budget, e.g. 24GiB, 512MiB or bytes (default: the "
                                 "recipe's, else none)"));
+
+static llvm::cl::opt<double> rematTimeLimitOption(
+    "remat-time-limit",
+    llvm::cl::desc("Seconds the search of bonsai.remat \"auto\" may take; past them it uses the "
+                   "cheapest set it has planned that fits, with a remark (default 60; 0: no "
+                   "limit)"),
+    llvm::cl::init(60));
 
 static llvm::cl::opt<bool>
     fuseOption("fuse",
@@ -167,6 +175,13 @@ int main(int argc, char **argv) {
                              "has no bonsai.optimizer, so the step has none";
     return 1;
   }
+  if (rematTimeLimitOption < 0) {
+    llvm::errs() << "bonsai-compile: error: --remat-time-limit must be 0 (no limit) or a "
+                    "number of seconds, not "
+                 << rematTimeLimitOption << "\n";
+    return 1;
+  }
+  options.rematTimeLimit = rematTimeLimitOption;
   options.fuse = fuseOption;
   options.fuseDisable = llvm::to_vector(fuseDisableOption);
   if (!targetOption.empty())

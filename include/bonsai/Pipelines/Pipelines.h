@@ -31,6 +31,9 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
                      "(default: the recipe's bonsai.remat; without one, auto when there is a "
                      "budget, else none)"),
       llvm::cl::init("")};
+  PassOptions::Option<double> rematTimeLimit{
+      *this, "remat-time-limit",
+      llvm::cl::desc("Seconds remat's auto search may take (0: no limit)"), llvm::cl::init(0)};
   PassOptions::Option<bool> fuse{
       *this, "fuse",
       llvm::cl::desc("Replace chains of ops with fused kernels (bonsai-fuse); false compiles "

@@ -306,6 +306,9 @@ def BonsaiRematPass : Pass<"bonsai-remat", "::mlir::ModuleOp"> {
            "How auto searches: greedy, or exhaustive (every recompute set; at most 24 " #
            "candidate tensors); compare plans every set and reports, for each budget on the " #
            "exhaustive frontier, the optimum and the greedy's FLOPs (the IR is unchanged)">,
+    Option<"timeLimit", "time-limit", "double", /*default=*/"0",
+           "Seconds auto's search may take; past them it returns the best set it has " #
+           "planned that fits, with a remark (0: no limit)">,
     Option<"perValueRemarks", "per-value-remarks", "bool", /*default=*/"true",
            "A remark at every recomputed tensor, besides the summary">,
     Option<"fuse", "fuse", "bool", /*default=*/"false",
