@@ -193,6 +193,13 @@ Options parseOptions(int argc, char **argv) {
           throw UsageError{flag + " needs a value"};
         return std::string(argv[++i]);
       };
+      // A switch given a value (--profile=false) is a mistake, not a yes: bonsai-tokenize and
+      // bonsai-compile refuse or honour it too.
+      auto noValue = [&]() {
+        if (hasValue)
+          throw UsageError{flag + " takes no value"};
+        return true;
+      };
       if (flag == "--weights")
         o.weights = takeValue();
       else if (flag == "--data")
@@ -228,9 +235,9 @@ Options parseOptions(int argc, char **argv) {
       else if (flag == "--device")
         o.device = int(parseCount(flag, takeValue()));
       else if (flag == "--no-cuda-graphs")
-        o.noCudaGraphs = true;
+        o.noCudaGraphs = noValue();
       else if (flag == "--profile")
-        o.profile = true;
+        o.profile = noValue();
       else if (flag == "--fp8-stats-every")
         o.fp8StatsEvery = parseCount(flag, takeValue());
       else if (flag == "--fp8-underflow-warn") {
