@@ -20,11 +20,13 @@
 #include "bonsai/Pipelines/Pipelines.h"
 #include "bonsai/Target/PlanEmitter.h"
 #include "bonsai/Target/TargetProfile.h"
+#include "mlir/IR/AsmState.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/Verifier.h"
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
+#include "mlir/Support/Timing.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/InitLLVM.h"
@@ -37,38 +39,50 @@
 using namespace mlir;
 using namespace mlir::bonsai;
 
+/// Bonsai's own flags: with the few MLIR flags below, the only ones --help lists.
+static llvm::cl::OptionCategory bonsaiCategory("Bonsai options");
+/// MLIR's pass-manager, timing and IR-printing flags most useful on a compile; the rest of
+/// MLIR's and all of LLVM's stay hidden (--help-hidden lists them).
+static llvm::cl::OptionCategory mlirCategory("MLIR options (all of them: --help-hidden)");
+
 static llvm::cl::opt<std::string> modelFile(llvm::cl::Positional, llvm::cl::Required,
-                                            llvm::cl::desc("<model.mlir>"));
+                                            llvm::cl::desc("<model.mlir>"),
+                                            llvm::cl::cat(bonsaiCategory));
 static llvm::cl::opt<std::string> recipeFile(llvm::cl::Positional, llvm::cl::Optional,
-                                             llvm::cl::desc("[recipe.mlir]"));
+                                             llvm::cl::desc("[recipe.mlir]"),
+                                             llvm::cl::cat(bonsaiCategory));
 static llvm::cl::opt<std::string> outputFile("o", llvm::cl::desc("Plan file to write"),
-                                             llvm::cl::value_desc("step.plan"));
-static llvm::cl::opt<std::string> targetOption(
-    "target", llvm::cl::desc("a100, a10g, rtx4090, l40s, h100, h200, sm_XX or cpu (default: the "
-                             "recipe's bonsai.target, else cpu); see docs/targets.md"));
+                                             llvm::cl::value_desc("step.plan"),
+                                             llvm::cl::cat(bonsaiCategory));
+static llvm::cl::opt<std::string>
+    targetOption("target",
+                 llvm::cl::desc("a100, a10g, rtx4090, l40s, h100, h200, sm_XX or cpu (default: the "
+                                "recipe's bonsai.target, else cpu); see docs/targets.md"),
+                 llvm::cl::cat(bonsaiCategory));
 static llvm::cl::opt<std::string>
     memoryOption("device-memory",
                  llvm::cl::desc("Per-device budget, e.g. 24GiB, 512MiB or bytes (default: the "
-                                "recipe's, else none)"));
+                                "recipe's, else none)"),
+                 llvm::cl::cat(bonsaiCategory));
 
 static llvm::cl::opt<double> rematTimeLimitOption(
     "remat-time-limit",
     llvm::cl::desc("Seconds the search of bonsai.remat \"auto\" may take; past them it uses the "
                    "cheapest set it has planned that fits, with a remark (default 60; 0: no "
                    "limit)"),
-    llvm::cl::init(60));
+    llvm::cl::init(60), llvm::cl::cat(bonsaiCategory));
 
 static llvm::cl::opt<bool>
     fuseOption("fuse",
                llvm::cl::desc("Fuse chains of ops into single kernels (default true; "
                               "--fuse=false compiles every op as its own kernel)"),
-               llvm::cl::init(true));
+               llvm::cl::init(true), llvm::cl::cat(bonsaiCategory));
 static llvm::cl::list<std::string>
     fuseDisableOption("fuse-disable",
                       llvm::cl::desc("Fusion families to leave out, e.g. "
                                      "--fuse-disable=linear-cross-entropy,residual-norm "
                                      "(names as in docs/fusion.md)"),
-                      llvm::cl::CommaSeparated);
+                      llvm::cl::CommaSeparated, llvm::cl::cat(bonsaiCategory));
 
 /// Parses "24GiB", "1.5 GiB", "512MiB", "80GB", "1000" (bytes).
 static std::optional<int64_t> parseBytes(StringRef text) {
@@ -115,8 +129,43 @@ static LogicalResult checkSupportedDirectives(ModuleOp module) {
   return success();
 }
 
+/// Registers MLIR's pass-manager, timing, context and IR-printing flags, and hides every flag
+/// that is neither Bonsai's nor one of the MLIR flags worth listing. The LLVM backends linked in
+/// register some 350 flags (AMDGPU, ARM, NVPTX, ...) that mean nothing to a Bonsai user; they are
+/// made Hidden, not ReallyHidden as cl::HideUnrelatedOptions would, so --help-hidden still
+/// lists them.
+static void registerCommandLineOptions() {
+  registerPassManagerCLOptions();
+  registerDefaultTimingManagerCLOptions();
+  registerAsmPrinterCLOptions();
+  registerMLIRContextCLOptions();
+
+  static constexpr llvm::StringLiteral listedMlirOptions[] = {
+      "mlir-print-ir-before-all",   "mlir-print-ir-after-all",
+      "mlir-print-ir-after-change", "mlir-print-ir-after-failure",
+      "mlir-print-ir-tree-dir",     "mlir-print-debuginfo",
+      "mlir-print-op-generic",      "mlir-timing",
+      "mlir-pass-statistics",       "mlir-elide-elementsattrs-if-larger",
+      "mlir-disable-threading"};
+  for (auto &entry : llvm::cl::getRegisteredOptions()) {
+    llvm::cl::Option *option = entry.second;
+    if (llvm::is_contained(listedMlirOptions, entry.first)) {
+      option->addCategory(mlirCategory);
+      option->setHiddenFlag(llvm::cl::NotHidden); // some are registered Hidden
+      continue;
+    }
+    // --help, --version and the other flags of LLVM's "Generic Options" stay listed.
+    bool listed = llvm::any_of(option->Categories, [](const llvm::cl::OptionCategory *category) {
+      return category == &bonsaiCategory || category->getName() == "Generic Options";
+    });
+    if (!listed && option->getOptionHiddenFlag() == llvm::cl::NotHidden)
+      option->setHiddenFlag(llvm::cl::Hidden);
+  }
+}
+
 int main(int argc, char **argv) {
   llvm::InitLLVM init(argc, argv);
+  registerCommandLineOptions();
   llvm::cl::ParseCommandLineOptions(argc, argv,
                                     "Bonsai compiler: model (+ recipe) -> step plan\n");
   auto start = std::chrono::steady_clock::now();
@@ -209,21 +258,37 @@ int main(int argc, char **argv) {
     options.deviceMemory = *bytes;
   }
 
+  // One timing report (--mlir-timing) for both pipelines and the plan's emission, printed when
+  // `timing` goes out of scope at the end of main.
+  DefaultTimingManager timing;
+  applyDefaultTimingManagerCLOptions(timing);
+  TimingScope rootTiming = timing.getRootScope();
+
   // The cost report comes from the model as the recipe rewrote it (adapters, NF4 weights),
   // before it is lowered.
   PassManager modelPm(&context);
+  if (failed(applyPassManagerCLOptions(modelPm)))
+    return 1;
+  TimingScope modelTiming = rootTiming.nest("model pipeline");
+  modelPm.enableTiming(modelTiming);
   buildModelPipeline(modelPm, options);
   if (failed(modelPm.run(*module)))
     return 1;
+  modelTiming.stop();
   std::vector<ModelCost> costs;
   for (auto function : module->getOps<FunctionOpInterface>())
     if (!function.isExternal() && !function.getFunctionBody().getOps<ParamOp>().empty())
       costs.push_back(computeModelCost(function));
 
   PassManager pm(&context);
+  if (failed(applyPassManagerCLOptions(pm)))
+    return 1;
+  TimingScope stepTiming = rootTiming.nest("step pipeline");
+  pm.enableTiming(stepTiming);
   buildStepPipeline(pm, options);
   if (failed(pm.run(*module)))
     return 1;
+  stepTiming.stop();
 
   auto steps = llvm::to_vector(module->getOps<plan::StepOp>());
   if (steps.size() != 1) {
@@ -232,8 +297,10 @@ int main(int argc, char **argv) {
     return 1;
   }
   std::string bytes;
+  TimingScope emitTiming = rootTiming.nest("emit plan");
   if (failed(emitPlan(steps.front(), bytes)))
     return 1;
+  emitTiming.stop();
 
   std::string output = outputFile;
   if (output.empty()) {
