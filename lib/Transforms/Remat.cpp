@@ -4,32 +4,31 @@
 // asks CostOpInterface what an op costs and whether it is GEMM-shaped, NormalizationOpInterface
 // which values open a block, ViewLikeOpInterface which ops alias their source, and
 // KernelOpInterface and the side-effect interfaces whether an op can simply run again. Policy
-// `auto` judges every candidate recompute set by the real planner: a copy of the function with
-// the set applied is lowered, scheduled and planned by the pipeline's own passes, and the
-// arenas of the resulting step are summed.
+// `auto` searches on the peak model (Remat/PeakModel.h) and checks what it chooses against the
+// real planner: a copy of the function with the set applied is fused, lowered, scheduled and
+// planned by the pipeline's own passes, and the arenas of the resulting step are summed. The
+// forward graph and how a set is applied are in Remat/RematGraph.h.
 //
 //===----------------------------------------------------------------------===//
+
+#include "Remat/PeakModel.h"
+#include "Remat/RematGraph.h"
 
 #include "bonsai/Analysis/PlanSummary.h"
 #include "bonsai/Conversion/Passes.h"
 #include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
 #include "bonsai/Transforms/Passes.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
-#include "mlir/IR/IRMapping.h"
-#include "mlir/Interfaces/SideEffectInterfaces.h"
-#include "mlir/Interfaces/ViewLikeInterface.h"
 #include "mlir/Pass/PassManager.h"
 #include "llvm/ADT/BitVector.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/MapVector.h"
-#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/Debug.h"
 #include "llvm/Support/Format.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <functional>
 #include <optional>
 #include <tuple>
 
@@ -40,9 +39,7 @@ namespace mlir::bonsai {
 #include "bonsai/Transforms/Passes.h.inc"
 
 namespace {
-
-constexpr StringLiteral kPhaseAttr = "bonsai.phase";
-constexpr StringLiteral kRecomputedAttr = "bonsai.recomputed";
+using namespace remat;
 
 /// Exhaustive search tries every subset of the candidates: 2^24 sets is about 17 million.
 constexpr unsigned kMaxExhaustiveCandidates = 24;
@@ -54,25 +51,6 @@ constexpr unsigned kMaxModelExhaustiveCandidates = 20, kMaxExhaustivePlans = 102
 /// scoring every move once costs, stays within this; beyond, it moves a kind of candidate in
 /// every repeated layer at once.
 constexpr uint64_t kPerCandidateWork = 100'000'000;
-
-bool isBackward(Operation *op) {
-  auto phase = op->getAttrOfType<StringAttr>(kPhaseAttr);
-  return phase && phase.getValue() == "backward";
-}
-
-/// Whether `user`, an op of the update phase, reads only results of `op` that no backward op
-/// reads: the FP8 statistics a scale update takes from a forward GEMM (docs/fp8.md). Such a
-/// reader does not pin `op`: recomputing it for the backward leaves the update reading the
-/// forward's small result, while the results the backward reads are recomputed.
-bool readsOnlySideResults(Operation *op, Operation *user) {
-  auto phase = user->getAttrOfType<StringAttr>(kPhaseAttr);
-  if (!phase || phase.getValue() != "update")
-    return false;
-  return llvm::none_of(op->getResults(), [&](OpResult result) {
-    return llvm::is_contained(user->getOperands(), result) &&
-           llvm::any_of(result.getUsers(), isBackward);
-  });
-}
 
 /// 1234567 -> "1,234,567".
 std::string withCommas(int64_t value) {
@@ -106,540 +84,6 @@ std::string percent(int64_t part, int64_t whole) {
   llvm::raw_string_ostream(s) << llvm::format("%.2f", 100.0 * part / std::max<int64_t>(1, whole))
                               << "%";
   return s;
-}
-
-/// The forward ops of a model function (those without a phase), in block order. Their
-/// positions in this list name them in a copy of the function as well.
-SmallVector<Operation *> collectForwardOps(func::FuncOp function) {
-  SmallVector<Operation *> forward;
-  for (Operation &op : function.getBody().front().without_terminator())
-    if (!op.hasAttr(kPhaseAttr))
-      forward.push_back(&op);
-  return forward;
-}
-
-//===----------------------------------------------------------------------===//
-// The forward graph as remat sees it
-//===----------------------------------------------------------------------===//
-
-/// What the pass needs to know about the forward ops of one function. Ops are named by their
-/// position in collectForwardOps' list.
-struct ForwardGraph {
-  SmallVector<Operation *> ops;
-  /// Forward ops that read a result of each op.
-  SmallVector<SmallVector<unsigned>> users;
-  /// A backward op reads a result of the op: the value is saved for the backward pass.
-  BitVector backwardUse;
-  /// Ops that can be recomputed and are decided on: pure, costed kernels that are not views
-  /// and whose results only forward and backward ops read (not the return, not the update).
-  BitVector candidate;
-  /// Views alias a buffer: `viewRoot` is the op that owns it (-1: a parameter, an argument or
-  /// an op that is not forward). A view is recomputed exactly when its root is.
-  BitVector isView;
-  SmallVector<int> viewRoot;
-  /// Block inputs (values a NormalizationOpInterface op normalises) and GEMM outputs.
-  BitVector blockInput, gemm;
-  /// Candidates that RecomputeOpInterface says are always recomputed (dequantized weights):
-  /// every choice drops them.
-  BitVector alwaysRecomputed;
-  /// Forward FLOPs and result bytes of each op.
-  SmallVector<int64_t> flops, bytes;
-  /// The owners (see viewRoot) of each op's operands that forward ops own.
-  SmallVector<SmallVector<unsigned>> operandRoots;
-  /// FLOPs of the whole step as the function stands (forward, backward, update).
-  int64_t stepFlops = 0;
-  /// The function has a backward pass.
-  bool hasBackward = false;
-
-  unsigned size() const { return ops.size(); }
-
-  /// The recompute set of a choice of dropped candidates (those not kept): every dropped
-  /// value that a backward op or another recomputed op reads, and the views of those.
-  BitVector resolve(const BitVector &dropped) const;
-  /// FLOPs of recomputing `recompute` once.
-  int64_t getFlops(const BitVector &recompute) const;
-  /// Owners of buffers the backward pass reads, given `recompute`: read by a backward op or
-  /// by a clone, directly or through a view.
-  BitVector getSavedRoots(const BitVector &recompute) const;
-  /// Candidate `c` with the candidates it is computed from, recursively, that are neither
-  /// dropped nor in `savedRoots`: recomputing `c` alone would keep those alive.
-  BitVector getChain(unsigned c, const BitVector &dropped, const BitVector &savedRoots) const;
-  /// The candidates some choice recomputes: those recomputed when nothing is kept.
-  BitVector getRelevant() const {
-    BitVector relevant = resolve(candidate);
-    relevant &= candidate;
-    relevant.reset(alwaysRecomputed); // Not a choice.
-    return relevant;
-  }
-};
-
-ForwardGraph analyzeForwardGraph(func::FuncOp function) {
-  ForwardGraph g;
-  g.ops = collectForwardOps(function);
-  unsigned n = g.ops.size();
-  llvm::DenseMap<Operation *, unsigned> index;
-  for (auto [i, op] : llvm::enumerate(g.ops))
-    index[op] = i;
-  g.users.resize(n);
-  g.backwardUse.resize(n);
-  g.candidate.resize(n);
-  g.isView.resize(n);
-  g.viewRoot.assign(n, -1);
-  g.blockInput.resize(n);
-  g.gemm.resize(n);
-  g.alwaysRecomputed.resize(n);
-  g.flops.assign(n, 0);
-  g.bytes.assign(n, 0);
-  g.operandRoots.resize(n);
-  BitVector pinned(n);
-
-  // The op that owns the buffer of `v`, through views; -1 if no forward op does.
-  auto rootOf = [&](Value v) -> int {
-    auto it = index.find(v.getDefiningOp());
-    if (!v.getDefiningOp() || it == index.end())
-      return -1;
-    return g.isView.test(it->second) ? g.viewRoot[it->second] : int(it->second);
-  };
-
-  for (auto [i, op] : llvm::enumerate(g.ops)) {
-    for (Operation *user : op->getUsers()) {
-      if (auto it = index.find(user); it != index.end())
-        g.users[i].push_back(it->second);
-      else if (isBackward(user))
-        g.backwardUse.set(i);
-      else if (!readsOnlySideResults(op, user))
-        pinned.set(i); // The return (the loss), an update, a metric: left as they are.
-    }
-    for (Value result : op->getResults())
-      if (auto type = dyn_cast<RankedTensorType>(result.getType()))
-        g.bytes[i] += getStorageBytes(type);
-    for (Value operand : op->getOperands())
-      if (int root = rootOf(operand); root >= 0)
-        g.operandRoots[i].push_back(root);
-    if (auto view = dyn_cast<ViewLikeOpInterface>(op)) {
-      g.isView.set(i);
-      g.viewRoot[i] = rootOf(view.getViewSource());
-      continue;
-    }
-    if (auto norm = dyn_cast<NormalizationOpInterface>(op))
-      if (int root = rootOf(norm.getNormalizedInput()); root >= 0)
-        g.blockInput.set(root);
-    auto cost = dyn_cast<CostOpInterface>(op);
-    if (!cost)
-      continue;
-    OpCost forward = cost.getForwardCost();
-    g.flops[i] = forward.totalFlops();
-    g.gemm[i] = forward.matmulFlops > 0;
-  }
-  // A pinned view pins the buffer it aliases.
-  for (unsigned i = 0; i < n; ++i)
-    if (g.isView.test(i) && pinned.test(i) && g.viewRoot[i] >= 0)
-      pinned.set(g.viewRoot[i]);
-  for (auto [i, op] : llvm::enumerate(g.ops))
-    g.candidate[i] = !g.isView.test(i) && !pinned.test(i) && isa<CostOpInterface>(op) &&
-                     isa<KernelOpInterface>(op) && op->getNumRegions() == 0 &&
-                     isMemoryEffectFree(op);
-  for (auto [i, op] : llvm::enumerate(g.ops))
-    if (auto recompute = dyn_cast<RecomputeOpInterface>(op))
-      g.alwaysRecomputed[i] = g.candidate[i] && recompute.isAlwaysRecomputed();
-
-  for (Operation &op : function.getBody().front()) {
-    g.hasBackward |= isBackward(&op);
-    if (auto cost = dyn_cast<CostOpInterface>(op))
-      g.stepFlops += cost.getForwardCost().totalFlops();
-  }
-  return g;
-}
-
-BitVector ForwardGraph::resolve(const BitVector &dropped) const {
-  unsigned n = size();
-  BitVector recompute(n);
-  // Users come after their operands: walking backwards, every user's decision is known.
-  for (unsigned i = n; i-- > 0;) {
-    int owner = isView.test(i) ? viewRoot[i] : int(i);
-    if (owner < 0 || !candidate.test(owner) ||
-        !(dropped.test(owner) || alwaysRecomputed.test(owner)))
-      continue;
-    if (backwardUse.test(i) ||
-        llvm::any_of(users[i], [&](unsigned user) { return recompute.test(user); }))
-      recompute.set(i);
-  }
-  return recompute;
-}
-
-BitVector ForwardGraph::getSavedRoots(const BitVector &recompute) const {
-  BitVector saved(size());
-  for (unsigned i = 0; i < size(); ++i) {
-    int owner = isView.test(i) ? viewRoot[i] : int(i);
-    if (owner >= 0 && (backwardUse.test(i) ||
-                       llvm::any_of(users[i], [&](unsigned user) { return recompute.test(user); })))
-      saved.set(owner);
-  }
-  return saved;
-}
-
-BitVector ForwardGraph::getChain(unsigned c, const BitVector &dropped,
-                                 const BitVector &savedRoots) const {
-  BitVector chain(size());
-  chain.set(c);
-  SmallVector<unsigned> work{c};
-  while (!work.empty()) {
-    unsigned x = work.pop_back_val();
-    for (unsigned root : operandRoots[x]) {
-      if (!candidate.test(root) || dropped.test(root) || alwaysRecomputed.test(root) ||
-          chain.test(root) || savedRoots.test(root))
-        continue;
-      chain.set(root);
-      work.push_back(root);
-    }
-  }
-  return chain;
-}
-
-int64_t ForwardGraph::getFlops(const BitVector &recompute) const {
-  int64_t total = 0;
-  for (unsigned i : recompute.set_bits())
-    total += flops[i];
-  return total;
-}
-
-//===----------------------------------------------------------------------===//
-// Applying a recompute set
-//===----------------------------------------------------------------------===//
-
-/// Clones the ops of `recompute` (positions in `forward`) into the backward pass, each right
-/// before the first backward op or clone that reads it, in forward order where several go
-/// before the same op; backward ops then read the clones. Returns the clones.
-SmallVector<Operation *> applyRecompute(ArrayRef<Operation *> forward, const BitVector &recompute) {
-  if (recompute.none())
-    return {};
-  MLIRContext *ctx = forward.front()->getContext();
-  // Where each clone goes, from the last recomputed op to the first: a clone must precede
-  // its backward readers and the clones that read it.
-  llvm::DenseMap<Operation *, Operation *> anchor;
-  for (unsigned i = forward.size(); i-- > 0;) {
-    if (!recompute.test(i))
-      continue;
-    Operation *first = nullptr;
-    auto consider = [&](Operation *op) {
-      if (!first || op->isBeforeInBlock(first))
-        first = op;
-    };
-    for (Operation *user : forward[i]->getUsers()) {
-      if (isBackward(user))
-        consider(user);
-      else if (Operation *userAnchor = anchor.lookup(user))
-        consider(userAnchor);
-    }
-    assert(first && "a recomputed op has a backward reader");
-    anchor[forward[i]] = first;
-  }
-
-  OpBuilder builder(ctx);
-  IRMapping mapping;
-  StringAttr backward = StringAttr::get(ctx, "backward");
-  SmallVector<Operation *> clones;
-  for (unsigned i : recompute.set_bits()) {
-    Operation *op = forward[i];
-    builder.setInsertionPoint(anchor.lookup(op));
-    Operation *clone = builder.clone(*op, mapping);
-    clone->setAttr(kPhaseAttr, backward);
-    clone->setAttr(kRecomputedAttr, UnitAttr::get(ctx));
-    clones.push_back(clone);
-  }
-  for (unsigned i : recompute.set_bits())
-    for (Value result : forward[i]->getResults())
-      result.replaceUsesWithIf(mapping.lookup(result), [](OpOperand &use) {
-        return isBackward(use.getOwner()) && !use.getOwner()->hasAttr(kRecomputedAttr);
-      });
-  return clones;
-}
-
-//===----------------------------------------------------------------------===//
-// The peak model: liveness of the joint step, without planning it
-//===----------------------------------------------------------------------===//
-
-/// Trial plans made for the peak model carry, in every op's location, its position in the
-/// function: lowering gives each buffer the location of the op that computes it, and fusion
-/// a fused location of the ops it replaced.
-constexpr StringLiteral kTagPrefix = "bonsai.remat.op#";
-
-/// Appends the positions tagged into `loc` to `tags`.
-void collectTags(Location loc, SmallVectorImpl<unsigned> &tags) {
-  if (auto name = dyn_cast<NameLoc>(loc)) {
-    StringRef text = name.getName().getValue();
-    unsigned position;
-    if (text.consume_front(kTagPrefix) && !text.getAsInteger(10, position))
-      tags.push_back(position);
-    collectTags(name.getChildLoc(), tags);
-  } else if (auto fused = dyn_cast<FusedLoc>(loc)) {
-    for (Location inner : fused.getLocations())
-      collectTags(inner, tags);
-  }
-}
-
-/// The ops of a function body, terminator included: their indices are the positions the
-/// peak model counts in.
-SmallVector<Operation *> collectPositions(func::FuncOp function) {
-  return llvm::map_to_vector(function.getBody().front(), [](Operation &op) { return &op; });
-}
-
-/// What the fused, lowered plan of a step keeps in per-step buffers, by op of the unfused
-/// function it was made from: fusion leaves some values without a buffer (the LM head's
-/// logits, the inside of an elementwise chain, the gradients a fused backward never writes
-/// out) and adds others (workspaces, a flash kernel's log-sum-exp).
-struct Materialization {
-  /// Bytes of the buffer of each result of the op at each position; 0: the plan has none.
-  SmallVector<SmallVector<int64_t, 1>> resultBytes;
-  /// Buffers that no result of the ops they came from accounts for: bytes, and the position
-  /// of the last of those ops, where the model counts them live for one op.
-  SmallVector<std::pair<unsigned, int64_t>> extras;
-};
-
-/// Reads a plan made from a copy of `function` whose ops were tagged with their positions.
-Materialization readMaterialization(func::FuncOp function, plan::StepOp step) {
-  SmallVector<Operation *> ops = collectPositions(function);
-  Materialization m;
-  m.resultBytes.resize(ops.size());
-  for (auto [position, op] : llvm::enumerate(ops))
-    m.resultBytes[position].assign(op->getNumResults(), 0);
-  Block &body = step.getBody().front();
-  llvm::StringSet<> perStep;
-  for (auto arena : body.getOps<plan::ArenaOp>())
-    if (arena.getLifetime() == plan::Lifetime::Step)
-      perStep.insert(arena.getSymName());
-  for (auto buffer : body.getOps<plan::BufferOp>()) {
-    // Inputs and the loss scale live through the whole step whatever is recomputed: they are
-    // part of what the model's calibration measures.
-    if (!perStep.contains(buffer.getArena()) || buffer.getRole() == plan::BufferRole::Input ||
-        buffer.getRole() == plan::BufferRole::LossScale)
-      continue;
-    SmallVector<unsigned> tags;
-    collectTags(buffer.getLoc(), tags);
-    llvm::erase_if(tags, [&](unsigned tag) { return tag >= ops.size(); });
-    if (tags.empty())
-      continue;
-    llvm::sort(tags);
-    tags.erase(std::unique(tags.begin(), tags.end()), tags.end());
-    int64_t size = buffer.getSizeInBytes();
-    // The result of the latest tagged op of the buffer's size: a fused kernel's outputs are
-    // its last members' results. A clone's buffer has its original's tag.
-    auto match = [&](bool allowTaken) {
-      for (unsigned tag : llvm::reverse(tags))
-        for (auto [r, result] : llvm::enumerate(ops[tag]->getResults())) {
-          auto type = dyn_cast<RankedTensorType>(result.getType());
-          if (!type || getStorageBytes(type) != size || (m.resultBytes[tag][r] != 0 && !allowTaken))
-            continue;
-          m.resultBytes[tag][r] = size;
-          return true;
-        }
-      return false;
-    };
-    if (!match(false) && !match(true))
-      m.extras.emplace_back(tags.back(), size);
-  }
-  return m;
-}
-
-/// The live bytes of a step's per-step buffers at every op of the joint function, for any
-/// recompute set, without cloning, lowering or planning: the liveness the planner will see,
-/// from the unfused function and what one fused trial plan materialises. Values no recompute
-/// set changes (backward and update ops, extras) are summed once; the forward values are
-/// re-timed for each set: a recomputed value lives from its op to its last forward reader,
-/// and again, as its clone, from where applyRecompute puts the clone to its last backward
-/// reader; a kept value read by a clone lives until that clone runs. A clone is counted live
-/// from its anchor op on, as if it ran there (clones at one anchor run one after another,
-/// just before it). What the model leaves out (the planner's fragmentation, persistent
-/// arenas, inputs) is measured by calibrating it against real plans (searchGreedy).
-class PeakModel {
-public:
-  PeakModel(func::FuncOp function, const ForwardGraph &g, const Materialization &m);
-
-  /// Live bytes at every position with `recompute` applied.
-  void getProfile(const BitVector &recompute, SmallVectorImpl<int64_t> &live) const;
-  /// The largest live total.
-  int64_t getPeak(const BitVector &recompute) const;
-  /// The live bytes above `budget`, summed over positions: 0 when the set fits.
-  int64_t getExcess(const BitVector &recompute, int64_t budget) const;
-  unsigned getNumPositions() const { return numPositions; }
-
-private:
-  const ForwardGraph &g;
-  unsigned numPositions = 0;
-  /// Difference array of what no recompute set changes.
-  SmallVector<int64_t> fixed;
-  /// Each forward op's position.
-  SmallVector<unsigned> position;
-  /// Each forward op's anchor when nothing it reads is recomputed: its first backward
-  /// reader's position (numPositions if none).
-  SmallVector<unsigned> firstBackwardRead;
-  /// The values of forward ops that own a buffer (views alias their source's value).
-  struct ForwardValue {
-    unsigned op;
-    int64_t bytes;
-    /// Last position that reads it outside the backward pass (its own position if none),
-    /// last position in the backward pass (0 if none), and last of all.
-    unsigned lastForwardRead, lastBackwardRead, lastRead;
-    /// Forward ops that read it (directly or through views) and are not views: their clones
-    /// read it at their anchors.
-    SmallVector<unsigned, 4> readers;
-  };
-  SmallVector<ForwardValue> values;
-  /// Per forward op, the values it owns.
-  SmallVector<SmallVector<unsigned, 1>> valuesOf;
-
-  void addInterval(SmallVectorImpl<int64_t> &diff, unsigned from, unsigned to,
-                   int64_t bytes) const {
-    diff[from] += bytes;
-    diff[std::max(from, to) + 1] -= bytes;
-  }
-};
-
-PeakModel::PeakModel(func::FuncOp function, const ForwardGraph &g, const Materialization &m)
-    : g(g) {
-  SmallVector<Operation *> ops = collectPositions(function);
-  numPositions = ops.size();
-  llvm::DenseMap<Operation *, unsigned> positionOf;
-  for (auto [p, op] : llvm::enumerate(ops))
-    positionOf[op] = p;
-  llvm::DenseMap<Operation *, unsigned> forwardIndex;
-  for (auto [i, op] : llvm::enumerate(g.ops))
-    forwardIndex[op] = i;
-
-  // The last position that reads a value's buffer, through views of it.
-  llvm::DenseMap<Value, unsigned> lastThroughViews;
-  std::function<unsigned(Value)> lastUse = [&](Value value) -> unsigned {
-    if (auto it = lastThroughViews.find(value); it != lastThroughViews.end())
-      return it->second;
-    unsigned last = positionOf.lookup(value.getDefiningOp());
-    for (Operation *user : value.getUsers()) {
-      last = std::max(last, positionOf.lookup(user));
-      if (auto view = dyn_cast<ViewLikeOpInterface>(user))
-        if (view.getViewSource() == value)
-          last = std::max(last, lastUse(view->getResult(0)));
-    }
-    lastThroughViews[value] = last;
-    return last;
-  };
-
-  fixed.assign(numPositions + 1, 0);
-  for (auto [p, op] : llvm::enumerate(ops)) {
-    if (forwardIndex.count(op) || isa<ViewLikeOpInterface>(op))
-      continue;
-    for (auto [r, result] : llvm::enumerate(op->getResults()))
-      if (m.resultBytes[p][r] > 0)
-        addInterval(fixed, p, lastUse(result), m.resultBytes[p][r]);
-  }
-  for (auto [p, bytes] : m.extras)
-    addInterval(fixed, p, p, bytes);
-
-  unsigned n = g.size();
-  position.resize(n);
-  firstBackwardRead.assign(n, numPositions);
-  valuesOf.resize(n);
-  llvm::DenseMap<Value, unsigned> valueOf;
-  for (auto [i, op] : llvm::enumerate(g.ops)) {
-    position[i] = positionOf.lookup(op);
-    for (Operation *user : op->getUsers())
-      if (isBackward(user))
-        firstBackwardRead[i] = std::min(firstBackwardRead[i], positionOf.lookup(user));
-    if (g.isView.test(i)) {
-      auto it = valueOf.find(cast<ViewLikeOpInterface>(op).getViewSource());
-      if (it != valueOf.end())
-        valueOf[op->getResult(0)] = it->second;
-      continue;
-    }
-    for (auto [r, result] : llvm::enumerate(op->getResults())) {
-      valueOf[result] = values.size();
-      valuesOf[i].push_back(values.size());
-      values.push_back(
-          {unsigned(i), m.resultBytes[position[i]][r], position[i], 0, position[i], {}});
-    }
-  }
-  // Readers, through forward views.
-  for (auto [i, op] : llvm::enumerate(g.ops))
-    for (Value result : op->getResults()) {
-      auto it = valueOf.find(result);
-      if (it == valueOf.end())
-        continue;
-      ForwardValue &value = values[it->second];
-      for (Operation *user : result.getUsers()) {
-        unsigned p = positionOf.lookup(user);
-        if (auto f = forwardIndex.find(user); f != forwardIndex.end()) {
-          if (g.isView.test(f->second))
-            continue; // Its readers are this value's readers.
-          value.lastForwardRead = std::max(value.lastForwardRead, p);
-          value.readers.push_back(f->second);
-        } else if (isBackward(user)) {
-          unsigned last = p;
-          if (isa<ViewLikeOpInterface>(user))
-            last = lastUse(user->getResult(0));
-          value.lastBackwardRead = std::max(value.lastBackwardRead, last);
-        } else {
-          // The return, an update, a metric: not the backward pass, and never recomputed.
-          value.lastForwardRead = std::max(value.lastForwardRead, lastUse(result));
-        }
-      }
-      value.lastRead = std::max({value.lastRead, value.lastForwardRead, value.lastBackwardRead});
-    }
-}
-
-void PeakModel::getProfile(const BitVector &recompute, SmallVectorImpl<int64_t> &live) const {
-  unsigned n = g.size();
-  // Anchors as applyRecompute places clones: before the first backward reader, or before the
-  // first clone that reads it.
-  SmallVector<unsigned> anchor(n, numPositions);
-  for (unsigned i = n; i-- > 0;) {
-    if (!recompute.test(i))
-      continue;
-    unsigned a = firstBackwardRead[i];
-    for (unsigned user : g.users[i])
-      if (recompute.test(user))
-        a = std::min(a, anchor[user]);
-    anchor[i] = a;
-  }
-  live.assign(fixed.begin(), fixed.end());
-  for (const ForwardValue &value : values) {
-    if (value.bytes == 0)
-      continue;
-    unsigned def = position[value.op];
-    if (recompute.test(value.op)) {
-      addInterval(live, def, value.lastForwardRead, value.bytes);
-      unsigned end = std::max(anchor[value.op], value.lastBackwardRead);
-      for (unsigned reader : value.readers)
-        if (recompute.test(reader))
-          end = std::max(end, anchor[reader]);
-      if (anchor[value.op] < numPositions)
-        addInterval(live, anchor[value.op], end, value.bytes);
-      continue;
-    }
-    unsigned end = value.lastRead;
-    for (unsigned reader : value.readers)
-      if (recompute.test(reader))
-        end = std::max(end, anchor[reader]);
-    addInterval(live, def, end, value.bytes);
-  }
-  int64_t running = 0;
-  for (int64_t &bytes : live) {
-    running += bytes;
-    bytes = running;
-  }
-  live.pop_back();
-}
-
-int64_t PeakModel::getPeak(const BitVector &recompute) const {
-  SmallVector<int64_t> live;
-  getProfile(recompute, live);
-  return live.empty() ? 0 : *llvm::max_element(live);
-}
-
-int64_t PeakModel::getExcess(const BitVector &recompute, int64_t budget) const {
-  SmallVector<int64_t> live;
-  getProfile(recompute, live);
-  int64_t excess = 0;
-  for (int64_t bytes : live)
-    excess += std::max<int64_t>(0, bytes - budget);
-  return excess;
 }
 
 //===----------------------------------------------------------------------===//
@@ -682,12 +126,8 @@ public:
     OwningOpRef<ModuleOp> scratch = ModuleOp::create(function.getLoc());
     auto copy = cast<func::FuncOp>(function->clone());
     scratch->push_back(copy);
-    if (materialization) {
-      // Clones made below keep their original's location, so its tag.
-      MLIRContext *ctx = function.getContext();
-      for (auto [position, op] : llvm::enumerate(collectPositions(copy)))
-        op->setLoc(NameLoc::get(StringAttr::get(ctx, kTagPrefix + Twine(position)), op->getLoc()));
-    }
+    if (materialization)
+      tagPositions(copy);
     applyRecompute(collectForwardOps(copy), recompute);
     // Remarks about the copies (bonsai-fuse's) would read as remarks about the model.
     ScopedDiagnosticHandler quiet(function.getContext(), [](Diagnostic &diagnostic) {
@@ -826,25 +266,6 @@ struct RematPass : impl::BonsaiRematPassBase<RematPass> {
   LogicalResult rematFunction(func::FuncOp function, StringRef chosen, int64_t budget);
   void runOnOperation() override;
 };
-
-/// The candidates grouped by kind: same op, operand and result types and attributes, which
-/// the same op of every repeated layer shares. Each group in forward order; groups in the
-/// order of their first members.
-std::vector<SmallVector<unsigned>> groupRepeated(const ForwardGraph &g,
-                                                 ArrayRef<unsigned> candidates) {
-  llvm::MapVector<llvm::hash_code, SmallVector<unsigned>> bySignature;
-  for (unsigned c : candidates) {
-    Operation *op = g.ops[c];
-    llvm::hash_code signature = llvm::hash_combine(
-        op->getName(), llvm::hash_combine_range(op->getResultTypes()),
-        llvm::hash_combine_range(op->getOperandTypes()), op->getAttrDictionary());
-    bySignature[signature].push_back(c);
-  }
-  std::vector<SmallVector<unsigned>> groups;
-  for (auto &[signature, members] : bySignature)
-    groups.push_back(std::move(members));
-  return groups;
-}
 
 /// The greedy on the peak model for one model budget: drops candidates until the model's live
 /// bytes stay within `modelBudget` everywhere, then keeps again what it need not drop.

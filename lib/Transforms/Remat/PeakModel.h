@@ -1,0 +1,100 @@
+//===- PeakModel.h - bonsai-remat's peak model ------------------*- C++ -*-===//
+//
+// Private to lib/Transforms: the live bytes of a training step's per-step buffers at every
+// op, for any recompute set, without cloning, lowering or planning (docs/remat.md, "The peak
+// model"), and what it reads off one real plan: which values the fused plan materialises.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef BONSAI_LIB_TRANSFORMS_REMAT_PEAKMODEL_H
+#define BONSAI_LIB_TRANSFORMS_REMAT_PEAKMODEL_H
+
+#include "RematGraph.h"
+
+#include "bonsai/Dialect/Plan/IR/PlanDialect.h"
+
+namespace mlir::bonsai::remat {
+
+/// The ops of a function body, terminator included: their indices are the positions the
+/// peak model counts in.
+SmallVector<Operation *> collectPositions(func::FuncOp function);
+
+/// Tags every op of `copy` (a copy of the function a model is for) with its position, in its
+/// location: lowering gives each buffer the location of the op that computes it, and fusion a
+/// fused location of the ops it replaced, so the plan made from the copy says which buffer
+/// holds what. Clones made afterwards keep their original's location, so its tag.
+void tagPositions(func::FuncOp copy);
+
+/// What the fused, lowered plan of a step keeps in per-step buffers, by op of the unfused
+/// function it was made from: fusion leaves some values without a buffer (the LM head's
+/// logits, the inside of an elementwise chain, the gradients a fused backward never writes
+/// out) and adds others (workspaces, a flash kernel's log-sum-exp).
+struct Materialization {
+  /// Bytes of the buffer of each result of the op at each position; 0: the plan has none.
+  SmallVector<SmallVector<int64_t, 1>> resultBytes;
+  /// Buffers that no result of the ops they came from accounts for: bytes, and the position
+  /// of the last of those ops, where the model counts them live for one op.
+  SmallVector<std::pair<unsigned, int64_t>> extras;
+};
+
+/// Reads a plan made from a copy of `function` whose ops were tagged with their positions
+/// (tagPositions).
+Materialization readMaterialization(func::FuncOp function, plan::StepOp step);
+
+/// The live bytes of a step's per-step buffers at every op of the joint function, for any
+/// recompute set, without cloning, lowering or planning: the liveness the planner will see,
+/// from the unfused function and what one fused trial plan materialises. Values no recompute
+/// set changes (backward and update ops, extras) are summed once; the forward values are
+/// re-timed for each set: a recomputed value lives from its op to its last forward reader,
+/// and again, as its clone, from where applyRecompute puts the clone to its last backward
+/// reader; a kept value read by a clone lives until that clone runs. A clone is counted live
+/// from its anchor op on, as if it ran there (clones at one anchor run one after another,
+/// just before it). What the model leaves out (the planner's fragmentation, persistent
+/// arenas, inputs) is measured by calibrating it against real plans (searchGreedy).
+class PeakModel {
+public:
+  PeakModel(func::FuncOp function, const ForwardGraph &g, const Materialization &m);
+
+  /// Live bytes at every position with `recompute` applied.
+  void getProfile(const BitVector &recompute, SmallVectorImpl<int64_t> &live) const;
+  /// The largest live total.
+  int64_t getPeak(const BitVector &recompute) const;
+  /// The live bytes above `budget`, summed over positions: 0 when the set fits.
+  int64_t getExcess(const BitVector &recompute, int64_t budget) const;
+  unsigned getNumPositions() const { return numPositions; }
+
+private:
+  const ForwardGraph &g;
+  unsigned numPositions = 0;
+  /// Difference array of what no recompute set changes.
+  SmallVector<int64_t> fixed;
+  /// Each forward op's position.
+  SmallVector<unsigned> position;
+  /// Each forward op's anchor when nothing it reads is recomputed: its first backward
+  /// reader's position (numPositions if none).
+  SmallVector<unsigned> firstBackwardRead;
+  /// The values of forward ops that own a buffer (views alias their source's value).
+  struct ForwardValue {
+    unsigned op;
+    int64_t bytes;
+    /// Last position that reads it outside the backward pass (its own position if none),
+    /// last position in the backward pass (0 if none), and last of all.
+    unsigned lastForwardRead, lastBackwardRead, lastRead;
+    /// Forward ops that read it (directly or through views) and are not views: their clones
+    /// read it at their anchors.
+    SmallVector<unsigned, 4> readers;
+  };
+  SmallVector<ForwardValue> values;
+  /// Per forward op, the values it owns.
+  SmallVector<SmallVector<unsigned, 1>> valuesOf;
+
+  void addInterval(SmallVectorImpl<int64_t> &diff, unsigned from, unsigned to,
+                   int64_t bytes) const {
+    diff[from] += bytes;
+    diff[std::max(from, to) + 1] -= bytes;
+  }
+};
+
+} // namespace mlir::bonsai::remat
+
+#endif // BONSAI_LIB_TRANSFORMS_REMAT_PEAKMODEL_H
