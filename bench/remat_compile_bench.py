@@ -74,10 +74,11 @@ def format_bytes(n):
     return "%.2f GiB" % (n / GIB) if n >= GIB else "%.2f MiB" % (n / 2 ** 20)
 
 
-def parse_gib(text):
+def parse_bytes(text):
+    """"7.21 GiB" as bytes, and the most its two-decimal rounding can hide."""
     value, unit = text.split()
     scale = {"B": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": GIB, "TiB": 1024 * GIB}[unit]
-    return float(value) * scale
+    return int(float(value) * scale), int(0.006 * scale) + 1
 
 
 def main():
@@ -125,7 +126,8 @@ def main():
                       % (model, name, out.strip().splitlines()[-1][:200]))
                 continue
             # The report rounds to two decimals: a little above, so the top budget needs nothing.
-            high, low = int(parse_gib(top.group(1))) + (6 << 20), int(low.group(1))
+            peak, rounding = parse_bytes(top.group(1))
+            high, low = peak + rounding, int(low.group(1))
             for k in range(args.steps):
                 budget = high - (high - low) * k // max(1, args.steps - 1)
                 rc, out, seconds = compile_once(args.bonsai_compile, model_path, recipe_path,
