@@ -12,6 +12,7 @@ packages=(
   libopenblas-dev
   libpcre2-dev libicu-dev libsentencepiece-dev
   libgtest-dev
+  librsvg2-bin
   python3-numpy
 )
 
