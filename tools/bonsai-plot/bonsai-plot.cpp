@@ -11,8 +11,8 @@
 // Every line is read: a blank line is skipped, anything else must be a JSON object with an
 // unsigned integer "step", or the tool stops with one line naming the line number. A resumed
 // run appends records for steps it redoes; the last record of a step wins. A null value (the
-// plan has no such metric, or it was not finite) leaves a gap. Every failure is one line,
-// "bonsai-plot: error: <cause>", exit status 1.
+// plan has no such metric, or it was not finite) is left out of its curve, which joins the
+// steps on either side. Every failure is one line, "bonsai-plot: error: <cause>", exit status 1.
 //
 //===----------------------------------------------------------------------===//
 
