@@ -143,6 +143,14 @@ uint64_t TokenLoader::windowStart(uint64_t step) const {
   return uint64_t((static_cast<unsigned __int128>(step) * bt) % range);
 }
 
+uint64_t TokenLoader::fileBatches() const {
+  if (!file_)
+    return 0;
+  // Batch m < this reads tokens [m * B * T, (m + 1) * B * T] below the count - B * T at which
+  // windowStart wraps; the constructor checked count >= B * T + 1.
+  return (file_->count() - 1) / (uint64_t(batch_) * uint64_t(seq_));
+}
+
 TokenBatch TokenLoader::batch(uint64_t step) {
   size_t bt = size_t(batch_) * size_t(seq_);
   uint64_t start = windowStart(step);

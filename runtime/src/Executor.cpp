@@ -84,6 +84,17 @@ Executor::Executor(const LoadedPlan &plan, const ExecutorOptions &options) : pla
                   " bytes");
     arenas_.emplace_back(p, owner);
   }
+  // A step arena holds nothing from one step to the next; a persistent one may hold what a
+  // Forward kernel writes (a gradient accumulator a fused head adds to, say), which evaluate()
+  // must not change.
+  std::vector<bool> written(plan_.tensors.size(), false);
+  for (const KernelInfo &k : plan_.kernels)
+    if (k.phase == Phase::Forward)
+      for (uint32_t t : k.outputs)
+        written[t] = true;
+  for (uint32_t t = 0; t < plan_.tensors.size(); ++t)
+    if (written[t] && plan_.arenas[plan_.tensors[t].arena].lifetime == Lifetime::Persistent)
+      forwardPersistentWrites_.push_back(t);
   measured_.assign(plan_.arenas.size(), 0);
   hostDirty_.assign(plan_.arenas.size(), true);
   deviceAhead_.assign(plan_.arenas.size(), false);
@@ -356,6 +367,39 @@ StepResult Executor::trainStep(TokenLoader &loader, uint64_t firstMicroBatch, ui
   result.lr = metric("lr");
   result.galoreSkipped = galoreSkipped();
   return result;
+}
+
+float Executor::evaluate(TokenLoader &loader, uint64_t count) {
+  if (count == 0)
+    throw Error("evaluation needs at least one batch");
+  // Saved from the host views: the device's newer bytes are fetched first.
+  std::vector<std::vector<char>> saved;
+  for (uint32_t t : forwardPersistentWrites_) {
+    downloadTensor(t);
+    const auto *bytes = static_cast<const char *>(views_[t].data);
+    saved.emplace_back(bytes, bytes + plan_.tensors[t].bytes);
+  }
+  float scale = 1.0f;
+  if (plan_.lossScale)
+    std::memcpy(&scale, views_[*plan_.lossScale].data, sizeof scale);
+  // The Forward phase alone, as a micro-batch of trainStep runs it (on a GPU, the same captured
+  // graph: replaying it changes neither it nor its pointers, so training's graphs stay valid).
+  double sum = 0;
+  float first = 0;
+  for (uint64_t m = 0; m < count; ++m) {
+    float value = forward(loader.batch(m));
+    if (m == 0)
+      first = value;
+    sum += double(value);
+  }
+  for (size_t i = 0; i < saved.size(); ++i) {
+    const uint32_t t = forwardPersistentWrites_[i];
+    std::memcpy(views_[t].data, saved[i].data(), saved[i].size());
+    uploadTensor(t);
+  }
+  setLossScale(scale);
+  // The mean as trainStep takes it: one batch's loss as it is, else the f64 mean.
+  return count == 1 ? first : float(sum / double(count));
 }
 
 std::vector<std::pair<std::string, int>> Executor::galoreSkipped() const {

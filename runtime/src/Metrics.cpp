@@ -61,6 +61,9 @@ std::string formatStepLine(const StepReport &r) {
     line += " grad_norm " + format("%.6g", double(*r.gradNorm));
   if (r.lr)
     line += " lr " + format("%.6g", double(*r.lr));
+  // %.9g as the loss, so that an evaluation can be compared bit for bit with a forward run.
+  if (r.valLoss)
+    line += " val_loss " + format("%.9g", double(*r.valLoss));
   return line;
 }
 
@@ -69,6 +72,9 @@ std::string formatMetricsJson(const StepReport &r) {
   s += ", \"loss\": " + jsonNumber(r.loss, "%.9g");
   s += ", \"grad_norm\": " + jsonNumber(r.gradNorm, "%.9g");
   s += ", \"lr\": " + jsonNumber(r.lr, "%.9g");
+  // Only on the steps that evaluate: a plot draws the validation curve through them.
+  if (r.valLoss)
+    s += ", \"val_loss\": " + jsonNumber(r.valLoss, "%.9g");
   s += ", \"tokens_per_s\": " + format("%.1f", tokensPerSecond(r));
   s += ", \"memory_planned_bytes\": " + std::to_string(r.plannedBytes);
   s += ", \"memory_measured_bytes\": " + std::to_string(r.measuredBytes);
@@ -139,6 +145,8 @@ std::string formatProgress(const StepReport &r, uint64_t firstStep) {
     line += " | grad_norm " + format("%.3g", double(*r.gradNorm));
   if (r.lr)
     line += " | lr " + format("%.3g", double(*r.lr));
+  if (r.valLoss)
+    line += " | val_loss " + format("%.4f", double(*r.valLoss));
   line += " | " + format("%.0f", tokensPerSecond(r)) + " tok/s";
   uint64_t done = r.step >= firstStep ? r.step - firstStep + 1 : 1;
   uint64_t left = r.lastStep > r.step ? r.lastStep - r.step : 0;
@@ -169,7 +177,11 @@ void Progress::step(const StepReport &report, uint64_t firstStep) {
     std::fflush(out_);
     return;
   }
-  std::string line = formatProgress(report, firstStep);
+  if (report.valLoss)
+    lastValLoss_ = report.valLoss;
+  StepReport shown = report;
+  shown.valLoss = lastValLoss_;
+  std::string line = formatProgress(shown, firstStep);
   // Pad over the end of a longer previous line.
   size_t length = line.size();
   if (line.size() < shown_)

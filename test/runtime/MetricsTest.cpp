@@ -75,6 +75,44 @@ TEST(MetricsTest, ProgressAndDuration) {
             "step 12/100 | loss 2.7797 | grad_norm 0.531 | lr 0.001 | 32 tok/s | ETA 0:44");
 }
 
+TEST(MetricsTest, ValLossOnEvaluationSteps) {
+  StepReport r = sample();
+  r.valLoss = 2.9012345790863037f;
+  EXPECT_EQ(formatStepLine(r),
+            "step 12 loss 2.77967405 grad_norm 0.53125 lr 0.001 val_loss 2.90123463");
+  EXPECT_EQ(formatProgress(r, 1), "step 12/100 | loss 2.7797 | grad_norm 0.531 | lr 0.001 | "
+                                  "val_loss 2.9012 | 32 tok/s | ETA 0:44");
+  JsonValue v = parseJson(formatMetricsJson(r), "metrics");
+  EXPECT_EQ(float(v.find("val_loss")->numberValue()), *r.valLoss);
+  r.valLoss = std::nanf("");
+  EXPECT_TRUE(parseJson(formatMetricsJson(r), "metrics").find("val_loss")->isNull());
+  // A step without an evaluation has no val_loss at all.
+  r.valLoss.reset();
+  EXPECT_EQ(parseJson(formatMetricsJson(r), "metrics").find("val_loss"), nullptr);
+
+  // On a terminal, the last val_loss stays on the line until the next evaluation.
+  std::string path = test::tempPath("progress.txt");
+  std::FILE *out = std::fopen(path.c_str(), "w");
+  ASSERT_NE(out, nullptr);
+  {
+    Progress progress(out, /*terminal=*/true);
+    StepReport first = sample();
+    first.valLoss = 3.5f;
+    progress.step(first, 1);
+    StepReport next = sample();
+    next.step = 13;
+    progress.step(next, 1);
+    progress.finish();
+  }
+  std::fclose(out);
+  std::string text = test::readText(path);
+  std::remove(path.c_str());
+  size_t last = text.rfind('\r');
+  ASSERT_NE(last, std::string::npos) << text;
+  EXPECT_NE(text.find("step 13/100", last), std::string::npos) << text;
+  EXPECT_NE(text.find("val_loss 3.5000", last), std::string::npos) << text;
+}
+
 Fp8Summary fp8Sample() {
   Fp8Summary s;
   s.tensors = 2;

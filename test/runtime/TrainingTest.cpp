@@ -4,9 +4,10 @@
 // persistent gradient accumulators and AdamW) learns: its loss falls over 20 steps, and its
 // gradient matches finite differences of its own loss. Micro-batches average: the step loss is
 // the mean of the micro-batch losses, runs are deterministic, and two micro-batches of batch B
-// train like one of batch 2B. Resuming from a checkpoint continues bit for bit. Then the
+// train like one of batch 2B. Resuming from a checkpoint continues bit for bit, and so does
+// training with forward-only evaluations on held-out data in between. Then the
 // tools, run as a user runs them: bonsai-run's output formats, metrics file, checkpoints and
-// resume, gradient dump, generation and one-line errors, and bonsai-tokenize.
+// resume, gradient dump, generation, evaluation and one-line errors, and bonsai-tokenize.
 //
 //===----------------------------------------------------------------------===//
 
@@ -441,6 +442,172 @@ TEST_F(TrainingTest, ResumeOnTheGpuContinuesBitForBit) {
 #endif
 
 //===----------------------------------------------------------------------===//
+// Evaluation on held-out data: the Forward phase alone, training unchanged.
+//===----------------------------------------------------------------------===//
+
+/// The training plan with the LM head's gradient computed and accumulated in the Forward
+/// phase, as a fused head (LinearCrossEntropy) computes its gradients there: a Forward kernel
+/// writes a persistent tensor (the accumulator), which an evaluation must leave as it was.
+test::PlanSpec headGradientInForwardSpec(test::TrainingDims dims = {}) {
+  test::PlanSpec p = test::trainingPlanSpec(dims);
+  // 0 Embedding, 1 Linear, 2 CrossEntropy | 3 CrossEntropyGrad, 4 LinearGradWeight (head),
+  // 5 LinearGradInput, 6 EmbeddingGrad, 7 Accumulate (table), 8 Accumulate (head) | update.
+  std::vector<test::KernelSpec> kernels;
+  for (size_t i : {0, 1, 2, 3, 4, 8}) {
+    kernels.push_back(p.kernels[i]);
+    kernels.back().phase = Phase::Forward;
+  }
+  for (size_t i : {5, 6, 7})
+    kernels.push_back(p.kernels[i]);
+  for (size_t i = 9; i < p.kernels.size(); ++i)
+    kernels.push_back(p.kernels[i]);
+  EXPECT_EQ(p.kernels[8].kind, KernelKind::Accumulate);
+  EXPECT_EQ(p.kernels[9].kind, KernelKind::GradNorm);
+  p.kernels = std::move(kernels);
+  return p;
+}
+
+/// Trains `steps` steps of `count` micro-batches from fresh weights (seed 3); with
+/// `evalBatches` > 0, evaluates that many batches of `evalData` after every step. Returns the
+/// losses, the final parameters and optimizer state, and the val losses.
+struct EvalRun {
+  std::vector<float> losses, valLosses;
+  std::map<std::string, std::vector<uint8_t>> state;
+};
+EvalRun trainWithEvaluation(const LoadedPlan &plan, const ExecutorOptions &options,
+                            const std::string &data, const std::string &evalData, uint32_t count,
+                            int steps, uint64_t evalBatches) {
+  Executor e(plan, options);
+  e.initWeights(3);
+  const std::vector<int64_t> shape = e.inputShape();
+  TokenLoader loader(data, shape[0], shape[1], plan.vocabularySize(), 3);
+  TokenLoader held(evalData, shape[0], shape[1], plan.vocabularySize(), 3);
+  EvalRun run;
+  TrainingPosition pos;
+  for (int s = 0; s < steps; ++s) {
+    train(e, loader, pos, count, 1, run.losses);
+    if (evalBatches > 0)
+      run.valLosses.push_back(e.evaluate(held, evalBatches));
+  }
+  run.state = test::stateOf(e);
+  return run;
+}
+
+TEST_F(TrainingTest, EvaluationLeavesTrainingBitForBit) {
+  std::string data = cyclicTokens(dir + "/tokens.bin", 611, 16);
+  // Another stream of the same vocabulary: next = current + 3.
+  std::vector<uint32_t> other(203);
+  for (uint32_t i = 0; i < other.size(); ++i)
+    other[i] = (3 * i + 5) % 16;
+  std::string evalData = dir + "/eval.bin";
+  writeTokenFile(evalData, other, 2);
+  struct Case {
+    const char *name;
+    test::PlanSpec spec;
+    uint32_t count;
+  };
+  Case cases[] = {
+      {"plain", test::trainingPlanSpec(), 1},
+      {"bf16 master, 2 micro-batches", test::trainingPlanSpec({2, 4, 16, 8, true, 2}), 2},
+      {"fused", test::fusedTrainingPlanSpec({2, 4, 16, 8, true, 2}), 2},
+      {"fp8", test::fp8TrainingPlanSpec(), 1},
+      {"head gradient in the forward phase", headGradientInForwardSpec(), 1},
+  };
+  for (const Case &c : cases) {
+    SCOPED_TRACE(c.name);
+    LoadedPlan plan = loadSpec(c.spec);
+    EvalRun straight = trainWithEvaluation(plan, {}, data, evalData, c.count, 6, 0);
+    EvalRun evaluated = trainWithEvaluation(plan, {}, data, evalData, c.count, 6, 3);
+    ASSERT_EQ(evaluated.losses.size(), straight.losses.size());
+    for (size_t i = 0; i < straight.losses.size(); ++i)
+      EXPECT_EQ(std::memcmp(&evaluated.losses[i], &straight.losses[i], 4), 0)
+          << "step " << i + 1 << ": " << evaluated.losses[i] << " vs " << straight.losses[i];
+    EXPECT_EQ(evaluated.state, straight.state);
+    ASSERT_EQ(evaluated.valLosses.size(), 6u);
+    // The weights change from step to step, and so does the val loss.
+    EXPECT_NE(evaluated.valLosses.front(), evaluated.valLosses.back());
+    for (float v : evaluated.valLosses)
+      EXPECT_TRUE(std::isfinite(v)) << v;
+  }
+}
+
+TEST_F(TrainingTest, EvaluationIsTheMeanForwardLoss) {
+  std::string evalData = cyclicTokens(dir + "/eval.bin", 30, 16); // 3 batches of 2 x 4
+  for (const test::PlanSpec &spec : {test::trainingPlanSpec(), headGradientInForwardSpec()}) {
+    LoadedPlan plan = loadSpec(spec);
+    Executor evaluating(plan);
+    evaluating.initWeights(4);
+    TokenLoader held(evalData, 2, 4, 16, 4);
+    EXPECT_EQ(held.fileBatches(), 3u);
+    float one = evaluating.evaluate(held, 1);
+    float three = evaluating.evaluate(held, 3);
+    // Independently: the training losses of the same batches, before any update changes the
+    // weights (lr 0 keeps them where they are).
+    Executor training(plan);
+    training.initWeights(4);
+    training.overrideLearningRate(0);
+    TokenLoader loader(evalData, 2, 4, 16, 4);
+    std::vector<float> losses;
+    TrainingPosition pos;
+    train(training, loader, pos, 1, 3, losses);
+    EXPECT_NEAR(one, losses[0], 1e-6);
+    EXPECT_NEAR(three, (double(losses[0]) + losses[1] + losses[2]) / 3, 1e-6);
+    EXPECT_NE(losses[0], losses[1]) << "the batches differ";
+    EXPECT_THROW(evaluating.evaluate(held, 0), Error);
+  }
+}
+
+#ifdef BONSAI_HAVE_CUDA
+// The same on the CUDA backend, with its captured CUDA Graphs: an evaluation replays the
+// Forward phase's graph, and training goes on bit for bit as without it; the val losses are
+// the CPU's to fp32 rounding.
+TEST_F(TrainingTest, EvaluationOnTheGpuLeavesTrainingBitForBit) {
+  if (!gpuPresent())
+    GTEST_SKIP() << "no GPU here";
+  std::string data = cyclicTokens(dir + "/tokens.bin", 611, 16);
+  std::string evalData = cyclicTokens(dir + "/eval.bin", 203, 16);
+  ExecutorOptions gpu;
+  gpu.backend = Backend::Cuda;
+  ExecutorOptions eager = gpu;
+  eager.cudaGraphs = false;
+  // The val losses match the CPU's to fp32 rounding; with FP8, the scales the two backends
+  // derive after each update may round a few casts to neighbouring FP8 codes.
+  struct Case {
+    const char *name;
+    test::PlanSpec spec;
+    uint32_t count;
+    double tolerance;
+  };
+  Case cases[] = {
+      {"plain", test::trainingPlanSpec(), 1, 1e-4},
+      {"fused, 2 micro-batches", test::fusedTrainingPlanSpec({2, 4, 16, 8, true, 2}), 2, 1e-4},
+      {"fp8", test::fp8TrainingPlanSpec(), 1, 1e-2},
+      {"head gradient in the forward phase", headGradientInForwardSpec(), 1, 1e-4},
+  };
+  for (const Case &c : cases) {
+    SCOPED_TRACE(c.name);
+    LoadedPlan plan = loadSpec(c.spec, "gpu.plan");
+    for (const ExecutorOptions &options : {gpu, eager}) {
+      SCOPED_TRACE(options.cudaGraphs ? "CUDA Graphs" : "eager");
+      EvalRun straight = trainWithEvaluation(plan, options, data, evalData, c.count, 6, 0);
+      EvalRun evaluated = trainWithEvaluation(plan, options, data, evalData, c.count, 6, 3);
+      ASSERT_EQ(evaluated.losses.size(), straight.losses.size());
+      for (size_t i = 0; i < straight.losses.size(); ++i)
+        EXPECT_EQ(std::memcmp(&evaluated.losses[i], &straight.losses[i], 4), 0)
+            << "step " << i + 1 << ": " << evaluated.losses[i] << " vs " << straight.losses[i];
+      EXPECT_EQ(evaluated.state, straight.state);
+      EvalRun cpu = trainWithEvaluation(plan, {}, data, evalData, c.count, 6, 3);
+      ASSERT_EQ(evaluated.valLosses.size(), cpu.valLosses.size());
+      for (size_t i = 0; i < cpu.valLosses.size(); ++i)
+        EXPECT_NEAR(evaluated.valLosses[i], cpu.valLosses[i],
+                    c.tolerance * std::fabs(cpu.valLosses[i]))
+            << "step " << i + 1;
+    }
+  }
+}
+#endif
+
+//===----------------------------------------------------------------------===//
 // The tools.
 //===----------------------------------------------------------------------===//
 
@@ -756,6 +923,143 @@ TEST_F(ToolTest, CommandLineMistakesAreOneLine) {
   EXPECT_EQ(run({direct}).code, 0);
   expectError(run({direct, "--micro-batches", "2"}),
               {"cannot run 2 micro-batches per step", "only the last one's value"});
+}
+
+/// The value after `key ` in a step line, or nullopt when the line has none.
+std::optional<std::string> fieldOf(const std::string &line, const std::string &key) {
+  size_t at = line.find(" " + key + " ");
+  if (at == std::string::npos)
+    return std::nullopt;
+  at += key.size() + 2;
+  return line.substr(at, line.find(' ', at) - at);
+}
+
+/// The step line without its val_loss: what a run without evaluation prints.
+std::string withoutValLoss(const std::string &line) {
+  size_t at = line.find(" val_loss ");
+  return at == std::string::npos ? line : line.substr(0, at);
+}
+
+TEST_F(ToolTest, EvaluatesHeldOutDataEveryNSteps) {
+  std::string plan = writePlan(test::trainingPlanSpec(), "train.plan");
+  std::string data = cyclicTokens(dir + "/tokens.bin", 3000, 16);
+  // 30 tokens: 3 batches of 2 x 4 (each reads 9 tokens, starting 8 apart), next = current + 5.
+  std::vector<uint32_t> held(30);
+  for (uint32_t i = 0; i < held.size(); ++i)
+    held[i] = (5 * i + 1) % 16;
+  std::string evalData = dir + "/eval.bin";
+  writeTokenFile(evalData, held, 4);
+  std::string metrics = dir + "/metrics.jsonl";
+
+  ToolResult plain = run({plan, "--data", data, "--steps", "5", "--seed", "2"});
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  ToolResult r = run({plan, "--data", data, "--steps", "5", "--seed", "2", "--eval-data", evalData,
+                      "--eval-every", "2", "--eval-batches", "2", "--metrics", metrics});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::vector<std::string> lines = stepLines(r.out), expected = stepLines(plain.out);
+  ASSERT_EQ(lines.size(), 5u) << r.out;
+  ASSERT_EQ(expected.size(), 5u) << plain.out;
+  std::map<uint64_t, std::string> valLosses;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    // The training losses, grad norms and lrs to the last digit of %.9g: bit for bit.
+    EXPECT_EQ(withoutValLoss(lines[i]), expected[i]);
+    if (std::optional<std::string> v = fieldOf(lines[i], "val_loss"))
+      valLosses[i + 1] = *v;
+  }
+  // Steps 2 and 4 (multiples of 2) and the last.
+  ASSERT_EQ(valLosses.size(), 3u) << r.out;
+  EXPECT_TRUE(valLosses.count(2) && valLosses.count(4) && valLosses.count(5)) << r.out;
+  EXPECT_NE(r.out.find("(evaluation: "), std::string::npos) << r.out;
+  // The metrics line of an evaluation step carries the same val_loss; the others none.
+  std::istringstream in(test::readText(metrics));
+  int count = 0;
+  for (std::string line; std::getline(in, line); ++count) {
+    JsonValue v = parseJson(line, "metrics line");
+    uint64_t step = v.find("step")->unsignedValue();
+    const JsonValue *val = v.find("val_loss");
+    ASSERT_EQ(val != nullptr, valLosses.count(step) == 1) << line;
+    if (val)
+      EXPECT_EQ(float(val->numberValue()), std::strtof(valLosses[step].c_str(), nullptr)) << line;
+  }
+  EXPECT_EQ(count, 5);
+
+  // With lr 0 the weights stay at their initial values, so every val_loss is the mean of the
+  // first training losses of a run on the eval file itself: here all 3 batches (the default).
+  r = run({plan, "--data", data, "--steps", "2", "--seed", "2", "--lr", "0", "--eval-data",
+           evalData, "--eval-every", "1"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  ToolResult onEval = run({plan, "--data", evalData, "--steps", "3", "--seed", "2", "--lr", "0"});
+  ASSERT_EQ(onEval.code, 0) << onEval.err;
+  std::vector<std::string> evalLines = stepLines(onEval.out);
+  ASSERT_EQ(evalLines.size(), 3u) << onEval.out;
+  double mean = 0;
+  for (const std::string &line : evalLines)
+    mean += std::strtod(fieldOf(line, "loss")->c_str(), nullptr) / 3;
+  lines = stepLines(r.out);
+  ASSERT_EQ(lines.size(), 2u) << r.out;
+  for (const std::string &line : lines) {
+    std::optional<std::string> v = fieldOf(line, "val_loss");
+    ASSERT_TRUE(v) << line;
+    EXPECT_NEAR(std::strtod(v->c_str(), nullptr), mean, 1e-6) << line;
+  }
+  // --eval-batches 1: the first batch's loss, the first step's training loss on the eval file.
+  r = run({plan, "--data", data, "--steps", "1", "--seed", "2", "--lr", "0", "--eval-data",
+           evalData, "--eval-every", "1", "--eval-batches", "1"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_EQ(stepLines(r.out).size(), 1u) << r.out;
+  EXPECT_NEAR(std::strtod(fieldOf(stepLines(r.out)[0], "val_loss")->c_str(), nullptr),
+              std::strtod(fieldOf(evalLines[0], "loss")->c_str(), nullptr), 1e-6);
+  // Without steps, the weights as given are evaluated once.
+  r = run({plan, "--steps", "0", "--seed", "2", "--eval-data", evalData, "--eval-every", "1"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(
+      std::regex_search(r.out, m, std::regex(R"(eval: step 0 val_loss (\S+) \(3 batches\))")))
+      << r.out;
+  EXPECT_NEAR(std::strtod(m[1].str().c_str(), nullptr), mean, 1e-6);
+}
+
+TEST_F(ToolTest, EvaluationMistakesAreOneLine) {
+  std::string plan = writePlan(test::trainingPlanSpec(), "train.plan"); // vocabulary 16
+  std::string data = cyclicTokens(dir + "/tokens.bin", 300, 16);
+  std::string good = cyclicTokens(dir + "/eval.bin", 30, 16);
+  // Another vocabulary: ids up to 31.
+  std::string wide = cyclicTokens(dir + "/wide.bin", 40, 32);
+  expectError(
+      run({plan, "--data", data, "--eval-data", wide, "--eval-every", "1"}),
+      {"--eval-data: token file '" + wide + "': token 16 is 16, not below the vocabulary size 16"});
+  // Checked before the first step, not when the first evaluation reaches the bad id.
+  expectError(
+      run({plan, "--data", data, "--steps", "100", "--eval-data", wide, "--eval-every", "100"}),
+      {"--eval-data: ", "not below the vocabulary size 16"});
+  // A token width other than 2 or 4.
+  std::string bad = dir + "/width.bin";
+  {
+    std::vector<uint8_t> bytes;
+    std::string text = test::readText(good);
+    bytes.assign(text.begin(), text.end());
+    bytes[12] = 3;
+    test::writeFile(bad, bytes);
+  }
+  expectError(run({plan, "--data", data, "--eval-data", bad, "--eval-every", "1"}),
+              {"--eval-data: token file '" + bad + "': bytes per token is 3, expected 2 or 4"});
+  std::string shortFile = cyclicTokens(dir + "/short.bin", 8, 16);
+  expectError(run({plan, "--data", data, "--eval-data", shortFile, "--eval-every", "1"}),
+              {"--eval-data: token file '" + shortFile +
+               "' has 8 tokens, but a batch of 2 x 4 needs at least 9"});
+  expectError(
+      run({plan, "--data", data, "--eval-data", good, "--eval-every", "1", "--eval-batches", "4"}),
+      {"--eval-batches 4: token file '" + good + "' holds 3 batches of 2 x 4"});
+  expectError(run({plan, "--eval-every", "2"}), {"--eval-every needs --eval-data"});
+  expectError(run({plan, "--eval-data", good}), {"--eval-data needs --eval-every"});
+  expectError(run({plan, "--eval-batches", "2"}), {"--eval-batches needs --eval-data"});
+  expectError(run({plan, "--eval-data=", "--eval-every", "1"}), {"--eval-data needs a token file"});
+  for (const char *value : {"0", "-1", "x", "1.5", ""}) {
+    expectError(run({plan, "--eval-data", good, "--eval-every", value}),
+                {std::string("--eval-every expects a positive integer, got '") + value + "'"});
+    expectError(run({plan, "--eval-data", good, "--eval-every", "1", "--eval-batches", value}),
+                {std::string("--eval-batches expects a positive integer, got '") + value + "'"});
+  }
 }
 
 TEST_F(ToolTest, Fp8TelemetryEveryNStepsWithAnUnderflowWarning) {

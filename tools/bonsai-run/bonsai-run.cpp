@@ -4,17 +4,21 @@
 // or random init from the seed), and runs N steps on the CPU backend: each step runs the plan's
 // Forward and Backward kernels once per micro-batch and its Update kernels once (a plan without
 // Update kernels just computes the loss). It reports every step, writes JSON-line metrics and
-// crash-safe checkpoints when asked, can dump one micro-batch's gradients, and can generate
-// text byte by byte from the trained model. Every failure is one line,
-// "bonsai-run: error: <cause>" (followed by the usage synopsis for a command-line mistake), and
-// exit status 1: a bad plan, bad weights, bad data or a corrupt checkpoint is reported, never a
-// crash. The memory lines come after the steps because "measured" is what the steps touched.
+// crash-safe checkpoints when asked, evaluates on held-out data (forward only) every N steps, can
+// dump one micro-batch's gradients, and can generate text byte by byte from the trained model.
+// Every failure is one line, "bonsai-run: error: <cause>" (followed by the usage synopsis for a
+// command-line mistake), and exit status 1: a bad plan, bad weights, bad data or a corrupt
+// checkpoint is reported, never a crash. The memory lines come after the steps because "measured"
+// is what the steps touched.
 //
 // Output (stdout), in this order:
 //   plan <path>: model <name>, target <arch>, <K> kernels, <T> tensors, <A> arenas, <N> tokens/step
 //                [ (<m> micro-batches of <n>)]
 //   resume: <dir> (step <n>, micro-batch <p>)                  with --resume
-//   step <n> loss <%.9g>[ grad_norm <%.6g>][ lr <%.6g>]        once per step (not a terminal)
+//   step <n> loss <%.9g>[ grad_norm <%.6g>][ lr <%.6g>][ val_loss <%.9g>]
+//                                                              once per step (not a terminal);
+//                                                              val_loss at --eval-every steps
+//   eval: step <n> val_loss <%.9g> (<k> batches)               --eval-data with no steps
 //   checkpoint: step <n> saved to <dir>                        with --save-every
 //   gradients: <n> tensors of micro-batch <p> written to <file> with --dump-gradients
 //   adapter: <n> adapters (<n> tensors, LoRA|DoRA r<r> alpha <a>) written to <dir>
@@ -69,7 +73,8 @@ const char *const kSynopsis =
     "                       [--export-adapter DIR [--base-model NAME]]\n"
     "                       [--export-merged FILE.safetensors]\n"
     "                       [--generate TEXT [--max-new-bytes N]] [--backend=cuda|cpu] [--device N]\n"
-    "                       [--fp8-stats-every N] [--fp8-underflow-warn F]\n";
+    "                       [--fp8-stats-every N] [--fp8-underflow-warn F]\n"
+    "                       [--eval-data TOKENS.bin --eval-every N [--eval-batches K]]\n";
 
 const char *const kHelp =
     "\n"
@@ -109,6 +114,11 @@ const char *const kHelp =
     "                        (\"fp8\") and check the underflow (default 10; 0: never)\n"
     "  --fp8-underflow-warn F warn (stderr) when an FP8 operand's underflow fraction exceeds F\n"
     "                        at a stats step (default 0.01)\n"
+    "  --eval-data FILE      a token file of held-out data: every --eval-every steps and\n"
+    "                        after the last, the forward pass alone on its batches gives\n"
+    "                        val_loss (step line, --metrics); training is unchanged\n"
+    "  --eval-every N        steps between evaluations (those whose number is a multiple)\n"
+    "  --eval-batches K      batches per evaluation, from the file's start (default: all)\n"
     "  --help                this text\n";
 
 /// A command-line mistake: reported with the usage.
@@ -141,6 +151,9 @@ struct Options {
   bool profile = false;
   uint64_t fp8StatsEvery = 10;
   double fp8UnderflowWarn = 0.01;
+  std::string evalData;
+  std::optional<uint64_t> evalEvery;
+  std::optional<uint64_t> evalBatches;
   bool help = false;
 };
 
@@ -153,6 +166,14 @@ uint64_t parseCount(const std::string &flag, const std::string &text) {
   if (errno == ERANGE)
     throw UsageError{flag + " value '" + text + "' is too large"};
   return value;
+}
+
+uint64_t parsePositive(const std::string &flag, const std::string &text) {
+  if (text.empty() || text.size() > 20 ||
+      text.find_first_not_of("0123456789") != std::string::npos ||
+      text.find_first_not_of('0') == std::string::npos)
+    throw UsageError{flag + " expects a positive integer, got '" + text + "'"};
+  return parseCount(flag, text);
 }
 
 double parseRate(const std::string &flag, const std::string &text) {
@@ -240,6 +261,14 @@ Options parseOptions(int argc, char **argv) {
         o.profile = noValue();
       else if (flag == "--fp8-stats-every")
         o.fp8StatsEvery = parseCount(flag, takeValue());
+      else if (flag == "--eval-data") {
+        o.evalData = takeValue();
+        if (o.evalData.empty())
+          throw UsageError{"--eval-data needs a token file"};
+      } else if (flag == "--eval-every")
+        o.evalEvery = parsePositive(flag, takeValue());
+      else if (flag == "--eval-batches")
+        o.evalBatches = parsePositive(flag, takeValue());
       else if (flag == "--fp8-underflow-warn") {
         std::string text = takeValue();
         o.fp8UnderflowWarn = parseRate(flag, text);
@@ -285,6 +314,12 @@ Options parseOptions(int argc, char **argv) {
     throw UsageError{"--max-new-bytes needs --generate"};
   if (o.generate && o.generate->empty())
     throw UsageError{"--generate needs a non-empty prompt"};
+  if (o.evalEvery && o.evalData.empty())
+    throw UsageError{"--eval-every needs --eval-data"};
+  if (o.evalBatches && o.evalData.empty())
+    throw UsageError{"--eval-batches needs --eval-data"};
+  if (!o.evalData.empty() && !o.evalEvery)
+    throw UsageError{"--eval-data needs --eval-every"};
   return o;
 }
 
@@ -440,10 +475,9 @@ std::string generate(rt::Executor &executor, const std::string &prompt, uint64_t
   return out;
 }
 
-/// Where the profiled step's time went: by kernel kind and phase, then the slowest kernels.
-void printProfile(const rt::Executor &executor) {
-  const rt::LoadedPlan &plan = executor.plan();
-  std::vector<double> ms = executor.kernelMilliseconds();
+/// Where the profiled step's time went (`ms`, per plan kernel): by kernel kind and phase, then
+/// the slowest kernels.
+void printProfile(const rt::LoadedPlan &plan, const std::vector<double> &ms) {
   double total = 0;
   for (double t : ms)
     total += t;
@@ -542,6 +576,31 @@ int run(const Options &o) {
 
   std::vector<int64_t> shape = executor.inputShape();
   rt::TokenLoader loader(o.data, shape[0], shape[1], plan.vocabularySize(), position.seed);
+  // The held-out data is checked whole before the first step: a file of another vocabulary
+  // or too short is an error now, not after N steps of training.
+  std::unique_ptr<rt::TokenLoader> evalLoader;
+  uint64_t evalBatches = 0;
+  if (!o.evalData.empty()) {
+    try {
+      evalLoader = std::make_unique<rt::TokenLoader>(o.evalData, shape[0], shape[1],
+                                                     plan.vocabularySize(), position.seed);
+    } catch (const rt::Error &e) {
+      throw rt::Error(std::string("--eval-data: ") + e.what());
+    }
+    uint64_t available = evalLoader->fileBatches();
+    evalBatches = o.evalBatches.value_or(available);
+    if (evalBatches > available)
+      throw rt::Error("--eval-batches " + std::to_string(evalBatches) + ": token file '" +
+                      o.evalData + "' holds " + std::to_string(available) + " batch" +
+                      (available == 1 ? "" : "es") + " of " + std::to_string(shape[0]) + " x " +
+                      std::to_string(shape[1]) + " (each needs batch * seq + 1 tokens)");
+    try {
+      for (uint64_t m = 0; m < evalBatches; ++m)
+        evalLoader->batch(m);
+    } catch (const rt::Error &e) {
+      throw rt::Error(std::string("--eval-data: ") + e.what());
+    }
+  }
   bool exports = !o.exportAdapter.empty() || !o.exportMerged.empty();
   uint64_t steps =
       o.steps.value_or(o.generate || !o.dumpGradients.empty() || exports ? 0 : 1);
@@ -555,6 +614,8 @@ int run(const Options &o) {
   uint64_t plannedBytes = 0;
   for (const rt::ArenaInfo &a : plan.arenas)
     plannedBytes += a.size;
+  std::vector<double> profiled;
+  double evalSeconds = 0; // not training: left out of the time line's throughput
   auto start = std::chrono::steady_clock::now();
   try {
     for (uint64_t s = 0; s < steps; ++s) {
@@ -566,6 +627,16 @@ int run(const Options &o) {
       auto now = std::chrono::steady_clock::now();
       position.step += 1;
       position.dataPosition += microBatches;
+      // Read before an evaluation, whose forward passes the profile must not count.
+      if (o.profile && s + 1 == steps)
+        profiled = executor.kernelMilliseconds();
+      std::optional<float> valLoss;
+      if (evalLoader && (position.step % *o.evalEvery == 0 || s + 1 == steps)) {
+        auto evalStart = std::chrono::steady_clock::now();
+        valLoss = executor.evaluate(*evalLoader, evalBatches);
+        evalSeconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - evalStart).count();
+      }
       for (const auto &[name, why] : result.galoreSkipped)
         std::fprintf(stderr,
                      "warning: step %" PRIu64 ": GaLore projector of '%s' not refreshed: %s\n",
@@ -578,6 +649,7 @@ int run(const Options &o) {
       report.loss = result.loss;
       report.gradNorm = result.gradNorm;
       report.lr = result.lr;
+      report.valLoss = valLoss;
       report.microBatches = microBatches;
       report.tokens = tokensPerStep;
       report.stepSeconds = std::chrono::duration<double>(now - stepStart).count();
@@ -608,7 +680,15 @@ int run(const Options &o) {
     throw;
   }
   progress.finish();
-  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() - evalSeconds;
+  if (evalLoader && steps == 0) {
+    // No step to attach it to: evaluate the weights as loaded (a checkpoint, --weights).
+    float value = executor.evaluate(*evalLoader, evalBatches);
+    std::printf("eval: step %" PRIu64 " val_loss %.9g (%" PRIu64 " batches)\n", position.step,
+                double(value), evalBatches);
+    std::fflush(stdout);
+  }
 
   // Exports read the trained parameters; nothing after this point changes them.
   if (!o.exportAdapter.empty()) {
@@ -637,7 +717,7 @@ int run(const Options &o) {
     std::fflush(stdout);
   }
   if (o.profile && steps > 0)
-    printProfile(executor);
+    printProfile(plan, profiled);
   if (o.generate) {
     std::string text = generate(executor, *o.generate, o.maxNewBytes.value_or(64));
     std::printf("prompt: %s\ngenerated: %s\n", escapeBytes(*o.generate).c_str(),
@@ -671,8 +751,11 @@ int run(const Options &o) {
                 device, mib(device), mib(planned),
                 planned ? 100.0 * (double(device) - double(planned)) / double(planned) : 0.0);
   double tokens = double(steps) * double(tokensPerStep);
-  std::printf("time: %" PRIu64 " steps in %.3f s, %.0f tokens/s\n", steps, seconds,
+  std::printf("time: %" PRIu64 " steps in %.3f s, %.0f tokens/s", steps, seconds,
               seconds > 0 ? tokens / seconds : 0.0);
+  if (evalSeconds > 0)
+    std::printf(" (evaluation: %.3f s more)", evalSeconds);
+  std::printf("\n");
   return 0;
 }
 

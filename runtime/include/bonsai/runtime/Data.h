@@ -82,6 +82,11 @@ public:
   /// Where step `step`'s window starts in the file: (step * B * T) mod (count - B * T).
   uint64_t windowStart(uint64_t step) const;
 
+  /// How many batches the file holds one after another from its start before the windows
+  /// wrap around: floor((count - 1) / (B * T)), at least 1. Batches 0 to fileBatches() - 1
+  /// read each token at most once as an input (an evaluation set's batches); 0 without a file.
+  uint64_t fileBatches() const;
+
 private:
   std::unique_ptr<TokenFile> file_;
   int64_t batch_, seq_, vocab_;

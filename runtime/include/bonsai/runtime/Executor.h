@@ -164,6 +164,16 @@ public:
   /// generation runs to read the operands of a kernel it computes itself (the fused LM head).
   void forwardPrefix(const TokenBatch &batch, size_t end);
 
+  /// Evaluation on held-out data (bonsai-run --eval-data): runs the Forward kernels alone on
+  /// loader.batch(0), ..., loader.batch(count - 1) with the current weights and returns the
+  /// mean of their losses, averaged as trainStep averages micro-batch losses. Training goes on
+  /// exactly as without it: nothing of the Backward or Update phases runs (no gradient, no
+  /// optimizer state, step counter or FP8 scale changes), the tensors of persistent arenas
+  /// that Forward kernels write are restored afterwards, and the loss scale is set back. What
+  /// it leaves in step arenas (activations, the last update's metrics) is not kept: read
+  /// metric() before. Throws rt::Error when `count` is 0.
+  float evaluate(TokenLoader &loader, uint64_t count);
+
   /// Runs every kernel in plan order (Forward, Backward, Update) on the inputs already set,
   /// with LossScale 1, and returns the loss: one step of one micro-batch.
   float runStep();
@@ -193,6 +203,9 @@ private:
 
   /// The only copy of the plan: the backend reads this one.
   LoadedPlan plan_;
+  /// The tensors of persistent arenas that a Forward kernel writes (a gradient accumulator a
+  /// fused head adds to, say), in plan order: evaluate() restores them.
+  std::vector<uint32_t> forwardPersistentWrites_;
   /// With a GPU: copies arena `arena` back to the host if kernels wrote it since its last copy.
   void syncArenaToHost(uint32_t arena) const;
 

@@ -63,18 +63,23 @@ struct StepReport {
   uint64_t measuredBytes = 0; ///< Sum of the bytes measured so far.
   /// FP8 telemetry, on the steps it is read (bonsai-run --fp8-stats-every).
   std::optional<Fp8Summary> fp8;
+  /// The mean loss on held-out data after this step's update, on the steps that evaluate
+  /// (bonsai-run --eval-every).
+  std::optional<float> valLoss;
 };
 
 /// "step <n> loss <%.9g>", then " grad_norm <%.6g>" and " lr <%.6g>" for those the plan
-/// reports; no newline.
+/// reports, then " val_loss <%.9g>" on an evaluation step; no newline.
 std::string formatStepLine(const StepReport &report);
 
 /// One JSON object, no newline: step, loss, grad_norm, lr (null when the plan has none, or not
-/// finite), tokens_per_s, memory_planned_bytes, memory_measured_bytes, micro_batches, tokens,
-/// elapsed_s, then "fp8" (formatFp8Json) when the report has FP8 telemetry.
+/// finite), val_loss (on an evaluation step only; null when not finite), tokens_per_s,
+/// memory_planned_bytes, memory_measured_bytes, micro_batches, tokens, elapsed_s, then "fp8"
+/// (formatFp8Json) when the report has FP8 telemetry.
 std::string formatMetricsJson(const StepReport &report);
 
-/// "step 12/100 | loss 2.7797 | grad_norm 0.53 | lr 0.001 | 1234 tok/s | ETA 0:01:05"; the ETA
+/// "step 12/100 | loss 2.7797 | grad_norm 0.53 | lr 0.001 | val_loss 2.9 | 1234 tok/s |
+/// ETA 0:01:05" (val_loss: the last evaluation's, once there is one); the ETA
 /// is the mean step time so far times the steps left, `firstStep` being the first step this
 /// run made.
 std::string formatProgress(const StepReport &report, uint64_t firstStep);
@@ -104,7 +109,8 @@ private:
 class Progress {
 public:
   Progress(std::FILE *out, bool terminal) : out_(out), terminal_(terminal) {}
-  /// Reports a completed step.
+  /// Reports a completed step. On a terminal the line keeps showing the last val_loss
+  /// reported, between evaluations.
   void step(const StepReport &report, uint64_t firstStep);
   /// Prints a line of its own (a checkpoint saved; a warning, to stderr) on `to` (default: the
   /// progress stream), clearing the progress line first so that the next step redraws it.
@@ -116,6 +122,7 @@ private:
   std::FILE *out_;
   bool terminal_;
   size_t shown_ = 0; ///< Length of the progress line on screen, 0 when none.
+  std::optional<float> lastValLoss_;
 };
 
 } // namespace bonsai::rt
