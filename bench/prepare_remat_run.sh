@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/prepare_remat_run.sh - prepare, on the build machine, the GPU check of the recomputation
 # search (issue #23): the plans `bonsai.remat "auto"` makes for Llama 124M (AdamW, B16 S1024)
-# under 8 and 6 GiB and for TinyLlama-1.1B QLoRA r16 (B4 S2048) under 10 GiB, the plans without
+# under 7 and 6 GiB and for TinyLlama-1.1B QLoRA r16 (B4 S2048) under 10 GiB, the plans without
 # recomputation next to them, each with the compiler's report, and the CUDA build's bonsai-run.
 # Everything goes into one folder (default .gpu-remat/, ignored by git) and its xz pack, which a
 # device call carries; then `bash bench/remat_h200.sh .gpu-remat` on the GPU machine.
@@ -19,7 +19,7 @@ for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do
 done
 
 # Llama 124M as bench/remat_bench.py names its plans: <model>.<policy>.plan and .txt.
-for policy in none auto-8GiB auto-6GiB; do
+for policy in none auto-7GiB auto-6GiB; do
   case "$policy" in
     auto-*) gib="${policy#auto-}"; target="  bonsai.target \"sm_90\" device_memory $(( ${gib%GiB} * 1024 )) MiB"; remat=auto ;;
     *) target='  bonsai.target "sm_90"'; remat=none ;;

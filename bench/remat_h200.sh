@@ -12,9 +12,9 @@ mkdir -p "$out"
 export LD_LIBRARY_PATH="$PWD/$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 run="$PWD/$dir/bin/bonsai-run"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-echo "== Llama 124M, AdamW, B16 S1024: auto under 8 and 6 GiB =="
+echo "== Llama 124M, AdamW, B16 S1024: auto under 7 and 6 GiB =="
 python3 bench/remat_bench.py --model llama_124m --plans "$dir/remat" --bonsai-run "$run" \
-  --policies none,auto-8GiB,auto-6GiB --batch 16 --seq 1024 --steps 20 --warmup 5 \
+  --policies none,auto-7GiB,auto-6GiB --batch 16 --seq 1024 --steps 20 --warmup 5 \
   --workdir "$out" 2>&1 | tee "$out/remat_llama_124m.log" | tail -12
 echo "== TinyLlama-1.1B QLoRA r16, B4 S2048: auto under 10 GiB =="
 python3 bench/lora_bench.py --model tinyllama_1_1b --plans "$dir/adapters" --bonsai-run "$run" \
