@@ -593,7 +593,8 @@ int run(const Options &o) {
       throw rt::Error("--eval-batches " + std::to_string(evalBatches) + ": token file '" +
                       o.evalData + "' holds " + std::to_string(available) + " batch" +
                       (available == 1 ? "" : "es") + " of " + std::to_string(shape[0]) + " x " +
-                      std::to_string(shape[1]) + " (each needs batch * seq + 1 tokens)");
+                      std::to_string(shape[1]) +
+                      " (batch m reads tokens m*B*T to (m+1)*B*T, B*T + 1 of them)");
     try {
       for (uint64_t m = 0; m < evalBatches; ++m)
         evalLoader->batch(m);
