@@ -51,6 +51,8 @@ constexpr unsigned kMaxModelExhaustiveCandidates = 20, kMaxExhaustivePlans = 102
 /// scoring every move once costs, stays within this; beyond, it moves a kind of candidate in
 /// every repeated layer at once.
 constexpr uint64_t kPerCandidateWork = 100'000'000;
+/// Real plans auto spends keeping candidates again after the search (see searchGreedy).
+constexpr unsigned kRefinePlans = 8;
 
 /// 1234567 -> "1,234,567".
 std::string withCommas(int64_t value) {
@@ -249,6 +251,9 @@ struct RematPass : impl::BonsaiRematPassBase<RematPass> {
                                 const PeakModel &model, int64_t budget, const Trial &none,
                                 ArrayRef<std::pair<StringRef, Trial>> fixed, SearchClock &clock,
                                 bool exhaustiveWhenSmall = true);
+  FailureOr<Trial> keepAgainOnPlans(const ForwardGraph &g, TrialPlanner &planner,
+                                    const PeakModel &model, int64_t budget, Trial best,
+                                    SearchClock &clock);
   FailureOr<std::vector<BitVector>> enumerateSets(const ForwardGraph &g);
   FailureOr<Trial> searchExhaustive(const ForwardGraph &g, TrialPlanner &planner, int64_t budget);
   /// Auto's choice for `budget`: the search's, or a fixed policy's if it fits more cheaply.
@@ -545,6 +550,79 @@ FailureOr<Trial> RematPass::searchGreedy(const ForwardGraph &g, TrialPlanner &pl
   }
   if (best.peak == INT64_MAX)
     return Trial{BitVector(), 0, INT64_MAX};
+
+  return best;
+}
+
+/// Keeping again, or swapping, on real plans. The model is calibrated exactly at the chosen
+/// set, so a candidate whose keeping it then says still fits is worth a plan; where keeping it
+/// alone does not fit, on graphs where scoring every candidate is cheap, so is the cheapest
+/// swap for another candidate (alone or with its chain) that it says fits and that costs
+/// fewer FLOPs: what the search's wider calibration, or a fixed policy, did not need, and the
+/// knapsack exchanges a greedy misses. Costliest first, at most kRefinePlans plans.
+FailureOr<Trial> RematPass::keepAgainOnPlans(const ForwardGraph &g, TrialPlanner &planner,
+                                             const PeakModel &model, int64_t budget, Trial best,
+                                             SearchClock &clock) {
+  SmallVector<unsigned> relevant = llvm::to_vector(g.getRelevant().set_bits());
+  bool swaps = uint64_t(relevant.size()) * 2 * model.getNumPositions() <= kPerCandidateWork;
+  unsigned refined = 0;
+  SmallVector<unsigned> order;
+  for (unsigned i : best.recompute.set_bits())
+    if (g.candidate.test(i) && !g.alwaysRecomputed.test(i))
+      order.push_back(i);
+  llvm::stable_sort(order, [&](unsigned a, unsigned b) { return g.flops[a] > g.flops[b]; });
+  for (unsigned c : order) {
+    if (refined == kRefinePlans || clock.expired())
+      break;
+    if (!best.recompute.test(c))
+      continue; // Kept again, or no longer needed, since.
+    // The model's estimate of a set's planned peak, calibrated at the best set.
+    int64_t bestModelPeak = model.getPeak(best.recompute);
+    auto fits = [&](const BitVector &set) {
+      return model.getPeak(set) - bestModelPeak + best.peak <= budget;
+    };
+    BitVector dropped = best.recompute;
+    dropped &= g.candidate;
+    dropped.reset(c);
+    BitVector next = g.resolve(dropped);
+    if (next == best.recompute)
+      continue;
+    if (!fits(next)) {
+      if (!swaps)
+        continue;
+      BitVector savedRoots = g.getSavedRoots(next);
+      std::optional<BitVector> cheapest;
+      int64_t cheapestFlops = best.flops;
+      for (unsigned d : relevant) {
+        if (d == c || dropped.test(d) || g.flops[d] >= g.flops[c])
+          continue;
+        for (bool chain : {false, true}) {
+          BitVector swapped = dropped;
+          if (chain)
+            swapped |= g.getChain(d, dropped, savedRoots);
+          else
+            swapped.set(d);
+          if (swapped.test(c))
+            continue;
+          BitVector candidate = g.resolve(swapped);
+          int64_t flops = g.getFlops(candidate);
+          if (flops < cheapestFlops && fits(candidate)) {
+            cheapest = candidate;
+            cheapestFlops = flops;
+          }
+        }
+      }
+      if (!cheapest)
+        continue;
+      next = *cheapest;
+    }
+    ++refined;
+    FailureOr<Trial> trial = evaluate(g, planner, next);
+    if (failed(trial))
+      return failure();
+    if (trial->peak <= budget && trial->flops < best.flops)
+      best = *trial;
+  }
   return best;
 }
 
@@ -616,7 +694,9 @@ FailureOr<Trial> RematPass::searchAuto(const ForwardGraph &g, TrialPlanner &plan
       LLVM_DEBUG(llvm::dbgs() << "policy " << policy << " beats the search\n");
       found = trial;
     }
-  return found;
+  if (exhaustive || found->peak > budget)
+    return found;
+  return keepAgainOnPlans(g, planner, model, budget, *found, clock);
 }
 
 /// search=compare: plans every distinct recompute set, takes the exhaustive frontier (for
