@@ -51,8 +51,11 @@ constexpr unsigned kMaxModelExhaustiveCandidates = 20, kMaxExhaustivePlans = 102
 /// scoring every move once costs, stays within this; beyond, it moves a kind of candidate in
 /// every repeated layer at once.
 constexpr uint64_t kPerCandidateWork = 100'000'000;
-/// Real plans auto spends keeping candidates again after the search (see searchGreedy).
+/// Real plans auto spends keeping candidates again after the search (keepAgainOnPlans), which
+/// tries at most twice as many candidates, and swaps them only where (candidates x positions)
+/// stays within kSwapWork.
 constexpr unsigned kRefinePlans = 8;
+constexpr uint64_t kSwapWork = 10'000'000;
 
 /// 1234567 -> "1,234,567".
 std::string withCommas(int64_t value) {
@@ -559,23 +562,26 @@ FailureOr<Trial> RematPass::searchGreedy(const ForwardGraph &g, TrialPlanner &pl
 /// alone does not fit, on graphs where scoring every candidate is cheap, so is the cheapest
 /// swap for another candidate (alone or with its chain) that it says fits and that costs
 /// fewer FLOPs: what the search's wider calibration, or a fixed policy, did not need, and the
-/// knapsack exchanges a greedy misses. Costliest first, at most kRefinePlans plans.
+/// knapsack exchanges a greedy misses. Costliest first: at most 2 x kRefinePlans candidates
+/// tried, kRefinePlans plans.
 FailureOr<Trial> RematPass::keepAgainOnPlans(const ForwardGraph &g, TrialPlanner &planner,
                                              const PeakModel &model, int64_t budget, Trial best,
                                              SearchClock &clock) {
   SmallVector<unsigned> relevant = llvm::to_vector(g.getRelevant().set_bits());
-  bool swaps = uint64_t(relevant.size()) * 2 * model.getNumPositions() <= kPerCandidateWork;
-  unsigned refined = 0;
+  // A swap scans every candidate on the model for each one tried: only where that is cheap.
+  bool swaps = uint64_t(relevant.size()) * 2 * model.getNumPositions() <= kSwapWork;
+  unsigned refined = 0, tried = 0;
   SmallVector<unsigned> order;
   for (unsigned i : best.recompute.set_bits())
     if (g.candidate.test(i) && !g.alwaysRecomputed.test(i))
       order.push_back(i);
   llvm::stable_sort(order, [&](unsigned a, unsigned b) { return g.flops[a] > g.flops[b]; });
   for (unsigned c : order) {
-    if (refined == kRefinePlans || clock.expired())
+    if (refined == kRefinePlans || tried == 2 * kRefinePlans || clock.expired())
       break;
     if (!best.recompute.test(c))
       continue; // Kept again, or no longer needed, since.
+    ++tried;
     // The model's estimate of a set's planned peak, calibrated at the best set.
     int64_t bestModelPeak = model.getPeak(best.recompute);
     auto fits = [&](const BitVector &set) {
