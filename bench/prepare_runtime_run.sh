@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/prepare_runtime_run.sh - prepare, on the build machine, the GPU check of the runtime's
 # structure (issue #22: the kernel table, one handler per kind on each backend, the contracts):
-# the CUDA build's bonsai-run and bonsai-runtime-tests, OpenBLAS for a GPU image that lacks it,
+# the CUDA build's bonsai-run and bonsai-runtime-tests, the shared libraries a GPU image may lack,
 # and the two 124M training plans of bench/train_bench.py. Everything goes into one folder
 # (default .gpu-runtime/, ignored by git) and its xz pack, which a device call carries; then
 # `bash bench/runtime_h200.sh .gpu-runtime` on the GPU machine.
@@ -20,7 +20,9 @@ rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib" "$dir/plans"
 for tool in bonsai-run bonsai-runtime-tests; do
   strip -o "$dir/bin/$tool" "$build/bin/$tool"
 done
-for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do
+# OpenBLAS, and the tokenizers' SentencePiece, PCRE2 and ICU: a GPU image may lack them.
+for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libsentencepiece.so.0 \
+    libpcre2-8.so.0 libicuuc.so.72 libicudata.so.72; do
   cp "$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')" "$dir/lib/"
 done
 # The plans of bench/train_bench.py: AdamW as it gives PyTorch (lr 3e-4, weight decay 0.01).
