@@ -405,6 +405,13 @@ def main():
     if args.tokenizers:
         paths = {n: os.path.join(args.tokenizers, n + (".model" if n == "sp" else ".json"))
                  for n in NAMES}
+        # The repository keeps the SentencePiece model as base64 text (it is binary).
+        if not os.path.exists(paths["sp"]) and os.path.exists(paths["sp"] + ".b64"):
+            import base64
+            decoded = os.path.join(args.workdir, "sp.model")
+            with open(paths["sp"] + ".b64") as f, open(decoded, "wb") as out:
+                out.write(base64.b64decode(f.read()))
+            paths["sp"] = decoded
     else:
         t = time.perf_counter()
         paths = train(corpus_path, lines, args.workdir)
