@@ -34,9 +34,8 @@ rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib" "$dir/plans" "$dir/models"
 for tool in bonsai-run bonsai-runtime-tests fp8_gemm_bench; do
   strip -o "$dir/bin/$tool" "$build/bin/$tool"
 done
-for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do
-  cp "$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')" "$dir/lib/"
-done
+. bench/gpu_libs.sh
+copy_gpu_libs "$dir/lib"
 # Training text: the licenses Debian ships, as bytes (bonsai-tokenize).
 cat /usr/share/common-licenses/* > "$dir/licenses.txt"
 "$build/bin/bonsai-tokenize" "$dir/licenses.txt" -o "$dir/licenses.tokens" > /dev/null

@@ -18,9 +18,8 @@ rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib" "$dir/cases" "$dir/plans"
 for tool in bonsai-run bonsai-runtime-tests attention_bench; do
   strip -o "$dir/bin/$tool" "$build/bin/$tool"
 done
-for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do
-  cp "$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')" "$dir/lib/"
-done
+. bench/gpu_libs.sh
+copy_gpu_libs "$dir/lib"
 # Parity with Hugging Face (test/gpu/hf_parity.py): fp32 tiny models, AdamW lr 1e-3, fused.
 printf 'bonsai.recipe @parity {\n  bonsai.optimizer "adamw" lr 1.000000e-03\n}\n' > "$dir/parity_recipe.mlir"
 for model in tiny_llama tiny_gpt2; do

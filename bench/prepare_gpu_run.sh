@@ -14,9 +14,8 @@ cmake -G Ninja -S runtime -B build-gpu -DCMAKE_BUILD_TYPE=Release -DBONSAI_CUDA_
 ninja -C build-gpu bonsai-run
 rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib" "$dir/cases" "$dir/plans"
 cp build-gpu/bin/bonsai-run "$dir/bin/"
-for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do
-  cp "$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')" "$dir/lib/"
-done
+. bench/gpu_libs.sh
+copy_gpu_libs "$dir/lib"
 # Parity: fp32 tiny models, AdamW lr 1e-3 (the settings test/gpu/hf_parity.py uses for PyTorch).
 printf 'bonsai.recipe @parity {\n  bonsai.optimizer "adamw" lr 1.000000e-03\n}\n' > "$dir/parity_recipe.mlir"
 for model in tiny_llama tiny_gpt2; do

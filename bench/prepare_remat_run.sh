@@ -14,9 +14,8 @@ grep -q "BONSAI_HAVE_CUDA=1" "$build/build.ninja" ||
   { echo "prepare_remat_run: $build has no CUDA backend" >&2; exit 1; }
 rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib" "$dir/remat" "$dir/adapters"
 strip -o "$dir/bin/bonsai-run" "$build/bin/bonsai-run"
-for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do
-  cp "$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')" "$dir/lib/"
-done
+. bench/gpu_libs.sh
+copy_gpu_libs "$dir/lib"
 
 # Llama 124M as bench/remat_bench.py names its plans: <model>.<policy>.plan and .txt.
 for policy in none auto-7GiB auto-6GiB; do

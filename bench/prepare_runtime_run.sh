@@ -20,11 +20,8 @@ rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib" "$dir/plans"
 for tool in bonsai-run bonsai-runtime-tests; do
   strip -o "$dir/bin/$tool" "$build/bin/$tool"
 done
-# OpenBLAS, and the tokenizers' SentencePiece, PCRE2 and ICU: a GPU image may lack them.
-for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libsentencepiece.so.0 \
-    libpcre2-8.so.0 libicuuc.so.72 libicudata.so.72; do
-  cp "$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')" "$dir/lib/"
-done
+. bench/gpu_libs.sh
+copy_gpu_libs "$dir/lib"
 # The plans of bench/train_bench.py: AdamW as it gives PyTorch (lr 3e-4, weight decay 0.01).
 printf 'bonsai.recipe @bench {\n  bonsai.target "sm_90"\n  bonsai.optimizer "adamw" lr 3.000000e-04 {weight_decay = 1.000000e-02 : f64}\n}\n' \
   > "$dir/bench_recipe.mlir"

@@ -14,8 +14,7 @@ ninja -C "$build" -j "${BONSAI_JOBS:-2}" bonsai-tokenize
 dir="$build/device"
 rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib"
 strip -o "$dir/bin/bonsai-tokenize" "$build/bin/bonsai-tokenize"
-for lib in libicuuc.so.72 libicudata.so.72 libpcre2-8.so.0 libsentencepiece.so.0; do
-  cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')" "$dir/lib/$lib"
-done
+. bench/gpu_libs.sh
+copy_gpu_libs "$dir/lib"
 tar -C "$build" -cJf "$build/device.tar.xz" device
 du -sh "$dir" "$build/device.tar.xz"
