@@ -176,6 +176,11 @@ TokenBatch TokenLoader::batch(uint64_t step) {
   b.seq = seq_;
   b.inputs.assign(window_.begin(), window_.begin() + std::ptrdiff_t(bt));
   b.labels.assign(window_.begin() + 1, window_.begin() + std::ptrdiff_t(bt) + 1);
+  // A version-1 file or random tokens form one document per row as far as attention knows.
+  b.positions.resize(bt);
+  for (size_t i = 0; i < bt; ++i)
+    b.positions[i] = int64_t(i % size_t(seq_));
+  b.segmentIds.assign(bt, 0);
   return b;
 }
 

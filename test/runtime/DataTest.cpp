@@ -73,6 +73,16 @@ TEST_F(DataTest, WindowsFollowTheFormula) {
   }
 }
 
+TEST_F(DataTest, Version1AndRandomRowsAreOneDocument) {
+  std::string p = path("v1rows.bin");
+  writeTokenFile(p, iota(40, 10), 2);
+  for (const std::string &source : {p, std::string()}) {
+    TokenBatch batch = TokenLoader(source, 2, 5, 10, 3).batch(1);
+    EXPECT_EQ(batch.positions, (std::vector<int64_t>{0, 1, 2, 3, 4, 0, 1, 2, 3, 4}));
+    EXPECT_EQ(batch.segmentIds, std::vector<int64_t>(10, 0));
+  }
+}
+
 TEST_F(DataTest, WindowStartDoesNotOverflow) {
   std::string p = path("tokens.bin");
   writeTokenFile(p, iota(1001, 7), 2);

@@ -64,6 +64,12 @@ struct TokenBatch {
   int64_t seq = 0;
   std::vector<int64_t> inputs;
   std::vector<int64_t> labels;
+  /// Each token's position within its document, restarting at 0 at each document start
+  /// (0..T-1 on every row for version-1 files and random tokens).
+  std::vector<int64_t> positions;
+  /// Which document of its row each token belongs to, numbered from 0; padding has its own
+  /// id (all 0 for version-1 files and random tokens).
+  std::vector<int64_t> segmentIds;
 };
 
 /// Produces the batch of each step, from a token file or from the seed.
