@@ -4,7 +4,7 @@
 Writes OUT/config.json and OUT/model.safetensors (or two shards and
 model.safetensors.index.json with --sharded) for a preset configuration, with the tensor names
 and shapes of the Hugging Face implementation (LlamaForCausalLM, MistralForCausalLM,
-Qwen2ForCausalLM, GPT2LMHeadModel), written here from the transformers modules independently
+Qwen2ForCausalLM, Qwen3ForCausalLM, GPT2LMHeadModel), written here from the transformers modules independently
 of the importer. Tensor data is zeros, written as a sparse file, so the 1.1B preset costs no
 disk space: the importer reads headers only (and bonsai-run then computes the loss of an
 all-zero model, ln(vocab)).
@@ -49,8 +49,10 @@ def llama_tensors(c):
     D, V, I = c["hidden_size"], c["vocab_size"], c["intermediate_size"]
     H = c["num_attention_heads"]
     KV = c.get("num_key_value_heads") or H
-    hd = D // H
-    bias = c["architectures"][0] == "Qwen2ForCausalLM"
+    hd = c.get("head_dim") or D // H
+    arch = c["architectures"][0]
+    bias = arch == "Qwen2ForCausalLM" or (arch == "Qwen3ForCausalLM" and
+                                          c.get("attention_bias", False))
     t = {"model.embed_tokens.weight": [V, D], "model.norm.weight": [D]}
     for i in range(c["num_hidden_layers"]):
         p = "model.layers.%d." % i
@@ -61,6 +63,9 @@ def llama_tensors(c):
             if bias:
                 t[p + "self_attn.%s.bias" % name] = [out]
         t[p + "self_attn.o_proj.weight"] = [D, H * hd]
+        if arch == "Qwen3ForCausalLM":
+            t[p + "self_attn.q_norm.weight"] = [hd]
+            t[p + "self_attn.k_norm.weight"] = [hd]
         t[p + "mlp.gate_proj.weight"] = [I, D]
         t[p + "mlp.up_proj.weight"] = [I, D]
         t[p + "mlp.down_proj.weight"] = [D, I]

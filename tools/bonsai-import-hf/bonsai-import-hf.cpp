@@ -10,8 +10,8 @@
 // configuration (op for op, value names included), built with the dialect's builders and
 // verified before anything is written.
 //
-// Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (q/k/v biases) and
-// GPT2LMHeadModel. Everything the graph would get wrong is refused with an error that names
+// Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (q/k/v biases),
+// Qwen3ForCausalLM (RMSNorm on every query and key head) and GPT2LMHeadModel. Everything the graph would get wrong is refused with an error that names
 // it: another architecture, rope_scaling, a hidden_act other than silu, attention or MLP
 // biases on Llama, a sliding window shorter than the sequence, a missing config key, a missing
 // tensor or one whose shape differs from the config's. Checkpoint tensors the model does not
@@ -151,10 +151,12 @@ struct ModelConfig {
   std::string architecture;
   Family family = Family::Llama;
   int64_t vocab = 0, hidden = 0, layers = 0, heads = 0, kvHeads = 0, intermediate = 0;
+  int64_t headDim = 0; ///< head_dim, or hidden / heads where the config does not give it
   int64_t positions = 0; ///< max_position_embeddings / n_positions
   double eps = 0, ropeTheta = 0;
   bool tied = false;
-  bool qkvBias = false;                                   ///< Qwen2
+  bool qkvBias = false;                                   ///< Qwen2; Qwen3's attention_bias
+  bool qkNorm = false;                                    ///< Qwen3: q_norm / k_norm per head
   GeluApproximation gelu = GeluApproximation::Tanh;       ///< GPT-2
   std::optional<std::string> torchDType;                  ///< "bfloat16", ... if given
   std::optional<int64_t> slidingWindow;                   ///< the active window, if any
@@ -185,6 +187,10 @@ ModelConfig readLlamaFamily(const Config &config, const std::string &architectur
   c.eps = config.number("rms_norm_eps");
   c.tied = config.flag("tie_word_embeddings", false);
   c.qkvBias = architecture == "Qwen2ForCausalLM";
+  if (architecture == "Qwen3ForCausalLM") {
+    c.qkNorm = true;
+    c.qkvBias = config.flag("attention_bias", false);
+  }
 
   std::string act = config.string("hidden_act");
   if (act != "silu")
@@ -220,25 +226,29 @@ ModelConfig readLlamaFamily(const Config &config, const std::string &architectur
   }
   refuseIf(config.flag("mlp_bias", false), config, "mlp_bias", "an MLP with biases");
 
-  if (c.hidden % c.heads != 0)
-    throw ImportError(config.where("hidden_size") + " " + std::to_string(c.hidden) +
-                      " is not a multiple of num_attention_heads " + std::to_string(c.heads));
   if (c.heads % c.kvHeads != 0)
     throw ImportError(config.where("num_key_value_heads") + " " + std::to_string(c.kvHeads) +
                       " does not divide num_attention_heads " + std::to_string(c.heads));
-  int64_t headDim = c.hidden / c.heads;
-  if (std::optional<int64_t> explicitHeadDim = config.optionalPositive("head_dim"))
-    if (*explicitHeadDim != headDim)
-      throw ImportError(config.where("head_dim") + " " + std::to_string(*explicitHeadDim) +
-                        " differs from hidden_size / num_attention_heads = " +
-                        std::to_string(headDim) + ", which is not supported");
-  if (headDim % 2 != 0)
-    throw ImportError(config.where("hidden_size") + ": head dimension " +
-                      std::to_string(headDim) + " is odd, and RoPE rotates pairs");
+  // head_dim may differ from hidden_size / num_attention_heads (Qwen3-0.6B: 1024 / 16 with
+  // head_dim 128): the projections are then [heads * head_dim, hidden] and back.
+  if (std::optional<int64_t> explicitHeadDim = config.optionalPositive("head_dim")) {
+    c.headDim = *explicitHeadDim;
+  } else {
+    if (c.hidden % c.heads != 0)
+      throw ImportError(config.where("hidden_size") + " " + std::to_string(c.hidden) +
+                        " is not a multiple of num_attention_heads " + std::to_string(c.heads) +
+                        " and the config gives no head_dim");
+    c.headDim = c.hidden / c.heads;
+  }
+  if (c.headDim % 2 != 0)
+    throw ImportError(config.where(config.find("head_dim") ? "head_dim" : "hidden_size") +
+                      ": head dimension " + std::to_string(c.headDim) +
+                      " is odd, and RoPE rotates pairs");
 
-  // Mistral always slides; Qwen2 only with use_sliding_window.
+  // Mistral always slides; Qwen2 and Qwen3 only with use_sliding_window.
   bool slides = architecture == "MistralForCausalLM" ||
-                (architecture == "Qwen2ForCausalLM" && config.flag("use_sliding_window", false));
+                ((architecture == "Qwen2ForCausalLM" || architecture == "Qwen3ForCausalLM") &&
+                 config.flag("use_sliding_window", false));
   if (slides)
     c.slidingWindow = config.optionalPositive("sliding_window");
   return c;
@@ -290,14 +300,15 @@ ModelConfig readConfig(const std::string &path) {
     throw ImportError(config.where("architectures") + " must list exactly one architecture");
   std::string arch = archs->elements()[0].stringValue();
   ModelConfig c;
-  if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "Qwen2ForCausalLM")
+  if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "Qwen2ForCausalLM" ||
+      arch == "Qwen3ForCausalLM")
     c = readLlamaFamily(config, arch);
   else if (arch == "GPT2LMHeadModel")
     c = readGPT2(config);
   else
     throw ImportError(config.where("architectures") + ": architecture '" + arch +
                       "' is not supported (LlamaForCausalLM, MistralForCausalLM, "
-                      "Qwen2ForCausalLM, GPT2LMHeadModel)");
+                      "Qwen2ForCausalLM, Qwen3ForCausalLM, GPT2LMHeadModel)");
   // Transformers 5 writes "dtype"; 4.x "torch_dtype".
   c.torchDType = config.optionalString("dtype");
   if (!c.torchDType)
@@ -341,12 +352,13 @@ public:
 
 llvm::APFloat f64(double value) { return llvm::APFloat(value); }
 
-/// The Llama family (Llama, Mistral, Qwen2): pre-norm blocks of grouped-query attention with
-/// RoPE and a SwiGLU MLP; Qwen2 adds biases to the q, k and v projections.
+/// The Llama family (Llama, Mistral, Qwen2, Qwen3): pre-norm blocks of grouped-query attention
+/// with RoPE and a SwiGLU MLP; Qwen2 adds biases to the q, k and v projections, Qwen3 an
+/// RMSNorm over each query and key head (weights [head_dim]) before RoPE.
 Value buildLlama(ModelBuilder &e, const ModelConfig &c, int64_t B, int64_t S, Value ids,
                  Value labels) {
   int64_t D = c.hidden, V = c.vocab, H = c.heads, KV = c.kvHeads, I = c.intermediate;
-  int64_t hd = D / H;
+  int64_t hd = c.headDim;
   llvm::SmallVector<int64_t> x_t{B, S, D};
   Value emb = e.param("embed", "model.embed_tokens.weight", {V, D});
   Value x = e.op<EmbeddingOp>("h", x_t, emb, ids);
@@ -369,6 +381,12 @@ Value buildLlama(ModelBuilder &e, const ModelConfig &c, int64_t B, int64_t S, Va
     q = e.op<ReshapeOp>(n + "q4", q4_t, q);
     k = e.op<ReshapeOp>(n + "k4", kv4_t, k);
     v = e.op<ReshapeOp>(n + "v4", kv4_t, v);
+    if (c.qkNorm) {
+      Value qw = e.param(n + "qn_w", p + "self_attn.q_norm.weight", {hd});
+      q = e.op<RMSNormOp>(n + "qn", q4_t, q, qw, f64(c.eps));
+      Value kw = e.param(n + "kn_w", p + "self_attn.k_norm.weight", {hd});
+      k = e.op<RMSNormOp>(n + "kn", kv4_t, k, kw, f64(c.eps));
+    }
     q = e.op<RoPEOp>(n + "qr", q4_t, q, f64(c.ropeTheta));
     k = e.op<RoPEOp>(n + "kr", kv4_t, k, f64(c.ropeTheta));
     Value a = e.op<AttentionOp>(n + "attn", q4_t, q, k, v, /*causal=*/true, scale);
@@ -631,6 +649,10 @@ int importModel() {
     os << ", kv_heads=" << c.kvHeads << ", intermediate=" << c.intermediate
        << ", rope_theta=" << c.ropeTheta << ", eps=" << c.eps
        << ", qkv_bias=" << (c.qkvBias ? "True" : "False");
+  if (c.family == Family::Llama && c.headDim * c.heads != c.hidden)
+    os << ", head_dim=" << c.headDim;
+  if (c.qkNorm)
+    os << ", qk_norm=True";
   else
     os << ", positions=" << c.positions << ", intermediate=" << c.intermediate
        << ", eps=" << c.eps << ", gelu=" << stringifyGeluApproximation(c.gelu);
