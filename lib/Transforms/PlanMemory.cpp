@@ -111,14 +111,22 @@ struct PlanMemoryPass : impl::BonsaiPlanMemoryPassBase<PlanMemoryPass> {
                                   << dominant
                                   << (StringRef(dominant).ends_with("s") ? " take " : " takes ")
                                   << formatBytes(bytes);
-        if (StringRef(dominant) == "weights")
-          diag << ": quantize the frozen base weights (bonsai.quantize), shard them over "
-                  "ranks (bonsai.shard) or offload them (bonsai.offload)";
-        else if (StringRef(dominant) == "activations")
+        // Only directives this compiler implements are recommended: bonsai.shard and
+        // bonsai.offload are parsed but refused until their passes exist.
+        StringRef kind(dominant);
+        if (kind == "weights")
+          diag << ": train low-rank adapters on a quantized frozen base (bonsai.lora with "
+                  "bonsai.quantize), or a bf16 model";
+        else if (kind == "activations")
           diag << ": recompute activations (bonsai.remat), or lower the batch size or "
                   "sequence length";
+        else if (kind == "gradients")
+          diag << ": apply the updates in the backward pass (update_in_backward on "
+                  "bonsai.optimizer), or train adapters (bonsai.lora)";
+        else if (kind == "optimizer state")
+          diag << ": project the moments (bonsai.galore), or train adapters (bonsai.lora)";
         else
-          diag << ": shard or offload them (bonsai.shard, bonsai.offload)";
+          diag << ": lower the batch size or the sequence length";
         return failure();
       }
     }

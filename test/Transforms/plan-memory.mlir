@@ -48,7 +48,7 @@ bonsai_plan.step @view_extends_life attributes {target = "cpu"} {
 // -----
 
 // Over budget: the error says by how much and what dominates.
-// expected-error @+1 {{the plan needs 2.00 KiB of device memory but the budget is 1.00 KiB (over by 1.00 KiB); weights take 2.00 KiB: quantize the frozen base weights}}
+// expected-error @+1 {{the plan needs 2.00 KiB of device memory but the budget is 1.00 KiB (over by 1.00 KiB); weights take 2.00 KiB: train low-rank adapters on a quantized frozen base (bonsai.lora with bonsai.quantize), or a bf16 model}}
 bonsai_plan.step @over attributes {target = "cpu", device_memory = 1024 : i64} {
   bonsai_plan.arena @w persistent device size 0
   %p0 = bonsai_plan.buffer @w parameter "p0" : memref<512xf32>
