@@ -125,8 +125,19 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     FailureOr<double> theta = f64("theta");
     if (failed(theta))
       return failure();
+    // llama3 scaling: the four parameters together (the op verifier checked), or none.
+    double factor = 0, low = 0, high = 0;
+    int64_t original = 0;
+    if (launch.getParams().get("scaling_factor")) {
+      FailureOr<double> f = f64("scaling_factor"), l = f64("low_freq_factor"),
+                        h = f64("high_freq_factor");
+      FailureOr<int64_t> o = i64("original_max_positions");
+      if (failed(f) || failed(l) || failed(h) || failed(o))
+        return failure();
+      factor = *f, low = *l, high = *h, original = *o;
+    }
     type = fb::KernelAttrs::RoPEAttrs;
-    attrs = fb::CreateRoPEAttrs(fbb, *theta).Union();
+    attrs = fb::CreateRoPEAttrs(fbb, *theta, factor, low, high, original).Union();
     return success();
   }
   case fb::KernelAttrs::AttentionAttrs: {

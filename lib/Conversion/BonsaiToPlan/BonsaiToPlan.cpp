@@ -40,6 +40,14 @@ std::string getInputName(BlockArgument arg) {
     if (auto loss = dyn_cast<LinearCrossEntropyOp>(use.getOwner());
         loss && use.get() == loss.getLabels())
       return "labels";
+    // Packed rows (docs/training.md): rope's positions and attention's segment ids.
+    Operation *user = use.getOwner();
+    if (isa<RoPEOp, RoPEGradOp>(user) && use.getOperandNumber() == 1)
+      return "positions";
+    if ((isa<AttentionOp, FlashAttentionOp>(user) && use.getOperandNumber() == 3) ||
+        (isa<AttentionGradOp>(user) && use.getOperandNumber() == 5) ||
+        (isa<FlashAttentionGradOp>(user) && use.getOperandNumber() == 6))
+      return "segment_ids";
   }
   return "input" + std::to_string(arg.getArgNumber());
 }

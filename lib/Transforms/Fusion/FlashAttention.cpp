@@ -81,6 +81,7 @@ bool isGradientOf(AttentionGradOp grad, AttentionOp attention) {
          sameValue(grad.getQuery(), attention.getQuery()) &&
          sameValue(grad.getKey(), attention.getKey()) &&
          sameValue(grad.getValue(), attention.getValue()) &&
+         grad.getSegmentIds() == attention.getSegmentIds() &&
          grad.getCausal() == attention.getCausal() && grad.getScale() == attention.getScale();
 }
 
@@ -108,7 +109,7 @@ struct FuseFlashAttention : OpRewritePattern<AttentionOp> {
     auto flash = FlashAttentionOp::create(
         rewriter, attention.getLoc(), attention.getResult().getType(), lseType,
         attention.getQuery(), attention.getKey(), attention.getValue(),
-        attention.getCausalAttr(), attention.getScaleAttr());
+        attention.getSegmentIds(), attention.getCausalAttr(), attention.getScaleAttr());
     copyAnnotations(attention, flash);
 
     for (AttentionGradOp grad : grads) {
@@ -116,8 +117,8 @@ struct FuseFlashAttention : OpRewritePattern<AttentionOp> {
       auto flashGrad = FlashAttentionGradOp::create(
           rewriter, grad.getLoc(), grad.getQueryGrad().getType(), grad.getKeyGrad().getType(),
           grad.getValueGrad().getType(), grad.getResultGrad(), grad.getQuery(), grad.getKey(),
-          grad.getValue(), flash.getOutput(), flash.getLse(), grad.getCausalAttr(),
-          grad.getScaleAttr());
+          grad.getValue(), flash.getOutput(), flash.getLse(), grad.getSegmentIds(),
+          grad.getCausalAttr(), grad.getScaleAttr());
       copyAnnotations(grad, flashGrad);
       rewriter.replaceOp(grad, flashGrad->getResults());
       options.fused(flashGrad, "attention_grad -> flash_attention_grad");

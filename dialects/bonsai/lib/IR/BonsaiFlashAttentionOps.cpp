@@ -71,7 +71,8 @@ static int64_t scoredPairs(Value query, bool causal) {
 LogicalResult FlashAttentionOp::verify() {
   if (failed(verifyAttentionOperands(*this, getQuery(), getKey(), getValue(),
                                      getScale().convertToDouble())) ||
-      failed(expectType(*this, "output", getOutput(), getQuery().getType())))
+      failed(expectType(*this, "output", getOutput(), getQuery().getType())) ||
+      failed(verifyTokenOperand(*this, "segment_ids", getSegmentIds(), getQuery())))
     return failure();
   return verifyLse(*this, getLse(), getQuery());
 }
@@ -99,7 +100,8 @@ LogicalResult FlashAttentionGradOp::verify() {
       failed(expectType(*this, "output", getOutput(), getQuery().getType())) ||
       failed(expectType(*this, "query_grad", getQueryGrad(), getQuery().getType())) ||
       failed(expectType(*this, "key_grad", getKeyGrad(), getKey().getType())) ||
-      failed(expectType(*this, "value_grad", getValueGrad(), getValue().getType())))
+      failed(expectType(*this, "value_grad", getValueGrad(), getValue().getType())) ||
+      failed(verifyTokenOperand(*this, "segment_ids", getSegmentIds(), getQuery())))
     return failure();
   return verifyLse(*this, getLse(), getQuery());
 }

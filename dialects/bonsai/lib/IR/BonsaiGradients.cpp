@@ -152,7 +152,9 @@ LogicalResult RoPEOp::buildGradients(OpBuilder &b, ValueRange resultGrads,
                                      SmallVectorImpl<Value> &grads) {
   resetGradients(*this, grads);
   if (Value dy = resultGrads[0]; dy && needsGradient(getInput()))
-    grads[0] = RoPEGradOp::create(b, getLoc(), getInput().getType(), dy, getThetaAttr());
+    grads[0] = RoPEGradOp::create(b, getLoc(), getInput().getType(), dy, getPositions(),
+                                  getThetaAttr(), getScalingFactorAttr(), getLowFreqFactorAttr(),
+                                  getHighFreqFactorAttr(), getOriginalMaxPositionsAttr());
   return success();
 }
 
@@ -165,7 +167,8 @@ LogicalResult AttentionOp::buildGradients(OpBuilder &b, ValueRange resultGrads,
     return success();
   auto grad = AttentionGradOp::create(b, getLoc(), getQuery().getType(), getKey().getType(),
                                       getValue().getType(), dy, getQuery(), getKey(),
-                                      getValue(), getResult(), getCausalAttr(), getScaleAttr());
+                                      getValue(), getResult(), getSegmentIds(), getCausalAttr(),
+                                      getScaleAttr());
   if (needsGradient(getQuery()))
     grads[0] = grad.getQueryGrad();
   if (needsGradient(getKey()))

@@ -371,6 +371,16 @@ LogicalResult RoPEOp::verify() {
                          << input.getDimSize(3);
   if (!(getTheta().convertToDouble() > 0))
     return emitOpError() << "theta must be positive, got " << getTheta().convertToDouble();
+  auto f64 = [](std::optional<APFloat> v) -> std::optional<double> {
+    return v ? std::optional<double>(v->convertToDouble()) : std::nullopt;
+  };
+  std::optional<int64_t> original;
+  if (std::optional<uint64_t> v = getOriginalMaxPositions())
+    original = int64_t(*v);
+  if (failed(verifyTokenOperand(*this, "positions", getPositions(), getInput())) ||
+      failed(verifyRopeScaling(*this, f64(getScalingFactor()), f64(getLowFreqFactor()),
+                               f64(getHighFreqFactor()), original)))
+    return failure();
   return expectSameTypeAsOperand(*this, "input", getInput());
 }
 
@@ -408,6 +418,8 @@ LogicalResult AttentionOp::verify() {
     return failure();
   if (!(getScale().convertToDouble() > 0))
     return emitOpError() << "scale must be positive, got " << getScale().convertToDouble();
+  if (failed(verifyTokenOperand(*this, "segment_ids", getSegmentIds(), getQuery())))
+    return failure();
   return expectSameTypeAsOperand(*this, "query", getQuery());
 }
 
@@ -590,8 +602,7 @@ DictionaryAttr LayerNormOp::getKernelParams() {
 }
 
 DictionaryAttr RoPEOp::getKernelParams() {
-  Builder b(getContext());
-  return makeParams(*this, {b.getNamedAttr("theta", getThetaAttr())});
+  return getRopeKernelParams(*this, getThetaAttr());
 }
 
 DictionaryAttr GeLUOp::getKernelParams() {

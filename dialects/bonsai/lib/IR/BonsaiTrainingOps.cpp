@@ -148,14 +148,23 @@ LogicalResult RoPEGradOp::verify() {
   if (tensorType(getResultGrad()).getRank() != 4 ||
       tensorType(getResultGrad()).getDimSize(3) % 2 != 0)
     return emitOpError("result_grad must be [batch, seq, heads, head_dim] with an even head_dim");
+  auto f64 = [](std::optional<APFloat> v) -> std::optional<double> {
+    return v ? std::optional<double>(v->convertToDouble()) : std::nullopt;
+  };
+  std::optional<int64_t> original;
+  if (std::optional<uint64_t> v = getOriginalMaxPositions())
+    original = int64_t(*v);
+  if (failed(verifyTokenOperand(*this, "positions", getPositions(), getResultGrad())) ||
+      failed(verifyRopeScaling(*this, f64(getScalingFactor()), f64(getLowFreqFactor()),
+                               f64(getHighFreqFactor()), original)))
+    return failure();
   return expectSameTypeAsOperand(*this, "result_grad", getResultGrad());
 }
 
 OpCost RoPEGradOp::getForwardCost() { return elementwiseCost(*this, 3); }
 
 DictionaryAttr RoPEGradOp::getKernelParams() {
-  Builder b(getContext());
-  return b.getDictionaryAttr({b.getNamedAttr("theta", getThetaAttr())});
+  return getRopeKernelParams(*this, getThetaAttr());
 }
 
 LogicalResult AttentionGradOp::verify() {
@@ -171,7 +180,7 @@ LogicalResult AttentionGradOp::verify() {
       q.getDimSize(3) != k.getDimSize(3) || q.getDimSize(1) != k.getDimSize(1))
     return emitOpError() << "query " << q << " and key " << k
                          << " are not [batch, seq, heads, head_dim] with grouped heads";
-  return success();
+  return verifyTokenOperand(*this, "segment_ids", getSegmentIds(), getQuery());
 }
 
 OpCost AttentionGradOp::getForwardCost() {

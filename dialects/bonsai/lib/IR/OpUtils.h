@@ -11,6 +11,8 @@
 #include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
 #include "llvm/ADT/STLExtras.h"
 
+#include <optional>
+
 namespace mlir::bonsai::detail {
 
 
@@ -84,6 +86,62 @@ inline OpCost elementwiseCost(Operation *op, int64_t flopsPerElement) {
   return cost;
 }
 
+/// Checks an optional per-token operand of the rope and attention ops (`positions`,
+/// `segment_ids`): absent, or an integer [batch, seq] tensor of the [batch, seq, ...] `of`.
+inline LogicalResult verifyTokenOperand(Operation *op, StringRef what, Value operand, Value of) {
+  if (!operand)
+    return success();
+  RankedTensorType t = tensorType(operand), x = tensorType(of);
+  SmallVector<int64_t> shape = {x.getDimSize(0), x.getDimSize(1)};
+  if (t.getShape() == ArrayRef<int64_t>(shape))
+    return success();
+  return op->emitOpError() << what << " shape: expected " << fmt(shape)
+                           << " ([batch, seq] of the input), got " << fmt(t.getShape());
+}
+
+/// Checks rope's llama3 scaling attributes (bonsai.rope, bonsai.rope_grad): all four or none,
+/// and values that transformers' formula accepts (factors positive, high_freq_factor above
+/// low_freq_factor, a positive original context).
+inline LogicalResult verifyRopeScaling(Operation *op, std::optional<double> factor,
+                                       std::optional<double> low, std::optional<double> high,
+                                       std::optional<int64_t> original) {
+  const char *names[] = {"scaling_factor", "low_freq_factor", "high_freq_factor",
+                         "original_max_positions"};
+  bool present[] = {factor.has_value(), low.has_value(), high.has_value(),
+                    original.has_value()};
+  int count = int(present[0]) + int(present[1]) + int(present[2]) + int(present[3]);
+  if (count == 0)
+    return success();
+  if (count != 4) {
+    for (int i = 0; i < 4; ++i)
+      if (!present[i])
+        return op->emitOpError() << "llama3 rope scaling needs all of scaling_factor, "
+                                    "low_freq_factor, high_freq_factor and "
+                                    "original_max_positions: "
+                                 << names[i] << " is missing";
+  }
+  if (!(*factor > 0) || !(*low > 0))
+    return op->emitOpError() << "scaling_factor and low_freq_factor must be positive, got "
+                             << *factor << " and " << *low;
+  if (!(*high > *low))
+    return op->emitOpError() << "high_freq_factor (" << *high
+                             << ") must be greater than low_freq_factor (" << *low << ")";
+  if (*original <= 0)
+    return op->emitOpError() << "original_max_positions must be positive, got " << *original;
+  return success();
+}
+
+/// rope's and rope_grad's kernel parameters: theta, and the llama3 scaling attributes when
+/// the op has them.
+inline DictionaryAttr getRopeKernelParams(Operation *op, FloatAttr theta) {
+  Builder b(op->getContext());
+  SmallVector<NamedAttribute> params = {b.getNamedAttr("theta", theta)};
+  for (StringRef name :
+       {"scaling_factor", "low_freq_factor", "high_freq_factor", "original_max_positions"})
+    if (Attribute value = op->getAttr(name))
+      params.push_back(b.getNamedAttr(name, value));
+  return b.getDictionaryAttr(params);
+}
 
 } // namespace mlir::bonsai::detail
 

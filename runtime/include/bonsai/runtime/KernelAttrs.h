@@ -11,6 +11,7 @@
 #ifndef BONSAI_RUNTIME_KERNELATTRS_H
 #define BONSAI_RUNTIME_KERNELATTRS_H
 
+#include <cmath>
 #include <cstdint>
 #include <variant>
 #include <vector>
@@ -24,10 +25,54 @@ using NoAttrs = std::monostate;
 struct NormAttrs {
   double epsilon = 0;
 };
-/// RoPE and its gradient: the rotary base.
+/// RoPE and its gradient: the rotary base, and Llama 3.1's "llama3" scaling of the inverse
+/// frequencies when scalingFactor > 0 (bonsai.rope in docs/dialect.md).
 struct RoPEAttrs {
   double theta = 0;
+  double scalingFactor = 0;
+  double lowFreqFactor = 0;
+  double highFreqFactor = 0;
+  int64_t originalMaxPositions = 0;
 };
+
+#ifdef __CUDACC__
+#define BONSAI_HOST_DEVICE __host__ __device__
+#else
+#define BONSAI_HOST_DEVICE
+#endif
+
+/// RoPE's inverse frequency inv_freq[i], i < headDim / 2, in fp64: theta^(-2i/headDim), then
+/// with `a.scalingFactor` > 0 Llama 3.1's "llama3" scaling exactly as transformers'
+/// `_compute_llama3_parameters`: long wavelengths (2π / inv_freq above
+/// originalMaxPositions / lowFreqFactor) divided by the factor, short ones (below
+/// originalMaxPositions / highFreqFactor) kept, and the band between interpolated. The one
+/// definition the CPU and CUDA kernels share.
+BONSAI_HOST_DEVICE inline double ropeInverseFrequency(const RoPEAttrs &a, int64_t i,
+                                                      int64_t headDim) {
+  using namespace std;
+  double f = pow(a.theta, -2.0 * double(i) / double(headDim));
+  if (a.scalingFactor > 0) {
+    const double pi = 3.14159265358979323846;
+    double old = double(a.originalMaxPositions);
+    double lowWavelen = old / a.lowFreqFactor, highWavelen = old / a.highFreqFactor;
+    double wavelen = 2 * pi / f;
+    if (wavelen > lowWavelen) {
+      f = f / a.scalingFactor;
+    } else if (!(wavelen < highWavelen)) {
+      double smooth = (old / wavelen - a.lowFreqFactor) / (a.highFreqFactor - a.lowFreqFactor);
+      f = (1 - smooth) * f / a.scalingFactor + smooth * f;
+    }
+  }
+  return f;
+}
+
+/// ropeInverseFrequency for every i < headDim / 2.
+inline std::vector<double> ropeInverseFrequencies(const RoPEAttrs &a, int64_t headDim) {
+  std::vector<double> invFreq(static_cast<size_t>(headDim / 2));
+  for (size_t i = 0; i < invFreq.size(); ++i)
+    invFreq[i] = ropeInverseFrequency(a, int64_t(i), headDim);
+  return invFreq;
+}
 /// Attention, flash attention and their gradients.
 struct AttentionAttrs {
   bool causal = false;

@@ -16,15 +16,18 @@ def Bonsai_FlashAttentionOp : Bonsai_ModelOp<"flash_attention"> {
     `output` is `bonsai.attention` of the same operands and attributes (q [batch, seq, heads,
     head_dim]; k and v [batch, seq, kv_heads, head_dim], heads a multiple of kv_heads).
     `lse` is f32 [batch, heads, seq]: lse[b, h, i] = log Σ_j exp(scale q_i·k_j) over the keys
-    query i reads (natural logarithm), the statistic `bonsai.flash_attention_grad` needs to
+    query i reads (natural logarithm; -inf for a query that reads no key, whose output is
+    zero), the statistic `bonsai.flash_attention_grad` needs to
     recompute the probabilities p_ij = exp(scale q_i·k_j - lse_i) without a softmax pass.
+    `segment_ids` (optional) masks as in `bonsai.attention`.
 
     ```mlir
     %o, %lse = bonsai.flash_attention %q, %k, %v {causal, scale = 2.500000e-01 : f64} : (tensor<2x64x4x16xbf16>, tensor<2x64x2x16xbf16>, tensor<2x64x2x16xbf16>) -> (tensor<2x64x4x16xbf16>, tensor<2x4x64xf32>)
     ```
   }];
   let arguments = (ins Bonsai_ComputeTensor:$query, Bonsai_ComputeTensor:$key,
-                   Bonsai_ComputeTensor:$value, UnitAttr:$causal, F64Attr:$scale);
+                   Bonsai_ComputeTensor:$value, Optional<Bonsai_IndexTensor>:$segment_ids,
+                   UnitAttr:$causal, F64Attr:$scale);
   let results = (outs Bonsai_ComputeTensor:$output, Bonsai_TensorOf<[F32]>:$lse);
 }
 
@@ -34,6 +37,7 @@ def Bonsai_FlashAttentionGradOp : Bonsai_ModelOp<"flash_attention_grad"> {
     The gradients of `bonsai.attention_grad` (dq, dk, dv for dO), with the probabilities
     recomputed as exp(scale q_i·k_j - lse_i) from the `lse` that `bonsai.flash_attention`
     returned with `output`: no pass over the keys for the softmax statistics first.
+    `segment_ids` (optional) masks as in `bonsai.attention`.
     D_i = dO_i·o_i comes from `output` as in `bonsai.attention_grad`.
 
     ```mlir
@@ -42,8 +46,8 @@ def Bonsai_FlashAttentionGradOp : Bonsai_ModelOp<"flash_attention_grad"> {
   }];
   let arguments = (ins Bonsai_ComputeTensor:$result_grad, Bonsai_ComputeTensor:$query,
                    Bonsai_ComputeTensor:$key, Bonsai_ComputeTensor:$value,
-                   Bonsai_ComputeTensor:$output, Bonsai_TensorOf<[F32]>:$lse, UnitAttr:$causal,
-                   F64Attr:$scale);
+                   Bonsai_ComputeTensor:$output, Bonsai_TensorOf<[F32]>:$lse,
+                   Optional<Bonsai_IndexTensor>:$segment_ids, UnitAttr:$causal, F64Attr:$scale);
   let results = (outs Bonsai_ComputeTensor:$query_grad, Bonsai_ComputeTensor:$key_grad,
                       Bonsai_ComputeTensor:$value_grad);
 }

@@ -195,16 +195,38 @@ def Bonsai_RoPEOp : Bonsai_ModelOp<"rope", [DeclareOpInterfaceMethods<Bonsai_Gra
   let summary = "rotary position embedding (Hugging Face's rotate-half convention)";
   let description = [{
     The input is [batch, seq, heads, head_dim] with an even head_dim; position `p` of the
-    sequence is rotated by angles `p * theta^(-2i/head_dim)`, pairing element `i` with
-    `i + head_dim/2` as `LlamaRotaryEmbedding` does.
+    sequence is rotated by angles `p * inv_freq[i]`, `inv_freq[i] = theta^(-2i/head_dim)`,
+    pairing element `i` with `i + head_dim/2` as `LlamaRotaryEmbedding` does.
+
+    `positions` (optional, integer [batch, seq]) gives each token's position; without it the
+    position is the sequence index. Packed rows (docs/training.md) restart it at each document.
+
+    `scaling_factor`, `low_freq_factor`, `high_freq_factor` and `original_max_positions` (all
+    or none) apply Llama 3.1's `rope_scaling` of type "llama3" to inv_freq, as transformers'
+    `_compute_llama3_parameters` does: wavelengths 2π/inv_freq above
+    original_max_positions / low_freq_factor are divided by scaling_factor, those below
+    original_max_positions / high_freq_factor are kept, and those between are interpolated with
+    smooth = (original_max_positions / wavelength - low_freq_factor) /
+    (high_freq_factor - low_freq_factor).
 
     ```mlir
     %q = bonsai.rope %x {theta = 1.0e+04 : f64} : (tensor<2x64x4x16xf32>) -> tensor<2x64x4x16xf32>
+    %p = bonsai.rope %x, %positions {theta = 5.0e+05 : f64, scaling_factor = 8.0 : f64, low_freq_factor = 1.0 : f64, high_freq_factor = 4.0 : f64, original_max_positions = 8192 : i64} : (tensor<2x64x4x16xf32>, tensor<2x64xi32>) -> tensor<2x64x4x16xf32>
     ```
   }];
-  let arguments = (ins Bonsai_ComputeTensor:$input,
-                   DefaultValuedAttr<F64Attr, "10000.0">:$theta);
+  let arguments = (ins Bonsai_ComputeTensor:$input, Optional<Bonsai_IndexTensor>:$positions,
+                   DefaultValuedAttr<F64Attr, "10000.0">:$theta,
+                   OptionalAttr<F64Attr>:$scaling_factor, OptionalAttr<F64Attr>:$low_freq_factor,
+                   OptionalAttr<F64Attr>:$high_freq_factor,
+                   OptionalAttr<I64Attr>:$original_max_positions);
   let results = (outs Bonsai_ComputeTensor:$result);
+  let builders = [
+    // Sequence-index positions, no scaling: what every unpacked model builds.
+    OpBuilder<(ins "::mlir::Type":$result, "::mlir::Value":$input, "::llvm::APFloat":$theta), [{
+      build($_builder, $_state, result, input, ::mlir::Value(), $_builder.getF64FloatAttr(
+            theta.convertToDouble()), nullptr, nullptr, nullptr, nullptr);
+    }]>
+  ];
 }
 
 def Bonsai_AttentionOp : Bonsai_ModelOp<"attention", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
@@ -214,13 +236,26 @@ def Bonsai_AttentionOp : Bonsai_ModelOp<"attention", [DeclareOpInterfaceMethods<
     `heads` a multiple of `kv_heads` (query head h reads kv head h / (heads / kv_heads)). The
     result has the shape of `q`. `scale` multiplies the scores (usually 1/sqrt(head_dim)).
 
+    `segment_ids` (optional, integer [batch, seq]) makes attention block-diagonal for packed
+    rows: query i reads key j only if segment_ids[b, i] == segment_ids[b, j] (and j <= i when
+    causal). A query that reads no key gets a zero output.
+
     ```mlir
     %o = bonsai.attention %q, %k, %v {causal, scale = 2.500000e-01 : f64} : (tensor<2x64x4x16xf32>, tensor<2x64x2x16xf32>, tensor<2x64x2x16xf32>) -> tensor<2x64x4x16xf32>
+    %p = bonsai.attention %q, %k, %v, %segments {causal, scale = 2.500000e-01 : f64} : (tensor<2x64x4x16xf32>, tensor<2x64x2x16xf32>, tensor<2x64x2x16xf32>, tensor<2x64xi32>) -> tensor<2x64x4x16xf32>
     ```
   }];
   let arguments = (ins Bonsai_ComputeTensor:$query, Bonsai_ComputeTensor:$key,
-                   Bonsai_ComputeTensor:$value, UnitAttr:$causal, F64Attr:$scale);
+                   Bonsai_ComputeTensor:$value, Optional<Bonsai_IndexTensor>:$segment_ids,
+                   UnitAttr:$causal, F64Attr:$scale);
   let results = (outs Bonsai_ComputeTensor:$result);
+  let builders = [
+    // No segments: what every unpacked model builds.
+    OpBuilder<(ins "::mlir::Type":$result, "::mlir::Value":$query, "::mlir::Value":$key,
+                   "::mlir::Value":$value, "bool":$causal, "::llvm::APFloat":$scale), [{
+      build($_builder, $_state, result, query, key, value, ::mlir::Value(), causal, scale);
+    }]>
+  ];
   let extraClassDeclaration = [{
     /// Number of (query, key) pairs scored per batch and head: S² or S(S+1)/2 when causal.
     int64_t getScoredPairs();

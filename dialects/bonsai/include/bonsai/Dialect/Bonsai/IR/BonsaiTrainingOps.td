@@ -119,9 +119,14 @@ def Bonsai_RoPEGradOp : Bonsai_ModelOp<"rope_grad", [], ["getKernelParams"]> {
     ```mlir
     %dx = bonsai.rope_grad %dy {theta = 1.0e+04 : f64} : (tensor<2x8x4x16xf32>) -> tensor<2x8x4x16xf32>
     ```
+
+    `positions` and the llama3 scaling attributes are those of the forward `bonsai.rope`.
   }];
-  let arguments = (ins Bonsai_ComputeTensor:$result_grad,
-                   DefaultValuedAttr<F64Attr, "10000.0">:$theta);
+  let arguments = (ins Bonsai_ComputeTensor:$result_grad, Optional<Bonsai_IndexTensor>:$positions,
+                   DefaultValuedAttr<F64Attr, "10000.0">:$theta,
+                   OptionalAttr<F64Attr>:$scaling_factor, OptionalAttr<F64Attr>:$low_freq_factor,
+                   OptionalAttr<F64Attr>:$high_freq_factor,
+                   OptionalAttr<I64Attr>:$original_max_positions);
   let results = (outs Bonsai_ComputeTensor:$result);
 }
 
@@ -129,7 +134,8 @@ def Bonsai_AttentionGradOp : Bonsai_ModelOp<"attention_grad"> {
   let summary = "gradients of attention with respect to query, key and value";
   let description = [{
     Recomputes the scores from q and k (the attention matrix is never saved); `output` is the
-    forward result, used for the softmax backward's row sums (Σ dO·O).
+    forward result, used for the softmax backward's row sums (Σ dO·O). `segment_ids` is the
+    forward's (bonsai.attention).
 
     ```mlir
     %dq, %dk, %dv = bonsai.attention_grad %do, %q, %k, %v, %o {causal, scale = 2.5e-01 : f64} : (tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x4x16xf32>) -> (tensor<2x8x4x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x2x16xf32>)
@@ -137,7 +143,8 @@ def Bonsai_AttentionGradOp : Bonsai_ModelOp<"attention_grad"> {
   }];
   let arguments = (ins Bonsai_ComputeTensor:$result_grad, Bonsai_ComputeTensor:$query,
                    Bonsai_ComputeTensor:$key, Bonsai_ComputeTensor:$value,
-                   Bonsai_ComputeTensor:$output, UnitAttr:$causal, F64Attr:$scale);
+                   Bonsai_ComputeTensor:$output, Optional<Bonsai_IndexTensor>:$segment_ids,
+                   UnitAttr:$causal, F64Attr:$scale);
   let results = (outs Bonsai_ComputeTensor:$query_grad, Bonsai_ComputeTensor:$key_grad,
                       Bonsai_ComputeTensor:$value_grad);
 }
