@@ -39,6 +39,36 @@ size_t Tokenizer::decodeSplit(const uint32_t *, size_t count) const { return cou
 
 std::optional<Cut> Tokenizer::findCut(std::string_view, size_t) const { return std::nullopt; }
 
+uint64_t Tokenizer::fingerprint() const {
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&](const void *data, size_t n) {
+    const unsigned char *p = static_cast<const unsigned char *>(data);
+    for (size_t i = 0; i < n; ++i) {
+      h ^= p[i];
+      h *= 0x100000001b3ull;
+    }
+  };
+  auto mix32 = [&](uint32_t v) {
+    unsigned char b[4] = {uint8_t(v), uint8_t(v >> 8), uint8_t(v >> 16), uint8_t(v >> 24)};
+    mix(b, 4);
+  };
+  uint32_t vocab = vocabSize();
+  mix32(vocab);
+  std::string text;
+  for (uint32_t id = 0; id < vocab; ++id) {
+    text.clear();
+    try {
+      decode(&id, 1, text);
+    } catch (const rt::Error &) {
+      mix32(0xffffffffu); // an id with no entry (a gap in the vocabulary)
+      continue;
+    }
+    mix32(uint32_t(text.size()));
+    mix(text.data(), text.size());
+  }
+  return h;
+}
+
 void Tokenizer::setSpecialTokens(std::optional<NamedToken> bos, std::optional<NamedToken> eos,
                                  std::string source) {
   bos_ = std::move(bos);

@@ -14,10 +14,18 @@
 // fsynced and renamed, so an interrupted run never leaves a partial file under the requested
 // name. Every failure is one line, "bonsai-tokenize: error: <cause>", exit status 1.
 //
+// --jsonl reads instruction data, a conversation per line, renders each with the model's chat
+// format (bonsai/tokenizer/ChatFormat.h) and writes a version-2 token file: the documents'
+// boundaries, a loss mask that is 1 on the assistant's tokens only, and the tokenizer's
+// vocabulary size and fingerprint. Units are whole lines, encoded by the same workers; a bad
+// line stops the run with its file and line number, and nothing is written.
+//
 //===----------------------------------------------------------------------===//
 
 #include "bonsai/runtime/Data.h"
+#include "bonsai/runtime/Json.h"
 #include "bonsai/runtime/Tensor.h"
+#include "bonsai/tokenizer/ChatFormat.h"
 #include "bonsai/tokenizer/Tokenizer.h"
 
 #include <algorithm>
@@ -50,6 +58,8 @@ const char *const kSynopsis =
     "usage: bonsai-tokenize INPUT... -o TOKENS.bin [--tokenizer DIR|FILE] [--lines] [--bos] "
     "[--eos]\n"
     "                       [--threads N] [--token-bytes 2|4]\n"
+    "       bonsai-tokenize --jsonl FILE... -o TOKENS.bin --tokenizer DIR|FILE\n"
+    "                       [--chat-format auto|llama3|chatml|mistral] [--threads N]\n"
     "       bonsai-tokenize --decode TOKENS.bin -o TEXT [--tokenizer DIR|FILE]\n";
 
 const char *const kHelp =
@@ -68,6 +78,12 @@ const char *const kHelp =
     "  --threads N          encoding threads (default: the machine's cores)\n"
     "  --token-bytes N      2 (uint16 ids) or 4 (uint32 ids); default: 2 when the vocabulary\n"
     "                       fits in 65536 ids, else 4\n"
+    "  --jsonl FILE         instruction data: each line {\"prompt\": ..., \"response\": ...}\n"
+    "                       or {\"messages\": [{\"role\": ..., \"content\": ...}, ...]},\n"
+    "                       rendered with the model's chat format; only the assistant's\n"
+    "                       tokens count in the loss (writes a version-2 token file)\n"
+    "  --chat-format F      auto (default: from tokenizer_config.json), llama3, chatml or\n"
+    "                       mistral\n"
     "  --decode             read TOKENS.bin and write its text\n"
     "  --help               this text\n";
 
@@ -81,11 +97,14 @@ struct UsageError {
 };
 
 struct Options {
-  std::vector<std::string> inputs;
+  std::vector<std::string> inputs, jsonlInputs;
   std::string output;
   std::string tokenizer;
   uint32_t tokenBytes = 0; // 0: chosen from the vocabulary
   bool lines = false, bos = false, eos = false, decode = false, help = false;
+  bool jsonl = false;
+  std::optional<tok::ChatFormat> chatFormat; // nothing: auto
+  bool chatFormatGiven = false;
   unsigned threads = 0;
 };
 
@@ -134,6 +153,18 @@ Options parseOptions(int argc, char **argv) {
         if (v.empty() || *end || errno || n < 1 || n > 1024 || v[0] == '-')
           throw UsageError{"--threads must be an integer from 1 to 1024, got '" + v + "'"};
         o.threads = unsigned(n);
+      } else if (flag == "--jsonl") {
+        o.jsonl = true;
+        o.jsonlInputs.push_back(takeValue());
+      } else if (flag == "--chat-format") {
+        std::string v = takeValue();
+        o.chatFormatGiven = true;
+        if (v != "auto") {
+          o.chatFormat = tok::parseChatFormat(v);
+          if (!o.chatFormat)
+            throw UsageError{"--chat-format must be auto, llama3, chatml or mistral, got '" + v +
+                             "'"};
+        }
       } else if (flag == "--lines") {
         noValue(o.lines);
       } else if (flag == "--bos") {
@@ -151,6 +182,19 @@ Options parseOptions(int argc, char **argv) {
   }
   if (o.help)
     return o;
+  if (o.jsonl) {
+    if (!o.inputs.empty())
+      throw UsageError{"with --jsonl every input is a --jsonl FILE; '" + o.inputs[0] +
+                       "' is not"};
+    if (o.decode || o.lines || o.bos || o.eos)
+      throw UsageError{"--jsonl takes no --decode, --lines, --bos or --eos (the chat format "
+                       "puts the special tokens)"};
+    if (o.tokenizer.empty())
+      throw UsageError{"--jsonl needs --tokenizer (the chat format is the model's)"};
+    o.inputs = o.jsonlInputs;
+  } else if (o.chatFormatGiven) {
+    throw UsageError{"--chat-format is for --jsonl"};
+  }
   if (o.inputs.empty())
     throw UsageError{"no input file given"};
   if (o.output.empty())
@@ -375,10 +419,15 @@ int runByteLevel(const Options &o) {
 // Encoding with a tokenizer: workers encode units, the main thread reads and writes in order.
 //===----------------------------------------------------------------------===//
 
-/// A unit of work: lines (each a document), or a part of one document.
+/// A unit of work: lines (each a document, or with --jsonl a conversation), or a part of one
+/// document.
 struct Job {
   std::string text;
   bool lines = false;
+  std::string input;      // --jsonl: the file, for messages
+  uint64_t firstLine = 0; // --jsonl: the line number of the text's first line
+  std::vector<uint8_t> mask;      // --jsonl: per id, 1 when it counts in the loss
+  std::vector<uint64_t> lengths;  // --jsonl: tokens per conversation
   bool first = false, last = false; // the document's first / last part
   std::vector<uint32_t> ids;
   uint64_t documents = 0;
@@ -388,8 +437,9 @@ struct Job {
 
 class Encoding {
 public:
-  Encoding(const tok::Tokenizer &t, const Options &o, Output &out, uint32_t tokenBytes)
-      : t_(t), o_(o), out_(out), tokenBytes_(tokenBytes) {
+  Encoding(const tok::Tokenizer &t, const Options &o, Output &out, uint32_t tokenBytes,
+           const tok::ChatTemplate *chat = nullptr)
+      : t_(t), o_(o), out_(out), tokenBytes_(tokenBytes), chat_(chat) {
     if (o.bos)
       bos_ = t.bos()->id;
     if (o.eos)
@@ -420,6 +470,9 @@ public:
   uint64_t tokens() const { return tokens_; }
   uint64_t documents() const { return documents_; }
   uint64_t invalidUtf8() const { return invalidUtf8_; }
+  /// --jsonl: where each conversation ends, and the loss mask, one bit per token.
+  const std::vector<uint64_t> &documentEnds() const { return ends_; }
+  const std::string &maskBits() const { return maskBits_; }
 
 private:
   void stop() {
@@ -460,8 +513,36 @@ private:
     invalidUtf8_ += encoder->invalidUtf8();
   }
 
+  /// --jsonl: each non-blank line is a conversation. A bad line is an error naming it.
+  void encodeConversations(tok::Encoder &encoder, Job &job) {
+    std::string_view text = job.text;
+    uint64_t line = job.firstLine;
+    for (size_t start = 0; start < text.size(); ++line) {
+      size_t end = text.find('\n', start);
+      if (end == std::string_view::npos)
+        end = text.size();
+      std::string_view record = text.substr(start, end - start);
+      start = end + 1;
+      if (record.find_first_not_of(" \t\r") == std::string_view::npos)
+        continue; // a blank line holds no record
+      try {
+        std::vector<tok::ChatSpan> spans = tok::renderChat(*chat_, tok::parseChatLine(record));
+        size_t before = job.ids.size();
+        tok::encodeChat(t_, encoder, spans, job.ids, job.mask);
+        job.lengths.push_back(job.ids.size() - before);
+      } catch (const std::exception &e) {
+        throw rt::Error(job.input + ":" + std::to_string(line) + ": " + e.what());
+      }
+      ++job.documents;
+    }
+  }
+
   void encode(tok::Encoder &encoder, Job &job) {
     std::vector<uint32_t> &ids = job.ids;
+    if (chat_) {
+      encodeConversations(encoder, job);
+      return;
+    }
     if (!job.lines) {
       if (job.first && bos_)
         ids.push_back(*bos_);
@@ -505,6 +586,17 @@ private:
       if (!job.error.empty())
         throw rt::Error(job.error);
       write(job.ids);
+      if (chat_) {
+        for (uint64_t length : job.lengths)
+          ends_.push_back((ends_.empty() ? 0 : ends_.back()) + length);
+        for (uint8_t bit : job.mask) {
+          if (maskCount_ % 8 == 0)
+            maskBits_ += '\0';
+          if (bit)
+            maskBits_.back() = char(maskBits_.back() | (1 << (maskCount_ % 8)));
+          ++maskCount_;
+        }
+      }
       documents_ += job.documents;
       inFlight_.pop_front();
     }
@@ -536,6 +628,10 @@ private:
   std::deque<std::unique_ptr<Job>> inFlight_;
   std::vector<unsigned char> buffer_;
   uint64_t tokens_ = 0, documents_ = 0, invalidUtf8_ = 0;
+  const tok::ChatTemplate *chat_;
+  std::vector<uint64_t> ends_;
+  std::string maskBits_;
+  uint64_t maskCount_ = 0;
 };
 
 int runTokenizer(const Options &o) {
@@ -552,6 +648,21 @@ int runTokenizer(const Options &o) {
   if (tokenBytes == 2 && vocab > 65536)
     throw rt::Error("--token-bytes 2 holds ids below 65536, but the vocabulary of '" + t->path() +
                     "' has " + std::to_string(vocab));
+  std::optional<tok::ChatTemplate> chat;
+  rt::TokenFileHeader header;
+  header.bytesPerToken = tokenBytes;
+  if (o.jsonl) {
+    chat = tok::resolveChatTemplate(*t, o.tokenizer, o.chatFormat);
+    std::printf("chat format: %s (from %s)%s\n", tok::chatFormatName(chat->format),
+                chat->source.c_str(),
+                chat->defaultSystem.empty()
+                    ? ""
+                    : (", default system prompt " + rt::jsonQuote(chat->defaultSystem)).c_str());
+    header.version = rt::kTokenFileVersion2;
+    header.vocabSize = vocab;
+    header.padId = t->eos() ? t->eos()->id : 0;
+    header.fingerprint = t->fingerprint();
+  }
 
   std::vector<std::unique_ptr<Input>> inputs;
   uint64_t total = 0;
@@ -560,9 +671,10 @@ int runTokenizer(const Options &o) {
     total += inputs.back()->size;
   }
   Output out(o.output);
-  writeHeader(out, tokenBytes);
+  std::string headerBytes = rt::encodeTokenFileHeader(header);
+  out.writeAll(headerBytes.data(), headerBytes.size());
   Progress progress(total);
-  Encoding encoding(*t, o, out, tokenBytes);
+  Encoding encoding(*t, o, out, tokenBytes, chat ? &*chat : nullptr);
   uint64_t bytes = 0, fileDocuments = 0;
   std::string buffer;
   for (auto &in : inputs) {
@@ -571,10 +683,14 @@ int runTokenizer(const Options &o) {
     size_t start = 0;
     bool firstPart = true, eof = false;
     size_t searched = 0; // bytes after `start` that findCut has already looked through
+    uint64_t line = 1;   // --jsonl: the number of the next unit's first line
     auto part = [&](size_t length, size_t resume, bool last) {
       auto job = std::make_unique<Job>();
       job->text.assign(buffer, start, length);
       job->lines = o.lines;
+      job->input = in->name;
+      job->firstLine = line;
+      line += uint64_t(std::count(job->text.begin(), job->text.end(), '\n'));
       job->first = firstPart;
       job->last = last;
       firstPart = false;
@@ -588,7 +704,7 @@ int runTokenizer(const Options &o) {
       size_t n = in->read(buffer, kReadBytes);
       eof = n == 0;
       bytes += n;
-      if (o.lines) {
+      if (o.lines || o.jsonl) {
         // Units of whole lines, about kUnitBytes each.
         while (buffer.size() - start > kUnitBytes) {
           size_t end = buffer.find('\n', start + kUnitBytes);
@@ -612,7 +728,7 @@ int runTokenizer(const Options &o) {
       }
       progress.update(bytes, encoding.tokens());
     }
-    if (o.lines) {
+    if (o.lines || o.jsonl) {
       if (buffer.size() > start)
         part(buffer.size() - start, buffer.size() - start, true);
     } else if (!firstPart || buffer.size() > start) {
@@ -621,8 +737,23 @@ int runTokenizer(const Options &o) {
     }
   }
   encoding.finish();
-  uint64_t documents = o.lines ? encoding.documents() : fileDocuments;
+  uint64_t documents = o.lines || o.jsonl ? encoding.documents() : fileDocuments;
   std::string names = joinNames(o.inputs);
+  if (o.jsonl) {
+    // Version 2's tail: the conversations' ends, then the loss mask; the header's document
+    // count is patched in with the token count.
+    if (documents == 0)
+      throw rt::Error("input '" + names + "' holds no conversations: a token file needs one");
+    std::vector<unsigned char> ends(documents * 8);
+    for (uint64_t d = 0; d < documents; ++d)
+      putLE(ends.data() + d * 8, encoding.documentEnds()[d], 8);
+    out.writeAll(ends.data(), ends.size());
+    out.writeAll(encoding.maskBits().data(), encoding.maskBits().size());
+    unsigned char count[8];
+    putLE(count, documents, 8);
+    if (::pwrite(out.fd, count, 8, 40) != 8)
+      throw rt::Error("cannot write '" + out.name() + "': " + reason());
+  }
   finishTokenFile(out, encoding.tokens(), names);
   double seconds = progress.seconds();
   if (encoding.invalidUtf8())
@@ -630,10 +761,18 @@ int runTokenizer(const Options &o) {
                  "bonsai-tokenize: warning: %" PRIu64
                  " invalid UTF-8 sequences in the input were read as U+FFFD\n",
                  encoding.invalidUtf8());
-  std::printf("tokenize: %s: %" PRIu64 " bytes, %" PRIu64 " documents -> %" PRIu64
+  std::printf("tokenize: %s: %" PRIu64 " bytes, %" PRIu64 " %s -> %" PRIu64
               " tokens (vocabulary %u, %u bytes per token) -> %s\n",
-              names.c_str(), bytes, documents, encoding.tokens(), vocab, tokenBytes,
-              o.output.c_str());
+              names.c_str(), bytes, documents, o.jsonl ? "conversations" : "documents",
+              encoding.tokens(), vocab, tokenBytes, o.output.c_str());
+  if (o.jsonl) {
+    uint64_t trained = 0;
+    for (char c : encoding.maskBits())
+      trained += uint64_t(__builtin_popcount(static_cast<unsigned char>(c)));
+    std::printf("tokenize: %" PRIu64 " of %" PRIu64 " tokens count in the loss (version-2 "
+                "file, tokenizer fingerprint %016" PRIx64 ")\n",
+                trained, encoding.tokens(), header.fingerprint);
+  }
   std::printf("tokenize: %.3f s, %.2f MB/s, %u threads\n", seconds,
               double(bytes) / 1e6 / std::max(seconds, 1e-9), o.threads);
   return 0;

@@ -102,6 +102,12 @@ public:
   void setSpecialTokens(std::optional<NamedToken> bos, std::optional<NamedToken> eos,
                         std::string source);
 
+  /// Identifies the vocabulary: FNV-1a (64-bit) over the vocabulary size and the decoded text
+  /// of every id (an id that does not decode counts as a marker). Equal for two loads of one
+  /// tokenizer, whatever file it came from; different when any id means other text. Recorded
+  /// in version-2 token files (docs/data-format.md).
+  uint64_t fingerprint() const;
+
   /// The file it was loaded from.
   const std::string &path() const { return path_; }
   /// One line that says what was loaded: the kind, the vocabulary, the pre-tokenizer, the
