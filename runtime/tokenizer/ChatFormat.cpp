@@ -96,27 +96,28 @@ bool contains(std::string_view text, std::string_view part) {
 /// none (Qwen2: '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n'): the literal
 /// between "<|im_start|>system\n" and "<|im_end|>" that is not an expression.
 std::string chatmlDefaultSystem(const std::string &tmpl) {
-  const std::string open = "<|im_start|>system\\n";
-  for (size_t at = tmpl.find(open); at != std::string::npos; at = tmpl.find(open, at + 1)) {
-    size_t start = at + open.size();
-    size_t end = tmpl.find("<|im_end|>", start);
-    if (end == std::string::npos)
-      break;
-    std::string text = tmpl.substr(start, end - start);
-    if (text.empty() || contains(text, "'") || contains(text, "\"") || contains(text, "{") ||
-        contains(text, "+"))
-      continue;
-    // Jinja string escapes that may appear in the literal.
-    std::string out;
-    for (size_t i = 0; i < text.size(); ++i) {
-      if (text[i] == '\\' && i + 1 < text.size() && text[i + 1] == 'n') {
-        out += '\n';
-        ++i;
-      } else {
-        out += text[i];
+  // The template's newline is a real one (JSON "\n") or a Jinja escape (JSON "\\n").
+  for (const std::string open : {"<|im_start|>system\n", "<|im_start|>system\\n"}) {
+    for (size_t at = tmpl.find(open); at != std::string::npos; at = tmpl.find(open, at + 1)) {
+      size_t start = at + open.size();
+      size_t end = tmpl.find("<|im_end|>", start);
+      if (end == std::string::npos)
+        break;
+      std::string text = tmpl.substr(start, end - start);
+      if (text.empty() || contains(text, "'") || contains(text, "\"") || contains(text, "{") ||
+          contains(text, "+"))
+        continue;
+      std::string out;
+      for (size_t i = 0; i < text.size(); ++i) {
+        if (text[i] == '\\' && i + 1 < text.size() && text[i + 1] == 'n') {
+          out += '\n';
+          ++i;
+        } else {
+          out += text[i];
+        }
       }
+      return out;
     }
-    return out;
   }
   return "";
 }
