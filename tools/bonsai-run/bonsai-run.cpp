@@ -87,7 +87,10 @@ const char *const kHelp =
     "                        checkpoint's .safetensors.index.json (default: random init)\n"
     "  --resume [CKPT]       continue from a checkpoint: CKPT is a checkpoint directory or a\n"
     "                        --ckpt-dir whose 'latest' names one (default: --ckpt-dir)\n"
-    "  --data FILE           a Bonsai token file (docs/data-format.md) (default: random tokens)\n"
+    "  --data FILE           a Bonsai token file (docs/data-format.md) (default: random tokens);\n"
+    "                        a version-2 file's documents are packed into rows, in an order\n"
+    "                        shuffled each epoch from --seed\n"
+    "  --no-shuffle          read a version-2 file's documents in file order every epoch\n"
     "  --seed N              seed of random init and random tokens (default 0)\n"
     "  --steps N             steps to run (default 1; 0 with --generate, --dump-gradients or\n"
     "                        an export)\n"
@@ -131,6 +134,7 @@ struct Options {
   std::string weights;
   std::string data;
   std::optional<uint64_t> seed;
+  bool noShuffle = false;
   std::optional<uint64_t> steps;
   std::optional<uint64_t> microBatches;
   std::optional<double> lr;
@@ -227,6 +231,8 @@ Options parseOptions(int argc, char **argv) {
         o.data = takeValue();
       else if (flag == "--seed")
         o.seed = parseCount(flag, takeValue());
+      else if (flag == "--no-shuffle")
+        o.noShuffle = noValue();
       else if (flag == "--steps")
         o.steps = parseCount(flag, takeValue());
       else if (flag == "--micro-batches")
@@ -575,15 +581,20 @@ int run(const Options &o) {
   }
 
   std::vector<int64_t> shape = executor.inputShape();
-  rt::TokenLoader loader(o.data, shape[0], shape[1], plan.vocabularySize(), position.seed);
+  rt::TokenLoader loader(o.data, shape[0], shape[1], plan.vocabularySize(), position.seed,
+                         !o.noShuffle);
   // The held-out data is checked whole before the first step: a file of another vocabulary
   // or too short is an error now, not after N steps of training.
   std::unique_ptr<rt::TokenLoader> evalLoader;
   uint64_t evalBatches = 0;
   if (!o.evalData.empty()) {
     try {
+      // Held-out data is read in file order: every evaluation sees the same batches.
       evalLoader = std::make_unique<rt::TokenLoader>(o.evalData, shape[0], shape[1],
-                                                     plan.vocabularySize(), position.seed);
+                                                     plan.vocabularySize(), position.seed,
+                                                     /*shuffle=*/false);
+      if (loader.file())
+        rt::checkSameTokenizer(*loader.file(), *evalLoader->file());
     } catch (const rt::Error &e) {
       throw rt::Error(std::string("--eval-data: ") + e.what());
     }
