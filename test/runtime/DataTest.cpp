@@ -9,6 +9,8 @@
 
 #include "TestPlans.h"
 
+#include "bonsai/runtime/Random.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -418,6 +420,40 @@ TEST_F(DataTest, MalformedVersion2FilesAreRefused) {
   c = documents({3, 4});
   c.tokens[2] = 1000;
   EXPECT_THROW(writeTokenFileV2(path("w.bin"), c), Error);
+}
+
+TEST_F(DataTest, RandomCorruptionsOfVersion2AreErrorsOrValidBatches) {
+  std::string good = path("fuzz-good.bin");
+  writeTokenFileV2(good, documents({3, 17, 1, 9, 30, 4, 8}));
+  std::vector<uint8_t> bytes = readFileBytes(good);
+  std::string p = path("fuzz.bin");
+  Rng rng(2026);
+  int refused = 0;
+  for (int iteration = 0; iteration < 600; ++iteration) {
+    std::vector<uint8_t> bad = bytes;
+    for (uint64_t flips = 1 + rng.below(3); flips-- > 0;)
+      bad[size_t(rng.below(bad.size()))] ^= uint8_t(1 + rng.below(255));
+    test::writeFile(p, bad);
+    try {
+      TokenLoader loader(p, 2, 8, 1000, uint64_t(iteration));
+      for (uint64_t step = 0; step < 8; ++step) {
+        TokenBatch b = loader.batch(step);
+        ASSERT_EQ(b.inputs.size(), 16u);
+        for (size_t i = 0; i < 16; ++i) {
+          EXPECT_TRUE(b.inputs[i] >= 0 && b.inputs[i] < 1000);
+          EXPECT_TRUE(b.labels[i] == kIgnoreLabel || (b.labels[i] >= 0 && b.labels[i] < 1000));
+          EXPECT_TRUE(b.positions[i] >= 0 && b.positions[i] < 8);
+          EXPECT_TRUE(b.segmentIds[i] >= 0 && b.segmentIds[i] < 8);
+        }
+      }
+    } catch (const Error &e) {
+      ++refused;
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    }
+  }
+  // Most flips land in the header, the ends or the ids and are caught; some (mask bits) are
+  // valid files.
+  EXPECT_GT(refused, 50);
 }
 
 } // namespace
