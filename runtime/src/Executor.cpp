@@ -187,13 +187,15 @@ void Executor::touch(uint32_t tensor) {
   measured_[t.arena] = std::max(measured_[t.arena], t.offset + t.bytes);
 }
 
-void Executor::bindWeights(const Checkpoint &checkpoint, uint64_t seed) {
-  std::vector<bool> bound = bindCheckpoint(plan_, checkpoint, views_);
+std::vector<std::string> Executor::bindWeights(const Checkpoint &checkpoint, uint64_t seed) {
+  std::vector<std::string> ignored;
+  std::vector<bool> bound = bindCheckpoint(plan_, checkpoint, views_, &ignored);
   initUnboundParameters(plan_, views_, seed, bound);
   for (uint32_t i = 0; i < plan_.tensors.size(); ++i)
     if (plan_.tensors[i].role == TensorRole::Parameter)
       touch(i);
   applyInits();
+  return ignored;
 }
 
 void Executor::initWeights(uint64_t seed) {

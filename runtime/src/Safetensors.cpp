@@ -21,6 +21,7 @@
 #include <set>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace bonsai::rt {
@@ -445,8 +446,40 @@ void writeSafetensors(const std::string &path, const std::vector<SafetensorsTens
   }
 }
 
+const char *ignoredHfTensorReason(std::string_view name) {
+  auto endsWith = [&](std::string_view suffix) {
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  // Llama-family checkpoints of transformers < 4.31 saved the RoPE frequencies as a buffer.
+  if (endsWith("rotary_emb.inv_freq"))
+    return "RoPE frequencies (recomputed from rope_theta)";
+  // GPT-2's causal mask and its fill value, buffers of GPT2Attention ("h.0.attn.bias"; the
+  // projections' biases are "attn.c_attn.bias" and "attn.c_proj.bias").
+  if (name == "attn.bias" || endsWith(".attn.bias") || name == "attn.masked_bias" ||
+      endsWith(".attn.masked_bias"))
+    return "attention-mask buffer";
+  // Saved by some tied models; the model reads the embedding instead.
+  if (name == "lm_head.weight")
+    return "LM head tied to the embedding";
+  return nullptr;
+}
+
+std::string resolveWeightsPath(const std::string &path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return path;
+  std::string dir = path.empty() || path.back() == '/' ? path : path + "/";
+  for (const char *name : {"model.safetensors.index.json", "model.safetensors"})
+    if (::stat((dir + name).c_str(), &st) == 0)
+      return dir + name;
+  throw Error("weights directory '" + path +
+              "' has neither model.safetensors nor model.safetensors.index.json");
+}
+
 std::vector<bool> bindCheckpoint(const LoadedPlan &plan, const Checkpoint &checkpoint,
-                                 const std::vector<TensorView> &views) {
+                                 const std::vector<TensorView> &views,
+                                 std::vector<std::string> *ignored) {
   if (views.size() != plan.tensors.size())
     throw Error("internal error: binding needs one view per plan tensor");
   std::vector<std::string> missing, misShaped;
@@ -484,9 +517,16 @@ std::vector<bool> bindCheckpoint(const LoadedPlan &plan, const Checkpoint &check
     bindings.emplace_back(i, e);
   }
   std::vector<std::string> extra;
-  for (const SafetensorsEntry &e : checkpoint.tensors())
-    if (!planNames.count(e.name))
+  for (const SafetensorsEntry &e : checkpoint.tensors()) {
+    if (planNames.count(e.name))
+      continue;
+    if (ignoredHfTensorReason(e.name)) {
+      if (ignored)
+        ignored->push_back(e.name);
+    } else {
       extra.push_back(e.name);
+    }
+  }
 
   if (!missing.empty() || !extra.empty() || !misShaped.empty()) {
     auto list = [](const char *label, const std::vector<std::string> &names) {

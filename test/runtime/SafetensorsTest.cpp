@@ -304,5 +304,17 @@ TEST_F(SafetensorsTest, WriterRejectsDuplicateNames) {
                Error);
 }
 
+TEST(HfIgnoredTensorsTest, TheListBonsaiImportHfAndWeightsShare) {
+  EXPECT_NE(ignoredHfTensorReason("model.layers.0.self_attn.rotary_emb.inv_freq"), nullptr);
+  EXPECT_NE(ignoredHfTensorReason("transformer.h.11.attn.bias"), nullptr);
+  EXPECT_NE(ignoredHfTensorReason("h.0.attn.masked_bias"), nullptr);
+  EXPECT_NE(ignoredHfTensorReason("lm_head.weight"), nullptr);
+  // Real parameters, whose names end alike, are not on it.
+  EXPECT_EQ(ignoredHfTensorReason("h.0.attn.c_attn.bias"), nullptr);
+  EXPECT_EQ(ignoredHfTensorReason("model.layers.0.self_attn.q_proj.bias"), nullptr);
+  EXPECT_EQ(ignoredHfTensorReason("model.layers.0.self_attn.other"), nullptr);
+  EXPECT_EQ(ignoredHfTensorReason("model.lm_head.weight.extra"), nullptr);
+}
+
 } // namespace
 } // namespace bonsai::rt

@@ -111,7 +111,8 @@ public:
 
   /// Binds every parameter from `checkpoint` (see bindCheckpoint), initializes the adapters
   /// it lacks from `seed` (initUnboundParameters), then applies the initializers (applyInits).
-  void bindWeights(const Checkpoint &checkpoint, uint64_t seed = 0);
+  /// Returns the Hugging Face tensors it skipped (ignoredHfTensorReason).
+  std::vector<std::string> bindWeights(const Checkpoint &checkpoint, uint64_t seed = 0);
   /// Initializes every parameter from `seed` (see initParameters), then applies the
   /// initializers (applyInits).
   void initWeights(uint64_t seed);

@@ -100,8 +100,22 @@ void writeSafetensors(const std::string &path, const std::vector<SafetensorsTens
 /// (shape differs, or a dtype that does not convert) names; only then reads any data. A
 /// parameter with an initializer (an adapter, docs/lora.md) may be absent: it is left unbound.
 /// Returns, per plan tensor, whether it was bound.
+/// Tensors of the checkpoint that the plan lacks and ignoredHfTensorReason names are not
+/// extra: they are skipped and their names appended to `ignored` when it is non-null.
 std::vector<bool> bindCheckpoint(const LoadedPlan &plan, const Checkpoint &checkpoint,
-                                 const std::vector<TensorView> &views);
+                                 const std::vector<TensorView> &views,
+                                 std::vector<std::string> *ignored = nullptr);
+
+/// Why `name`, a tensor of a Hugging Face checkpoint, is one no computation reads and may be
+/// skipped (rotary_emb.inv_freq, GPT-2's attn.bias and attn.masked_bias buffers, a tied
+/// lm_head.weight; the caller asks only about tensors its model does not have), or nullptr.
+/// The one list that bonsai-import-hf and bonsai-run --weights both use.
+const char *ignoredHfTensorReason(std::string_view name);
+
+/// The weights file `path` stands for: itself, or in a directory (a Hugging Face model
+/// directory) its model.safetensors.index.json, else its model.safetensors. Throws rt::Error
+/// for a directory with neither.
+std::string resolveWeightsPath(const std::string &path);
 
 } // namespace bonsai::rt
 
