@@ -18,13 +18,16 @@
 #include "bonsai/runtime/Sha256.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <map>
 #include <set>
+#include <thread>
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -154,6 +157,11 @@ std::string manifestBody(const CheckpointManifest &m) {
   s += "  \"step\": " + std::to_string(m.position.step) + ",\n";
   s += "  \"data_position\": " + std::to_string(m.position.dataPosition) + ",\n";
   s += "  \"seed\": " + std::to_string(m.position.seed) + ",\n";
+  if (!m.baseSha256.empty()) {
+    s += "  \"base_sha256\": " + jsonQuote(m.baseSha256) + ",\n";
+    s += "  \"base_tensors\": " + std::to_string(m.baseTensors) + ",\n";
+    s += "  \"base_bytes\": " + std::to_string(m.baseBytes) + ",\n";
+  }
   s += "  \"files\": {";
   for (size_t i = 0; i < m.files.size(); ++i) {
     const CheckpointFile &f = m.files[i];
@@ -169,13 +177,25 @@ std::string renderManifest(const CheckpointManifest &m) {
   return "{\n" + body + ",\n  \"manifest_sha256\": " + jsonQuote(sha256Hex(body)) + "\n}\n";
 }
 
+/// Whether a checkpoint of `plan` holds tensor `t` in the file of `role`: every tensor of the
+/// role, but the frozen parameters when the plan has adapters (an adapter checkpoint).
+bool savedInRole(const LoadedPlan &plan, const TensorInfo &t, TensorRole role) {
+  if (t.role != role)
+    return false;
+  return !(role == TensorRole::Parameter && !plan.adapters.empty() && !t.trainable);
+}
+
+bool isFrozenBase(const LoadedPlan &plan, const TensorInfo &t) {
+  return !plan.adapters.empty() && t.role == TensorRole::Parameter && !t.trainable;
+}
+
 /// The tensors of `role` as safetensors entries, sorted by name.
 std::vector<SafetensorsTensor> tensorsOfRole(const Executor &executor, TensorRole role) {
   const LoadedPlan &plan = executor.plan();
   std::vector<SafetensorsTensor> out;
   for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
     const TensorInfo &t = plan.tensors[i];
-    if (t.role != role)
+    if (!savedInRole(plan, t, role))
       continue;
     // A frozen NF4 weight is saved as its storage bytes (U8 [bytes]): resuming binds exactly
     // the quantized values the run used, without the full-precision weights.
@@ -227,6 +247,104 @@ std::string readLatest(const std::string &root) {
 
 } // namespace
 
+bool writesAdapterCheckpoints(const Executor &executor) {
+  return !executor.plan().adapters.empty();
+}
+
+BaseIdentity baseIdentity(const Executor &executor) {
+  const LoadedPlan &plan = executor.plan();
+  std::vector<uint32_t> frozen;
+  for (uint32_t i = 0; i < plan.tensors.size(); ++i)
+    if (isFrozenBase(plan, plan.tensors[i]))
+      frozen.push_back(i);
+  std::sort(frozen.begin(), frozen.end(), [&](uint32_t a, uint32_t b) {
+    return plan.tensors[a].name < plan.tensors[b].name;
+  });
+  // Views first, on this thread: with a GPU, taking one copies its arena back.
+  std::vector<const void *> data;
+  for (uint32_t i : frozen)
+    data.push_back(executor.view(i).data);
+  std::vector<std::string> digests(frozen.size());
+  unsigned threads = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
+  std::atomic<size_t> next{0};
+  auto work = [&]() {
+    for (size_t k = next++; k < frozen.size(); k = next++) {
+      Sha256 h;
+      h.update(data[k], size_t(plan.tensors[frozen[k]].bytes));
+      digests[k] = toHex(h.digest());
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads; ++t)
+    pool.emplace_back(work);
+  work();
+  for (std::thread &t : pool)
+    t.join();
+  BaseIdentity id;
+  Sha256 all;
+  for (size_t k = 0; k < frozen.size(); ++k) {
+    const TensorInfo &t = plan.tensors[frozen[k]];
+    all.update(t.name + " " + dtypeName(t.dtype) + " " + formatShape(t.shape) + " " + digests[k] +
+               "\n");
+    id.bytes += t.bytes;
+  }
+  id.tensors = frozen.size();
+  id.sha256 = toHex(all.digest());
+  return id;
+}
+
+CheckpointSize checkpointSize(const LoadedPlan &plan) {
+  CheckpointSize size;
+  for (const TensorInfo &t : plan.tensors) {
+    if (savedInRole(plan, t, TensorRole::Parameter)) {
+      size.modelBytes += t.bytes;
+      ++size.modelTensors;
+    } else if (savedInRole(plan, t, TensorRole::OptimizerState)) {
+      size.optimizerBytes += t.bytes;
+      ++size.optimizerTensors;
+    } else if (isFrozenBase(plan, t)) {
+      size.frozenBytes += t.bytes;
+      ++size.frozenTensors;
+    }
+  }
+  return size;
+}
+
+std::vector<std::string> pruneCheckpoints(const std::string &root, uint64_t keep) {
+  std::string latest = readLatest(root);
+  std::vector<std::pair<uint64_t, std::string>> steps;
+  DIR *d = ::opendir(root.c_str());
+  if (!d)
+    throw Error("cannot list checkpoint directory '" + root + "': " + errnoText());
+  while (struct dirent *e = ::readdir(d)) {
+    std::string name = e->d_name;
+    // Only names saveCheckpoint makes: "step-" and digits, nothing else is touched.
+    if (name.size() <= 5 || name.compare(0, 5, "step-") != 0 ||
+        name.find_first_not_of("0123456789", 5) != std::string::npos || name.size() > 25 ||
+        !isDirectory(join(root, name)))
+      continue;
+    steps.push_back({std::strtoull(name.c_str() + 5, nullptr, 10), name});
+  }
+  ::closedir(d);
+  std::sort(steps.rbegin(), steps.rend()); // newest first
+  std::vector<std::string> removed;
+  uint64_t kept = 0;
+  for (const auto &[step, name] : steps) {
+    if (name == latest || kept < keep) {
+      ++kept;
+      continue;
+    }
+    std::string dir = join(root, name);
+    removeTree(dir);
+    if (exists(dir))
+      throw Error("--keep-last: cannot remove old checkpoint '" + dir + "'");
+    removed.push_back(dir);
+  }
+  if (!removed.empty())
+    syncDirectory(root);
+  return removed;
+}
+
 std::string checkpointDirName(uint64_t step) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "step-%08llu", static_cast<unsigned long long>(step));
@@ -234,7 +352,7 @@ std::string checkpointDirName(uint64_t step) {
 }
 
 std::string saveCheckpoint(const std::string &root, const Executor &executor,
-                           const TrainingPosition &position) {
+                           const TrainingPosition &position, const BaseIdentity *base) {
   // With a GPU, each view below brings its tensor's arena back from the device: the
   // parameters, gradient accumulators and optimizer state, not the activations.
   checkAccumulatorsClear(executor, position.step);
@@ -253,6 +371,13 @@ std::string saveCheckpoint(const std::string &root, const Executor &executor,
     CheckpointManifest manifest;
     manifest.model = executor.plan().model;
     manifest.position = position;
+    if (writesAdapterCheckpoints(executor)) {
+      BaseIdentity computed = base ? *base : baseIdentity(executor);
+      manifest.formatVersion = kAdapterCheckpointFormatVersion;
+      manifest.baseSha256 = computed.sha256;
+      manifest.baseTensors = computed.tensors;
+      manifest.baseBytes = computed.bytes;
+    }
     std::map<std::string, std::string> metadata = {{"format", "pt"},
                                                    {"bonsai.step", std::to_string(position.step)}};
     const std::pair<const char *, TensorRole> files[] = {
@@ -333,9 +458,9 @@ CheckpointManifest verifyCheckpoint(const std::string &dir) {
   };
   if (!root.isObject())
     throw fail("is a JSON " + std::string(root.kindName()) + ", expected an object");
-  static const std::set<std::string> known = {"format", "format_version", "model",
-                                              "step",   "data_position",  "seed",
-                                              "files",  "manifest_sha256"};
+  static const std::set<std::string> known = {
+      "format", "format_version", "model",       "step",         "data_position", "seed",
+      "files",  "base_sha256",    "base_tensors", "base_bytes",  "manifest_sha256"};
   for (const std::string &key : root.keys())
     if (!known.count(key))
       throw fail("has an unknown member \"" + key + "\"");
@@ -359,15 +484,28 @@ CheckpointManifest verifyCheckpoint(const std::string &dir) {
   if (string("format") != kManifestFormat)
     throw fail("has format \"" + string("format") + "\", expected \"" + kManifestFormat + "\"");
   uint64_t version = unsignedValue(member("format_version"), "format_version");
-  if (version != kCheckpointFormatVersion)
+  if (version != kCheckpointFormatVersion && version != kAdapterCheckpointFormatVersion)
     throw fail("has format version " + std::to_string(version) +
-               ", but this runtime reads version " + std::to_string(kCheckpointFormatVersion));
+               ", but this runtime reads versions " + std::to_string(kCheckpointFormatVersion) +
+               " and " + std::to_string(kAdapterCheckpointFormatVersion));
   CheckpointManifest m;
   m.formatVersion = uint32_t(version);
   m.model = string("model");
   m.position.step = unsignedValue(member("step"), "step");
   m.position.dataPosition = unsignedValue(member("data_position"), "data_position");
   m.position.seed = unsignedValue(member("seed"), "seed");
+  if (version == kAdapterCheckpointFormatVersion) {
+    m.baseSha256 = string("base_sha256");
+    if (m.baseSha256.size() != 64 ||
+        m.baseSha256.find_first_not_of("0123456789abcdef") != std::string::npos)
+      throw fail("\"base_sha256\" is not 64 lowercase hex digits");
+    m.baseTensors = unsignedValue(member("base_tensors"), "base_tensors");
+    m.baseBytes = unsignedValue(member("base_bytes"), "base_bytes");
+  } else {
+    for (const char *key : {"base_sha256", "base_tensors", "base_bytes"})
+      if (root.find(key))
+        throw fail(std::string("has \"") + key + "\" but format version 1 (a full checkpoint)");
+  }
   const JsonValue &files = member("files");
   if (!files.isObject())
     throw fail("\"files\" is not an object");
@@ -406,9 +544,17 @@ CheckpointManifest verifyCheckpoint(const std::string &dir) {
   return m;
 }
 
-CheckpointManifest loadCheckpoint(const std::string &dir, Executor &executor) {
+CheckpointManifest loadCheckpoint(const std::string &dir, Executor &executor,
+                                  const BaseIdentity *base) {
   CheckpointManifest manifest = verifyCheckpoint(dir);
   const LoadedPlan &plan = executor.plan();
+  // An adapter checkpoint leaves the frozen base out; a full one (version 1) holds it, also
+  // for an adapter plan (checkpoints written before adapter checkpoints existed).
+  bool adapterCheckpoint = !manifest.baseSha256.empty();
+  if (adapterCheckpoint && plan.adapters.empty())
+    throw Error("checkpoint '" + dir + "' is an adapter checkpoint (it leaves out a frozen base " +
+                "of " + std::to_string(manifest.baseTensors) + " tensors), but plan '" +
+                plan.path + "' has no adapters");
 
   // Match both files against the plan before writing anything.
   struct Binding {
@@ -430,7 +576,7 @@ CheckpointManifest loadCheckpoint(const std::string &dir, Executor &executor) {
     std::set<std::string> planNames;
     for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
       const TensorInfo &t = plan.tensors[i];
-      if (t.role != role)
+      if (adapterCheckpoint ? !savedInRole(plan, t, role) : t.role != role)
         continue;
       planNames.insert(t.name);
       const SafetensorsEntry *e = ckpt.find(t.name);
@@ -464,6 +610,17 @@ CheckpointManifest loadCheckpoint(const std::string &dir, Executor &executor) {
   }
   if (!problems.empty())
     throw Error("checkpoint '" + dir + "' does not match plan '" + plan.path + "': " + problems);
+  if (adapterCheckpoint) {
+    BaseIdentity bound = base ? *base : baseIdentity(executor);
+    if (bound.sha256 != manifest.baseSha256)
+      throw Error("checkpoint '" + dir + "' was trained on another base model: its frozen base (" +
+                  std::to_string(manifest.baseTensors) + " tensors, " +
+                  std::to_string(manifest.baseBytes) + " bytes) has SHA-256 " +
+                  manifest.baseSha256 + ", the base bound now (" + std::to_string(bound.tensors) +
+                  " tensors, " + std::to_string(bound.bytes) + " bytes) has " + bound.sha256 +
+                  "; resume with the base the run started from (the same --weights, or none " +
+                  "for the plan's random init)");
+  }
 
   for (const Binding &b : bindings[0]) {
     opened[0].read(*b.entry, executor.view(b.tensor));

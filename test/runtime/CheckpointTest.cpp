@@ -411,5 +411,110 @@ TEST_F(CheckpointTest, GradientDumpWritesTheAccumulators) {
   EXPECT_THROW(writeGradients(path, f), Error);
 }
 
+/// The test plan as an adapter plan: its first parameter frozen (the base) and one adapter
+/// recorded, which is what makes checkpoints leave the frozen parameters out.
+LoadedPlan adapterPlan(LoadedPlan plan, uint32_t *frozen) {
+  for (uint32_t i = 0; i < plan.tensors.size(); ++i)
+    if (plan.tensors[i].role == TensorRole::Parameter) {
+      plan.tensors[i].trainable = false;
+      *frozen = i;
+      break;
+    }
+  AdapterInfo a;
+  a.base = *frozen;
+  a.rank = 1;
+  a.alpha = 1;
+  a.module = "m";
+  plan.adapters.push_back(a);
+  return plan;
+}
+
+TEST_F(CheckpointTest, AdapterCheckpointsLeaveTheBaseOutAndCheckIt) {
+  uint32_t frozen = 0;
+  LoadedPlan adapted = adapterPlan(plan, &frozen);
+  Executor e(adapted);
+  e.initWeights(3);
+  // The trained state: trainable parameters unlike their init.
+  for (uint32_t i = 0; i < adapted.tensors.size(); ++i)
+    if (adapted.tensors[i].role == TensorRole::Parameter && adapted.tensors[i].trainable) {
+      std::vector<float> values(size_t(adapted.tensors[i].numel), 0.25f + float(i));
+      storeF32(values.data(), e.view(i));
+      e.markWritten(i);
+    }
+  TrainingPosition pos{0, 0, 3};
+  ASSERT_TRUE(writesAdapterCheckpoints(e));
+  BaseIdentity id = baseIdentity(e);
+  EXPECT_EQ(id.tensors, 1u);
+  EXPECT_EQ(id.bytes, adapted.tensors[frozen].bytes);
+  std::string dir = saveCheckpoint(root, e, pos);
+
+  // model.safetensors holds every parameter but the frozen one; the manifest names the base.
+  Checkpoint model = Checkpoint::open(dir + "/model.safetensors");
+  EXPECT_EQ(model.find(adapted.tensors[frozen].name), nullptr);
+  size_t trainable = 0;
+  for (const TensorInfo &t : adapted.tensors)
+    trainable += t.role == TensorRole::Parameter && t.trainable;
+  EXPECT_EQ(model.tensors().size(), trainable);
+  CheckpointManifest m = verifyCheckpoint(dir);
+  EXPECT_EQ(m.formatVersion, kAdapterCheckpointFormatVersion);
+  EXPECT_EQ(m.baseSha256, id.sha256);
+  EXPECT_EQ(m.baseTensors, 1u);
+  CheckpointSize size = checkpointSize(adapted);
+  EXPECT_EQ(size.frozenTensors, 1u);
+  EXPECT_EQ(size.frozenBytes, id.bytes);
+  EXPECT_EQ(size.modelTensors, trainable);
+
+  // The same base (the same init seed): every byte comes back.
+  Executor same(adapted);
+  same.initWeights(3);
+  loadCheckpoint(dir, same);
+  EXPECT_EQ(test::stateOf(same), test::stateOf(e));
+
+  // Another base: refused, naming both identities.
+  Executor other(adapted);
+  other.initWeights(4);
+  try {
+    loadCheckpoint(dir, other);
+    FAIL() << "a checkpoint was resumed on another base";
+  } catch (const Error &error) {
+    std::string what = error.what();
+    EXPECT_NE(what.find("was trained on another base model"), std::string::npos) << what;
+    EXPECT_NE(what.find(id.sha256), std::string::npos) << what;
+  }
+
+  // A full plan does not take an adapter checkpoint; an edited base identity fails the checksum.
+  Executor full(plan);
+  full.initWeights(3);
+  EXPECT_THROW(loadCheckpoint(dir, full), Error);
+  std::string edited = copyCheckpoint(dir, "edited");
+  std::string manifest = test::readText(edited + "/manifest.json");
+  manifest.replace(manifest.find(id.sha256), 4, "0000");
+  writeText(edited + "/manifest.json", manifest);
+  EXPECT_NE(loadError(edited).find("fails its own checksum"), std::string::npos);
+}
+
+TEST_F(CheckpointTest, KeepLastRemovesTheOldestButNeverTheLatest) {
+  Executor e(plan);
+  e.initWeights(3);
+  for (uint64_t step : {1, 2, 3, 10})
+    saveCheckpoint(root, e, {step, step, 3});
+  ::mkdir((root + "/step-notanumber").c_str(), 0755);
+  std::vector<std::string> removed = pruneCheckpoints(root, 2);
+  EXPECT_EQ(removed, (std::vector<std::string>{root + "/step-00000002", root + "/step-00000001"}));
+  auto isDirectory = [](const std::string &path) {
+    struct stat st;
+    return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  };
+  EXPECT_TRUE(isDirectory(root + "/step-00000010"));
+  EXPECT_TRUE(isDirectory(root + "/step-00000003"));
+  EXPECT_FALSE(isDirectory(root + "/step-00000002"));
+  EXPECT_TRUE(isDirectory(root + "/step-notanumber")); // not a name saveCheckpoint makes
+  // `latest` is kept even when it is not among the newest (a later step left by another run).
+  writeText(root + "/latest", "step-00000003\n");
+  removed = pruneCheckpoints(root, 1);
+  EXPECT_TRUE(removed.empty());
+  EXPECT_EQ(pruneCheckpoints(root, 5).size(), 0u);
+}
+
 } // namespace
 } // namespace bonsai::rt

@@ -8,7 +8,14 @@
 // (replaced atomically): a crash at any point leaves the previous checkpoint, and `latest`
 // naming it, untouched. Resuming verifies everything before binding anything, and binds only
 // tensors whose names, shapes and dtypes equal the plan's, so the continuation is bit for bit
-// the run that was interrupted. See docs/checkpoints.md.
+// the run that was interrupted.
+//
+// A plan with LoRA/DoRA adapters (frozen base parameters) writes an adapter checkpoint (format
+// version 2): model.safetensors holds the trainable parameters only, and the manifest records
+// the identity of the frozen base (baseIdentity: a SHA-256 over the frozen tensors' names,
+// shapes, dtypes and bytes). Resuming one binds the base first (the same --weights, or the
+// plan's random init from the checkpoint's seed) and refuses it when its identity differs.
+// See docs/checkpoints.md.
 //
 //===----------------------------------------------------------------------===//
 
@@ -23,9 +30,14 @@
 namespace bonsai::rt {
 
 class Executor;
+struct LoadedPlan;
 
-/// The manifest format this runtime writes and reads (manifest.json "format_version").
+/// The manifest format of a full checkpoint (manifest.json "format_version").
 inline constexpr uint32_t kCheckpointFormatVersion = 1;
+/// The manifest format of an adapter checkpoint: version 1 plus the frozen base's identity
+/// ("base_sha256", "base_tensors", "base_bytes"); model.safetensors holds the trainable
+/// parameters only.
+inline constexpr uint32_t kAdapterCheckpointFormatVersion = 2;
 /// The files of a checkpoint directory.
 inline constexpr const char kCheckpointModelFile[] = "model.safetensors";
 inline constexpr const char kCheckpointOptimizerFile[] = "optimizer.safetensors";
@@ -56,7 +68,38 @@ struct CheckpointManifest {
   std::string model; ///< The plan's model name when it was written.
   TrainingPosition position;
   std::vector<CheckpointFile> files;
+  /// Adapter checkpoints (version 2) only: the frozen base's identity (baseIdentity), the
+  /// number of its tensors and their bytes. Empty for a full checkpoint.
+  std::string baseSha256;
+  uint64_t baseTensors = 0;
+  uint64_t baseBytes = 0;
 };
+
+/// The identity of a plan's frozen base as the executor holds it.
+struct BaseIdentity {
+  std::string sha256; ///< Over every frozen parameter, sorted by name; see baseIdentity.
+  uint64_t tensors = 0;
+  uint64_t bytes = 0;
+};
+
+/// Whether `executor`'s plan writes adapter checkpoints: it has LoRA/DoRA adapters and so
+/// frozen base parameters, which checkpoints leave out.
+bool writesAdapterCheckpoints(const Executor &executor);
+
+/// The identity of the frozen parameters (Parameter, not trainable) of `executor`'s plan: the
+/// SHA-256 of one line per tensor, sorted by name, "<name> <dtype> <shape> <sha256 of its
+/// bytes>\n" (NF4 tensors by their storage bytes). The per-tensor digests run on several
+/// threads; a 7B bf16 base takes tens of seconds, so callers compute it once per run.
+BaseIdentity baseIdentity(const Executor &executor);
+
+/// What a checkpoint of `executor`'s plan holds: the bytes of model.safetensors' tensors and
+/// of optimizer.safetensors' (tensor data, without headers), and the frozen bytes left out.
+struct CheckpointSize {
+  uint64_t modelBytes = 0, modelTensors = 0;
+  uint64_t optimizerBytes = 0, optimizerTensors = 0;
+  uint64_t frozenBytes = 0, frozenTensors = 0; ///< Left out (adapter checkpoints only).
+};
+CheckpointSize checkpointSize(const LoadedPlan &plan);
 
 /// "step-00000020": the directory name of the checkpoint of `step`.
 std::string checkpointDirName(uint64_t step);
@@ -66,8 +109,16 @@ std::string checkpointDirName(uint64_t step);
 /// failed, leaving the previous checkpoint and `latest` as they were. Also throws, writing
 /// nothing, when a persistent zero-initialized gradient tensor is not zero (a plan whose
 /// update phase does not clear its accumulators has state no checkpoint holds).
+/// An adapter plan's checkpoint records `base` (baseIdentity of the executor), computed here
+/// when null.
 std::string saveCheckpoint(const std::string &root, const Executor &executor,
-                           const TrainingPosition &position);
+                           const TrainingPosition &position, const BaseIdentity *base = nullptr);
+
+/// Removes the oldest checkpoints (step-NNNNNNNN directories) of `root` so that at most `keep`
+/// remain, never the one `latest` names: call it after saveCheckpoint has made the new one
+/// durable and the latest, so that the one a run resumed from goes only once a newer one can
+/// replace it. Returns the directories removed. Throws rt::Error when one cannot be removed.
+std::vector<std::string> pruneCheckpoints(const std::string &root, uint64_t keep);
 
 /// The checkpoint directory `path` stands for: the directory `path/latest` names when `path`
 /// is a checkpoint root, otherwise `path` itself. Throws rt::Error when `latest` cannot be read
@@ -84,7 +135,12 @@ CheckpointManifest verifyCheckpoint(const std::string &dir);
 /// error), then binds the parameters, applies the plan's initializers, and binds the optimizer
 /// state over them. Returns the manifest; nothing is written to `executor` unless every check
 /// passes.
-CheckpointManifest loadCheckpoint(const std::string &dir, Executor &executor);
+///
+/// An adapter checkpoint holds the trainable parameters only: the frozen base must already be
+/// bound (bindWeights or initWeights), and its baseIdentity (`base`, computed here when null)
+/// must equal the manifest's, else rt::Error says that the base differs.
+CheckpointManifest loadCheckpoint(const std::string &dir, Executor &executor,
+                                  const BaseIdentity *base = nullptr);
 
 /// Writes every Gradient tensor of `executor`'s plan to the safetensors file `path`, under its
 /// tensor name (a parameter's gradient is named like the parameter). When several gradient
