@@ -22,8 +22,11 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 
@@ -104,13 +107,19 @@ bool exists(const std::string &path) {
   return ::lstat(path.c_str(), &st) == 0;
 }
 
-/// A number as JSON: integers without a fraction, others with full precision.
+/// A number as JSON: integers without a fraction, others in the fewest digits that read back
+/// as the same double (1e-05, not 1.0000000000000001e-05), as Python's repr writes them.
 std::string jsonNumber(double value) {
   char buf[32];
-  if (value == std::floor(value) && std::fabs(value) < 1e15)
+  if (value == std::floor(value) && std::fabs(value) < 1e15) {
     std::snprintf(buf, sizeof buf, "%.0f", value);
-  else
-    std::snprintf(buf, sizeof buf, "%.17g", value);
+    return buf;
+  }
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, value);
+    if (std::strtod(buf, nullptr) == value)
+      break;
+  }
   return buf;
 }
 
@@ -312,9 +321,30 @@ void mergeAdapter(const TensorView &base, const TensorView &loraA, const TensorV
   }
 }
 
-ExportSummary exportMergedWeights(const std::string &path, const Executor &executor) {
-  const LoadedPlan &plan = executor.plan();
-  checkExportDestination(path, "merged weights file", /*directory=*/false);
+namespace {
+
+/// One tensor of a merged export: which plan tensor it comes from, and how it is written.
+struct MergedTensor {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  uint32_t tensor = 0;
+  const AdapterInfo *adapter = nullptr; ///< Merged with this adapter.
+  bool convert = false;                 ///< Through floats (NF4 dequantized, a dtype change).
+  uint64_t bytes() const {
+    uint64_t n = dtypeSize(dtype);
+    for (int64_t d : shape)
+      n *= uint64_t(d);
+    return n;
+  }
+};
+
+/// The merged export's tensors, in plan order: every named Parameter that is not an adapter
+/// tensor; an adapted one merged in the base's dtype (the adapter's when the base is NF4); an
+/// NF4 one in its Dequantize kernel's dtype. With `source`, a float tensor takes the float
+/// dtype it has there.
+std::vector<MergedTensor> mergedTensors(const LoadedPlan &plan, const Executor &executor,
+                                        const Checkpoint *source, size_t *merged) {
   const std::vector<TensorView> &views = executor.views();
   std::map<uint32_t, const AdapterInfo *> adapterOfBase;
   std::set<uint32_t> adapterTensors;
@@ -330,41 +360,311 @@ ExportSummary exportMergedWeights(const std::string &path, const Executor &execu
   for (const KernelInfo &k : plan.kernels)
     if (k.kind == KernelKind::Dequantize && !k.inputs.empty() && !k.outputs.empty())
       dequantizedAs.emplace(k.inputs[0], plan.tensors[k.outputs[0]].dtype);
-
-  std::deque<std::vector<uint8_t>> storage; // converted data, alive until the write
-  std::vector<SafetensorsTensor> tensors;
+  std::vector<MergedTensor> out;
   std::set<std::string> written;
-  ExportSummary summary;
   for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
     const TensorInfo &t = plan.tensors[i];
     if (t.role != TensorRole::Parameter || t.name.empty() || adapterTensors.count(i) ||
         !written.insert(t.name).second)
       continue;
-    const TensorView &view = views[i];
+    MergedTensor m;
+    m.name = t.name;
+    m.shape = t.shape;
+    m.tensor = i;
+    m.dtype = t.dtype;
     auto adapter = adapterOfBase.find(i);
     if (adapter != adapterOfBase.end()) {
-      const AdapterInfo &a = *adapter->second;
-      std::vector<float> merged;
-      mergeAdapter(view, views[a.loraA], views[a.loraB],
-                   a.magnitude ? &views[*a.magnitude] : nullptr, a.alpha / double(a.rank),
-                   merged);
-      DType dtype = isComputeFloat(t.dtype) ? t.dtype : views[a.loraA].dtype;
-      storage.push_back(fromFloats(merged, dtype, t.shape));
-      tensors.push_back({t.name, dtype, t.shape, storage.back().data()});
-      ++summary.merged;
+      m.adapter = adapter->second;
+      m.convert = true;
+      m.dtype = isComputeFloat(t.dtype) ? t.dtype : views[m.adapter->loraA].dtype;
+      if (merged)
+        ++*merged;
     } else if (t.dtype == DType::NF4) {
       auto as = dequantizedAs.find(i);
-      DType dtype = as != dequantizedAs.end() ? as->second : DType::BF16;
-      storage.push_back(fromFloats(toFloats(view), dtype, t.shape));
-      tensors.push_back({t.name, dtype, t.shape, storage.back().data()});
-    } else {
-      tensors.push_back({t.name, t.dtype, t.shape, view.data});
+      m.dtype = as != dequantizedAs.end() ? as->second : DType::BF16;
+      m.convert = true;
     }
+    if (source && isComputeFloat(m.dtype))
+      if (const SafetensorsEntry *e = source->find(t.name))
+        if (e->runtimeDType && isComputeFloat(*e->runtimeDType) && *e->runtimeDType != m.dtype) {
+          m.dtype = *e->runtimeDType;
+          m.convert = true;
+        }
+    out.push_back(std::move(m));
   }
-  if (tensors.empty())
+  if (out.empty())
     throw Error("plan '" + plan.path + "' has no named parameter to export");
+  return out;
+}
+
+/// `m`'s data: the executor's bytes as they are, or converted into `storage`.
+const void *materialize(const MergedTensor &m, const Executor &executor,
+                        std::deque<std::vector<uint8_t>> &storage) {
+  const std::vector<TensorView> &views = executor.views();
+  const TensorView &view = views[m.tensor];
+  if (!m.convert)
+    return view.data;
+  if (m.adapter) {
+    const AdapterInfo &a = *m.adapter;
+    std::vector<float> merged;
+    mergeAdapter(view, views[a.loraA], views[a.loraB],
+                 a.magnitude ? &views[*a.magnitude] : nullptr, a.alpha / double(a.rank), merged);
+    storage.push_back(fromFloats(merged, m.dtype, m.shape));
+  } else {
+    storage.push_back(fromFloats(toFloats(view), m.dtype, m.shape));
+  }
+  return storage.back().data();
+}
+
+/// Copies `from` to `to` (through a temporary file, fsynced and renamed).
+void copyFile(const std::string &from, const std::string &to) {
+  std::ifstream in(from, std::ios::binary);
+  if (!in)
+    throw Error("cannot read '" + from + "'");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad())
+    throw Error("cannot read '" + from + "'");
+  writeTextAtomically(to, text);
+}
+
+/// The index of the named 2-D-or-more parameters "<prefix><N>.<rest>": the largest N + 1.
+int64_t countLayers(const LoadedPlan &plan, const std::string &prefix) {
+  int64_t layers = 0;
+  for (const TensorInfo &t : plan.tensors) {
+    if (t.role != TensorRole::Parameter || t.name.compare(0, prefix.size(), prefix) != 0)
+      continue;
+    size_t dot = t.name.find('.', prefix.size());
+    std::string digits = t.name.substr(prefix.size(), dot - prefix.size());
+    if (!digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos)
+      layers = std::max<int64_t>(layers, std::stoll(digits) + 1);
+  }
+  return layers;
+}
+
+} // namespace
+
+ExportSummary exportMergedWeights(const std::string &path, const Executor &executor) {
+  const LoadedPlan &plan = executor.plan();
+  checkExportDestination(path, "merged weights file", /*directory=*/false);
+  ExportSummary summary;
+  std::vector<MergedTensor> planned = mergedTensors(plan, executor, nullptr, &summary.merged);
+  std::deque<std::vector<uint8_t>> storage; // converted data, alive until the write
+  std::vector<SafetensorsTensor> tensors;
+  for (const MergedTensor &m : planned)
+    tensors.push_back({m.name, m.dtype, m.shape, materialize(m, executor, storage)});
   writeSafetensors(path, tensors, {{"format", "pt"}});
   summary.tensors = tensors.size();
+  return summary;
+}
+
+std::string hfShardName(size_t index, size_t count) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", index, count);
+  return buf;
+}
+
+std::string hfConfigFromPlan(const LoadedPlan &plan, DType dtype) {
+  std::map<std::string, const TensorInfo *> params;
+  for (const TensorInfo &t : plan.tensors)
+    if (t.role == TensorRole::Parameter && !t.name.empty())
+      params.emplace(t.name, &t);
+  auto shapeOf = [&](const std::string &name) -> const std::vector<int64_t> * {
+    auto it = params.find(name);
+    return it == params.end() ? nullptr : &it->second->shape;
+  };
+  // The attributes the config needs, from the first kernel that carries each.
+  std::optional<double> eps, theta;
+  std::optional<int64_t> heads;
+  std::optional<bool> tanhGelu;
+  for (const KernelInfo &k : plan.kernels) {
+    if (const auto *n = std::get_if<NormAttrs>(&k.attrs); n && !eps)
+      eps = n->epsilon;
+    if (const auto *r = std::get_if<RoPEAttrs>(&k.attrs); r && !theta)
+      theta = r->theta;
+    if (const auto *g = std::get_if<GeLUAttrs>(&k.attrs); g && !tanhGelu)
+      tanhGelu = g->tanh;
+    if (std::holds_alternative<AttentionAttrs>(k.attrs) && !heads && !k.inputs.empty() &&
+        plan.tensors[k.inputs[0]].shape.size() == 4)
+      heads = plan.tensors[k.inputs[0]].shape[2];
+  }
+  const char *torchDType = dtype == DType::BF16 ? "bfloat16"
+                           : dtype == DType::F16 ? "float16"
+                                                 : "float32";
+  auto fail = [&](const std::string &why) {
+    return Error("cannot rebuild a config.json for plan '" + plan.path + "': " + why +
+                 " (give --hf-dir, or --weights DIR, the model directory it came from)");
+  };
+  std::string json = "{\n";
+  auto field = [&](const std::string &key, const std::string &value, bool last = false) {
+    json += "  " + jsonQuote(key) + ": " + value + (last ? "\n" : ",\n");
+  };
+  const std::vector<int64_t> *embed = shapeOf("model.embed_tokens.weight");
+  if (embed && embed->size() == 2) {
+    int64_t layers = countLayers(plan, "model.layers.");
+    const std::vector<int64_t> *gate = shapeOf("model.layers.0.mlp.gate_proj.weight");
+    const std::vector<int64_t> *k = shapeOf("model.layers.0.self_attn.k_proj.weight");
+    const std::vector<int64_t> *q = shapeOf("model.layers.0.self_attn.q_proj.weight");
+    if (!layers || !gate || !k || !q || !heads || !eps || !theta)
+      throw fail("its Llama-named parameters lack a layer's gate_proj, q_proj or k_proj, or its "
+                 "kernels an attention, RMSNorm or RoPE");
+    int64_t headDim = (*q)[0] / *heads;
+    bool qkvBias = params.count("model.layers.0.self_attn.q_proj.bias") != 0;
+    bool qkNorm = params.count("model.layers.0.self_attn.q_norm.weight") != 0;
+    std::string arch = qkNorm ? "Qwen3ForCausalLM" : qkvBias ? "Qwen2ForCausalLM"
+                                                             : "LlamaForCausalLM";
+    std::string type = qkNorm ? "qwen3" : qkvBias ? "qwen2" : "llama";
+    const std::vector<int64_t> &ids = plan.tensors[plan.inputs[0]].shape;
+    field("architectures", "[" + jsonQuote(arch) + "]");
+    field("attention_bias", "false");
+    field("attention_dropout", "0.0");
+    field("head_dim", std::to_string(headDim));
+    field("hidden_act", "\"silu\"");
+    field("hidden_size", std::to_string((*embed)[1]));
+    field("intermediate_size", std::to_string((*gate)[0]));
+    field("max_position_embeddings", std::to_string(ids.size() == 2 ? ids[1] : 2048));
+    field("model_type", jsonQuote(type));
+    field("num_attention_heads", std::to_string(*heads));
+    field("num_hidden_layers", std::to_string(layers));
+    field("num_key_value_heads", std::to_string((*k)[0] / headDim));
+    field("rms_norm_eps", jsonNumber(*eps));
+    field("rope_scaling", "null");
+    field("rope_theta", jsonNumber(*theta));
+    field("tie_word_embeddings", params.count("lm_head.weight") ? "false" : "true");
+    field("torch_dtype", jsonQuote(torchDType));
+    field("use_cache", "true");
+    field("vocab_size", std::to_string((*embed)[0]), /*last=*/true);
+    return json + "}\n";
+  }
+  std::string prefix = shapeOf("transformer.wte.weight") ? "transformer." : "";
+  const std::vector<int64_t> *wte = shapeOf(prefix + "wte.weight");
+  const std::vector<int64_t> *wpe = shapeOf(prefix + "wpe.weight");
+  if (wte && wpe && wte->size() == 2 && wpe->size() == 2) {
+    int64_t layers = countLayers(plan, prefix + "h.");
+    const std::vector<int64_t> *fc = shapeOf(prefix + "h.0.mlp.c_fc.weight");
+    if (!layers || !fc || fc->size() != 2 || !heads || !eps)
+      throw fail("its GPT-2-named parameters lack h.0.mlp.c_fc.weight, or its kernels an "
+                 "attention or LayerNorm");
+    int64_t hidden = (*wte)[1];
+    int64_t inner = (*fc)[0] == hidden ? (*fc)[1] : (*fc)[0];
+    field("activation_function", tanhGelu.value_or(true) ? "\"gelu_new\"" : "\"gelu\"");
+    field("architectures", "[\"GPT2LMHeadModel\"]");
+    field("attn_pdrop", "0.0");
+    field("embd_pdrop", "0.0");
+    field("layer_norm_epsilon", jsonNumber(*eps));
+    field("model_type", "\"gpt2\"");
+    field("n_embd", std::to_string(hidden));
+    field("n_head", std::to_string(*heads));
+    field("n_inner", std::to_string(inner));
+    field("n_layer", std::to_string(layers));
+    field("n_positions", std::to_string((*wpe)[0]));
+    field("resid_pdrop", "0.0");
+    field("tie_word_embeddings", params.count("lm_head.weight") ? "false" : "true");
+    field("torch_dtype", jsonQuote(torchDType));
+    field("vocab_size", std::to_string((*wte)[0]), /*last=*/true);
+    return json + "}\n";
+  }
+  throw fail("its parameters are named neither as a Llama (model.embed_tokens.weight, "
+             "model.layers.N...) nor as a GPT-2 (wte.weight, wpe.weight, h.N...)");
+}
+
+HfExportSummary exportHfModel(const std::string &dir, const Executor &executor,
+                              const HfExportOptions &options) {
+  const LoadedPlan &plan = executor.plan();
+  checkExportDestination(dir, "--export-merged", /*directory=*/true);
+  if (options.maxShardBytes == 0)
+    throw Error("--shard-size must be positive");
+  HfExportSummary summary;
+  std::vector<MergedTensor> planned =
+      mergedTensors(plan, executor, options.source, &summary.merged);
+
+  // config.json first: a plan whose config cannot be written fails before any weight is.
+  std::string config;
+  if (!options.sourceDir.empty()) {
+    std::string path = join(options.sourceDir, "config.json");
+    if (!exists(path))
+      throw Error("--export-merged: model directory '" + options.sourceDir +
+                  "' has no config.json");
+    summary.configCopied = true;
+  } else {
+    DType embedType = planned.front().dtype;
+    for (const MergedTensor &m : planned)
+      if (m.name == "model.embed_tokens.weight" || m.name == "wte.weight" ||
+          m.name == "transformer.wte.weight")
+        embedType = m.dtype;
+    config = hfConfigFromPlan(plan, embedType);
+  }
+
+  // Hugging Face's rule (huggingface_hub.split_torch_state_dict_into_shards): tensors in order,
+  // a new shard when the next one would take the current one past the limit.
+  std::vector<std::vector<size_t>> shards(1);
+  uint64_t shardBytes = 0;
+  for (size_t i = 0; i < planned.size(); ++i) {
+    uint64_t bytes = planned[i].bytes();
+    if (!shards.back().empty() && shardBytes + bytes > options.maxShardBytes) {
+      shards.emplace_back();
+      shardBytes = 0;
+    }
+    shards.back().push_back(i);
+    shardBytes += bytes;
+    summary.totalBytes += bytes;
+  }
+
+  bool fresh = !isDirectory(dir);
+  std::string target = dir;
+  while (target.size() > 1 && target.back() == '/')
+    target.pop_back();
+  std::string out = fresh ? target + ".tmp-" + std::to_string(::getpid()) : target;
+  if (fresh && ::mkdir(out.c_str(), 0755) != 0)
+    throw Error("cannot create directory '" + out + "': " + errnoText());
+  std::vector<std::string> made;
+  try {
+    std::map<std::string, std::string> weightMap;
+    for (size_t s = 0; s < shards.size(); ++s) {
+      std::string name = hfShardName(s + 1, shards.size());
+      std::deque<std::vector<uint8_t>> storage; // one shard's converted data at a time
+      std::vector<SafetensorsTensor> tensors;
+      for (size_t i : shards[s]) {
+        const MergedTensor &m = planned[i];
+        tensors.push_back({m.name, m.dtype, m.shape, materialize(m, executor, storage)});
+        weightMap[m.name] = name;
+      }
+      writeSafetensors(join(out, name), tensors, {{"format", "pt"}});
+      made.push_back(name);
+      summary.tensors += tensors.size();
+    }
+    std::string index = "{\n  \"metadata\": {\n    \"total_size\": " +
+                        std::to_string(summary.totalBytes) + "\n  },\n  \"weight_map\": {";
+    size_t n = 0;
+    for (const auto &[name, file] : weightMap)
+      index += std::string(n++ ? "," : "") + "\n    " + jsonQuote(name) + ": " + jsonQuote(file);
+    index += "\n  }\n}\n";
+    writeTextAtomically(join(out, "model.safetensors.index.json"), index);
+    made.push_back("model.safetensors.index.json");
+    if (summary.configCopied)
+      copyFile(join(options.sourceDir, "config.json"), join(out, "config.json"));
+    else
+      writeTextAtomically(join(out, "config.json"), config);
+    made.push_back("config.json");
+    if (!options.sourceDir.empty())
+      for (const char *file : kHfTokenizerFiles)
+        if (exists(join(options.sourceDir, file))) {
+          copyFile(join(options.sourceDir, file), join(out, file));
+          made.push_back(file);
+          ++summary.tokenizerFiles;
+        }
+    syncDirectory(out);
+    if (fresh && std::rename(out.c_str(), target.c_str()) != 0)
+      throw Error("cannot rename '" + out + "' to '" + target + "': " + errnoText());
+  } catch (...) {
+    if (fresh) {
+      for (const std::string &file : made)
+        ::unlink(join(out, file).c_str());
+      ::rmdir(out.c_str());
+    }
+    throw;
+  }
+  syncDirectory(parentOf(target));
+  summary.shards = shards.size();
   return summary;
 }
 

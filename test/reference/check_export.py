@@ -20,6 +20,14 @@ checks, independently of the runtime:
 With --dtype BF16 (a bf16 model), every adapter and merged tensor must be BF16; W is rounded to
 bf16 first (as the runtime binds it) and the tolerance is bf16's rounding, 2^-8 of the largest
 entry (the adapter-effect bound is then not checked).
+M may be a Hugging Face model directory (bonsai-run --export-merged DIR): its layout is checked
+first: model.safetensors.index.json's weight_map names every tensor once, in shards named
+model-0000k-of-0000N.safetensors, k = 1..N, each holding exactly the tensors the map puts in it,
+no other .safetensors file, metadata.total_size the sum of the tensors' bytes, with --shard-size
+no shard over it but one of a single tensor (Hugging Face's greedy rule), and config.json.
+With --source DIR (the model directory the run's weights came from), config.json and every
+tokenizer file of DIR (tokenizer.json, tokenizer.model, tokenizer_config.json,
+special_tokens_map.json) must be copies. --merged-dtype D: every merged tensor's dtype is D (the source dtype).
 With --combined, writes W plus the exported adapters under Bonsai's names (the PEFT prefix
 removed), the weights of the LoRA plan whose loss the merged weights must reproduce.
 
@@ -57,6 +65,64 @@ def fail(message):
 
 def peft_matches(target, module):
     return module == target or module.endswith("." + target)
+
+
+SHARD = re.compile(r"^model-(\d{5})-of-(\d{5})\.safetensors$")
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                   "special_tokens_map.json"]
+ELEMENT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4}
+
+
+def check_model_dir(a):
+    """The layout of a Hugging Face model directory; returns its tensors and dtypes."""
+    d = a.merged
+    index_path = os.path.join(d, "model.safetensors.index.json")
+    if not os.path.isfile(index_path):
+        fail("%s has no model.safetensors.index.json" % d)
+    with open(index_path) as f:
+        index = json.load(f)
+    weight_map = index["weight_map"]
+    shards = sorted(set(weight_map.values()))
+    files = sorted(n for n in os.listdir(d) if n.endswith(".safetensors"))
+    if files != shards:
+        fail("shard files %s, the weight map names %s" % (files, shards))
+    count = len(shards)
+    for k, name in enumerate(shards, 1):
+        m = SHARD.match(name)
+        if not m or int(m.group(1)) != k or int(m.group(2)) != count:
+            fail("shard %d of %d is named %s" % (k, count, name))
+    tensors, dtypes = safetensors_np.read_index(index_path)
+    if set(tensors) != set(weight_map):
+        fail("the shards hold %s, the weight map %s" % (sorted(tensors), sorted(weight_map)))
+    sizes = {n: t.size * ELEMENT_BYTES[dtypes[n]] for n, t in tensors.items()}
+    if index["metadata"]["total_size"] != sum(sizes.values()):
+        fail("metadata.total_size %s, the tensors hold %d bytes"
+             % (index["metadata"]["total_size"], sum(sizes.values())))
+    if a.shard_size:
+        for name in shards[:-1]:
+            shard_bytes = sum(v for n, v in sizes.items() if weight_map[n] == name)
+            if shard_bytes > a.shard_size and sum(1 for n in weight_map if weight_map[n] == name) > 1:
+                fail("%s holds %d bytes, over --shard-size %d" % (name, shard_bytes, a.shard_size))
+    if not os.path.isfile(os.path.join(d, "config.json")):
+        fail("%s has no config.json" % d)
+    with open(os.path.join(d, "config.json")) as f:
+        json.load(f)
+    if a.source:
+        copied = []
+        for name in ["config.json"] + TOKENIZER_FILES:
+            src = os.path.join(a.source, name)
+            if not os.path.exists(src):
+                if os.path.exists(os.path.join(d, name)):
+                    fail("%s has %s, which %s lacks" % (d, name, a.source))
+                continue
+            with open(src, "rb") as f1, open(os.path.join(d, name), "rb") as f2:
+                if f1.read() != f2.read():
+                    fail("%s is not a copy of %s" % (os.path.join(d, name), src))
+            copied.append(name)
+        print("copied from %s: %s" % (a.source, ", ".join(copied)))
+    print("%s: %d tensors in %d shard%s, index and config.json present"
+          % (d, len(tensors), count, "" if count == 1 else "s"))
+    return tensors, dtypes
 
 
 def check_files(a):
@@ -105,7 +171,13 @@ def check_files(a):
     print("adapter_model.safetensors: %d tensors for %d modules (%s)"
           % (len(adapters), len(modules), sorted(set(dtypes.values()))))
 
-    merged_raw, merged_dtypes, _ = safetensors_np.read(a.merged)
+    if os.path.isdir(a.merged):
+        merged_raw, merged_dtypes = check_model_dir(a)
+    else:
+        merged_raw, merged_dtypes, _ = safetensors_np.read(a.merged)
+    if a.merged_dtype and set(merged_dtypes.values()) != {a.merged_dtype}:
+        fail("merged dtypes %s, expected %s" % (sorted(set(merged_dtypes.values())),
+                                                a.merged_dtype))
     merged = safetensors_np.to_float(merged_raw, merged_dtypes, out=np.float64)
     if set(merged) != set(base):
         fail("merged keys: missing %s, extra %s" % (sorted(set(base) - set(merged)),
@@ -196,6 +268,9 @@ def main():
     f.add_argument("--base-model", default="")
     f.add_argument("--combined")
     f.add_argument("--dtype", default="F32", choices=["F32", "BF16"])
+    f.add_argument("--source", help="model directory whose config and tokenizer were copied")
+    f.add_argument("--shard-size", type=int, help="the --shard-size the export was given")
+    f.add_argument("--merged-dtype", help="the dtype of every merged tensor")
     l = sub.add_parser("losses")
     l.add_argument("--adapted", required=True)
     l.add_argument("--merged", required=True)

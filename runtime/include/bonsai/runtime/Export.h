@@ -8,7 +8,12 @@
 //    `.lora_magnitude_vector`, in the dtype the adapters were trained in;
 //  * one safetensors file with every model weight under its Hugging Face name and each adapted
 //    weight merged: W' = W + s·B·A (LoRA) or W' = m / ||W + s·B·A||_row ⊙ (W + s·B·A) (DoRA),
-//    s = alpha / rank, W dequantized first when the base is NF4.
+//    s = alpha / rank, W dequantized first when the base is NF4;
+//  * a Hugging Face model directory that `AutoModelForCausalLM.from_pretrained(dir)` loads: the
+//    same merged weights in sharded safetensors (model-0000k-of-0000N.safetensors and
+//    model.safetensors.index.json), each tensor in the dtype the source checkpoint had it in,
+//    config.json (the source model directory's, or rebuilt from the plan for Llama and GPT-2
+//    shapes) and the source directory's tokenizer files.
 //
 // Both read the plan's adapter metadata (Plan.adapters, Plan.adapter_targets) and the
 // executor's current parameters; neither runs a kernel. Files are written under temporary
@@ -23,11 +28,13 @@
 #include "bonsai/runtime/Tensor.h"
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace bonsai::rt {
 
+class Checkpoint;
 class Executor;
 
 /// The adapter file names of a PEFT adapter directory.
@@ -68,6 +75,49 @@ ExportSummary exportPeftAdapter(const std::string &dir, const Executor &executor
 /// without an adapter are dequantized into the dtype their Dequantize kernel produces.
 /// Throws rt::Error when the plan has no parameter or a write fails.
 ExportSummary exportMergedWeights(const std::string &path, const Executor &executor);
+
+/// How exportHfModel writes a model directory.
+struct HfExportOptions {
+  /// A Hugging Face model directory whose config.json and tokenizer files are copied; empty:
+  /// config.json is rebuilt from the plan (hfConfigFromPlan) and no tokenizer is written.
+  std::string sourceDir;
+  /// The checkpoint the run's weights came from (--weights), or null: each tensor is written in
+  /// the float dtype it has there (the source dtype), else in the plan's.
+  const Checkpoint *source = nullptr;
+  /// The largest shard, in bytes (a tensor larger than it gets a shard of its own). Hugging
+  /// Face's save_pretrained default, "5GB".
+  uint64_t maxShardBytes = 5000000000ull;
+};
+
+/// The tokenizer files copied from a source model directory when present.
+inline constexpr const char *kHfTokenizerFiles[] = {"tokenizer.json", "tokenizer.model",
+                                                    "tokenizer_config.json",
+                                                    "special_tokens_map.json"};
+
+/// What exportHfModel wrote, beyond ExportSummary.
+struct HfExportSummary : ExportSummary {
+  size_t shards = 0;
+  uint64_t totalBytes = 0;     ///< The index's metadata.total_size.
+  bool configCopied = false;   ///< config.json came from the source directory.
+  size_t tokenizerFiles = 0;   ///< Tokenizer files copied.
+};
+
+/// A transformers config.json for `plan`'s model, rebuilt from its parameter names and shapes
+/// and its kernels' attributes: LlamaForCausalLM (Qwen2ForCausalLM with q/k/v biases) from
+/// "model.layers.N..." names, GPT2LMHeadModel from "h.N..." names. max_position_embeddings is
+/// the plan's sequence length for Llama (the plan does not know the model's). Throws rt::Error
+/// for any other layout. `dtype` is the torch_dtype written.
+std::string hfConfigFromPlan(const LoadedPlan &plan, DType dtype);
+
+/// Writes the Hugging Face model directory `dir` (created, or its files replaced) from the
+/// executor's current parameters: the merged weights of exportMergedWeights, sharded, the
+/// index, config.json and the tokenizer files. A new directory is written under a temporary
+/// name and renamed into place. Throws rt::Error naming the path on any failure.
+HfExportSummary exportHfModel(const std::string &dir, const Executor &executor,
+                              const HfExportOptions &options);
+
+/// "model-00002-of-00005.safetensors".
+std::string hfShardName(size_t index, size_t count);
 
 /// The merge itself, on host views: `out` (f32, [out, in]) = W + s·B·A, then, with a
 /// magnitude, each row r scaled by m[r] / ||row r||_2. `base` may be NF4, F32, F16 or BF16.
