@@ -907,8 +907,17 @@ TEST_F(ToolTest, CommandLineMistakesAreOneLine) {
   expectError(run({plan, "--micro-batches", "0"}), {"--micro-batches must be between 1"});
   expectError(run({plan, "--save-every", "2"}), {"--save-every needs --ckpt-dir"});
   expectError(run({plan, "--resume"}), {"--resume without a path needs --ckpt-dir"});
-  expectError(run({plan, "--resume", dir, "--weights", "w.safetensors"}),
-              {"--resume and --weights both give the parameters"});
+  // A full checkpoint holds every parameter: --weights would be ignored, so it is refused
+  // (an adapter checkpoint takes its base from --weights instead; CheckpointTest).
+  ASSERT_EQ(run({plan, "--save-every", "1", "--ckpt-dir", dir + "/full"}).code, 0);
+  expectError(run({plan, "--resume", dir + "/full", "--weights", "w.safetensors"}),
+              {"holds the whole model: --weights is not used with it"});
+  expectError(run({plan, "--keep-last", "2"}), {"--keep-last needs --save-every"});
+  expectError(run({plan, "--max-new-tokens", "2", "--generate", "a"}),
+              {"--max-new-tokens needs --tokenizer"});
+  expectError(run({plan, "--shard-size", "1GB"}), {"--shard-size needs --export-merged"});
+  expectError(run({plan, "--shard-size", "1XB", "--export-merged", dir + "/m"}),
+              {"--shard-size expects a positive size such as 5GB"});
   expectError(run({plan, "--lr", "-1"}), {"--lr expects a finite non-negative number, got '-1'"});
   expectError(run({plan, "--max-new-bytes", "3"}), {"--max-new-bytes needs --generate"});
   expectError(run({small, "--lr", "0.1"}), {"has no LearningRate kernel"});

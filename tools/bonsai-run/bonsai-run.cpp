@@ -42,7 +42,9 @@
 #include "bonsai/runtime/Export.h"
 #include "bonsai/runtime/Metrics.h"
 #include "bonsai/runtime/Plan.h"
+#include "bonsai/runtime/PlanPrinter.h"
 #include "bonsai/runtime/Safetensors.h"
+#include "bonsai/tokenizer/Tokenizer.h"
 
 #include <algorithm>
 #include <cctype>
@@ -69,12 +71,16 @@ namespace {
 const char *const kSynopsis =
     "usage: bonsai-run PLAN [--weights FILE | --resume [CKPT]] [--data TOKENS.bin] [--seed N]\n"
     "                       [--steps N] [--micro-batches K] [--lr X] [--metrics FILE.jsonl]\n"
-    "                       [--save-every N --ckpt-dir DIR] [--dump-gradients FILE.safetensors]\n"
+    "                       [--save-every N --ckpt-dir DIR [--keep-last N]]\n"
+    "                       [--dump-gradients FILE.safetensors]\n"
     "                       [--export-adapter DIR [--base-model NAME]]\n"
-    "                       [--export-merged FILE.safetensors]\n"
-    "                       [--generate TEXT [--max-new-bytes N]] [--backend=cuda|cpu] [--device N]\n"
+    "                       [--export-merged DIR|FILE.safetensors [--hf-dir DIR]\n"
+    "                        [--shard-size SIZE]]\n"
+    "                       [--generate TEXT [--max-new-bytes N | --tokenizer PATH\n"
+    "                        [--max-new-tokens N]]] [--backend=cuda|cpu] [--device N]\n"
     "                       [--fp8-stats-every N] [--fp8-underflow-warn F]\n"
-    "                       [--eval-data TOKENS.bin --eval-every N [--eval-batches K]]\n";
+    "                       [--eval-data TOKENS.bin --eval-every N [--eval-batches K]]\n"
+    "       bonsai-run PLAN --print-plan\n";
 
 const char *const kHelp =
     "\n"
@@ -83,10 +89,15 @@ const char *const kHelp =
     "forward-only plan it computes the loss. Prints each step's loss, then the planned and\n"
     "measured memory of each arena. See docs/training.md and docs/checkpoints.md.\n"
     "\n"
-    "  --weights FILE        parameters by name from a .safetensors file or a sharded\n"
-    "                        checkpoint's .safetensors.index.json (default: random init)\n"
+    "  --weights FILE|DIR    parameters by name from a .safetensors file, a sharded\n"
+    "                        checkpoint's .safetensors.index.json or a Hugging Face model\n"
+    "                        directory (default: random init); tensors HF keeps that no\n"
+    "                        computation reads (rotary inv_freq, GPT-2's mask buffers, a\n"
+    "                        tied lm_head) are skipped with a note\n"
     "  --resume [CKPT]       continue from a checkpoint: CKPT is a checkpoint directory or a\n"
-    "                        --ckpt-dir whose 'latest' names one (default: --ckpt-dir)\n"
+    "                        --ckpt-dir whose 'latest' names one (default: --ckpt-dir); an\n"
+    "                        adapter checkpoint needs the run's base: the same --weights\n"
+    "                        (or none, for a base from random init)\n"
     "  --data FILE           a Bonsai token file (docs/data-format.md) (default: random tokens);\n"
     "                        a version-2 file's documents are packed into rows, in an order\n"
     "                        shuffled each epoch from --seed\n"
@@ -99,15 +110,30 @@ const char *const kHelp =
     "  --metrics FILE        one JSON object per step (appended to when resuming)\n"
     "  --save-every N        checkpoint every N steps into --ckpt-dir\n"
     "  --ckpt-dir DIR        where checkpoints go (DIR/step-NNNNNNNN, DIR/latest)\n"
+    "  --keep-last N         after each save, remove all but the newest N checkpoints of\n"
+    "                        --ckpt-dir (never the latest, which the new one has replaced)\n"
     "  --dump-gradients FILE after the steps, run forward+backward on the next micro-batch\n"
     "                        without updating and write every gradient tensor to FILE\n"
     "  --export-adapter DIR  after the steps, write the LoRA/DoRA adapters as a PEFT adapter\n"
     "                        directory (adapter_config.json, adapter_model.safetensors)\n"
     "  --base-model NAME     base_model_name_or_path of the adapter's config (default empty)\n"
-    "  --export-merged FILE  after the steps, write every model weight with the adapters\n"
-    "                        merged into their base weights (docs/import-export.md)\n"
+    "  --export-merged DIR|FILE.safetensors\n"
+    "                        after the steps, write every model weight with the adapters\n"
+    "                        merged into their base weights (NF4 dequantized): DIR is a\n"
+    "                        Hugging Face model directory (sharded safetensors, index,\n"
+    "                        config.json, tokenizer files) in the source dtype; a\n"
+    "                        .safetensors path one file (docs/import-export.md)\n"
+    "  --hf-dir DIR          the model directory whose config.json and tokenizer files\n"
+    "                        --export-merged DIR copies (default: --weights DIR; else the\n"
+    "                        config is rebuilt from the plan, Llama and GPT-2 shapes)\n"
+    "  --shard-size SIZE     largest shard of --export-merged DIR (default 5GB)\n"
     "  --generate TEXT       after the steps, greedily generate bytes after TEXT\n"
     "  --max-new-bytes N     bytes to generate (default 64)\n"
+    "  --tokenizer PATH      generate with the model's tokenizer (a Hugging Face model\n"
+    "                        directory, tokenizer.json or tokenizer.model): the prompt is\n"
+    "                        encoded with it and the output decoded; its vocabulary must be\n"
+    "                        the plan's (default: bytes, token id = byte value)\n"
+    "  --max-new-tokens N    tokens to generate with --tokenizer (default 64; stops at EOS)\n"
     "  --backend NAME        cuda or cpu (default: cuda when a GPU is present)\n"
     "  --device N            CUDA device ordinal (default 0)\n"
     "  --no-cuda-graphs      launch kernels one by one instead of replaying CUDA Graphs\n"
@@ -122,6 +148,8 @@ const char *const kHelp =
     "                        val_loss (step line, --metrics); training is unchanged\n"
     "  --eval-every N        steps between evaluations (those whose number is a multiple)\n"
     "  --eval-batches K      batches per evaluation, from the file's start (default: all)\n"
+    "  --print-plan          print the plan (tensors, kernels in order, memory, what a\n"
+    "                        checkpoint holds) and exit\n"
     "  --help                this text\n";
 
 /// A command-line mistake: reported with the usage.
@@ -140,6 +168,7 @@ struct Options {
   std::optional<double> lr;
   std::string metrics;
   uint64_t saveEvery = 0;
+  std::optional<uint64_t> keepLast;
   std::string ckptDir;
   bool resume = false;
   std::string resumePath;
@@ -147,8 +176,12 @@ struct Options {
   std::string exportAdapter;
   std::optional<std::string> baseModel;
   std::string exportMerged;
+  std::string hfDir;
+  std::optional<uint64_t> shardSize;
   std::optional<std::string> generate;
   std::optional<uint64_t> maxNewBytes;
+  std::optional<uint64_t> maxNewTokens;
+  std::string tokenizer;
   std::string backend;       ///< empty: cuda when a GPU is present, else cpu
   int device = 0;
   bool noCudaGraphs = false;
@@ -158,6 +191,7 @@ struct Options {
   std::string evalData;
   std::optional<uint64_t> evalEvery;
   std::optional<uint64_t> evalBatches;
+  bool printPlan = false;
   bool help = false;
 };
 
@@ -180,6 +214,25 @@ uint64_t parsePositive(const std::string &flag, const std::string &text) {
   return parseCount(flag, text);
 }
 
+/// A byte count: digits with an optional unit, decimal (KB, MB, GB) or binary (KiB, MiB, GiB),
+/// as Hugging Face's max_shard_size spells them ("5GB").
+uint64_t parseSize(const std::string &flag, const std::string &text) {
+  size_t digits = text.find_first_not_of("0123456789");
+  std::string unit = digits == std::string::npos ? "" : text.substr(digits);
+  static const std::pair<const char *, uint64_t> units[] = {
+      {"", 1},          {"B", 1},           {"KB", 1000},          {"MB", 1000000},
+      {"GB", 1000000000}, {"KiB", 1ull << 10}, {"MiB", 1ull << 20}, {"GiB", 1ull << 30}};
+  for (const auto &[name, scale] : units)
+    if (unit == name) {
+      uint64_t value = parsePositive(flag, text.substr(0, digits));
+      if (value > UINT64_MAX / scale)
+        break;
+      return value * scale;
+    }
+  throw UsageError{flag + " expects a positive size such as 5GB, 500MB or 2GiB, got '" + text +
+                   "'"};
+}
+
 double parseRate(const std::string &flag, const std::string &text) {
   char *end = nullptr;
   errno = 0;
@@ -188,6 +241,11 @@ double parseRate(const std::string &flag, const std::string &text) {
       !std::isfinite(value) || value < 0 || std::isspace(static_cast<unsigned char>(text[0])))
     throw UsageError{flag + " expects a finite non-negative number, got '" + text + "'"};
   return value;
+}
+
+bool endsWith(const std::string &text, const std::string &suffix) {
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 bool isDirectory(const std::string &path) {
@@ -243,6 +301,8 @@ Options parseOptions(int argc, char **argv) {
         o.metrics = takeValue();
       else if (flag == "--save-every")
         o.saveEvery = parseCount(flag, takeValue());
+      else if (flag == "--keep-last")
+        o.keepLast = parsePositive(flag, takeValue());
       else if (flag == "--ckpt-dir")
         o.ckptDir = takeValue();
       else if (flag == "--dump-gradients")
@@ -253,10 +313,18 @@ Options parseOptions(int argc, char **argv) {
         o.baseModel = takeValue();
       else if (flag == "--export-merged")
         o.exportMerged = takeValue();
+      else if (flag == "--hf-dir")
+        o.hfDir = takeValue();
+      else if (flag == "--shard-size")
+        o.shardSize = parseSize(flag, takeValue());
       else if (flag == "--generate")
         o.generate = takeValue();
       else if (flag == "--max-new-bytes")
         o.maxNewBytes = parseCount(flag, takeValue());
+      else if (flag == "--max-new-tokens")
+        o.maxNewTokens = parseCount(flag, takeValue());
+      else if (flag == "--tokenizer")
+        o.tokenizer = takeValue();
       else if (flag == "--backend")
         o.backend = takeValue();
       else if (flag == "--device")
@@ -265,6 +333,8 @@ Options parseOptions(int argc, char **argv) {
         o.noCudaGraphs = noValue();
       else if (flag == "--profile")
         o.profile = noValue();
+      else if (flag == "--print-plan")
+        o.printPlan = noValue();
       else if (flag == "--fp8-stats-every")
         o.fp8StatsEvery = parseCount(flag, takeValue());
       else if (flag == "--eval-data") {
@@ -312,12 +382,24 @@ Options parseOptions(int argc, char **argv) {
     throw UsageError{"--save-every needs --ckpt-dir"};
   if (o.resume && o.resumePath.empty() && o.ckptDir.empty())
     throw UsageError{"--resume without a path needs --ckpt-dir"};
-  if (o.resume && !o.weights.empty())
-    throw UsageError{"--resume and --weights both give the parameters: use one"};
+  if (o.keepLast && o.saveEvery == 0)
+    throw UsageError{"--keep-last needs --save-every and --ckpt-dir"};
+  if (!o.hfDir.empty() && o.exportMerged.empty())
+    throw UsageError{"--hf-dir needs --export-merged"};
+  if (o.shardSize && o.exportMerged.empty())
+    throw UsageError{"--shard-size needs --export-merged"};
   if (o.baseModel && o.exportAdapter.empty())
     throw UsageError{"--base-model needs --export-adapter"};
   if (o.maxNewBytes && !o.generate)
     throw UsageError{"--max-new-bytes needs --generate"};
+  if (o.maxNewTokens && o.tokenizer.empty())
+    throw UsageError{"--max-new-tokens needs --tokenizer (byte-level generation counts "
+                     "--max-new-bytes)"};
+  if (o.maxNewBytes && !o.tokenizer.empty())
+    throw UsageError{"--max-new-bytes is for byte-level generation: with --tokenizer, give "
+                     "--max-new-tokens"};
+  if (!o.tokenizer.empty() && !o.generate)
+    throw UsageError{"--tokenizer needs --generate"};
   if (o.generate && o.generate->empty())
     throw UsageError{"--generate needs a non-empty prompt"};
   if (o.evalEvery && o.evalData.empty())
@@ -330,6 +412,26 @@ Options parseOptions(int argc, char **argv) {
 }
 
 double mib(uint64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
+
+/// Binds --weights (a safetensors file, a sharded index, or a Hugging Face model directory
+/// holding either) and says, in one note line on stderr, which Hugging Face tensors it skipped
+/// (rt::ignoredHfTensorReason: tensors no computation reads).
+void bindWeightsNoting(rt::Executor &executor, const std::string &weights, uint64_t seed) {
+  std::vector<std::string> ignored =
+      executor.bindWeights(rt::Checkpoint::open(rt::resolveWeightsPath(weights)), seed);
+  if (ignored.empty())
+    return;
+  std::string names;
+  for (size_t i = 0; i < ignored.size() && i < 4; ++i)
+    names += (i ? ", " : "") + ignored[i];
+  if (ignored.size() > 4)
+    names += " and " + std::to_string(ignored.size() - 4) + " more";
+  std::fprintf(stderr,
+               "bonsai-run: note: --weights: ignoring %zu tensor%s that Hugging Face keeps but "
+               "no computation reads (rotary inv_freq, attention-mask buffers, a tied "
+               "lm_head): %s\n",
+               ignored.size(), ignored.size() == 1 ? "" : "s", names.c_str());
+}
 
 /// `bytes` with printable ASCII as is and everything else escaped (\n, \t, \r, \\, \xHH).
 std::string escapeBytes(const std::string &bytes) {
@@ -399,27 +501,21 @@ LogitsSource findLogits(const rt::LoadedPlan &plan, int64_t B, int64_t T) {
                   "' has neither");
 }
 
-/// Greedy byte-level generation: the context (the last T bytes of prompt and output) goes into
-/// row 0 of the ids, the Forward phase runs, and the argmax of the logits at the context's last
-/// position, over ids below min(vocab, 256), is the next byte. With a fused LM head the Forward
-/// kernels before it run and the logits of those ids are x's last row times W's rows, summed
-/// in f32 here.
-std::string generate(rt::Executor &executor, const std::string &prompt, uint64_t count) {
+/// Greedy generation: the context (the last T ids of prompt and output) goes into row 0 of the
+/// ids, the Forward phase runs, and the argmax of the logits at the context's last position,
+/// over ids below `idLimit` (and the logits' vocabulary), is the next id; it stops after `count`
+/// ids or after `stop`. With a fused LM head the Forward kernels before it run and the logits of
+/// those ids are x's last row times W's rows, summed in f32 here.
+std::vector<int64_t> generateIds(rt::Executor &executor, std::vector<int64_t> context,
+                                 int64_t idLimit, uint64_t count, std::optional<int64_t> stop) {
   const rt::LoadedPlan &plan = executor.plan();
   std::vector<int64_t> shape = executor.inputShape();
   int64_t B = shape[0], T = shape[1];
   LogitsSource source = findLogits(plan, B, T);
   int64_t V = source.vocab;
-  int64_t limit = std::min<int64_t>({V, plan.vocabularySize(), 256});
-  std::vector<int64_t> context;
-  for (size_t i = 0; i < prompt.size(); ++i) {
-    int64_t id = static_cast<unsigned char>(prompt[i]);
-    if (id >= plan.vocabularySize())
-      throw rt::Error("--generate: prompt byte " + std::to_string(i) + " is " + std::to_string(id) +
-                      ", not below the plan's vocabulary size " +
-                      std::to_string(plan.vocabularySize()));
-    context.push_back(id);
-  }
+  int64_t limit = std::min<int64_t>({V, plan.vocabularySize(), idLimit});
+  if (context.empty())
+    throw rt::Error("--generate: the prompt encodes to no token");
   rt::TokenBatch batch;
   batch.batch = B;
   batch.seq = T;
@@ -440,7 +536,7 @@ std::string generate(rt::Executor &executor, const std::string &prompt, uint64_t
   std::vector<float> xRow(static_cast<size_t>(D));
   // Views are taken once (taking one copies every arena back); each step fetches one tensor.
   const rt::TensorView &view = executor.view(source.fusedHead ? source.x : *source.logits);
-  std::string out;
+  std::vector<int64_t> out;
   for (uint64_t n = 0; n < count; ++n) {
     size_t start = context.size() > size_t(T) ? context.size() - size_t(T) : 0;
     size_t length = context.size() - start;
@@ -476,9 +572,61 @@ std::string generate(rt::Executor &executor, const std::string &prompt, uint64_t
       if (row[size_t(v)] > row[size_t(best)] || std::isnan(row[size_t(best)]))
         best = v;
     context.push_back(best);
-    out += char(best);
+    out.push_back(best);
+    if (stop && best == *stop)
+      break;
   }
   return out;
+}
+
+/// Byte-level generation (no tokenizer): token id = byte value, ids below 256.
+std::string generate(rt::Executor &executor, const std::string &prompt, uint64_t count) {
+  const rt::LoadedPlan &plan = executor.plan();
+  // A plan without logits is the first thing to say, before the prompt's bytes.
+  std::vector<int64_t> shape = executor.inputShape();
+  findLogits(plan, shape[0], shape[1]);
+  std::vector<int64_t> context;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    int64_t id = static_cast<unsigned char>(prompt[i]);
+    if (id >= plan.vocabularySize())
+      throw rt::Error("--generate: prompt byte " + std::to_string(i) + " is " + std::to_string(id) +
+                      ", not below the plan's vocabulary size " +
+                      std::to_string(plan.vocabularySize()));
+    context.push_back(id);
+  }
+  std::string out;
+  for (int64_t id : generateIds(executor, context, 256, count, std::nullopt))
+    out += char(id);
+  return out;
+}
+
+/// Throws unless `tokenizer`'s ids fit the plan's vocabulary and the two are the same but for
+/// the padding some models give their embedding (rounded up to a multiple of 64 or 128: fewer
+/// than 1024 rows).
+void checkTokenizerVocabulary(const bonsai::tok::Tokenizer &tokenizer, const rt::LoadedPlan &plan) {
+  int64_t ids = tokenizer.vocabSize(), rows = plan.vocabularySize();
+  if (ids > rows || rows - ids >= 1024)
+    throw rt::Error("--tokenizer '" + tokenizer.path() + "' has a vocabulary of " +
+                    std::to_string(ids) + " ids, but plan '" + plan.path + "' has " +
+                    std::to_string(rows) +
+                    (ids > rows ? " (its ids would not fit)"
+                                : " (more than a padded embedding: another model's tokenizer)"));
+}
+
+/// Generation with the model's tokenizer: the prompt is encoded (nothing added before it),
+/// `count` tokens are generated greedily, stopping after the tokenizer's EOS, and decoded.
+std::string generateText(rt::Executor &executor, const bonsai::tok::Tokenizer &tokenizer,
+                         const std::string &prompt, uint64_t count) {
+  std::vector<int64_t> context;
+  for (uint32_t id : tokenizer.encode(prompt))
+    context.push_back(id);
+  std::optional<int64_t> stop;
+  if (tokenizer.eos())
+    stop = tokenizer.eos()->id;
+  std::vector<uint32_t> ids;
+  for (int64_t id : generateIds(executor, context, tokenizer.vocabSize(), count, stop))
+    ids.push_back(uint32_t(id));
+  return tokenizer.decode(ids);
 }
 
 /// Where the profiled step's time went (`ms`, per plan kernel): by kernel kind and phase, then
@@ -528,13 +676,34 @@ int run(const Options &o) {
   executorOptions.backend = backend == "cuda" ? rt::Backend::Cuda : rt::Backend::Cpu;
 
   rt::LoadedPlan plan = rt::loadPlanFile(o.plan);
+  if (o.printPlan) {
+    std::fputs(rt::printPlan(plan).c_str(), stdout);
+    return 0;
+  }
   // An export that cannot happen is reported before the steps, not after them.
   if (!o.exportAdapter.empty()) {
     rt::checkPeftExportable(plan);
     rt::checkExportDestination(o.exportAdapter, "--export-adapter", /*directory=*/true);
   }
+  // --export-merged FILE.safetensors writes one file; anything else is a model directory.
+  bool mergedFile = endsWith(o.exportMerged, ".safetensors");
   if (!o.exportMerged.empty())
-    rt::checkExportDestination(o.exportMerged, "--export-merged", /*directory=*/false);
+    rt::checkExportDestination(o.exportMerged, "--export-merged", /*directory=*/!mergedFile);
+  if (!o.exportMerged.empty() && mergedFile && (!o.hfDir.empty() || o.shardSize))
+    throw rt::Error(std::string(o.hfDir.empty() ? "--shard-size" : "--hf-dir") +
+                    " is for a model directory, and --export-merged '" + o.exportMerged +
+                    "' names a .safetensors file");
+  // The model directory a merged export takes its config and tokenizer from.
+  std::string sourceDir = !o.hfDir.empty() ? o.hfDir
+                          : isDirectory(o.weights) ? o.weights : std::string();
+  if (!o.hfDir.empty() && !isDirectory(o.hfDir))
+    throw rt::Error("--hf-dir '" + o.hfDir + "' is not a directory");
+  // The tokenizer is loaded and checked against the plan before any step runs.
+  std::unique_ptr<bonsai::tok::Tokenizer> tokenizer;
+  if (!o.tokenizer.empty()) {
+    tokenizer = bonsai::tok::loadTokenizer(o.tokenizer);
+    checkTokenizerVocabulary(*tokenizer, plan);
+  }
   uint32_t microBatches = uint32_t(o.microBatches.value_or(plan.microBatches));
   const std::vector<int64_t> &inputShape = plan.tensors[plan.inputs[0]].shape;
   uint64_t tokensPerMicroBatch = uint64_t(inputShape[0] * inputShape[1]);
@@ -563,19 +732,36 @@ int run(const Options &o) {
 
   rt::TrainingPosition position;
   position.seed = o.seed.value_or(0);
+  // The frozen base's identity, computed once (it is a hash of the whole base) and recorded in
+  // every adapter checkpoint of the run.
+  std::optional<rt::BaseIdentity> base;
   if (o.resume) {
     std::string dir = rt::resolveCheckpoint(o.resumePath.empty() ? o.ckptDir : o.resumePath);
-    rt::CheckpointManifest manifest = rt::loadCheckpoint(dir, executor);
-    if (o.seed && *o.seed != manifest.position.seed)
+    rt::CheckpointManifest verified = rt::verifyCheckpoint(dir);
+    if (o.seed && *o.seed != verified.position.seed)
       throw rt::Error("--seed " + std::to_string(*o.seed) + " differs from the seed " +
-                      std::to_string(manifest.position.seed) + " of checkpoint '" + dir +
+                      std::to_string(verified.position.seed) + " of checkpoint '" + dir +
                       "' (a resumed run continues the checkpoint's streams)");
+    if (verified.baseSha256.empty()) {
+      if (!o.weights.empty())
+        throw rt::Error("checkpoint '" + dir + "' holds the whole model: --weights is not used "
+                        "with it (give one of --resume and --weights)");
+    } else {
+      // An adapter checkpoint: the base comes from where the run's came from, then the
+      // checkpoint's trainable tensors and optimizer state go over it.
+      if (!o.weights.empty())
+        bindWeightsNoting(executor, o.weights, verified.position.seed);
+      else
+        executor.initWeights(verified.position.seed);
+      base = rt::baseIdentity(executor);
+    }
+    rt::CheckpointManifest manifest = rt::loadCheckpoint(dir, executor, base ? &*base : nullptr);
     position = manifest.position;
     std::printf("resume: %s (step %" PRIu64 ", micro-batch %" PRIu64 ")\n", dir.c_str(),
                 position.step, position.dataPosition);
     std::fflush(stdout);
   } else if (!o.weights.empty()) {
-    executor.bindWeights(rt::Checkpoint::open(o.weights), position.seed);
+    bindWeightsNoting(executor, o.weights, position.seed);
   } else {
     executor.initWeights(position.seed);
   }
@@ -683,8 +869,17 @@ int run(const Options &o) {
       if (metrics)
         metrics->write(report);
       if (o.saveEvery > 0 && position.step % o.saveEvery == 0) {
-        std::string dir = rt::saveCheckpoint(o.ckptDir, executor, position);
+        if (!base && rt::writesAdapterCheckpoints(executor))
+          base = rt::baseIdentity(executor);
+        std::string dir =
+            rt::saveCheckpoint(o.ckptDir, executor, position, base ? &*base : nullptr);
         progress.note("checkpoint: step " + std::to_string(position.step) + " saved to " + dir);
+        // Only now, with the new checkpoint durable and named by `latest`, may older ones go
+        // (the one this run resumed from among them).
+        if (o.keepLast)
+          for (const std::string &old : rt::pruneCheckpoints(o.ckptDir, *o.keepLast))
+            progress.note("checkpoint: removed " + old + " (--keep-last " +
+                          std::to_string(*o.keepLast) + ")");
       }
     }
   } catch (...) {
@@ -712,10 +907,28 @@ int run(const Options &o) {
                 a.alpha, o.exportAdapter.c_str());
     std::fflush(stdout);
   }
-  if (!o.exportMerged.empty()) {
+  if (!o.exportMerged.empty() && mergedFile) {
     rt::ExportSummary written = rt::exportMergedWeights(o.exportMerged, executor);
     std::printf("merged: %zu tensors (%zu adapted weights merged) written to %s\n",
                 written.tensors, written.merged, o.exportMerged.c_str());
+    std::fflush(stdout);
+  } else if (!o.exportMerged.empty()) {
+    rt::HfExportOptions options;
+    options.sourceDir = sourceDir;
+    std::optional<rt::Checkpoint> source;
+    if (!o.weights.empty()) {
+      source = rt::Checkpoint::open(rt::resolveWeightsPath(o.weights));
+      options.source = &*source;
+    }
+    if (o.shardSize)
+      options.maxShardBytes = *o.shardSize;
+    rt::HfExportSummary written = rt::exportHfModel(o.exportMerged, executor, options);
+    std::printf("merged: %zu tensors (%zu adapted weights merged) in %zu shard%s, config.json %s"
+                ", %zu tokenizer file%s, written to %s\n",
+                written.tensors, written.merged, written.shards, written.shards == 1 ? "" : "s",
+                written.configCopied ? ("from " + sourceDir).c_str() : "rebuilt from the plan",
+                written.tokenizerFiles, written.tokenizerFiles == 1 ? "" : "s",
+                o.exportMerged.c_str());
     std::fflush(stdout);
   }
   if (!o.dumpGradients.empty()) {
@@ -731,7 +944,13 @@ int run(const Options &o) {
   if (o.profile && steps > 0)
     printProfile(plan, profiled);
   if (o.generate) {
-    std::string text = generate(executor, *o.generate, o.maxNewBytes.value_or(64));
+    std::string text;
+    if (tokenizer) {
+      std::printf("tokenizer: %s\n", tokenizer->describe().c_str());
+      text = generateText(executor, *tokenizer, *o.generate, o.maxNewTokens.value_or(64));
+    } else {
+      text = generate(executor, *o.generate, o.maxNewBytes.value_or(64));
+    }
     std::printf("prompt: %s\ngenerated: %s\n", escapeBytes(*o.generate).c_str(),
                 escapeBytes(text).c_str());
     std::fflush(stdout);
