@@ -41,6 +41,23 @@ void KernelChecker::checkTheta() {
   const auto &a = kernel.attrsAs<RoPEAttrs>();
   if (!(a.theta > 0))
     fail("theta must be positive, got " + num(a.theta));
+  if (a.scalingFactor == 0 && a.lowFreqFactor == 0 && a.highFreqFactor == 0 &&
+      a.originalMaxPositions == 0)
+    return;
+  if (!(a.scalingFactor > 0) || !(a.lowFreqFactor > 0) || !(a.highFreqFactor > a.lowFreqFactor) ||
+      a.originalMaxPositions <= 0)
+    fail("llama3 rope scaling needs scaling_factor > 0, low_freq_factor > 0, high_freq_factor > "
+         "low_freq_factor and original_max_positions > 0, got " +
+         num(a.scalingFactor) + ", " + num(a.lowFreqFactor) + ", " + num(a.highFreqFactor) +
+         ", " + std::to_string(a.originalMaxPositions));
+}
+
+void KernelChecker::checkTokenInput(size_t i, size_t of) const {
+  if (kernel.inputs.size() <= i)
+    return;
+  expectIndex(i);
+  const std::vector<int64_t> &x = in(of).shape;
+  expectInputShape(i, {x[0], x[1]});
 }
 
 void KernelChecker::checkAttentionScale() {
@@ -64,8 +81,12 @@ void KernelChecker::checkAttentionGradShapes() {
   expectFloatOutput(0, in(1).shape);
   expectFloatOutput(1, in(2).shape);
   expectFloatOutput(2, in(2).shape);
-  if (kernel.kind == KernelKind::FlashAttentionGrad)
+  if (kernel.kind == KernelKind::FlashAttentionGrad) {
     checkLse(5, /*isOutput=*/false);
+    checkTokenInput(kinds::FlashAttentionGrad::In::segment_ids, 1);
+  } else {
+    checkTokenInput(kinds::AttentionGrad::In::segment_ids, 1);
+  }
 }
 
 void KernelChecker::verify(kinds::RoPE) {
@@ -76,6 +97,7 @@ void KernelChecker::verify(kinds::RoPE) {
   if (in(0).shape[3] % 2 != 0)
     fail(inName(0) + " head_dim must be even to rotate pairs, got " +
          std::to_string(in(0).shape[3]));
+  checkTokenInput(kinds::RoPE::In::positions, 0);
   expectOutputLike(0);
 }
 
@@ -95,6 +117,7 @@ void KernelChecker::verify(kinds::Attention) {
   if (q[2] % k[2] != 0)
     fail("query heads (" + std::to_string(q[2]) + ") must be a multiple of key/value heads (" +
          std::to_string(k[2]) + ")");
+  checkTokenInput(kinds::Attention::In::segment_ids, 0);
   expectOutputLike(0);
 }
 
@@ -111,6 +134,7 @@ void KernelChecker::verify(kinds::RoPEGrad) {
   if (in(0).shape[3] % 2 != 0)
     fail(inName(0) + " head_dim must be even to rotate pairs, got " +
          std::to_string(in(0).shape[3]));
+  checkTokenInput(kinds::RoPEGrad::In::positions, 0);
   expectFloatOutput(0, in(0).shape);
 }
 
@@ -131,6 +155,7 @@ void KernelChecker::verify(kinds::FlashAttention) {
   checkAttentionShapes(0, 1, 2);
   expectInputDType(1, in(0).dtype);
   expectInputDType(2, in(0).dtype);
+  checkTokenInput(kinds::FlashAttention::In::segment_ids, 0);
   expectOutputLike(0);
   checkLse(1, /*isOutput=*/true);
 }

@@ -1,7 +1,10 @@
 //===- Attention.cpp - rope and attention on the CPU ----------------------===//
 //
 // The two kernels that work on [batch, seq, heads, head_dim] tensors. rope rotates pairs
-// (i, i + D/2) by angles computed in fp64 (Hugging Face's rotate-half convention). attention is
+// (i, i + D/2) by angles computed in fp64 (Hugging Face's rotate-half convention), from each
+// token's position (its sequence index, or the optional positions operand) and the inverse
+// frequencies of ropeInverseFrequencies (llama3 scaling included). With segment ids, attention
+// masks the keys of other segments (packed rows). attention is
 // the exact softmax(scale q kᵀ) v with dot products, the softmax and the weighted sum of values in
 // fp64, one (batch, head) pair per work item, so results do not depend on the number of threads.
 // flash_attention is the same kernel that also stores each row's log-sum-exp, max + log(sum), in
@@ -30,28 +33,33 @@ constexpr int64_t kWorkGrain = 1 << 16;
 } // namespace
 
 void detail::rotatePairs(const char *kernel, const char *xName, const TensorView &x,
-                         double theta, bool transpose, const char *yName, const TensorView &y) {
+                         const RoPEAttrs &a, const TensorView *positions, bool transpose,
+                         const char *yName, const TensorView &y) {
   checkFloat(kernel, xName, x);
   checkFloat(kernel, yName, y);
   if (x.rank() != 4 || x.dim(3) % 2 != 0)
     fail(kernel, std::string(xName) + " shape " + formatShape(x.shape) +
                      " is not [batch, seq, heads, head_dim] with an even head_dim");
   checkSameShape(kernel, yName, y, xName, x);
-  if (!(theta > 0.0))
-    fail(kernel, "theta " + std::to_string(theta) + " is not positive");
+  if (!(a.theta > 0.0))
+    fail(kernel, "theta " + std::to_string(a.theta) + " is not positive");
   int64_t batch = x.dim(0), seq = x.dim(1), heads = x.dim(2), d = x.dim(3), half = d / 2;
+  std::vector<int64_t> pos = loadTokenOperand(kernel, "positions", positions, batch, seq);
 
   // Angles in fp64: an fp32 position * inv_freq is off by up to 2.4e-4 rad at position 4096.
-  // The forward and the gradient compute the same tables, so that ropeGrad(rope(x)) is x up to
-  // rounding.
-  std::vector<double> cosTable(static_cast<size_t>(seq * half)),
-      sinTable(static_cast<size_t>(seq * half));
-  for (int64_t i = 0; i < half; ++i) {
-    double invFreq = std::pow(theta, -2.0 * double(i) / double(d));
-    for (int64_t s = 0; s < seq; ++s) {
-      double angle = double(s) * invFreq;
-      cosTable[size_t(s * half + i)] = std::cos(angle);
-      sinTable[size_t(s * half + i)] = std::sin(angle);
+  // The forward and the gradient compute the same angles, so that ropeGrad(rope(x)) is x up to
+  // rounding. Without positions one table of seq rows serves every batch row; with them each
+  // token's angles are computed from its own position.
+  std::vector<double> invFreq = ropeInverseFrequencies(a, d);
+  int64_t tableRows = pos.empty() ? seq : batch * seq;
+  std::vector<double> cosTable(static_cast<size_t>(tableRows * half)),
+      sinTable(static_cast<size_t>(tableRows * half));
+  for (int64_t r = 0; r < tableRows; ++r) {
+    double p = pos.empty() ? double(r) : double(pos[size_t(r)]);
+    for (int64_t i = 0; i < half; ++i) {
+      double angle = p * invFreq[size_t(i)];
+      cosTable[size_t(r * half + i)] = std::cos(angle);
+      sinTable[size_t(r * half + i)] = std::sin(angle);
     }
   }
 
@@ -60,7 +68,7 @@ void detail::rotatePairs(const char *kernel, const char *xName, const TensorView
               [&](int64_t t0, int64_t t1) {
                 std::vector<float> in(static_cast<size_t>(row)), out(static_cast<size_t>(row));
                 for (int64_t t = t0; t < t1; ++t) {
-                  int64_t s = t % seq;
+                  int64_t s = pos.empty() ? t % seq : t;
                   const double *c = &cosTable[size_t(s * half)];
                   const double *sn = &sinTable[size_t(s * half)];
                   loadF32(subView(x, t * row, row), in.data());
@@ -88,7 +96,12 @@ void detail::rotatePairs(const char *kernel, const char *xName, const TensorView
 }
 
 void rope(const TensorView &x, double theta, const TensorView &y) {
-  rotatePairs("rope", "x", x, theta, /*transpose=*/false, "y", y);
+  rope(x, RoPEAttrs{theta}, nullptr, y);
+}
+
+void rope(const TensorView &x, const RoPEAttrs &a, const TensorView *positions,
+          const TensorView &y) {
+  rotatePairs("rope", "x", x, a, positions, /*transpose=*/false, "y", y);
 }
 
 namespace {
@@ -96,7 +109,8 @@ namespace {
 /// attention, and with `lse` (non-null) flashAttention: the log-sum-exp of each row is a
 /// by-product of the softmax, so both share one body and o is the same in both.
 void attentionImpl(const char *kn, const TensorView &q, const TensorView &k, const TensorView &v,
-                   bool causal, double scale, const TensorView &o, const TensorView *lse) {
+                   const TensorView *segmentIds, bool causal, double scale, const TensorView &o,
+                   const TensorView *lse) {
   checkFloat(kn, "q", q);
   checkFloat(kn, "k", k);
   checkFloat(kn, "v", v);
@@ -121,6 +135,7 @@ void attentionImpl(const char *kn, const TensorView &q, const TensorView &k, con
       fail(kn, "lse overlaps o");
   }
   int64_t kvHeads = k.dim(2), group = heads / kvHeads;
+  std::vector<int64_t> segments = loadTokenOperand(kn, "segment_ids", segmentIds, batch, seq);
 
   std::vector<float> qs, ks, vs, os, lses;
   const float *qp = loadFloats(q, qs);
@@ -137,8 +152,14 @@ void attentionImpl(const char *kn, const TensorView &q, const TensorView &k, con
       for (int64_t i = 0; i < seq; ++i) {
         const float *qi = qp + ((b * seq + i) * heads + h) * d;
         int64_t keys = causal ? i + 1 : seq;
+        // Keys of another segment (packed rows) score -inf: probability 0.
+        const int64_t *seg = segments.empty() ? nullptr : &segments[size_t(b * seq)];
         double max = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < keys; ++j) {
+          if (seg && seg[j] != seg[i]) {
+            p[size_t(j)] = -std::numeric_limits<double>::infinity();
+            continue;
+          }
           const float *kj = kp + ((b * seq + j) * kvHeads + g) * d;
           double dot = 0.0;
           for (int64_t e = 0; e < d; ++e)
@@ -146,9 +167,12 @@ void attentionImpl(const char *kn, const TensorView &q, const TensorView &k, con
           p[size_t(j)] = scale * dot;
           max = std::max(max, p[size_t(j)]);
         }
+        // A row that reads no key (possible only without causal masking's own key) has
+        // max -inf: its probabilities are 0, its output 0 and its log-sum-exp -inf.
+        bool empty = max == -std::numeric_limits<double>::infinity();
         double sum = 0.0;
         for (int64_t j = 0; j < keys; ++j)
-          sum += p[size_t(j)] = std::exp(p[size_t(j)] - max);
+          sum += p[size_t(j)] = empty ? 0.0 : std::exp(p[size_t(j)] - max);
         std::fill(acc.begin(), acc.end(), 0.0);
         for (int64_t j = 0; j < keys; ++j) {
           const float *vj = vp + ((b * seq + j) * kvHeads + g) * d;
@@ -157,9 +181,10 @@ void attentionImpl(const char *kn, const TensorView &q, const TensorView &k, con
         }
         float *oi = op + ((b * seq + i) * heads + h) * d;
         for (int64_t e = 0; e < d; ++e)
-          oi[e] = float(acc[size_t(e)] / sum);
+          oi[e] = empty ? 0.0f : float(acc[size_t(e)] / sum);
         if (lp)
-          lp[t * seq + i] = float(max + std::log(sum));
+          lp[t * seq + i] = empty ? -std::numeric_limits<float>::infinity()
+                                  : float(max + std::log(sum));
       }
     }
   });
@@ -172,13 +197,14 @@ void attentionImpl(const char *kn, const TensorView &q, const TensorView &k, con
 } // namespace
 
 void attention(const TensorView &q, const TensorView &k, const TensorView &v, bool causal,
-               double scale, const TensorView &o) {
-  attentionImpl("attention", q, k, v, causal, scale, o, nullptr);
+               double scale, const TensorView &o, const TensorView *segmentIds) {
+  attentionImpl("attention", q, k, v, segmentIds, causal, scale, o, nullptr);
 }
 
 void flashAttention(const TensorView &q, const TensorView &k, const TensorView &v, bool causal,
-                    double scale, const TensorView &o, const TensorView &lse) {
-  attentionImpl("flash_attention", q, k, v, causal, scale, o, &lse);
+                    double scale, const TensorView &o, const TensorView &lse,
+                    const TensorView *segmentIds) {
+  attentionImpl("flash_attention", q, k, v, segmentIds, causal, scale, o, &lse);
 }
 
 } // namespace bonsai::rt::cpu

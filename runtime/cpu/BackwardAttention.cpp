@@ -6,7 +6,8 @@
 // accumulates dq, dk and dv in fp64. flash_attention_grad is the same kernel with the
 // probabilities formed from the forward's saved log-sum-exp, exp(x - lse), instead. One work item is a (batch, kv head) pair: it walks the query
 // heads that share the kv head in order, so the GQA sums into dk and dv have one order whatever
-// the number of threads.
+// the number of threads. Segment ids (packed rows) mask keys of other segments as in the
+// forward.
 //
 //===----------------------------------------------------------------------===//
 
@@ -32,6 +33,7 @@ constexpr int64_t kWorkGrain = 1 << 16;
 struct AttentionGradArgs {
   const float *dout, *q, *k, *v, *o;
   const float *lse; ///< flash_attention_grad's saved log-sum-exp [B, H, S]; null: recompute
+  const int64_t *segments; ///< segment ids [B, S] (packed rows); null: none
   float *dq, *dk, *dv;
   int64_t seq, heads, kvHeads, d;
   bool causal;
@@ -58,9 +60,14 @@ void attentionGradItem(const AttentionGradArgs &a, int64_t b, int64_t g, Attenti
       int64_t qOffset = ((b * seq + i) * a.heads + h) * d;
       const float *qi = a.q + qOffset, *doi = a.dout + qOffset, *oi = a.o + qOffset;
       int64_t keys = a.causal ? i + 1 : seq;
-      // The scores, as the forward computes them.
+      const int64_t *seg = a.segments ? a.segments + b * seq : nullptr;
+      // The scores, as the forward computes them (-inf for keys of another segment).
       double max = -std::numeric_limits<double>::infinity();
       for (int64_t j = 0; j < keys; ++j) {
+        if (seg && seg[j] != seg[i]) {
+          s.p[size_t(j)] = -std::numeric_limits<double>::infinity();
+          continue;
+        }
         const float *kj = a.k + ((b * seq + j) * a.kvHeads + g) * d;
         double dot = 0.0;
         for (int64_t e = 0; e < d; ++e)
@@ -70,6 +77,12 @@ void attentionGradItem(const AttentionGradArgs &a, int64_t b, int64_t g, Attenti
       }
       // Normalised with the saved log-sum-exp (exp(x - lse) = exp(x - max) / sum), or with
       // the softmax's maximum and sum recomputed the same way as the forward.
+      // A row that reads no key contributes nothing (its forward output is 0).
+      if (max == -std::numeric_limits<double>::infinity()) {
+        for (int64_t e = 0; e < d; ++e)
+          a.dq[qOffset + e] = 0.0f;
+        continue;
+      }
       double sum = 1.0;
       if (a.lse) {
         double lse = a.lse[(b * a.heads + h) * seq + i];
@@ -89,6 +102,8 @@ void attentionGradItem(const AttentionGradArgs &a, int64_t b, int64_t g, Attenti
         int64_t kvOffset = ((b * seq + j) * a.kvHeads + g) * d;
         const float *kj = a.k + kvOffset, *vj = a.v + kvOffset;
         double pj = s.p[size_t(j)] / sum, dp = 0.0;
+        if (pj == 0.0 && seg && seg[j] != seg[i])
+          continue;
         for (int64_t e = 0; e < d; ++e)
           dp += double(doi[e]) * double(vj[e]);
         double ds = pj * (dp - rowDot);
@@ -115,7 +130,12 @@ void attentionGradItem(const AttentionGradArgs &a, int64_t b, int64_t g, Attenti
 } // namespace
 
 void ropeGrad(const TensorView &dy, double theta, const TensorView &dx) {
-  rotatePairs("rope_grad", "dy", dy, theta, /*transpose=*/true, "dx", dx);
+  ropeGrad(dy, RoPEAttrs{theta}, nullptr, dx);
+}
+
+void ropeGrad(const TensorView &dy, const RoPEAttrs &a, const TensorView *positions,
+              const TensorView &dx) {
+  rotatePairs("rope_grad", "dy", dy, a, positions, /*transpose=*/true, "dx", dx);
 }
 
 namespace {
@@ -123,8 +143,9 @@ namespace {
 /// attentionGrad, and with `lse` (non-null) flashAttentionGrad.
 void attentionGradImpl(const char *kn, const TensorView &dout, const TensorView &q,
                        const TensorView &k, const TensorView &v, const TensorView &o,
-                       const TensorView *lse, bool causal, double scale, const TensorView &dq,
-                       const TensorView &dk, const TensorView &dv) {
+                       const TensorView *lse, const TensorView *segmentIds, bool causal,
+                       double scale, const TensorView &dq, const TensorView &dk,
+                       const TensorView &dv) {
   checkFloat(kn, "dout", dout);
   checkFloat(kn, "q", q);
   checkFloat(kn, "k", k);
@@ -155,6 +176,7 @@ void attentionGradImpl(const char *kn, const TensorView &dout, const TensorView 
                                                       formatShape(q.shape) + ")");
   }
   int64_t kvHeads = k.dim(2), group = heads / kvHeads;
+  std::vector<int64_t> segments = loadTokenOperand(kn, "segment_ids", segmentIds, batch, seq);
 
   std::vector<float> dos, qs, ks, vs, os, lses, dqs, dks, dvs;
   const float *dop = loadFloats(dout, dos);
@@ -171,8 +193,8 @@ void attentionGradImpl(const char *kn, const TensorView &dout, const TensorView 
   float *dkp = resultBuffer(dk, {&dout, &q, &k, &v, &o, &l, &dq}, dks);
   float *dvp = resultBuffer(dv, {&dout, &q, &k, &v, &o, &l, &dq, &dk}, dvs);
 
-  AttentionGradArgs args{dop, qp, kp, vp, op, lp, dqp, dkp, dvp,
-                         seq, heads, kvHeads, d, causal, scale};
+  AttentionGradArgs args{dop, qp, kp, vp, op, lp, segments.empty() ? nullptr : segments.data(),
+                         dqp, dkp, dvp, seq, heads, kvHeads, d, causal, scale};
   int64_t work = std::max<int64_t>(1, group * seq * seq * d);
   parallelFor(batch * kvHeads, std::max<int64_t>(1, kWorkGrain / work),
               [&](int64_t t0, int64_t t1) {
@@ -192,15 +214,18 @@ void attentionGradImpl(const char *kn, const TensorView &dout, const TensorView 
 
 void attentionGrad(const TensorView &dout, const TensorView &q, const TensorView &k,
                    const TensorView &v, const TensorView &o, bool causal, double scale,
-                   const TensorView &dq, const TensorView &dk, const TensorView &dv) {
-  attentionGradImpl("attention_grad", dout, q, k, v, o, nullptr, causal, scale, dq, dk, dv);
+                   const TensorView &dq, const TensorView &dk, const TensorView &dv,
+                   const TensorView *segmentIds) {
+  attentionGradImpl("attention_grad", dout, q, k, v, o, nullptr, segmentIds, causal, scale, dq,
+                    dk, dv);
 }
 
 void flashAttentionGrad(const TensorView &dout, const TensorView &q, const TensorView &k,
                         const TensorView &v, const TensorView &o, const TensorView &lse,
                         bool causal, double scale, const TensorView &dq, const TensorView &dk,
-                        const TensorView &dv) {
-  attentionGradImpl("flash_attention_grad", dout, q, k, v, o, &lse, causal, scale, dq, dk, dv);
+                        const TensorView &dv, const TensorView *segmentIds) {
+  attentionGradImpl("flash_attention_grad", dout, q, k, v, o, &lse, segmentIds, causal, scale, dq,
+                    dk, dv);
 }
 
 } // namespace bonsai::rt::cpu

@@ -82,6 +82,20 @@ void parallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int
       std::rethrow_exception(e);
 }
 
+std::vector<int64_t> loadTokenOperand(const char *kernel, const char *name, const TensorView *t,
+                                      int64_t batch, int64_t seq) {
+  std::vector<int64_t> values;
+  if (!t)
+    return values;
+  checkIndex(kernel, name, *t);
+  checkShape(kernel, name, *t, {batch, seq}, "([batch, seq])");
+  values.resize(size_t(batch * seq));
+  for (size_t i = 0; i < values.size(); ++i)
+    values[i] = t->dtype == DType::I32 ? int64_t(static_cast<const int32_t *>(t->data)[i])
+                                       : static_cast<const int64_t *>(t->data)[i];
+  return values;
+}
+
 double loadScalar(const char *kernel, const char *operand, const TensorView &t) {
   checkFloat(kernel, operand, t);
   if (t.numel() != 1)

@@ -9,6 +9,7 @@
 #ifndef BONSAI_RUNTIME_CPU_KERNELUTIL_H
 #define BONSAI_RUNTIME_CPU_KERNELUTIL_H
 
+#include "bonsai/runtime/KernelAttrs.h"
 #include "bonsai/runtime/Tensor.h"
 
 #include "OperandChecks.h"
@@ -49,8 +50,15 @@ void parallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int
 /// angle s theta^(-2i / head_dim) at position s, or by its transpose (`transpose`: rope's
 /// gradient). The body of cpu::rope and cpu::ropeGrad (runtime/cpu/Attention.cpp); `kernel`,
 /// `xName` and `yName` word its errors.
-void rotatePairs(const char *kernel, const char *xName, const TensorView &x, double theta,
-                 bool transpose, const char *yName, const TensorView &y);
+void rotatePairs(const char *kernel, const char *xName, const TensorView &x, const RoPEAttrs &a,
+                 const TensorView *positions, bool transpose, const char *yName,
+                 const TensorView &y);
+
+/// The optional per-token operand `name` (positions, segment ids) of a [batch, seq, ...]
+/// kernel as int64, row-major [batch, seq]; empty when `t` is null. Fails unless it is an i32
+/// or i64 [batch, seq] tensor.
+std::vector<int64_t> loadTokenOperand(const char *kernel, const char *name, const TensorView *t,
+                                      int64_t batch, int64_t seq);
 
 /// Checks that `t` is a float scalar (one element) and returns it.
 double loadScalar(const char *kernel, const char *operand, const TensorView &t);

@@ -26,6 +26,8 @@
 // log-sum-exp, the dq kernel: the mma.sync kernels' softmax arithmetic on the same fragment
 // layout, over 128-key tiles, with the operands read by the tensor cores straight from swizzled
 // shared memory.
+// Segment ids (packed rows, query i reads key j only within its segment) are masked by the
+// generic kernels only: a call with them runs there whatever its types.
 // Causal tiles differ in length, so the tensor-core kernels start their blocks longest first
 // across groups of heads, not head by head (tileOf), which keeps the last wave from running a
 // few long tiles alone. Scratch (D and the log-sum-exp) comes from cudaMallocAsync on ctx.stream,
@@ -180,6 +182,10 @@ struct Args {
   int causal;
   /// (batch, head) groups per chunk of tileOf's block order; 0: head by head.
   int orderChunk;
+  /// Segment ids [B, S] of packed rows (null: none), i64 when segmentsI64 else i32. Only the
+  /// generic kernels read them: the launchers send every segmented call there.
+  const void *segments;
+  int segmentsI64;
   int numTiles; ///< tiles along the sequence per (batch, head) or (batch, kv head)
 };
 
@@ -225,6 +231,18 @@ __device__ __forceinline__ void storeElem(void *p, int dtype, int64_t i, float x
     static_cast<__half *>(p)[i] = __float2half_rn(x);
   else
     static_cast<float *>(p)[i] = x;
+}
+
+/// Whether query i may read key j of batch row b under the segment ids (always without them).
+__device__ __forceinline__ bool sameSegment(const Args &a, int b, int i, int j) {
+  if (!a.segments)
+    return true;
+  int64_t row = int64_t(b) * a.seq;
+  if (a.segmentsI64)
+    return static_cast<const int64_t *>(a.segments)[row + i] ==
+           static_cast<const int64_t *>(a.segments)[row + j];
+  return static_cast<const int32_t *>(a.segments)[row + i] ==
+         static_cast<const int32_t *>(a.segments)[row + j];
 }
 
 __device__ __forceinline__ float warpMax(float x) {
@@ -318,7 +336,7 @@ __global__ void __launch_bounds__(kThreads) forwardKernel(const Args a, bool lse
       continue;
     const int j = t0 + lane;
     float s = -INFINITY;
-    if (j < a.seq && !(a.causal && j > i)) {
+    if (j < a.seq && !(a.causal && j > i) && sameSegment(a, b, i, j)) {
       const float *kj = sK + lane * pitch;
       float dot = 0.f;
       for (int e = 0; e < d; ++e)
@@ -350,7 +368,9 @@ __global__ void __launch_bounds__(kThreads) forwardKernel(const Args a, bool lse
       a.lse[int64_t(bh) * a.seq + i] = rowMax + logf(rowSum);
     return;
   }
-  const float inv = 1.f / rowSum;
+  // A row that read no key (segment ids without the causal diagonal) writes zeros and an lse
+  // of -inf, not 0 * inf.
+  const float inv = rowSum > 0.f ? 1.f / rowSum : 0.f;
   for (int e = lane; e < d; e += 32)
     storeElem(a.out, a.outType, qRow + e, acc[e] * inv);
   if (a.savedLse && lane == 0)
@@ -394,7 +414,7 @@ __global__ void __launch_bounds__(kThreads) gradQKernel(const Args a) {
       continue;
     const int j = t0 + lane;
     float dsj = 0.f;
-    if (j < a.seq && !(a.causal && j > i)) {
+    if (j < a.seq && !(a.causal && j > i) && sameSegment(a, b, i, j)) {
       const float *kj = sK + lane * pitch, *vj = sV + lane * pitch;
       float dot = 0.f, dp = 0.f;
       for (int e = 0; e < d; ++e) {
@@ -465,7 +485,7 @@ __global__ void __launch_bounds__(kThreads) gradKVKernel(const Args a) {
         continue;
       const int i = t0 + lane;
       float pi = 0.f, dsi = 0.f;
-      if (i < a.seq && !(a.causal && j > i)) {
+      if (i < a.seq && !(a.causal && j > i) && sameSegment(a, b, i, j)) {
         const float *qi = sQ + lane * pitch, *doi = sDo + lane * pitch;
         float dot = 0.f, dp = 0.f;
         for (int e = 0; e < d; ++e) {
@@ -2045,10 +2065,26 @@ void checkLse(const char *kn, const TensorView &lse, const Dims &dims) {
     fail(kn, "lse of shape " + formatShape(lse.shape) + " has no data");
 }
 
+/// Checks the optional segment ids (i32 or i64 [B, S]) and points the kernels' arguments at them.
+void setSegments(const char *kn, Args &a, const TensorView *segmentIds, const Dims &dims) {
+  if (!segmentIds)
+    return;
+  if (segmentIds->dtype != DType::I32 && segmentIds->dtype != DType::I64)
+    fail(kn, std::string("segment_ids must be i32 or i64, not ") + dtypeName(segmentIds->dtype));
+  std::vector<int64_t> want = {dims.batch, dims.seq};
+  if (segmentIds->shape != want)
+    fail(kn, "segment_ids shape " + formatShape(segmentIds->shape) + " should be " +
+                 formatShape(want) + " ([batch, seq] of q)");
+  if (!segmentIds->data && segmentIds->numel() != 0)
+    fail(kn, "segment_ids of shape " + formatShape(segmentIds->shape) + " has no data");
+  a.segments = segmentIds->data;
+  a.segmentsI64 = segmentIds->dtype == DType::I64 ? 1 : 0;
+}
+
 /// attention, and with `lse` flashAttention.
 void attentionImpl(const char *kn, const Context &ctx, const TensorView &q, const TensorView &k,
                    const TensorView &v, bool causal, double scale, const TensorView &o,
-                   const TensorView *lse) {
+                   const TensorView *lse, const TensorView *segmentIds) {
   Dims dims = checkOperands(kn, q, k, v);
   checkFloat(kn, "o", o);
   checkSameShape(kn, "o", o, "q", q);
@@ -2071,7 +2107,10 @@ void attentionImpl(const char *kn, const Context &ctx, const TensorView &q, cons
   a.vType = typeCode(v.dtype);
   a.outType = typeCode(o.dtype);
   a.savedLse = lse ? static_cast<float *>(lse->data) : nullptr;
-  if (o.numel() != 0 && tensorCorePath(kn, dims, {&q, &k, &v, &o})) {
+  setSegments(kn, a, segmentIds, dims);
+  // Segment ids (packed rows) take the generic kernels, the only ones with that mask
+  // (docs/cuda.md says what it costs).
+  if (!segmentIds && o.numel() != 0 && tensorCorePath(kn, dims, {&q, &k, &v, &o})) {
     if (q.dtype == DType::BF16)
       forwardTensorCoreD<__nv_bfloat16>(kn, ctx.stream, a, dims);
     else
@@ -2085,7 +2124,8 @@ void attentionImpl(const char *kn, const Context &ctx, const TensorView &q, cons
 void attentionGradImpl(const char *kn, const Context &ctx, const TensorView &dout,
                        const TensorView &q, const TensorView &k, const TensorView &v,
                        const TensorView &o, const TensorView *lse, bool causal, double scale,
-                       const TensorView &dq, const TensorView &dk, const TensorView &dv) {
+                       const TensorView &dq, const TensorView &dk, const TensorView &dv,
+                       const TensorView *segmentIds) {
   Dims dims = checkOperands(kn, q, k, v);
   checkFloat(kn, "dout", dout);
   checkFloat(kn, "o", o);
@@ -2140,7 +2180,8 @@ void attentionGradImpl(const char *kn, const Context &ctx, const TensorView &dou
   Scratch scratch(kn, ctx.stream, size_t(2 * rows));
   a.lse = scratch.data();
   a.dsum = scratch.data() + rows;
-  if (tensorCorePath(kn, dims, {&q, &k, &v, &o, &dout, &dq, &dk, &dv})) {
+  setSegments(kn, a, segmentIds, dims);
+  if (!segmentIds && tensorCorePath(kn, dims, {&q, &k, &v, &o, &dout, &dq, &dk, &dv})) {
     if (q.dtype == DType::BF16)
       gradTensorCoreD<__nv_bfloat16>(kn, ctx.stream, a, dims);
     else
@@ -2153,28 +2194,31 @@ void attentionGradImpl(const char *kn, const Context &ctx, const TensorView &dou
 } // namespace
 
 void attention(const Context &ctx, const TensorView &q, const TensorView &k, const TensorView &v,
-               bool causal, double scale, const TensorView &o) {
-  attentionImpl("attention", ctx, q, k, v, causal, scale, o, nullptr);
+               bool causal, double scale, const TensorView &o, const TensorView *segmentIds) {
+  attentionImpl("attention", ctx, q, k, v, causal, scale, o, nullptr, segmentIds);
 }
 
 void flashAttention(const Context &ctx, const TensorView &q, const TensorView &k,
                     const TensorView &v, bool causal, double scale, const TensorView &o,
-                    const TensorView &lse) {
-  attentionImpl("flash_attention", ctx, q, k, v, causal, scale, o, &lse);
+                    const TensorView &lse, const TensorView *segmentIds) {
+  attentionImpl("flash_attention", ctx, q, k, v, causal, scale, o, &lse, segmentIds);
 }
 
 void attentionGrad(const Context &ctx, const TensorView &dout, const TensorView &q,
                    const TensorView &k, const TensorView &v, const TensorView &o, bool causal,
-                   double scale, const TensorView &dq, const TensorView &dk, const TensorView &dv) {
-  attentionGradImpl("attention_grad", ctx, dout, q, k, v, o, nullptr, causal, scale, dq, dk, dv);
+                   double scale, const TensorView &dq, const TensorView &dk, const TensorView &dv,
+                   const TensorView *segmentIds) {
+  attentionGradImpl("attention_grad", ctx, dout, q, k, v, o, nullptr, causal, scale, dq, dk, dv,
+                    segmentIds);
 }
 
 void flashAttentionGrad(const Context &ctx, const TensorView &dout, const TensorView &q,
                         const TensorView &k, const TensorView &v, const TensorView &o,
                         const TensorView &lse, bool causal, double scale, const TensorView &dq,
-                        const TensorView &dk, const TensorView &dv) {
+                        const TensorView &dk, const TensorView &dv,
+                        const TensorView *segmentIds) {
   attentionGradImpl("flash_attention_grad", ctx, dout, q, k, v, o, &lse, causal, scale, dq, dk,
-                    dv);
+                    dv, segmentIds);
 }
 
 } // namespace bonsai::rt::cuda

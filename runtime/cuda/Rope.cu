@@ -2,7 +2,8 @@
 //
 // Rotary embedding of x [batch, seq, heads, head_dim] (Hugging Face's rotate-half convention)
 // and its adjoint, the inverse rotation. One block per token (all heads of one position): the
-// block first computes the position's cos and sin table in fp64, as the CPU kernel does (an
+// block first computes the position's (its index, or its entry of the optional positions)
+// cos and sin table in fp64 from ropeInverseFrequency (llama3 scaling included), as the CPU kernel does (an
 // fp32 angle s * theta^(-2i/D) is off by up to 2.4e-4 rad at position 4096), rounds it to fp32
 // in shared memory, then rotates every (i, i + D/2) pair of every head with 16-byte loads. Each
 // pair is read and written by one thread, so y may be x (in place).
@@ -25,14 +26,18 @@ namespace {
 /// y_lo = lo cos - hi sin, y_hi = hi cos + lo sin with sin scaled by `sign` (-1: the inverse).
 template <typename T, int VW>
 __global__ void ropeKernel(const T *x, T *y, int64_t tokens, int64_t seq, int64_t heads,
-                           int64_t d, double theta, float sign) {
+                           int64_t d, RoPEAttrs attrs, const void *positions, int positionsI64,
+                           float sign) {
   extern __shared__ float table[]; // cos[half], then sign * sin[half]
   const int64_t half = d / 2, vectorsPerHead = half / VW, row = heads * d;
   for (int64_t token = blockIdx.x; token < tokens; token += gridDim.x) {
-    const double s = double(token % seq);
+    // The token's position: its index in the sequence, or its positions entry (packed rows).
+    const double s = !positions     ? double(token % seq)
+                     : positionsI64 ? double(static_cast<const int64_t *>(positions)[token])
+                                    : double(static_cast<const int32_t *>(positions)[token]);
     __syncthreads(); // the previous token's readers are done with the table
     for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-      double angle = s * pow(theta, -2.0 * double(i) / double(d));
+      double angle = s * ropeInverseFrequency(attrs, i, d);
       double sn, cs;
       sincos(angle, &sn, &cs);
       table[i] = float(cs);
@@ -59,7 +64,9 @@ __global__ void ropeKernel(const T *x, T *y, int64_t tokens, int64_t seq, int64_
 }
 
 void runRope(const char *kernel, const char *xName, const char *yName, const Context &ctx,
-             const TensorView &xIn, double theta, const TensorView &y, float sign) {
+             const TensorView &xIn, const RoPEAttrs &attrs, const TensorView *positions,
+             const TensorView &y, float sign) {
+  double theta = attrs.theta;
   checkFloat(kernel, xName, xIn);
   checkFloat(kernel, yName, y);
   if (xIn.rank() != 4 || xIn.dim(3) % 2 != 0)
@@ -70,6 +77,16 @@ void runRope(const char *kernel, const char *xName, const char *yName, const Con
     fail(kernel, "theta " + std::to_string(theta) + " is not positive");
   int64_t batch = xIn.dim(0), seq = xIn.dim(1), heads = xIn.dim(2), d = xIn.dim(3);
   int64_t tokens = batch * seq;
+  if (positions) {
+    if (positions->dtype != DType::I32 && positions->dtype != DType::I64)
+      fail(kernel, std::string("positions must be i32 or i64, not ") +
+                       dtypeName(positions->dtype));
+    if (positions->shape != std::vector<int64_t>{batch, seq})
+      fail(kernel, "positions shape " + formatShape(positions->shape) + " should be [" +
+                       std::to_string(batch) + ", " + std::to_string(seq) + "] ([batch, seq])");
+  }
+  const void *pos = positions ? positions->data : nullptr;
+  int posI64 = positions && positions->dtype == DType::I64 ? 1 : 0;
   if (xIn.numel() == 0)
     return;
   std::vector<Scratch> keep;
@@ -95,10 +112,11 @@ void runRope(const char *kernel, const char *xName, const char *yName, const Con
     auto yp = static_cast<T *>(ys.data);
     if (vector)
       ropeKernel<T, VW>
-          <<<grid, threads, smem, ctx.stream>>>(xp, yp, tokens, seq, heads, d, theta, sign);
+          <<<grid, threads, smem, ctx.stream>>>(xp, yp, tokens, seq, heads, d, attrs, pos,
+                                                posI64, sign);
     else
-      ropeKernel<T, 1>
-          <<<grid, threads, smem, ctx.stream>>>(xp, yp, tokens, seq, heads, d, theta, sign);
+      ropeKernel<T, 1><<<grid, threads, smem, ctx.stream>>>(xp, yp, tokens, seq, heads, d,
+                                                             attrs, pos, posI64, sign);
     checkLaunch(kernel, "ropeKernel");
   });
   staging.finish();
@@ -107,12 +125,22 @@ void runRope(const char *kernel, const char *xName, const char *yName, const Con
 } // namespace
 
 void rope(const Context &ctx, const TensorView &x, double theta, const TensorView &y) {
-  runRope("rope", "x", "y", ctx, x, theta, y, 1.0f);
+  rope(ctx, x, RoPEAttrs{theta}, nullptr, y);
+}
+
+void rope(const Context &ctx, const TensorView &x, const RoPEAttrs &a,
+          const TensorView *positions, const TensorView &y) {
+  runRope("rope", "x", "y", ctx, x, a, positions, y, 1.0f);
 }
 
 void ropeGrad(const Context &ctx, const TensorView &dy, double theta, const TensorView &dx) {
+  ropeGrad(ctx, dy, RoPEAttrs{theta}, nullptr, dx);
+}
+
+void ropeGrad(const Context &ctx, const TensorView &dy, const RoPEAttrs &a,
+              const TensorView *positions, const TensorView &dx) {
   // The transpose of [[c, -s], [s, c]] is the rotation by -angle.
-  runRope("rope_grad", "dy", "dx", ctx, dy, theta, dx, -1.0f);
+  runRope("rope_grad", "dy", "dx", ctx, dy, a, positions, dx, -1.0f);
 }
 
 } // namespace bonsai::rt::cuda

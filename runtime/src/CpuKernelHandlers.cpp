@@ -66,14 +66,15 @@ void launch(kinds::RoPE, const KernelCall &c) {
   using In = kinds::RoPE::In;
   using Out = kinds::RoPE::Out;
   const auto &a = c.attrs<kinds::RoPE>();
-  cpu::rope(c.in(In::x), a.theta, c.out(Out::y));
+  cpu::rope(c.in(In::x), a, c.optionalIn(In::positions), c.out(Out::y));
 }
 
 void launch(kinds::Attention, const KernelCall &c) {
   using In = kinds::Attention::In;
   using Out = kinds::Attention::Out;
   const auto &a = c.attrs<kinds::Attention>();
-  cpu::attention(c.in(In::q), c.in(In::k), c.in(In::v), a.causal, a.scale, c.out(Out::o));
+  cpu::attention(c.in(In::q), c.in(In::k), c.in(In::v), a.causal, a.scale, c.out(Out::o),
+                 c.optionalIn(In::segment_ids));
 }
 
 void launch(kinds::SiLU, const KernelCall &c) {
@@ -187,7 +188,7 @@ void launch(kinds::RoPEGrad, const KernelCall &c) {
   using In = kinds::RoPEGrad::In;
   using Out = kinds::RoPEGrad::Out;
   const auto &a = c.attrs<kinds::RoPEGrad>();
-  cpu::ropeGrad(c.in(In::dy), a.theta, c.out(Out::dx));
+  cpu::ropeGrad(c.in(In::dy), a, c.optionalIn(In::positions), c.out(Out::dx));
 }
 
 void launch(kinds::AttentionGrad, const KernelCall &c) {
@@ -195,7 +196,8 @@ void launch(kinds::AttentionGrad, const KernelCall &c) {
   using Out = kinds::AttentionGrad::Out;
   const auto &a = c.attrs<kinds::AttentionGrad>();
   cpu::attentionGrad(c.in(In::do_), c.in(In::q), c.in(In::k), c.in(In::v), c.in(In::o), a.causal,
-                     a.scale, c.out(Out::dq), c.out(Out::dk), c.out(Out::dv));
+                     a.scale, c.out(Out::dq), c.out(Out::dk), c.out(Out::dv),
+                     c.optionalIn(In::segment_ids));
 }
 
 void launch(kinds::FlashAttention, const KernelCall &c) {
@@ -203,7 +205,7 @@ void launch(kinds::FlashAttention, const KernelCall &c) {
   using Out = kinds::FlashAttention::Out;
   const auto &a = c.attrs<kinds::FlashAttention>();
   cpu::flashAttention(c.in(In::q), c.in(In::k), c.in(In::v), a.causal, a.scale, c.out(Out::o),
-                      c.out(Out::lse));
+                      c.out(Out::lse), c.optionalIn(In::segment_ids));
 }
 
 void launch(kinds::FlashAttentionGrad, const KernelCall &c) {
@@ -212,7 +214,7 @@ void launch(kinds::FlashAttentionGrad, const KernelCall &c) {
   const auto &a = c.attrs<kinds::FlashAttentionGrad>();
   cpu::flashAttentionGrad(c.in(In::do_), c.in(In::q), c.in(In::k), c.in(In::v), c.in(In::o),
                           c.in(In::lse), a.causal, a.scale, c.out(Out::dq), c.out(Out::dk),
-                          c.out(Out::dv));
+                          c.out(Out::dv), c.optionalIn(In::segment_ids));
 }
 
 void launch(kinds::SiLUGrad, const KernelCall &c) {

@@ -69,14 +69,15 @@ void launch(kinds::RoPE, const CudaCall &c) {
   using In = kinds::RoPE::In;
   using Out = kinds::RoPE::Out;
   const auto &a = c.attrs<kinds::RoPE>();
-  cuda::rope(c.ctx, c.in(In::x), a.theta, c.out(Out::y));
+  cuda::rope(c.ctx, c.in(In::x), a, c.optionalIn(In::positions), c.out(Out::y));
 }
 
 void launch(kinds::Attention, const CudaCall &c) {
   using In = kinds::Attention::In;
   using Out = kinds::Attention::Out;
   const auto &a = c.attrs<kinds::Attention>();
-  cuda::attention(c.ctx, c.in(In::q), c.in(In::k), c.in(In::v), a.causal, a.scale, c.out(Out::o));
+  cuda::attention(c.ctx, c.in(In::q), c.in(In::k), c.in(In::v), a.causal, a.scale, c.out(Out::o),
+                  c.optionalIn(In::segment_ids));
 }
 
 void launch(kinds::SiLU, const CudaCall &c) {
@@ -190,7 +191,7 @@ void launch(kinds::RoPEGrad, const CudaCall &c) {
   using In = kinds::RoPEGrad::In;
   using Out = kinds::RoPEGrad::Out;
   const auto &a = c.attrs<kinds::RoPEGrad>();
-  cuda::ropeGrad(c.ctx, c.in(In::dy), a.theta, c.out(Out::dx));
+  cuda::ropeGrad(c.ctx, c.in(In::dy), a, c.optionalIn(In::positions), c.out(Out::dx));
 }
 
 void launch(kinds::AttentionGrad, const CudaCall &c) {
@@ -198,7 +199,8 @@ void launch(kinds::AttentionGrad, const CudaCall &c) {
   using Out = kinds::AttentionGrad::Out;
   const auto &a = c.attrs<kinds::AttentionGrad>();
   cuda::attentionGrad(c.ctx, c.in(In::do_), c.in(In::q), c.in(In::k), c.in(In::v), c.in(In::o),
-                      a.causal, a.scale, c.out(Out::dq), c.out(Out::dk), c.out(Out::dv));
+                      a.causal, a.scale, c.out(Out::dq), c.out(Out::dk), c.out(Out::dv),
+                      c.optionalIn(In::segment_ids));
 }
 
 void launch(kinds::FlashAttention, const CudaCall &c) {
@@ -206,7 +208,7 @@ void launch(kinds::FlashAttention, const CudaCall &c) {
   using Out = kinds::FlashAttention::Out;
   const auto &a = c.attrs<kinds::FlashAttention>();
   cuda::flashAttention(c.ctx, c.in(In::q), c.in(In::k), c.in(In::v), a.causal, a.scale,
-                       c.out(Out::o), c.out(Out::lse));
+                       c.out(Out::o), c.out(Out::lse), c.optionalIn(In::segment_ids));
 }
 
 void launch(kinds::FlashAttentionGrad, const CudaCall &c) {
@@ -215,7 +217,7 @@ void launch(kinds::FlashAttentionGrad, const CudaCall &c) {
   const auto &a = c.attrs<kinds::FlashAttentionGrad>();
   cuda::flashAttentionGrad(c.ctx, c.in(In::do_), c.in(In::q), c.in(In::k), c.in(In::v), c.in(In::o),
                            c.in(In::lse), a.causal, a.scale, c.out(Out::dq), c.out(Out::dk),
-                           c.out(Out::dv));
+                           c.out(Out::dv), c.optionalIn(In::segment_ids));
 }
 
 void launch(kinds::SiLUGrad, const CudaCall &c) {

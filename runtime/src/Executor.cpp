@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -260,12 +261,49 @@ void Executor::overrideLearningRate(double lr) {
 
 std::vector<int64_t> Executor::inputShape() const { return plan_.tensors[plan_.inputs[0]].shape; }
 
+namespace {
+
+/// Writes the per-token `values` ([batch, seq], row-major) into a plan input (i32 or i64);
+/// empty `values` write `fallback(row, column)` instead (a batch built without them, as
+/// generation builds its own).
+void writeTokenInput(const char *name, const std::vector<int64_t> &values, const TensorView &view,
+                     int64_t (*fallback)(int64_t, int64_t)) {
+  int64_t rows = view.shape[0], cols = view.shape[1];
+  if (!values.empty() && values.size() != size_t(rows * cols))
+    throw Error(std::string("token batch has ") + std::to_string(values.size()) + " " + name +
+                ", the plan input of shape " + formatShape(view.shape) + " takes " +
+                std::to_string(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      size_t i = size_t(r * cols + c);
+      int64_t v = values.empty() ? fallback(r, c) : values[i];
+      if (view.dtype == DType::I64) {
+        static_cast<int64_t *>(view.data)[i] = v;
+      } else {
+        if (v > std::numeric_limits<int32_t>::max() || v < std::numeric_limits<int32_t>::min())
+          throw Error(std::string(name) + " value " + std::to_string(v) +
+                      " does not fit the plan's i32 input");
+        static_cast<int32_t *>(view.data)[i] = int32_t(v);
+      }
+    }
+}
+
+} // namespace
+
 void Executor::setInputs(const TokenBatch &batch) {
   writeTokenBatch(batch, views_[plan_.inputs[0]], views_[plan_.inputs[1]]);
-  touch(plan_.inputs[0]);
-  touch(plan_.inputs[1]);
-  uploadTensor(plan_.inputs[0]);
-  uploadTensor(plan_.inputs[1]);
+  // Packed rows (docs/training.md): the loader's positions and segment ids when the plan takes
+  // them; a batch without them (generation) is one document per row.
+  if (plan_.positionsInput)
+    writeTokenInput("positions", batch.positions, views_[*plan_.positionsInput],
+                    [](int64_t, int64_t c) { return c; });
+  if (plan_.segmentIdsInput)
+    writeTokenInput("segment_ids", batch.segmentIds, views_[*plan_.segmentIdsInput],
+                    [](int64_t, int64_t) { return int64_t(0); });
+  for (uint32_t input : plan_.inputs) {
+    touch(input);
+    uploadTensor(input);
+  }
 }
 
 void Executor::setLossScale(float scale) {

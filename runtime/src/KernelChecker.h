@@ -290,8 +290,11 @@ private:
   void verifyFp8Gemm(void (KernelChecker::*operands)());
   /// The normalization epsilon is positive.
   void checkEpsilon();
-  /// The rotary base theta is positive.
+  /// The rotary base theta is positive; llama3 scaling, when present, is consistent.
   void checkTheta();
+  /// The optional per-token input `i` (positions, segment_ids), when the kernel has it, is an
+  /// i32 or i64 [batch, seq] of input `of` ([batch, seq, ...]).
+  void checkTokenInput(size_t i, size_t of) const;
   /// The attention scale is positive and finite.
   void checkAttentionScale();
   /// The axis attribute indexes a dimension of the input.

@@ -283,7 +283,11 @@ KernelAttrsInfo readAttrs(const fb::Kernel &k, fb::KernelAttrs table) {
   case fb::KernelAttrs::NormAttrs:
     return NormAttrs{k.attrs_as_NormAttrs()->epsilon()};
   case fb::KernelAttrs::RoPEAttrs:
-    return RoPEAttrs{k.attrs_as_RoPEAttrs()->theta()};
+  {
+    const fb::RoPEAttrs *a = k.attrs_as_RoPEAttrs();
+    return RoPEAttrs{a->theta(), a->scaling_factor(), a->low_freq_factor(),
+                     a->high_freq_factor(), a->original_max_positions()};
+  }
   case fb::KernelAttrs::AttentionAttrs:
     return AttentionAttrs{k.attrs_as_AttentionAttrs()->causal(),
                           k.attrs_as_AttentionAttrs()->scale()};
@@ -765,13 +769,16 @@ void PlanReader::readInputsAndLoss() {
   std::vector<bool> isPlanInput(plan.tensors.size(), false);
   if (const auto *inputs = root.inputs())
     plan.inputs.assign(inputs->begin(), inputs->end());
-  if (plan.inputs.size() != 2)
-    fail("plan inputs: expected 2 tensors (ids, labels), got " +
+  if (plan.inputs.size() < 2 || plan.inputs.size() > 4)
+    fail("plan inputs: expected 2 to 4 tensors (ids, labels, then optionally positions and "
+         "segment_ids), got " +
          std::to_string(plan.inputs.size()));
   const char *inputNames[] = {"ids", "labels"};
   for (size_t i = 0; i < plan.inputs.size(); ++i) {
     uint32_t t = plan.inputs[i];
-    std::string what = std::string("plan input ") + std::to_string(i) + " (" + inputNames[i] + ")";
+    std::string what = std::string("plan input ") + std::to_string(i);
+    if (i < 2)
+      what += std::string(" (") + inputNames[i] + ")";
     if (t >= plan.tensors.size())
       fail(what + " is tensor " + std::to_string(t) + ", but the plan has " +
            std::to_string(plan.tensors.size()) + " tensors");
@@ -785,6 +792,22 @@ void PlanReader::readInputsAndLoss() {
     if (info.shape.size() != 2)
       fail(what + ", " + plan.describeTensor(t) + ", shape: expected [batch, seq], got " +
            formatShape(info.shape));
+    // Packed rows' inputs are bound by name (the loader's positions and segment ids).
+    if (i >= 2) {
+      if (isPlanInput[t])
+        fail(what + ", " + plan.describeTensor(t) + ", is already a plan input");
+      if (info.name != "positions" && info.name != "segment_ids")
+        fail(what + ", " + plan.describeTensor(t) +
+             ", is neither \"positions\" nor \"segment_ids\"");
+      std::optional<uint32_t> &slot =
+          info.name == "positions" ? plan.positionsInput : plan.segmentIdsInput;
+      if (slot)
+        fail(what + ": a second \"" + info.name + "\" input");
+      if (info.shape != plan.tensors[plan.inputs[0]].shape)
+        fail(what + " shape " + formatShape(info.shape) + " differs from ids shape " +
+             formatShape(plan.tensors[plan.inputs[0]].shape));
+      slot = t;
+    }
     isPlanInput[t] = true;
   }
   if (plan.inputs[0] == plan.inputs[1] ||

@@ -382,7 +382,8 @@ TEST(PlanSemanticsTest, ElementwiseKernelsMayRunInPlace) {
 TEST(PlanSemanticsTest, InputsAndLossContract) {
   PlanSpec spec = test::smallPlanSpec();
   spec.inputs = {3};
-  expectError(spec, {"expected 2 tensors (ids, labels), got 1"});
+  expectError(spec, {"expected 2 to 4 tensors (ids, labels, then optionally positions and "
+                     "segment_ids), got 1"});
   spec = test::smallPlanSpec();
   spec.tensors[4].role = TensorRole::Activation;
   expectError(spec, {"plan input 1 (labels)", "has role activation, expected input"});
@@ -1133,7 +1134,8 @@ TEST(PlanFlashAttentionTest, Arity) {
   expectError(f.spec, {"(FlashAttention): expected 2 outputs (o, lse), got 1"});
   f = flashAttentionPlan();
   f.spec.kernels[f.grad].inputs.pop_back();
-  expectError(f.spec, {"(FlashAttentionGrad): expected 6 inputs (do, q, k, v, o, lse), got 5"});
+  expectError(f.spec, {"(FlashAttentionGrad): expected 6 or 7 inputs (do, q, k, v, o, lse, "
+                       "segment_ids), got 5"});
 }
 
 TEST(PlanFlashAttentionTest, LogSumExpIsF32BatchHeadsSeq) {

@@ -12,6 +12,7 @@
 #define BONSAI_RUNTIME_CPUKERNELS_H
 
 #include "bonsai/runtime/ElementwiseProgram.h"
+#include "bonsai/runtime/KernelAttrs.h"
 #include "bonsai/runtime/Tensor.h"
 
 #include <vector>
@@ -41,15 +42,23 @@ void layerNorm(const TensorView &x, const TensorView &w, const TensorView &b, do
 /// Rotary embedding of x [B, S, H, D], Hugging Face rotate-half convention: for i < D/2,
 /// angle = s * theta^(-2i/D), y[i] = x[i] cos - x[i + D/2] sin, y[i + D/2] = x[i + D/2] cos + x[i] sin.
 void rope(const TensorView &x, double theta, const TensorView &y);
+/// rope with the attributes' inverse frequencies (ropeInverseFrequencies: llama3 scaling) and,
+/// when `positions` (i32/i64 [B, S]) is given, s = positions[b, s] instead of the index.
+void rope(const TensorView &x, const RoPEAttrs &a, const TensorView *positions,
+          const TensorView &y);
 
 /// o = softmax(scale * q kᵀ [+ causal mask]) v per batch and head; q [B, S, H, D],
-/// k and v [B, S, Hkv, D], query head h reads kv head h / (H / Hkv).
+/// k and v [B, S, Hkv, D], query head h reads kv head h / (H / Hkv). With `segmentIds`
+/// (i32/i64 [B, S]) query i reads key j only where the ids are equal (packed rows); a query
+/// that reads no key gets o = 0.
 void attention(const TensorView &q, const TensorView &k, const TensorView &v, bool causal,
-               double scale, const TensorView &o);
+               double scale, const TensorView &o, const TensorView *segmentIds = nullptr);
 /// attention, bit for bit, that also writes lse [B, H, S] (f32): the natural log of each query
-/// row's softmax denominator, max_j x_ij + log Σ_j exp(x_ij - max_j x_ij) with x = scale q kᵀ.
+/// row's softmax denominator, max_j x_ij + log Σ_j exp(x_ij - max_j x_ij) with x = scale q kᵀ
+/// (-inf for a row that reads no key).
 void flashAttention(const TensorView &q, const TensorView &k, const TensorView &v, bool causal,
-                    double scale, const TensorView &o, const TensorView &lse);
+                    double scale, const TensorView &o, const TensorView &lse,
+                    const TensorView *segmentIds = nullptr);
 
 void silu(const TensorView &x, const TensorView &y);
 /// tanh = true: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); else 0.5 x (1 + erf(x / sqrt 2)).
@@ -105,20 +114,24 @@ void layerNormGrad(const TensorView &dy, const TensorView &x, const TensorView &
 
 /// The adjoint of rope: the inverse rotation (angle -> -angle) of dy.
 void ropeGrad(const TensorView &dy, double theta, const TensorView &dx);
+/// ropeGrad of rope(x, a, positions, y).
+void ropeGrad(const TensorView &dy, const RoPEAttrs &a, const TensorView *positions,
+              const TensorView &dx);
 
 /// Gradients of attention with respect to q, k and v given dO, recomputing the probabilities
 /// from q and k; o is the forward output (for D_i = sum_d dO_id O_id). With GQA, dk and dv
 /// sum over the query heads that share a kv head.
 void attentionGrad(const TensorView &dout, const TensorView &q, const TensorView &k,
                    const TensorView &v, const TensorView &o, bool causal, double scale,
-                   const TensorView &dq, const TensorView &dk, const TensorView &dv);
+                   const TensorView &dq, const TensorView &dk, const TensorView &dv,
+                   const TensorView *segmentIds = nullptr);
 /// attentionGrad with the probabilities recomputed as exp(scale q_i·k_j - lse_i) from the
 /// forward's log-sum-exp (flashAttention), with no pass for the softmax statistics. Equal to
 /// attentionGrad up to the rounding of lse to f32 (a relative 2^-24 |lse| in each p).
 void flashAttentionGrad(const TensorView &dout, const TensorView &q, const TensorView &k,
                         const TensorView &v, const TensorView &o, const TensorView &lse,
                         bool causal, double scale, const TensorView &dq, const TensorView &dk,
-                        const TensorView &dv);
+                        const TensorView &dv, const TensorView *segmentIds = nullptr);
 
 void siluGrad(const TensorView &dy, const TensorView &x, const TensorView &dx);
 void geluGrad(const TensorView &dy, const TensorView &x, bool tanh, const TensorView &dx);

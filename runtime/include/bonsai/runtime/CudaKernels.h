@@ -94,12 +94,18 @@ void rmsNorm(const Context &ctx, const TensorView &x, const TensorView &w, doubl
 void layerNorm(const Context &ctx, const TensorView &x, const TensorView &w,
                const TensorView &b, double eps, const TensorView &y);
 void rope(const Context &ctx, const TensorView &x, double theta, const TensorView &y);
+/// rope with llama3 scaling and optional positions (i32/i64 [B, S]), as cpu::rope.
+void rope(const Context &ctx, const TensorView &x, const RoPEAttrs &a,
+          const TensorView *positions, const TensorView &y);
+/// With `segmentIds` (i32/i64 [B, S], packed rows) query i reads key j only where the ids are
+/// equal, as cpu::attention; such calls run the generic kernels (docs/cuda.md).
 void attention(const Context &ctx, const TensorView &q, const TensorView &k,
-               const TensorView &v, bool causal, double scale, const TensorView &o);
+               const TensorView &v, bool causal, double scale, const TensorView &o,
+               const TensorView *segmentIds = nullptr);
 /// attention that also writes lse [B, H, S] (f32, natural log), as cpu::flashAttention.
 void flashAttention(const Context &ctx, const TensorView &q, const TensorView &k,
                     const TensorView &v, bool causal, double scale, const TensorView &o,
-                    const TensorView &lse);
+                    const TensorView &lse, const TensorView *segmentIds = nullptr);
 void silu(const Context &ctx, const TensorView &x, const TensorView &y);
 void gelu(const Context &ctx, const TensorView &x, bool tanh, const TensorView &y);
 void swiglu(const Context &ctx, const TensorView &gate, const TensorView &up,
@@ -138,15 +144,18 @@ void layerNormGrad(const Context &ctx, const TensorView &dy, const TensorView &x
                    const TensorView &w, double eps, const TensorView &dx, const TensorView &dw,
                    const TensorView &db);
 void ropeGrad(const Context &ctx, const TensorView &dy, double theta, const TensorView &dx);
+void ropeGrad(const Context &ctx, const TensorView &dy, const RoPEAttrs &a,
+              const TensorView *positions, const TensorView &dx);
 void attentionGrad(const Context &ctx, const TensorView &dout, const TensorView &q,
                    const TensorView &k, const TensorView &v, const TensorView &o, bool causal,
                    double scale, const TensorView &dq, const TensorView &dk,
-                   const TensorView &dv);
+                   const TensorView &dv, const TensorView *segmentIds = nullptr);
 /// attentionGrad from the forward's log-sum-exp (flashAttention): no statistics pass.
 void flashAttentionGrad(const Context &ctx, const TensorView &dout, const TensorView &q,
                         const TensorView &k, const TensorView &v, const TensorView &o,
                         const TensorView &lse, bool causal, double scale, const TensorView &dq,
-                        const TensorView &dk, const TensorView &dv);
+                        const TensorView &dk, const TensorView &dv,
+                        const TensorView *segmentIds = nullptr);
 void siluGrad(const Context &ctx, const TensorView &dy, const TensorView &x,
               const TensorView &dx);
 void geluGrad(const Context &ctx, const TensorView &dy, const TensorView &x, bool tanh,

@@ -143,7 +143,12 @@ struct LoadedPlan {
   std::vector<ArenaInfo> arenas;
   std::vector<TensorInfo> tensors;
   std::vector<KernelInfo> kernels;
-  std::vector<uint32_t> inputs; ///< Tensors filled by the data loader: ids, then labels.
+  /// Tensors filled by the data loader: ids, then labels, then the optional packed-row inputs
+  /// below in either order.
+  std::vector<uint32_t> inputs;
+  /// The optional inputs of packed rows (docs/training.md), bound by name: "positions" (rope's
+  /// token positions) and "segment_ids" (attention's document ids), i32 or i64 [batch, seq].
+  std::optional<uint32_t> positionsInput, segmentIdsInput;
   uint32_t loss = 0;
   MemorySummaryInfo memory;
   uint64_t tokensPerStep = 0; ///< Per micro-batch: batch x sequence of the inputs.
