@@ -9,6 +9,9 @@ parameter under its checkpoint name. The configurations below are the published 
     scripts/gen_models.py                 # (re)write every model into examples/models/
     scripts/gen_models.py --check         # fail if a committed file differs from the generator
     scripts/gen_models.py --print NAME    # write one model to standard output
+    scripts/gen_models.py --print NAME --packed   # ... taking packed rows (Llama only):
+        @forward(%ids, %labels, %positions, %segment_ids), rope reading the positions and
+        attention the segment ids (docs/training.md, "Packed sequences")
 
 Uses only the Python standard library.
 """
@@ -78,7 +81,7 @@ class Emitter:
             opname, ", ".join(operands), attrs, ", ".join(in_types), out_type))
 
 
-def llama(c):
+def llama(c, packed=False):
     B, S, D, V = c["batch"], c["seq"], c["hidden"], c["vocab"]
     H, KV, I, dt = c["heads"], c["kv_heads"], c["intermediate"], c["dtype"]
     hd = D // H
@@ -109,9 +112,17 @@ def llama(c):
         q = e.compute(n + "q4", "reshape", [q], [tensor([B, S, H * hd], dt)], q4_t)
         k = e.compute(n + "k4", "reshape", [k], [tensor([B, S, KV * hd], dt)], kv4_t)
         v = e.compute(n + "v4", "reshape", [v], [tensor([B, S, KV * hd], dt)], kv4_t)
-        q = e.compute(n + "qr", "rope", [q], [q4_t], q4_t, rope)
-        k = e.compute(n + "kr", "rope", [k], [kv4_t], kv4_t, rope)
-        a = e.compute(n + "attn", "attention", [q, k, v], [q4_t, kv4_t, kv4_t], q4_t, scale)
+        if packed:
+            # Packed rows: positions restart per document, attention stays inside it.
+            q = e.compute(n + "qr", "rope", [q, "%positions"], [q4_t, ids_t], q4_t, rope)
+            k = e.compute(n + "kr", "rope", [k, "%positions"], [kv4_t, ids_t], kv4_t, rope)
+            a = e.compute(n + "attn", "attention", [q, k, v, "%segment_ids"],
+                          [q4_t, kv4_t, kv4_t, ids_t], q4_t, scale)
+        else:
+            q = e.compute(n + "qr", "rope", [q], [q4_t], q4_t, rope)
+            k = e.compute(n + "kr", "rope", [k], [kv4_t], kv4_t, rope)
+            a = e.compute(n + "attn", "attention", [q, k, v], [q4_t, kv4_t, kv4_t], q4_t,
+                          scale)
         a = e.compute(n + "attn2", "reshape", [a], [q4_t], tensor([B, S, H * hd], dt))
         o = linear("o", a, tensor([B, S, H * hd], dt), "self_attn.o_proj", D, H * hd)
         x = e.compute(n + "res1", "add", [x, o], [x_t, x_t], x_t)
@@ -195,17 +206,21 @@ def gpt2(c):
     return e.lines, ids_t
 
 
-def render(name, overrides=None):
+def render(name, overrides=None, packed=False):
     """The model file of `name`; `overrides` (config key -> value) change its config, for
-    benchmarks that need another batch, sequence or layer count of the same shape."""
+    benchmarks that need another batch, sequence or layer count of the same shape. `packed`:
+    the four-argument function of packed rows (Llama only)."""
     arch, c = MODELS[name]
+    if packed and arch != LLAMA:
+        raise SystemExit("gen_models.py: --packed needs rope (a Llama model); %s's learned "
+                         "positions do not restart per document" % name)
     c = dict(c)
     for key, value in (overrides or {}).items():
         if key not in c:
             raise SystemExit("gen_models.py: %s has no config key '%s' (keys: %s)"
                              % (name, key, ", ".join(c)))
         c[key] = type(c[key])(value) if not isinstance(c[key], bool) else value == "True"
-    lines, ids_t = (llama if arch == LLAMA else gpt2)(c)
+    lines, ids_t = llama(c, packed) if arch == LLAMA else gpt2(c)
     config = ", ".join("%s=%s" % kv for kv in c.items())
     out = [
         "// %s - %s forward pass and loss, batch %d, sequence %d, %s."
@@ -220,6 +235,10 @@ def render(name, overrides=None):
         "",
         "func.func @forward(%%ids: %s, %%labels: %s) -> tensor<f32> {" % (ids_t, ids_t),
     ]
+    if packed:
+        out[0] = out[0].replace(" forward pass", " packed-row forward pass")
+        out[-1] = ("func.func @forward(%%ids: %s, %%labels: %s, %%positions: %s, "
+                   "%%segment_ids: %s) -> tensor<f32> {" % (ids_t, ids_t, ids_t, ids_t))
     out += lines
     out.append("  return %loss : tensor<f32>")
     out.append("}")
@@ -232,6 +251,8 @@ def main():
                         help="compare the committed files with the generator's output")
     parser.add_argument("--print", metavar="NAME", choices=sorted(MODELS),
                         help="write one model to standard output")
+    parser.add_argument("--packed", action="store_true",
+                        help="with --print: the packed-row function (positions, segment ids)")
     parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                         help="with --print: override a config value (layers=8, seq=4096, ...)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..",
@@ -239,6 +260,8 @@ def main():
     args = parser.parse_args()
     if args.set and not args.print:
         parser.error("--set needs --print")
+    if args.packed and not args.print:
+        parser.error("--packed needs --print")
     if args.print:
         overrides = {}
         for item in args.set:
@@ -246,7 +269,7 @@ def main():
             if not sep:
                 parser.error("--set takes KEY=VALUE, got '%s'" % item)
             overrides[key] = value
-        sys.stdout.write(render(args.print, overrides))
+        sys.stdout.write(render(args.print, overrides, args.packed))
         return 0
     stale = []
     for name in sorted(MODELS):

@@ -1,6 +1,6 @@
 //===- bonsai-import-hf.cpp - Import a Hugging Face checkpoint as bonsai IR ===//
 //
-// bonsai-import-hf DIR [-o model.mlir] [--batch B] [--seq S] [--dtype bf16|f32|f16]
+// bonsai-import-hf DIR [-o model.mlir] [--batch B] [--seq S] [--dtype bf16|f32|f16] [--packed]
 //
 // Reads DIR/config.json and DIR's safetensors (model.safetensors, or a sharded checkpoint's
 // model.safetensors.index.json) and writes the model as bonsai IR: `func.func @forward(%ids,
@@ -8,11 +8,12 @@
 // the checkpoint's own name, so that `bonsai-run --weights DIR/model.safetensors` binds the
 // checkpoint as it is. The graph is the one scripts/gen_models.py writes for the same
 // configuration (op for op, value names included), built with the dialect's builders and
-// verified before anything is written.
+// verified before anything is written. --packed writes the four-argument function of packed
+// rows, `@forward(%ids, %labels, %positions, %segment_ids)` (docs/training.md).
 //
 // Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (q/k/v biases),
 // Qwen3ForCausalLM (RMSNorm on every query and key head) and GPT2LMHeadModel. Everything the graph would get wrong is refused with an error that names
-// it: another architecture, rope_scaling, a hidden_act other than silu, attention or MLP
+// it: another architecture, a rope_scaling other than Llama 3.1's "llama3", a hidden_act other than silu, attention or MLP
 // biases on Llama, a sliding window shorter than the sequence, a missing config key, a missing
 // tensor or one whose shape differs from the config's. Checkpoint tensors the model does not
 // use (rotary_emb.inv_freq, GPT-2's attention-mask buffers, a tied lm_head.weight) are
@@ -62,6 +63,11 @@ static llvm::cl::opt<unsigned> batchOption("batch", llvm::cl::desc("Batch size (
 static llvm::cl::opt<unsigned>
     seqOption("seq", llvm::cl::desc("Sequence length (default: min(2048, the config's "
                                     "max_position_embeddings or n_positions))"));
+static llvm::cl::opt<bool>
+    packedOption("packed", llvm::cl::desc("Packed training rows (docs/training.md): @forward takes "
+                                          "%positions and %segment_ids after %ids and %labels; "
+                                          "rope reads the positions, attention the segment ids "
+                                          "(Llama family)"));
 static llvm::cl::opt<std::string>
     dtypeOption("dtype", llvm::cl::desc("Element type of the model: bf16, f32 or f16 (default: "
                                         "the config's torch_dtype, else the checkpoint's)"));
@@ -154,6 +160,13 @@ struct ModelConfig {
   int64_t headDim = 0; ///< head_dim, or hidden / heads where the config does not give it
   int64_t positions = 0; ///< max_position_embeddings / n_positions
   double eps = 0, ropeTheta = 0;
+  /// rope_scaling of type "llama3" (Llama 3.1): factor, low_freq_factor, high_freq_factor,
+  /// original_max_position_embeddings, as bonsai.rope's scaling attributes.
+  struct Llama3Scaling {
+    double factor, lowFreqFactor, highFreqFactor;
+    int64_t originalMaxPositions;
+  };
+  std::optional<Llama3Scaling> ropeScaling;
   bool tied = false;
   bool qkvBias = false;                                   ///< Qwen2; Qwen3's attention_bias
   bool qkNorm = false;                                    ///< Qwen3: q_norm / k_norm per head
@@ -170,6 +183,40 @@ void printNote(const std::string &message) {
 void refuseIf(bool condition, const Config &config, llvm::StringRef key, llvm::StringRef what) {
   if (condition)
     throw ImportError(config.where(key) + ": " + what.str() + " is not supported");
+}
+
+/// Reads a rope_scaling object (transformers 4.x's top-level "rope_scaling", or 5's
+/// "rope_parameters", which also holds rope_theta): type "default" is none, "llama3" is
+/// Llama 3.1's scaling; every other type is refused, naming it.
+std::optional<ModelConfig::Llama3Scaling> readRopeScaling(const rt::JsonValue &rope,
+                                                          const std::string &where) {
+  if (!rope.isObject())
+    throw ImportError(where + " must be an object");
+  const rt::JsonValue *type = rope.find("rope_type");
+  if (!type)
+    type = rope.find("type"); // transformers before 4.45
+  std::string name = !type                ? "default"
+                     : type->isString()   ? type->stringValue()
+                                          : "(not a string)";
+  if (name == "default")
+    return std::nullopt;
+  if (name != "llama3")
+    throw ImportError(where + ": rope type '" + name +
+                      "' is not supported (only 'default' and 'llama3' RoPE)");
+  auto number = [&](const char *key) {
+    const rt::JsonValue *v = rope.find(key);
+    if (!v || !v->isNumber() || !(v->numberValue() > 0))
+      throw ImportError(where + ": llama3 rope scaling needs a positive '" + std::string(key) +
+                        "'");
+    return v->numberValue();
+  };
+  ModelConfig::Llama3Scaling s{number("factor"), number("low_freq_factor"),
+                               number("high_freq_factor"),
+                               int64_t(number("original_max_position_embeddings"))};
+  if (!(s.highFreqFactor > s.lowFreqFactor))
+    throw ImportError(where + ": llama3 rope scaling needs high_freq_factor above "
+                              "low_freq_factor");
+  return s;
 }
 
 ModelConfig readLlamaFamily(const Config &config, const std::string &architecture) {
@@ -198,16 +245,10 @@ ModelConfig readLlamaFamily(const Config &config, const std::string &architectur
                       "' is not supported (the gated MLP computes silu(gate) * up)");
   // Transformers 5 moves the RoPE settings into "rope_parameters"; 4.x writes rope_theta and
   // rope_scaling at the top level.
-  refuseIf(config.find("rope_scaling") != nullptr, config, "rope_scaling",
-           "scaled RoPE (rope_scaling)");
+  if (const rt::JsonValue *scaling = config.find("rope_scaling"))
+    c.ropeScaling = readRopeScaling(*scaling, config.where("rope_scaling"));
   if (const rt::JsonValue *rope = config.find("rope_parameters")) {
-    if (!rope->isObject())
-      throw ImportError(config.where("rope_parameters") + " must be an object");
-    const rt::JsonValue *type = rope->find("rope_type");
-    if (type && !(type->isString() && type->stringValue() == "default"))
-      throw ImportError(config.where("rope_parameters") + ": rope_type " +
-                        (type->isString() ? "'" + type->stringValue() + "'" : "(not a string)") +
-                        " is not supported (only 'default' RoPE)");
+    c.ropeScaling = readRopeScaling(*rope, config.where("rope_parameters"));
     const rt::JsonValue *theta = rope->find("rope_theta");
     if (!theta || !theta->isNumber() || theta->numberValue() <= 0)
       throw ImportError(config.where("rope_parameters") + " has no positive 'rope_theta'");
@@ -356,7 +397,7 @@ llvm::APFloat f64(double value) { return llvm::APFloat(value); }
 /// with RoPE and a SwiGLU MLP; Qwen2 adds biases to the q, k and v projections, Qwen3 an
 /// RMSNorm over each query and key head (weights [head_dim]) before RoPE.
 Value buildLlama(ModelBuilder &e, const ModelConfig &c, int64_t B, int64_t S, Value ids,
-                 Value labels) {
+                 Value labels, Value positions, Value segmentIds) {
   int64_t D = c.hidden, V = c.vocab, H = c.heads, KV = c.kvHeads, I = c.intermediate;
   int64_t hd = c.headDim;
   llvm::SmallVector<int64_t> x_t{B, S, D};
@@ -387,9 +428,26 @@ Value buildLlama(ModelBuilder &e, const ModelConfig &c, int64_t B, int64_t S, Va
       Value kw = e.param(n + "kn_w", p + "self_attn.k_norm.weight", {hd});
       k = e.op<RMSNormOp>(n + "kn", kv4_t, k, kw, f64(c.eps));
     }
-    q = e.op<RoPEOp>(n + "qr", q4_t, q, f64(c.ropeTheta));
-    k = e.op<RoPEOp>(n + "kr", kv4_t, k, f64(c.ropeTheta));
-    Value a = e.op<AttentionOp>(n + "attn", q4_t, q, k, v, /*causal=*/true, scale);
+    if (c.ropeScaling || positions) {
+      // Llama 3.1's scaled frequencies and packed rows' positions (both optional).
+      Builder &b = e.b;
+      FloatAttr theta = b.getF64FloatAttr(c.ropeTheta), factor, low, high;
+      IntegerAttr original;
+      if (c.ropeScaling) {
+        factor = b.getF64FloatAttr(c.ropeScaling->factor);
+        low = b.getF64FloatAttr(c.ropeScaling->lowFreqFactor);
+        high = b.getF64FloatAttr(c.ropeScaling->highFreqFactor);
+        original = b.getI64IntegerAttr(c.ropeScaling->originalMaxPositions);
+      }
+      q = e.op<RoPEOp>(n + "qr", q4_t, q, positions, theta, factor, low, high, original);
+      k = e.op<RoPEOp>(n + "kr", kv4_t, k, positions, theta, factor, low, high, original);
+    } else {
+      q = e.op<RoPEOp>(n + "qr", q4_t, q, f64(c.ropeTheta));
+      k = e.op<RoPEOp>(n + "kr", kv4_t, k, f64(c.ropeTheta));
+    }
+    Value a = segmentIds ? e.op<AttentionOp>(n + "attn", q4_t, q, k, v, segmentIds,
+                                             /*causal=*/true, scale)
+                         : e.op<AttentionOp>(n + "attn", q4_t, q, k, v, /*causal=*/true, scale);
     a = e.op<ReshapeOp>(n + "attn2", {B, S, H * hd}, a);
     Value o = linear("o", a, "self_attn.o_proj", D, H * hd, false);
     x = e.op<AddOp>(n + "res1", x_t, x, o);
@@ -615,15 +673,29 @@ int importModel() {
   auto ids_t = RankedTensorType::get({B, S}, top.getI32Type());
   auto loss_t = RankedTensorType::get({}, top.getF32Type());
   e.b.setInsertionPointToEnd(module->getBody());
+  if (packedOption && c.family == Family::GPT2)
+    throw ImportError("--packed needs RoPE (the Llama family): GPT-2's learned positions do not "
+                      "restart per document");
+  llvm::SmallVector<Type> inputs = {ids_t, ids_t};
+  if (packedOption)
+    inputs.append({ids_t, ids_t}); // positions, segment_ids
   auto func = func::FuncOp::create(e.b, e.loc("forward"), "forward",
-                                   top.getFunctionType({ids_t, ids_t}, {loss_t}));
+                                   top.getFunctionType(inputs, {loss_t}));
   Block *entry = func.addEntryBlock();
   entry->getArgument(0).setLoc(e.loc("ids"));
   entry->getArgument(1).setLoc(e.loc("labels"));
+  Value positions, segmentIds;
+  if (packedOption) {
+    positions = entry->getArgument(2);
+    segmentIds = entry->getArgument(3);
+    positions.setLoc(e.loc("positions"));
+    segmentIds.setLoc(e.loc("segment_ids"));
+  }
   e.b.setInsertionPointToEnd(entry);
   Value loss = c.family == Family::GPT2
                    ? buildGPT2(e, c, B, S, entry->getArgument(0), entry->getArgument(1), prefix)
-                   : buildLlama(e, c, B, S, entry->getArgument(0), entry->getArgument(1));
+                   : buildLlama(e, c, B, S, entry->getArgument(0), entry->getArgument(1),
+                                positions, segmentIds);
   func::ReturnOp::create(e.b, e.loc("return"), loss);
 
   checkCheckpoint(checkpoint, e.expected);
@@ -647,8 +719,14 @@ int importModel() {
      << ", heads=" << c.heads;
   if (c.family == Family::Llama)
     os << ", kv_heads=" << c.kvHeads << ", intermediate=" << c.intermediate
-       << ", rope_theta=" << c.ropeTheta << ", eps=" << c.eps
-       << ", qkv_bias=" << (c.qkvBias ? "True" : "False");
+       << ", rope_theta=" << c.ropeTheta << ", eps=" << c.eps;
+  if (c.family == Family::Llama && c.ropeScaling)
+    os << ", rope_scaling=llama3(factor=" << c.ropeScaling->factor
+       << ", low_freq_factor=" << c.ropeScaling->lowFreqFactor
+       << ", high_freq_factor=" << c.ropeScaling->highFreqFactor
+       << ", original_max_position_embeddings=" << c.ropeScaling->originalMaxPositions << ")";
+  if (c.family == Family::Llama)
+    os << ", qkv_bias=" << (c.qkvBias ? "True" : "False");
   if (c.family == Family::Llama && c.headDim * c.heads != c.hidden)
     os << ", head_dim=" << c.headDim;
   if (c.qkNorm)
