@@ -15,9 +15,11 @@
 // Qwen3ForCausalLM (RMSNorm on every query and key head) and GPT2LMHeadModel. Everything the graph would get wrong is refused with an error that names
 // it: another architecture, a rope_scaling other than Llama 3.1's "llama3", a hidden_act other than silu, attention or MLP
 // biases on Llama, a sliding window shorter than the sequence, a missing config key, a missing
-// tensor or one whose shape differs from the config's. Checkpoint tensors the model does not
-// use (rotary_emb.inv_freq, GPT-2's attention-mask buffers, a tied lm_head.weight) are
-// ignored with a note. Only headers are read: the tool never loads tensor data.
+// tensor or one whose shape differs from the config's. Checkpoint tensors no computation reads
+// (rotary_emb.inv_freq, GPT-2's attention-mask buffers, a tied lm_head.weight: the runtime's
+// list, rt::ignoredHfTensorReason, which bonsai-run --weights uses too) are ignored with a note;
+// any other tensor the model has no parameter for is an error. Only headers are read: the tool
+// never loads tensor data.
 //
 //===----------------------------------------------------------------------===//
 
@@ -568,10 +570,18 @@ void checkCheckpoint(const rt::Checkpoint &checkpoint,
     message.pop_back();
     throw ImportError(message);
   }
-  std::vector<std::string> extra;
+  // The tensors Hugging Face keeps but no computation reads are skipped with a note; any other
+  // tensor the graph lacks would be a weight silently dropped. The list is the runtime's, so
+  // that `bonsai-run --weights DIR` skips exactly the same ones.
+  std::vector<std::string> extra, unknown;
   for (const rt::SafetensorsEntry &entry : checkpoint.tensors())
     if (!used.count(entry.name))
-      extra.push_back(entry.name);
+      (rt::ignoredHfTensorReason(entry.name) ? extra : unknown).push_back(entry.name);
+  if (!unknown.empty())
+    throw ImportError("checkpoint '" + checkpoint.path() + "' has " +
+                      std::to_string(unknown.size()) + " tensor" +
+                      (unknown.size() == 1 ? "" : "s") +
+                      " the imported model has no parameter for: " + listNames(unknown));
   if (!extra.empty())
     printNote("ignoring " + std::to_string(extra.size()) + " checkpoint tensor" +
               (extra.size() == 1 ? "" : "s") + " the model does not use: " + listNames(extra));
