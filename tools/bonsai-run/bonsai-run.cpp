@@ -5,7 +5,9 @@
 // Forward and Backward kernels once per micro-batch and its Update kernels once (a plan without
 // Update kernels just computes the loss). It reports every step, writes JSON-line metrics and
 // crash-safe checkpoints when asked, evaluates on held-out data (forward only) every N steps, can
-// dump one micro-batch's gradients, and can generate text byte by byte from the trained model.
+// dump one micro-batch's gradients, export the fine-tune (a PEFT adapter, the merged weights as
+// a Hugging Face model directory or one file), and generate text from the trained model, byte by
+// byte or with the model's tokenizer. --print-plan prints the plan and runs nothing.
 // Every failure is one line, "bonsai-run: error: <cause>" (followed by the usage synopsis for a
 // command-line mistake), and exit status 1: a bad plan, bad weights, bad data or a corrupt
 // checkpoint is reported, never a crash. The memory lines come after the steps because "measured"
@@ -20,10 +22,15 @@
 //                                                              val_loss at --eval-every steps
 //   eval: step <n> val_loss <%.9g> (<k> batches)               --eval-data with no steps
 //   checkpoint: step <n> saved to <dir>                        with --save-every
+//   checkpoint: removed <dir> (--keep-last <n>)                with --keep-last
 //   gradients: <n> tensors of micro-batch <p> written to <file> with --dump-gradients
 //   adapter: <n> adapters (<n> tensors, LoRA|DoRA r<r> alpha <a>) written to <dir>
 //                                                              with --export-adapter
-//   merged: <n> tensors (<m> adapted weights merged) written to <file> with --export-merged
+//   merged: <n> tensors (<m> adapted weights merged) written to <file>
+//                                                              --export-merged FILE.safetensors
+//   merged: <n> tensors (<m> adapted weights merged) in <s> shard[s], config.json from <dir>|
+//           rebuilt from the plan, <k> tokenizer file[s], written to <dir>  --export-merged DIR
+//   tokenizer: <description>                                   with --generate --tokenizer
 //   prompt: <escaped>                                          with --generate
 //   generated: <escaped>
 //   memory: arena <i> '<name>' (<lifetime>, <space>): planned <X> MiB (<x> B), measured <Y> MiB
@@ -32,7 +39,9 @@
 //   time: <n> steps in <s> s, <r> tokens/s
 // On a terminal the step lines are replaced by one line rewritten in place (docs/training.md).
 // Warnings go to stderr: a GaLore projector refresh skipped, an FP8 operand whose underflow
-// fraction exceeds --fp8-underflow-warn at a --fp8-stats-every step.
+// fraction exceeds --fp8-underflow-warn at a --fp8-stats-every step; so does the note naming
+// the Hugging Face tensors --weights skipped. --print-plan's output is rt::printPlan's
+// (docs/plan-format.md).
 //
 //===----------------------------------------------------------------------===//
 
