@@ -3,10 +3,11 @@
 // The expected strings are what Hugging Face's apply_chat_template(messages, tokenize=False)
 // gives with each family's published chat_template (Meta-Llama-3-8B-Instruct, Qwen2-7B-Instruct,
 // Mistral-7B-Instruct-v0.1; the templates are quoted in runtime/tokenizer/ChatFormat.cpp and
-// below). They were written by reading the templates, not by running transformers (it is not
-// installed here); the H200 machine can confirm them. Encoding is checked against encoding the
-// whole rendered string, which is how Hugging Face tokenizes a rendered chat, and the mask by
-// decoding the trained tokens.
+// below). They were written by reading the templates, then confirmed with transformers 5.17.0 on
+// the H200 machine (bench/chat_format_h200.py; its reference is compared in CI by
+// test/Tools/bonsai-tokenize-jsonl.test). Encoding is checked against encoding the whole
+// rendered string, which is how Hugging Face tokenizes a rendered chat, and the mask by decoding
+// the trained tokens.
 //
 //===----------------------------------------------------------------------===//
 
