@@ -741,7 +741,7 @@ int importModel() {
     os << ", head_dim=" << c.headDim;
   if (c.qkNorm)
     os << ", qk_norm=True";
-  else
+  if (c.family == Family::GPT2)
     os << ", positions=" << c.positions << ", intermediate=" << c.intermediate
        << ", eps=" << c.eps << ", gelu=" << stringifyGeluApproximation(c.gelu);
   os << ", tied=" << (c.tied ? "True" : "False") << ", batch=" << B << ", seq=" << S
