@@ -35,5 +35,25 @@ case_dir qwen3 --arch Qwen3ForCausalLM --set model_type='"qwen3"' --set head_dim
 case_dir llama3_rope_scaling --set tie_word_embeddings=true --set rope_theta=500000.0 \
   --set rope_scaling='{"rope_type":"llama3","factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":16}'
 
+# Instruction data: docs/finetune.md's tiny Llama 3 directory and conversations (made by
+# finetune-doc.test.py's helpers), tokenized with prompts masked, the model imported packed and
+# in fp32; micro-batch 0 holds whole conversations, two or three to a row, in 2 rows of 256.
+c="$dir/cases/masked_packed"
+mkdir -p "$c"
+/usr/bin/python3 - "$c" <<'PY'
+import os, sys
+sys.path.insert(0, "test/EndToEnd")
+import importlib.util
+spec = importlib.util.spec_from_file_location("doc", "test/EndToEnd/finetune-doc.test.py")
+doc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(doc)
+doc.make_model(os.path.join(sys.argv[1], "hf"))
+doc.make_data(sys.argv[1])
+PY
+"$build/bin/bonsai-tokenize" --jsonl "$c/train.jsonl" --tokenizer "$c/hf" -o "$c/data.tokens" 2> /dev/null
+"$build/bin/bonsai-import-hf" "$c/hf" --batch 2 --seq 256 --packed -o "$c/model.mlir"
+"$build/bin/bonsai-compile" "$c/model.mlir" "$dir/sgd.mlir" -o "$c/train.plan" > /dev/null
+printf '{"batch": 2, "seq": 256, "packed": true}\n' > "$c/case.json"
+
 tar -C "$(dirname "$dir")" -cJf "$dir.tar.xz" "$(basename "$dir")"
 du -sh "$dir" "$dir.tar.xz"

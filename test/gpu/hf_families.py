@@ -15,6 +15,15 @@ norms, head_dim larger than hidden/heads, tied embeddings) and a tiny Llama with
 type "llama3" (tied embeddings, as Llama 3.2 1B/3B), whose original context is short enough
 that the scaling changes most frequencies.
 
+A case whose case.json says "packed" holds instruction data instead: a version-2 token file
+written by `bonsai-tokenize --jsonl` (prompts masked out of the loss) and a model imported with
+`--packed`. Micro-batch 0 is laid out here as docs/data-format.md specifies (file order, as
+`bonsai-run --no-shuffle` reads it: documents placed greedily into rows), and transformers
+computes each document alone with `labels = -100` on every token that is not a target; the
+mean over the batch's targets must equal Bonsai's step-1 loss of the packed rows within 1e-5
+(relative), on both backends. Its gradients are not compared (the token order of the sum
+differs); the loss is.
+
     hf_families.py --bonsai-run PATH --cases DIR [--work DIR]
 
 Prints one table per case and backend and exits 1 on any mismatch.
@@ -40,12 +49,89 @@ def read_tokens(path):
     return tokens.to(torch.int64) & (0xFFFF if width == 2 else 0xFFFFFFFF)
 
 
+def read_v2(path):
+    """(tokens, document ends, mask) of a version-2 token file (docs/data-format.md)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    magic, version, width, count = struct.unpack_from("<8sIIQ", data, 0)
+    assert magic == b"BONSAITK" and version == 2, path
+    vocab, pad, fingerprint, docs = struct.unpack_from("<IIQQ", data, 24)
+    off = 48
+    tokens = list(struct.unpack_from("<%d%s" % (count, "H" if width == 2 else "I"), data, off))
+    off += count * width
+    ends = list(struct.unpack_from("<%dQ" % docs, data, off))
+    off += 8 * docs
+    mask = [(data[off + i // 8] >> (i % 8)) & 1 for i in range(count)]
+    return tokens, ends, mask
+
+
+def packed_rows(path, batch, seq):
+    """Micro-batch 0's rows in file order: a list of rows, each a list of (tokens, labels) of
+    the documents placed in it. Every document must fit a row (the case is made so)."""
+    tokens, ends, mask = read_v2(path)
+    rows, row, used, start = [], [], 0, 0
+    for end in ends:
+        n = end - start
+        assert n <= seq, "a document of %d tokens does not fit a row of %d" % (n, seq)
+        if used + n > seq:
+            rows.append(row)
+            row, used = [], 0
+            if len(rows) == batch:
+                return rows
+        ids = tokens[start:end]
+        labels = [tokens[i + 1] if i + 1 < end and mask[i + 1] else -100
+                  for i in range(start, end)]
+        row.append((ids, labels))
+        used += n
+        start = end
+    rows.append(row)
+    assert len(rows) >= batch, "the file fills fewer than %d rows" % batch
+    return rows[:batch]
+
+
 def run(cmd):
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit("command failed: %s\n%s%s" % (" ".join(cmd), p.stdout[-3000:],
                                                       p.stderr[-3000:]))
     return p.stdout + p.stderr
+
+
+def check_packed(args, name, case, hf_dir, B, S, transformers):
+    """Bonsai's loss on packed rows of masked instruction data against transformers computing
+    each document alone with labels = -100; returns the number of mismatches."""
+    data = os.path.join(case, "data.tokens")
+    rows = packed_rows(data, B, S)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        hf_dir, torch_dtype=torch.float32, attn_implementation="eager").cuda()
+    total, count, docs = 0.0, 0, 0
+    with torch.no_grad():
+        for row in rows:
+            for ids, labels in row:
+                docs += 1
+                logits = model(input_ids=torch.tensor([ids]).cuda()).logits[0].double()
+                target = torch.tensor(labels).cuda()
+                total += float(torch.nn.functional.cross_entropy(
+                    logits, target, ignore_index=-100, reduction="sum"))
+                count += int((target != -100).sum())
+    reference = total / count
+    failures = 0
+    for backend in ("cuda", "cpu"):
+        out = run([args.bonsai_run, os.path.join(case, "train.plan"), "--backend=" + backend,
+                   "--weights", hf_dir, "--data", data, "--no-shuffle", "--steps", "1"])
+        ours = None
+        for line in out.splitlines():
+            if line.startswith("step 1 loss "):
+                ours = float(line.split()[3])
+        ok = ours is not None and abs(ours - reference) <= args.tolerance * abs(reference)
+        failures += not ok
+        print("\n%s (%s): packed rows of masked instruction data, %d documents in %d rows, %d "
+              "targets: loss bonsai %.8f, transformers (each document alone, labels -100) "
+              "%.8f, relative %.2e%s" % (name, backend, docs, len(rows), count,
+                                         ours if ours is not None else float("nan"), reference,
+                                         abs((ours or 0) - reference) / abs(reference),
+                                         "" if ok else "  MISMATCH"))
+    return failures
 
 
 def main():
@@ -67,6 +153,10 @@ def main():
             continue
         meta = json.load(open(os.path.join(case, "case.json")))
         B, S = meta["batch"], meta["seq"]
+        if meta.get("packed"):
+            failures += check_packed(args, name, case, hf_dir, B, S, transformers)
+            checked += 2
+            continue
         tokens = read_tokens(os.path.join(case, "data.tokens"))
         inputs = tokens[:B * S].view(B, S).cuda()
         labels = tokens[1:B * S + 1].view(B, S).cuda()
