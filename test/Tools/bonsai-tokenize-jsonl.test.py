@@ -202,6 +202,10 @@ write_v2(data, 256, 0x1111, docs)
 rc, stdout, stderr = tool(run, plan, "--data", data, "--steps", "2", "--seed", "3")
 check(rc == 0 and "step 2 loss" in stdout, "bonsai-run trains on a packed version-2 file (%s)" %
       (stderr.strip() or [l for l in stdout.splitlines() if l.startswith("step")]))
+# The unpacked plan attends across the packed documents: warned once, with the fix.
+check("warning: '%s' holds 48 documents, packed several to a row, but the plan has no "
+      "positions / segment_ids inputs" % data in stderr and "--packed" in stderr,
+      "bonsai-run warns that an unpacked plan attends across packed documents (%s)" % stderr)
 rc2, stdout2, _ = tool(run, plan, "--data", data, "--steps", "2", "--seed", "3", "--no-shuffle")
 check(rc2 == 0 and [l for l in stdout.splitlines() if l.startswith("step 1")] !=
       [l for l in stdout2.splitlines() if l.startswith("step 1")],

@@ -778,6 +778,18 @@ int run(const Options &o) {
   std::vector<int64_t> shape = executor.inputShape();
   rt::TokenLoader loader(o.data, shape[0], shape[1], plan.vocabularySize(), position.seed,
                          !o.noShuffle);
+  // Documents packed into rows need the plan's positions and segment ids; a plan without them
+  // attends across the documents of a row and runs RoPE on through them. That still trains
+  // (the labels are masked), but it is rarely what was meant: say so once, with the fix.
+  if (loader.file() && loader.file()->version() == 2 &&
+      loader.file()->documentEnds().size() > 1 &&
+      !(executor.plan().positionsInput && executor.plan().segmentIdsInput))
+    std::fprintf(stderr,
+                 "bonsai-run: warning: '%s' holds %zu documents, packed several to a row, but "
+                 "the plan has no positions / segment_ids inputs: attention crosses documents "
+                 "and RoPE positions do not restart; import the model with --packed "
+                 "(docs/training.md, \"Packed sequences\")\n",
+                 o.data.c_str(), loader.file()->documentEnds().size());
   // The held-out data is checked whole before the first step: a file of another vocabulary
   // or too short is an error now, not after N steps of training.
   std::unique_ptr<rt::TokenLoader> evalLoader;
