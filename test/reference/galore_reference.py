@@ -33,9 +33,11 @@ plan.fbs's Galore*Attrs, not from the runtime's code:
 
 prints `step <n> loss <l> grad_norm <g> lr <r>` per step and, with --run-output, compares every
 step of a bonsai-run output (loss and grad_norm relative to 1e-5, lr to 1e-5). With
---checkpoint (a bonsai-run checkpoint after the same steps), every parameter, every GaLore
-projector and moment must agree to --state-atol (absolute, default 1e-5). Exit 1 on any
-mismatch.
+--checkpoint (a bonsai-run checkpoint after the same steps), every element of every parameter,
+GaLore projector and moment must lie within the bound Bounds derives for it from the f32
+rounding of the computation (or within --state-atol, absolute, when given); a projector is also
+compared as a subspace. Prints the margin of each class (tolerance / largest error). Exit 1 on
+any mismatch.
 """
 
 import argparse
@@ -150,6 +152,145 @@ def projector(a, rank, kind, seed, slot, done, power_iterations):
         q = range_basis(a @ (a.T @ q))
     return q
 
+U32 = 2.0 ** -24  # unit roundoff of float32
+# Safety factor on the measured f32 gradient noise: bonsai-run's kernels sum in another order
+# than NumPy's float32 (OpenBLAS) reference, so their rounding errors are alike in size, not
+# equal; 4x the largest measured one covers the tail of the other order's distribution.
+NOISE_SAFETY = 4.0
+
+
+def adam_ratio_bound(b1, b2, t):
+    """max |m^ / sqrt(v^)| of Adam after t steps (Cauchy-Schwarz, needs b1^2 <= b2):
+    (1 - b1) / (1 - b1^t) * sqrt((1 - b2^t) / (1 - b2)) * sqrt(sum_{k<t} (b1^2 / b2)^k)."""
+    q = b1 * b1 / b2
+    return ((1.0 - b1) / (1.0 - b1 ** t) * math.sqrt((1.0 - b2 ** t) / (1.0 - b2))
+            * math.sqrt(sum(q ** k for k in range(t))))
+
+
+class Bounds:
+    """First-order bounds, per element, on how far an f32 run of the same training may be from
+    this float64 reference (the tolerances of compare_checkpoint), propagated step by step.
+
+    The only source of difference is rounding: the f32 gradient G~ = G + E. Per step and
+    tensor the noise floor is e = NOISE_SAFETY * max|G32 - G64| (the reference's own f32
+    gradient against its f64 one). Then, per element, with c the clip coefficient:
+      moments  dR = c e (AdamW) or, GaLore, c (|dP|^T |A| + |P|^T e) over the projected side;
+               dm = b1 dm + (1 - b1) dR;  dv = b2 dv + (1 - b2) (2 |R| dR + dR^2)
+      step     N = m^ / (sqrt(v^) + eps), s = sqrt(v^):
+               dN = min(2 B_t, (dm^ + |N| ds) / (s + eps)), ds = min(sqrt(dv^), dv^ / 2s),
+               B_t = adam_ratio_bound: where G is within the noise of zero the direction of
+               the step is undetermined and the element may legitimately move by up to
+               2 B_t lr per step; where |G| >> e, dN ~ e / |G| and the bound is tight.
+      weight   dW = (1 - lr wd) dW + lr dN  (AdamW), + lr scale (|dP| |N| + |P| dN) (GaLore),
+               + u32 |W| per rounded operation of the f32 update (1, or 2 with weight decay).
+    Each f32 operation on the moments, N and the projections adds its rounding (relative u32
+    per operation; s u32 |P|^T |A| for the s-term sum of a projection). Where an element's
+    gradient is far above the noise, that rounding is the whole tolerance: the f32 weight of a
+    norm (~1) moves by u32 per step from rounding alone, so its margin cannot exceed ~steps /
+    (roundings seen) whatever the bound.
+    The projector P (s x r, A = G or G^T of s x l) at a refresh, with ||E||_2 <= ||E||_F,
+    estimated as NOISE_SAFETY ||G32 - G64||_F:
+      svd         Wedin / Davis-Kahan: sin(angle(span P~, span P)) <= ||E|| / (d - ||E||),
+                  d = sigma_r - sigma_{r+1}; column i: ||dp_i|| <= sqrt2 ||E|| / (d_i - ||E||),
+                  d_i its distance to the neighbouring singular values (2 where d_i <= 2||E||,
+                  or where the sign rule's two largest |entries| are closer than that).
+      randomized  Y0 = A Omega, Q0 = qr(Y0), Y = A (A^T Q0), P = qr(Y): dY0 = ||E|| ||Omega||
+                  + u32 sqrt(l) ||A|| ||Omega||; dQ0 = sqrt2 dY0 / sigma_min(Y0) (QR
+                  perturbation); dY = 2 ||E|| ||A|| + ||A||^2 dQ0; dP = sqrt2 dY /
+                  sigma_min(Y) for every column, sin(angle) <= dY / sigma_min(Y).
+    The feedback of a weight difference into later gradients is second order (the losses
+    agree to 1e-8) and left to NOISE_SAFETY."""
+
+    def __init__(self, params, opt):
+        self.w = {k: np.zeros_like(v) for k, v in params.items()}
+        self.m = {k: np.zeros_like(v) for k, v in opt.m.items()}
+        self.v = {k: np.zeros_like(v) for k, v in opt.v.items()}
+        self.col = {k: np.zeros(opt.g["rank"]) for k in opt.names}  # ||dp_i||
+        self.sub = {k: 0.0 for k in opt.names}  # sin of the largest principal angle
+
+    def refresh(self, k, a, opt, done):
+        rank = opt.g["rank"]
+        s, l = a.shape
+        e = self.e_frobenius
+        if opt.g["projector"] == "svd":
+            sig = np.linalg.svd(a, compute_uv=False)
+            sig = np.concatenate([[np.inf], sig, [0.0] * (rank + 1 - len(sig) + 1)])
+            d = sig[rank] - sig[rank + 1]
+            self.sub[k] = 1.0 if d <= 2 * e else e / (d - e)
+            p = opt.p[k]
+            col = np.empty(rank)
+            for i in range(rank):
+                di = min(sig[i] - sig[i + 1], sig[i + 1] - sig[i + 2])
+                col[i] = 2.0 if di <= 2 * e else min(2.0, math.sqrt(2.0) * e / (di - e))
+                top = np.sort(np.abs(p[:, i]))[::-1]
+                if len(top) > 1 and top[0] - top[1] <= col[i]:
+                    col[i] = 2.0  # the sign rule's largest entry is not determined
+            self.col[k] = col
+        else:
+            omega = gaussians(sketch_key(opt.seed, opt.slot[k], done),
+                              l * rank).reshape(l, rank)
+            na, no = np.linalg.norm(a, 2), np.linalg.norm(omega, 2)
+            y0 = a @ omega
+            dy0 = e * no + U32 * math.sqrt(l) * na * no
+            dq = math.sqrt(2.0) * dy0 / max(np.linalg.svd(y0, compute_uv=False)[-1], 1e-300)
+            for _ in range(opt.power):
+                y = a @ (a.T @ range_basis(y0))
+                dy = 2 * e * na + na * na * dq + U32 * math.sqrt(l) * na * na
+                smin = max(np.linalg.svd(y, compute_uv=False)[-1], 1e-300)
+                dq, y0 = math.sqrt(2.0) * dy / smin, y
+            self.sub[k] = min(1.0, dq / math.sqrt(2.0))
+            self.col[k] = np.full(rank, min(2.0, dq))
+
+    def adam(self, key, dr, r, bc1, bc2, b1, b2, eps, cap, m, v):
+        # + the f32 rounding of the moments' own update (3 and 4 rounded operations)
+        self.m[key] = b1 * self.m[key] + (1.0 - b1) * dr + 3 * U32 * np.abs(m)
+        self.v[key] = (b2 * self.v[key] + (1.0 - b2) * (2.0 * np.abs(r) * dr + dr * dr)
+                       + 4 * U32 * np.abs(v))
+        s = np.sqrt(v / bc2)
+        n = np.abs((m / bc1) / (s + eps))
+        dvh = self.v[key] / bc2
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ds = np.where(s > 0, np.minimum(np.sqrt(dvh), dvh / (2 * s)), np.sqrt(dvh))
+        # + N's own f32 rounding (a few operations, relative)
+        return np.minimum(cap, (self.m[key] / bc1 + n * ds) / (s + eps) + 8 * U32 * n), n
+
+    def step(self, params, grads, noise, opt, t, lr, norm):
+        hp = opt.hp
+        b1, b2, eps, wd = (hp[k] for k in ("beta1", "beta2", "eps", "weight_decay"))
+        c = tr.clip_coefficient(hp["grad_clip"], norm)
+        bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** t
+        cap = 2.0 * adam_ratio_bound(b1, b2, t)
+        for k, w in params.items():
+            self.e = NOISE_SAFETY * float(np.max(noise[k]))
+            self.e_frobenius = NOISE_SAFETY * float(np.linalg.norm(noise[k]))  # >= ||E||_2
+            g = grads[k]
+            if k not in opt.p:
+                dn, _ = self.adam(k, np.full(g.shape, c * self.e), c * g, bc1, bc2, b1, b2,
+                                  eps, cap, opt.m[k], opt.v[k])
+                dw = lr * dn
+            else:
+                left = g.shape[0] <= g.shape[1]
+                a = g if left else g.T
+                if k in opt.refreshed and opt.refreshed[k][1]:
+                    self.refresh(k, a, opt, opt.refreshed[k][0])
+                p, col = opt.p[k], self.col[k]
+                # |dR| (r x l) in A's orientation; the moments are R (left) or R^T (right)
+                # + the f32 sum of the s products of P^T A (worst case s u |P|^T |A|)
+                dr = c * (col[:, None] * np.linalg.norm(a, axis=0)[None, :]
+                          + np.abs(p).T @ (self.e + a.shape[0] * U32 * np.abs(a)))
+                r = c * (p.T @ a)
+                m, v = (opt.m[k], opt.v[k]) if left else (opt.m[k].T, opt.v[k].T)
+                if not left:
+                    self.m[k], self.v[k] = self.m[k].T, self.v[k].T
+                dn, n = self.adam(k, dr, r, bc1, bc2, b1, b2, eps, cap, m, v)
+                # s x l: |dP| |N| + |P| dN, + the f32 sum of the r products of P N
+                du = (col @ n)[None, :] + np.abs(p) @ (dn + p.shape[1] * U32 * n)
+                if not left:
+                    self.m[k], self.v[k], du = self.m[k].T, self.v[k].T, du.T
+                dw = lr * opt.g["scale"] * du
+            # + the rounding of the f32 weight: W - lr N (and W (1 - lr wd) when wd != 0)
+            self.w[k] = (1.0 - lr * wd) * self.w[k] + dw + (2 if wd else 1) * U32 * np.abs(w)
+
 
 class GaLoreAdamW(tr.AdamW):
     """AdamW, with GaLore on the weights `galore` targets."""
@@ -164,6 +305,7 @@ class GaLoreAdamW(tr.AdamW):
         self.offset = {k: i * galore["gap"] // n for i, k in enumerate(self.names)}
         self.slot = {k: i for i, k in enumerate(self.names)}
         self.failed = {k: None for k in self.names}  # None, "non-finite" or "zero sketch"
+        self.refreshed = {}  # weight -> (done, succeeded) of this step's refresh
         self.p = {}
         for k in self.names:
             m, nn = params[k].shape
@@ -179,6 +321,7 @@ class GaLoreAdamW(tr.AdamW):
         tr.AdamW.update(self, plain, grads, t, lr, norm)
         params.update(plain)
         done, gap, rank, scale = t - 1, self.g["gap"], self.g["rank"], self.g["scale"]
+        self.refreshed = {}
         bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** t
         for k in self.names:
             g = grads[k]
@@ -189,6 +332,7 @@ class GaLoreAdamW(tr.AdamW):
                 if np.all(np.isfinite(g)):
                     p = projector(g if left else g.T, rank, self.g["projector"],
                                   self.seed, self.slot[k], done, self.power)
+                    self.refreshed[k] = (done, p is not None)
                     if p is None:
                         self.failed[k] = "zero sketch"
                     else:
@@ -211,49 +355,91 @@ def train(name, weights, tokens, steps, hp, galore, on_step):
     params = {k: np.asarray(weights[k]).astype(np.float64)
               for k in reference.param_shapes(arch, cfg)}
     opt = GaLoreAdamW(params, hp, galore)
+    opt.bounds = Bounds(params, opt)
     if not opt.names:
         raise ValueError("the GaLore targets match no 2-D weight")
     K = int(hp["micro_batches"])
     records = []
     for s in range(steps):
-        losses, total = [], None
+        losses, total, total_noise = [], None, None
         for mb in range(K):
             loss, grads = reference_grad.step_grads(name, params, tokens, s * K + mb, None, None,
                                                     np.float64)
+            # The same gradient in float32: its distance to the float64 one is the rounding
+            # noise of an f32 gradient at these weights (the noise floor of Bounds).
+            _, g32 = reference_grad.step_grads(name, {k: v.astype(np.float32) for k, v in
+                                                      params.items()}, tokens, s * K + mb, None,
+                                               None, np.float32)
             losses.append(loss)
             total = grads if total is None else {k: total[k] + grads[k] for k in total}
+            noise = {k: np.abs(g32[k].astype(np.float64) - grads[k]) for k in grads}
+            total_noise = noise if total_noise is None else \
+                {k: total_noise[k] + noise[k] for k in noise}
         grads = {k: g / K for k, g in total.items()}
+        noise = {k: g / K for k, g in total_noise.items()}
         loss, norm, t = float(np.mean(losses)), tr.global_norm(grads), s + 1
         lr = tr.learning_rate(hp, t)
         opt.update(params, grads, t, lr, norm)
+        opt.bounds.step(params, grads, noise, opt, t, lr, norm)
         records.append((t, loss, norm, lr))
         on_step(t, loss, norm, lr)
     return records, params, opt
 
 
-def compare_checkpoint(path, params, opt, atol):
-    """Failures of a checkpoint's parameters, projectors and GaLore moments."""
+def compare_checkpoint(path, params, opt, atol=None):
+    """Failures of a checkpoint's parameters, projectors and GaLore moments against the
+    reference, each element within its Bounds (plus the f32 checkpoint's own rounding), or
+    within atol when one is given. Prints the margin of each class: the largest
+    |bonsai - reference| / tolerance (1 fails)."""
     model = safetensors_np.load_float(os.path.join(path, "model.safetensors"), out=np.float64)
     state = safetensors_np.load_float(os.path.join(path, "optimizer.safetensors"),
                                       out=np.float64)
-    wanted = [(k, model, k, params[k]) for k in params]
+    b = opt.bounds
+    wanted = [("weights (AdamW)" if k not in opt.p else "weights (GaLore)", k, model,
+               params[k], b.w[k]) for k in params]
     for k in opt.names:
-        wanted += [(k + ".galore_projector", state, k, opt.p[k]),
-                   (k + ".exp_avg", state, k, opt.m[k]), (k + ".exp_avg_sq", state, k, opt.v[k])]
-    failures, worst = 0, 0.0
-    for key, tensors, _, want in wanted:
+        wanted += [("projector columns", k + ".galore_projector", state, opt.p[k], None),
+                   ("GaLore exp_avg", k + ".exp_avg", state, opt.m[k], b.m[k]),
+                   ("GaLore exp_avg_sq", k + ".exp_avg_sq", state, opt.v[k], b.v[k])]
+    failures, worst, subspace = 0, {}, []
+    for cls, key, tensors, want, bound in wanted:
         if key not in tensors:
             print("FAIL: %s is not in the checkpoint" % key)
             failures += 1
             continue
         got = np.asarray(tensors[key], dtype=np.float64).reshape(want.shape)
-        err = float(np.max(np.abs(got - want))) if want.size else 0.0
-        worst = max(worst, err)
-        if not err <= atol:
-            print("FAIL: %s differs by %.3g (atol %g)" % (key, err, atol))
+        if atol is not None:
+            err, tol = np.abs(got - want), np.full(want.shape, atol)
+        elif bound is None:  # a projector: each column's distance, and the spans' angle
+            name = key[:-len(".galore_projector")]
+            err = np.linalg.norm(got - want, axis=0)
+            tol = b.col[name] + 4 * U32 * math.sqrt(want.shape[0])
+            q = np.linalg.qr(got)[0]  # got's columns are orthonormal to f32 precision only
+            sine = float(np.linalg.norm(q - want @ (want.T @ q), 2))
+            sub_tol = b.sub[name] + 4 * U32 * math.sqrt(want.shape[0])
+            subspace.append((sine / sub_tol, key, sine, sub_tol))
+            if not sine <= sub_tol:
+                print("FAIL: %s spans a subspace at sin %.3g from the reference's (bound %.3g)"
+                      % (key, sine, sub_tol))
+                failures += 1
+        else:
+            err, tol = np.abs(got - want), bound  # the bounds hold the f32 rounding
+        ratio = err / np.maximum(tol, 1e-300)
+        i = int(np.argmax(ratio)) if ratio.size else 0
+        if ratio.size and not ratio.flat[i] <= 1.0:
+            print("FAIL: %s differs by %.3g at %s (tolerance there %.3g; largest difference "
+                  "%.3g)" % (key, err.flat[i], np.unravel_index(i, want.shape), tol.flat[i],
+                             float(np.max(err))))
             failures += 1
-    print("checkpoint: %d tensors compared, largest difference %.3g (atol %g)"
-          % (len(wanted), worst, atol))
+        if ratio.size and ratio.flat[i] >= worst.get(cls, (-1.0,))[0]:
+            worst[cls] = (float(ratio.flat[i]), key, float(err.flat[i]), float(tol.flat[i]))
+    if subspace:
+        worst["projector subspaces"] = max(subspace)
+    print("checkpoint: %d tensors compared" % len(wanted))
+    for cls, (r, key, err, tol) in sorted(worst.items()):
+        print("margin %-20s %8.1fx  (largest error / tolerance %.3g%s)"
+              % (cls, 1.0 / r if r > 0 else float("inf"), r,
+                 ": %s, %.3g / %.3g" % (key, err, tol)))
     return failures
 
 
@@ -267,7 +453,8 @@ def main(argv=None):
     parser.add_argument("--run-output")
     parser.add_argument("--checkpoint")
     parser.add_argument("--rtol", type=float, default=1e-5)
-    parser.add_argument("--state-atol", type=float, default=1e-5)
+    parser.add_argument("--state-atol", type=float,
+                        help="one absolute tolerance instead of the derived bounds")
     args = parser.parse_args(argv)
     text = tr._read(args.recipe)
     hp, galore = tr.parse_recipe(text), parse_galore(text)
