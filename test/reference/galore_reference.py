@@ -497,8 +497,19 @@ def main(argv=None):
                                  tokens_np.read(args.data), args.steps, hp, galore, show)
     failures = 0
     if args.run_output:
-        failures += tr.compare_run(records, tr.parse_run_output(tr._read(args.run_output)),
-                                   args.rtol, args.rtol, 1e-5)
+        seen = tr.parse_run_output(tr._read(args.run_output))
+        failures += tr.compare_run(records, seen, args.rtol, args.rtol, 1e-5)
+        # 1e-5 relative covers grad_norm: bonsai-run prints it with 6 significant digits (half
+        # a unit: up to 5e-6 relative, just above a power of 10) and its f32 error is
+        # ~||E||_F / ||G|| <= NOISE_SAFETY u32 sqrt(K) (3.8e-6 at K = 256); together 8.8e-6,
+        # so the printed margin may be as thin as 1.1x with nothing wrong. The loss is printed
+        # with 9 digits and its f32 error is ~1e-8 (parity.test).
+        got = {r[0]: r for r in seen}
+        for i, what in ((1, "loss"), (2, "grad_norm")):
+            worst = max((tr._rel(got[r[0]][i], r[i]) for r in records
+                         if r[0] in got and got[r[0]][i] is not None), default=0.0)
+            print("margin %-20s %8.1fx  (largest relative error %.3g / rtol %g)"
+                  % (what, args.rtol / worst if worst > 0 else float("inf"), worst, args.rtol))
     if args.checkpoint:
         failures += compare_checkpoint(args.checkpoint, params, opt, args.state_atol)
     if failures:
