@@ -188,10 +188,10 @@ class Bounds:
       weight   dW = (1 - lr wd) dW + lr dN  (AdamW), + lr scale (|dP| |N| + |P| dN) (GaLore),
                + u32 |W| per rounded operation of the f32 update (1, or 2 with weight decay).
     Each f32 operation on the moments, N and the projections adds its rounding (relative u32
-    per operation; s u32 |P|^T |A| for the s-term sum of a projection). Where an element's
-    gradient is far above the noise, that rounding is the whole tolerance: the f32 weight of a
-    norm (~1) moves by u32 per step from rounding alone, so its margin cannot exceed ~steps /
-    (roundings seen) whatever the bound.
+    per operation; s u32 |P|^T |A| for the s-term sum of a projection). The weight itself is
+    compared with an f32 copy that takes the reference's steps rounded to f32 (the rounding of
+    a norm weight ~1, u32 per step, would otherwise be most of its tolerance), within F: 0
+    where no rounding boundary lies within reach of bonsai's value, else that reach + an ulp.
     The projector P (s x r, A = G or G^T of s x l) at a refresh, with ||E||_2 <= ||E||_F,
     estimated as NOISE_SAFETY max(||G32 - G64||_F, u32 sqrt(K) ||G||_F):
       svd         Wedin / Davis-Kahan: sin(angle(span P~, span P)) <= ||E|| / (d - ||E||),
@@ -212,6 +212,11 @@ class Bounds:
     def __init__(self, params, opt, tokens):
         self.tokens = tokens  # K, the length of a weight gradient's sum (tokens per micro-batch)
         self.w = {k: np.zeros_like(v) for k, v in params.items()}
+        # The f32 weight: the reference's own steps applied to an f32 copy, rounded each time
+        # (a weight is f32 by definition), and the bound F on |bonsai's - this copy|.
+        self.shadow = {k: v.astype(np.float32).astype(np.float64) for k, v in params.items()}
+        self.before = {k: v.copy() for k, v in params.items()}
+        self.f = {k: np.zeros_like(v) for k, v in params.items()}
         self.m = {k: np.zeros_like(v) for k, v in opt.m.items()}
         self.v = {k: np.zeros_like(v) for k, v in opt.v.items()}
         self.col = {k: np.zeros(opt.g["rank"]) for k in opt.names}  # ||dp_i||
@@ -320,6 +325,18 @@ class Bounds:
                 dw = lr * opt.g["scale"] * du
             # + the rounding of the f32 weight: W - lr N (and W (1 - lr wd) when wd != 0)
             self.w[k] = (1.0 - lr * wd) * self.w[k] + dw + (2 if wd else 1) * U32 * np.abs(w)
+            # The f32 copy: x = S + this step's f64 change, rounded to f32. bonsai's value before
+            # its rounding is within P of x (the previous F, its step's dN, and with weight
+            # decay the rounding of W (1 - lr wd) that bonsai may do first); when no f32
+            # rounding boundary lies within P of x both round to the same f32 (F = 0), else
+            # they may differ by P and a unit in the last place.
+            x = self.shadow[k] + (w - self.before[k])
+            near = x.astype(np.float32).astype(np.float64)
+            ulp = np.spacing(np.abs(near).astype(np.float32)).astype(np.float64)
+            slack = (1.0 - lr * wd) * self.f[k] + dw + (U32 * np.abs(w) if wd else 0.0)
+            top = np.spacing((np.abs(x) + slack).astype(np.float32)).astype(np.float64)
+            self.f[k] = np.where(slack < ulp / 2 - np.abs(x - near), 0.0, slack + top)
+            self.shadow[k], self.before[k] = near, w.copy()
 
 
 class GaLoreAdamW(tr.AdamW):
@@ -425,8 +442,9 @@ def compare_checkpoint(path, params, opt, atol=None):
     state = safetensors_np.load_float(os.path.join(path, "optimizer.safetensors"),
                                       out=np.float64)
     b = opt.bounds
+    # weights: against the f32 copy, within F (with --state-atol: the f64 weight, within atol)
     wanted = [("weights (AdamW)" if k not in opt.p else "weights (GaLore)", k, model,
-               params[k], b.w[k]) for k in params]
+               params[k] if atol is not None else b.shadow[k], b.f[k]) for k in params]
     for k in opt.names:
         wanted += [("projector columns", k + ".galore_projector", state, opt.p[k], None),
                    ("GaLore exp_avg", k + ".exp_avg", state, opt.m[k], b.m[k]),
@@ -454,7 +472,7 @@ def compare_checkpoint(path, params, opt, atol=None):
                 failures += 1
         else:
             err, tol = np.abs(got - want), bound  # the bounds hold the f32 rounding
-        ratio = err / np.maximum(tol, 1e-300)
+        ratio = np.where(err == 0, 0.0, err / np.maximum(tol, 1e-300))
         i = int(np.argmax(ratio)) if ratio.size else 0
         if ratio.size and not ratio.flat[i] <= 1.0:
             print("FAIL: %s differs by %.3g at %s (tolerance there %.3g; largest difference "
