@@ -368,14 +368,28 @@ def wait_for_line(run, pattern, timeout=120):
 
 def signal_tests(args, plan, reference, root):
     """SIGTERM / SIGINT at a known moment, and a second signal."""
+    runs = []
+    try:
+        return signal_cases(args, plan, reference, root, runs)
+    except subprocess.TimeoutExpired as e:
+        raise Failure("a run did not stop: %s" % e)
+    finally:
+        for run in runs:  # a run that ignored its signal must not outlive the test
+            if run.proc.poll() is None:
+                run.proc.kill()
+                run.proc.wait()
+
+
+def signal_cases(args, plan, reference, root, runs):
     results = []
     # 1. SIGTERM during a long run with --ckpt-dir: finishes the step, saves it, exits 0.
     ckpt = os.path.join(root, "term")
-    run = Run([args.bonsai_run, plan, "--backend=" + BACKEND, "--seed", "7", "--steps", "100000",
+    run = Run([args.bonsai_run, plan, "--backend=" + BACKEND, "--seed", "7", "--steps", "3000",
                "--ckpt-dir", ckpt], os.path.join(args.work, "term.out"))
+    runs.append(run)
     wait_for_line(run, r"^step 1 loss ")
     run.proc.send_signal(signal.SIGTERM)
-    rc = run.proc.wait(timeout=120)
+    rc = run.proc.wait(timeout=60)
     run.out.close()
     text = run.text()
     steps = step_lines(text, "SIGTERM run", reference)
@@ -396,7 +410,7 @@ def signal_tests(args, plan, reference, root):
     # ... and the checkpoint resumes as the uninterrupted run continues.
     run = Run([args.bonsai_run, plan, "--backend=" + BACKEND, "--ckpt-dir", ckpt, "--resume",
                "--save-every", "1", "--steps", "1"], os.path.join(args.work, "term-resume.out"))
-    rc = run.proc.wait(timeout=120)
+    rc = run.proc.wait(timeout=60)
     run.out.close()
     if rc != 0 or step_lines(run.text(), "SIGTERM resume", reference) != [k + 1]:
         raise Failure("resume after SIGTERM: exit %d:\n%s" % (rc, run.text()))
@@ -405,11 +419,12 @@ def signal_tests(args, plan, reference, root):
                    "bit for bit" % (k, k + 1))
 
     # 2. SIGINT without --ckpt-dir: exits 0, says nothing was saved.
-    run = Run([args.bonsai_run, plan, "--backend=" + BACKEND, "--seed", "7", "--steps", "100000"],
+    run = Run([args.bonsai_run, plan, "--backend=" + BACKEND, "--seed", "7", "--steps", "3000"],
               os.path.join(args.work, "int.out"))
+    runs.append(run)
     wait_for_line(run, r"^step 1 loss ")
     run.proc.send_signal(signal.SIGINT)
-    rc = run.proc.wait(timeout=120)
+    rc = run.proc.wait(timeout=60)
     run.out.close()
     text = run.text()
     k = step_lines(text, "SIGINT run", reference)[-1]
@@ -423,12 +438,13 @@ def signal_tests(args, plan, reference, root):
     #    SIGTERM: two signals of one kind sent together may arrive as one). Sent together, the
     #    two may be handled in either order: the run dies of the one handled second.
     ckpt = os.path.join(root, "twice")
-    run = Run([args.bonsai_run, plan, "--backend=" + BACKEND, "--seed", "7", "--steps", "100000",
+    run = Run([args.bonsai_run, plan, "--backend=" + BACKEND, "--seed", "7", "--steps", "3000",
                "--ckpt-dir", ckpt], os.path.join(args.work, "twice.out"))
+    runs.append(run)
     wait_for_line(run, r"^step 1 loss ")
     run.proc.send_signal(signal.SIGINT)
     run.proc.send_signal(signal.SIGTERM)
-    rc = run.proc.wait(timeout=120)
+    rc = run.proc.wait(timeout=60)
     run.out.close()
     text = run.text()
     if rc not in (-signal.SIGINT, -signal.SIGTERM) or "interrupted:" in text:
@@ -458,6 +474,12 @@ def main():
     args = parser.parse_args()
     global BACKEND
     BACKEND = args.backend
+    # lit's workers ignore SIGINT, and an ignored signal stays ignored across exec (bonsai-run
+    # keeps it so, as nohup expects): give the runs the default actions.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     started = time.monotonic()
     os.makedirs(args.work, exist_ok=True)
 
