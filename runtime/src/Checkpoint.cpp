@@ -67,7 +67,11 @@ void crashPoint(const char *point) {
     ::_exit(99);
 }
 
-/// Makes `path` and its missing parents.
+void syncDirectory(const std::string &dir);
+
+/// Makes `path` and its missing parents, each made durable in its parent (fsync of the parent
+/// directory): without it, a power loss after the first save could lose the checkpoint
+/// directory itself, with everything the save had synced inside it.
 void makeDirectories(const std::string &path) {
   std::string partial;
   size_t pos = 0;
@@ -76,8 +80,13 @@ void makeDirectories(const std::string &path) {
     partial = path.substr(0, pos);
     if (partial.empty() || isDirectory(partial))
       continue;
-    if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST)
-      throw Error("cannot create checkpoint directory '" + partial + "': " + errnoText());
+    if (::mkdir(partial.c_str(), 0755) != 0) {
+      if (errno != EEXIST)
+        throw Error("cannot create checkpoint directory '" + partial + "': " + errnoText());
+      continue;
+    }
+    size_t slash = partial.find_last_of('/');
+    syncDirectory(slash == std::string::npos ? "." : slash == 0 ? "/" : partial.substr(0, slash));
   }
   if (!isDirectory(path))
     throw Error("checkpoint directory '" + path + "' is not a directory");

@@ -23,6 +23,9 @@
 //   eval: step <n> val_loss <%.9g> (<k> batches)               --eval-data with no steps
 //   checkpoint: step <n> saved to <dir>                        with --save-every
 //   checkpoint: removed <dir> (--keep-last <n>)                with --keep-last
+//   interrupted: SIGINT|SIGTERM, stopped after step <n>: checkpoint saved to <dir>|nothing
+//           saved (no --ckpt-dir)                              a signal during the steps; then
+//                                                              exit 0 (docs/checkpoints.md)
 //   gradients: <n> tensors of micro-batch <p> written to <file> with --dump-gradients
 //   adapter: <n> adapters (<n> tensors, LoRA|DoRA r<r> alpha <a>) written to <dir>
 //                                                              with --export-adapter
@@ -61,6 +64,7 @@
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -70,6 +74,7 @@
 #include <map>
 #include <string>
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -118,7 +123,9 @@ const char *const kHelp =
     "  --lr X                peak learning rate of every LearningRate kernel\n"
     "  --metrics FILE        one JSON object per step (appended to when resuming)\n"
     "  --save-every N        checkpoint every N steps into --ckpt-dir\n"
-    "  --ckpt-dir DIR        where checkpoints go (DIR/step-NNNNNNNN, DIR/latest)\n"
+    "  --ckpt-dir DIR        where checkpoints go (DIR/step-NNNNNNNN, DIR/latest); SIGINT or\n"
+    "                        SIGTERM during the steps finishes the step, saves it here and\n"
+    "                        exits 0 (a second signal exits at once)\n"
     "  --keep-last N         after each save, remove all but the newest N checkpoints of\n"
     "                        --ckpt-dir (never the latest, which the new one has replaced)\n"
     "  --dump-gradients FILE after the steps, run forward+backward on the next micro-batch\n"
@@ -421,6 +428,53 @@ Options parseOptions(int argc, char **argv) {
 }
 
 double mib(uint64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
+
+/// The SIGINT or SIGTERM received during the steps, 0 while none (docs/checkpoints.md,
+/// "Interrupting a run"). The handler only records it: the step loop reads it between steps, so
+/// the step in flight finishes and a checkpoint can be saved before the run exits 0.
+volatile std::sig_atomic_t gStopSignal = 0;
+
+/// Async-signal-safe: sets the flag, or, at a second signal (the first is still being honoured:
+/// a long step or save), restores the default action and raises the signal again, so the
+/// process ends at once as the signal ends it by default (signal() and raise() are both on
+/// POSIX's list of async-signal-safe functions).
+extern "C" void onStopSignal(int number) {
+  if (gStopSignal != 0) {
+    std::signal(number, SIG_DFL);
+    std::raise(number);
+    return;
+  }
+  gStopSignal = number;
+}
+
+/// Installs onStopSignal for SIGINT and SIGTERM while it lives, and puts the previous actions
+/// back when it goes: only the training steps stop gracefully; loading, exports and generation
+/// keep the default (immediate) action. SA_RESTART: no read, write or fsync of a step or a save
+/// fails with EINTR. A signal that was ignored when the run started (nohup) stays ignored.
+class StopSignals {
+public:
+  StopSignals() {
+    for (int i = 0; i < 2; ++i) {
+      struct sigaction action = {};
+      action.sa_handler = onStopSignal;
+      sigemptyset(&action.sa_mask);
+      action.sa_flags = SA_RESTART;
+      ::sigaction(kSignals[i], nullptr, &previous_[i]);
+      if (previous_[i].sa_handler != SIG_IGN)
+        ::sigaction(kSignals[i], &action, nullptr);
+    }
+  }
+  ~StopSignals() {
+    for (int i = 0; i < 2; ++i)
+      ::sigaction(kSignals[i], &previous_[i], nullptr);
+  }
+  StopSignals(const StopSignals &) = delete;
+  StopSignals &operator=(const StopSignals &) = delete;
+
+private:
+  static constexpr int kSignals[2] = {SIGINT, SIGTERM};
+  struct sigaction previous_[2];
+};
 
 /// Binds --weights (a safetensors file, a sharded index, or a Hugging Face model directory
 /// holding either) and says, in one note line on stderr, which Hugging Face tensors it skipped
@@ -835,9 +889,28 @@ int run(const Options &o) {
     plannedBytes += a.size;
   std::vector<double> profiled;
   double evalSeconds = 0; // not training: left out of the time line's throughput
+  // Saves the state after the step just done to --ckpt-dir (--save-every, and after SIGINT or
+  // SIGTERM), then prunes with --keep-last.
+  uint64_t savedStep = 0;
+  std::string savedDir;
+  auto save = [&]() {
+    if (!base && rt::writesAdapterCheckpoints(executor))
+      base = rt::baseIdentity(executor);
+    savedDir = rt::saveCheckpoint(o.ckptDir, executor, position, base ? &*base : nullptr);
+    savedStep = position.step;
+    progress.note("checkpoint: step " + std::to_string(position.step) + " saved to " + savedDir);
+    // Only now, with the new checkpoint durable and named by `latest`, may older ones go
+    // (the one this run resumed from among them).
+    if (o.keepLast)
+      for (const std::string &old : rt::pruneCheckpoints(o.ckptDir, *o.keepLast))
+        progress.note("checkpoint: removed " + old + " (--keep-last " +
+                      std::to_string(*o.keepLast) + ")");
+  };
+  // SIGINT / SIGTERM end the loop after the step in flight (and its save, if it has one).
+  std::optional<StopSignals> stopSignals(std::in_place);
   auto start = std::chrono::steady_clock::now();
   try {
-    for (uint64_t s = 0; s < steps; ++s) {
+    for (uint64_t s = 0; s < steps && !gStopSignal; ++s) {
       // The last step is the profiled one: earlier steps warm caches, graphs and plans up.
       if (o.profile && s + 1 == steps)
         executor.setProfiling(true);
@@ -889,25 +962,35 @@ int run(const Options &o) {
         progress.note(fp8Warning, stderr);
       if (metrics)
         metrics->write(report);
-      if (o.saveEvery > 0 && position.step % o.saveEvery == 0) {
-        if (!base && rt::writesAdapterCheckpoints(executor))
-          base = rt::baseIdentity(executor);
-        std::string dir =
-            rt::saveCheckpoint(o.ckptDir, executor, position, base ? &*base : nullptr);
-        progress.note("checkpoint: step " + std::to_string(position.step) + " saved to " + dir);
-        // Only now, with the new checkpoint durable and named by `latest`, may older ones go
-        // (the one this run resumed from among them).
-        if (o.keepLast)
-          for (const std::string &old : rt::pruneCheckpoints(o.ckptDir, *o.keepLast))
-            progress.note("checkpoint: removed " + old + " (--keep-last " +
-                          std::to_string(*o.keepLast) + ")");
-      }
+      if (o.saveEvery > 0 && position.step % o.saveEvery == 0)
+        save();
     }
   } catch (...) {
     progress.finish(); // an error line starts on a line of its own
     throw;
   }
   progress.finish();
+  // Interrupted: save the last step unless --save-every just did, say where, and stop (no
+  // exports or generation from a run cut short). From here a signal acts at once again.
+  int stopSignal = gStopSignal;
+  stopSignals.reset();
+  if (stopSignal != 0) {
+    const char *name = stopSignal == SIGINT ? "SIGINT" : "SIGTERM";
+    std::string outcome;
+    if (position.step + 1 == firstStep)
+      outcome = "no step ran in this run, nothing saved";
+    else if (o.ckptDir.empty())
+      outcome = "nothing saved (no --ckpt-dir)";
+    else {
+      if (savedStep != position.step)
+        save();
+      outcome = "checkpoint saved to " + savedDir;
+    }
+    std::printf("interrupted: %s, stopped after step %" PRIu64 ": %s\n", name, position.step,
+                outcome.c_str());
+    std::fflush(stdout);
+    return 0;
+  }
   double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() - evalSeconds;
   if (evalLoader && steps == 0) {
