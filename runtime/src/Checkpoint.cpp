@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -235,6 +236,27 @@ void checkAccumulatorsClear(const Executor &executor, uint64_t step) {
   }
 }
 
+/// Throws unless every value a checkpoint would hold (the parameters and the optimizer state
+/// it saves, of float dtypes) is finite: a checkpoint of a diverged run would poison every run
+/// resumed from it (docs/training.md, "Non-finite steps").
+void checkFinite(const Executor &executor, uint64_t step) {
+  const LoadedPlan &plan = executor.plan();
+  for (TensorRole role : {TensorRole::Parameter, TensorRole::OptimizerState})
+    for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
+      const TensorInfo &t = plan.tensors[i];
+      if (!savedInRole(plan, t, role) || !isComputeFloat(t.dtype))
+        continue;
+      std::vector<float> values(size_t(t.numel));
+      loadF32(executor.view(i), values.data());
+      for (size_t e = 0; e < values.size(); ++e)
+        if (!std::isfinite(values[e]))
+          throw Error("cannot checkpoint step " + std::to_string(step) + ": " +
+                      plan.describeTensor(i) + " holds a non-finite value (element " +
+                      std::to_string(e) + " is " + std::to_string(values[e]) +
+                      "); a checkpoint is never written from non-finite weights");
+    }
+}
+
 bool isPlainName(const std::string &name) {
   return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
          name.find('\0') == std::string::npos;
@@ -365,6 +387,7 @@ std::string saveCheckpoint(const std::string &root, const Executor &executor,
   // With a GPU, each view below brings its tensor's arena back from the device: the
   // parameters, gradient accumulators and optimizer state, not the activations.
   checkAccumulatorsClear(executor, position.step);
+  checkFinite(executor, position.step);
   makeDirectories(root);
   std::string name = checkpointDirName(position.step);
   std::string finalDir = join(root, name);

@@ -64,6 +64,8 @@ std::string formatStepLine(const StepReport &r) {
   // %.9g as the loss, so that an evaluation can be compared bit for bit with a forward run.
   if (r.valLoss)
     line += " val_loss " + format("%.9g", double(*r.valLoss));
+  if (r.skippedSteps > 0)
+    line += " skipped " + std::to_string(r.skippedSteps);
   return line;
 }
 
@@ -81,6 +83,7 @@ std::string formatMetricsJson(const StepReport &r) {
   s += ", \"micro_batches\": " + std::to_string(r.microBatches);
   s += ", \"tokens\": " + std::to_string(r.tokens);
   s += ", \"elapsed_s\": " + format("%.3f", r.elapsedSeconds);
+  s += ", \"skipped_steps\": " + std::to_string(r.skippedSteps);
   if (r.fp8)
     s += ", \"fp8\": " + formatFp8Json(*r.fp8);
   return s + "}";
@@ -147,6 +150,8 @@ std::string formatProgress(const StepReport &r, uint64_t firstStep) {
     line += " | lr " + format("%.3g", double(*r.lr));
   if (r.valLoss)
     line += " | val_loss " + format("%.4f", double(*r.valLoss));
+  if (r.skippedSteps > 0)
+    line += " | skipped " + std::to_string(r.skippedSteps);
   line += " | " + format("%.0f", tokensPerSecond(r)) + " tok/s";
   uint64_t done = r.step >= firstStep ? r.step - firstStep + 1 : 1;
   uint64_t left = r.lastStep > r.step ? r.lastStep - r.step : 0;

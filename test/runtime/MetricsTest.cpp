@@ -75,6 +75,20 @@ TEST(MetricsTest, ProgressAndDuration) {
             "step 12/100 | loss 2.7797 | grad_norm 0.531 | lr 0.001 | 32 tok/s | ETA 0:44");
 }
 
+// Skipped non-finite steps (docs/training.md, "Non-finite steps"): counted on the step and
+// progress lines once there is one, and on every metrics line.
+TEST(MetricsTest, SkippedSteps) {
+  StepReport r = sample();
+  EXPECT_EQ(parseJson(formatMetricsJson(r), "metrics").find("skipped_steps")->unsignedValue(),
+            0u);
+  r.skippedSteps = 2;
+  EXPECT_EQ(formatStepLine(r), "step 12 loss 2.77967405 grad_norm 0.53125 lr 0.001 skipped 2");
+  EXPECT_EQ(formatProgress(r, 1), "step 12/100 | loss 2.7797 | grad_norm 0.531 | lr 0.001 | "
+                                  "skipped 2 | 32 tok/s | ETA 0:44");
+  EXPECT_EQ(parseJson(formatMetricsJson(r), "metrics").find("skipped_steps")->unsignedValue(),
+            2u);
+}
+
 TEST(MetricsTest, ValLossOnEvaluationSteps) {
   StepReport r = sample();
   r.valLoss = 2.9012345790863037f;

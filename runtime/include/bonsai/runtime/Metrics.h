@@ -66,15 +66,20 @@ struct StepReport {
   /// The mean loss on held-out data after this step's update, on the steps that evaluate
   /// (bonsai-run --eval-every).
   std::optional<float> valLoss;
+  /// Steps of this run so far whose update was skipped for a non-finite loss or gradient
+  /// norm (docs/training.md, "Non-finite steps").
+  uint64_t skippedSteps = 0;
 };
 
 /// "step <n> loss <%.9g>", then " grad_norm <%.6g>" and " lr <%.6g>" for those the plan
-/// reports, then " val_loss <%.9g>" on an evaluation step; no newline.
+/// reports, then " val_loss <%.9g>" on an evaluation step, then " skipped <n>" once the run has
+/// skipped a step; no newline.
 std::string formatStepLine(const StepReport &report);
 
 /// One JSON object, no newline: step, loss, grad_norm, lr (null when the plan has none, or not
 /// finite), val_loss (on an evaluation step only; null when not finite), tokens_per_s,
-/// memory_planned_bytes, memory_measured_bytes, micro_batches, tokens, elapsed_s, then "fp8"
+/// memory_planned_bytes, memory_measured_bytes, micro_batches, tokens, elapsed_s,
+/// skipped_steps, then "fp8"
 /// (formatFp8Json) when the report has FP8 telemetry.
 std::string formatMetricsJson(const StepReport &report);
 
