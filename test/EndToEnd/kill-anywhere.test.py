@@ -4,7 +4,7 @@ Standard library only. Usage:
 
   kill-anywhere.test.py --bonsai-run BIN --bonsai-compile BIN --src ROOT --work DIR
                         [--trials 200] [--graceful 20] [--steps 4] [--jobs 2] [--seed 1]
-                        [--ckpt-root DIR] [--signals-only]
+                        [--ckpt-root DIR] [--signals-only] [--backend cpu|cuda --plan PLAN]
 
 1. Compiles examples/models/tiny_llama.mlir with examples/recipes/tiny_train.mlir and runs the
    uninterrupted reference: N + 5 steps with --save-every 1 from seed 7 on random tokens,
@@ -469,6 +469,8 @@ def main():
     parser.add_argument("--jobs", type=int, default=2, help="chains run in parallel")
     parser.add_argument("--seed", type=int, default=1, help="seed of the kill moments")
     parser.add_argument("--backend", default="cpu", help="bonsai-run's --backend (cpu, cuda)")
+    parser.add_argument("--plan", help="a compiled tiny_llama + tiny_train plan (for --backend "
+                        "cuda: one compiled --target=sm_90); default: compiled here for the CPU")
     parser.add_argument("--signals-only", action="store_true",
                         help="only the SIGTERM / SIGINT tests at known moments")
     args = parser.parse_args()
@@ -491,12 +493,13 @@ def main():
     else:
         root = tempfile.mkdtemp(prefix="ckpt-", dir=args.work)
 
-    plan = os.path.join(args.work, "tiny.plan")
-    subprocess.run([args.bonsai_compile,
-                    os.path.join(args.src, "examples/models/tiny_llama.mlir"),
-                    os.path.join(args.src, "examples/recipes/tiny_train.mlir"), "-o", plan,
-                    "--target=cpu"], check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
+    plan = args.plan or os.path.join(args.work, "tiny.plan")
+    if not args.plan:
+        subprocess.run([args.bonsai_compile,
+                       os.path.join(args.src, "examples/models/tiny_llama.mlir"),
+                       os.path.join(args.src, "examples/recipes/tiny_train.mlir"), "-o", plan,
+                       "--target=cpu"], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
 
     # The uninterrupted reference; its duration is the span of the kill moments.
     ref_ckpt = os.path.join(root, "reference")
