@@ -733,7 +733,11 @@ TEST_F(TrainingTest, NonFiniteStepsSkipTheirUpdateOnTheGpu) {
     ExecutorOptions gpu;
     gpu.backend = Backend::Cuda;
     gpu.cudaGraphs = graphs;
+    ::testing::internal::CaptureStderr();
     expectNonFiniteStepsSkipped(gpu, dir);
+    std::string err = ::testing::internal::GetCapturedStderr();
+    // With graphs, the conditional graph was built: no fallback to the host's decision.
+    EXPECT_EQ(err.find("runs without a CUDA Graph"), std::string::npos) << err;
   }
 }
 #endif
