@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 
 namespace bonsai::rt {
 
@@ -36,21 +38,32 @@ public:
 
   void runPhasePrefix(Phase phase, size_t end) override {
     end = std::min(end, plan_.kernels.size());
-    for (size_t i = 0; i < end; ++i) {
-      if (plan_.kernels[i].phase != phase)
-        continue;
-      auto start = std::chrono::steady_clock::now();
-      try {
-        launchOnCpu(KernelCall(plan_, i, views_));
-      } catch (const Error &e) {
-        throw Error(plan_.describeKernel(i) + ": " + e.what());
-      }
-      if (profiling_)
-        times_[i] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
-                                                               start)
-                         .count();
-    }
+    for (size_t i = 0; i < end; ++i)
+      if (plan_.kernels[i].phase == phase)
+        runKernel(i);
   }
+
+  void runKernels(const std::vector<size_t> &kernels) override {
+    for (size_t i : kernels)
+      runKernel(i);
+  }
+
+  void runGuardedUpdate(const UpdateGuard &guard, bool skip) override {
+    runKernels(guard.check);
+    // The norms are f32 scalars the check kernels just wrote.
+    skipped_ = skip;
+    for (uint32_t t : guard.norms) {
+      float value;
+      std::memcpy(&value, views_[t].data, sizeof value);
+      if (!std::isfinite(value))
+        skipped_ = true;
+    }
+    if (!skipped_)
+      runKernels(guard.guarded);
+    runKernels(guard.always);
+  }
+
+  bool updateSkipped() override { return skipped_; }
 
   // Kernels run synchronously; their errors were thrown as they ran.
   void synchronize() override {}
@@ -66,11 +79,26 @@ public:
   void kernelAttrsChanged() override {}
 
 private:
+
+  void runKernel(size_t i) {
+    auto start = std::chrono::steady_clock::now();
+    try {
+      launchOnCpu(KernelCall(plan_, i, views_));
+    } catch (const Error &e) {
+      throw Error(plan_.describeKernel(i) + ": " + e.what());
+    }
+    if (profiling_)
+      times_[i] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                             start)
+                       .count();
+  }
+
   /// The executor's plan and host views, read at every launch.
   const LoadedPlan &plan_;
   const std::vector<TensorView> &views_;
   bool profiling_ = false;
   std::vector<double> times_;
+  bool skipped_ = false;
 };
 
 } // namespace

@@ -91,8 +91,16 @@ public:
     for (auto &entry : graphs_)
       if (entry.second)
         cudaGraphExecDestroy(entry.second);
+    if (guardExec_)
+      cudaGraphExecDestroy(guardExec_);
     for (void *p : arenas_)
       cudaFree(p);
+    if (guardFlag_)
+      cudaFree(guardFlag_);
+    if (guardNorms_)
+      cudaFree(guardNorms_);
+    if (bodyStream_)
+      cudaStreamDestroy(bodyStream_);
     if (deviceError_)
       cudaFree(deviceError_);
     gemm_.reset();
@@ -153,6 +161,52 @@ public:
       if (entry.second)
         cudaGraphExecDestroy(entry.second);
     graphs_.clear();
+    if (guardExec_)
+      cudaGraphExecDestroy(guardExec_);
+    guardExec_ = nullptr;
+    guardCaptured_ = false;
+  }
+
+  void runKernels(const std::vector<size_t> &kernels) override {
+    runKernelsOn(kernels, nullptr);
+  }
+
+  void runGuardedUpdate(const UpdateGuard &guard, bool skip) override {
+    prepareGuard(guard);
+    if (skip) {
+      // The host saw a non-finite loss: nothing guarded runs, and there is nothing to check.
+      runKernels(guard.check);
+      runKernels(guard.always);
+      hostSkipped_ = true;
+      return;
+    }
+    hostSkipped_ = false;
+    if (useGraphs_ && !profiling_) {
+      if (!guardCaptured_) {
+        guardExec_ = captureGuarded(guard);
+        guardCaptured_ = true;
+      }
+      if (guardExec_) {
+        check(cudaGraphLaunch(guardExec_, stream_), "cudaGraphLaunch(update)");
+        return;
+      }
+    }
+    // Without a graph the host decides, after one synchronisation.
+    runKernels(guard.check);
+    cuda::guardCheck(guardNorms_, int(guard.norms.size()), guardFlag_, 0, false, stream_);
+    if (!updateSkipped())
+      runKernels(guard.guarded);
+    runKernels(guard.always);
+  }
+
+  bool updateSkipped() override {
+    if (hostSkipped_)
+      return true;
+    synchronize();
+    int32_t flag = 0;
+    check(cudaMemcpy(&flag, guardFlag_, sizeof flag, cudaMemcpyDeviceToHost),
+          "cudaMemcpy(guard flag)");
+    return flag != 0;
   }
 
   void runPhase(Phase phase) override {
@@ -243,12 +297,119 @@ private:
     return exec;
   }
 
+  /// The guard's device memory: its flag and the array of its norms' addresses, once.
+  void prepareGuard(const UpdateGuard &guard) {
+    if (guardFlag_)
+      return;
+    check(cudaMalloc(&guardFlag_, sizeof(int32_t)), "cudaMalloc(guard flag)");
+    check(cudaMemset(guardFlag_, 0, sizeof(int32_t)), "cudaMemset(guard flag)");
+    std::vector<const float *> norms;
+    for (uint32_t t : guard.norms)
+      norms.push_back(static_cast<const float *>(views_[t].data));
+    check(cudaMalloc(&guardNorms_, std::max<size_t>(norms.size(), 1) * sizeof(float *)),
+          "cudaMalloc(guard norms)");
+    if (!norms.empty())
+      check(cudaMemcpy(guardNorms_, norms.data(), norms.size() * sizeof(float *),
+                       cudaMemcpyHostToDevice),
+            "cudaMemcpy(guard norms)");
+  }
+
+  /// The guarded update as one executable graph, captured once on the backend's stream:
+  ///
+  ///   the check kernels -> guard_check, which sets the handle to 1 when the norms are finite
+  ///   -> an IF node on the handle (CUDA 12.4 conditional nodes), whose body, captured on a
+  ///      second stream straight into the node's graph, holds the guarded kernels
+  ///   -> the always kernels (clearing the accumulators)
+  ///
+  /// The node is added in the middle of the capture, as GaLore's refresh adds its own
+  /// (cuda/GaLore.cu, captureIfDue). Null, after a message, if it cannot be built (a guarded
+  /// kernel that allocates scratch memory, which a conditional body may not): the update then
+  /// runs eagerly, the host reading the flag.
+  cudaGraphExec_t captureGuarded(const UpdateGuard &guard) {
+    if (!bodyStream_)
+      check(cudaStreamCreateWithFlags(&bodyStream_, cudaStreamNonBlocking),
+            "cudaStreamCreate(conditional body)");
+    cudaGraph_t graph = nullptr;
+    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+          "cudaStreamBeginCapture");
+    std::string failure;
+    try {
+      runKernelsOn(guard.check, stream_);
+      cudaStreamCaptureStatus status;
+      cudaGraph_t capturing = nullptr;
+      check(cudaStreamGetCaptureInfo(stream_, &status, nullptr, &capturing, nullptr, nullptr,
+                                     nullptr),
+            "cudaStreamGetCaptureInfo");
+      cudaGraphConditionalHandle handle;
+      check(cudaGraphConditionalHandleCreate(&handle, capturing, 0, cudaGraphCondAssignDefault),
+            "cudaGraphConditionalHandleCreate");
+      cuda::guardCheck(guardNorms_, int(guard.norms.size()), guardFlag_, handle, true, stream_);
+      const cudaGraphNode_t *dependencies = nullptr;
+      size_t count = 0;
+      check(cudaStreamGetCaptureInfo(stream_, &status, nullptr, &capturing, &dependencies,
+                                     nullptr, &count),
+            "cudaStreamGetCaptureInfo");
+      cudaGraphNodeParams params{};
+      params.type = cudaGraphNodeTypeConditional;
+      params.conditional.handle = handle;
+      params.conditional.type = cudaGraphCondTypeIf;
+      params.conditional.size = 1;
+      cudaGraphNode_t node = nullptr;
+      check(cudaGraphAddNode(&node, capturing, dependencies, nullptr, count, &params),
+            "cudaGraphAddNode(conditional)");
+      check(cudaStreamUpdateCaptureDependencies(stream_, &node, nullptr, 1,
+                                                cudaStreamSetCaptureDependencies),
+            "cudaStreamUpdateCaptureDependencies");
+      check(cudaStreamBeginCaptureToGraph(bodyStream_, params.conditional.phGraph_out[0],
+                                          nullptr, nullptr, 0,
+                                          cudaStreamCaptureModeThreadLocal),
+            "cudaStreamBeginCaptureToGraph");
+      try {
+        runKernelsOn(guard.guarded, bodyStream_);
+      } catch (...) {
+        cudaGraph_t ended = nullptr;
+        cudaStreamEndCapture(bodyStream_, &ended);
+        throw;
+      }
+      cudaGraph_t ended = nullptr;
+      check(cudaStreamEndCapture(bodyStream_, &ended), "cudaStreamEndCapture(conditional body)");
+      runKernelsOn(guard.always, stream_);
+    } catch (const Error &e) {
+      failure = e.what();
+    }
+    cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+    if (failure.empty() && end != cudaSuccess)
+      failure = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
+    cudaGetLastError(); // Clear the error a failed capture leaves behind.
+    cudaGraphExec_t exec = nullptr;
+    if (failure.empty()) {
+      cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+      if (instantiated != cudaSuccess) {
+        cudaGetLastError();
+        exec = nullptr;
+        failure = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(instantiated);
+      }
+    }
+    if (graph)
+      cudaGraphDestroy(graph);
+    if (!failure.empty())
+      std::fprintf(stderr,
+                   "cuda backend: the guarded update runs without a CUDA Graph (one "
+                   "synchronisation per step): %s\n",
+                   failure.c_str());
+    return exec;
+  }
+
   /// Each kernel between two events; the times are read once the phase is done.
   void runPhaseProfiled(Phase phase) {
     std::vector<size_t> kernels;
     for (size_t i = 0; i < plan_.kernels.size(); ++i)
       if (plan_.kernels[i].phase == phase)
         kernels.push_back(i);
+    runKernelsProfiled(kernels);
+  }
+
+  void runKernelsProfiled(const std::vector<size_t> &kernels) {
     while (events_.size() < 2 * kernels.size()) {
       cudaEvent_t e;
       check(cudaEventCreate(&e), "cudaEventCreate");
@@ -290,9 +451,27 @@ private:
     }
   }
 
-  void runKernel(size_t index) {
+  /// Enqueues `kernels` (plan indices) in order on `stream` (null: the backend's, timed
+  /// kernel by kernel when profiling).
+  void runKernelsOn(const std::vector<size_t> &kernels, cudaStream_t stream) {
+    if (profiling_ && !stream) {
+      runKernelsProfiled(kernels);
+      return;
+    }
+    for (size_t i : kernels) {
+      try {
+        runKernel(i, stream ? stream : stream_);
+      } catch (const Error &e) {
+        throw Error(plan_.describeKernel(i) + ": " + e.what());
+      }
+    }
+  }
+
+  void runKernel(size_t index) { runKernel(index, stream_); }
+
+  void runKernel(size_t index, cudaStream_t stream) {
     cuda::Context ctx;
-    ctx.stream = stream_;
+    ctx.stream = stream;
     ctx.gemm = gemm_.get();
     ctx.deviceError = deviceError_;
     ctx.kernelIndex = int32_t(index);
@@ -315,6 +494,15 @@ private:
   bool profiling_ = false;
   std::vector<double> times_;
   std::vector<cudaEvent_t> events_;
+  /// The non-finite guard: its flag (1: the last update was skipped), its norms' addresses,
+  /// the guarded update's graph (captured once; null when it could not be), the stream its
+  /// conditional body is captured on, and whether the host skipped the last update itself.
+  int32_t *guardFlag_ = nullptr;
+  const float **guardNorms_ = nullptr;
+  cudaGraphExec_t guardExec_ = nullptr;
+  bool guardCaptured_ = false;
+  cudaStream_t bodyStream_ = nullptr;
+  bool hostSkipped_ = false;
 };
 } // namespace
 

@@ -53,6 +53,58 @@ bool isZero(const void *p, uint64_t bytes) {
       return false;
   return true;
 }
+
+/// Splits the update phase for the non-finite guard (docs/training.md, "Non-finite steps"):
+/// the leading kernels that write no state, only step-arena tensors and metrics (the gradient
+/// norms, the learning rate), are the check; every kernel after them is guarded, but for the Zero kernels that clear
+/// persistent tensors no later guarded kernel touches (the gradient accumulators), which run
+/// after the guarded ones whatever the check says, so that a skipped step's gradients do not
+/// reach the next one. The norms checked are the GradNorm outputs among the check kernels.
+/// Null for a plan without update kernels, and for one whose updates run in the backward pass
+/// (trainStep guards those by their loss).
+std::unique_ptr<UpdateGuard> buildUpdateGuard(const LoadedPlan &plan) {
+  if (plan.updateInBackward())
+    return nullptr;
+  auto persistent = [&](uint32_t t) {
+    return plan.arenas[plan.tensors[t].arena].lifetime == Lifetime::Persistent;
+  };
+  // A metric is recomputed every step, wherever the planner put it.
+  auto state = [&](uint32_t t) {
+    return persistent(t) && plan.tensors[t].role != TensorRole::Metric;
+  };
+  std::vector<size_t> update;
+  for (size_t i = 0; i < plan.kernels.size(); ++i)
+    if (plan.kernels[i].phase == Phase::Update)
+      update.push_back(i);
+  if (update.empty())
+    return nullptr;
+  auto guard = std::make_unique<UpdateGuard>();
+  size_t j = 0;
+  for (; j < update.size(); ++j) {
+    const KernelInfo &k = plan.kernels[update[j]];
+    if (std::any_of(k.outputs.begin(), k.outputs.end(), state))
+      break;
+    guard->check.push_back(update[j]);
+    if (k.kind == KernelKind::GradNorm)
+      guard->norms.push_back(k.outputs[0]);
+  }
+  for (size_t a = j; a < update.size(); ++a) {
+    const KernelInfo &k = plan.kernels[update[a]];
+    bool clears = k.kind == KernelKind::Zero && persistent(k.outputs[0]);
+    for (size_t b = a + 1; clears && b < update.size(); ++b) {
+      const KernelInfo &later = plan.kernels[update[b]];
+      if (later.kind == KernelKind::Zero)
+        continue;
+      auto same = [&](uint32_t t) { return t == k.outputs[0]; };
+      if (std::any_of(later.inputs.begin(), later.inputs.end(), same) ||
+          std::any_of(later.outputs.begin(), later.outputs.end(), same))
+        clears = false;
+    }
+    (clears ? guard->always : guard->guarded).push_back(update[a]);
+  }
+  return guard;
+}
+
 } // namespace
 
 void Executor::ArenaFree::operator()(void *p) const {
@@ -62,7 +114,8 @@ void Executor::ArenaFree::operator()(void *p) const {
     std::free(p);
 }
 
-Executor::Executor(const LoadedPlan &plan, const ExecutorOptions &options) : plan_(plan) {
+Executor::Executor(const LoadedPlan &plan, const ExecutorOptions &options)
+    : plan_(plan), options_(options) {
   const uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
   for (const ArenaInfo &arena : plan_.arenas) {
     uint64_t alignment = std::max(arena.alignment, kMinArenaAlignment);
@@ -96,6 +149,8 @@ Executor::Executor(const LoadedPlan &plan, const ExecutorOptions &options) : pla
   for (uint32_t t = 0; t < plan_.tensors.size(); ++t)
     if (written[t] && plan_.arenas[plan_.tensors[t].arena].lifetime == Lifetime::Persistent)
       forwardPersistentWrites_.push_back(t);
+  if (options.guardNonFinite)
+    guard_ = buildUpdateGuard(plan_);
   measured_.assign(plan_.arenas.size(), 0);
   hostDirty_.assign(plan_.arenas.size(), true);
   deviceAhead_.assign(plan_.arenas.size(), false);
@@ -396,17 +451,116 @@ StepResult Executor::trainStep(TokenLoader &loader, uint64_t firstMicroBatch, ui
   // starts from d(step loss)/d(micro-batch loss) = 1/count.
   float scale = 1.0f / float(count);
   double sum = 0;
+  bool lossFinite = true;
+  // Updates in the backward pass (one micro-batch) are guarded by the loss alone: a non-finite
+  // loss skips the backward pass, which holds them, and the update phase.
+  const bool guardInBackward = options_.guardNonFinite && plan_.updateInBackward().has_value();
   for (uint32_t m = 0; m < count; ++m) {
-    float value = forwardBackward(loader.batch(firstMicroBatch + m), scale);
+    setInputs(loader.batch(firstMicroBatch + m));
+    setLossScale(scale);
+    runPhase(Phase::Forward);
+    // Read before Backward: the planner may give the loss's bytes to a backward tensor.
+    touch(plan_.loss);
+    float value = loss();
     result.microBatchLosses.push_back(value);
     sum += double(value);
+    lossFinite = lossFinite && std::isfinite(value);
+    if (guardInBackward && !lossFinite)
+      break;
+    runPhase(Phase::Backward);
   }
-  runPhase(Phase::Update);
+  if (guardInBackward && !lossFinite) {
+    result.skipped = true;
+  } else if (guard_) {
+    // The host already has every micro-batch's loss; the gradient norms are checked where
+    // they are computed (on a GPU, by a kernel whose flag gates a conditional graph node).
+    syncToDevice();
+    touchPhase(Phase::Update, plan_.kernels.size());
+    backend_->runGuardedUpdate(*guard_, !lossFinite);
+    if (device_)
+      deviceAhead_.assign(deviceAhead_.size(), true);
+    result.skipped = backend_->updateSkipped();
+  } else {
+    runPhase(Phase::Update);
+  }
   result.loss = count == 1 ? result.microBatchLosses[0] : float(sum / double(count));
   result.gradNorm = metric("grad_norm");
   result.lr = metric("lr");
-  result.galoreSkipped = galoreSkipped();
+  if (result.skipped && guardInBackward) {
+    // Neither was computed this step: their bytes may hold anything (a step arena's).
+    result.gradNorm = std::numeric_limits<float>::quiet_NaN();
+    result.lr = std::numeric_limits<float>::quiet_NaN();
+  }
+  if (!result.skipped)
+    result.galoreSkipped = galoreSkipped();
   return result;
+}
+
+std::string Executor::findNonFinite(TokenLoader &loader, uint64_t firstMicroBatch,
+                                    uint32_t count) {
+  // The first non-finite element of tensor `t` as the last kernel left it, if any.
+  auto nonFinite = [&](uint32_t t) -> std::string {
+    const TensorInfo &info = plan_.tensors[t];
+    if (!isComputeFloat(info.dtype))
+      return "";
+    downloadTensor(t);
+    std::vector<float> values(size_t(info.numel));
+    loadF32(views_[t], values.data());
+    for (size_t e = 0; e < values.size(); ++e)
+      if (!std::isfinite(values[e]))
+        return plan_.describeTensor(t) + " (element " + std::to_string(e) + " is " +
+               std::to_string(values[e]) + ")";
+    return "";
+  };
+  const bool inBackward = plan_.updateInBackward().has_value();
+  std::vector<size_t> kernels;
+  for (Phase phase : {Phase::Forward, Phase::Backward})
+    for (size_t i = 0; i < plan_.kernels.size(); ++i)
+      if (plan_.kernels[i].phase == phase && !(inBackward && phase == Phase::Backward))
+        kernels.push_back(i);
+  const float scale = 1.0f / float(count);
+  std::string found;
+  for (uint32_t m = 0; m < count && found.empty(); ++m) {
+    setInputs(loader.batch(firstMicroBatch + m));
+    setLossScale(scale);
+    std::vector<size_t> order = kernels;
+    // The norms are computed once, after the last micro-batch's backward pass.
+    if (guard_ && m + 1 == count)
+      order.insert(order.end(), guard_->check.begin(), guard_->check.end());
+    for (size_t i : order) {
+      syncToDevice();
+      backend_->runKernels({i});
+      if (device_)
+        deviceAhead_.assign(deviceAhead_.size(), true);
+      const KernelInfo &k = plan_.kernels[i];
+      for (uint32_t out : k.outputs) {
+        std::string where = nonFinite(out);
+        if (where.empty())
+          continue;
+        found = "micro-batch " + std::to_string(firstMicroBatch + m) + ": " +
+                plan_.describeKernel(i) + " wrote a non-finite value to " + where;
+        std::string inputs;
+        for (uint32_t in : k.inputs) {
+          std::string bad = nonFinite(in);
+          if (!bad.empty())
+            inputs += (inputs.empty() ? "" : ", ") + bad;
+        }
+        found += inputs.empty() ? "; its inputs are finite"
+                                : "; non-finite inputs: " + inputs;
+        break;
+      }
+      if (!found.empty())
+        break;
+    }
+  }
+  // Nothing that persists may keep this run's traces: the accumulators go back to zero.
+  if (guard_) {
+    syncToDevice();
+    backend_->runKernels(guard_->always);
+    if (device_)
+      deviceAhead_.assign(deviceAhead_.size(), true);
+  }
+  return found;
 }
 
 float Executor::evaluate(TokenLoader &loader, uint64_t count) {

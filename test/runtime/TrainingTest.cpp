@@ -28,6 +28,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -607,6 +608,140 @@ TEST_F(TrainingTest, EvaluationOnTheGpuLeavesTrainingBitForBit) {
 }
 #endif
 
+/// The bytes of every tensor of a persistent arena (weights, optimizer state, accumulators,
+/// the step counter) but the metrics (grad_norm and lr, which the test plan keeps there and
+/// every step recomputes), by tensor index.
+std::map<uint32_t, std::vector<char>> persistentBytes(const Executor &e) {
+  const LoadedPlan &p = e.plan();
+  std::map<uint32_t, std::vector<char>> out;
+  for (uint32_t i = 0; i < p.tensors.size(); ++i)
+    if (p.arenas[p.tensors[i].arena].lifetime == Lifetime::Persistent &&
+        p.tensors[i].role != TensorRole::Metric) {
+      const auto *b = static_cast<const char *>(e.view(i).data);
+      out[i] = std::vector<char>(b, b + p.tensors[i].bytes);
+    }
+  return out;
+}
+
+/// Expects `after` to hold `before`'s bytes in every tensor, naming the first that differs.
+void expectSameBytes(const Executor &e, const std::map<uint32_t, std::vector<char>> &before,
+                     const std::map<uint32_t, std::vector<char>> &after, const char *what) {
+  ASSERT_EQ(before.size(), after.size());
+  for (const auto &[tensor, bytes] : before)
+    EXPECT_TRUE(after.at(tensor) == bytes) << what << ": " << e.plan().describeTensor(tensor);
+}
+
+/// The non-finite guard (docs/training.md, "Non-finite steps") on `options`' backend: a step
+/// whose gradient is not finite (a NaN planted in a gradient accumulator: the loss stays
+/// finite) and a step whose loss is not finite (a NaN planted in every embedding row) each
+/// skip their update, leaving every persistent tensor bit for bit, and the step after a
+/// skipped one trains exactly as if the skipped step had not been run; a checkpoint of the
+/// NaN weights is refused.
+void expectNonFiniteStepsSkipped(const ExecutorOptions &options, const std::string &dir) {
+  test::TrainingTensors t;
+  LoadedPlan plan = loadSpec(test::trainingPlanSpec({}, &t));
+  std::string data = cyclicTokens(dir + "/tokens.bin", 611, 16);
+  TokenLoader loader(data, 2, 4, 16, 5);
+  Executor straight(plan, options);
+  straight.initWeights(5);
+  for (uint64_t m = 0; m < 3; ++m)
+    EXPECT_FALSE(straight.trainStep(loader, m, 1).skipped) << "step " << m + 1;
+
+  Executor e(plan, options);
+  e.initWeights(5);
+  e.trainStep(loader, 0, 1);
+  e.trainStep(loader, 1, 1);
+  auto before = persistentBytes(e);
+  float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(e.view(t.gradHead).data, &nan, sizeof nan);
+  StepResult r = e.trainStep(loader, 2, 1);
+  EXPECT_TRUE(r.skipped);
+  EXPECT_TRUE(std::isfinite(r.loss)) << r.loss;
+  ASSERT_TRUE(r.gradNorm);
+  EXPECT_FALSE(std::isfinite(*r.gradNorm)) << *r.gradNorm;
+  expectSameBytes(e, before, persistentBytes(e), "after a non-finite gradient");
+  int64_t step = -1;
+  std::memcpy(&step, e.view(t.step).data, sizeof step);
+  EXPECT_EQ(step, 2);
+  // The planted NaN is gone with the accumulator the skipped update cleared: a re-run kernel
+  // by kernel finds nothing, and changes nothing.
+  EXPECT_EQ(e.findNonFinite(loader, 2, 1), "");
+  expectSameBytes(e, before, persistentBytes(e), "after --find-nonfinite");
+
+  // The same micro-batch again, now finite: the run continues as the straight one.
+  r = e.trainStep(loader, 2, 1);
+  EXPECT_FALSE(r.skipped);
+  expectSameBytes(e, persistentBytes(straight), persistentBytes(e), "after the retried step");
+
+  // A non-finite loss.
+  const TensorView &table = e.view(t.table);
+  for (int64_t row = 0; row < table.shape[0]; ++row)
+    std::memcpy(static_cast<float *>(table.data) + row * table.shape[1], &nan, sizeof nan);
+  before = persistentBytes(e);
+  r = e.trainStep(loader, 3, 1);
+  EXPECT_TRUE(r.skipped);
+  EXPECT_FALSE(std::isfinite(r.loss)) << r.loss;
+  expectSameBytes(e, before, persistentBytes(e), "after a non-finite loss");
+  std::string found = e.findNonFinite(loader, 3, 1);
+  EXPECT_NE(found.find("micro-batch 3: kernel 0 "), std::string::npos) << found;
+  EXPECT_NE(found.find("(Embedding) wrote a non-finite value to tensor"), std::string::npos)
+      << found;
+  EXPECT_NE(found.find("non-finite inputs: tensor 0 'model.embed_tokens.weight' (element 0 is "),
+            std::string::npos)
+      << found;
+  expectSameBytes(e, before, persistentBytes(e), "after --find-nonfinite");
+
+  TrainingPosition pos{3, 4, 5};
+  try {
+    saveCheckpoint(dir + "/ckpt", e, pos);
+    ADD_FAILURE() << "a checkpoint of NaN weights was written";
+  } catch (const Error &error) {
+    EXPECT_NE(std::string(error.what()).find("model.embed_tokens.weight"), std::string::npos)
+        << error.what();
+    EXPECT_NE(std::string(error.what()).find("non-finite"), std::string::npos) << error.what();
+  }
+  EXPECT_NE(::access((dir + "/ckpt/step-00000003").c_str(), F_OK), 0);
+}
+
+TEST_F(TrainingTest, NonFiniteStepsSkipTheirUpdate) { expectNonFiniteStepsSkipped({}, dir); }
+
+// With the guard off (bonsai-run --max-nonfinite 0) the planted NaN reaches the weights.
+TEST_F(TrainingTest, WithoutTheGuardANonFiniteStepUpdates) {
+  test::TrainingTensors t;
+  LoadedPlan plan = loadSpec(test::trainingPlanSpec({}, &t));
+  ExecutorOptions off;
+  off.guardNonFinite = false;
+  Executor e(plan, off);
+  e.initWeights(5);
+  TokenLoader loader(cyclicTokens(dir + "/tokens.bin", 611, 16), 2, 4, 16, 5);
+  float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(e.view(t.gradHead).data, &nan, sizeof nan);
+  EXPECT_FALSE(e.trainStep(loader, 0, 1).skipped);
+  float w;
+  std::memcpy(&w, e.view(t.head).data, sizeof w);
+  EXPECT_TRUE(std::isnan(w));
+}
+
+#ifdef BONSAI_HAVE_CUDA
+// The same on the GPU, with CUDA Graphs (the guarded update is one graph whose body is a
+// conditional node) and without (the host reads the flag).
+TEST_F(TrainingTest, NonFiniteStepsSkipTheirUpdateOnTheGpu) {
+  if (!gpuPresent())
+    GTEST_SKIP() << "no GPU here";
+  for (bool graphs : {true, false}) {
+    SCOPED_TRACE(graphs ? "CUDA Graphs" : "no CUDA Graphs");
+    ExecutorOptions gpu;
+    gpu.backend = Backend::Cuda;
+    gpu.cudaGraphs = graphs;
+    ::testing::internal::CaptureStderr();
+    expectNonFiniteStepsSkipped(gpu, dir);
+    std::string err = ::testing::internal::GetCapturedStderr();
+    // With graphs, the conditional graph was built: no fallback to the host's decision.
+    EXPECT_EQ(err.find("runs without a CUDA Graph"), std::string::npos) << err;
+  }
+}
+#endif
+
 //===----------------------------------------------------------------------===//
 // The tools.
 //===----------------------------------------------------------------------===//
@@ -741,6 +876,59 @@ TEST_F(ToolTest, TrainingPrintsMetricsAndWritesJsonLines) {
   ASSERT_EQ(r.code, 0) << r.err;
   for (const std::string &line : stepLines(r.out))
     EXPECT_NE(line.find(" lr 0"), std::string::npos) << line;
+}
+
+// lr 1e30 makes the weights overflow after the first update: every later step has a
+// non-finite loss. bonsai-run skips their updates, counts them (step line, metrics) and stops
+// after --max-nonfinite of them in a row, naming the steps; with --max-nonfinite 0 the run goes
+// on, and its checkpoint of non-finite weights is refused.
+TEST_F(ToolTest, NonFiniteStepsAreSkippedCountedAndStopTheRun) {
+  test::TrainingDims dims;
+  dims.lr = 1e30;
+  std::string plan = writePlan(test::trainingPlanSpec(dims), "nan.plan");
+  std::string data = cyclicTokens(dir + "/tokens.bin", 3000, 16);
+  std::string metrics = dir + "/metrics.jsonl";
+  ToolResult r = run({plan, "--data", data, "--steps", "8", "--metrics", metrics});
+  // The warnings of the skipped steps come first; the error is the last line.
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  ASSERT_FALSE(r.err.empty());
+  std::string last = r.err.substr(r.err.rfind('\n', r.err.size() - 2) + 1);
+  EXPECT_EQ(last, "bonsai-run: error: 3 steps in a row had a non-finite loss or gradient norm "
+                  "(steps 2, 3, 4; --max-nonfinite 3): stopping; their updates were skipped, so "
+                  "the weights are those after step 1\n");
+  std::vector<std::string> lines = stepLines(r.out);
+  ASSERT_EQ(lines.size(), 4u) << r.out;
+  EXPECT_EQ(lines[0].find("skipped"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[3].find(" skipped 3"), std::string::npos) << lines[3];
+  EXPECT_NE(r.err.find("warning: step 2: loss "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("not finite, update skipped (1 in a row, --max-nonfinite 3)"),
+            std::string::npos)
+      << r.err;
+  std::istringstream in(test::readText(metrics));
+  std::vector<uint64_t> skipped;
+  for (std::string line; std::getline(in, line);)
+    skipped.push_back(parseJson(line, "metrics line").find("skipped_steps")->unsignedValue());
+  EXPECT_EQ(skipped, (std::vector<uint64_t>{0, 1, 2, 3}));
+
+  r = run({plan, "--data", data, "--steps", "4", "--max-nonfinite", "0", "--save-every", "4",
+           "--ckpt-dir", dir + "/ck"});
+  EXPECT_EQ(stepLines(r.out).size(), 4u) << r.out;
+  expectError(r, {"cannot checkpoint step 4", "non-finite"});
+  EXPECT_NE(::access((dir + "/ck/step-00000004").c_str(), F_OK), 0);
+}
+
+// Steps past a cosine schedule's total_steps (40 in the test plan) are a warning at start.
+TEST_F(ToolTest, StepsPastTheScheduleAreAWarning) {
+  std::string plan = writePlan(test::trainingPlanSpec(), "train.plan");
+  ToolResult r = run({plan, "--steps", "41"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("bonsai-run: warning: this run ends at step 41, past the schedule's "
+                       "total_steps 40: the learning rate is min_lr (0.001) from step 40"),
+            std::string::npos)
+      << r.err;
+  r = run({plan, "--steps", "40"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err.find("warning"), std::string::npos) << r.err;
 }
 
 #ifdef BONSAI_HAVE_CUDA

@@ -85,6 +85,7 @@ namespace {
 const char *const kSynopsis =
     "usage: bonsai-run PLAN [--weights FILE | --resume [CKPT]] [--data TOKENS.bin] [--seed N]\n"
     "                       [--steps N] [--micro-batches K] [--lr X] [--metrics FILE.jsonl]\n"
+    "                       [--max-nonfinite N] [--find-nonfinite]\n"
     "                       [--save-every N --ckpt-dir DIR [--keep-last N]]\n"
     "                       [--dump-gradients FILE.safetensors]\n"
     "                       [--export-adapter DIR [--base-model NAME]]\n"
@@ -122,6 +123,11 @@ const char *const kHelp =
     "  --micro-batches K     forward+backward runs per update (default: the plan's)\n"
     "  --lr X                peak learning rate of every LearningRate kernel\n"
     "  --metrics FILE        one JSON object per step (appended to when resuming)\n"
+    "  --max-nonfinite N     a step whose loss or gradient norm is not finite skips its\n"
+    "                        update; N such steps in a row stop the run (default 3; 0: no\n"
+    "                        check, every update runs)\n"
+    "  --find-nonfinite      after a skipped step, run it again kernel by kernel and name\n"
+    "                        the first kernel and tensor that became non-finite (slow)\n"
     "  --save-every N        checkpoint every N steps into --ckpt-dir\n"
     "  --ckpt-dir DIR        where checkpoints go (DIR/step-NNNNNNNN, DIR/latest); SIGINT or\n"
     "                        SIGTERM during the steps finishes the step, saves it here and\n"
@@ -184,6 +190,8 @@ struct Options {
   std::optional<double> lr;
   std::string metrics;
   uint64_t saveEvery = 0;
+  uint64_t maxNonFinite = 3; ///< 0: the guard is off
+  bool findNonFinite = false;
   std::optional<uint64_t> keepLast;
   std::string ckptDir;
   bool resume = false;
@@ -317,6 +325,8 @@ Options parseOptions(int argc, char **argv) {
         o.metrics = takeValue();
       else if (flag == "--save-every")
         o.saveEvery = parseCount(flag, takeValue());
+      else if (flag == "--max-nonfinite")
+        o.maxNonFinite = parseCount(flag, takeValue());
       else if (flag == "--keep-last")
         o.keepLast = parsePositive(flag, takeValue());
       else if (flag == "--ckpt-dir")
@@ -345,6 +355,8 @@ Options parseOptions(int argc, char **argv) {
         o.backend = takeValue();
       else if (flag == "--device")
         o.device = int(parseCount(flag, takeValue()));
+      else if (flag == "--find-nonfinite")
+        o.findNonFinite = noValue();
       else if (flag == "--no-cuda-graphs")
         o.noCudaGraphs = noValue();
       else if (flag == "--profile")
@@ -400,6 +412,8 @@ Options parseOptions(int argc, char **argv) {
     throw UsageError{"--resume without a path needs --ckpt-dir"};
   if (o.keepLast && o.saveEvery == 0)
     throw UsageError{"--keep-last needs --save-every and --ckpt-dir"};
+  if (o.findNonFinite && o.maxNonFinite == 0)
+    throw UsageError{"--find-nonfinite needs the non-finite guard (--max-nonfinite above 0)"};
   if (!o.hfDir.empty() && o.exportMerged.empty())
     throw UsageError{"--hf-dir needs --export-merged"};
   if (o.shardSize && o.exportMerged.empty())
@@ -730,10 +744,18 @@ void printProfile(const rt::LoadedPlan &plan, const std::vector<double> &ms) {
   std::fflush(stdout);
 }
 
+/// A metric for a message: %.9g, or "nan" / "inf" / "-inf".
+std::string formatValue(float value) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", double(value));
+  return buf;
+}
+
 int run(const Options &o) {
   rt::ExecutorOptions executorOptions;
   executorOptions.device = o.device;
   executorOptions.cudaGraphs = !o.noCudaGraphs;
+  executorOptions.guardNonFinite = o.maxNonFinite > 0;
   std::string backend = o.backend.empty() ? (rt::cudaDeviceAvailable() ? "cuda" : "cpu")
                                           : o.backend;
   executorOptions.backend = backend == "cuda" ? rt::Backend::Cuda : rt::Backend::Cpu;
@@ -884,6 +906,25 @@ int run(const Options &o) {
   rt::Progress progress(stdout, ::isatty(::fileno(stdout)) == 1);
 
   uint64_t firstStep = position.step + 1;
+  // A cosine schedule ends at its total_steps; a run that goes past it trains on at min_lr,
+  // which is rarely what was meant: say so before the first step.
+  if (steps > 0)
+    for (const rt::KernelInfo &k : plan.kernels) {
+      if (k.kind != rt::KernelKind::LearningRate)
+        continue;
+      const rt::LearningRateAttrs &schedule = k.attrsAs<rt::LearningRateAttrs>();
+      uint64_t last = position.step + steps;
+      if (schedule.cosine && schedule.totalSteps > 0 && last > uint64_t(schedule.totalSteps))
+        std::fprintf(stderr,
+                     "bonsai-run: warning: this run ends at step %" PRIu64
+                     ", past the schedule's total_steps %" PRId64
+                     ": the learning rate is min_lr (%g) from step %" PRId64 "\n",
+                     last, schedule.totalSteps, schedule.lr * schedule.minLrRatio,
+                     schedule.totalSteps);
+      break;
+    }
+  uint64_t skippedSteps = 0;
+  std::vector<uint64_t> nonFiniteRun; // the steps of the current run of skipped steps
   uint64_t plannedBytes = 0;
   for (const rt::ArenaInfo &a : plan.arenas)
     plannedBytes += a.size;
@@ -929,6 +970,27 @@ int run(const Options &o) {
         evalSeconds +=
             std::chrono::duration<double>(std::chrono::steady_clock::now() - evalStart).count();
       }
+      if (result.skipped) {
+        ++skippedSteps;
+        nonFiniteRun.push_back(position.step);
+        progress.note("warning: step " + std::to_string(position.step) + ": loss " +
+                          formatValue(result.loss) + ", grad_norm " +
+                          (result.gradNorm ? formatValue(*result.gradNorm) : "-") +
+                          ": not finite, update skipped (" +
+                          std::to_string(nonFiniteRun.size()) + " in a row, --max-nonfinite " +
+                          std::to_string(o.maxNonFinite) + ")",
+                      stderr);
+        if (o.findNonFinite) {
+          std::string found = executor.findNonFinite(loader, position.dataPosition - microBatches,
+                                                     microBatches);
+          progress.note("nonfinite: step " + std::to_string(position.step) + ": " +
+                            (found.empty() ? "no kernel of the re-run wrote a non-finite value"
+                                           : found),
+                        stderr);
+        }
+      } else {
+        nonFiniteRun.clear();
+      }
       for (const auto &[name, why] : result.galoreSkipped)
         std::fprintf(stderr,
                      "warning: step %" PRIu64 ": GaLore projector of '%s' not refreshed: %s\n",
@@ -942,6 +1004,7 @@ int run(const Options &o) {
       report.gradNorm = result.gradNorm;
       report.lr = result.lr;
       report.valLoss = valLoss;
+      report.skippedSteps = skippedSteps;
       report.microBatches = microBatches;
       report.tokens = tokensPerStep;
       report.stepSeconds = std::chrono::duration<double>(now - stepStart).count();
@@ -962,6 +1025,16 @@ int run(const Options &o) {
         progress.note(fp8Warning, stderr);
       if (metrics)
         metrics->write(report);
+      if (o.maxNonFinite > 0 && nonFiniteRun.size() >= o.maxNonFinite) {
+        std::string list;
+        for (uint64_t step : nonFiniteRun)
+          list += (list.empty() ? "" : ", ") + std::to_string(step);
+        throw rt::Error(std::to_string(nonFiniteRun.size()) +
+                        " steps in a row had a non-finite loss or gradient norm (steps " + list +
+                        "; --max-nonfinite " + std::to_string(o.maxNonFinite) +
+                        "): stopping; their updates were skipped, so the weights are those "
+                        "after step " + std::to_string(nonFiniteRun.front() - 1));
+      }
       if (o.saveEvery > 0 && position.step % o.saveEvery == 0)
         save();
     }

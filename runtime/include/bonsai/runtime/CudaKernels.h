@@ -263,6 +263,15 @@ private:
   std::unique_ptr<Impl> impl_;
 };
 
+// The non-finite guard (docs/training.md, "Non-finite steps").
+
+/// One thread: `*skipped` = 1 when any of the `count` f32 scalars `norms[i]` (a device array of
+/// device pointers) is not finite, else 0; with `setHandle`, also sets the conditional graph
+/// node handle `handle` (a cudaGraphConditionalHandle) to 1 when all are finite, so that the
+/// node's body (the guarded update) runs, and to 0 otherwise.
+void guardCheck(const float *const *norms, int count, int32_t *skipped,
+                unsigned long long handle, bool setHandle, CUstream_st *stream);
+
 } // namespace bonsai::rt::cuda
 
 #endif // BONSAI_RUNTIME_CUDAKERNELS_H

@@ -47,6 +47,10 @@ struct StepResult {
   /// GaLore weights whose due projector refresh was skipped at this step (the projector was
   /// kept), with the reason: galore::Status (1: non-finite gradient, 2: rank-deficient sketch).
   std::vector<std::pair<std::string, int>> galoreSkipped;
+  /// The step's loss or gradient norm was not finite, so its update was skipped: weights,
+  /// optimizer state, FP8 scales, GaLore state and the step counter are as before the step
+  /// (docs/training.md, "Non-finite steps").
+  bool skipped = false;
 };
 
 /// Where the kernels run.
@@ -57,6 +61,9 @@ struct ExecutorOptions {
   Backend backend = Backend::Cpu;
   int device = 0;          ///< CUDA device ordinal
   bool cudaGraphs = true;  ///< capture each phase once and replay it
+  /// Skip the update of a step whose loss or gradient norm is not finite (trainStep). Off,
+  /// every update runs whatever it reads (bonsai-run --max-nonfinite 0).
+  bool guardNonFinite = true;
 };
 
 /// Runs one verified plan on the CPU reference backend or, with Backend::Cuda, on a GPU. The
@@ -157,6 +164,14 @@ public:
   /// the Update kernels run once. A plan without Update or Backward kernels just runs Forward
   /// per micro-batch. Returns the mean loss and the "grad_norm" and "lr" metrics.
   StepResult trainStep(TokenLoader &loader, uint64_t firstMicroBatch, uint32_t count);
+  /// After a step that trainStep skipped (bonsai-run --find-nonfinite): runs its micro-batches
+  /// again kernel by kernel (Forward, Backward, then the update's check kernels: the gradient
+  /// norms; Forward alone for a plan that updates in the backward pass), reading every output
+  /// after each kernel, and describes the first kernel that wrote a non-finite value, the
+  /// tensor and element, and which of its inputs already held one; "" when none did. Nothing
+  /// that persists changes: the gradient accumulators are cleared after, as the skipped
+  /// update cleared them. Slow (a copy per output on a GPU): for debugging.
+  std::string findNonFinite(TokenLoader &loader, uint64_t firstMicroBatch, uint32_t count);
   /// Forward and Backward on `batch` with LossScale `lossScale`, no Update; returns the loss.
   float forwardBackward(const TokenBatch &batch, float lossScale);
   /// Forward alone on `batch` (generation); returns the loss.
@@ -204,6 +219,10 @@ private:
 
   /// The only copy of the plan: the backend reads this one.
   LoadedPlan plan_;
+  ExecutorOptions options_;
+  /// The update phase split for the non-finite guard; null when the guard is off or the plan
+  /// has no update phase.
+  std::unique_ptr<UpdateGuard> guard_;
   /// The tensors of persistent arenas that a Forward kernel writes (a gradient accumulator a
   /// fused head adds to, say), in plan order: evaluate() restores them.
   std::vector<uint32_t> forwardPersistentWrites_;

@@ -24,6 +24,16 @@
 
 namespace bonsai::rt {
 
+/// The update phase split for the non-finite guard (docs/training.md, "Non-finite steps"), in
+/// plan kernel indices, each list in plan order: `check` runs first (the gradient norms and the
+/// learning rate: kernels that write no persistent tensor), then the `guarded` kernels run only
+/// when every f32 scalar in `norms` is finite, then `always` (the Zero kernels that clear the
+/// gradient accumulators, so that a skipped step's gradients do not reach the next step).
+struct UpdateGuard {
+  std::vector<size_t> check, guarded, always;
+  std::vector<uint32_t> norms;
+};
+
 /// The kernels of one plan, run on the CPU or on a GPU.
 class KernelBackend {
 public:
@@ -46,6 +56,16 @@ public:
   virtual void runPhase(Phase phase) = 0;
   /// Enqueues, one by one (no graph), the kernels of `phase` whose plan index is below `end`.
   virtual void runPhasePrefix(Phase phase, size_t end) = 0;
+  /// Enqueues `kernels` (plan indices), in order, one by one (no graph): what
+  /// Executor::findNonFinite runs between its checks.
+  virtual void runKernels(const std::vector<size_t> &kernels) = 0;
+  /// Enqueues the update phase split by `guard`: `check`, then `guarded` if every norm is
+  /// finite and `skip` is false, then `always`. The outcome is read by updateSkipped(). On a
+  /// GPU with CUDA Graphs this is one graph whose guarded part is a conditional node: no host
+  /// synchronisation.
+  virtual void runGuardedUpdate(const UpdateGuard &guard, bool skip) = 0;
+  /// Whether the last runGuardedUpdate skipped its guarded kernels (waits for it on a GPU).
+  virtual bool updateSkipped() = 0;
   /// Waits for all enqueued work and throws rt::Error for a failed kernel or a device-side
   /// error (an id or label out of range), naming the kernel.
   virtual void synchronize() = 0;
