@@ -38,15 +38,8 @@ import sys
 import torch
 from safetensors.torch import load_file
 
-
-def read_tokens(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    magic, version, width, count = struct.unpack_from("<8sIIQ", data, 0)
-    assert magic == b"BONSAITK" and version == 1, path
-    dtype = torch.int16 if width == 2 else torch.int32
-    tokens = torch.frombuffer(bytearray(data[24:24 + count * width]), dtype=dtype)
-    return tokens.to(torch.int64) & (0xFFFF if width == 2 else 0xFFFFFFFF)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_parity import read_tokens  # noqa: E402  (the version-1 token reader)
 
 
 def read_v2(path):

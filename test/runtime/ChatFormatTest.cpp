@@ -36,36 +36,13 @@ const char *const kMistralTemplate =
 
 std::vector<uint8_t> bytesOf(const std::string &s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 
-/// Standard base64 (line breaks ignored), for the SentencePiece model kept as text.
-std::vector<uint8_t> decodeBase64(const std::string &text) {
-  std::vector<uint8_t> out;
-  uint32_t bits = 0;
-  int count = 0;
-  for (char c : text) {
-    int v = c >= 'A' && c <= 'Z'   ? c - 'A'
-            : c >= 'a' && c <= 'z' ? c - 'a' + 26
-            : c >= '0' && c <= '9' ? c - '0' + 52
-            : c == '+'             ? 62
-            : c == '/'             ? 63
-                                   : -1;
-    if (v < 0)
-      continue;
-    bits = (bits << 6) | uint32_t(v);
-    if ((count += 6) >= 8) {
-      count -= 8;
-      out.push_back(uint8_t(bits >> count));
-    }
-  }
-  return out;
-}
-
 /// A model directory holding the test tokenizer `name` and, when `chatTemplate` is given, a
 /// tokenizer_config.json with that (JSON-encoded) chat_template.
 std::string modelDir(const std::string &name, const std::string &chatTemplate = "") {
   std::string dir = test::makeTempDir("chat-" + name + "-" + std::to_string(chatTemplate.size()));
   if (name == "sp")
     test::writeFile(dir + "/tokenizer.model",
-                    decodeBase64(test::readText(kInputs + "/sp.model.b64")));
+                    test::decodeBase64(test::readText(kInputs + "/sp.model.b64")));
   else
     test::writeFile(dir + "/tokenizer.json", bytesOf(test::readText(kInputs + "/" + name + ".json")));
   if (!chatTemplate.empty())

@@ -636,6 +636,29 @@ inline std::string readText(const std::string &path) {
   return s.str();
 }
 
+/// Standard base64 (line breaks ignored): the SentencePiece test model is kept as text.
+inline std::vector<uint8_t> decodeBase64(const std::string &text) {
+  std::vector<uint8_t> out;
+  uint32_t bits = 0;
+  int count = 0;
+  for (char c : text) {
+    int v = c >= 'A' && c <= 'Z'   ? c - 'A'
+            : c >= 'a' && c <= 'z' ? c - 'a' + 26
+            : c >= '0' && c <= '9' ? c - '0' + 52
+            : c == '+'             ? 62
+            : c == '/'             ? 63
+                                   : -1;
+    if (v < 0)
+      continue; // Line breaks and the '=' padding.
+    bits = (bits << 6) | uint32_t(v);
+    if ((count += 6) >= 8) {
+      count -= 8;
+      out.push_back(uint8_t(bits >> count));
+    }
+  }
+  return out;
+}
+
 /// The bytes of every parameter ("param:<name>") and optimizer-state tensor ("state:<name>")
 /// of `e`: what a checkpoint holds, for comparing runs bit for bit.
 inline std::map<std::string, std::vector<uint8_t>> stateOf(const Executor &e) {

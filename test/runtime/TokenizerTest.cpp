@@ -36,35 +36,12 @@ const std::string kInputs = std::string(BONSAI_TEST_DATA_DIR) + "/tokenizers";
 
 std::string inputPath(const std::string &name) { return kInputs + "/" + name; }
 
-/// Standard base64 (line breaks ignored).
-std::vector<uint8_t> decodeBase64(const std::string &text) {
-  std::vector<uint8_t> out;
-  uint32_t bits = 0;
-  int count = 0;
-  for (char c : text) {
-    int v = c >= 'A' && c <= 'Z'   ? c - 'A'
-            : c >= 'a' && c <= 'z' ? c - 'a' + 26
-            : c >= '0' && c <= '9' ? c - '0' + 52
-            : c == '+'             ? 62
-            : c == '/'             ? 63
-                                   : -1;
-    if (v < 0)
-      continue; // Line breaks and the '=' padding.
-    bits = (bits << 6) | uint32_t(v);
-    if ((count += 6) >= 8) {
-      count -= 8;
-      out.push_back(uint8_t(bits >> count));
-    }
-  }
-  return out;
-}
-
 /// The SentencePiece model is binary; the repository keeps it as base64 text
 /// (Inputs/tokenizers/sp.model.b64) and the tests load a decoded copy.
 std::string spModelPath() {
   static const std::string path = [] {
     std::string decoded = ::testing::TempDir() + "/bonsai-tokenizer-test-sp.model";
-    test::writeFile(decoded, decodeBase64(test::readText(inputPath("sp.model.b64"))));
+    test::writeFile(decoded, test::decodeBase64(test::readText(inputPath("sp.model.b64"))));
     return decoded;
   }();
   return path;
