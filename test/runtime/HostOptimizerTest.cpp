@@ -51,6 +51,12 @@ struct Buf {
   Buf(DType dtype, Shape shape, size_t offset = 0)
       : dtype(dtype), shape(std::move(shape)), offset(offset),
         storage((size_t(numelOf(this->shape)) * dtypeSize(dtype) + offset + 64) / 8 + 1) {}
+  // A copy's storage could sit otherwise against a 64-byte boundary, and its elements then at
+  // other bytes: copies are made with clone(); a move keeps the storage.
+  Buf(const Buf &) = delete;
+  Buf &operator=(const Buf &) = delete;
+  Buf(Buf &&) = default;
+  Buf &operator=(Buf &&) = default;
 
   void *data() const {
     auto base = reinterpret_cast<uintptr_t>(storage.data());
@@ -441,7 +447,7 @@ TEST(HostOptimizerTest, BadOperandsAreErrorsNamingTheCause) {
   auto adamw = [&](std::vector<TensorView> g2, std::vector<TensorView> p2,
                    std::vector<TensorView> m2, std::vector<TensorView> v2,
                    std::vector<TensorView> masters, const Buf &s, const cpu::AdamWHyper &hy) {
-    return [=, &pool, &lr, &norm]() {
+    return [=, &pool, &lr, &norm, &s]() {
       host::adamwStep(pool, g2, s.view(), lr.view(), norm.view(), hy, p2, m2, v2, masters);
     };
   };
