@@ -6,9 +6,10 @@
 // shapes are 1.01 G parameters), on `--threads` threads, `--steps` timed steps after
 // `--warmup` untimed ones. `--dtype f32`: f32 gradients, parameters and moments; `--dtype
 // bf16`: bf16 gradients and parameters with f32 masters and moments (the mixed-precision
-// recipe). Prints the median and best step, parameters per second and the bytes the step
-// moves per second (each operand read once and each result written once), as text or, with
-// --json, as one JSON object for bench/host_adamw_bench.py. Needs no GPU.
+// recipe). `--isa` picks the loops of a narrower instruction set than the CPU's widest. Prints
+// the median and best step, parameters per second and the bytes the step moves per second
+// (each operand read once and each result written once), as text or, with --json, as one JSON
+// object for bench/host_adamw_bench.py. Needs no GPU.
 //
 //===----------------------------------------------------------------------===//
 
@@ -35,13 +36,15 @@ struct Options {
   int64_t layers = 5, hidden = 4096, ffn = 11008;
   int steps = 10, warmup = 2;
   DType dtype = DType::F32;
+  std::string isa; ///< empty: the widest the CPU supports
   bool json = false;
 };
 
 [[noreturn]] void usage(const char *why) {
   std::fprintf(stderr,
                "host_adamw_bench: %s\nusage: host_adamw_bench [--threads N] [--layers L] "
-               "[--hidden H] [--ffn F] [--steps S] [--warmup W] [--dtype f32|bf16] [--json]\n",
+               "[--hidden H] [--ffn F] [--steps S] [--warmup W] [--dtype f32|bf16] [--isa "
+               "avx512|avx2|baseline] [--json]\n",
                why);
   std::exit(2);
 }
@@ -84,7 +87,9 @@ Options parse(int argc, char **argv) {
         o.dtype = DType::BF16;
       else
         usage(("--dtype takes f32 or bf16, not '" + d + "'").c_str());
-    } else if (a == "--json")
+    } else if (a == "--isa")
+      o.isa = value();
+    else if (a == "--json")
       o.json = true;
     else
       usage(("unknown argument '" + a + "'").c_str());
@@ -121,6 +126,13 @@ void fill(void *data, DType dtype, int64_t begin, int64_t end, float scale, floa
 
 int main(int argc, char **argv) {
   Options o = parse(argc, argv);
+  if (!o.isa.empty()) {
+    try {
+      host::useVectorIsa(o.isa);
+    } catch (const Error &e) {
+      usage(e.what());
+    }
+  }
   std::vector<std::vector<int64_t>> shapes;
   for (int64_t l = 0; l < o.layers; ++l) {
     for (int q = 0; q < 4; ++q)

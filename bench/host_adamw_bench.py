@@ -12,7 +12,8 @@ parameter: gradient, parameter and both moments read, parameter and moments writ
 peer's speed as a fraction of Bonsai's. Bonsai's step also clips by a global norm (one more
 multiply, fused in the same pass); PyTorch's AdamW does not clip. A bf16 row (bf16 gradients
 and parameters, f32 masters and moments: the mixed-precision recipe) is Bonsai's alone, as
-PyTorch's AdamW has no f32 masters.
+PyTorch's AdamW has no f32 masters. On an AVX-512 host a row of the AVX2 loops (what an
+AVX2-only host runs, from the same binary) is added.
 
 Without PyTorch (this build machine) the script says so and prints Bonsai's rows.
 
@@ -37,10 +38,12 @@ def shapes(layers, hidden, ffn):
     return out
 
 
-def run_bonsai(args, dtype):
+def run_bonsai(args, dtype, isa=None):
     cmd = [args.bench, "--threads", str(args.threads), "--layers", str(args.layers),
            "--hidden", str(args.hidden), "--ffn", str(args.ffn), "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--dtype", dtype, "--json"]
+    if isa:
+        cmd += ["--isa", isa]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -105,6 +108,9 @@ def main():
                 failed.append(f"{name} did not run: {e}")
     add(f"Bonsai host::adamwStep ({bf16['isa']}), bf16 + f32 masters", bf16["median_s"],
         bf16["bytes_per_param"])
+    if f32["isa"] == "avx512":  # what an AVX2-only host would run, from the same binary
+        avx2 = run_bonsai(args, "f32", "avx2")
+        add("Bonsai host::adamwStep (avx2 loops), f32", avx2["median_s"], avx2["bytes_per_param"])
 
     print(f"Host AdamW step: {n / 1e9:.3f} G params in {f32['tensors']} Llama-shaped tensors "
           f"({args.layers} x [{args.hidden}, {args.ffn}]), {args.threads} threads "

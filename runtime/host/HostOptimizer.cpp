@@ -272,10 +272,13 @@ Isa detectIsa() {
   return Isa::Baseline;
 }
 
-Isa isa() {
-  static const Isa detected = detectIsa();
-  return detected;
+/// The loops in use: the widest the CPU supports unless useVectorIsa chose others.
+std::atomic<Isa> &currentIsa() {
+  static std::atomic<Isa> current{detectIsa()};
+  return current;
 }
+
+Isa isa() { return currentIsa().load(std::memory_order_relaxed); }
 
 /// Calls f(std::integral_constant<DType, D>) for the float dtype `d` (checked before).
 template <typename F> auto withDType(DType d, F &&f) {
@@ -488,10 +491,8 @@ void *at(const TensorView &t, int64_t offset) {
 
 float *f32At(const TensorView &t, int64_t offset) { return static_cast<float *>(t.data) + offset; }
 
-} // namespace
-
-const char *vectorIsa() {
-  switch (isa()) {
+const char *isaName(Isa i) {
+  switch (i) {
   case Isa::Avx512:
     return "avx512";
   case Isa::Avx2:
@@ -499,6 +500,28 @@ const char *vectorIsa() {
   default:
     return "baseline";
   }
+}
+
+} // namespace
+
+const char *vectorIsa() { return isaName(isa()); }
+
+void useVectorIsa(const std::string &name) {
+  Isa want;
+  if (name == "avx512")
+    want = Isa::Avx512;
+  else if (name == "avx2")
+    want = Isa::Avx2;
+  else if (name == "baseline")
+    want = Isa::Baseline;
+  else
+    throw Error("host optimizer: unknown instruction set '" + name +
+                "' (expected avx512, avx2 or baseline)");
+  // The order of Isa is widest first: each supports the ones after it.
+  if (int(want) < int(detectIsa()))
+    throw Error("host optimizer: this CPU does not support " + name + " (the widest it runs is " +
+                isaName(detectIsa()) + ")");
+  currentIsa().store(want, std::memory_order_relaxed);
 }
 
 AdamWScalars adamwScalars(const cpu::AdamWHyper &hyper, int64_t done, float lr, float gradNorm) {

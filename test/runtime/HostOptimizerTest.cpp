@@ -412,6 +412,42 @@ TEST(HostOptimizerTest, PicksTheWidestVectorUnit) {
 #endif
 }
 
+// Each instruction set's loops (only the widest runs by default) give the reference's bits.
+TEST(HostOptimizerTest, EveryInstructionSetGivesTheSameBits) {
+  std::string widest = host::vectorIsa();
+  std::mt19937 rng(9);
+  host::ThreadPool pool(2);
+  int ran = 0;
+  for (const char *isa : {"avx512", "avx2", "baseline"}) {
+    try {
+      host::useVectorIsa(isa);
+    } catch (const Error &e) {
+      EXPECT_NE(std::string(e.what()).find("does not support"), std::string::npos) << e.what();
+      continue;
+    }
+    ++ran;
+    EXPECT_EQ(std::string(host::vectorIsa()), isa);
+    for (DType t : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(std::string(isa) + " " + dtypeName(t));
+      std::vector<Param> got = makeParams(rng, kShapes, t, t, t == DType::BF16);
+      std::vector<Param> want = cloneParams(got);
+      cpu::AdamWHyper h{0.9, 0.95, 1e-8, 0.1, 1.0};
+      referenceAdamw(want, 2, 1e-3f, 2.0f, h);
+      runAdamw(pool, got, scalar(DType::I64, 2), scalar(DType::F32, 1e-3), scalar(DType::F32, 2.0),
+               h);
+      expectSameParams(got, want);
+      std::vector<Param> gotSgd = makeParams(rng, kShapes, t, t, false);
+      std::vector<Param> wantSgd = cloneParams(gotSgd);
+      referenceSgd(wantSgd, 0.05f, 2.0f, {0.9, 0.01, 1.0});
+      runSgd(pool, gotSgd, scalar(DType::F32, 0.05), scalar(DType::F32, 2.0), {0.9, 0.01, 1.0});
+      expectSameParams(gotSgd, wantSgd);
+    }
+  }
+  EXPECT_GE(ran, 1) << "baseline x86-64 runs everywhere";
+  expectError([] { host::useVectorIsa("sse9"); }, {"unknown instruction set 'sse9'"});
+  host::useVectorIsa(widest);
+}
+
 TEST(HostOptimizerTest, ThreadPoolRunsEveryWorkerOnceAndRethrows) {
   host::ThreadPool pool(4);
   for (int rep = 0; rep < 100; ++rep) {

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace bonsai::rt::host {
@@ -58,6 +59,10 @@ private:
 /// The instruction set the element loops were picked for on this CPU: "avx512", "avx2" or
 /// "baseline".
 const char *vectorIsa();
+/// Makes the steps use the loops of instruction set `name` ("avx512", "avx2", "baseline")
+/// instead of the widest, for tests and benchmarks (their bits are the same). Throws
+/// rt::Error for an unknown name or one this CPU lacks. Not to be called during a step.
+void useVectorIsa(const std::string &name);
 
 /// The fp32 scalars of one AdamW step, as the CUDA kernels' adamwScalars derives them: in
 /// fp64 from the step counter, the learning rate and the gradient norm, each rounded once.
