@@ -35,14 +35,12 @@
 namespace bonsai::rt::host {
 
 namespace {
-
 BONSAI_BIND_OPERAND_CHECKS("host")
+} // namespace
 
 //===----------------------------------------------------------------------===//
 // ThreadPool
 //===----------------------------------------------------------------------===//
-
-} // namespace
 
 struct ThreadPool::Impl {
   std::mutex mutex;
