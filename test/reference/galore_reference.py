@@ -29,10 +29,12 @@ plan.fbs's Galore*Attrs, not from the runtime's code:
              W = W (1 - lr wd) - lr scale (P N  or  N Pᵀ)
 
     galore_reference.py --model tiny_llama --weights W.safetensors --data T.tokens --steps 6 \
-        --recipe recipe.mlir --run-output RUN.txt [--checkpoint CKPT_DIR] [--rtol 1e-5]
+        --recipe recipe.mlir (--run-output RUN.txt | --metrics RUN.jsonl) [--checkpoint CKPT_DIR]
+        [--rtol 1e-5]
 
 prints `step <n> loss <l> grad_norm <g> lr <r>` per step and, with --run-output, compares every
-step of a bonsai-run output (loss and grad_norm relative to 1e-5, lr to 1e-5). With
+step of a bonsai-run output (loss and grad_norm relative to 1e-5, lr to 1e-5; --metrics
+compares the metrics JSONL instead, whose grad_norm has 9 digits, not 6). With
 --checkpoint (a bonsai-run checkpoint after the same steps), every element of every parameter,
 GaLore projector and moment must lie within the bound Bounds derives for it from the f32
 rounding of the computation (or within --state-atol, absolute, when given); a projector is also
@@ -153,10 +155,17 @@ def projector(a, rank, kind, seed, slot, done, power_iterations):
     return q
 
 U32 = 2.0 ** -24  # unit roundoff of float32
-# Safety factor on the measured f32 gradient noise: bonsai-run's kernels sum in another order
-# than NumPy's float32 (OpenBLAS) reference, so their rounding errors are alike in size, not
-# equal; 4x the largest measured one covers the tail of the other order's distribution.
-NOISE_SAFETY = 4.0
+# Safety factor on the measured f32 gradient noise. The noise floor of a step is one sample: the
+# distance of one f32 trajectory (NumPy's float32, OpenBLAS) from the float64 one. bonsai-run's
+# trajectory is another sample of the same size, summed in another order, and on later steps
+# mostly made of feedback (earlier steps' differences in the weights, fed back through the
+# gradient), whose size at an element the sample only estimates. Measured: the largest ratio of
+# bonsai's error to the bound taken at factor 1 was 0.77 (AdamW weights, the svd case, across
+# OpenBLAS's SkylakeX, Haswell and Sandybridge kernels for both programs); every other class
+# stays below 0.02. 16 keeps that class 20x inside its bound, the 10x margin asked of a test
+# that must hold on machines summing in yet other orders; the bounds still fail a reference
+# one step short or with another GaLore scale or projector by orders of magnitude (galore.test).
+NOISE_SAFETY = 16.0
 
 
 def adam_ratio_bound(b1, b2, t):
@@ -506,6 +515,8 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--recipe", required=True)
     parser.add_argument("--run-output")
+    parser.add_argument("--metrics", help="bonsai-run's --metrics JSONL: its 9-digit loss and "
+                        "grad_norm are compared instead of --run-output's progress lines")
     parser.add_argument("--checkpoint")
     parser.add_argument("--rtol", type=float, default=1e-5)
     parser.add_argument("--state-atol", type=float,
@@ -521,14 +532,15 @@ def main(argv=None):
     records, params, opt = train(args.model, reference.load_weights(args.weights),
                                  tokens_np.read(args.data), args.steps, hp, galore, show)
     failures = 0
-    if args.run_output:
-        seen = tr.parse_run_output(tr._read(args.run_output))
+    if args.run_output or args.metrics:
+        seen = (tr.parse_metrics(tr._read(args.metrics)) if args.metrics
+                else tr.parse_run_output(tr._read(args.run_output)))
         failures += tr.compare_run(records, seen, args.rtol, args.rtol, 1e-5)
-        # 1e-5 relative covers grad_norm: bonsai-run prints it with 6 significant digits (half
-        # a unit: up to 5e-6 relative, just above a power of 10) and its f32 error is
-        # ~||E||_F / ||G|| <= NOISE_SAFETY u32 sqrt(K) (3.8e-6 at K = 256); together 8.8e-6,
-        # so the printed margin may be as thin as 1.1x with nothing wrong. The loss is printed
-        # with 9 digits and its f32 error is ~1e-8 (parity.test).
+        # From the progress lines, grad_norm has 6 significant digits (half a unit: up to 5e-6
+        # relative, just above a power of 10) on top of its f32 error, ~||E||_F / ||G|| (a few
+        # u32 sqrt(K), 1e-6 at K = 256; measured 8e-8): the margin there may be as thin as 1.1x
+        # with nothing wrong. --metrics has 9 digits of both (the loss's f32 error is ~1e-8,
+        # parity.test).
         got = {r[0]: r for r in seen}
         for i, what in ((1, "loss"), (2, "grad_norm")):
             worst = max((tr._rel(got[r[0]][i], r[i]) for r in records

@@ -58,6 +58,7 @@ Helpers of the end-to-end tests:
 
 import argparse
 import filecmp
+import json
 import math
 import os
 import re
@@ -218,6 +219,17 @@ def parse_run_output(text):
             out.append((int(m.group(1)), float(m.group(2)),
                         float(fields["grad_norm"]) if "grad_norm" in fields else None,
                         float(fields["lr"]) if "lr" in fields else None))
+    return out
+
+
+def parse_metrics(text):
+    """parse_run_output's records from bonsai-run's --metrics JSONL, whose loss, grad_norm and
+    lr have 9 significant digits (the progress line's grad_norm and lr have 6)."""
+    out = []
+    for line in text.splitlines():
+        if line.strip():
+            r = json.loads(line)
+            out.append((int(r["step"]), float(r["loss"]), r.get("grad_norm"), r.get("lr")))
     return out
 
 
