@@ -15,6 +15,7 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <cmath>
+#include <limits>
 #include <set>
 
 namespace mlir::bonsai::hf {
@@ -22,6 +23,12 @@ namespace mlir::bonsai::hf {
 namespace rt = ::bonsai::rt;
 
 namespace {
+
+/// The largest size (of a dimension, a layer count, a position count) a config may give. Real
+/// models stay far below it (vocabularies of 256k, contexts of millions); a larger value is a
+/// corrupt config, and below it the products the graph takes (heads * head_dim, 4 * hidden)
+/// cannot overflow.
+constexpr int64_t kMaxSize = std::numeric_limits<int32_t>::max();
 
 /// Typed access to config.json: every required key that is missing or of the wrong kind is an
 /// error naming the key and the file.
@@ -87,6 +94,9 @@ private:
     int64_t result;
     if (!value.getInt64(result) || result <= 0)
       throw ImportError(where(key) + " must be a positive integer");
+    if (result > kMaxSize)
+      throw ImportError(where(key) + " is " + std::to_string(result) + ", above the largest size " +
+                        std::to_string(kMaxSize) + " the importer takes (a corrupt config?)");
     return result;
   }
 
@@ -123,9 +133,16 @@ std::optional<ModelConfig::Llama3Scaling> readRopeScaling(const rt::JsonValue &r
                         "'");
     return v->numberValue();
   };
-  ModelConfig::Llama3Scaling s{number("factor"), number("low_freq_factor"),
-                               number("high_freq_factor"),
-                               int64_t(number("original_max_position_embeddings"))};
+  // Read in this order, which is the order of the errors for missing ones.
+  double factor = number("factor"), low = number("low_freq_factor"),
+         high = number("high_freq_factor"), original = number("original_max_position_embeddings");
+  // A position count: whole, and small enough to convert to an integer.
+  if (original != std::floor(original) || original > double(kMaxSize))
+    throw ImportError(where +
+                      ": llama3 rope scaling's 'original_max_position_embeddings' must "
+                      "be a whole number of positions up to " +
+                      std::to_string(kMaxSize));
+  ModelConfig::Llama3Scaling s{factor, low, high, int64_t(original)};
   if (!(s.highFreqFactor > s.lowFreqFactor))
     throw ImportError(where + ": llama3 rope scaling needs high_freq_factor above "
                               "low_freq_factor");
@@ -444,6 +461,14 @@ ModelConfig parseModelConfig(std::string_view text, const std::string &path) {
   if (!c.torchDType)
     c.torchDType = config.optionalString("torch_dtype");
   return c;
+}
+
+void checkLayerCount(const ModelConfig &config, uint64_t checkpointTensors) {
+  if (uint64_t(config.layers) > checkpointTensors)
+    throw ImportError("the config has " + std::to_string(config.layers) + " layers (" +
+                      (config.family == Family::GPT2 ? "n_layer" : "num_hidden_layers") +
+                      "), but the checkpoint has only " + std::to_string(checkpointTensors) +
+                      " tensors in all");
 }
 
 std::vector<ExpectedTensor> buildForward(ModuleOp module, Type dtype, const ModelConfig &c,

@@ -116,6 +116,7 @@ int importModel() {
     throw ImportError("'" + hfDir +
                       "' has neither model.safetensors nor model.safetensors.index.json");
   rt::Checkpoint checkpoint = rt::Checkpoint::open(weights);
+  checkLayerCount(c, checkpoint.tensors().size());
 
   // GPT-2 checkpoints come with and without the "transformer." prefix; keep the checkpoint's.
   std::string prefix = "transformer.";

@@ -62,6 +62,11 @@ struct ModelConfig {
 /// in errors. Throws ImportError (or rt::Error for malformed JSON).
 ModelConfig parseModelConfig(std::string_view text, const std::string &path);
 
+/// Refuses a config with more layers than `checkpointTensors`, the number of tensors of the
+/// checkpoint it is imported with: every layer has weights of its own, so such a config cannot
+/// match, and building its graph first could take unbounded time and memory.
+void checkLayerCount(const ModelConfig &config, uint64_t checkpointTensors);
+
 /// A parameter the graph declares: the checkpoint must hold it with this shape.
 struct ExpectedTensor {
   std::string name;
