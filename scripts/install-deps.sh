@@ -8,6 +8,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build git
   llvm-22-dev llvm-22-tools libmlir-22-dev mlir-22-tools
+  clang-22 libfuzzer-22-dev libclang-rt-22-dev
   libflatbuffers-dev flatbuffers-compiler
   libopenblas-dev
   libpcre2-dev libicu-dev libsentencepiece-dev

@@ -9,6 +9,9 @@ scripts/build.sh
 # The runtime again, alone, under AddressSanitizer and UBSan: plan loading, weights and data are
 # fed corrupted files by the tests, and must fail with an error, never with a memory error.
 scripts/test-asan.sh
+# The libFuzzer targets (docs/fuzzing.md), a bounded run: their regression inputs, then 15 s of
+# fuzzing each. A crash, hang or sanitizer report fails CI.
+scripts/test-fuzz.sh
 build="${BONSAI_BUILD_DIR:-build}"
 cd "$build"
 ctest --output-on-failure -j "$(nproc)"

@@ -478,12 +478,8 @@ std::string resolveCheckpoint(const std::string &path) {
   return dir;
 }
 
-CheckpointManifest verifyCheckpoint(const std::string &dir) {
-  std::string what = "checkpoint '" + dir + "'";
-  std::string path = join(dir, kCheckpointManifestFile);
-  if (!exists(path))
-    throw Error(what + ": '" + path + "' is missing (not a checkpoint, or an interrupted save)");
-  std::string text = readSmallFile(path, kMaxManifestBytes, what);
+CheckpointManifest parseCheckpointManifest(std::string_view text, const std::string &what,
+                                           const std::string &path) {
   JsonValue root = parseJson(text, "'" + path + "'");
   auto fail = [&](const std::string &message) -> Error {
     return Error(what + ": '" + path + "' " + message);
@@ -558,7 +554,16 @@ CheckpointManifest verifyCheckpoint(const std::string &dir) {
     if (std::none_of(m.files.begin(), m.files.end(),
                      [&](const CheckpointFile &f) { return f.name == required; }))
       throw fail(std::string("does not list '") + required + "'");
+  return m;
+}
 
+CheckpointManifest verifyCheckpoint(const std::string &dir) {
+  std::string what = "checkpoint '" + dir + "'";
+  std::string path = join(dir, kCheckpointManifestFile);
+  if (!exists(path))
+    throw Error(what + ": '" + path + "' is missing (not a checkpoint, or an interrupted save)");
+  CheckpointManifest m =
+      parseCheckpointManifest(readSmallFile(path, kMaxManifestBytes, what), what, path);
   for (const CheckpointFile &f : m.files) {
     std::string filePath = join(dir, f.name);
     if (!exists(filePath))

@@ -15,6 +15,7 @@
 #include "llvm/ADT/SmallBitVector.h"
 
 #include <cmath>
+#include <limits>
 
 using namespace mlir;
 using namespace mlir::bonsai;
@@ -548,11 +549,15 @@ LogicalResult SliceOp::verify() {
                            << " (only axis " << axis << " is sliced), got "
                            << out.getDimSize(d);
   int64_t start = getStartAttr().getInt(), size = out.getDimSize(axis);
-  // Written so that a huge start cannot overflow.
-  if (start < 0 || start > in.getDimSize(axis) - size)
-    return emitOpError() << "range [" << start << ", " << start + size
-                         << ") is outside dimension " << axis << " of size "
-                         << in.getDimSize(axis);
+  // Written so that a huge start cannot overflow, and nor can the message.
+  if (start < 0 || start > in.getDimSize(axis) - size) {
+    InFlightDiagnostic diag = emitOpError() << "range [" << start << ", ";
+    if (start > std::numeric_limits<int64_t>::max() - size)
+      diag << start << " + " << size;
+    else
+      diag << start + size;
+    return diag << ") is outside dimension " << axis << " of size " << in.getDimSize(axis);
+  }
   return expectElementType(*this, "result", out.getElementType(), in.getElementType());
 }
 

@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace bonsai::rt {
@@ -124,6 +125,13 @@ std::vector<std::string> pruneCheckpoints(const std::string &root, uint64_t keep
 /// is a checkpoint root, otherwise `path` itself. Throws rt::Error when `latest` cannot be read
 /// or does not name a directory inside the root.
 std::string resolveCheckpoint(const std::string &path);
+
+/// Parses and checks the text of a manifest.json: well-formed, known members of the right
+/// kinds, a supported format version, file names inside the checkpoint directory, model and
+/// optimizer files listed, and its own checksum. Does not look at the files it lists. Throws
+/// rt::Error starting with `what` and naming `path`.
+CheckpointManifest parseCheckpointManifest(std::string_view text, const std::string &what,
+                                           const std::string &path);
 
 /// Reads and verifies `dir`'s manifest and files: manifest present and well-formed, its own
 /// checksum, every listed file present with the recorded size and SHA-256. Throws rt::Error
