@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# test/gpu/sanitize.sh - the CUDA backend under NVIDIA's compute-sanitizer (issue #27, item 2),
+# in one command on a GPU machine, from the repository root:
+#
+#   bash test/gpu/sanitize.sh [DIR] [full|quick]
+#
+# DIR is the folder test/gpu/prepare.sh made on the build machine (default .gpu-check/, or its
+# .tar.xz pack beside it). Four tools, each over
+#   - the CUDA unit tests of bonsai-runtime-tests (every CUDA handler against the CPU
+#     reference, the GPU training tests), split into gtest shards that run side by side;
+#   - 3 training steps of every plan in DIR/plans/sanitize/ (the example recipes on
+#     2-layer models of the examples' shapes: docs/reliability.md lists them), with the
+#     CUDA Graph path and, for the first plan, without graphs.
+# memcheck (out-of-bounds and misaligned accesses, device leaks at exit), racecheck (shared
+# memory hazards), synccheck (barrier misuse), initcheck (reads of uninitialised device memory).
+#
+# `quick` is the subset to repeat after every kernel change (a few minutes): memcheck and
+# racecheck over the kernel-level CUDA tests, and memcheck over one plan's steps.
+#
+# Every process must end within BONSAI_SANITIZE_SECONDS (default 540) of the start: one that
+# cannot is stopped (exit 124) or not started, and counts as a failure.
+# Writes sanitize-summary.txt (one line per process: errors, exit status, wall time) and
+# sanitize-logs.tar.xz (every process's output and sanitizer log) under $OUT. Exits non-zero when any tool reports an error or a run fails.
+set -uo pipefail
+dir="${1:-.gpu-check}"
+mode="${2:-full}"
+out="${OUT:-/tmp/bonsai-out}"
+mkdir -p "$out"
+[ -d "$dir" ] || tar -xJf "$dir.tar.xz"
+bin="$dir/bin-sm90a"
+export LD_LIBRARY_PATH="$PWD/$dir/lib:${LD_LIBRARY_PATH:-}"
+# The GPU training tests run bonsai-run and read their inputs by the build machine's paths.
+root="$(cat "$dir/build_root.txt")"
+mkdir -p "$root/build-sm90a/bin"
+cp "$bin/bonsai-run" "$root/build-sm90a/bin/"
+if [ "$root" != "$PWD" ]; then
+  mkdir -p "$root/test/runtime"
+  ln -sfn "$PWD/test/runtime/Inputs" "$root/test/runtime/Inputs"
+fi
+sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+[ -x "$sanitizer" ] || { echo "sanitize: compute-sanitizer not found" >&2; exit 1; }
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+"$sanitizer" --version | tail -1 | tee -a "$out/gpu.txt"
+
+# The filter of the CUDA unit tests, and the shards each tool's pass over them is split into
+# (the tools slow kernels down 10-100x; shards of one tool, and the tools, run at once).
+all_tests='*Cuda*:*OnTheGpu*:*Gpu*'
+kernel_tests='Cuda*'
+shards=4
+jobs=14
+logs=/tmp/bonsai-sanitize
+rm -rf "$logs" && mkdir -p "$logs"
+tools=(memcheck racecheck synccheck initcheck)
+tests="$all_tests"
+plans=("$dir"/plans/sanitize/*.plan)
+if [ "$mode" = quick ]; then
+  tools=(memcheck racecheck)
+  tests="$kernel_tests"
+  plans=("${plans[0]}")
+elif [ "$mode" != full ]; then
+  echo "sanitize: the mode is full or quick, not '$mode'" >&2
+  exit 2
+fi
+
+# Tool options: memcheck also checks for device allocations never freed; initcheck follows
+# cudaMemcpy/cudaMemset initialisation (its default) and every tool stops the process on the
+# first error class with a non-zero exit, which the summary counts.
+options() {
+  case "$1" in
+    memcheck) echo "--tool memcheck --leak-check full" ;;
+    racecheck) echo "--tool racecheck" ;;
+    synccheck) echo "--tool synccheck" ;;
+    initcheck) echo "--tool initcheck" ;;
+  esac
+}
+
+# run NAME TOOL [VAR=VALUE...] COMMAND...: one sanitized process (and the bonsai-run processes
+# a test starts: the tools follow children), its logs (one per process) and a summary line.
+run() {
+  local name="$1" tool="$2" start rc errors left
+  shift 2
+  while [[ "$1" == *=* ]]; do export "${1?}"; shift; done # the gtest shard
+  start=$(date +%s)
+  left=$((deadline - start))
+  if [ "$left" -lt 30 ]; then
+    printf '%-44s %-10s not run: the time limit came first\n' "$name" "$tool" >> "$logs/summary.txt"
+    return
+  fi
+  # shellcheck disable=SC2046
+  timeout "$left" "$sanitizer" $(options "$tool") --error-exitcode 99 --print-limit 50 \
+    --log-file "$logs/$name.%p.sanitizer.log" "$@" > "$logs/$name.log" 2>&1
+  rc=$?
+  errors="$(grep -ho 'ERROR SUMMARY: [0-9]* error' "$logs/$name".*.sanitizer.log |
+            awk '{s += $3} END {print s + 0}')"
+  printf '%-44s %-10s errors %-4s exit %-3s %4ss\n' "$name" "$tool" "$errors" "$rc" \
+    "$(( $(date +%s) - start ))" >> "$logs/summary.txt"
+}
+
+# One line per sanitized process: NAME TOOL COMMAND...; at most $jobs at a time (each tool
+# process also works on the host: 16 cores here).
+list="$logs/jobs.txt"
+: > "$list"
+for ((s = 0; s < shards; s++)); do
+  for tool in "${tools[@]}"; do
+    echo "tests-$tool-$s $tool GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$s" \
+      "$bin/bonsai-runtime-tests --gtest_filter=$tests --gtest_brief=1" >> "$list"
+  done
+done
+first=1
+for plan in "${plans[@]}"; do
+  name="$(basename "$plan" .plan)"
+  for tool in "${tools[@]}"; do
+    echo "plan-$name-$tool $tool $bin/bonsai-run $plan --backend cuda --steps 3" >> "$list"
+    if [ $first = 1 ]; then
+      echo "plan-$name-nographs-$tool $tool $bin/bonsai-run $plan --backend cuda --steps 3" \
+        "--no-cuda-graphs" >> "$list"
+    fi
+  done
+  first=0
+done
+echo "== compute-sanitizer ($mode): ${tools[*]}; tests '$tests' in $shards shards;" \
+  "${#plans[@]} plan(s); $(wc -l < "$list") processes, $jobs at a time =="
+: > "$logs/summary.txt"
+export -f run options
+start=$(date +%s)
+deadline=$((start + ${BONSAI_SANITIZE_SECONDS:-540}))
+export sanitizer logs deadline
+xargs -P "$jobs" -L 1 bash -c 'run "$@"' _ < "$list"
+sort -o "$logs/summary.txt" "$logs/summary.txt"
+echo "wall time $(( $(date +%s) - start )) s" >> "$logs/summary.txt"
+cp "$logs/summary.txt" "$out/sanitize-summary.txt"
+cat "$out/sanitize-summary.txt"
+# The tests' own verdicts (a sanitized run must still pass).
+grep -h '^\[  PASSED\|^\[  FAILED' "$logs"/tests-*.log | sed 's/([0-9]* ms)//' | sort | uniq -c
+tar -C "$logs" -cJf "$out/sanitize-logs.tar.xz" .
+failed=$(grep -c ' errors [1-9]\| exit [1-9]\|not run' "$logs/summary.txt")
+echo "sanitize: $failed of $(wc -l < "$list") runs with errors or a failure"
+[ "$failed" = 0 ]
