@@ -21,6 +21,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <random>
 
 #include <fcntl.h>
@@ -37,14 +38,20 @@ const std::string kInputs = std::string(BONSAI_TEST_DATA_DIR) + "/tokenizers";
 std::string inputPath(const std::string &name) { return kInputs + "/" + name; }
 
 /// The SentencePiece model is binary; the repository keeps it as base64 text
-/// (Inputs/tokenizers/sp.model.b64) and the tests load a decoded copy.
+/// (Inputs/tokenizers/sp.model.b64) and the tests load a decoded copy. One per process, removed
+/// at exit: ctest runs each test in its own process, side by side, and a shared path let one
+/// read the copy another was still writing.
 std::string spModelPath() {
-  static const std::string path = [] {
-    std::string decoded = ::testing::TempDir() + "/bonsai-tokenizer-test-sp.model";
-    test::writeFile(decoded, test::decodeBase64(test::readText(inputPath("sp.model.b64"))));
-    return decoded;
-  }();
-  return path;
+  struct DecodedModel {
+    std::string path = ::testing::TempDir() + "/bonsai-tokenizer-test-sp." +
+                       std::to_string(getpid()) + ".model";
+    DecodedModel() {
+      test::writeFile(path, test::decodeBase64(test::readText(inputPath("sp.model.b64"))));
+    }
+    ~DecodedModel() { std::remove(path.c_str()); }
+  };
+  static const DecodedModel model;
+  return model.path;
 }
 
 std::string tokenizerPath(const std::string &name) {
