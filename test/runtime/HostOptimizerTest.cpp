@@ -363,8 +363,10 @@ TEST(HostOptimizerTest, SameBitsOnOneThreadAndOnMany) {
 // A caller with flush-to-zero and denormals-are-zero set (as PyTorch's set_flush_denormal or
 // some BLAS builds leave the thread) still gets the GPU's subnormal results: the GPU kernels
 // keep subnormals.
-TEST(HostOptimizerTest, SubnormalsSurviveACallerThatFlushesThem) {
+// The flush-to-zero control word is x86-64's (MXCSR), the only architecture Bonsai builds for:
+// the test exists there and nowhere else, rather than being skipped.
 #if defined(__x86_64__)
+TEST(HostOptimizerTest, SubnormalsSurviveACallerThatFlushesThem) {
   std::mt19937 rng(3);
   for (int threads : {1, 3}) {
     SCOPED_TRACE(std::to_string(threads) + " threads");
@@ -391,10 +393,8 @@ TEST(HostOptimizerTest, SubnormalsSurviveACallerThatFlushesThem) {
     EXPECT_EQ(after, saved | 0x8040) << "the caller's SSE control word was not restored";
     expectSameParams(got, want);
   }
-#else
-  GTEST_SKIP() << "x86-64 only";
-#endif
 }
+#endif
 
 TEST(HostOptimizerTest, PicksTheWidestVectorUnit) {
   std::string isa = host::vectorIsa();
