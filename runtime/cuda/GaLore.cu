@@ -459,11 +459,12 @@ __global__ void __launch_bounds__(32)
       if (lane == row)
         mine = sum;
     }
-    // The chunk's triangle: lane l holds row lo + l of it.
+    // The chunk's triangle: lane l holds row lo + l of it, from the diagonal on (the factor's
+    // strict lower triangle is never written: compute-sanitizer's initcheck).
     double f[32];
 #pragma unroll
     for (int j = 0; j < 32; ++j)
-      f[j] = lane < rows && j < rows ? factor[(lo + lane) * r + lo + j] : 0.0;
+      f[j] = lane < rows && j < rows && j >= lane ? factor[(lo + lane) * r + lo + j] : 0.0;
     // Each lane's reciprocal diagonal, so that the sequential steps below only multiply.
     double reciprocal = 0.0;
 #pragma unroll
@@ -1011,11 +1012,13 @@ void galoreRefresh(const Context &ctx, const TensorView &grad, const TensorView 
   }
   // Outside a graph the host reads the gate: a refresh that is not due launches nothing more.
   begin(0, false);
-  Gate gate;
-  checkCuda(cudaMemcpyAsync(&gate, w.gate, sizeof gate, cudaMemcpyDeviceToHost, ctx.stream),
+  // Only the field beginKernel has written: the rest of the gate may be unwritten memory yet.
+  int active = 0;
+  checkCuda(cudaMemcpyAsync(&active, &w.gate->active, sizeof active, cudaMemcpyDeviceToHost,
+                            ctx.stream),
             "cudaMemcpyAsync(gate)", k);
   checkCuda(cudaStreamSynchronize(ctx.stream), "cudaStreamSynchronize", k);
-  if (gate.active)
+  if (active)
     body(ctx.stream);
 }
 

@@ -1,7 +1,8 @@
 //===- Lora.cu - DoRA's row scale on CUDA ----------------------------------===//
 //
 // dora_scale: y[o] = m[o] / ||W[o, :] + s·(B·A)[o, :]||, one block per output row. The block
-// stages B's row (r values) in shared memory; each thread walks the columns i = t, t + T, ...
+// stages B's row (r values, zero-padded to a multiple of 4: the compiled loop over k may load
+// up to 3 values past r, which compute-sanitizer's memcheck reported) in shared memory; each thread walks the columns i = t, t + T, ...
 // (coalesced reads of W's row and of A's column i across the r rows of A), forms
 // W[o, i] + s·Σ_k B[o, k]·A[k, i] and adds its square to an fp64 sum; the block's sums are added
 // in a fixed tree order, so the result is the same run to run. The [out, in] product B·A is
@@ -27,15 +28,18 @@ namespace {
 
 constexpr int kThreads = 256;
 
+/// The floats of B's row the kernel stages: rank rounded up to a multiple of 4.
+__host__ __device__ constexpr int64_t stagedRank(int64_t rank) { return (rank + 3) / 4 * 4; }
+
 template <typename T>
 __global__ void doraScaleKernel(const T *m, const T *w, const T *a, const T *b, int64_t in,
                                 int64_t rank, float scale, T *y, DeviceError *error,
                                 int32_t kernelIndex) {
-  extern __shared__ float brow[]; // B[o, :], rank floats
+  extern __shared__ float brow[]; // B[o, :], stagedRank(rank) floats, zeros after rank
   __shared__ double partial[kThreads];
   const int64_t o = blockIdx.x;
-  for (int64_t k = threadIdx.x; k < rank; k += blockDim.x)
-    brow[k] = toFloat(b[o * rank + k]);
+  for (int64_t k = threadIdx.x; k < stagedRank(rank); k += blockDim.x)
+    brow[k] = k < rank ? toFloat(b[o * rank + k]) : 0.0f;
   __syncthreads();
   const T *wrow = w + o * in;
   double sum = 0.0;
@@ -90,9 +94,12 @@ void doraScale(const Context &ctx, const TensorView &m, const TensorView &w, con
                        ", got " + dtypeName(t->dtype));
   if (out == 0)
     return;
-  size_t shared = size_t(rank) * sizeof(float);
-  if (shared > 48 * 1024)
-    fail(kernel, "rank " + std::to_string(rank) + " exceeds the 12288 this kernel stages");
+  // 48 KiB of shared memory per block without opting in, 2 KiB of it the static partial sums.
+  constexpr int64_t kMaxRank = (48 * 1024 - kThreads * int64_t(sizeof(double))) / 4 / 4 * 4;
+  if (rank > kMaxRank)
+    fail(kernel, "rank " + std::to_string(rank) + " exceeds the " + std::to_string(kMaxRank) +
+                     " this kernel stages");
+  size_t shared = size_t(stagedRank(rank)) * sizeof(float);
   dispatchFloat(w.dtype, [&](auto tag) {
     using T = decltype(tag);
     doraScaleKernel<T><<<unsigned(out), kThreads, shared, ctx.stream>>>(

@@ -148,6 +148,16 @@ struct AdamWArgs {
   double beta1, beta2, eps, weightDecay, gradClip;
 };
 
+/// The block barrier after a branch that thread 0 alone took (deriving the step's scalars into
+/// shared memory): the first warp reconverges before the __syncthreads, so that all its threads
+/// reach the barrier together. Without the __syncwarp the compiler may let the other 31 wait at
+/// the barrier while thread 0 is still in a called function (adamwScalars' pow), which
+/// compute-sanitizer's synccheck reports as "Divergent thread(s) in warp".
+__device__ __forceinline__ void syncThreadsAfterThreadZero() {
+  __syncwarp();
+  __syncthreads();
+}
+
 __device__ __forceinline__ double clipCoefficient(double gradClip, double norm) {
   if (!(gradClip > 0.0))
     return 1.0;
@@ -208,7 +218,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ StepScalars sc;
   if (threadIdx.x == 0)
     sc = adamwScalars(a);
-  __syncthreads();
+  syncThreadsAfterThreadZero();
   const StepScalars s = sc;
   auto update = [&](int64_t i, auto width) {
     constexpr int N = decltype(width)::value;
@@ -266,7 +276,7 @@ __global__ void __launch_bounds__(kThreads)
     scalars[0] = float(clipCoefficient(a.gradClip, double(loadScalar(a.gradNorm, a.normType))));
     scalars[1] = loadScalar(a.lr, a.lrType);
   }
-  __syncthreads();
+  syncThreadsAfterThreadZero();
   const float clip = scalars[0], rate = scalars[1];
   auto update = [&](int64_t i, auto width) {
     constexpr int N = decltype(width)::value;
@@ -347,7 +357,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ StepScalars sc;
   if (threadIdx.x == 0)
     sc = adamwScalars(a);
-  __syncthreads();
+  syncThreadsAfterThreadZero();
   const StepScalars s = sc;
   forMultiTensorChunks(table, [&](int t, int64_t i, auto width) {
     constexpr int N = decltype(width)::value;
@@ -365,7 +375,7 @@ __global__ void __launch_bounds__(kThreads)
     scalars[0] = float(clipCoefficient(a.gradClip, double(loadScalar(a.gradNorm, a.normType))));
     scalars[1] = loadScalar(a.lr, a.lrType);
   }
-  __syncthreads();
+  syncThreadsAfterThreadZero();
   const float clip = scalars[0], rate = scalars[1];
   forMultiTensorChunks(table, [&](int t, int64_t i, auto width) {
     constexpr int N = decltype(width)::value;
