@@ -14,7 +14,8 @@
 #                                       the Ampere and Ada code paths (mma.sync attention, no
 #                                       warpgroup MMA; no FP8 conversions below 89). One
 #                                       architecture each keeps the pack under a device call's
-#                                       64 MiB.
+#                                       64 MiB. BONSAI_PREPARE_BUILDS="sm90a" builds and packs
+#                                       only the first (enough for test/gpu/sanitize.sh).
 # Compiles the plans (the GPU machine has no MLIR):
 #   plans/sanitize/   every example recipe on a 2-layer model of its example's shape;
 #   plans/targets/    one recipe compiled for sm_80, sm_86, sm_89 and sm_90, twice: the tiny
@@ -29,7 +30,9 @@ dir="${1:-.gpu-check}"
 build="${BONSAI_BUILD_DIR:-build}"
 jobs="${BONSAI_JOBS:-$(nproc)}"
 scripts/build.sh
+builds="${BONSAI_PREPARE_BUILDS:-sm90a ptx80 ptx89}"
 for pair in sm90a:90a-real ptx80:80-virtual ptx89:89-virtual; do
+  [[ " $builds " == *" ${pair%%:*} "* ]] || continue
   b="build-${pair%%:*}"
   if [ ! -f "$b/build.ninja" ]; then
     cmake -G Ninja -S runtime -B "$b" -DCMAKE_BUILD_TYPE=Release \
@@ -43,7 +46,7 @@ done
 rm -rf "$dir" && mkdir -p "$dir/lib" "$dir/plans/sanitize" "$dir/plans/targets"
 # The host optimizer step's benchmark (bench/host_adamw_bench.py) goes along: a static binary.
 ninja -C build-sm90a -j "$jobs" host_adamw_bench
-for b in sm90a ptx80 ptx89; do
+for b in $builds; do
   mkdir -p "$dir/bin-$b"
   for tool in bonsai-run bonsai-runtime-tests; do
     strip -o "$dir/bin-$b/$tool" "build-$b/bin/$tool"
