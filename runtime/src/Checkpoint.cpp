@@ -167,6 +167,20 @@ std::string manifestBody(const CheckpointManifest &m) {
   s += "  \"step\": " + std::to_string(m.position.step) + ",\n";
   s += "  \"data_position\": " + std::to_string(m.position.dataPosition) + ",\n";
   s += "  \"seed\": " + std::to_string(m.position.seed) + ",\n";
+  if (!m.position.spikeLosses.empty() || !m.position.spikeGradNorms.empty()) {
+    // %.9g: every f32 reads back as itself (9 significant digits suffice for binary32).
+    auto list = [](const std::vector<float> &values) {
+      std::string out = "[";
+      char buffer[32];
+      for (size_t i = 0; i < values.size(); ++i) {
+        std::snprintf(buffer, sizeof buffer, "%.9g", double(values[i]));
+        out += (i ? ", " : "") + std::string(buffer);
+      }
+      return out + "]";
+    };
+    s += "  \"spike_window\": {\"loss\": " + list(m.position.spikeLosses) +
+         ", \"grad_norm\": " + list(m.position.spikeGradNorms) + "},\n";
+  }
   if (!m.baseSha256.empty()) {
     s += "  \"base_sha256\": " + jsonQuote(m.baseSha256) + ",\n";
     s += "  \"base_tensors\": " + std::to_string(m.baseTensors) + ",\n";
@@ -488,7 +502,8 @@ CheckpointManifest parseCheckpointManifest(std::string_view text, const std::str
     throw fail("is a JSON " + std::string(root.kindName()) + ", expected an object");
   static const std::set<std::string> known = {
       "format", "format_version", "model",       "step",         "data_position", "seed",
-      "files",  "base_sha256",    "base_tensors", "base_bytes",  "manifest_sha256"};
+      "files",  "base_sha256",    "base_tensors", "base_bytes",  "manifest_sha256",
+      "spike_window"};
   for (const std::string &key : root.keys())
     if (!known.count(key))
       throw fail("has an unknown member \"" + key + "\"");
@@ -522,6 +537,26 @@ CheckpointManifest parseCheckpointManifest(std::string_view text, const std::str
   m.position.step = unsignedValue(member("step"), "step");
   m.position.dataPosition = unsignedValue(member("data_position"), "data_position");
   m.position.seed = unsignedValue(member("seed"), "seed");
+  if (const JsonValue *window = root.find("spike_window")) {
+    if (!window->isObject() || window->keys().size() != 2 || !window->find("loss") ||
+        !window->find("grad_norm"))
+      throw fail("\"spike_window\" is not an object of \"loss\" and \"grad_norm\"");
+    auto values = [&](const char *key, std::vector<float> &out) {
+      const JsonValue &list = *window->find(key);
+      if (!list.isArray() || list.elements().size() > kMaxSpikeWindow)
+        throw fail(std::string("\"spike_window\" \"") + key + "\" is not an array of at most " +
+                   std::to_string(kMaxSpikeWindow) + " numbers");
+      for (const JsonValue &v : list.elements()) {
+        float f = v.isNumber() ? float(v.numberValue()) : 0.0f;
+        if (!v.isNumber() || !std::isfinite(f))
+          throw fail(std::string("\"spike_window\" \"") + key +
+                     "\" holds something other than a finite f32 number");
+        out.push_back(f);
+      }
+    };
+    values("loss", m.position.spikeLosses);
+    values("grad_norm", m.position.spikeGradNorms);
+  }
   if (version == kAdapterCheckpointFormatVersion) {
     m.baseSha256 = string("base_sha256");
     if (m.baseSha256.size() != 64 ||

@@ -48,22 +48,30 @@ public:
       runKernel(i);
   }
 
-  void runGuardedUpdate(const UpdateGuard &guard, bool skip) override {
+  void runGuardedUpdate(const UpdateGuard &guard, bool skip, float normLimit) override {
     runKernels(guard.check);
-    // The norms are f32 scalars the check kernels just wrote.
-    skipped_ = skip;
-    for (uint32_t t : guard.norms) {
+    // The norms are f32 scalars the check kernels just wrote; the order of the tests is the
+    // CUDA guard kernel's (runtime/cuda/Guard.cu).
+    auto norm = [&](size_t i) {
       float value;
-      std::memcpy(&value, views_[t].data, sizeof value);
-      if (!std::isfinite(value))
-        skipped_ = true;
-    }
-    if (!skipped_)
+      std::memcpy(&value, views_[guard.norms[i]].data, sizeof value);
+      return value;
+    };
+    verdict_ = UpdateVerdict::Ran;
+    for (size_t i = 0; i < guard.norms.size(); ++i)
+      if (!std::isfinite(norm(i)))
+        verdict_ = UpdateVerdict::NonFiniteNorm;
+    if (verdict_ == UpdateVerdict::Ran && guard.limitedNorm >= 0 &&
+        norm(size_t(guard.limitedNorm)) > normLimit)
+      verdict_ = UpdateVerdict::NormAboveLimit;
+    if (skip)
+      verdict_ = UpdateVerdict::SkippedByHost;
+    if (verdict_ == UpdateVerdict::Ran)
       runKernels(guard.guarded);
     runKernels(guard.always);
   }
 
-  bool updateSkipped() override { return skipped_; }
+  UpdateVerdict updateVerdict() override { return verdict_; }
 
   // Kernels run synchronously; their errors were thrown as they ran.
   void synchronize() override {}
@@ -98,7 +106,7 @@ private:
   const std::vector<TensorView> &views_;
   bool profiling_ = false;
   std::vector<double> times_;
-  bool skipped_ = false;
+  UpdateVerdict verdict_ = UpdateVerdict::Ran;
 };
 
 } // namespace

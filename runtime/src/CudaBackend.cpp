@@ -22,6 +22,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <limits>
 #include <map>
 
 namespace bonsai::rt {
@@ -95,8 +97,8 @@ public:
       cudaGraphExecDestroy(guardExec_);
     for (void *p : arenas_)
       cudaFree(p);
-    if (guardFlag_)
-      cudaFree(guardFlag_);
+    if (guard_)
+      cudaFree(guard_);
     if (guardNorms_)
       cudaFree(guardNorms_);
     if (bodyStream_)
@@ -171,8 +173,17 @@ public:
     runKernelsOn(kernels, nullptr);
   }
 
-  void runGuardedUpdate(const UpdateGuard &guard, bool skip) override {
+  void runGuardedUpdate(const UpdateGuard &guard, bool skip, float normLimit) override {
     prepareGuard(guard);
+    // The limit changes only where the spike rule is on; a write ahead of the graph, in
+    // stream order (a pageable source is staged at once, so a local may go out of scope).
+    if (!skip && guard.limitedNorm >= 0 &&
+        std::memcmp(&normLimit, &deviceNormLimit_, sizeof normLimit) != 0) {
+      check(cudaMemcpyAsync(&guard_->normLimit, &normLimit, sizeof normLimit,
+                            cudaMemcpyHostToDevice, stream_),
+            "cudaMemcpyAsync(guard limit)");
+      deviceNormLimit_ = normLimit;
+    }
     if (skip) {
       // The host saw a non-finite loss: nothing guarded runs, and there is nothing to check.
       runKernels(guard.check);
@@ -193,20 +204,21 @@ public:
     }
     // Without a graph the host decides, after one synchronisation.
     runKernels(guard.check);
-    cuda::guardCheck(guardNorms_, int(guard.norms.size()), guardFlag_, 0, false, stream_);
-    if (!updateSkipped())
+    cuda::guardCheck(guardNorms_, int(guard.norms.size()), guard.limitedNorm, guard_, 0, false,
+                     stream_);
+    if (updateVerdict() == UpdateVerdict::Ran)
       runKernels(guard.guarded);
     runKernels(guard.always);
   }
 
-  bool updateSkipped() override {
+  UpdateVerdict updateVerdict() override {
     if (hostSkipped_)
-      return true;
+      return UpdateVerdict::SkippedByHost;
     synchronize();
-    int32_t flag = 0;
-    check(cudaMemcpy(&flag, guardFlag_, sizeof flag, cudaMemcpyDeviceToHost),
-          "cudaMemcpy(guard flag)");
-    return flag != 0;
+    int32_t verdict = 0;
+    check(cudaMemcpy(&verdict, &guard_->verdict, sizeof verdict, cudaMemcpyDeviceToHost),
+          "cudaMemcpy(guard verdict)");
+    return UpdateVerdict(verdict);
   }
 
   void runPhase(Phase phase) override {
@@ -297,12 +309,14 @@ private:
     return exec;
   }
 
-  /// The guard's device memory: its flag and the array of its norms' addresses, once.
+  /// The guard's device memory: its scalars and the array of its norms' addresses, once.
   void prepareGuard(const UpdateGuard &guard) {
-    if (guardFlag_)
+    if (guard_)
       return;
-    check(cudaMalloc(&guardFlag_, sizeof(int32_t)), "cudaMalloc(guard flag)");
-    check(cudaMemset(guardFlag_, 0, sizeof(int32_t)), "cudaMemset(guard flag)");
+    check(cudaMalloc(&guard_, sizeof(cuda::GuardState)), "cudaMalloc(guard state)");
+    cuda::GuardState initial{0, deviceNormLimit_};
+    check(cudaMemcpy(guard_, &initial, sizeof initial, cudaMemcpyHostToDevice),
+          "cudaMemcpy(guard state)");
     std::vector<const float *> norms;
     for (uint32_t t : guard.norms)
       norms.push_back(static_cast<const float *>(views_[t].data));
@@ -343,7 +357,8 @@ private:
       cudaGraphConditionalHandle handle;
       check(cudaGraphConditionalHandleCreate(&handle, capturing, 0, cudaGraphCondAssignDefault),
             "cudaGraphConditionalHandleCreate");
-      cuda::guardCheck(guardNorms_, int(guard.norms.size()), guardFlag_, handle, true, stream_);
+      cuda::guardCheck(guardNorms_, int(guard.norms.size()), guard.limitedNorm, guard_, handle,
+                       true, stream_);
       const cudaGraphNode_t *dependencies = nullptr;
       size_t count = 0;
       check(cudaStreamGetCaptureInfo(stream_, &status, nullptr, &capturing, &dependencies,
@@ -494,10 +509,12 @@ private:
   bool profiling_ = false;
   std::vector<double> times_;
   std::vector<cudaEvent_t> events_;
-  /// The non-finite guard: its flag (1: the last update was skipped), its norms' addresses,
-  /// the guarded update's graph (captured once; null when it could not be), the stream its
-  /// conditional body is captured on, and whether the host skipped the last update itself.
-  int32_t *guardFlag_ = nullptr;
+  /// The non-finite guard: its device scalars (the verdict, the norm's limit), the limit they
+  /// hold, its norms' addresses, the guarded update's graph (captured once; null when it could
+  /// not be), the stream its conditional body is captured on, and whether the host skipped the
+  /// last update itself.
+  cuda::GuardState *guard_ = nullptr;
+  float deviceNormLimit_ = std::numeric_limits<float>::infinity();
   const float **guardNorms_ = nullptr;
   cudaGraphExec_t guardExec_ = nullptr;
   bool guardCaptured_ = false;

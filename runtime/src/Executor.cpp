@@ -85,8 +85,11 @@ std::unique_ptr<UpdateGuard> buildUpdateGuard(const LoadedPlan &plan) {
     if (std::any_of(k.outputs.begin(), k.outputs.end(), state))
       break;
     guard->check.push_back(update[j]);
-    if (k.kind == KernelKind::GradNorm)
+    if (k.kind == KernelKind::GradNorm) {
+      if (plan.metric("grad_norm") == k.outputs[0])
+        guard->limitedNorm = int(guard->norms.size());
       guard->norms.push_back(k.outputs[0]);
+    }
   }
   for (size_t a = j; a < update.size(); ++a) {
     const KernelInfo &k = plan.kernels[update[a]];
@@ -441,7 +444,8 @@ void Executor::forwardPrefix(const TokenBatch &batch, size_t end) {
     deviceAhead_.assign(deviceAhead_.size(), true);
 }
 
-StepResult Executor::trainStep(TokenLoader &loader, uint64_t firstMicroBatch, uint32_t count) {
+StepResult Executor::trainStep(TokenLoader &loader, uint64_t firstMicroBatch, uint32_t count,
+                               const SpikeLimits &limits) {
   if (count != checkedMicroBatches_) {
     checkMicroBatches(count);
     checkedMicroBatches_ = count;
@@ -465,25 +469,42 @@ StepResult Executor::trainStep(TokenLoader &loader, uint64_t firstMicroBatch, ui
     result.microBatchLosses.push_back(value);
     sum += double(value);
     lossFinite = lossFinite && std::isfinite(value);
-    if (guardInBackward && !lossFinite)
+    // One micro-batch (updateInBackward's plans have one): its loss is the step's.
+    if (guardInBackward && !(lossFinite && value <= limits.loss))
       break;
     runPhase(Phase::Backward);
   }
-  if (guardInBackward && !lossFinite) {
+  result.loss = count == 1 ? result.microBatchLosses[0] : float(sum / double(count));
+  const bool lossSpike = options_.guardNonFinite && lossFinite && result.loss > limits.loss;
+  using Cause = StepResult::Cause;
+  if (guardInBackward && (!lossFinite || lossSpike)) {
     result.skipped = true;
+    result.cause = lossFinite ? Cause::LossSpike : Cause::NonFinite;
   } else if (guard_) {
     // The host already has every micro-batch's loss; the gradient norms are checked where
     // they are computed (on a GPU, by a kernel whose flag gates a conditional graph node).
     syncToDevice();
     touchPhase(Phase::Update, plan_.kernels.size());
-    backend_->runGuardedUpdate(*guard_, !lossFinite);
+    backend_->runGuardedUpdate(*guard_, !lossFinite || lossSpike, limits.gradNorm);
     if (device_)
       deviceAhead_.assign(deviceAhead_.size(), true);
-    result.skipped = backend_->updateSkipped();
+    switch (backend_->updateVerdict()) {
+    case UpdateVerdict::Ran:
+      break;
+    case UpdateVerdict::NonFiniteNorm:
+      result.cause = Cause::NonFinite;
+      break;
+    case UpdateVerdict::NormAboveLimit:
+      result.cause = Cause::GradNormSpike;
+      break;
+    case UpdateVerdict::SkippedByHost:
+      result.cause = lossFinite ? Cause::LossSpike : Cause::NonFinite;
+      break;
+    }
+    result.skipped = result.cause != Cause::None;
   } else {
     runPhase(Phase::Update);
   }
-  result.loss = count == 1 ? result.microBatchLosses[0] : float(sum / double(count));
   result.gradNorm = metric("grad_norm");
   result.lr = metric("lr");
   if (result.skipped && guardInBackward) {

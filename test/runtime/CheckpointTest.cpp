@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -163,6 +164,56 @@ TEST_F(CheckpointTest, LoadRestoresEveryByte) {
       const auto *p = static_cast<const uint8_t *>(b.view(i).data);
       EXPECT_TRUE(std::all_of(p, p + plan.tensors[i].bytes, [](uint8_t x) { return x == 0; }));
     }
+}
+
+// The spike rule's windows (bonsai-run --spike-zscore) come back bit for bit, the smallest
+// subnormal and values that need all 9 digits among them; a manifest whose window is not two
+// arrays of finite numbers is refused, naming the member.
+TEST_F(CheckpointTest, SpikeWindowsComeBackBitForBit) {
+  Executor e(plan);
+  e.initWeights(3);
+  TrainingPosition pos{0, 0, 3};
+  train(e, pos, 2);
+  pos.spikeLosses = {2.77258873f, 0.1f, 1.0f / 3.0f, std::numeric_limits<float>::denorm_min(),
+                     std::numeric_limits<float>::max()};
+  pos.spikeGradNorms = {0.858935058f, 12345.6789f};
+  std::string dir = saveCheckpoint(root, e, pos);
+  CheckpointManifest m = verifyCheckpoint(dir);
+  auto bits = [](const std::vector<float> &v) {
+    std::vector<uint32_t> out(v.size());
+    std::memcpy(out.data(), v.data(), v.size() * sizeof(float));
+    return out;
+  };
+  EXPECT_EQ(bits(m.position.spikeLosses), bits(pos.spikeLosses));
+  EXPECT_EQ(bits(m.position.spikeGradNorms), bits(pos.spikeGradNorms));
+  // Without windows the member is absent (the manifest of a run without the rule).
+  pos.spikeLosses.clear();
+  pos.spikeGradNorms.clear();
+  train(e, pos, 1);
+  std::string plain = saveCheckpoint(root, e, pos);
+  EXPECT_EQ(test::readText(plain + "/manifest.json").find("spike_window"), std::string::npos);
+  EXPECT_TRUE(verifyCheckpoint(plain).position.spikeLosses.empty());
+
+  std::string text = test::readText(dir + "/manifest.json");
+  size_t from = text.find("\"spike_window\"");
+  ASSERT_NE(from, std::string::npos) << text;
+  size_t to = text.find('\n', from);
+  for (const auto &[window, message] : std::vector<std::pair<std::string, std::string>>{
+           {"[1, 2]", "\"spike_window\" is not an object of \"loss\" and \"grad_norm\""},
+           {"{\"loss\": [1]}", "\"spike_window\" is not an object"},
+           {"{\"loss\": [1], \"grad_norm\": 3}", "\"grad_norm\" is not an array"},
+           {"{\"loss\": [1, \"x\"], \"grad_norm\": []}", "other than a finite f32 number"},
+           {"{\"loss\": [1e39], \"grad_norm\": []}", "other than a finite f32 number"}}) {
+    std::string edited = text;
+    edited.replace(from, to - from, "\"spike_window\": " + window + ",");
+    try {
+      parseCheckpointManifest(edited, "checkpoint 'x'", "x/manifest.json");
+      ADD_FAILURE() << "accepted " << window;
+    } catch (const Error &error) {
+      EXPECT_NE(std::string(error.what()).find(message), std::string::npos)
+          << window << ": " << error.what();
+    }
+  }
 }
 
 TEST_F(CheckpointTest, ASecondSaveLeavesTheFirstUntouched) {

@@ -742,6 +742,82 @@ TEST_F(TrainingTest, NonFiniteStepsSkipTheirUpdateOnTheGpu) {
 }
 #endif
 
+/// The spike rule's bounds (SpikeLimits, docs/training.md "Loss and gradient spikes") on
+/// `options`' backend: a step whose global gradient norm exceeds its bound (a large finite
+/// value planted in a gradient accumulator) and a step whose loss exceeds its bound each skip
+/// their update bit for bit and say why; the same steps under bounds they meet update, and the
+/// run goes on as one that never met a bound.
+void expectSpikesSkipped(const ExecutorOptions &options, const std::string &dir) {
+  using Cause = StepResult::Cause;
+  test::TrainingTensors t;
+  LoadedPlan plan = loadSpec(test::trainingPlanSpec({}, &t));
+  std::string data = cyclicTokens(dir + "/tokens.bin", 611, 16);
+  TokenLoader loader(data, 2, 4, 16, 5);
+  Executor straight(plan, options);
+  straight.initWeights(5);
+  for (uint64_t m = 0; m < 3; ++m)
+    straight.trainStep(loader, m, 1);
+
+  Executor e(plan, options);
+  e.initWeights(5);
+  e.trainStep(loader, 0, 1);
+  e.trainStep(loader, 1, 1);
+  auto before = persistentBytes(e);
+  float big = 1e4f;
+  std::memcpy(e.view(t.gradHead).data, &big, sizeof big);
+  SpikeLimits normBound;
+  normBound.gradNorm = 100.0f;
+  StepResult r = e.trainStep(loader, 2, 1, normBound);
+  EXPECT_TRUE(r.skipped);
+  EXPECT_EQ(r.cause, Cause::GradNormSpike);
+  ASSERT_TRUE(r.gradNorm);
+  EXPECT_TRUE(std::isfinite(*r.gradNorm) && *r.gradNorm > 100.0f) << *r.gradNorm;
+  expectSameBytes(e, before, persistentBytes(e), "after a gradient-norm spike");
+  int64_t step = -1;
+  std::memcpy(&step, e.view(t.step).data, sizeof step);
+  EXPECT_EQ(step, 2);
+
+  // The micro-batch again, its norm under the bound: the run continues as the straight one.
+  r = e.trainStep(loader, 2, 1, normBound);
+  EXPECT_FALSE(r.skipped);
+  EXPECT_EQ(r.cause, Cause::None);
+  expectSameBytes(e, persistentBytes(straight), persistentBytes(e), "after the retried step");
+
+  // A loss above its bound skips; at its bound it runs (the bound is inclusive) as the
+  // straight run's step does.
+  StepResult want = straight.trainStep(loader, 3, 1);
+  SpikeLimits lossBound;
+  lossBound.loss = std::nextafter(want.loss, 0.0f);
+  before = persistentBytes(e);
+  r = e.trainStep(loader, 3, 1, lossBound);
+  EXPECT_TRUE(r.skipped);
+  EXPECT_EQ(r.cause, Cause::LossSpike);
+  EXPECT_EQ(r.loss, want.loss);
+  expectSameBytes(e, before, persistentBytes(e), "after a loss spike");
+  lossBound.loss = want.loss;
+  r = e.trainStep(loader, 3, 1, lossBound);
+  EXPECT_FALSE(r.skipped);
+  expectSameBytes(e, persistentBytes(straight), persistentBytes(e), "after the loss at its bound");
+}
+
+TEST_F(TrainingTest, SpikesSkipTheirUpdate) { expectSpikesSkipped({}, dir); }
+
+#ifdef BONSAI_HAVE_CUDA
+// The same on the GPU: the gradient norm's bound is a device scalar the guard kernel reads,
+// inside the update's CUDA Graph and without one.
+TEST_F(TrainingTest, SpikesSkipTheirUpdateOnTheGpu) {
+  if (!gpuPresent())
+    GTEST_SKIP() << "no GPU here";
+  for (bool graphs : {true, false}) {
+    SCOPED_TRACE(graphs ? "CUDA Graphs" : "no CUDA Graphs");
+    ExecutorOptions gpu;
+    gpu.backend = Backend::Cuda;
+    gpu.cudaGraphs = graphs;
+    expectSpikesSkipped(gpu, dir);
+  }
+}
+#endif
+
 //===----------------------------------------------------------------------===//
 // The tools.
 //===----------------------------------------------------------------------===//
@@ -915,6 +991,65 @@ TEST_F(ToolTest, NonFiniteStepsAreSkippedCountedAndStopTheRun) {
   EXPECT_EQ(stepLines(r.out).size(), 4u) << r.out;
   expectError(r, {"cannot checkpoint step 4", "non-finite"});
   EXPECT_NE(::access((dir + "/ck/step-00000004").c_str(), F_OK), 0);
+}
+
+// --spike-zscore on each backend: constant tokens but for one micro-batch of varied ones (step
+// 25's, once the loss has settled near 0): that step's loss is a spike, its update is skipped
+// and counted, and no other step is. A run saved at step 20 and resumed decides as the
+// uninterrupted one, which needs the windows from the checkpoint (a resumed run's own window
+// would fill only at step 28). Flag mistakes are one-line errors.
+TEST_F(ToolTest, SpikeRuleSkipsAnOutlierAndResumesOnCpuAndGpu) {
+  std::string plan = writePlan(test::trainingPlanSpec(), "train.plan");
+  std::vector<uint32_t> tokens(400, 3);
+  for (uint32_t i = 193; i < 200; ++i) // micro-batch 24 reads tokens [192, 201)
+    tokens[i] = (i * 7) % 16;
+  std::string data = dir + "/spiky.bin";
+  writeTokenFile(data, tokens, 2);
+  std::vector<std::string> backends = {"cpu"};
+#ifdef BONSAI_HAVE_CUDA
+  if (gpuPresent())
+    backends.push_back("cuda");
+#endif
+  for (const std::string &backend : backends) {
+    SCOPED_TRACE(backend);
+    std::vector<std::string> common = {plan,           "--data",         data, "--backend",
+                                       backend,        "--spike-zscore", "3",  "--spike-window",
+                                       "8",            "--seed",         "1", "--lr", "0.05"};
+    auto with = [&](std::vector<std::string> more) {
+      std::vector<std::string> args = common;
+      args.insert(args.end(), more.begin(), more.end());
+      return run(args);
+    };
+    ToolResult straight = with({"--steps", "30"});
+    ASSERT_EQ(straight.code, 0) << straight.err;
+    std::vector<std::string> lines = stepLines(straight.out);
+    ASSERT_EQ(lines.size(), 30u) << straight.out;
+    // The progress line's count of skipped steps appears from the first one on.
+    for (size_t s = 0; s < lines.size(); ++s)
+      EXPECT_EQ(lines[s].find(" skipped"), s < 24 ? std::string::npos : lines[s].size() - 10)
+          << lines[s];
+    EXPECT_NE(straight.err.find("warning: step 25: loss "), std::string::npos)
+        << straight.out << straight.err;
+    EXPECT_NE(straight.err.find(" above the spike limit "), std::string::npos) << straight.err;
+    EXPECT_NE(straight.err.find("(mean + 3 sd of the last 8 steps), update skipped (1 in a row, "
+                                "--max-nonfinite 3)"),
+              std::string::npos)
+        << straight.err;
+
+    std::string ckpt = dir + "/ckpt-" + backend;
+    ToolResult first = with({"--steps", "20", "--save-every", "20", "--ckpt-dir", ckpt});
+    ASSERT_EQ(first.code, 0) << first.err;
+    ToolResult resumed = with({"--steps", "10", "--resume", ckpt});
+    ASSERT_EQ(resumed.code, 0) << resumed.err;
+    std::vector<std::string> tail = stepLines(resumed.out);
+    EXPECT_EQ(tail, std::vector<std::string>(lines.begin() + 20, lines.end())) << resumed.out;
+  }
+  expectError(run({plan, "--spike-window", "8"}), {"--spike-window needs --spike-zscore"});
+  expectError(run({plan, "--spike-zscore", "0"}), {"--spike-zscore expects a positive number"});
+  expectError(run({plan, "--spike-zscore", "3", "--spike-window", "1"}),
+              {"--spike-window is between 2 and 10000 steps, got 1"});
+  expectError(run({plan, "--spike-zscore", "3", "--max-nonfinite", "0"}),
+              {"--spike-zscore needs the non-finite guard"});
 }
 
 // Steps past a cosine schedule's total_steps (40 in the test plan) are a warning at start.

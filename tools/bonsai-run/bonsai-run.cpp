@@ -56,6 +56,7 @@
 #include "bonsai/runtime/Plan.h"
 #include "bonsai/runtime/PlanPrinter.h"
 #include "bonsai/runtime/Safetensors.h"
+#include "bonsai/runtime/SpikeRule.h"
 #include "bonsai/tokenizer/Tokenizer.h"
 
 #include <algorithm>
@@ -86,6 +87,7 @@ const char *const kSynopsis =
     "usage: bonsai-run PLAN [--weights FILE | --resume [CKPT]] [--data TOKENS.bin] [--seed N]\n"
     "                       [--steps N] [--micro-batches K] [--lr X] [--metrics FILE.jsonl]\n"
     "                       [--max-nonfinite N] [--find-nonfinite]\n"
+    "                       [--spike-zscore Z [--spike-window N]]\n"
     "                       [--save-every N --ckpt-dir DIR [--keep-last N]]\n"
     "                       [--dump-gradients FILE.safetensors]\n"
     "                       [--export-adapter DIR [--base-model NAME]]\n"
@@ -128,6 +130,11 @@ const char *const kHelp =
     "                        check, every update runs)\n"
     "  --find-nonfinite      after a skipped step, run it again kernel by kernel and name\n"
     "                        the first kernel and tensor that became non-finite (slow)\n"
+    "  --spike-zscore Z      also skip the update of a step whose loss or gradient norm is\n"
+    "                        more than Z standard deviations above the mean of the last\n"
+    "                        --spike-window steps (off by default; counted with the\n"
+    "                        non-finite steps by --max-nonfinite)\n"
+    "  --spike-window N      steps in the spike rule's mean and deviation (default 100)\n"
     "  --save-every N        checkpoint every N steps into --ckpt-dir\n"
     "  --ckpt-dir DIR        where checkpoints go (DIR/step-NNNNNNNN, DIR/latest); SIGINT or\n"
     "                        SIGTERM during the steps finishes the step, saves it here and\n"
@@ -192,6 +199,8 @@ struct Options {
   uint64_t saveEvery = 0;
   uint64_t maxNonFinite = 3; ///< 0: the guard is off
   bool findNonFinite = false;
+  std::optional<double> spikeZscore;
+  std::optional<uint64_t> spikeWindow;
   std::optional<uint64_t> keepLast;
   std::string ckptDir;
   bool resume = false;
@@ -327,6 +336,19 @@ Options parseOptions(int argc, char **argv) {
         o.saveEvery = parseCount(flag, takeValue());
       else if (flag == "--max-nonfinite")
         o.maxNonFinite = parseCount(flag, takeValue());
+      else if (flag == "--spike-zscore") {
+        std::string text = takeValue();
+        o.spikeZscore = parseRate(flag, text);
+        if (*o.spikeZscore == 0)
+          throw UsageError{"--spike-zscore expects a positive number of standard deviations, "
+                           "got " + text};
+      } else if (flag == "--spike-window") {
+        std::string text = takeValue();
+        o.spikeWindow = parseCount(flag, text);
+        if (*o.spikeWindow < 2 || *o.spikeWindow > rt::kMaxSpikeWindow)
+          throw UsageError{"--spike-window is between 2 and " +
+                           std::to_string(rt::kMaxSpikeWindow) + " steps, got " + text};
+      }
       else if (flag == "--keep-last")
         o.keepLast = parsePositive(flag, takeValue());
       else if (flag == "--ckpt-dir")
@@ -414,6 +436,11 @@ Options parseOptions(int argc, char **argv) {
     throw UsageError{"--keep-last needs --save-every and --ckpt-dir"};
   if (o.findNonFinite && o.maxNonFinite == 0)
     throw UsageError{"--find-nonfinite needs the non-finite guard (--max-nonfinite above 0)"};
+  if (o.spikeZscore && o.maxNonFinite == 0)
+    throw UsageError{"--spike-zscore needs the non-finite guard (--max-nonfinite above 0), "
+                     "which skips the updates"};
+  if (o.spikeWindow && !o.spikeZscore)
+    throw UsageError{"--spike-window needs --spike-zscore"};
   if (!o.hfDir.empty() && o.exportMerged.empty())
     throw UsageError{"--hf-dir needs --export-merged"};
   if (o.shardSize && o.exportMerged.empty())
@@ -923,8 +950,26 @@ int run(const Options &o) {
                      schedule.totalSteps);
       break;
     }
+  // The spike rule (docs/training.md, "Loss and gradient spikes"), its windows continued from
+  // the checkpoint a run resumes; a run without the rule saves none.
+  std::optional<rt::SpikeRule> spikes;
+  if (o.spikeZscore) {
+    spikes.emplace(*o.spikeZscore, o.spikeWindow.value_or(100));
+    spikes->restore(position.spikeLosses, position.spikeGradNorms);
+    if (plan.updateInBackward())
+      std::fprintf(stderr,
+                   "bonsai-run: warning: --spike-zscore watches the loss only: the plan "
+                   "applies its updates in the backward pass, before a gradient norm exists\n");
+    else if (!plan.metric("grad_norm"))
+      std::fprintf(stderr, "bonsai-run: warning: --spike-zscore watches the loss only: the plan "
+                           "has no grad_norm metric\n");
+  }
+  position.spikeLosses.clear();
+  position.spikeGradNorms.clear();
   uint64_t skippedSteps = 0;
-  std::vector<uint64_t> nonFiniteRun; // the steps of the current run of skipped steps
+  using Cause = rt::StepResult::Cause;
+  // The current run of skipped steps: their numbers and why each was skipped.
+  std::vector<std::pair<uint64_t, Cause>> skippedRun;
   uint64_t plannedBytes = 0;
   for (const rt::ArenaInfo &a : plan.arenas)
     plannedBytes += a.size;
@@ -937,6 +982,10 @@ int run(const Options &o) {
   auto save = [&]() {
     if (!base && rt::writesAdapterCheckpoints(executor))
       base = rt::baseIdentity(executor);
+    if (spikes) {
+      position.spikeLosses = spikes->losses();
+      position.spikeGradNorms = spikes->gradNorms();
+    }
     savedDir = rt::saveCheckpoint(o.ckptDir, executor, position, base ? &*base : nullptr);
     savedStep = position.step;
     progress.note("checkpoint: step " + std::to_string(position.step) + " saved to " + savedDir);
@@ -956,7 +1005,11 @@ int run(const Options &o) {
       if (o.profile && s + 1 == steps)
         executor.setProfiling(true);
       auto stepStart = std::chrono::steady_clock::now();
-      rt::StepResult result = executor.trainStep(loader, position.dataPosition, microBatches);
+      rt::SpikeLimits limits = spikes ? spikes->limits() : rt::SpikeLimits{};
+      rt::StepResult result =
+          executor.trainStep(loader, position.dataPosition, microBatches, limits);
+      if (spikes)
+        spikes->record(result.loss, result.gradNorm);
       auto now = std::chrono::steady_clock::now();
       position.step += 1;
       position.dataPosition += microBatches;
@@ -972,15 +1025,22 @@ int run(const Options &o) {
       }
       if (result.skipped) {
         ++skippedSteps;
-        nonFiniteRun.push_back(position.step);
+        skippedRun.emplace_back(position.step, result.cause);
+        std::string why = "not finite";
+        if (result.cause != Cause::NonFinite) {
+          bool loss = result.cause == Cause::LossSpike;
+          why = std::string(loss ? "loss" : "grad_norm") + " above the spike limit " +
+                formatValue(loss ? limits.loss : limits.gradNorm) + " (mean + " +
+                formatValue(float(spikes->zscore())) + " sd of the last " +
+                std::to_string(spikes->window()) + " steps)";
+        }
         progress.note("warning: step " + std::to_string(position.step) + ": loss " +
                           formatValue(result.loss) + ", grad_norm " +
-                          (result.gradNorm ? formatValue(*result.gradNorm) : "-") +
-                          ": not finite, update skipped (" +
-                          std::to_string(nonFiniteRun.size()) + " in a row, --max-nonfinite " +
-                          std::to_string(o.maxNonFinite) + ")",
+                          (result.gradNorm ? formatValue(*result.gradNorm) : "-") + ": " + why +
+                          ", update skipped (" + std::to_string(skippedRun.size()) +
+                          " in a row, --max-nonfinite " + std::to_string(o.maxNonFinite) + ")",
                       stderr);
-        if (o.findNonFinite) {
+        if (o.findNonFinite && result.cause == Cause::NonFinite) {
           std::string found = executor.findNonFinite(loader, position.dataPosition - microBatches,
                                                      microBatches);
           progress.note("nonfinite: step " + std::to_string(position.step) + ": " +
@@ -989,7 +1049,7 @@ int run(const Options &o) {
                         stderr);
         }
       } else {
-        nonFiniteRun.clear();
+        skippedRun.clear();
       }
       for (const auto &[name, why] : result.galoreSkipped)
         std::fprintf(stderr,
@@ -1025,15 +1085,23 @@ int run(const Options &o) {
         progress.note(fp8Warning, stderr);
       if (metrics)
         metrics->write(report);
-      if (o.maxNonFinite > 0 && nonFiniteRun.size() >= o.maxNonFinite) {
+      if (o.maxNonFinite > 0 && skippedRun.size() >= o.maxNonFinite) {
+        bool allNonFinite = std::all_of(skippedRun.begin(), skippedRun.end(),
+                                        [](const auto &s) { return s.second == Cause::NonFinite; });
         std::string list;
-        for (uint64_t step : nonFiniteRun)
-          list += (list.empty() ? "" : ", ") + std::to_string(step);
-        throw rt::Error(std::to_string(nonFiniteRun.size()) +
-                        " steps in a row had a non-finite loss or gradient norm (steps " + list +
-                        "; --max-nonfinite " + std::to_string(o.maxNonFinite) +
+        for (const auto &[step, cause] : skippedRun)
+          list += (list.empty() ? "" : ", ") + std::to_string(step) +
+                  (allNonFinite                 ? ""
+                   : cause == Cause::NonFinite ? " (non-finite)"
+                   : cause == Cause::LossSpike ? " (loss spike)"
+                                               : " (grad_norm spike)");
+        throw rt::Error(std::to_string(skippedRun.size()) +
+                        (allNonFinite ? " steps in a row had a non-finite loss or gradient norm"
+                                      : " steps in a row were skipped") +
+                        " (steps " + list + "; --max-nonfinite " +
+                        std::to_string(o.maxNonFinite) +
                         "): stopping; their updates were skipped, so the weights are those "
-                        "after step " + std::to_string(nonFiniteRun.front() - 1));
+                        "after step " + std::to_string(skippedRun.front().first - 1));
       }
       if (o.saveEvery > 0 && position.step % o.saveEvery == 0)
         save();

@@ -49,11 +49,18 @@ inline constexpr const char kCheckpointLatestFile[] = "latest";
 /// (after-model, after-optimizer, before-rename, before-latest), for crash tests.
 inline constexpr const char kCheckpointCrashVariable[] = "BONSAI_TEST_CRASH_IN_SAVE";
 
+/// The most values a checkpoint's spike window holds per series (bonsai-run --spike-window's
+/// upper limit).
+inline constexpr size_t kMaxSpikeWindow = 10000;
+
 /// Where a training run stands: what a checkpoint records beside the tensors.
 struct TrainingPosition {
   uint64_t step = 0;         ///< Steps completed (optimizer updates, for a training plan).
   uint64_t dataPosition = 0; ///< Micro-batches consumed: the index of the next one to read.
   uint64_t seed = 0;         ///< The seed of the run (random init and random tokens).
+  /// The spike rule's windows (SpikeRule, bonsai-run --spike-zscore), oldest first: empty
+  /// when the rule is off. Finite values, written so that they read back bit for bit.
+  std::vector<float> spikeLosses, spikeGradNorms;
 };
 
 /// One file a manifest lists.

@@ -265,11 +265,18 @@ private:
 
 // The non-finite guard (docs/training.md, "Non-finite steps").
 
-/// One thread: `*skipped` = 1 when any of the `count` f32 scalars `norms[i]` (a device array of
-/// device pointers) is not finite, else 0; with `setHandle`, also sets the conditional graph
-/// node handle `handle` (a cudaGraphConditionalHandle) to 1 when all are finite, so that the
+/// The guard's device scalars: the limit the host writes before a step and the verdict.
+struct GuardState {
+  int32_t verdict; ///< an UpdateVerdict: 0 ran, 1 a non-finite norm, 2 the norm over the limit
+  float normLimit; ///< the global gradient norm's limit (+inf: none)
+};
+
+/// One thread: state->verdict = 1 when any of the `count` f32 scalars `norms[i]` (a device
+/// array of device pointers) is not finite, else 2 when `norms[limitedNorm]` (limitedNorm >= 0)
+/// exceeds state->normLimit, else 0; with `setHandle`, also sets the conditional graph node
+/// handle `handle` (a cudaGraphConditionalHandle) to 1 when the verdict is 0, so that the
 /// node's body (the guarded update) runs, and to 0 otherwise.
-void guardCheck(const float *const *norms, int count, int32_t *skipped,
+void guardCheck(const float *const *norms, int count, int limitedNorm, GuardState *state,
                 unsigned long long handle, bool setHandle, CUstream_st *stream);
 
 } // namespace bonsai::rt::cuda

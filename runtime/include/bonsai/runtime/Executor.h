@@ -24,6 +24,7 @@
 #include "bonsai/runtime/Tensor.h"
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,10 +48,23 @@ struct StepResult {
   /// GaLore weights whose due projector refresh was skipped at this step (the projector was
   /// kept), with the reason: galore::Status (1: non-finite gradient, 2: rank-deficient sketch).
   std::vector<std::pair<std::string, int>> galoreSkipped;
-  /// The step's loss or gradient norm was not finite, so its update was skipped: weights,
-  /// optimizer state, FP8 scales, GaLore state and the step counter are as before the step
-  /// (docs/training.md, "Non-finite steps").
+  /// The step's update was skipped (`cause` says why): weights, optimizer state, FP8 scales,
+  /// GaLore state and the step counter are as before the step (docs/training.md, "Non-finite
+  /// steps").
   bool skipped = false;
+  /// Why: the loss or a gradient norm was not finite, or the loss or the global gradient norm
+  /// exceeded its SpikeLimits bound.
+  enum class Cause { None, NonFinite, LossSpike, GradNormSpike } cause = Cause::None;
+};
+
+/// The bounds a step's loss and global gradient norm must not exceed for its update to run
+/// (the spike rule, bonsai-run --spike-zscore; docs/training.md, "Loss and gradient spikes").
+/// +inf (the default) is no bound. The gradient norm's bound is checked where the norm is
+/// computed (on a GPU, by the guard kernel), so it needs the non-finite guard and a plan whose
+/// update runs after the backward pass.
+struct SpikeLimits {
+  float loss = std::numeric_limits<float>::infinity();
+  float gradNorm = std::numeric_limits<float>::infinity();
 };
 
 /// Where the kernels run.
@@ -162,8 +176,11 @@ public:
   /// One training step of `count` micro-batches: micro-batch m (from 0) reads
   /// loader.batch(firstMicroBatch + m), runs Forward and Backward with LossScale 1/count; then
   /// the Update kernels run once. A plan without Update or Backward kernels just runs Forward
-  /// per micro-batch. Returns the mean loss and the "grad_norm" and "lr" metrics.
-  StepResult trainStep(TokenLoader &loader, uint64_t firstMicroBatch, uint32_t count);
+  /// per micro-batch. Returns the mean loss and the "grad_norm" and "lr" metrics. With the
+  /// non-finite guard on, the update is skipped when the loss or a gradient norm is not
+  /// finite, or exceeds `limits`.
+  StepResult trainStep(TokenLoader &loader, uint64_t firstMicroBatch, uint32_t count,
+                       const SpikeLimits &limits = {});
   /// After a step that trainStep skipped (bonsai-run --find-nonfinite): runs its micro-batches
   /// again kernel by kernel (Forward, Backward, then the update's check kernels: the gradient
   /// norms; Forward alone for a plan that updates in the backward pass), reading every output

@@ -27,11 +27,24 @@ namespace bonsai::rt {
 /// The update phase split for the non-finite guard (docs/training.md, "Non-finite steps"), in
 /// plan kernel indices, each list in plan order: `check` runs first (the gradient norms and the
 /// learning rate: kernels that write no persistent tensor), then the `guarded` kernels run only
-/// when every f32 scalar in `norms` is finite, then `always` (the Zero kernels that clear the
-/// gradient accumulators, so that a skipped step's gradients do not reach the next step).
+/// when every f32 scalar in `norms` is finite (and the global norm within its limit, the spike
+/// rule), then `always` (the Zero kernels that clear the gradient accumulators, so that a
+/// skipped step's gradients do not reach the next step).
 struct UpdateGuard {
   std::vector<size_t> check, guarded, always;
   std::vector<uint32_t> norms;
+  /// The position in `norms` of the global gradient norm (the "grad_norm" metric), which
+  /// runGuardedUpdate's limit bounds; -1 when the plan has none.
+  int limitedNorm = -1;
+};
+
+/// What the last runGuardedUpdate did with its guarded kernels (the values the CUDA guard
+/// kernel writes).
+enum class UpdateVerdict : int32_t {
+  Ran = 0,
+  NonFiniteNorm = 1,  ///< skipped: a norm was not finite
+  NormAboveLimit = 2, ///< skipped: the global gradient norm exceeded the limit
+  SkippedByHost = 3,  ///< skipped: the caller asked (a non-finite or spiking loss)
 };
 
 /// The kernels of one plan, run on the CPU or on a GPU.
@@ -59,13 +72,14 @@ public:
   /// Enqueues `kernels` (plan indices), in order, one by one (no graph): what
   /// Executor::findNonFinite runs between its checks.
   virtual void runKernels(const std::vector<size_t> &kernels) = 0;
-  /// Enqueues the update phase split by `guard`: `check`, then `guarded` if every norm is
-  /// finite and `skip` is false, then `always`. The outcome is read by updateSkipped(). On a
-  /// GPU with CUDA Graphs this is one graph whose guarded part is a conditional node: no host
-  /// synchronisation.
-  virtual void runGuardedUpdate(const UpdateGuard &guard, bool skip) = 0;
-  /// Whether the last runGuardedUpdate skipped its guarded kernels (waits for it on a GPU).
-  virtual bool updateSkipped() = 0;
+  /// Enqueues the update phase split by `guard`: `check`, then `guarded` if `skip` is false,
+  /// every norm is finite and the global norm (guard.limitedNorm) is at most `normLimit`, then
+  /// `always`. The outcome is read by updateVerdict(). On a GPU with CUDA Graphs this is one
+  /// graph whose guarded part is a conditional node, the limit a device scalar written before
+  /// it: no host synchronisation.
+  virtual void runGuardedUpdate(const UpdateGuard &guard, bool skip, float normLimit) = 0;
+  /// What the last runGuardedUpdate did with its guarded kernels (waits for it on a GPU).
+  virtual UpdateVerdict updateVerdict() = 0;
   /// Waits for all enqueued work and throws rt::Error for a failed kernel or a device-side
   /// error (an id or label out of range), naming the kernel.
   virtual void synchronize() = 0;
