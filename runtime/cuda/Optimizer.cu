@@ -148,23 +148,13 @@ struct AdamWArgs {
   double beta1, beta2, eps, weightDecay, gradClip;
 };
 
-/// The block barrier after a branch that thread 0 alone took (deriving the step's scalars into
-/// shared memory): the first warp reconverges before the __syncthreads, so that all its threads
-/// reach the barrier together. Without the __syncwarp the compiler may let the other 31 wait at
-/// the barrier while thread 0 is still in a called function (adamwScalars' pow), which
-/// compute-sanitizer's synccheck reports as "Divergent thread(s) in warp".
-__device__ __forceinline__ void syncThreadsAfterThreadZero() {
-  __syncwarp();
-  __syncthreads();
-}
-
 __device__ __forceinline__ double clipCoefficient(double gradClip, double norm) {
   if (!(gradClip > 0.0))
     return 1.0;
   return fmin(1.0, gradClip / (norm + kClipEpsilon));
 }
 
-/// The step's AdamW scalars, derived in fp64 from the device scalars (by one thread).
+/// The step's AdamW scalars, derived in fp64 from the device scalars.
 __device__ StepScalars adamwScalars(const AdamWArgs &a) {
   StepScalars sc;
   double t = double(*a.step) + 1.0;
@@ -215,11 +205,9 @@ template <typename G, typename P, int VW>
 __global__ void __launch_bounds__(kThreads)
     adamwKernel(const G *grad, P *param, float *m, float *v, float *master, int64_t n,
                 AdamWArgs a) {
-  __shared__ StepScalars sc;
-  if (threadIdx.x == 0)
-    sc = adamwScalars(a);
-  syncThreadsAfterThreadZero();
-  const StepScalars s = sc;
+  // Every thread derives the step's scalars (a few fp64 operations on three broadcast loads):
+  // no shared copy, so no barrier after a thread-0 branch.
+  const StepScalars s = adamwScalars(a);
   auto update = [&](int64_t i, auto width) {
     constexpr int N = decltype(width)::value;
     adamwElements<N>(grad, param, m, v, master, i, s, a);
@@ -271,13 +259,9 @@ __device__ __forceinline__ void sgdElements(const G *grad, P *param, float *buf,
 template <typename G, typename P, int VW>
 __global__ void __launch_bounds__(kThreads)
     sgdKernel(const G *grad, P *param, float *buf, float *master, int64_t n, SGDArgs a) {
-  __shared__ float scalars[2];
-  if (threadIdx.x == 0) {
-    scalars[0] = float(clipCoefficient(a.gradClip, double(loadScalar(a.gradNorm, a.normType))));
-    scalars[1] = loadScalar(a.lr, a.lrType);
-  }
-  syncThreadsAfterThreadZero();
-  const float clip = scalars[0], rate = scalars[1];
+  // Every thread derives the step's scalars, as in the AdamW kernels.
+  const float clip = float(clipCoefficient(a.gradClip, double(loadScalar(a.gradNorm, a.normType))));
+  const float rate = loadScalar(a.lr, a.lrType);
   auto update = [&](int64_t i, auto width) {
     constexpr int N = decltype(width)::value;
     sgdElements<N>(grad, param, buf, master, i, clip, rate, a);
@@ -354,11 +338,9 @@ __device__ __forceinline__ void forMultiTensorChunks(const MultiTensorTable<List
 template <typename G, typename P>
 __global__ void __launch_bounds__(kThreads)
     multiAdamwKernel(const MultiTensorTable<5> table, AdamWArgs a) {
-  __shared__ StepScalars sc;
-  if (threadIdx.x == 0)
-    sc = adamwScalars(a);
-  syncThreadsAfterThreadZero();
-  const StepScalars s = sc;
+  // Every thread derives the step's scalars (a few fp64 operations on three broadcast loads):
+  // no shared copy, so no barrier after a thread-0 branch.
+  const StepScalars s = adamwScalars(a);
   forMultiTensorChunks(table, [&](int t, int64_t i, auto width) {
     constexpr int N = decltype(width)::value;
     adamwElements<N>(static_cast<const G *>(table.ptr[0][t]), static_cast<P *>(table.ptr[1][t]),
@@ -370,13 +352,9 @@ __global__ void __launch_bounds__(kThreads)
 template <typename G, typename P>
 __global__ void __launch_bounds__(kThreads)
     multiSgdKernel(const MultiTensorTable<4> table, SGDArgs a) {
-  __shared__ float scalars[2];
-  if (threadIdx.x == 0) {
-    scalars[0] = float(clipCoefficient(a.gradClip, double(loadScalar(a.gradNorm, a.normType))));
-    scalars[1] = loadScalar(a.lr, a.lrType);
-  }
-  syncThreadsAfterThreadZero();
-  const float clip = scalars[0], rate = scalars[1];
+  // Every thread derives the step's scalars, as in the AdamW kernels.
+  const float clip = float(clipCoefficient(a.gradClip, double(loadScalar(a.gradNorm, a.normType))));
+  const float rate = loadScalar(a.lr, a.lrType);
   forMultiTensorChunks(table, [&](int t, int64_t i, auto width) {
     constexpr int N = decltype(width)::value;
     sgdElements<N>(static_cast<const G *>(table.ptr[0][t]), static_cast<P *>(table.ptr[1][t]),
