@@ -79,7 +79,7 @@ shards="${BONSAI_SANITIZE_SHARDS:-$(( (jobs + ${#tools[@]} - 1) / ${#tools[@]} )
 
 # Tool options: memcheck also checks for device allocations never freed; initcheck follows
 # cudaMemcpy/cudaMemset initialisation (its default); racecheck leaves out cuBLASLt's kernels
-# (docs/reliability.md, "cuBLASLt under racecheck"). The reports go to the process's stdout,
+# (docs/reliability.md says why). The reports go to the process's stdout,
 # so that each follows the test that caused it.
 options() {
   case "$1" in
