@@ -21,7 +21,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <limits>
 
 #include <sys/mman.h>
@@ -108,7 +110,48 @@ std::unique_ptr<UpdateGuard> buildUpdateGuard(const LoadedPlan &plan) {
   return guard;
 }
 
+/// `bytes` in GiB with two decimals, as the memory lines of bonsai-run print them.
+std::string gib(uint64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f GiB", double(bytes) / double(uint64_t(1) << 30));
+  return text;
+}
+
 } // namespace
+
+std::optional<uint64_t> availableHostMemory(const std::string &meminfo) {
+  std::ifstream in(meminfo);
+  for (std::string line; std::getline(in, line);) {
+    unsigned long long kib = 0;
+    if (std::sscanf(line.c_str(), "MemAvailable: %llu kB", &kib) == 1)
+      return uint64_t(kib) * 1024;
+  }
+  return std::nullopt;
+}
+
+void checkHostMemory(const LoadedPlan &plan, Backend backend, std::optional<uint64_t> available) {
+  if (!available)
+    return;
+  // The CPU backend computes in its arenas, so every byte of them is written; the CUDA
+  // backend's host copies of its device arenas are mappings that take memory only where the
+  // host writes (the weights it binds), and only its pinned-host arenas are host memory proper.
+  uint64_t needed = 0;
+  const ArenaInfo *largest = nullptr;
+  for (const ArenaInfo &arena : plan.arenas) {
+    if (backend == Backend::Cuda && arena.space != MemorySpace::PinnedHost)
+      continue;
+    needed += arena.size;
+    if (!largest || arena.size > largest->size)
+      largest = &arena;
+  }
+  if (needed <= *available)
+    return;
+  throw Error("plan '" + plan.path + "' needs " + gib(needed) + " of host memory for its " +
+              (backend == Backend::Cuda ? "pinned host arenas" : "arenas on the CPU backend") +
+              " (the largest, '" + largest->name + "', " + gib(largest->size) +
+              "), but this machine has " + gib(*available) +
+              " available (MemAvailable in /proc/meminfo): it would run out of memory partway");
+}
 
 void Executor::ArenaFree::operator()(void *p) const {
   if (mapped)
@@ -119,6 +162,8 @@ void Executor::ArenaFree::operator()(void *p) const {
 
 Executor::Executor(const LoadedPlan &plan, const ExecutorOptions &options)
     : plan_(plan), options_(options) {
+  // Before any allocation: refused now with the figures, not killed halfway by the OOM killer.
+  checkHostMemory(plan_, options.backend, availableHostMemory());
   const uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
   for (const ArenaInfo &arena : plan_.arenas) {
     uint64_t alignment = std::max(arena.alignment, kMinArenaAlignment);

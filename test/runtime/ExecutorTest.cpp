@@ -87,6 +87,52 @@ TEST(ExecutorTest, ViewsShareStorageAndArenasAreAligned) {
   EXPECT_EQ(static_cast<const float *>(executor.view(7).data)[5], 0.0f);
 }
 
+// Host memory is checked before anything is allocated (issue #24, item 6): a plan whose arenas
+// exceed MemAvailable is refused with the figures and its largest arena; on the CUDA backend
+// only pinned-host arenas count. MemAvailable is read from /proc/meminfo's format.
+TEST(ExecutorTest, HostMemoryIsCheckedBeforeAllocation) {
+  std::string dir = test::makeTempDir("meminfo");
+  std::string meminfo = dir + "/meminfo";
+  std::string text = "MemTotal:       25165824 kB\nMemFree:         1048576 kB\n"
+                     "MemAvailable:   20971520 kB\nBuffers:           12345 kB\n";
+  test::writeFile(meminfo, std::vector<uint8_t>(text.begin(), text.end()));
+  EXPECT_EQ(availableHostMemory(meminfo), std::optional<uint64_t>(uint64_t(20) << 30));
+  EXPECT_EQ(availableHostMemory(dir + "/missing"), std::nullopt);
+  EXPECT_TRUE(availableHostMemory().has_value()); // Linux's own /proc/meminfo
+  test::removeTree(dir);
+
+  test::PlanSpec spec = test::smallPlanSpec();
+  spec.arenas[0].name = "big";
+  spec.arenas[0].size = uint64_t(64) << 40; // 64 TiB: more than any machine here has
+  LoadedPlan plan = loadSpec(spec);
+  try {
+    checkHostMemory(plan, Backend::Cpu, uint64_t(20) << 30);
+    ADD_FAILURE() << "a 64 TiB plan passed the check";
+  } catch (const Error &e) {
+    EXPECT_EQ(std::string(e.what()).rfind("plan 'test.plan' needs 65536.00 GiB of host memory for "
+                                          "its arenas on the CPU backend (the largest, 'big', "
+                                          "65536.00 GiB), but this machine has 20.00 GiB "
+                                          "available (MemAvailable in /proc/meminfo)",
+                                          0),
+              0u)
+        << e.what();
+  }
+  // Device arenas are not host memory on the CUDA backend; no figure, no check.
+  EXPECT_NO_THROW(checkHostMemory(plan, Backend::Cuda, uint64_t(20) << 30));
+  EXPECT_NO_THROW(checkHostMemory(plan, Backend::Cpu, std::nullopt));
+  // The executor checks before it allocates: the error is the check's, not a failed mmap.
+  try {
+    Executor executor(plan);
+    ADD_FAILURE() << "a 64 TiB plan was allocated";
+  } catch (const Error &e) {
+    EXPECT_NE(std::string(e.what()).find("of host memory for its arenas on the CPU backend"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(checkHostMemory(loadSpec(test::smallPlanSpec()), Backend::Cpu,
+                                  availableHostMemory()));
+}
+
 TEST(ExecutorTest, MeasuresTheBytesTouched) {
   test::PlanSpec spec = test::smallPlanSpec();
   LoadedPlan plan = loadSpec(spec);

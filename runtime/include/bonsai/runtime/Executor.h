@@ -80,6 +80,16 @@ struct ExecutorOptions {
   bool guardNonFinite = true;
 };
 
+/// The host memory the machine can give without swapping: MemAvailable of `meminfo` in
+/// bytes; nullopt where it cannot be read.
+std::optional<uint64_t> availableHostMemory(const std::string &meminfo = "/proc/meminfo");
+
+/// Throws rt::Error, naming the plan, the bytes and its largest arena, when the arenas that
+/// live in host memory on `backend` (every arena on the CPU; the pinned-host ones on CUDA)
+/// exceed `available`. Nothing is checked without a figure. The Executor calls it before it
+/// allocates anything.
+void checkHostMemory(const LoadedPlan &plan, Backend backend, std::optional<uint64_t> available);
+
 /// Runs one verified plan on the CPU reference backend or, with Backend::Cuda, on a GPU. The
 /// host arenas are always there: weights are bound, inputs written and checkpoints read and
 /// written through them. With a GPU, the executor copies an arena to the device before the
