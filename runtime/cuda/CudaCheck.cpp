@@ -2,8 +2,8 @@
 //
 // Implements CudaCheck.h: error messages that name the backend kernel and the CUDA call, the
 // checks only the CUDA kernels make (scalars, in-place safety), per-device launch parameters
-// (multiprocessor count, shared-memory limit) cached after the first query, and stream-ordered
-// scratch memory.
+// (multiprocessor count, shared-memory limit) cached after the first query, stream-ordered
+// scratch memory, and the scratch arena of conditional graph bodies.
 //
 //===----------------------------------------------------------------------===//
 
@@ -97,17 +97,22 @@ unsigned gridFor(const char *kernel, int64_t work, int64_t perBlock, int blocksP
 
 Scratch::Scratch(const char *kernel, Stream stream, size_t bytes)
     : kernel_(kernel), stream_(stream) {
-  if (bytes)
+  if (!bytes)
+    return;
+  ptr_ = ScratchArena::takeInBody(kernel, bytes);
+  fromArena_ = ptr_ != nullptr;
+  if (!fromArena_)
     checkCuda(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync", kernel);
 }
 
 Scratch::Scratch(Scratch &&other) noexcept
-    : kernel_(other.kernel_), stream_(other.stream_), ptr_(other.ptr_) {
+    : kernel_(other.kernel_), stream_(other.stream_), ptr_(other.ptr_),
+      fromArena_(other.fromArena_) {
   other.ptr_ = nullptr;
 }
 
 Scratch::~Scratch() {
-  if (!ptr_)
+  if (!ptr_ || fromArena_) // the arena's bytes are given back by the BodyScope
     return;
   // A destructor cannot throw: a failed free is reported, the memory is lost.
   cudaError_t status = cudaFreeAsync(ptr_, stream_);
@@ -160,3 +165,64 @@ void F32Staging::finish() {
 }
 
 } // namespace bonsai::rt::cuda::detail
+
+namespace bonsai::rt::cuda {
+
+namespace {
+/// The arena lent to this thread (ScratchArena::Lend), if any.
+thread_local ScratchArena *lentArena = nullptr;
+constexpr size_t kArenaAlignment = 256;
+} // namespace
+
+ScratchArena::~ScratchArena() {
+  if (data_)
+    cudaFree(data_); // a destructor cannot throw; a failed free only loses the memory
+}
+
+void ScratchArena::growToNeeded() {
+  if (needed_ <= capacity_)
+    return;
+  if (data_)
+    detail::checkCuda(cudaFree(data_), "cudaFree(scratch arena)", "scratch arena");
+  data_ = nullptr;
+  capacity_ = 0;
+  detail::checkCuda(cudaMalloc(&data_, needed_), "cudaMalloc(scratch arena)", "scratch arena");
+  capacity_ = needed_;
+}
+
+ScratchArena::Lend::Lend(ScratchArena &arena) : previous_(lentArena) { lentArena = &arena; }
+
+ScratchArena::Lend::~Lend() { lentArena = previous_; }
+
+ScratchArena::BodyScope::BodyScope() : arena_(lentArena) {
+  if (arena_) {
+    begin_ = arena_->used_;
+    ++arena_->depth_;
+  }
+}
+
+ScratchArena::BodyScope::~BodyScope() {
+  if (arena_) {
+    arena_->used_ = begin_;
+    --arena_->depth_;
+  }
+}
+
+void *ScratchArena::takeInBody(const char *kernel, size_t bytes) {
+  ScratchArena *arena = lentArena;
+  if (!arena || arena->depth_ == 0)
+    return nullptr;
+  size_t offset = (arena->used_ + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+  size_t end = offset + bytes;
+  arena->needed_ = std::max(arena->needed_, end);
+  if (end > arena->capacity_)
+    detail::fail(kernel, "scratch of " + std::to_string(bytes) +
+                             " bytes in a conditional graph body does not fit the scratch "
+                             "arena's " +
+                             std::to_string(arena->capacity_) +
+                             " bytes (the backend grows it and captures again)");
+  arena->used_ = end;
+  return static_cast<char *>(arena->data_) + offset;
+}
+
+} // namespace bonsai::rt::cuda

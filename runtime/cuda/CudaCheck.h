@@ -58,7 +58,8 @@ unsigned gridFor(const char *kernel, int64_t work, int64_t perBlock, int blocksP
 size_t maxDynamicSharedMemory(const char *kernel);
 
 /// Device memory for the duration of one backend kernel, allocated and freed in stream order
-/// (cudaMallocAsync / cudaFreeAsync on the kernel's stream), so the host never waits.
+/// (cudaMallocAsync / cudaFreeAsync on the kernel's stream), so the host never waits; inside
+/// a conditional graph body, carved from the backend's ScratchArena instead (CudaKernels.h).
 class Scratch {
 public:
   Scratch(const char *kernel, Stream stream, size_t bytes);
@@ -74,6 +75,7 @@ private:
   const char *kernel_;
   Stream stream_;
   void *ptr_ = nullptr;
+  bool fromArena_ = false;
 };
 
 /// A dense copy of `t` in scratch memory (same dtype and shape), made on `stream`.

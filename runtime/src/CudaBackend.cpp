@@ -275,38 +275,114 @@ private:
 
   /// Captures the kernels of `phase` into an executable graph; null if capture fails.
   cudaGraphExec_t capture(Phase phase) {
+    std::string failure;
+    cudaGraphExec_t exec = captureGrowingScratch(
+        [&](std::string &why) { return captureOnce(phase, why); }, failure);
+    if (!exec)
+      std::fprintf(stderr, "cuda backend: phase %d runs without a CUDA Graph: %s\n", int(phase),
+                   failure.c_str());
+    return exec;
+  }
+
+  cudaGraphExec_t captureOnce(Phase phase, std::string &failure) {
     cudaGraph_t graph = nullptr;
     check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
           "cudaStreamBeginCapture");
-    std::string failure;
     try {
       runPhaseEagerly(phase);
     } catch (const Error &e) {
       failure = e.what();
     }
+    return endCapture(graph, failure);
+  }
+
+  /// Runs `attempt` (a capture), and again after growing the scratch arena while a capture
+  /// fails because a conditional body's scratch did not fit it. A capture stops at the first
+  /// request that does not fit, so a later, larger one is found by the next attempt: the
+  /// attempts are bounded by the distinct sizes of the bodies' kernels.
+  template <typename Attempt>
+  cudaGraphExec_t captureGrowingScratch(Attempt attempt, std::string &failure) {
+    cuda::ScratchArena::Lend lend(scratch_);
+    cudaGraphExec_t exec = attempt(failure);
+    while (!exec && scratch_.needed() > scratch_.capacity()) {
+      scratch_.growToNeeded();
+      failure.clear();
+      exec = attempt(failure);
+    }
+    return exec;
+  }
+
+  /// Ends the capture on stream_ begun by the caller and instantiates its graph; null, with
+  /// `failure` saying why, when `failure` was already set, the capture was invalidated or the
+  /// driver will not instantiate the graph (its result code and the offending node's type).
+  /// Errors are cleared so that the next launch's check does not report them: the work then
+  /// runs eagerly.
+  cudaGraphExec_t endCapture(cudaGraph_t graph, std::string &failure) {
     cudaError_t end = cudaStreamEndCapture(stream_, &graph);
     if (failure.empty() && end != cudaSuccess)
       failure = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
     cudaGetLastError(); // Clear the error a failed capture leaves behind.
-    if (!failure.empty()) {
-      if (graph)
-        cudaGraphDestroy(graph);
-      std::fprintf(stderr, "cuda backend: phase %d runs without a CUDA Graph: %s\n",
-                   int(phase), failure.c_str());
-      return nullptr;
-    }
     cudaGraphExec_t exec = nullptr;
-    cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    if (instantiated != cudaSuccess) {
-      // A graph the driver will not instantiate runs eagerly, as one that failed to capture;
-      // the error is cleared so that the next launch's check does not report it.
-      cudaGetLastError();
-      std::fprintf(stderr, "cuda backend: phase %d runs without a CUDA Graph: %s\n", int(phase),
-                   (std::string("cudaGraphInstantiate: ") + cudaGetErrorString(instantiated)).c_str());
-      return nullptr;
+    if (failure.empty()) {
+      cudaGraphInstantiateParams params{};
+      cudaError_t instantiated = cudaGraphInstantiateWithParams(&exec, graph, &params);
+      if (instantiated != cudaSuccess || params.result_out != cudaGraphInstantiateSuccess) {
+        cudaGetLastError();
+        exec = nullptr;
+        failure = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(instantiated) +
+                  " (" + instantiateResultName(params.result_out);
+        cudaGraphNodeType type;
+        if (params.errNode_out && cudaGraphNodeGetType(params.errNode_out, &type) == cudaSuccess)
+          failure += std::string(", at a ") + nodeTypeName(type) + " node";
+        failure += ")";
+      }
     }
+    if (graph)
+      cudaGraphDestroy(graph);
     return exec;
+  }
+
+  static const char *instantiateResultName(cudaGraphInstantiateResult result) {
+    switch (result) {
+    case cudaGraphInstantiateSuccess:
+      return "success";
+    case cudaGraphInstantiateError:
+      return "error";
+    case cudaGraphInstantiateInvalidStructure:
+      return "invalid structure";
+    case cudaGraphInstantiateNodeOperationNotSupported:
+      return "a node operation is not supported";
+    case cudaGraphInstantiateMultipleDevicesNotSupported:
+      return "multiple devices";
+    case cudaGraphInstantiateConditionalHandleUnused:
+      return "a conditional handle is unused";
+    }
+    return "unknown result";
+  }
+
+  static const char *nodeTypeName(cudaGraphNodeType type) {
+    switch (type) {
+    case cudaGraphNodeTypeKernel:
+      return "kernel";
+    case cudaGraphNodeTypeMemcpy:
+      return "memcpy";
+    case cudaGraphNodeTypeMemset:
+      return "memset";
+    case cudaGraphNodeTypeHost:
+      return "host";
+    case cudaGraphNodeTypeGraph:
+      return "child graph";
+    case cudaGraphNodeTypeEmpty:
+      return "empty";
+    case cudaGraphNodeTypeMemAlloc:
+      return "memory allocation";
+    case cudaGraphNodeTypeMemFree:
+      return "memory free";
+    case cudaGraphNodeTypeConditional:
+      return "conditional";
+    default:
+      return "other";
+    }
   }
 
   /// The guard's device memory: its scalars and the array of its norms' addresses, once.
@@ -343,10 +419,21 @@ private:
     if (!bodyStream_)
       check(cudaStreamCreateWithFlags(&bodyStream_, cudaStreamNonBlocking),
             "cudaStreamCreate(conditional body)");
+    std::string failure;
+    cudaGraphExec_t exec = captureGrowingScratch(
+        [&](std::string &why) { return captureGuardedOnce(guard, why); }, failure);
+    if (!exec)
+      std::fprintf(stderr,
+                   "cuda backend: the guarded update runs without a CUDA Graph (one "
+                   "synchronisation per step): %s\n",
+                   failure.c_str());
+    return exec;
+  }
+
+  cudaGraphExec_t captureGuardedOnce(const UpdateGuard &guard, std::string &failure) {
     cudaGraph_t graph = nullptr;
     check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
           "cudaStreamBeginCapture");
-    std::string failure;
     try {
       runKernelsOn(guard.check, stream_);
       cudaStreamCaptureStatus status;
@@ -380,7 +467,12 @@ private:
                                           cudaStreamCaptureModeThreadLocal),
             "cudaStreamBeginCaptureToGraph");
       try {
-        runKernelsOn(guard.guarded, bodyStream_);
+        // The body may not allocate: each kernel's scratch comes from the arena, reused by
+        // the next kernel (the body runs them in order).
+        for (size_t i : guard.guarded) {
+          cuda::ScratchArena::BodyScope scratch;
+          runKernelsOn({i}, bodyStream_);
+        }
       } catch (...) {
         cudaGraph_t ended = nullptr;
         cudaStreamEndCapture(bodyStream_, &ended);
@@ -392,27 +484,7 @@ private:
     } catch (const Error &e) {
       failure = e.what();
     }
-    cudaError_t end = cudaStreamEndCapture(stream_, &graph);
-    if (failure.empty() && end != cudaSuccess)
-      failure = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
-    cudaGetLastError(); // Clear the error a failed capture leaves behind.
-    cudaGraphExec_t exec = nullptr;
-    if (failure.empty()) {
-      cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
-      if (instantiated != cudaSuccess) {
-        cudaGetLastError();
-        exec = nullptr;
-        failure = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(instantiated);
-      }
-    }
-    if (graph)
-      cudaGraphDestroy(graph);
-    if (!failure.empty())
-      std::fprintf(stderr,
-                   "cuda backend: the guarded update runs without a CUDA Graph (one "
-                   "synchronisation per step): %s\n",
-                   failure.c_str());
-    return exec;
+    return endCapture(graph, failure);
   }
 
   /// Each kernel between two events; the times are read once the phase is done.
@@ -519,6 +591,8 @@ private:
   cudaGraphExec_t guardExec_ = nullptr;
   bool guardCaptured_ = false;
   cudaStream_t bodyStream_ = nullptr;
+  /// Scratch of the kernels in conditional bodies, which may not allocate (ScratchArena).
+  cuda::ScratchArena scratch_;
   bool hostSkipped_ = false;
 };
 } // namespace

@@ -978,6 +978,48 @@ TEST_F(CudaKernelsTest, VocabularyGemmsWithUnalignedRowsMatchCpu) {
   }
 }
 
+// The scratch arena of conditional graph bodies (CudaKernels.h): scratch comes from it only
+// inside a BodyScope while it is lent, each scope gives back what was taken in it, a request
+// that does not fit throws and is remembered, and growToNeeded makes room for it.
+TEST_F(CudaKernelsTest, ScratchArenaServesConditionalBodies) {
+  cuda::ScratchArena arena;
+  EXPECT_EQ(cuda::ScratchArena::takeInBody("test", 64), nullptr); // nothing lent
+  cuda::ScratchArena::Lend lend(arena);
+  EXPECT_EQ(cuda::ScratchArena::takeInBody("test", 64), nullptr); // lent, not in a body
+  {
+    cuda::ScratchArena::BodyScope body;
+    try {
+      cuda::ScratchArena::takeInBody("test", 1000);
+      ADD_FAILURE() << "an empty arena served 1000 bytes";
+    } catch (const Error &e) {
+      EXPECT_NE(std::string(e.what()).find("does not fit the scratch arena's 0 bytes"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(arena.needed(), 1000u);
+  arena.growToNeeded();
+  ASSERT_EQ(arena.capacity(), 1000u);
+  cuda::ScratchArena::BodyScope body;
+  void *first = cuda::ScratchArena::takeInBody("test", 100);
+  ASSERT_NE(first, nullptr);
+  void *nested = nullptr;
+  {
+    cuda::ScratchArena::BodyScope kernel;
+    nested = cuda::ScratchArena::takeInBody("test", 600);
+    // After the first request, at the next 256-byte boundary.
+    EXPECT_EQ(static_cast<char *>(nested) - static_cast<char *>(first), 256);
+    // At 1024, the boundary after 856: 1224 bytes, more than the 1000 held.
+    EXPECT_THROW(cuda::ScratchArena::takeInBody("test", 200), Error);
+    EXPECT_EQ(arena.needed(), 1224u);
+  }
+  // The nested scope gave its bytes back: the next kernel reuses them.
+  EXPECT_EQ(cuda::ScratchArena::takeInBody("test", 600), nested);
+  // The memory is the device's: a kernel-sized memset into it works.
+  ASSERT_EQ(cudaMemset(nested, 0, 600), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
 TEST_F(CudaKernelsTest, GemmEngineTransposesAlphaBetaBatch) {
   const int64_t m = 23, n = 31, k = 19, batch = 3;
   for (DType dt : {DType::F32, DType::BF16})

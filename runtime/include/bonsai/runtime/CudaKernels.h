@@ -71,6 +71,70 @@ private:
   std::unique_ptr<Impl> impl_;
 };
 
+/// Device memory for the scratch of kernels captured into a conditional graph node's body.
+///
+/// A kernel's scratch is normally stream-ordered (cudaMallocAsync), which a captured graph
+/// records as memory-allocation nodes; a conditional node's body may not contain those, and
+/// cudaGraphInstantiate refuses the graph ("invalid argument"). Inside a BodyScope, while an
+/// arena is lent to the thread, scratch is carved from the arena instead. The kernels of a
+/// body run one after another in the body's stream order, so each one (each scope) reuses the
+/// arena from the offset its scope began at: the arena needs the largest scope, not the sum.
+/// It cannot grow while a capture is open (cudaMalloc is not capturable): a request that does
+/// not fit throws, the arena remembers the size asked for, and the backend grows it with
+/// growToNeeded() after ending the capture and captures again.
+class ScratchArena {
+public:
+  ScratchArena() = default;
+  ~ScratchArena();
+  ScratchArena(const ScratchArena &) = delete;
+  ScratchArena &operator=(const ScratchArena &) = delete;
+
+  /// Bytes held now.
+  size_t capacity() const { return capacity_; }
+  /// The most bytes any capture asked for (more than capacity() after a request that failed).
+  size_t needed() const { return needed_; }
+  /// Reallocates the buffer to needed() bytes when it holds less; not while capturing.
+  void growToNeeded();
+
+  /// While alive, this thread's scratch inside a BodyScope comes from `arena`.
+  class Lend {
+  public:
+    explicit Lend(ScratchArena &arena);
+    ~Lend();
+    Lend(const Lend &) = delete;
+    Lend &operator=(const Lend &) = delete;
+
+  private:
+    ScratchArena *previous_;
+  };
+
+  /// A conditional body, or one kernel of it: the scratch taken inside comes from the lent
+  /// arena (when one is lent) and is free again at the end of the scope. Scopes nest.
+  class BodyScope {
+  public:
+    BodyScope();
+    ~BodyScope();
+    BodyScope(const BodyScope &) = delete;
+    BodyScope &operator=(const BodyScope &) = delete;
+
+  private:
+    ScratchArena *arena_; ///< the arena lent when the scope began, if any
+    size_t begin_ = 0;
+  };
+
+  /// `bytes` from the arena lent to this thread when inside a BodyScope (aligned to 256
+  /// bytes), null when scratch should come from the stream-ordered allocator instead; throws
+  /// "cuda <kernel>: ..." when the arena is too small. Used by the kernels' Scratch.
+  static void *takeInBody(const char *kernel, size_t bytes);
+
+private:
+  void *data_ = nullptr;
+  size_t capacity_ = 0;
+  size_t used_ = 0;
+  size_t needed_ = 0;
+  int depth_ = 0;
+};
+
 /// What every kernel needs besides its tensors.
 struct Context {
   Stream stream = nullptr;
