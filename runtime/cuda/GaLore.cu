@@ -116,12 +116,11 @@ __global__ void __launch_bounds__(kThreads) finiteKernel(const T *g, int64_t n, 
 
 __global__ void gateKernel(Gate *gate) { gate->go = gate->go && !gate->nonFinite; }
 
-/// Ω[i, j] = gaussian(key, i r + j), the key from the step counter on the device.
+/// Ω[i, j] = gaussian(key, i r + j), the key from the step counter on the device. Not gated:
+/// the cuBLASLt products that read Ω cannot read the gate and run even after a failed finite
+/// check, so Ω is always written (their results are then discarded by the gated kernels).
 __global__ void __launch_bounds__(kThreads)
-    sketchKernel(float *omega, int64_t count, uint64_t seed, int64_t slot, const int64_t *step,
-                 const Gate *gate) {
-  if (!gate->go)
-    return;
+    sketchKernel(float *omega, int64_t count, uint64_t seed, int64_t slot, const int64_t *step) {
   uint64_t key = galore::sketchKey(seed, slot, *step);
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += int64_t(gridDim.x) * blockDim.x)
@@ -803,6 +802,8 @@ void captureIfDue(const char *k, Stream stream, Begin begin, Body body) {
                                           nullptr, 0, cudaStreamCaptureModeThreadLocal),
             "cudaStreamBeginCaptureToGraph", k);
   try {
+    // The body may not allocate: its scratch comes from the backend's arena.
+    ScratchArena::BodyScope scratch;
     body(side);
   } catch (...) {
     cudaGraph_t ended = nullptr;
@@ -848,7 +849,7 @@ void refreshTyped(const char *k, Stream stream, GemmEngine &engine, const T *g, 
   gateKernel<<<1, 1, 0, stream>>>(w.gate);
   checkLaunch(k, "gateKernel");
   sketchKernel<<<gridFor(k, l * r, kThreads), kThreads, 0, stream>>>(w.z, l * r, p.seed, p.slot,
-                                                                     step, w.gate);
+                                                                     step);
   checkLaunch(k, "sketchKernel");
   // A = G (left: s = m rows of n) or Gᵀ (right: G is l x s). A·X reads G untransposed on the
   // left, transposed on the right; Aᵀ·X the other way round.
@@ -876,16 +877,16 @@ struct AdamArgs {
 /// AdamW on R (f32, in place with m and v), leaving -lr·scale·N in R.
 __global__ void __launch_bounds__(kThreads)
     adamKernel(float *r, float *m, float *v, int64_t n, AdamArgs a) {
-  __shared__ float clip, stepSize, bc2Sqrt;
-  if (threadIdx.x == 0) {
-    double t = double(*a.step) + 1.0;
-    double rate = double(loadScalar(a.lr, a.lrType));
-    double norm = double(loadScalar(a.gradNorm, a.normType));
-    clip = a.gradClip > 0.0 ? float(fmin(1.0, a.gradClip / (norm + kClipEpsilon))) : 1.0f;
-    stepSize = float(rate * a.scale / (1.0 - pow(a.beta1, t)));
-    bc2Sqrt = float(sqrt(1.0 - pow(a.beta2, t)));
-  }
-  __syncthreads();
+  // Every thread derives the step's scalars (the same fp64 operations, so the same values):
+  // no barrier after a one-thread branch, which synccheck reports from conditional graph
+  // bodies (docs/reliability.md), as in Optimizer.cu's kernels.
+  const double t = double(*a.step) + 1.0;
+  const double rate = double(loadScalar(a.lr, a.lrType));
+  const double norm = double(loadScalar(a.gradNorm, a.normType));
+  const float clip =
+      a.gradClip > 0.0 ? float(fmin(1.0, a.gradClip / (norm + kClipEpsilon))) : 1.0f;
+  const float stepSize = float(rate * a.scale / (1.0 - pow(a.beta1, t)));
+  const float bc2Sqrt = float(sqrt(1.0 - pow(a.beta2, t)));
   const float b1 = float(a.beta1), b2 = float(a.beta2), eps = float(a.eps);
   const float c1 = float(1.0 - a.beta1), c2 = float(1.0 - a.beta2);
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
