@@ -18,6 +18,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 #include <cstdio>
 #include <mutex>
@@ -48,6 +49,30 @@ cudaDataType_t cudaType(const char *kernel, DType dtype) {
   default:
     fail(kernel, std::string("GEMM storage must be f32, f16 or bf16, not ") + dtypeName(dtype));
   }
+}
+
+/// Whether every cuBLASLt output is zeroed before a GEMM that does not read it (beta = 0)
+/// writes it: BONSAI_ZERO_GEMM_OUTPUTS=1, which test/gpu/sanitize.sh sets for initcheck only.
+/// That tool does not see the TMA stores of cuBLASLt's Hopper kernels, so memory that only
+/// cuBLASLt wrote reads as uninitialised (docs/reliability.md has the probe); a memset is an
+/// initialisation it does see, and one the GEMM then overwrites. Off, it costs nothing.
+bool zeroGemmOutputs() {
+  static const bool on = [] {
+    const char *value = std::getenv("BONSAI_ZERO_GEMM_OUTPUTS");
+    return value && *value && std::string(value) != "0";
+  }();
+  return on;
+}
+
+/// Zeroes `batch` row-major matrices of rows x cols `dtype` elements (leading dimension ld,
+/// batch stride `stride`), and nothing between their rows, which may belong to other tensors.
+void zeroMatrices(const char *kernel, Stream stream, void *data, int64_t rows, int64_t cols,
+                  int64_t ld, int64_t stride, int64_t batch, DType dtype) {
+  size_t size = dtypeSize(dtype);
+  for (int64_t b = 0; b < (stride == 0 ? 1 : batch); ++b)
+    checkCuda(cudaMemset2DAsync(static_cast<char *>(data) + size_t(b * stride) * size,
+                                size_t(ld) * size, 0, size_t(cols) * size, size_t(rows), stream),
+              "cudaMemset2DAsync(GEMM output)", kernel);
 }
 
 /// The alignment cuBLASLt may assume for a matrix: its address's, lowered by the batch
@@ -162,9 +187,17 @@ LtEngine::LtEngine(size_t workspaceBytes) {
   checkCublas(cublasLtCreate(&handle_), "cublasLtCreate", k);
   if (workspaceBytes) {
     cudaError_t status = cudaMalloc(&workspace_, workspaceBytes);
+    const char *call = "cudaMalloc(workspace)";
+    // Split-K partial sums pass through the workspace, written by TMA stores and read back by
+    // cuBLASLt's reduction kernel: zeroed once for initcheck, as the outputs are.
+    if (status == cudaSuccess && zeroGemmOutputs()) {
+      status = cudaMemset(workspace_, 0, workspaceBytes);
+      call = "cudaMemset(workspace)";
+    }
     if (status != cudaSuccess) {
-      cublasLtDestroy(handle_); // the allocation failure is the error to report
-      checkCuda(status, "cudaMalloc(workspace)", k);
+      cudaFree(workspace_); // the first failure is the error to report
+      cublasLtDestroy(handle_);
+      checkCuda(status, call, k);
     }
   }
   workspaceBytes_ = workspaceBytes;
@@ -406,6 +439,13 @@ void LtEngine::runAligned(const char *kernel, Stream stream, const GemmCall &cal
           call.geluAux ? (call.ldAux ? call.ldAux : call.n) : 0,
           call.geluAux ? alignmentOf(call.geluAux, call.strideC, batch, call.cType) : 0};
   Plan &p = plan(kernel, call, key);
+  if (zeroGemmOutputs() && call.beta == 0.0f) {
+    zeroMatrices(kernel, stream, call.c, call.m, call.n, leadingDim(call, 'c'), call.strideC,
+                 batch, call.cType);
+    if (call.geluAux)
+      zeroMatrices(kernel, stream, call.geluAux, call.m, call.n,
+                   call.ldAux ? call.ldAux : call.n, call.strideC, batch, call.cType);
+  }
   if (call.bias)
     setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias, sizeof call.bias,
             "BIAS_POINTER");
@@ -529,6 +569,8 @@ void LtEngine::runFp8(const char *kernel, Stream stream, const Fp8GemmCall &call
     setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &call.bias, sizeof call.bias,
             "BIAS_POINTER");
   const float alpha = 1.0f, beta = call.accumulate ? 1.0f : 0.0f;
+  if (zeroGemmOutputs() && !call.accumulate)
+    zeroMatrices(kernel, stream, call.d, call.m, call.n, call.n, 0, 1, call.dType);
   checkCublas(cublasLtMatmul(handle_, p.desc, &alpha, call.b, p.aLayout, call.a, p.bLayout,
                              &beta, call.d, p.cLayout, call.d, p.cLayout, &p.algo, workspace_,
                              workspaceBytes_, stream),

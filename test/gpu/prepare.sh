@@ -6,7 +6,8 @@
 #   test/gpu/prepare.sh [DIR]        # default .gpu-check/ (ignored by git) and DIR.tar.xz
 #
 # Builds (each only when missing or stale):
-#   $BONSAI_BUILD_DIR (default build/)  the main build, for bonsai-compile;
+#   $BONSAI_BUILD_DIR (default build/)  the main build (all of it when not configured yet,
+#                                       else only bonsai-compile);
 #   build-sm90a/, build-ptx80/,         the runtime alone (no MLIR), each with one kind of
 #   build-ptx89/                        device code: sm_90a machine code (what the H200 runs
 #                                       from a default build), or PTX for compute_80 /
@@ -29,7 +30,12 @@ cd "$(dirname "$0")/../.."
 dir="${1:-.gpu-check}"
 build="${BONSAI_BUILD_DIR:-build}"
 jobs="${BONSAI_JOBS:-$(nproc)}"
-scripts/build.sh
+# Of the main build only the compiler is needed here (the plans); the runtime builds below.
+if [ -f "$build/build.ninja" ]; then
+  ninja -C "$build" -j "$jobs" bonsai-compile
+else
+  scripts/build.sh
+fi
 builds="${BONSAI_PREPARE_BUILDS:-sm90a ptx80 ptx89}"
 for pair in sm90a:90a-real ptx80:80-virtual ptx89:89-virtual; do
   [[ " $builds " == *" ${pair%%:*} "* ]] || continue
@@ -53,6 +59,9 @@ for b in $builds; do
   done
 done
 strip -o "$dir/bin-sm90a/host_adamw_bench" build-sm90a/bin/host_adamw_bench
+# The probe that shows initcheck does not see cuBLASLt's stores (docs/reliability.md).
+/usr/local/cuda/bin/nvcc -O2 -arch=sm_90a -std=c++17 -o "$dir/bin-sm90a/initcheck-cublaslt" \
+  test/gpu/probes/initcheck_cublaslt.cu -lcublasLt
 . bench/gpu_libs.sh
 copy_gpu_libs "$dir/lib"
 compile="$build/bin/bonsai-compile"
