@@ -47,6 +47,9 @@ enum : uint32_t {
   kUpdatesParameter = 1u << 5,
   /// An FP8 GEMM (docs/fp8.md): a persistent scaling state among its inputs.
   kFp8Gemm = 1u << 6,
+  /// Copies state kept in a pinned host arena into a device tensor (docs/offload.md): a later
+  /// kernel that updates that tensor in place updates the state its input holds.
+  kStagesState = 1u << 7,
 };
 } // namespace kernel_traits
 
