@@ -307,6 +307,8 @@ private:
   }
   void checkOverlap() const;
   void checkPhase() const;
+  /// Only kinds with the kCrossesSpaces trait have operands in pinned host arenas.
+  void checkSpaces() const;
 
   /// The contract of each kind (runtime/contract/<family>.cpp): its attributes, operand
   /// shapes and dtypes, and the state it keeps, checked after its arity.

@@ -768,6 +768,17 @@ TEST(PlanTrainingTest, OffloadCopiesCrossTheirSpaces) {
   spec.kernels[d2h].outputs = {t.gradHead};
   expectError(spec, {"(CopyDeviceToHost): y (tensor " + std::to_string(t.gradHead) +
                      " 'lm_head.weight') is in arena 'state', not in a pinned host arena"});
+  // No other kind reads or writes pinned host memory: the update must work on the copy.
+  spec = offloadedPlanSpec(t);
+  size_t adam = 0;
+  for (size_t i = 0; i < spec.kernels.size(); ++i)
+    if (spec.kernels[i].kind == KernelKind::AdamWUpdate && spec.kernels[i].outputs[0] == t.head)
+      adam = i;
+  spec.kernels[adam].outputs[1] = v;
+  expectError(spec, {"(AdamWUpdate): m (tensor " + std::to_string(v) +
+                     " 'optimizer.exp_avg_sq.lm_head.weight') is in pinned host arena "
+                     "'optimizer_host': only the host-offload copies (CopyHostToDevice, "
+                     "CopyDeviceToHost) read or write pinned host memory"});
   // Same shape and dtype both ways.
   spec = offloadedPlanSpec(t);
   spec.kernels[h2d].inputs = {

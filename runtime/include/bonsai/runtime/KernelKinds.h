@@ -50,6 +50,9 @@ enum : uint32_t {
   /// Copies state kept in a pinned host arena into a device tensor (docs/offload.md): a later
   /// kernel that updates that tensor in place updates the state its input holds.
   kStagesState = 1u << 7,
+  /// Moves bytes between a pinned host arena and a device arena (docs/offload.md); every other
+  /// kind reads and writes device arenas only.
+  kCrossesSpaces = 1u << 8,
 };
 } // namespace kernel_traits
 
