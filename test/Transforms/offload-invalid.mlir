@@ -1,6 +1,11 @@
 // RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer --bonsai-offload %s -split-input-file -verify-diagnostics
 // RUN: bonsai-opt --bonsai-offload %S/Inputs/offload-frozen.mlir -verify-diagnostics
 // RUN: bonsai-opt --bonsai-offload %S/Inputs/offload-shared-state.mlir -verify-diagnostics
+// The pass option replaces the recipe's classes, and is checked the same way.
+// RUN: not bonsai-opt --bonsai-offload=classes=weights %S/Inputs/offload-frozen.mlir 2>&1 | FileCheck %s --check-prefix=OPTION
+// RUN: not bonsai-opt --bonsai-offload=classes=master_weights %S/Inputs/offload-frozen.mlir 2>&1 | FileCheck %s --check-prefix=OPTION-FROZEN
+// OPTION: error: unknown state class 'weights'; expected 'optimizer_state' or 'master_weights'
+// OPTION-FROZEN: error: cannot offload 'master_weights': 'frozen' updates no parameter
 
 // SGD without momentum (the default) keeps no state: there is nothing to offload.
 func.func @sgd(%ids: tensor<1x4xi32>, %labels: tensor<1x4xi32>) -> tensor<f32> {
