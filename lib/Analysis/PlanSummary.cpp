@@ -1,6 +1,7 @@
 //===- PlanSummary.cpp - Planned memory of a step by class ----------------===//
 //
-// Sums buffer sizes by role and arena sizes by memory space.
+// Sums buffer sizes by role and memory space, arena sizes by memory space, and the bytes the
+// launches move between the two spaces.
 //
 //===----------------------------------------------------------------------===//
 
@@ -29,13 +30,14 @@ std::string mlir::bonsai::formatBytes(int64_t bytes) {
 PlanMemorySummary mlir::bonsai::summarizePlanMemory(plan::StepOp step) {
   PlanMemorySummary summary;
   int64_t stepArenas = 0;
-  llvm::StringMap<bool> persistent;
+  llvm::StringMap<bool> persistent, onHost;
   for (auto arena : step.getBody().getOps<plan::ArenaOp>()) {
     int64_t size = arena.getSizeAttr().getInt();
-    (arena.getSpace() == plan::MemorySpace::Device ? summary.peakDevice : summary.peakHost) +=
-        size;
+    bool host = arena.getSpace() == plan::MemorySpace::PinnedHost;
+    (host ? summary.peakHost : summary.peakDevice) += size;
     persistent[arena.getSymName()] = arena.getLifetime() == plan::Lifetime::Persistent;
-    if (arena.getLifetime() == plan::Lifetime::Step)
+    onHost[arena.getSymName()] = host;
+    if (arena.getLifetime() == plan::Lifetime::Step && !host)
       stepArenas += size;
   }
   // Persistent classes are sums of their buffers; the per-step arenas' peak is split into the
@@ -44,15 +46,16 @@ PlanMemorySummary mlir::bonsai::summarizePlanMemory(plan::StepOp step) {
   for (auto buffer : step.getBody().getOps<plan::BufferOp>()) {
     int64_t bytes = buffer.getSizeInBytes();
     bool inStepArena = !persistent.lookup(buffer.getArena());
+    bool host = onHost.lookup(buffer.getArena());
     switch (buffer.getRole()) {
     case plan::BufferRole::Parameter:
-      summary.weights += bytes;
+      (host ? summary.hostWeights : summary.weights) += bytes;
       break;
     case plan::BufferRole::OptimizerState:
-      summary.optimizerState += bytes;
+      (host ? summary.hostOptimizerState : summary.optimizerState) += bytes;
       break;
     case plan::BufferRole::Gradient:
-      summary.gradients += bytes;
+      (host ? summary.hostGradients : summary.gradients) += bytes;
       stepOther += inStepArena ? bytes : 0;
       break;
     case plan::BufferRole::Input:
@@ -73,6 +76,23 @@ PlanMemorySummary mlir::bonsai::summarizePlanMemory(plan::StepOp step) {
       summary.stepBytesWithoutReuse += bytes;
   }
   summary.activations = std::max<int64_t>(0, stepArenas - stepOther);
+
+  // A launch that reads a buffer of a pinned host arena moves it to the device; one that
+  // writes one moves it back. Forward and backward launches run once per micro-batch.
+  int64_t microBatches = step.getMicroBatchesAttr().getInt();
+  auto hostBytes = [&](Value operand) -> int64_t {
+    plan::BufferOp buffer = plan::getUnderlyingBuffer(operand);
+    if (!buffer || !onHost.lookup(buffer.getArena()))
+      return 0;
+    return plan::getMemRefBytes(cast<MemRefType>(operand.getType()));
+  };
+  for (auto launch : step.getBody().getOps<plan::LaunchOp>()) {
+    int64_t runs = launch.getPhase() == plan::Phase::Update ? 1 : microBatches;
+    for (Value in : launch.getIns())
+      summary.pcieHostToDevice += runs * hostBytes(in);
+    for (Value out : launch.getOuts())
+      summary.pcieDeviceToHost += runs * hostBytes(out);
+  }
   return summary;
 }
 
@@ -90,7 +110,7 @@ std::pair<const char *, int64_t> PlanMemorySummary::dominant() const {
   return best;
 }
 
-void PlanMemorySummary::print(llvm::raw_ostream &os) const {
+void PlanMemorySummary::print(llvm::raw_ostream &os, int64_t budget) const {
   auto row = [&](const char *name, int64_t bytes) {
     os << "    " << llvm::left_justify(name, 17) << llvm::right_justify(formatBytes(bytes), 12)
        << "\n";
@@ -102,8 +122,21 @@ void PlanMemorySummary::print(llvm::raw_ostream &os) const {
   row("workspace", workspace);
   row("inputs", inputs);
   row("peak device", peakDevice);
-  if (peakHost)
-    row("peak pinned host", peakHost);
+  if (budget)
+    row("budget", budget);
   os << "    (per-step buffers: " << formatBytes(stepBytesWithoutReuse)
      << " without reuse)\n";
+  if (peakHost) {
+    os << "  pinned host memory:\n";
+    if (hostWeights)
+      row("weights", hostWeights);
+    if (hostGradients)
+      row("gradients", hostGradients);
+    if (hostOptimizerState)
+      row("optimizer state", hostOptimizerState);
+    row("peak pinned host", peakHost);
+    os << "  PCIe per step:\n";
+    row("host to device", pcieHostToDevice);
+    row("device to host", pcieDeviceToHost);
+  }
 }

@@ -28,6 +28,13 @@ void mlir::bonsai::buildModelPipeline(OpPassManager &pm, const PipelineOptions &
   pm.addPass(createBonsaiQuantizePass());
 }
 
+/// bonsai-offload as the pipeline runs it: the recipe's classes, the summary remark only.
+static BonsaiOffloadPassOptions offloadOptions() {
+  BonsaiOffloadPassOptions options;
+  options.perTensorRemarks = false;
+  return options;
+}
+
 void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &options) {
   if (options.train) {
     // The backward pass is built on the verified forward graph, before any lowering, so that
@@ -54,6 +61,12 @@ void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &o
     fp8.target = options.target;
     fp8.perLinearRemarks = false;
     pm.addPass(createBonsaiFp8Pass(fp8));
+    // Offloaded state moves to pinned host memory once every update that keeps state exists
+    // (after the optimizer, GaLore and FP8 passes), before remat, whose budget then counts
+    // only the device copies, and before fusion, whose optimizer family then leaves each
+    // streamed update on its own (a multi-tensor update would need every copy at once).
+    // Without a bonsai.offload directive the pass changes nothing. Only the summary remark.
+    pm.addPass(createBonsaiOffloadPass(offloadOptions()));
     // What to recompute is decided on the whole step: after the update is expanded (its state
     // is part of the peak that must fit the budget) and before lowering, so that the clones
     // are ordinary ops whose lifetimes the memory planner sees. Only the summary remark: a
@@ -68,6 +81,10 @@ void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &o
     remat.fuse = options.fuse;
     remat.fuseDisable.assign(options.fuseDisable.begin(), options.fuseDisable.end());
     pm.addPass(createBonsaiRematPass(remat));
+  } else {
+    // A step without an optimizer keeps no training state: the pass says so when the recipe
+    // asks to offload some, rather than the directive being dropped.
+    pm.addPass(createBonsaiOffloadPass(offloadOptions()));
   }
   // Fusion sees the whole step (forward, backward, update and the recomputed clones) and runs
   // before lowering, so that the memory planner sizes what the fused kernels keep, not what

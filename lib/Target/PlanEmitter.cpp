@@ -571,9 +571,11 @@ LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes) {
       adapterTargets.push_back(fbb.CreateString(target.str()));
 
   PlanMemorySummary summary = summarizePlanMemory(step);
+  // The plan's classes are whole, wherever they live; the peaks say where.
   auto memory = fb::CreateMemorySummary(
-      fbb, summary.weights, summary.gradients, summary.optimizerState, summary.activations,
-      summary.workspace, summary.inputs, summary.peakDevice, summary.peakHost);
+      fbb, summary.weights + summary.hostWeights, summary.gradients + summary.hostGradients,
+      summary.optimizerState + summary.hostOptimizerState, summary.activations, summary.workspace,
+      summary.inputs, summary.peakDevice, summary.peakHost);
   auto target = fb::CreateTargetDirect(fbb, step.getTarget().str().c_str(),
                                        step.getDeviceMemoryAttr().getInt());
   auto root = fb::CreatePlanDirect(fbb, kPlanVersion, step.getSymName().str().c_str(), target,

@@ -138,6 +138,19 @@ void launch(kinds::Copy, const KernelCall &c) {
     cpu::copy(c.in(In::x), c.out(Out::y));
 }
 
+// The CPU backend keeps every arena in host memory: crossing "PCIe" is a byte copy.
+void launch(kinds::CopyHostToDevice, const KernelCall &c) {
+  using In = kinds::CopyHostToDevice::In;
+  using Out = kinds::CopyHostToDevice::Out;
+  cpu::copy(c.in(In::x), c.out(Out::y));
+}
+
+void launch(kinds::CopyDeviceToHost, const KernelCall &c) {
+  using In = kinds::CopyDeviceToHost::In;
+  using Out = kinds::CopyDeviceToHost::Out;
+  cpu::copy(c.in(In::x), c.out(Out::y));
+}
+
 void launch(kinds::Fill, const KernelCall &c) {
   using Out = kinds::Fill::Out;
   const auto &a = c.attrs<kinds::Fill>();

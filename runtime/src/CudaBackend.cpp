@@ -1,12 +1,12 @@
 //===- CudaBackend.cpp - Runs a plan's phases on a CUDA device ------------===//
 //
 // In a build with the CUDA backend (BONSAI_HAVE_CUDA), the CUDA KernelBackend: one device arena
-// per plan arena (cudaMalloc once, zeroed), a view per plan tensor at the same offsets as on the
-// host, and each kernel handed to the CUDA backend's handler of its kind
-// (CudaKernelHandlers.cpp). Each phase is captured as a CUDA Graph the first time it runs and
-// replayed after, so a step costs a few graph launches instead of hundreds of kernel launches;
-// if a capture fails (a kernel that cannot be captured), the phase runs eagerly and says so once.
-// In a build without it, asking for a GPU is an error that says why.
+// per plan arena (cudaMalloc once, zeroed; cudaHostAlloc for a pinned host arena), a view per
+// plan tensor at the same offsets as on the host, and each kernel handed to the CUDA backend's
+// handler of its kind (CudaKernelHandlers.cpp). Each phase is captured as a CUDA Graph the first
+// time it runs and replayed after, so a step costs a few graph launches instead of hundreds of
+// kernel launches; if a capture fails (a kernel that cannot be captured), the phase runs eagerly
+// and says so once. In a build without it, asking for a GPU is an error that says why.
 //
 //===----------------------------------------------------------------------===//
 
@@ -61,13 +61,22 @@ public:
     for (const ArenaInfo &arena : plan_.arenas) {
       void *p = nullptr;
       size_t bytes = std::max<uint64_t>(arena.size, 1);
-      cudaError_t status = cudaMalloc(&p, bytes);
+      // A pinned host arena (offloaded state, docs/offload.md) is page-locked host memory the
+      // copy kernels move over PCIe by DMA; the Executor has checked that the host has it.
+      bool pinned = arena.space == MemorySpace::PinnedHost;
+      cudaError_t status =
+          pinned ? cudaHostAlloc(&p, bytes, cudaHostAllocDefault) : cudaMalloc(&p, bytes);
       if (status != cudaSuccess)
-        throw Error("cuda backend: cannot allocate arena '" + arena.name + "' of " +
-                    std::to_string(arena.size) + " bytes on " + props_.name + ": " +
-                    cudaGetErrorString(status));
+        throw Error("cuda backend: cannot allocate " +
+                    std::string(pinned ? "pinned host arena '" : "arena '") + arena.name + "' of " +
+                    std::to_string(arena.size) + " bytes " + (pinned ? "for " : "on ") +
+                    props_.name + ": " + cudaGetErrorString(status));
       arenas_.push_back(p);
-      check(cudaMemset(p, 0, bytes), "cudaMemset(arena)");
+      pinned_.push_back(pinned);
+      if (pinned)
+        std::memset(p, 0, bytes);
+      else
+        check(cudaMemset(p, 0, bytes), "cudaMemset(arena)");
     }
     for (const TensorInfo &t : plan_.tensors) {
       TensorView v;
@@ -95,8 +104,8 @@ public:
         cudaGraphExecDestroy(entry.second);
     if (guardExec_)
       cudaGraphExecDestroy(guardExec_);
-    for (void *p : arenas_)
-      cudaFree(p);
+    for (size_t i = 0; i < arenas_.size(); ++i)
+      pinned_[i] ? cudaFreeHost(arenas_[i]) : cudaFree(arenas_[i]);
     if (guard_)
       cudaFree(guard_);
     if (guardNorms_)
@@ -122,14 +131,16 @@ public:
   }
 
   void uploadArena(size_t arena, uint64_t offset, const void *host, uint64_t bytes) override {
+    // cudaMemcpyDefault: the arena may be device or pinned host memory (unified addressing
+    // tells them apart).
     check(cudaMemcpyAsync(static_cast<char *>(arenas_.at(arena)) + offset, host, bytes,
-                          cudaMemcpyHostToDevice, stream_),
+                          cudaMemcpyDefault, stream_),
           "cudaMemcpyAsync(upload arena)");
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(upload arena)");
   }
 
   void downloadArena(size_t arena, void *host, uint64_t bytes) override {
-    check(cudaMemcpyAsync(host, arenas_.at(arena), bytes, cudaMemcpyDeviceToHost, stream_),
+    check(cudaMemcpyAsync(host, arenas_.at(arena), bytes, cudaMemcpyDefault, stream_),
           "cudaMemcpyAsync(download arena)");
     synchronize();
   }
@@ -137,14 +148,14 @@ public:
   void uploadTensor(uint32_t tensor, const void *host) override {
     // Waits, so that the caller may reuse the host bytes at once.
     check(cudaMemcpyAsync(views_.at(tensor).data, host, plan_.tensors[tensor].bytes,
-                          cudaMemcpyHostToDevice, stream_),
+                          cudaMemcpyDefault, stream_),
           "cudaMemcpyAsync(upload tensor)");
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(upload tensor)");
   }
 
   void downloadTensor(uint32_t tensor, void *host) override {
     check(cudaMemcpyAsync(host, views_.at(tensor).data, plan_.tensors[tensor].bytes,
-                          cudaMemcpyDeviceToHost, stream_),
+                          cudaMemcpyDefault, stream_),
           "cudaMemcpyAsync(download tensor)");
     synchronize();
   }
@@ -574,6 +585,8 @@ private:
   std::unique_ptr<cuda::GeneratedKernels> generated_;
   cuda::DeviceError *deviceError_ = nullptr;
   std::vector<void *> arenas_;
+  /// Whether arena i is pinned host memory (cudaHostAlloc) rather than device memory.
+  std::vector<bool> pinned_;
   std::vector<TensorView> views_;
   std::map<Phase, cudaGraphExec_t> graphs_;
   uint64_t measured_ = 0;

@@ -141,6 +141,18 @@ void launch(kinds::Copy, const CudaCall &c) {
     cuda::copy(c.ctx, c.in(In::x), c.out(Out::y));
 }
 
+void launch(kinds::CopyHostToDevice, const CudaCall &c) {
+  using In = kinds::CopyHostToDevice::In;
+  using Out = kinds::CopyHostToDevice::Out;
+  cuda::copyHostToDevice(c.ctx, c.in(In::x), c.out(Out::y));
+}
+
+void launch(kinds::CopyDeviceToHost, const CudaCall &c) {
+  using In = kinds::CopyDeviceToHost::In;
+  using Out = kinds::CopyDeviceToHost::Out;
+  cuda::copyDeviceToHost(c.ctx, c.in(In::x), c.out(Out::y));
+}
+
 void launch(kinds::Fill, const CudaCall &c) {
   using Out = kinds::Fill::Out;
   const auto &a = c.attrs<kinds::Fill>();

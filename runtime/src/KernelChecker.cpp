@@ -173,9 +173,27 @@ void KernelChecker::checkPhase() const {
          "updates applied as gradients complete, in the backward pass)");
 }
 
+void KernelChecker::checkSpaces() const {
+  if (kernelKindInfo(kernel.kind).has(kernel_traits::kCrossesSpaces))
+    return;
+  // A kernel reading pinned host memory would run (CUDA maps it) at PCIe speed, or not at all
+  // on a backend that does not map it: the plan moves it with the copy kinds instead.
+  auto check = [&](const TensorInfo &t, const std::string &name) {
+    if (arenaOf(t).space == MemorySpace::PinnedHost)
+      fail(name + " is in pinned host arena '" + arenaOf(t).name +
+           "': only the host-offload copies (CopyHostToDevice, CopyDeviceToHost) read or write "
+           "pinned host memory");
+  };
+  for (size_t i = 0; i < kernel.inputs.size(); ++i)
+    check(in(i), inName(i));
+  for (size_t j = 0; j < kernel.outputs.size(); ++j)
+    check(out(j), outName(j));
+}
+
 void KernelChecker::check() {
   checkArity();
   checkNf4Operands();
+  checkSpaces();
   // The kind's contract: one `verify` per kind of the table, in table order.
   using Contract = void (*)(KernelChecker &);
   static const Contract contracts[] = {

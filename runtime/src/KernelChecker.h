@@ -21,6 +21,7 @@
 #include "bonsai/runtime/Nf4.h"
 #include "bonsai/runtime/Plan.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -194,26 +195,53 @@ private:
              std::to_string(small[i]) + ", expected " + std::to_string(want) + " or 1");
     }
   }
-  /// Output `j` carries state from step to step: it must live in a persistent arena.
+  /// Input 0 lives in an arena of space `from` and output 0 in one of space `to` (the
+  /// host-offload copies).
+  void expectSpaces(MemorySpace from, MemorySpace to) const;
+  /// The tensor that carries output `j`'s state from step to step: output `j` itself or, when
+  /// the latest earlier kernel that writes it stages state (kStagesState: a device copy of state
+  /// kept in pinned host memory, docs/offload.md), the tensor that kernel copied.
+  uint32_t stateTensor(size_t j) const {
+    uint32_t t = kernel.outputs[j];
+    for (size_t k = index; k-- > 0;) {
+      const KernelInfo &earlier = plan.kernels[k];
+      if (std::find(earlier.outputs.begin(), earlier.outputs.end(), t) == earlier.outputs.end())
+        continue;
+      if (kernelKindInfo(earlier.kind).has(kernel_traits::kStagesState))
+        return earlier.inputs[0];
+      break;
+    }
+    return t;
+  }
+  /// outName(j), and the state it stands for when that is another tensor.
+  std::string stateName(size_t j) const {
+    uint32_t state = stateTensor(j);
+    if (state == kernel.outputs[j])
+      return outName(j);
+    return outName(j) + ", a copy of " + plan.describeTensor(state) + ",";
+  }
+  /// Output `j` carries state from step to step: it (or the state it is a copy of) must live
+  /// in a persistent arena.
   void expectPersistent(size_t j) const {
-    const ArenaInfo &arena = arenaOf(out(j));
+    const TensorInfo &state = plan.tensors[stateTensor(j)];
+    const ArenaInfo &arena = arenaOf(state);
     if (arena.lifetime != Lifetime::Persistent)
-      fail(outName(j) + " is in step arena " + std::to_string(out(j).arena) + " '" + arena.name +
+      fail(stateName(j) + " is in step arena " + std::to_string(state.arena) + " '" + arena.name +
            "': state updated in place must live in a persistent arena");
   }
   /// Output `j` is state the kernel reads before its first update: it must start as `init`.
   void expectInit(size_t j, TensorInit init, const char *why) const {
-    if (out(j).init != init)
-      fail(outName(j) + " must have init " + (init == TensorInit::Zeros ? "Zeros" : "CopyOf") +
+    if (plan.tensors[stateTensor(j)].init != init)
+      fail(stateName(j) + " must have init " + (init == TensorInit::Zeros ? "Zeros" : "CopyOf") +
            " (" + why + ")");
   }
   /// Output `master` holds the fp32 master weights of output `param`: a copy of it at init.
   void expectMasterCopy(size_t master, size_t param) const {
     expectInit(master, TensorInit::CopyOf, "master weights start as a copy of the parameter");
-    const TensorInfo &source = plan.tensors[out(master).initSource];
-    if (!sameStorage(source, out(param)))
-      fail(outName(master) + " is a copy of " + plan.describeTensor(out(master).initSource) +
-           ", not of " + outName(param));
+    uint32_t from = plan.tensors[stateTensor(master)].initSource;
+    if (!sameStorage(plan.tensors[from], out(param)))
+      fail(stateName(master) + " is a copy of " + plan.describeTensor(from) + ", not of " +
+           outName(param));
   }
   /// Attribute `name` is finite and non-negative.
   void finiteAtLeast0(const char *name, double v) const {
@@ -279,6 +307,8 @@ private:
   }
   void checkOverlap() const;
   void checkPhase() const;
+  /// Only kinds with the kCrossesSpaces trait have operands in pinned host arenas.
+  void checkSpaces() const;
 
   /// The contract of each kind (runtime/contract/<family>.cpp): its attributes, operand
   /// shapes and dtypes, and the state it keeps, checked after its arity.

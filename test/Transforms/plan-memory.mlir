@@ -53,3 +53,44 @@ bonsai_plan.step @over attributes {target = "cpu", device_memory = 1024 : i64} {
   bonsai_plan.arena @w persistent device size 0
   %p0 = bonsai_plan.buffer @w parameter "p0" : memref<512xf32>
 }
+
+// -----
+
+// Over budget with optimizer state dominant: the error recommends keeping it in pinned host
+// memory (bonsai.offload), which the compiler carries out.
+// expected-error @+1 {{the plan needs 3.00 KiB of device memory but the budget is 2.00 KiB (over by 1.00 KiB); optimizer state takes 2.00 KiB: keep it in pinned host memory (bonsai.offload ["optimizer_state"]), project the moments (bonsai.galore), or train adapters (bonsai.lora)}}
+bonsai_plan.step @over_state attributes {target = "cpu", device_memory = 2048 : i64} {
+  bonsai_plan.arena @w persistent device size 0
+  bonsai_plan.arena @o persistent device size 0
+  %p0 = bonsai_plan.buffer @w parameter "p0" trainable : memref<256xf32>
+  %m = bonsai_plan.buffer @o optimizer_state "p0.exp_avg" : memref<256xf32>
+  %v = bonsai_plan.buffer @o optimizer_state "p0.exp_avg_sq" : memref<256xf32>
+}
+
+// -----
+
+// The same state in a pinned host arena: planned like any persistent arena, and not counted
+// against the device budget, which the step now meets (the device copy of one moment lives in
+// the step arena while its update runs).
+// CHECK-LABEL: bonsai_plan.step @state_on_host
+// CHECK: bonsai_plan.arena @w persistent device size 1024
+// CHECK: bonsai_plan.arena @o persistent pinned_host size 2048
+// CHECK: bonsai_plan.arena @a step device size 1024
+// CHECK: bonsai_plan.buffer @o[0] optimizer_state "p0.exp_avg"
+// CHECK: bonsai_plan.buffer @o[1024] optimizer_state "p0.exp_avg_sq"
+bonsai_plan.step @state_on_host attributes {target = "cpu", device_memory = 2048 : i64} {
+  bonsai_plan.arena @w persistent device size 0
+  bonsai_plan.arena @o persistent pinned_host size 0
+  bonsai_plan.arena @a step device size 0
+  %p0 = bonsai_plan.buffer @w parameter "p0" trainable : memref<256xf32>
+  %m = bonsai_plan.buffer @o optimizer_state "p0.exp_avg" : memref<256xf32>
+  %v = bonsai_plan.buffer @o optimizer_state "p0.exp_avg_sq" : memref<256xf32>
+  %dm = bonsai_plan.buffer @a activation "copy_h2d.0" : memref<256xf32>
+  %dv = bonsai_plan.buffer @a activation "copy_h2d.1" : memref<256xf32>
+  bonsai_plan.launch "copy_h2d" ins(%m : memref<256xf32>) outs(%dm : memref<256xf32>)
+  bonsai_plan.launch "scale" ins(%p0 : memref<256xf32>) outs(%dm : memref<256xf32>)
+  bonsai_plan.launch "copy_d2h" ins(%dm : memref<256xf32>) outs(%m : memref<256xf32>)
+  bonsai_plan.launch "copy_h2d" ins(%v : memref<256xf32>) outs(%dv : memref<256xf32>)
+  bonsai_plan.launch "scale" ins(%p0 : memref<256xf32>) outs(%dv : memref<256xf32>)
+  bonsai_plan.launch "copy_d2h" ins(%dv : memref<256xf32>) outs(%v : memref<256xf32>)
+}

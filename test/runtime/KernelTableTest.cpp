@@ -38,8 +38,8 @@ namespace fb = bonsai::plan;
 using namespace test;
 
 /// A one-step plan around the kernels of one kind: arena 0 holds parameters, 1 the step's
-/// tensors, 2 optimizer state; the plan's ids, labels and loss (written by a Fill) are there
-/// only because every plan has them.
+/// tensors, 2 optimizer state, 3 optimizer state in pinned host memory; the plan's ids, labels
+/// and loss (written by a Fill) are there only because every plan has them.
 struct Sample {
   PlanSpec p;
   /// Inputs that must be positive (learning rates, norms, FP8 statistics).
@@ -49,7 +49,8 @@ struct Sample {
     p.model = "sample";
     p.arenas = {{"weights", Lifetime::Persistent, 0, 256},
                 {"step", Lifetime::Step, 0, 256},
-                {"state", Lifetime::Persistent, 0, 256}};
+                {"state", Lifetime::Persistent, 0, 256},
+                {"host_state", Lifetime::Persistent, 0, 256, MemorySpace::PinnedHost}};
     uint32_t ids = p.add("ids", DType::I32, {1, 4}, TensorRole::Input, 1);
     uint32_t labels = p.add("labels", DType::I32, {1, 4}, TensorRole::Input, 1);
     p.loss = p.add("loss", DType::F32, {}, TensorRole::Loss, 1);
@@ -76,6 +77,11 @@ struct Sample {
   uint32_t state(std::vector<int64_t> shape, DType dtype = DType::F32) {
     return p.addInit("s" + std::to_string(p.tensors.size()), dtype, std::move(shape),
                      TensorRole::OptimizerState, 2, TensorInit::Zeros);
+  }
+  /// Optimizer state kept in pinned host memory (docs/offload.md), zero at the start.
+  uint32_t hostState(std::vector<int64_t> shape) {
+    return p.addInit("h" + std::to_string(p.tensors.size()), DType::F32, std::move(shape),
+                     TensorRole::OptimizerState, 3, TensorInit::Zeros);
   }
   /// A scratch workspace, on a 256-byte boundary as the memory planner places them (the FP8
   /// kernels on CUDA read their control block there).
@@ -193,6 +199,13 @@ void sample(kinds::Cast, Sample &s) {
   s.kernel(KernelKind::Cast, {s.act(X)}, {s.act(X, DType::BF16)});
 }
 void sample(kinds::Copy, Sample &s) { s.kernel(KernelKind::Copy, {s.act(X)}, {s.act(X)}); }
+// The copies of an offloaded update: from a pinned host arena to the step arena, and back.
+void sample(kinds::CopyHostToDevice, Sample &s) {
+  s.kernel(KernelKind::CopyHostToDevice, {s.hostState(X)}, {s.act(X)});
+}
+void sample(kinds::CopyDeviceToHost, Sample &s) {
+  s.kernel(KernelKind::CopyDeviceToHost, {s.act(X)}, {s.hostState(X)});
+}
 void sample(kinds::Fill, Sample &s) {
   s.kernel(KernelKind::Fill, {}, {s.act(X)}, fb::KernelAttrs::FillAttrs, fillAttrs(0.5));
 }

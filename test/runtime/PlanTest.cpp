@@ -680,6 +680,112 @@ TEST(PlanTrainingTest, DTypesAndShapesOfTheNewKinds) {
               {"(GradNorm): norm (tensor", "must be a scalar [] of dtype f32, got [16, 8] f32"});
 }
 
+/// The training plan with lm_head's moments and fp32 master kept in a pinned host arena (3) and
+/// streamed through the step arena around its AdamW update, as bonsai-offload compiles it
+/// (docs/offload.md): copies in, the update on the copies, copies back. `copies` receives the
+/// indices of the device copies (m, v, master).
+PlanSpec offloadedPlanSpec(test::TrainingTensors &t, std::vector<uint32_t> *copies = nullptr) {
+  PlanSpec spec = test::trainingPlanSpec({2, 4, 16, 8, true}, &t);
+  spec.arenas.push_back({"optimizer_host", Lifetime::Persistent, 0, 256, MemorySpace::PinnedHost});
+  size_t adam = 0;
+  for (size_t i = 0; i < spec.kernels.size(); ++i)
+    if (spec.kernels[i].kind == KernelKind::AdamWUpdate && spec.kernels[i].outputs[0] == t.head)
+      adam = i;
+  std::vector<test::KernelSpec> in, out;
+  std::vector<uint32_t> staged;
+  for (size_t j = 1; j < spec.kernels[adam].outputs.size(); ++j) {
+    uint32_t host = spec.kernels[adam].outputs[j];
+    test::TensorSpec &state = spec.tensors[host];
+    state.arena = 3;
+    state.offset = spec.arenas[3].size;
+    spec.arenas[3].size += 1024;
+    uint32_t device = spec.add("copy_h2d." + std::to_string(j), DType::F32, state.shape,
+                               TensorRole::Activation, 1);
+    in.push_back({KernelKind::CopyHostToDevice, {host}, {device}, fb::KernelAttrs::NONE, {}, "",
+                  Phase::Update});
+    out.push_back({KernelKind::CopyDeviceToHost, {device}, {host}, fb::KernelAttrs::NONE, {}, "",
+                   Phase::Update});
+    spec.kernels[adam].outputs[j] = device;
+    staged.push_back(device);
+  }
+  spec.kernels.insert(spec.kernels.begin() + adam + 1, out.begin(), out.end());
+  spec.kernels.insert(spec.kernels.begin() + adam, in.begin(), in.end());
+  if (copies)
+    *copies = staged;
+  return spec;
+}
+
+TEST(PlanTrainingTest, OffloadedStateIsUpdatedThroughDeviceCopies) {
+  test::TrainingTensors t;
+  std::vector<uint32_t> copies;
+  PlanSpec spec = offloadedPlanSpec(t, &copies);
+  ASSERT_EQ(loadError(spec), "");
+  LoadedPlan plan = load(buildPlan(spec));
+  EXPECT_EQ(plan.arenas[3].space, MemorySpace::PinnedHost);
+
+  // The state a copy stands for must still start as it should, and name both tensors.
+  uint32_t m = tensorOf(spec, "optimizer.exp_avg.lm_head.weight", TensorRole::OptimizerState);
+  spec.tensors[m].init = TensorInit::None;
+  expectError(spec, {"(AdamWUpdate): m (tensor " + std::to_string(copies[0]) +
+                         " 'copy_h2d.1'), a copy of tensor " + std::to_string(m) +
+                         " 'optimizer.exp_avg.lm_head.weight', must have init Zeros (moments "
+                         "start at zero)"});
+  spec = offloadedPlanSpec(t);
+  uint32_t master = tensorOf(spec, "optimizer.master.lm_head.weight", TensorRole::OptimizerState);
+  spec.tensors[master].initSource = t.table;
+  expectError(spec, {"(AdamWUpdate): master (tensor", "a copy of tensor " +
+                         std::to_string(master) + " 'optimizer.master.lm_head.weight', is a copy "
+                         "of tensor 0 'model.embed_tokens.weight', not of param"});
+
+  // A step-arena tensor that no copy wrote is not state: its update would be lost.
+  spec = offloadedPlanSpec(t, &copies);
+  spec.kernels.erase(std::find_if(spec.kernels.begin(), spec.kernels.end(), [](const auto &k) {
+    return k.kind == KernelKind::CopyHostToDevice;
+  }));
+  expectError(spec, {"(AdamWUpdate): m (tensor " + std::to_string(copies[0]) +
+                     " 'copy_h2d.1') is in step arena 1 'step': state updated in place must "
+                     "live in a persistent arena"});
+}
+
+TEST(PlanTrainingTest, OffloadCopiesCrossTheirSpaces) {
+  test::TrainingTensors t;
+  // Into the device: from a pinned host arena only.
+  PlanSpec spec = offloadedPlanSpec(t);
+  size_t h2d = kernelOf(spec, KernelKind::CopyHostToDevice);
+  spec.kernels[h2d].inputs = {t.gradHead};
+  expectError(spec, {"(CopyHostToDevice): x (tensor " + std::to_string(t.gradHead) +
+                     " 'lm_head.weight') is in arena 'state', not in a pinned host arena"});
+  // ... into a device arena only.
+  spec = offloadedPlanSpec(t);
+  uint32_t v = tensorOf(spec, "optimizer.exp_avg_sq.lm_head.weight", TensorRole::OptimizerState);
+  spec.kernels[h2d].outputs = {v};
+  expectError(spec, {"(CopyHostToDevice): y (tensor " + std::to_string(v) +
+                     " 'optimizer.exp_avg_sq.lm_head.weight') is in arena 'optimizer_host', not "
+                     "in a device arena"});
+  // Back to the host: into a pinned host arena only.
+  spec = offloadedPlanSpec(t);
+  size_t d2h = kernelOf(spec, KernelKind::CopyDeviceToHost);
+  spec.kernels[d2h].outputs = {t.gradHead};
+  expectError(spec, {"(CopyDeviceToHost): y (tensor " + std::to_string(t.gradHead) +
+                     " 'lm_head.weight') is in arena 'state', not in a pinned host arena"});
+  // No other kind reads or writes pinned host memory: the update must work on the copy.
+  spec = offloadedPlanSpec(t);
+  size_t adam = 0;
+  for (size_t i = 0; i < spec.kernels.size(); ++i)
+    if (spec.kernels[i].kind == KernelKind::AdamWUpdate && spec.kernels[i].outputs[0] == t.head)
+      adam = i;
+  spec.kernels[adam].outputs[1] = v;
+  expectError(spec, {"(AdamWUpdate): m (tensor " + std::to_string(v) +
+                     " 'optimizer.exp_avg_sq.lm_head.weight') is in pinned host arena "
+                     "'optimizer_host': only the host-offload copies (CopyHostToDevice, "
+                     "CopyDeviceToHost) read or write pinned host memory"});
+  // Same shape and dtype both ways.
+  spec = offloadedPlanSpec(t);
+  spec.kernels[h2d].inputs = {
+      spec.add("small", DType::F32, {4, 8}, TensorRole::OptimizerState, 3)};
+  expectError(spec, {"(CopyHostToDevice): y (tensor", "shape: expected [4, 8], got [16, 8]"});
+}
+
 TEST(PlanTrainingTest, OptimizerStateIsPersistentAndInitialized) {
   test::TrainingTensors t;
   PlanSpec spec = test::trainingPlanSpec({}, &t);

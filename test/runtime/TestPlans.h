@@ -38,6 +38,7 @@ struct ArenaSpec {
   Lifetime lifetime = Lifetime::Step;
   uint64_t size = 0;
   uint64_t alignment = 256;
+  MemorySpace space = MemorySpace::Device;
 };
 
 /// A tensor of a test plan; `bytes` is computed from shape and dtype unless set.
@@ -229,7 +230,7 @@ inline std::vector<uint8_t> buildPlan(const PlanSpec &spec, const char *identifi
   flatbuffers::FlatBufferBuilder b;
   std::vector<flatbuffers::Offset<fb::Arena>> arenas;
   for (const ArenaSpec &a : spec.arenas)
-    arenas.push_back(fb::CreateArenaDirect(b, a.name.c_str(), fb::MemorySpace::Device,
+    arenas.push_back(fb::CreateArenaDirect(b, a.name.c_str(), static_cast<fb::MemorySpace>(a.space),
                                            static_cast<fb::Lifetime>(a.lifetime), a.size,
                                            a.alignment));
   std::vector<flatbuffers::Offset<fb::Tensor>> tensors;

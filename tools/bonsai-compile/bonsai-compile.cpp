@@ -119,7 +119,7 @@ static LogicalResult checkSupportedDirectives(ModuleOp module) {
   for (auto recipe : module.getOps<RecipeOp>())
     for (Operation &op : recipe.getBody().front()) {
       if (isa<TargetDirectiveOp, OptimizerDirectiveOp, RematDirectiveOp, LoraDirectiveOp,
-              GaloreDirectiveOp, QuantizeDirectiveOp, FP8DirectiveOp>(op))
+              GaloreDirectiveOp, QuantizeDirectiveOp, FP8DirectiveOp, OffloadDirectiveOp>(op))
         continue;
       return op.emitError() << "'" << op.getName()
                             << "' is not carried out by this version of bonsai-compile (the "
@@ -327,9 +327,6 @@ int main(int argc, char **argv) {
   for (const ModelCost &cost : costs)
     cost.print(llvm::outs(), /*perLayer=*/false);
   llvm::outs() << "  planned memory:\n";
-  summarizePlanMemory(step).print(llvm::outs());
-  if (int64_t budget = step.getDeviceMemoryAttr().getInt())
-    llvm::outs() << "    budget           " << llvm::right_justify(formatBytes(budget), 12)
-                 << "\n";
+  summarizePlanMemory(step).print(llvm::outs(), step.getDeviceMemoryAttr().getInt());
   return 0;
 }

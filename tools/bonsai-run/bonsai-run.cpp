@@ -39,6 +39,8 @@
 //   memory: arena <i> '<name>' (<lifetime>, <space>): planned <X> MiB (<x> B), measured <Y> MiB
 //   (<y> B) memory: planned <X> MiB (weights .., gradients .., optimizer state .., activations ..,
 //           workspace .., inputs ..) measured <Y> MiB
+//   memory: pinned host arenas planned <X> MiB, measured <Y> MiB; device arenas planned ..
+//           (a plan with offloaded state)
 //   time: <n> steps in <s> s, <r> tokens/s
 // On a terminal the step lines are replaced by one line rewritten in place (docs/training.md).
 // Warnings go to stderr: a GaLore projector refresh skipped, an FP8 operand whose underflow
@@ -1201,9 +1203,13 @@ int run(const Options &o) {
     std::fflush(stdout);
   }
 
-  uint64_t planned = 0, measured = 0;
+  uint64_t planned = 0, measured = 0, plannedHost = 0, measuredHost = 0;
   size_t index = 0;
   for (const rt::ArenaUsage &u : executor.memoryUsage()) {
+    if (u.arena->space == rt::MemorySpace::PinnedHost) {
+      plannedHost += u.planned;
+      measuredHost += u.measured;
+    }
     std::printf("memory: arena %zu '%s' (%s, %s): planned %.2f MiB (%" PRIu64
                 " B), measured %.2f MiB (%" PRIu64 " B)\n",
                 index++, u.arena->name.c_str(),
@@ -1219,13 +1225,22 @@ int run(const Options &o) {
               "%.2f MiB\n",
               mib(planned), mib(m.weights), mib(m.gradients), mib(m.optimizerState),
               mib(m.activations), mib(m.workspace), mib(m.inputs), mib(measured));
+  // Offloaded state (docs/offload.md) is in the totals above but not in device memory.
+  if (plannedHost)
+    std::printf("memory: pinned host arenas planned %.2f MiB, measured %.2f MiB; device arenas "
+                "planned %.2f MiB, measured %.2f MiB\n",
+                mib(plannedHost), mib(measuredHost), mib(planned - plannedHost),
+                mib(measured - measuredHost));
+  const uint64_t plannedDevice = planned - plannedHost;
   if (uint64_t device = executor.measuredDeviceBytes())
     // The driver's count (cudaMemGetInfo at start and at every synchronisation): the arenas
     // plus what the CUDA runtime holds for the kernels (cuBLASLt workspace, scratch pools).
     std::printf("device memory: measured peak %" PRIu64 " bytes (%.2f MiB, driver), planned %.2f MiB, "
                 "%+.2f%%\n",
-                device, mib(device), mib(planned),
-                planned ? 100.0 * (double(device) - double(planned)) / double(planned) : 0.0);
+                device, mib(device), mib(plannedDevice),
+                plannedDevice ? 100.0 * (double(device) - double(plannedDevice)) /
+                                    double(plannedDevice)
+                              : 0.0);
   double tokens = double(steps) * double(tokensPerStep);
   std::printf("time: %" PRIu64 " steps in %.3f s, %.0f tokens/s", steps, seconds,
               seconds > 0 ? tokens / seconds : 0.0);

@@ -15,8 +15,10 @@
 
 namespace mlir::bonsai {
 
-/// Bytes by class. Persistent classes are sums; `activations` is the peak of the per-step
-/// arenas less the inputs and workspace that live in them.
+/// Bytes by class. Persistent classes are sums of their buffers in device arenas, and the
+/// `host...` fields the same in pinned host arenas (bonsai-offload); `activations` is the peak
+/// of the per-step arenas less the inputs and workspace that live in them (the device copies
+/// of offloaded state are per-step buffers: they count there).
 struct PlanMemorySummary {
   int64_t weights = 0;
   int64_t gradients = 0;
@@ -24,14 +26,24 @@ struct PlanMemorySummary {
   int64_t activations = 0;
   int64_t workspace = 0;
   int64_t inputs = 0;
+  int64_t hostWeights = 0;
+  int64_t hostGradients = 0;
+  int64_t hostOptimizerState = 0;
   int64_t peakDevice = 0;
   int64_t peakHost = 0;
   /// Bytes the per-step buffers would need without reuse (the sum of their sizes).
   int64_t stepBytesWithoutReuse = 0;
+  /// Bytes the launches of one optimizer step (every micro-batch's forward and backward, and
+  /// the update) read from pinned host arenas into the device, and write back to them: the
+  /// PCIe traffic of each direction.
+  int64_t pcieHostToDevice = 0;
+  int64_t pcieDeviceToHost = 0;
 
-  /// Prints one line per class and the peaks.
-  void print(llvm::raw_ostream &os) const;
-  /// The largest class, by name ("weights", "activations", ...), and its bytes.
+  /// Prints one line per class of device memory, the device peak and `budget` (0: none),
+  /// then, when there are pinned host arenas, their classes, their peak and the PCIe bytes.
+  void print(llvm::raw_ostream &os, int64_t budget = 0) const;
+  /// The largest class in device memory, by name ("weights", "activations", ...), and its
+  /// bytes.
   std::pair<const char *, int64_t> dominant() const;
 };
 

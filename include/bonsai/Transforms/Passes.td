@@ -244,6 +244,58 @@ def BonsaiGaLorePass : Pass<"bonsai-galore", "::mlir::ModuleOp"> {
   ];
 }
 
+def BonsaiOffloadPass : Pass<"bonsai-offload", "::mlir::ModuleOp"> {
+  let summary = "Keep the recipe's offloaded state classes in pinned host memory and stream "
+                "them through the device around each update";
+  let description = [{
+    Carries out the recipe's `bonsai.offload` directive (or, when `classes` is given, the pass
+    option) after bonsai-optimizer and bonsai-galore, before bonsai-remat (whose budget then
+    sees the smaller device state) and bonsai-fuse (docs/offload.md). Two classes are built:
+
+    - `optimizer_state`: the moments and momentum buffers of the optimizer updates;
+    - `master_weights`: the fp32 master copies of parameters stored in bf16 or f16.
+
+    The updates say which of their operands hold which class (OptimizerStateOpInterface).
+    Every such `bonsai.state` gets `placement <pinned_host>`; the update then reads and
+    writes a device copy: a `bonsai.copy_h2d` right before it and a `bonsai.copy_d2h` right
+    after it, in the update's phase. Each copy lives from its update's first copy to its
+    last, so the device holds the state of one update at a time; the memory planner puts the
+    state itself in a pinned host arena. The result is bit for bit the same training.
+
+    Errors name the class and the cause: a class the step does not have (no trainable
+    parameter, SGD without momentum, parameters already in f32 so no master copies), a class
+    this pass does not build yet (`parameters`, `gradients`, `activations`), a state that
+    other ops read besides its update.
+
+    Before (`bonsai.offload ["optimizer_state"]`):
+    ```mlir
+    %m = bonsai.state optimizer "w.exp_avg" : tensor<16x64xf32>
+    %v = bonsai.state optimizer "w.exp_avg_sq" : tensor<16x64xf32>
+    bonsai.adamw_update %g, %step, %lr, %norm, %w, %m, %v {...}
+    ```
+    After:
+    ```mlir
+    %m = bonsai.state optimizer "w.exp_avg" placement <pinned_host> : tensor<16x64xf32>
+    %v = bonsai.state optimizer "w.exp_avg_sq" placement <pinned_host> : tensor<16x64xf32>
+    %m_dev = bonsai.copy_h2d %m : tensor<16x64xf32>
+    %v_dev = bonsai.copy_h2d %v : tensor<16x64xf32>
+    bonsai.adamw_update %g, %step, %lr, %norm, %w, %m_dev, %v_dev {...}
+    bonsai.copy_d2h %m_dev, %m : tensor<16x64xf32>, tensor<16x64xf32>
+    bonsai.copy_d2h %v_dev, %v : tensor<16x64xf32>, tensor<16x64xf32>
+    ```
+  }];
+  let options = [
+    ListOption<"classes", "classes", "std::string",
+               "State classes to offload (default: the recipe's bonsai.offload)">,
+    Option<"perTensorRemarks", "per-tensor-remarks", "bool", /*default=*/"true",
+           "A remark per offloaded tensor (else only the summary)">,
+  ];
+  let statistics = [
+    Statistic<"numOffloaded", "offloaded-tensors", "State tensors placed in pinned host memory">,
+    Statistic<"bytesOffloaded", "offloaded-bytes", "Bytes of state placed in pinned host memory">,
+  ];
+}
+
 def BonsaiRematPass : Pass<"bonsai-remat", "::mlir::ModuleOp"> {
   let summary = "Choose the activations the backward pass recomputes instead of keeping";
   let description = [{

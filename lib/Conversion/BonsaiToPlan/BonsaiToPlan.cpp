@@ -26,6 +26,8 @@ constexpr StringLiteral kWeightsArena = "weights";
 constexpr StringLiteral kActivationsArena = "activations";
 constexpr StringLiteral kGradientsArena = "gradients";
 constexpr StringLiteral kOptimizerArena = "optimizer";
+constexpr StringLiteral kGradientsHostArena = "gradients_host";
+constexpr StringLiteral kOptimizerHostArena = "optimizer_host";
 
 /// The name of a model input, from how the model uses it: the ids of an embedding, the labels
 /// of a loss, or its position.
@@ -91,14 +93,17 @@ struct LowerToPlanPass : impl::BonsaiLowerToPlanPassBase<LowerToPlanPass> {
     builder.createBlock(&step.getBody());
 
     // Arenas: parameters, gradient accumulators and optimizer state persist across steps;
-    // everything else lives for one step. Arenas are created when first needed.
+    // everything else lives for one step. Arenas are created when first needed. State placed
+    // in pinned host memory (bonsai-offload) gets an arena of its own in that space, so that
+    // the memory planner and the budget tell host bytes from device bytes.
     llvm::StringMap<bool> arenaCreated;
     Block *stepBody = &step.getBody().front();
-    auto arena = [&](StringRef name, plan::Lifetime lifetime) -> StringRef {
+    auto arena = [&](StringRef name, plan::Lifetime lifetime,
+                     plan::MemorySpace space = plan::MemorySpace::Device) -> StringRef {
       if (!arenaCreated[name]) {
         OpBuilder::InsertionGuard guard(builder);
         builder.setInsertionPointToStart(stepBody);
-        plan::ArenaOp::create(builder, loc, name, lifetime, plan::MemorySpace::Device, 0, 256);
+        plan::ArenaOp::create(builder, loc, name, lifetime, space, 0, 256);
         arenaCreated[name] = true;
       }
       return name;
@@ -145,8 +150,11 @@ struct LowerToPlanPass : impl::BonsaiLowerToPlanPassBase<LowerToPlanPass> {
       }
       if (auto state = dyn_cast<StateOp>(op)) {
         bool gradient = state.getKind() == StateKind::Gradient;
-        StringRef name = arena(gradient ? kGradientsArena : kOptimizerArena,
-                               plan::Lifetime::Persistent);
+        bool pinned = state.getPlacement() == MemorySpace::PinnedHost;
+        StringRef name = pinned ? arena(gradient ? kGradientsHostArena : kOptimizerHostArena,
+                                        plan::Lifetime::Persistent, plan::MemorySpace::PinnedHost)
+                                : arena(gradient ? kGradientsArena : kOptimizerArena,
+                                        plan::Lifetime::Persistent);
         if (failed(declare(&op, state.getResult(), name,
                            gradient ? plan::BufferRole::Gradient
                                     : plan::BufferRole::OptimizerState,

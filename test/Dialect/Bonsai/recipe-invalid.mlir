@@ -476,7 +476,7 @@ bonsai.recipe @r {
 
 // offload: unknown state class.
 bonsai.recipe @r {
-  // expected-error @+1 {{unknown state class 'weights'; expected one of: 'parameters', 'gradients', 'optimizer_state', 'activations'}}
+  // expected-error @+1 {{unknown state class 'weights'; expected one of: 'parameters', 'gradients', 'optimizer_state', 'master_weights', 'activations'}}
   bonsai.offload ["optimizer_state", "weights"]
 }
 

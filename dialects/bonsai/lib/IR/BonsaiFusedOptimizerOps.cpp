@@ -207,3 +207,44 @@ Operation *SGDUpdateOp::buildMultiTensorUpdate(OpBuilder &builder,
                                         params, buffers, masters, getMomentumAttr(),
                                         getWeightDecayAttr(), getGradClipAttr());
 }
+
+//===----------------------------------------------------------------------===//
+// OptimizerStateOpInterface
+//===----------------------------------------------------------------------===//
+
+// ODS operand groups: adamw_update (gradient, step, lr, grad_norm, param, exp_avg,
+// exp_avg_sq, master), sgd_update (gradient, lr, grad_norm, param, momentum_buffer, master);
+// the multi-tensor updates have the same groups as lists.
+
+SmallVector<unsigned> AdamWUpdateOp::getOptimizerStateOperands() {
+  return odsOperandIndices(*this, {5, 6});
+}
+SmallVector<unsigned> AdamWUpdateOp::getMasterWeightOperands() {
+  return odsOperandIndices(*this, {7});
+}
+
+// Without momentum, SGD neither reads nor needs its buffer: it keeps no state.
+SmallVector<unsigned> SGDUpdateOp::getOptimizerStateOperands() {
+  if (getMomentum().isZero())
+    return {};
+  return odsOperandIndices(*this, {4});
+}
+SmallVector<unsigned> SGDUpdateOp::getMasterWeightOperands() {
+  return odsOperandIndices(*this, {5});
+}
+
+SmallVector<unsigned> MultiTensorAdamWUpdateOp::getOptimizerStateOperands() {
+  return odsOperandIndices(*this, {5, 6});
+}
+SmallVector<unsigned> MultiTensorAdamWUpdateOp::getMasterWeightOperands() {
+  return odsOperandIndices(*this, {7});
+}
+
+SmallVector<unsigned> MultiTensorSGDUpdateOp::getOptimizerStateOperands() {
+  if (getMomentum().isZero())
+    return {};
+  return odsOperandIndices(*this, {4});
+}
+SmallVector<unsigned> MultiTensorSGDUpdateOp::getMasterWeightOperands() {
+  return odsOperandIndices(*this, {5});
+}

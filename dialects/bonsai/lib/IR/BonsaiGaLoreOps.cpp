@@ -180,3 +180,13 @@ OpCost GaloreAdamWUpdateOp::getForwardCost() {
   cost.bytesWritten = cost.bytesRead - getStorageBytes(getProjector().getType());
   return cost;
 }
+
+// Operand groups: projected, step, lr, grad_norm, projector, param, exp_avg, exp_avg_sq,
+// master. The projector is state too, but the refresh and the projection read it as well:
+// it is not the update's alone, so it is not offered for offload.
+SmallVector<unsigned> GaloreAdamWUpdateOp::getOptimizerStateOperands() {
+  return odsOperandIndices(*this, {6, 7});
+}
+SmallVector<unsigned> GaloreAdamWUpdateOp::getMasterWeightOperands() {
+  return odsOperandIndices(*this, {8});
+}

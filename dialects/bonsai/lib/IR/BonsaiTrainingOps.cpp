@@ -387,3 +387,23 @@ OpCost AccumulateOp::getForwardCost() {
 
 LogicalResult ZeroOp::verify() { return success(); }
 OpCost ZeroOp::getForwardCost() { return {0, 0, 0, getStorageBytes(getTarget().getType())}; }
+
+//===----------------------------------------------------------------------===//
+// Host offload
+//===----------------------------------------------------------------------===//
+
+// The copies move their bytes over PCIe, not through device memory twice; their cost is the
+// bytes, which the device side reads or writes once.
+OpCost CopyH2DOp::getForwardCost() {
+  int64_t bytes = getStorageBytes(getSource().getType());
+  return {0, 0, bytes, bytes};
+}
+
+LogicalResult CopyD2HOp::verify() {
+  return expectType(*this, "target", getTarget(), getSource().getType());
+}
+
+OpCost CopyD2HOp::getForwardCost() {
+  int64_t bytes = getStorageBytes(getSource().getType());
+  return {0, 0, bytes, bytes};
+}

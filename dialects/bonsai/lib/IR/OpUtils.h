@@ -69,6 +69,19 @@ inline LogicalResult expectSameTypeAsOperand(Operation *op, StringRef what, Valu
 }
 
 /// Bytes of all operands read once and all results written once.
+/// The operand indices of the ODS operand groups `groups` of `op` (every operand of a
+/// variadic or optional group), in order.
+template <typename OpT>
+SmallVector<unsigned> odsOperandIndices(OpT op, std::initializer_list<unsigned> groups) {
+  SmallVector<unsigned> indices;
+  for (unsigned group : groups) {
+    auto [start, length] = op.getODSOperandIndexAndLength(group);
+    for (unsigned i = 0; i < length; ++i)
+      indices.push_back(start + i);
+  }
+  return indices;
+}
+
 inline OpCost streamingBytes(Operation *op) {
   OpCost cost;
   for (Value v : op->getOperands())

@@ -305,8 +305,9 @@ LogicalResult OffloadDirectiveOp::verify() {
     return emitOpError("needs at least one state class to offload");
   llvm::StringSet<> seen;
   for (StringRef cls : getClasses().getAsValueRange<StringAttr>()) {
-    if (failed(expectOneOf(*this, "state class", cls,
-                           {"parameters", "gradients", "optimizer_state", "activations"})))
+    if (failed(expectOneOf(
+            *this, "state class", cls,
+            {"parameters", "gradients", "optimizer_state", "master_weights", "activations"})))
       return failure();
     if (!seen.insert(cls).second)
       return emitOpError() << "state class '" << cls << "' is listed twice";

@@ -183,6 +183,10 @@ void slice(const Context &ctx, const TensorView &x, int axis, int64_t start,
            const TensorView &y);
 void cast(const Context &ctx, const TensorView &x, const TensorView &y);
 void copy(const Context &ctx, const TensorView &x, const TensorView &y);
+/// Byte copies over PCIe between a pinned host tensor and a device tensor of equal size
+/// (Offload.cpp): asynchronous on ctx.stream, capturable into a CUDA Graph.
+void copyHostToDevice(const Context &ctx, const TensorView &x, const TensorView &y);
+void copyDeviceToHost(const Context &ctx, const TensorView &x, const TensorView &y);
 /// NF4 -> f32/f16/bf16, vectorised (Nf4.cu); f32 results are bit-identical to the CPU's.
 void dequantize(const Context &ctx, const TensorView &q, const TensorView &y);
 /// y[..., out] = x[..., in] · Wᵀ with W an NF4 [out, in] weight dequantized tile by tile in

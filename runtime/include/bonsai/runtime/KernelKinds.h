@@ -47,6 +47,12 @@ enum : uint32_t {
   kUpdatesParameter = 1u << 5,
   /// An FP8 GEMM (docs/fp8.md): a persistent scaling state among its inputs.
   kFp8Gemm = 1u << 6,
+  /// Copies state kept in a pinned host arena into a device tensor (docs/offload.md): a later
+  /// kernel that updates that tensor in place updates the state its input holds.
+  kStagesState = 1u << 7,
+  /// Moves bytes between a pinned host arena and a device arena (docs/offload.md); every other
+  /// kind reads and writes device arenas only.
+  kCrossesSpaces = 1u << 8,
 };
 } // namespace kernel_traits
 

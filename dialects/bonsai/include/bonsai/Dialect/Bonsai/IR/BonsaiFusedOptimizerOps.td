@@ -17,7 +17,8 @@ class Bonsai_MultiTensorUpdateOp<string mnemonic, list<string> inPlaceGroups>
     : Bonsai_Op<mnemonic, [AttrSizedOperandSegments, MemoryEffects<[MemRead, MemWrite]>,
           DeclareOpInterfaceMethods<Bonsai_CostOpInterface>,
           DeclareOpInterfaceMethods<Bonsai_KernelOpInterface,
-                                    ["getKernelParams", "getInPlaceOperands"]>]> {
+                                    ["getKernelParams", "getInPlaceOperands"]>,
+          DeclareOpInterfaceMethods<Bonsai_OptimizerStateOpInterface>]> {
   let hasVerifier = 1;
   code inPlaceGroupList = !interleave(inPlaceGroups, ", ");
   let extraClassDeclaration = [{

@@ -74,7 +74,8 @@ def Bonsai_GaloreProjectOp : Bonsai_ModelOp<"galore_project"> {
 }
 
 def Bonsai_GaloreAdamWUpdateOp
-    : Bonsai_UpdateOp<"galore_adamw_update", [0, 5, 6, 7, 8]> {
+    : Bonsai_UpdateOp<"galore_adamw_update", [0, 5, 6, 7, 8],
+                      [DeclareOpInterfaceMethods<Bonsai_OptimizerStateOpInterface>]> {
   let summary = "AdamW on a projected gradient, projected back onto the weight";
   let description = [{
     Operands: the projected gradient R (f32, read and then overwritten with the back-projected

@@ -224,6 +224,28 @@ def Bonsai_MultiTensorUpdateOpInterface : OpInterface<"MultiTensorUpdateOpInterf
   ];
 }
 
+def Bonsai_OptimizerStateOpInterface : OpInterface<"OptimizerStateOpInterface"> {
+  let cppNamespace = "::mlir::bonsai";
+  let description = [{
+    An optimizer update that reads and writes per-parameter training state in place. It says
+    which of its operands hold which class of that state: the optimizer's own state (the
+    moments, the momentum buffer: what the update carries from one step to the next) and the
+    fp32 master copies of parameters stored in bf16 or f16. bonsai-offload asks this
+    interface to find the tensors a `bonsai.offload` class names; it never matches names.
+  }];
+  let methods = [
+    InterfaceMethod<[{
+        Indices of the operands that hold the optimizer's own state and that the update reads
+        and writes. Empty when the update keeps none (SGD without momentum, whose buffer is
+        neither read nor needed).
+      }],
+      "::llvm::SmallVector<unsigned>", "getOptimizerStateOperands", (ins)>,
+    InterfaceMethod<"Indices of the operands that hold fp32 master copies (none for "
+                    "parameters stored in f32).",
+      "::llvm::SmallVector<unsigned>", "getMasterWeightOperands", (ins)>,
+  ];
+}
+
 def Bonsai_AccumulatingProducerOpInterface : OpInterface<"AccumulatingProducerOpInterface"> {
   let cppNamespace = "::mlir::bonsai";
   let description = [{

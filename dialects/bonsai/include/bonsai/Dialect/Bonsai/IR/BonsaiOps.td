@@ -599,10 +599,15 @@ def Bonsai_ShardDirectiveOp : Bonsai_DirectiveOp<"shard"> {
 def Bonsai_OffloadDirectiveOp : Bonsai_DirectiveOp<"offload"> {
   let summary = "state classes kept in pinned host memory, copied over PCIe as needed";
   let description = [{
-    Classes: `parameters`, `gradients`, `optimizer_state`, `activations`.
+    Classes: `optimizer_state` (the moments and momentum buffers of the optimizer updates),
+    `master_weights` (the fp32 master copies of bf16 or f16 parameters), `parameters`,
+    `gradients`, `activations`. The `bonsai-offload` pass carries out `optimizer_state` and
+    `master_weights`: the state is placed in pinned host memory and each update streams it
+    through the device (docs/offload.md); the other classes are refused by it for now.
 
     ```mlir
     bonsai.offload ["optimizer_state"]
+    bonsai.offload ["optimizer_state", "master_weights"]
     ```
   }];
   let arguments = (ins StrArrayAttr:$classes);

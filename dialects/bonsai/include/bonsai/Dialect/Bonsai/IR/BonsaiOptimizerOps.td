@@ -21,17 +21,30 @@ def Bonsai_StateOp : Bonsai_Op<"state"> {
   let description = [{
     Zero-initialised unless `copy_of` names a parameter, whose converted value it starts from
     (fp32 master weights of bf16 parameters). Optimizer state is saved in checkpoints under
-    `name`; gradient accumulators are not.
+    `name`; gradient accumulators are not. `placement` (set by bonsai-offload) says where the
+    state is stored: on the device (the default) or in pinned host memory, which only
+    `bonsai.copy_h2d` and `bonsai.copy_d2h` read and write.
 
     ```mlir
     %m = bonsai.state optimizer "lm_head.weight.exp_avg" : tensor<256x64xf32>
     %w32 = bonsai.state optimizer "lm_head.weight.master" copy_of "lm_head.weight" : tensor<256x64xf32>
     %g = bonsai.state gradient "lm_head.weight" : tensor<256x64xf32>
+    %v = bonsai.state optimizer "lm_head.weight.exp_avg_sq" placement <pinned_host> : tensor<256x64xf32>
     ```
   }];
-  let arguments = (ins Bonsai_StateKind:$kind, StrAttr:$name, OptionalAttr<StrAttr>:$copy_of);
+  let arguments = (ins Bonsai_StateKind:$kind, StrAttr:$name, OptionalAttr<StrAttr>:$copy_of,
+                   OptionalAttr<Bonsai_PlacementAttr>:$placement);
   let results = (outs Bonsai_Tensor:$result);
-  let assemblyFormat = "$kind $name (`copy_of` $copy_of^)? attr-dict `:` type($result)";
+  let assemblyFormat = [{
+    $kind $name (`copy_of` $copy_of^)? (`placement` $placement^)? attr-dict `:` type($result)
+  }];
+  let builders = [
+    // State is created on the device; bonsai-offload places it afterwards.
+    OpBuilder<(ins "::mlir::Type":$type, "::mlir::bonsai::StateKind":$kind,
+                   "::llvm::StringRef":$name, "::mlir::StringAttr":$copy_of), [{
+      build($_builder, $_state, type, kind, name, copy_of, ::mlir::bonsai::MemorySpaceAttr());
+    }]>
+  ];
   let hasVerifier = 1;
 }
 
@@ -100,7 +113,8 @@ def Bonsai_LearningRateOp : Bonsai_ModelOp<"learning_rate"> {
 }
 
 def Bonsai_AdamWUpdateOp : Bonsai_UpdateOp<"adamw_update", [4, 5, 6, 7],
-    [DeclareOpInterfaceMethods<Bonsai_MultiTensorUpdateOpInterface>]> {
+    [DeclareOpInterfaceMethods<Bonsai_MultiTensorUpdateOpInterface>,
+     DeclareOpInterfaceMethods<Bonsai_OptimizerStateOpInterface>]> {
   let summary = "one AdamW step, in place on the parameter, its moments and master copy";
   let description = [{
     Operands: gradient, step counter, learning rate, global gradient norm (read, and only
@@ -121,7 +135,8 @@ def Bonsai_AdamWUpdateOp : Bonsai_UpdateOp<"adamw_update", [4, 5, 6, 7],
 }
 
 def Bonsai_SGDUpdateOp : Bonsai_UpdateOp<"sgd_update", [3, 4, 5],
-    [DeclareOpInterfaceMethods<Bonsai_MultiTensorUpdateOpInterface>]> {
+    [DeclareOpInterfaceMethods<Bonsai_MultiTensorUpdateOpInterface>,
+     DeclareOpInterfaceMethods<Bonsai_OptimizerStateOpInterface>]> {
   let summary = "one SGD (momentum) step, in place on the parameter and momentum buffer";
   let description = [{
     Operands: gradient, learning rate, global gradient norm (read); parameter, momentum
@@ -165,6 +180,43 @@ def Bonsai_ZeroOp : Bonsai_UpdateOp<"zero", [0]> {
     ```
   }];
   let arguments = (ins Bonsai_ComputeTensor:$target);
+}
+
+//===----------------------------------------------------------------------===//
+// Host offload
+//===----------------------------------------------------------------------===//
+
+def Bonsai_CopyH2DOp : Bonsai_Op<"copy_h2d", [MemoryEffects<[MemRead]>,
+    AllTypesMatch<["source", "result"]>,
+    DeclareOpInterfaceMethods<Bonsai_CostOpInterface>, Bonsai_KernelOpInterface]> {
+  let summary = "a device copy of state kept in pinned host memory";
+  let description = [{
+    Reads `source`, a `bonsai.state` placed in pinned host memory, over PCIe into a new
+    device tensor that lives until the last op that reads or updates it (bonsai-offload puts
+    it right before an optimizer update, which then updates the copy in place). The copy
+    reads the state as it is at this point of the step.
+
+    ```mlir
+    %m_dev = bonsai.copy_h2d %m : tensor<256x64xf32>
+    ```
+  }];
+  let arguments = (ins Bonsai_Tensor:$source);
+  let results = (outs Bonsai_Tensor:$result);
+  let assemblyFormat = "$source attr-dict `:` type($result)";
+}
+
+def Bonsai_CopyD2HOp : Bonsai_UpdateOp<"copy_d2h", [1]> {
+  let summary = "write a device tensor back to state kept in pinned host memory";
+  let description = [{
+    Operands: the device tensor (read) and the `bonsai.state` placed in pinned host memory
+    (overwritten in place, over PCIe). Both have the same type. bonsai-offload puts it right
+    after the optimizer update that updated the device copy.
+
+    ```mlir
+    bonsai.copy_d2h %m_dev, %m : tensor<256x64xf32>, tensor<256x64xf32>
+    ```
+  }];
+  let arguments = (ins Bonsai_Tensor:$source, Bonsai_Tensor:$target);
 }
 
 #endif // BONSAI_DIALECT_BONSAI_IR_BONSAIOPTIMIZEROPS_TD
