@@ -87,9 +87,13 @@ model llama2_7b llama2_7b layers=2 seq=256 batch=1
 model llama3_8b llama3_8b layers=2 seq=256 batch=1 vocab=32000
 printf 'bonsai.recipe @adamw {\n  bonsai.optimizer "adamw" lr 3.000000e-04 {weight_decay = 1.000000e-02 : f64}\n}\n' \
   > "$models/adamw.mlir"
+# The same with the optimizer state in pinned host memory (docs/offload.md): the copy kinds.
+printf 'bonsai.recipe @offload {\n  bonsai.optimizer "adamw" lr 3.000000e-04 {weight_decay = 1.000000e-02 : f64}\n  bonsai.offload ["optimizer_state"]\n}\n' \
+  > "$models/offload.mlir"
 for pair in tiny_llama:examples/recipes/tiny_train.mlir tiny_gpt2:examples/recipes/tiny_train.mlir \
     tiny_llama:examples/recipes/lora_tiny.mlir llama_124m:"$models/adamw.mlir" \
-    gpt2_124m:"$models/adamw.mlir" llama_124m:examples/recipes/remat.mlir \
+    gpt2_124m:"$models/adamw.mlir" llama_124m:"$models/offload.mlir" \
+    llama_124m:examples/recipes/remat.mlir \
     llama2_7b:examples/recipes/qlora.mlir llama2_7b:examples/recipes/lora_7b.mlir \
     tinyllama_1_1b:examples/recipes/dora.mlir tinyllama_1_1b:examples/recipes/galore.mlir \
     llama3_8b:examples/recipes/fp8.mlir; do
