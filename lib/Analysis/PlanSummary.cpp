@@ -27,6 +27,23 @@ std::string mlir::bonsai::formatBytes(int64_t bytes) {
   return s;
 }
 
+std::string mlir::bonsai::overBudgetAdvice(StringRef memoryClass, bool recomputing) {
+  if (memoryClass == "weights")
+    return "train low-rank adapters on a quantized frozen base (bonsai.lora with "
+           "bonsai.quantize), or a bf16 model";
+  if (memoryClass == "activations")
+    return recomputing ? "lower the batch size or the sequence length"
+                       : "recompute activations (bonsai.remat), or lower the batch size or "
+                         "sequence length";
+  if (memoryClass == "gradients")
+    return "apply the updates in the backward pass (update_in_backward on bonsai.optimizer), "
+           "or train adapters (bonsai.lora)";
+  if (memoryClass == "optimizer state")
+    return "keep it in pinned host memory (bonsai.offload [\"optimizer_state\"]), project the "
+           "moments (bonsai.galore), or train adapters (bonsai.lora)";
+  return "lower the batch size or the sequence length";
+}
+
 PlanMemorySummary mlir::bonsai::summarizePlanMemory(plan::StepOp step) {
   PlanMemorySummary summary;
   int64_t stepArenas = 0;

@@ -111,24 +111,7 @@ struct PlanMemoryPass : impl::BonsaiPlanMemoryPassBase<PlanMemoryPass> {
                                   << dominant
                                   << (StringRef(dominant).ends_with("s") ? " take " : " takes ")
                                   << formatBytes(bytes);
-        // Only directives this compiler implements are recommended: bonsai.shard is parsed
-        // but refused until its pass exists, and bonsai.offload moves optimizer state and
-        // master weights only (docs/offload.md).
-        StringRef kind(dominant);
-        if (kind == "weights")
-          diag << ": train low-rank adapters on a quantized frozen base (bonsai.lora with "
-                  "bonsai.quantize), or a bf16 model";
-        else if (kind == "activations")
-          diag << ": recompute activations (bonsai.remat), or lower the batch size or "
-                  "sequence length";
-        else if (kind == "gradients")
-          diag << ": apply the updates in the backward pass (update_in_backward on "
-                  "bonsai.optimizer), or train adapters (bonsai.lora)";
-        else if (kind == "optimizer state")
-          diag << ": keep it in pinned host memory (bonsai.offload [\"optimizer_state\"]), "
-                  "project the moments (bonsai.galore), or train adapters (bonsai.lora)";
-        else
-          diag << ": lower the batch size or the sequence length";
+        diag << ": " << overBudgetAdvice(dominant, /*recomputing=*/false);
         return failure();
       }
     }

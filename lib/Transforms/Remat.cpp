@@ -802,13 +802,7 @@ LogicalResult RematPass::reportInfeasible(func::FuncOp function, const ForwardGr
   auto [dominant, bytes] = summary->dominant();
   diag << "; " << dominant << (StringRef(dominant).ends_with("s") ? " take " : " takes ")
        << formatBytes(bytes);
-  if (StringRef(dominant) == "weights")
-    diag << ": quantize the frozen base weights (bonsai.quantize), shard them over ranks "
-            "(bonsai.shard) or offload them (bonsai.offload)";
-  else if (StringRef(dominant) == "activations")
-    diag << ": lower the batch size or the sequence length";
-  else
-    diag << ": shard or offload them (bonsai.shard, bonsai.offload)";
+  diag << ": " << overBudgetAdvice(dominant, /*recomputing=*/true);
   return failure();
 }
 

@@ -47,6 +47,13 @@ struct PlanMemorySummary {
   std::pair<const char *, int64_t> dominant() const;
 };
 
+/// What to do about a plan over its device budget whose largest class is `memoryClass` (a name
+/// dominant() returns): only what this compiler implements (bonsai.shard is parsed but refused
+/// until its pass exists; bonsai.offload moves optimizer state and master weights only). With
+/// `recomputing`, bonsai-remat has already recomputed what it can, so activations get no
+/// recomputation advice.
+std::string overBudgetAdvice(llvm::StringRef memoryClass, bool recomputing);
+
 /// Summarises a step whose arenas have been sized by bonsai-plan-memory.
 PlanMemorySummary summarizePlanMemory(plan::StepOp step);
 
