@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -87,6 +88,23 @@ public:
       v.quantDoubleBlock = t.quantDoubleBlock;
       views_.push_back(std::move(v));
     }
+    // Offloaded plans issue their PCIe copies on a stream per direction (docs/offload.md,
+    // "Overlap"); an event after each kernel another stream waits for.
+    if (plan_.usesCopyStreams()) {
+      for (unsigned s = 1; s < kNumStreams; ++s) {
+        check(cudaStreamCreateWithFlags(&streams_[s], cudaStreamNonBlocking),
+              "cudaStreamCreate(copy stream)");
+        check(cudaEventCreateWithFlags(&joinEvents_[s], cudaEventDisableTiming),
+              "cudaEventCreate(join)");
+      }
+      check(cudaEventCreateWithFlags(&forkEvent_, cudaEventDisableTiming), "cudaEventCreate(fork)");
+      kernelEvents_.assign(plan_.kernels.size(), nullptr);
+      for (size_t i = 0; i < plan_.kernels.size(); ++i)
+        if (plan_.kernels[i].signals)
+          check(cudaEventCreateWithFlags(&kernelEvents_[i], cudaEventDisableTiming),
+                "cudaEventCreate(kernel)");
+      enqueuedIn_.assign(plan_.kernels.size(), 0);
+    }
     // Generated kernels are JIT-compiled now, once per plan: loading is not allowed while a
     // phase is being captured into a graph.
     if (!plan_.generatedKernels.empty())
@@ -99,6 +117,17 @@ public:
   ~CudaBackend() override {
     for (cudaEvent_t e : events_)
       cudaEventDestroy(e);
+    for (cudaEvent_t e : kernelEvents_)
+      if (e)
+        cudaEventDestroy(e);
+    for (unsigned s = 1; s < kNumStreams; ++s) {
+      if (joinEvents_[s])
+        cudaEventDestroy(joinEvents_[s]);
+      if (streams_[s])
+        cudaStreamDestroy(streams_[s]);
+    }
+    if (forkEvent_)
+      cudaEventDestroy(forkEvent_);
     for (auto &entry : graphs_)
       if (entry.second)
         cudaGraphExecDestroy(entry.second);
@@ -479,11 +508,9 @@ private:
             "cudaStreamBeginCaptureToGraph");
       try {
         // The body may not allocate: each kernel's scratch comes from the arena, reused by
-        // the next kernel (the body runs them in order).
-        for (size_t i : guard.guarded) {
-          cuda::ScratchArena::BodyScope scratch;
-          runKernelsOn({i}, bodyStream_);
-        }
+        // the next kernel (the body's compute stream runs them in order; the copies on the
+        // copy streams take none).
+        runStreamed(guard.guarded, bodyStream_, /*scratchScopes=*/true);
       } catch (...) {
         cudaGraph_t ended = nullptr;
         cudaStreamEndCapture(bodyStream_, &ended);
@@ -538,31 +565,75 @@ private:
   void runPhaseEagerly(Phase phase) { runPhaseEagerly(phase, plan_.kernels.size()); }
 
   void runPhaseEagerly(Phase phase, size_t end) {
-    for (size_t i = 0; i < end; ++i) {
-      if (plan_.kernels[i].phase != phase)
-        continue;
-      try {
-        runKernel(i);
-      } catch (const Error &e) {
-        throw Error(plan_.describeKernel(i) + ": " + e.what());
-      }
-    }
+    std::vector<size_t> kernels;
+    for (size_t i = 0; i < end; ++i)
+      if (plan_.kernels[i].phase == phase)
+        kernels.push_back(i);
+    runStreamed(kernels, stream_, /*scratchScopes=*/false);
   }
 
   /// Enqueues `kernels` (plan indices) in order on `stream` (null: the backend's, timed
-  /// kernel by kernel when profiling).
+  /// kernel by kernel when profiling, on that one stream).
   void runKernelsOn(const std::vector<size_t> &kernels, cudaStream_t stream) {
     if (profiling_ && !stream) {
       runKernelsProfiled(kernels);
       return;
     }
+    runStreamed(kernels, stream ? stream : stream_, /*scratchScopes=*/false);
+  }
+
+  /// Enqueues `kernels` (plan indices of one phase, in plan order): a compute-stream kernel
+  /// on `compute`, a copy on its copy stream. The copy streams start from the work enqueued
+  /// on `compute` before these kernels (an event), each kernel first waits for the kernels of
+  /// other streams it must follow (KernelInfo::waits, an event each), and `compute` ends
+  /// waiting for each copy stream's last kernel, so that to the caller the kernels are one
+  /// block of `compute`'s work, as on one stream. Under a capture the events are the graph's
+  /// edges. A wait for a kernel not among `kernels` is left out: that kernel ran before them
+  /// on `compute` (the guard's check kernels) and the fork covers it. With `scratchScopes`
+  /// (a conditional body), each compute kernel's scratch is a ScratchArena::BodyScope.
+  void runStreamed(const std::vector<size_t> &kernels, cudaStream_t compute, bool scratchScopes) {
+    std::array<bool, kNumStreams> used{};
+    bool forked = false;
+    ++run_;
+    auto join = [&] {
+      for (unsigned s = 1; s < kNumStreams; ++s)
+        if (used[s]) {
+          check(cudaEventRecord(joinEvents_[s], streams_[s]), "cudaEventRecord(join)");
+          check(cudaStreamWaitEvent(compute, joinEvents_[s], 0), "cudaStreamWaitEvent(join)");
+        }
+    };
     for (size_t i : kernels) {
+      const KernelInfo &kernel = plan_.kernels[i];
+      unsigned s = unsigned(kernel.stream);
+      cudaStream_t stream = s == 0 ? compute : streams_[s];
       try {
-        runKernel(i, stream ? stream : stream_);
+        if (s != 0 && !forked) {
+          check(cudaEventRecord(forkEvent_, compute), "cudaEventRecord(fork)");
+          forked = true;
+        }
+        if (s != 0 && !used[s])
+          check(cudaStreamWaitEvent(stream, forkEvent_, 0), "cudaStreamWaitEvent(fork)");
+        used[s] = true;
+        for (uint32_t w : kernel.waits)
+          if (enqueuedIn_[w] == run_)
+            check(cudaStreamWaitEvent(stream, kernelEvents_[w], 0), "cudaStreamWaitEvent");
+        if (scratchScopes && s == 0) {
+          cuda::ScratchArena::BodyScope scratch;
+          runKernel(i, stream);
+        } else {
+          runKernel(i, stream);
+        }
+        if (kernel.signals) {
+          check(cudaEventRecord(kernelEvents_[i], stream), "cudaEventRecord");
+          enqueuedIn_[i] = run_;
+        }
       } catch (const Error &e) {
+        // Join what was forked, so that a capture ends cleanly and reports this error.
+        join();
         throw Error(plan_.describeKernel(i) + ": " + e.what());
       }
     }
+    join();
   }
 
   void runKernel(size_t index) { runKernel(index, stream_); }
@@ -594,6 +665,17 @@ private:
   bool profiling_ = false;
   std::vector<double> times_;
   std::vector<cudaEvent_t> events_;
+  /// The copy streams (index StreamId; [0] unused: the compute stream is stream_ or the
+  /// conditional body's), null when the plan has no copies on them; the events that order
+  /// them (kernelEvents_[i] for a kernel that signals); and, per kernel, the run of
+  /// runStreamed that last recorded its event (run_ counts them), so that a wait refers to
+  /// this run's record only.
+  std::array<cudaStream_t, kNumStreams> streams_{};
+  std::array<cudaEvent_t, kNumStreams> joinEvents_{};
+  cudaEvent_t forkEvent_ = nullptr;
+  std::vector<cudaEvent_t> kernelEvents_;
+  std::vector<uint64_t> enqueuedIn_;
+  uint64_t run_ = 0;
   /// The non-finite guard: its device scalars (the verdict, the norm's limit), the limit they
   /// hold, its norms' addresses, the guarded update's graph (captured once; null when it could
   /// not be), the stream its conditional body is captured on, and whether the host skipped the

@@ -190,10 +190,22 @@ void KernelChecker::checkSpaces() const {
     check(out(j), outName(j));
 }
 
+void KernelChecker::checkStream() const {
+  if (kernel.stream == StreamId::Compute ||
+      kernelKindInfo(kernel.kind).has(kernel_traits::kCrossesSpaces))
+    return;
+  // Every other kind may share what the backend keeps per compute stream (the GEMM
+  // workspace, the kernels' scratch): two of them at once would race on it.
+  fail(std::string("runs on the ") + streamName(kernel.stream) +
+       " stream, but only the host-offload copies (CopyHostToDevice, CopyDeviceToHost) run on a "
+       "copy stream");
+}
+
 void KernelChecker::check() {
   checkArity();
   checkNf4Operands();
   checkSpaces();
+  checkStream();
   // The kind's contract: one `verify` per kind of the table, in table order.
   using Contract = void (*)(KernelChecker &);
   static const Contract contracts[] = {

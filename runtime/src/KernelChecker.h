@@ -309,6 +309,8 @@ private:
   void checkPhase() const;
   /// Only kinds with the kCrossesSpaces trait have operands in pinned host arenas.
   void checkSpaces() const;
+  /// Only kinds with the kCrossesSpaces trait run on a copy stream.
+  void checkStream() const;
 
   /// The contract of each kind (runtime/contract/<family>.cpp): its attributes, operand
   /// shapes and dtypes, and the state it keeps, checked after its arity.

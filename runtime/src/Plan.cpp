@@ -734,9 +734,12 @@ void PlanReader::readKernels() {
     const fb::Kernel *k = kernels->Get(i);
     KernelInfo info;
     info.name = str(k->name());
-    info.stream = k->stream();
     std::string what = "kernel " + std::to_string(i) +
                        (info.name.empty() ? std::string() : " '" + info.name + "'");
+    if (k->stream() >= kNumStreams)
+      fail(what + " runs on an unknown stream " + std::to_string(unsigned(k->stream())) +
+           " (0 compute, 1 host-to-device copies, 2 device-to-host copies)");
+    info.stream = static_cast<StreamId>(k->stream());
     // The kinds are sparse (families own ranges): a value in a gap is as unknown as one past
     // the end.
     if (!findKernelKind(uint32_t(k->kind())))
@@ -1002,6 +1005,7 @@ LoadedPlan PlanReader::read() {
   checkTensorRoles();
   readGeneratedKernels();
   readKernels();
+  orderStreams(plan);
   readInputsAndLoss();
   checkTraining();
   checkVocabulary();

@@ -104,6 +104,14 @@ std::string operands(const std::vector<uint32_t> &indices) {
   return "(" + s + ")";
 }
 
+/// " after #3, #9": the kernels of other streams a kernel waits for.
+std::string waitsText(const std::vector<uint32_t> &waits) {
+  std::string s;
+  for (size_t i = 0; i < waits.size(); ++i)
+    s += (i ? ", #" : " after #") + std::to_string(waits[i]);
+  return s;
+}
+
 } // namespace
 
 std::string formatKernelAttrs(const KernelInfo &kernel) {
@@ -166,8 +174,10 @@ std::string printPlan(const LoadedPlan &plan) {
     s += "kernel #" + std::to_string(k) + " " + phaseName(kernel.phase) + " " +
          kernelKindName(kernel.kind) + " " + operands(kernel.inputs) + " -> " +
          operands(kernel.outputs) + (attrs.empty() ? "" : " " + attrs) +
-         (kernel.stream ? " stream " + std::to_string(kernel.stream) : "") +
-         (kernel.name.empty() ? "" : "  // " + kernel.name) + "\n";
+         (kernel.stream != StreamId::Compute
+              ? std::string(" on the ") + streamName(kernel.stream) + " stream"
+              : std::string()) +
+         waitsText(kernel.waits) + (kernel.name.empty() ? "" : "  // " + kernel.name) + "\n";
   }
   for (const AdapterInfo &a : plan.adapters)
     s += std::string("adapter ") + (a.magnitude ? "DoRA" : "LoRA") + " r" +

@@ -14,6 +14,7 @@
 #include "TestPlans.h"
 #include "bonsai/runtime/Executor.h"
 #include "bonsai/runtime/Fp8.h"
+#include "bonsai/runtime/PlanPrinter.h"
 #include "bonsai/runtime/Random.h"
 
 #include <gtest/gtest.h>
@@ -680,45 +681,10 @@ TEST(PlanTrainingTest, DTypesAndShapesOfTheNewKinds) {
               {"(GradNorm): norm (tensor", "must be a scalar [] of dtype f32, got [16, 8] f32"});
 }
 
-/// The training plan with lm_head's moments and fp32 master kept in a pinned host arena (3) and
-/// streamed through the step arena around its AdamW update, as bonsai-offload compiles it
-/// (docs/offload.md): copies in, the update on the copies, copies back. `copies` receives the
-/// indices of the device copies (m, v, master).
-PlanSpec offloadedPlanSpec(test::TrainingTensors &t, std::vector<uint32_t> *copies = nullptr) {
-  PlanSpec spec = test::trainingPlanSpec({2, 4, 16, 8, true}, &t);
-  spec.arenas.push_back({"optimizer_host", Lifetime::Persistent, 0, 256, MemorySpace::PinnedHost});
-  size_t adam = 0;
-  for (size_t i = 0; i < spec.kernels.size(); ++i)
-    if (spec.kernels[i].kind == KernelKind::AdamWUpdate && spec.kernels[i].outputs[0] == t.head)
-      adam = i;
-  std::vector<test::KernelSpec> in, out;
-  std::vector<uint32_t> staged;
-  for (size_t j = 1; j < spec.kernels[adam].outputs.size(); ++j) {
-    uint32_t host = spec.kernels[adam].outputs[j];
-    test::TensorSpec &state = spec.tensors[host];
-    state.arena = 3;
-    state.offset = spec.arenas[3].size;
-    spec.arenas[3].size += 1024;
-    uint32_t device = spec.add("copy_h2d." + std::to_string(j), DType::F32, state.shape,
-                               TensorRole::Activation, 1);
-    in.push_back({KernelKind::CopyHostToDevice, {host}, {device}, fb::KernelAttrs::NONE, {}, "",
-                  Phase::Update});
-    out.push_back({KernelKind::CopyDeviceToHost, {device}, {host}, fb::KernelAttrs::NONE, {}, "",
-                   Phase::Update});
-    spec.kernels[adam].outputs[j] = device;
-    staged.push_back(device);
-  }
-  spec.kernels.insert(spec.kernels.begin() + adam + 1, out.begin(), out.end());
-  spec.kernels.insert(spec.kernels.begin() + adam, in.begin(), in.end());
-  if (copies)
-    *copies = staged;
-  return spec;
-}
-
 TEST(PlanTrainingTest, OffloadedStateIsUpdatedThroughDeviceCopies) {
   test::TrainingTensors t;
   std::vector<uint32_t> copies;
-  PlanSpec spec = offloadedPlanSpec(t, &copies);
+  PlanSpec spec = test::offloadedPlanSpec(t, &copies);
   ASSERT_EQ(loadError(spec), "");
   LoadedPlan plan = load(buildPlan(spec));
   EXPECT_EQ(plan.arenas[3].space, MemorySpace::PinnedHost);
@@ -730,7 +696,7 @@ TEST(PlanTrainingTest, OffloadedStateIsUpdatedThroughDeviceCopies) {
                          " 'copy_h2d.1'), a copy of tensor " + std::to_string(m) +
                          " 'optimizer.exp_avg.lm_head.weight', must have init Zeros (moments "
                          "start at zero)"});
-  spec = offloadedPlanSpec(t);
+  spec = test::offloadedPlanSpec(t);
   uint32_t master = tensorOf(spec, "optimizer.master.lm_head.weight", TensorRole::OptimizerState);
   spec.tensors[master].initSource = t.table;
   expectError(spec, {"(AdamWUpdate): master (tensor", "a copy of tensor " +
@@ -738,7 +704,7 @@ TEST(PlanTrainingTest, OffloadedStateIsUpdatedThroughDeviceCopies) {
                          "of tensor 0 'model.embed_tokens.weight', not of param"});
 
   // A step-arena tensor that no copy wrote is not state: its update would be lost.
-  spec = offloadedPlanSpec(t, &copies);
+  spec = test::offloadedPlanSpec(t, &copies);
   spec.kernels.erase(std::find_if(spec.kernels.begin(), spec.kernels.end(), [](const auto &k) {
     return k.kind == KernelKind::CopyHostToDevice;
   }));
@@ -750,26 +716,26 @@ TEST(PlanTrainingTest, OffloadedStateIsUpdatedThroughDeviceCopies) {
 TEST(PlanTrainingTest, OffloadCopiesCrossTheirSpaces) {
   test::TrainingTensors t;
   // Into the device: from a pinned host arena only.
-  PlanSpec spec = offloadedPlanSpec(t);
+  PlanSpec spec = test::offloadedPlanSpec(t);
   size_t h2d = kernelOf(spec, KernelKind::CopyHostToDevice);
   spec.kernels[h2d].inputs = {t.gradHead};
   expectError(spec, {"(CopyHostToDevice): x (tensor " + std::to_string(t.gradHead) +
                      " 'lm_head.weight') is in arena 'state', not in a pinned host arena"});
   // ... into a device arena only.
-  spec = offloadedPlanSpec(t);
+  spec = test::offloadedPlanSpec(t);
   uint32_t v = tensorOf(spec, "optimizer.exp_avg_sq.lm_head.weight", TensorRole::OptimizerState);
   spec.kernels[h2d].outputs = {v};
   expectError(spec, {"(CopyHostToDevice): y (tensor " + std::to_string(v) +
                      " 'optimizer.exp_avg_sq.lm_head.weight') is in arena 'optimizer_host', not "
                      "in a device arena"});
   // Back to the host: into a pinned host arena only.
-  spec = offloadedPlanSpec(t);
+  spec = test::offloadedPlanSpec(t);
   size_t d2h = kernelOf(spec, KernelKind::CopyDeviceToHost);
   spec.kernels[d2h].outputs = {t.gradHead};
   expectError(spec, {"(CopyDeviceToHost): y (tensor " + std::to_string(t.gradHead) +
                      " 'lm_head.weight') is in arena 'state', not in a pinned host arena"});
   // No other kind reads or writes pinned host memory: the update must work on the copy.
-  spec = offloadedPlanSpec(t);
+  spec = test::offloadedPlanSpec(t);
   size_t adam = 0;
   for (size_t i = 0; i < spec.kernels.size(); ++i)
     if (spec.kernels[i].kind == KernelKind::AdamWUpdate && spec.kernels[i].outputs[0] == t.head)
@@ -780,10 +746,108 @@ TEST(PlanTrainingTest, OffloadCopiesCrossTheirSpaces) {
                      "'optimizer_host': only the host-offload copies (CopyHostToDevice, "
                      "CopyDeviceToHost) read or write pinned host memory"});
   // Same shape and dtype both ways.
-  spec = offloadedPlanSpec(t);
+  spec = test::offloadedPlanSpec(t);
   spec.kernels[h2d].inputs = {
       spec.add("small", DType::F32, {4, 8}, TensorRole::OptimizerState, 3)};
   expectError(spec, {"(CopyHostToDevice): y (tensor", "shape: expected [4, 8], got [16, 8]"});
+}
+
+/// offloadedPlanSpec with its copies on the copy streams.
+TEST(PlanTrainingTest, CopiesOnTheirStreamsWaitForWhatTheirBytesNeed) {
+  test::TrainingTensors t;
+  PlanSpec spec = test::offloadedPlanSpec(t, nullptr, /*onCopyStreams=*/true);
+  std::vector<size_t> in, out;
+  size_t adam = 0;
+  for (size_t i = 0; i < spec.kernels.size(); ++i) {
+    const test::KernelSpec &k = spec.kernels[i];
+    if (k.kind == KernelKind::CopyHostToDevice)
+      in.push_back(i);
+    else if (k.kind == KernelKind::CopyDeviceToHost)
+      out.push_back(i);
+    else if (k.kind == KernelKind::AdamWUpdate && k.outputs[0] == t.head)
+      adam = i;
+  }
+  ASSERT_EQ(in.size(), 3u);
+  LoadedPlan plan = load(buildPlan(spec));
+  EXPECT_TRUE(plan.usesCopyStreams());
+  EXPECT_EQ(plan.kernels[in[0]].stream, StreamId::HostToDevice);
+  // Nothing before the copies in touches their bytes; the update reads all three, and waits
+  // for the last (its stream runs them in order).
+  for (size_t i : in)
+    EXPECT_TRUE(plan.kernels[i].waits.empty()) << i;
+  EXPECT_EQ(plan.kernels[adam].waits, std::vector<uint32_t>{uint32_t(in.back())});
+  // The first copy back waits for the update that wrote its source; the others are implied.
+  EXPECT_EQ(plan.kernels[out[0]].waits, std::vector<uint32_t>{uint32_t(adam)});
+  EXPECT_TRUE(plan.kernels[out[1]].waits.empty());
+  EXPECT_TRUE(plan.kernels[out[2]].waits.empty());
+  for (size_t i = 0; i < plan.kernels.size(); ++i) {
+    EXPECT_EQ(plan.kernels[i].signals, i == in.back() || i == adam) << i;
+    if (i > out.back())
+      EXPECT_TRUE(plan.kernels[i].waits.empty()) << i;
+  }
+  std::string text = printPlan(plan);
+  EXPECT_NE(text.find(" on the device-to-host stream after #" + std::to_string(adam)),
+            std::string::npos)
+      << text;
+
+  // Only the copies run on a copy stream, and only on one that exists.
+  spec.kernels[adam].stream = 1;
+  expectError(spec, {"(AdamWUpdate): runs on the host-to-device stream, but only the "
+                     "host-offload copies (CopyHostToDevice, CopyDeviceToHost) run on a copy "
+                     "stream"});
+  spec.kernels[adam].stream = 0;
+  spec.kernels[in[0]].stream = 3;
+  expectError(spec, {"runs on an unknown stream 3 (0 compute, 1 host-to-device copies, 2 "
+                     "device-to-host copies)"});
+}
+
+/// orderStreams on a hand-made plan: a read-after-write, a write-after-read, a wait implied
+/// by an earlier one, and phases apart.
+TEST(StreamOrderTest, WaitsFollowTheBytesAcrossStreams) {
+  LoadedPlan plan;
+  plan.arenas = {{"step", MemorySpace::Device, Lifetime::Step, 256, 256},
+                 {"host", MemorySpace::PinnedHost, Lifetime::Persistent, 256, 256}};
+  auto tensor = [&](uint32_t arena, uint64_t offset) {
+    TensorInfo t;
+    t.arena = arena;
+    t.offset = offset;
+    t.bytes = 64;
+    plan.tensors.push_back(t);
+    return uint32_t(plan.tensors.size() - 1);
+  };
+  uint32_t a = tensor(0, 0), b = tensor(0, 32), c = tensor(0, 128), h = tensor(1, 0),
+           g = tensor(1, 64);
+  auto kernel = [&](StreamId stream, std::vector<uint32_t> in, std::vector<uint32_t> out,
+                    Phase phase = Phase::Forward) {
+    KernelInfo k;
+    k.stream = stream;
+    k.inputs = std::move(in);
+    k.outputs = std::move(out);
+    k.phase = phase;
+    plan.kernels.push_back(k);
+  };
+  kernel(StreamId::Compute, {a}, {c});      // 0
+  kernel(StreamId::HostToDevice, {g}, {b}); // 1: writes bytes 0 read (a overlaps b)
+  kernel(StreamId::Compute, {b}, {c});      // 2: reads what 1 wrote
+  kernel(StreamId::DeviceToHost, {b}, {h}); // 3: reads b, as 2 does: no conflict with 2
+  kernel(StreamId::Compute, {c}, {a});      // 4: overwrites what 3 reads
+  kernel(StreamId::HostToDevice, {h}, {b}); // 5: reads what 3 wrote, writes what 4 wrote:
+                                            //    waiting for 4 implies 3 (4 waited for it)
+  kernel(StreamId::Compute, {a}, {b}, Phase::Update); // 6: another phase
+  orderStreams(plan);
+  std::vector<std::vector<uint32_t>> want = {{}, {0}, {1}, {1}, {3}, {4}, {}};
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_EQ(plan.kernels[i].waits, want[i]) << "kernel " << i;
+  std::vector<bool> signals = {true, true, false, true, true, false, false};
+  for (size_t i = 0; i < signals.size(); ++i)
+    EXPECT_EQ(plan.kernels[i].signals, signals[i]) << "kernel " << i;
+
+  // All on the compute stream: no waits at all.
+  for (KernelInfo &k : plan.kernels)
+    k.stream = StreamId::Compute;
+  orderStreams(plan);
+  for (const KernelInfo &k : plan.kernels)
+    EXPECT_TRUE(k.waits.empty() && !k.signals);
 }
 
 TEST(PlanTrainingTest, OptimizerStateIsPersistentAndInitialized) {

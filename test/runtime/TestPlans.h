@@ -66,6 +66,7 @@ struct KernelSpec {
   std::function<flatbuffers::Offset<void>(flatbuffers::FlatBufferBuilder &)> attrs;
   std::string name;
   Phase phase = Phase::Forward;
+  uint8_t stream = 0; ///< StreamId: 0 compute, 1 and 2 the copy streams.
 };
 
 /// An adapter of a test plan (plan.fbs's Adapter: tensor indices, magnitude -1 for LoRA).
@@ -251,8 +252,8 @@ inline std::vector<uint8_t> buildPlan(const PlanSpec &spec, const char *identifi
   for (const KernelSpec &k : spec.kernels) {
     flatbuffers::Offset<void> attrs = k.attrs ? k.attrs(b) : flatbuffers::Offset<void>();
     kernels.push_back(fb::CreateKernelDirect(b, static_cast<fb::KernelKind>(k.kind), &k.inputs,
-                                             &k.outputs, k.attrsType, attrs, 0, k.name.c_str(),
-                                             static_cast<fb::Phase>(k.phase)));
+                                             &k.outputs, k.attrsType, attrs, k.stream,
+                                             k.name.c_str(), static_cast<fb::Phase>(k.phase)));
   }
   auto target = fb::CreateTargetDirect(b, spec.arch.c_str(), 0);
   uint64_t weights = 0, activations = 0, inputs = 0;
@@ -438,6 +439,57 @@ inline PlanSpec trainingPlanSpec(TrainingDims d = {}, TrainingTensors *out = nul
   if (out)
     *out = t;
   return p;
+}
+
+/// The training plan with lm_head's moments and fp32 master kept in a pinned host arena (3) and
+/// streamed through the step arena around its AdamW update, as bonsai-offload compiles it
+/// (docs/offload.md): copies in, the update on the copies, copies back. `copies` receives the
+/// indices of the device copies (m, v, master). With `onCopyStreams`, the copies run on the copy
+/// streams, as bonsai-schedule issues them (docs/offload.md, "Overlap").
+inline PlanSpec offloadedPlanSpec(TrainingTensors &t, std::vector<uint32_t> *copies = nullptr,
+                                  bool onCopyStreams = false) {
+  namespace fb = bonsai::plan;
+  const uint8_t toDevice = onCopyStreams ? 1 : 0, toHost = onCopyStreams ? 2 : 0;
+  PlanSpec spec = trainingPlanSpec({2, 4, 16, 8, true}, &t);
+  spec.arenas.push_back({"optimizer_host", Lifetime::Persistent, 0, 256, MemorySpace::PinnedHost});
+  size_t adam = 0;
+  for (size_t i = 0; i < spec.kernels.size(); ++i)
+    if (spec.kernels[i].kind == KernelKind::AdamWUpdate && spec.kernels[i].outputs[0] == t.head)
+      adam = i;
+  std::vector<KernelSpec> in, out;
+  std::vector<uint32_t> staged;
+  for (size_t j = 1; j < spec.kernels[adam].outputs.size(); ++j) {
+    uint32_t host = spec.kernels[adam].outputs[j];
+    test::TensorSpec &state = spec.tensors[host];
+    state.arena = 3;
+    state.offset = spec.arenas[3].size;
+    spec.arenas[3].size += 1024;
+    uint32_t device = spec.add("copy_h2d." + std::to_string(j), DType::F32, state.shape,
+                               TensorRole::Activation, 1);
+    in.push_back({KernelKind::CopyHostToDevice,
+                  {host},
+                  {device},
+                  fb::KernelAttrs::NONE,
+                  {},
+                  "",
+                  Phase::Update,
+                  toDevice});
+    out.push_back({KernelKind::CopyDeviceToHost,
+                   {device},
+                   {host},
+                   fb::KernelAttrs::NONE,
+                   {},
+                   "",
+                   Phase::Update,
+                   toHost});
+    spec.kernels[adam].outputs[j] = device;
+    staged.push_back(device);
+  }
+  spec.kernels.insert(spec.kernels.begin() + adam + 1, out.begin(), out.end());
+  spec.kernels.insert(spec.kernels.begin() + adam, in.begin(), in.end());
+  if (copies)
+    *copies = staged;
+  return spec;
 }
 
 /// A plan that uses every kernel kind once or more: a GPT-2-like block with rotary attention

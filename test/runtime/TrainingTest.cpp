@@ -818,6 +818,53 @@ TEST_F(TrainingTest, SpikesSkipTheirUpdateOnTheGpu) {
 }
 #endif
 
+/// Offloaded state on `options`' backend (docs/offload.md): lm_head's moments and fp32 master
+/// in pinned host memory, copied to the device around its update, train three steps to the
+/// same losses and the same persistent bytes as the plan that keeps them on the device,
+/// whether the copies run in order on the compute stream or on the copy streams (where the
+/// GPU orders them by the waits the loader derives).
+void expectOffloadBitForBit(const ExecutorOptions &options, const std::string &dir) {
+  test::TrainingTensors t;
+  LoadedPlan onDevice = loadSpec(test::trainingPlanSpec({2, 4, 16, 8, true}, &t), "device.plan");
+  LoadedPlan inOrder = loadSpec(test::offloadedPlanSpec(t), "in-order.plan");
+  LoadedPlan streamed = loadSpec(test::offloadedPlanSpec(t, nullptr, true), "streamed.plan");
+  ASSERT_FALSE(inOrder.usesCopyStreams());
+  ASSERT_TRUE(streamed.usesCopyStreams());
+  std::string data = cyclicTokens(dir + "/tokens.bin", 611, 16);
+  TokenLoader loader(data, 2, 4, 16, 5);
+  Executor a(onDevice, options), b(inOrder, options), c(streamed, options);
+  for (Executor *e : {&a, &b, &c})
+    e->initWeights(5);
+  for (uint64_t m = 0; m < 3; ++m) {
+    StepResult ra = a.trainStep(loader, m, 1);
+    EXPECT_EQ(b.trainStep(loader, m, 1).loss, ra.loss) << "step " << m + 1;
+    EXPECT_EQ(c.trainStep(loader, m, 1).loss, ra.loss) << "step " << m + 1;
+  }
+  expectSameBytes(b, persistentBytes(a), persistentBytes(b), "copies in order");
+  expectSameBytes(c, persistentBytes(a), persistentBytes(c), "copies on the copy streams");
+}
+
+TEST_F(TrainingTest, OffloadedStateTrainsBitForBit) { expectOffloadBitForBit({}, dir); }
+
+#ifdef BONSAI_HAVE_CUDA
+// The same on the GPU: with CUDA Graphs, the guarded update's conditional body forks and joins
+// the copy streams inside the graph (no fallback to eager); without, the events order them.
+TEST_F(TrainingTest, OffloadedStateTrainsBitForBitOnTheGpu) {
+  if (!gpuPresent())
+    GTEST_SKIP() << "no GPU here";
+  for (bool graphs : {true, false}) {
+    SCOPED_TRACE(graphs ? "CUDA Graphs" : "no CUDA Graphs");
+    ExecutorOptions gpu;
+    gpu.backend = Backend::Cuda;
+    gpu.cudaGraphs = graphs;
+    ::testing::internal::CaptureStderr();
+    expectOffloadBitForBit(gpu, dir);
+    std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(err.find("without a CUDA Graph"), std::string::npos) << err;
+  }
+}
+#endif
+
 //===----------------------------------------------------------------------===//
 // The tools.
 //===----------------------------------------------------------------------===//

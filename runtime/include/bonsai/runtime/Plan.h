@@ -91,6 +91,18 @@ struct TensorInfo {
   uint32_t quantDoubleBlock = 0;
 };
 
+/// The streams a kernel is issued on (KernelInfo::stream). Kernels of one stream run in plan
+/// order; a kernel waits for the kernels of other streams it conflicts with (KernelInfo::waits),
+/// and each phase's copy streams start after the work before the phase and end before the
+/// work after it. Only the copies between pinned host and device memory (trait
+/// kCrossesSpaces) may run on a copy stream, one per direction so that both PCIe directions
+/// move at once (docs/offload.md, "Overlap").
+enum class StreamId : uint8_t { Compute = 0, HostToDevice = 1, DeviceToHost = 2 };
+constexpr unsigned kNumStreams = 3;
+
+/// "compute", "host-to-device" or "device-to-host".
+const char *streamName(StreamId stream);
+
 /// One verified kernel: indices into LoadedPlan::tensors, checked against the kind's operand
 /// conventions.
 struct KernelInfo {
@@ -99,9 +111,18 @@ struct KernelInfo {
   std::vector<uint32_t> outputs;
   /// The struct of the kind's attribute table (KernelAttrs.h).
   KernelAttrsInfo attrs;
-  uint8_t stream = 0;
+  StreamId stream = StreamId::Compute;
   std::string name;
   Phase phase = Phase::Forward;
+  /// Earlier kernels of the same phase, on other streams, that must be complete before this
+  /// one starts: of each other stream, the latest one whose bytes this one's conflict with (one
+  /// writes what the other reads or writes), unless an earlier wait already implies it. Derived
+  /// by the loader from the memory plan (orderStreams), never read from the file, so that a
+  /// plan cannot race whatever streams its compiler chose.
+  std::vector<uint32_t> waits;
+  /// Whether a later kernel waits for this one (a backend with streams records an event
+  /// after it).
+  bool signals = false;
 
   /// The attributes as `Table` (NormAttrs, ...), which must be the kind's attribute table.
   template <typename Table> const Table &attrsAs() const { return std::get<Table>(attrs); }
@@ -170,6 +191,8 @@ struct LoadedPlan {
   bool trains() const;
   /// Whether the plan has Backward kernels.
   bool hasBackward() const;
+  /// Whether a kernel runs on a stream other than the compute stream.
+  bool usesCopyStreams() const;
   /// The first kernel that updates a parameter in the backward pass (a plan compiled with the
   /// recipe's update_in_backward keeps no gradients), if any.
   std::optional<size_t> updateInBackward() const;
@@ -196,6 +219,13 @@ LoadedPlan loadPlanFile(const std::string &path);
 /// Verifies and loads a plan held in memory; `what` names it in messages (usually the path).
 /// The buffer must be 8-byte aligned (as std::vector and new[] memory is) for the verifier.
 LoadedPlan loadPlanBuffer(const void *data, size_t size, const std::string &what);
+
+/// Fills every kernel's `waits` and `signals` from the plan's streams and memory plan: within
+/// each phase, in plan order, a kernel waits for the latest kernel of each other stream whose
+/// tensors' bytes overlap its own where at least one of the two writes them, unless an earlier
+/// wait (on the same stream, or carried by the kernel it waited for) already implies it. The
+/// loader calls it; a plan whose kernels all run on the compute stream gets no waits.
+void orderStreams(LoadedPlan &plan);
 
 /// Reads a whole file; throws rt::Error naming `path` when it is missing or unreadable.
 std::vector<uint8_t> readFileBytes(const std::string &path);
