@@ -108,8 +108,11 @@ void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &o
   lower.deviceMemory = options.deviceMemory;
   lower.microBatches = options.microBatches;
   pm.addPass(createBonsaiLowerToPlanPass(lower));
-  // Liveness is defined over the schedule, so the order is fixed before memory is planned.
-  pm.addPass(createBonsaiSchedulePass());
+  // Liveness is defined over the schedule, so the order is fixed before memory is planned
+  // (and the prefetched copies' buffers live from where they are issued).
+  BonsaiSchedulePassOptions schedule;
+  schedule.overlap = options.overlapCopies;
+  pm.addPass(createBonsaiSchedulePass(schedule));
   pm.addPass(createBonsaiPlanMemoryPass());
   // An independent check of the planner's result: a plan that overlaps live buffers would
   // corrupt training silently, so it must never reach a file.

@@ -488,7 +488,8 @@ LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes) {
         return failure();
       continue;
     }
-    if (isa<plan::ArenaOp>(op))
+    // A retain only shaped the memory plan; the runtime derives the streams' order itself.
+    if (isa<plan::ArenaOp, plan::RetainOp>(op))
       continue;
     auto launch = dyn_cast<plan::LaunchOp>(op);
     if (!launch)

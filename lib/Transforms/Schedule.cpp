@@ -1,24 +1,32 @@
 //===- Schedule.cpp - Order and streams for plan launches -----------------===//
 //
-// The `bonsai-schedule` pass (see Passes.td).
+// The `bonsai-schedule` pass (see Passes.td): declarations above the work, every launch on a
+// stream, and the host-offload copies overlapped with the work around them (docs/offload.md,
+// "Overlap").
 //
 //===----------------------------------------------------------------------===//
 
 #include "bonsai/Dialect/Plan/IR/PlanDialect.h"
 #include "bonsai/Transforms/Passes.h"
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/StringMap.h"
 
 namespace mlir::bonsai {
 #define GEN_PASS_DEF_BONSAISCHEDULEPASS
 #include "bonsai/Transforms/Passes.h.inc"
 
 namespace {
+using plan::LaunchOp;
+
+/// The runtime's streams (bonsai::rt::StreamId).
+enum Stream : int64_t { kCompute = 0, kHostToDevice = 1, kDeviceToHost = 2 };
+
 struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
   using Base::Base;
 
-  void scheduleStep(plan::StepOp step) {
-    Block &body = step.getBody().front();
-    // Declarations move above all work, keeping their relative order (so views still follow
-    // their sources); the work keeps its order, which is the step's meaning.
+  /// Declarations move above all work, keeping their relative order (so views still follow
+  /// their sources); the work keeps its order, which is the step's meaning.
+  static void hoistDeclarations(Block &body) {
     Operation *anchor = nullptr;
     for (Operation &op : llvm::make_early_inc_range(body)) {
       if (!isa<plan::ArenaOp, plan::BufferOp, plan::ViewOp>(op))
@@ -29,8 +37,164 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
         op.moveBefore(&body, body.begin());
       anchor = &op;
     }
-    for (auto launch : body.getOps<plan::LaunchOp>())
-      launch.setStream(0);
+  }
+
+  /// A launch that reads a pinned host buffer and writes device buffers is a host-to-device
+  /// copy, the reverse a device-to-host copy (only the offload copies touch pinned host
+  /// memory: the runtime's loader holds every other kind to device arenas); everything else
+  /// computes.
+  static Stream streamOf(LaunchOp launch, const llvm::StringMap<plan::MemorySpace> &spaces) {
+    auto onHost = [&](ValueRange values) {
+      bool host = false, device = false;
+      for (Value v : values)
+        if (plan::BufferOp buffer = plan::getUnderlyingBuffer(v))
+          (spaces.lookup(buffer.getArena()) == plan::MemorySpace::PinnedHost ? host : device) =
+              true;
+      return std::pair(host, device);
+    };
+    auto [insHost, insDevice] = onHost(launch.getIns());
+    auto [outsHost, outsDevice] = onHost(launch.getOuts());
+    if (insHost && !insDevice && outsDevice && !outsHost)
+      return kHostToDevice;
+    if (outsHost && !outsDevice && insDevice && !insHost)
+      return kDeviceToHost;
+    return kCompute;
+  }
+
+  static bool touches(Operation *op, plan::BufferOp buffer) {
+    return llvm::any_of(op->getOperands(),
+                        [&](Value v) { return plan::getUnderlyingBuffer(v) == buffer; });
+  }
+
+  static std::optional<plan::Phase> phaseOf(Operation *op) {
+    if (auto launch = dyn_cast<LaunchOp>(op))
+      return launch.getPhase();
+    return std::nullopt;
+  }
+
+  /// Host-to-device copies are issued one update ahead: the copies an op reads (its group)
+  /// move up to just after the op that read the previous group, within their phase, so that
+  /// they cross PCIe while that op, the previous group's copies back and whatever compute lies
+  /// between run. Device-to-host copies stay right after their update; a retain of their
+  /// sources before the next group's reader keeps the planner from handing those bytes to
+  /// the compute stream while the copy may still read them. The runtime derives every wait
+  /// from the bytes (orderStreams), so this order is a performance choice only.
+  /// Returns the groups moved and the sources retained.
+  std::pair<unsigned, unsigned> overlapCopies(Block &body) {
+    unsigned prefetched = 0, retainedSources = 0;
+    // Groups of host-to-device copies by the first op that reads their result.
+    SmallVector<std::pair<Operation *, SmallVector<LaunchOp>>> groups;
+    for (LaunchOp copy : body.getOps<LaunchOp>()) {
+      if (copy.getStream() != kHostToDevice || copy.getOuts().size() != 1)
+        continue;
+      plan::BufferOp staged = plan::getUnderlyingBuffer(copy.getOuts()[0]);
+      Operation *reader = nullptr;
+      for (Operation *op = copy->getNextNode(); op && !reader; op = op->getNextNode())
+        if (phaseOf(op) == copy.getPhase() && touches(op, staged))
+          reader = op;
+      if (!reader)
+        continue;
+      if (!groups.empty() && groups.back().first == reader)
+        groups.back().second.push_back(copy);
+      else
+        groups.push_back({reader, {copy}});
+    }
+
+    Operation *previousReader = nullptr;
+    for (auto &[reader, copies] : groups) {
+      // Walk up from the group's first copy while the op above is of the same phase, is not
+      // the previous group's reader, and touches none of the copies' host sources.
+      Operation *first = copies.front();
+      Operation *above = first->getPrevNode();
+      auto blocks = [&](Operation *op) {
+        if (op == previousReader || !phaseOf(op) || phaseOf(op) != phaseOf(first) ||
+            isa<plan::ArenaOp, plan::BufferOp, plan::ViewOp>(op))
+          return true;
+        return llvm::any_of(copies, [&](LaunchOp copy) {
+          return llvm::any_of(copy.getIns(),
+                              [&](Value v) { return touches(op, plan::getUnderlyingBuffer(v)); });
+        });
+      };
+      while (above && !blocks(above))
+        above = above->getPrevNode();
+      if (above != first->getPrevNode()) {
+        Operation *anchor = above;
+        for (LaunchOp copy : copies) {
+          copy->moveAfter(anchor);
+          anchor = copy;
+        }
+        ++prefetched;
+      }
+      previousReader = reader;
+    }
+
+    // Retains of device-to-host sources: before the reader of the next group issued after the
+    // copy, or after the last op of its phase.
+    llvm::DenseSet<Operation *> readers;
+    for (auto &group : groups)
+      readers.insert(group.first);
+    SmallVector<LaunchOp> backCopies;
+    for (LaunchOp copy : body.getOps<LaunchOp>())
+      if (copy.getStream() == kDeviceToHost)
+        backCopies.push_back(copy);
+    llvm::DenseMap<Operation *, SmallVector<Value>> retained;
+    llvm::DenseMap<Operation *, bool> retainAfter;
+    for (LaunchOp copy : backCopies) {
+      Operation *until = nullptr, *last = copy;
+      bool sawWork = false;
+      for (Operation *op = copy->getNextNode(); op; op = op->getNextNode()) {
+        if (phaseOf(op) != copy.getPhase())
+          break;
+        last = op;
+        auto launch = dyn_cast<LaunchOp>(op);
+        if (!launch || launch.getStream() == kCompute) {
+          if (readers.contains(op)) {
+            until = op;
+            break;
+          }
+          sawWork = true;
+        }
+      }
+      if (!sawWork)
+        continue; // Nothing computes between the copy and the point: nothing to keep out.
+      Operation *point = until ? until : last;
+      retained[point].push_back(copy.getIns()[0]);
+      retainAfter[point] = !until;
+    }
+    for (Operation &op : llvm::make_early_inc_range(body)) {
+      auto it = retained.find(&op);
+      if (it == retained.end())
+        continue;
+      OpBuilder builder(&op);
+      if (retainAfter[&op])
+        builder.setInsertionPointAfter(&op);
+      plan::RetainOp::create(builder, op.getLoc(), it->second);
+      retainedSources += it->second.size();
+    }
+    return {prefetched, retainedSources};
+  }
+
+  void scheduleStep(plan::StepOp step) {
+    Block &body = step.getBody().front();
+    hoistDeclarations(body);
+    llvm::StringMap<plan::MemorySpace> spaces;
+    for (auto arena : body.getOps<plan::ArenaOp>())
+      spaces[arena.getSymName()] = arena.getSpace();
+    unsigned copies = 0;
+    for (LaunchOp launch : body.getOps<LaunchOp>()) {
+      Stream stream = overlap ? streamOf(launch, spaces) : kCompute;
+      launch.setStream(stream);
+      copies += stream != kCompute;
+    }
+    if (!copies)
+      return;
+    auto [prefetched, retainedSources] = overlapCopies(body);
+    numPrefetched += prefetched;
+    numRetained += retainedSources;
+    step.emitRemark() << "schedule: " << copies
+                      << " host-offload copies on the copy streams; the copies into " << prefetched
+                      << " updates issued one update ahead; " << retainedSources
+                      << " sources of copies back kept from reuse until the next update";
   }
 
   void runOnOperation() override {

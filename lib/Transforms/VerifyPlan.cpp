@@ -70,6 +70,8 @@ struct VerifyPlanPass : impl::BonsaiVerifyPlanPassBase<VerifyPlanPass> {
       if (auto launch = dyn_cast<plan::LaunchOp>(op)) {
         reads = launch.getIns();
         writes = launch.getOuts();
+      } else if (isa<plan::RetainOp>(op)) {
+        reads = op.getOperands(); // It only keeps them live.
       } else {
         reads = op.getOperands().take_front(std::min<size_t>(1, op.getNumOperands()));
         writes = op.getOperands().drop_front(std::min<size_t>(1, op.getNumOperands()));

@@ -2,7 +2,7 @@
 //
 // bonsai-compile model.mlir [recipe.mlir] [-o step.plan] [--target=sm_90]
 //                [--device-memory=24GiB] [--fuse=false] [--fuse-disable=family,...]
-//                [--remat-time-limit=60]
+//                [--remat-time-limit=60] [--overlap-copies=false]
 //
 // Parses the model (and the recipe, if given, into the same module), runs the standard
 // pipeline (with the backward pass, the optimizer and activation recomputation when the
@@ -77,6 +77,12 @@ static llvm::cl::opt<bool>
                llvm::cl::desc("Fuse chains of ops into single kernels (default true; "
                               "--fuse=false compiles every op as its own kernel)"),
                llvm::cl::init(true), llvm::cl::cat(bonsaiCategory));
+static llvm::cl::opt<bool> overlapCopiesOption(
+    "overlap-copies",
+    llvm::cl::desc("Issue the host-offload copies on copy streams, one update ahead, beside the "
+                   "compute (default true; --overlap-copies=false keeps them in order on the "
+                   "compute stream; docs/offload.md)"),
+    llvm::cl::init(true), llvm::cl::cat(bonsaiCategory));
 static llvm::cl::list<std::string>
     fuseDisableOption("fuse-disable",
                       llvm::cl::desc("Fusion families to leave out, e.g. "
@@ -232,6 +238,7 @@ int main(int argc, char **argv) {
   }
   options.rematTimeLimit = rematTimeLimitOption;
   options.fuse = fuseOption;
+  options.overlapCopies = overlapCopiesOption;
   options.fuseDisable = llvm::to_vector(fuseDisableOption);
   if (!targetOption.empty())
     options.target = targetOption;

@@ -42,6 +42,12 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
   PassOptions::ListOption<std::string> fuseDisable{
       *this, "fuse-disable",
       llvm::cl::desc("Fusion families to leave out (names as in docs/fusion.md)")};
+  PassOptions::Option<bool> overlapCopies{
+      *this, "overlap-copies",
+      llvm::cl::desc("Issue the host-offload copies on copy streams, one update ahead "
+                     "(bonsai-schedule's overlap); false keeps them in order on the compute "
+                     "stream"),
+      llvm::cl::init(true)};
   PassOptions::Option<int64_t> microBatches{
       *this, "micro-batches", llvm::cl::desc("Forward and backward runs per update"),
       llvm::cl::init(1)};

@@ -423,10 +423,38 @@ def BonsaiSchedulePass : Pass<"bonsai-schedule", "::mlir::ModuleOp"> {
     lowering emits it in the SSA order of the model, a topological order of its dataflow. This
     pass moves every arena, buffer and view above the first work op (keeping their order, so
     views follow their sources), so that liveness can be computed from work positions alone,
-    and assigns every launch to the compute stream (0). Copies and collectives keep their
-    streams. Reordering independent launches (memory-aware list scheduling) and overlapping
-    streams come with the offload and sharding passes.
+    and puts every launch on a stream: the host-offload copies (launches between a pinned
+    host and a device arena) on the host-to-device (1) or device-to-host (2) copy stream,
+    everything else on the compute stream (0).
+
+    With `overlap` (the default), the host-to-device copies an op reads move up, within
+    their phase, to just after the op that read the previous such group: one update ahead,
+    so that the transfer runs beside that update, the previous state's copies back and the
+    compute between them. A `bonsai_plan.retain` of each device-to-host copy's source, before
+    the next group's reader (or at the end of the phase), keeps the memory planner from
+    giving those bytes to compute launches while the copy may still read them. The runtime
+    derives every wait between streams from the bytes the kernels touch (docs/offload.md,
+    "Overlap"), so this order is a performance choice, not a correctness one. Without
+    `overlap`, every launch stays in order on the compute stream.
+
+    ```mlir
+    bonsai_plan.launch "adamw_update" ... {phase = 2 : i32}
+    bonsai_plan.launch "copy_h2d" ins(%m1) outs(%m1_dev) {phase = 2 : i32, stream = 1 : i64}
+    bonsai_plan.launch "copy_d2h" ins(%m0_dev) outs(%m0) {phase = 2 : i32, stream = 2 : i64}
+    bonsai_plan.retain %m0_dev : memref<16x8xf32>
+    bonsai_plan.launch "adamw_update" ins(..., %m1_dev, ...) ...
+    ```
   }];
+  let options = [
+    Option<"overlap", "overlap", "bool", /*default=*/"true",
+           "issue the host-offload copies on copy streams, one update ahead">,
+  ];
+  let statistics = [
+    Statistic<"numPrefetched", "num-prefetched",
+              "groups of host-to-device copies issued ahead of their reader">,
+    Statistic<"numRetained", "num-retained",
+              "device-to-host copy sources kept from reuse while the copy may read them">,
+  ];
   let dependentDialects = ["::mlir::bonsai::plan::PlanDialect"];
 }
 

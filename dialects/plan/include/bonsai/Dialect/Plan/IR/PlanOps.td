@@ -189,6 +189,23 @@ def Plan_LaunchOp : Plan_Op<"launch", [AttrSizedOperandSegments]> {
   let hasVerifier = 1;
 }
 
+def Plan_RetainOp : Plan_Op<"retain"> {
+  let summary = "keeps buffers' bytes from reuse up to this point";
+  let description = [{
+    A launch on a copy stream runs beside the compute stream's later launches. The runtime
+    orders any launch that reuses its bytes after it (docs/offload.md, "Overlap"), but that
+    launch would then wait for the copy. `bonsai-schedule` puts a `retain` of a copy's source
+    where the copy is expected to be done: the memory planner counts it as a use, so those
+    bytes are not reused before it. It launches nothing.
+
+    ```mlir
+    bonsai_plan.retain %m_dev, %v_dev : memref<16x8xf32>, memref<16x8xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<AnyStaticShapeMemRef>:$buffers);
+  let assemblyFormat = "$buffers attr-dict `:` type($buffers)";
+}
+
 def Plan_CopyOp : Plan_Op<"copy"> {
   let summary = "a copy between buffers, possibly across memory spaces (PCIe)";
   let description = [{
