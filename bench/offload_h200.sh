@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# bench/offload_h200.sh DIR BONSAI_RUN [PARTS] - on the GPU machine, the plans of
+# bench/prepare_offload_run.sh through bench/offload_bench.py, with BONSAI_RUN a CUDA build's
+# bonsai-run (test/gpu/prepare.sh's bin-sm90a/bonsai-run). PARTS picks models:
+# small (Llama 124M and TinyLlama-1.1B, the default) and 7b (Llama-2-7B, 16k tokens per step:
+# about three minutes). Logs under $OUT when it is set.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir="${1:?usage: bench/offload_h200.sh DIR BONSAI_RUN [small,7b]}"
+run="${2:?usage: bench/offload_h200.sh DIR BONSAI_RUN [small,7b]}"
+parts="${3:-small}"
+[ -d "$dir" ] || tar -xJf "$dir.tar.xz"
+out="${OUT:-/tmp/offload_h200}"
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+bench() { # MODEL VARIANTS STEPS WARMUP
+  echo "== $1: $2 =="
+  python3 bench/offload_bench.py --model "$1" --plans "$dir/plans" --bonsai-run "$run" \
+    --variants "$2" --steps "$3" --warmup "$4" --workdir "$out" 2>&1 | tee "$out/offload_$1.log"
+}
+case ",$parts," in *,small,*)
+  bench llama_124m gpu,offload-inorder,offload,inbwd-gpu,inbwd-offload 20 5
+  bench tinyllama_1_1b gpu,offload-inorder,offload,inbwd-gpu,inbwd-offload 8 2 ;;
+esac
+case ",$parts," in *,7b,*)
+  bench llama2_7b gpu,inbwd-gpu,inbwd-offload 4 2 ;;
+esac

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# bench/prepare_offload_run.sh [DIR] - on the build machine, the plans of the host-offload
+# benchmark (issue #24, docs/offload.md) for bench/offload_bench.py, each with the compiler's
+# report, into DIR (default .gpu-offload/, ignored by git) and its xz pack. Every model is full
+# AdamW (fp32 moments, and fp32 master weights of its bf16 parameters), in five variants:
+#
+#   gpu              the state on the device
+#   offload-inorder  bonsai.offload ["optimizer_state", "master_weights"], --overlap-copies=false
+#   offload          the same, the copies on the copy streams (docs/offload.md, "Overlap")
+#   inbwd-gpu        update_in_backward, the state on the device
+#   inbwd-offload    update_in_backward and offload: the copies overlap the backward pass
+#
+# for Llama 124M (B16 S1024) and TinyLlama-1.1B (B4 S2048), and for Llama-2-7B (B8 S2048, 16k
+# tokens, remat "full") gpu, inbwd-gpu and inbwd-offload, the last compiled for a 24 GiB budget.
+# The plans carry no weights (bonsai-run initialises them), so the pack is small; the GPU
+# machine runs them with the bonsai-run of test/gpu/prepare.sh: bench/offload_h200.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir="${1:-.gpu-offload}"
+build="${BONSAI_BUILD_DIR:-build}"
+compile="$build/bin/bonsai-compile"
+[ -x "$compile" ] || { echo "prepare_offload_run: build $build first (scripts/build.sh)" >&2; exit 1; }
+rm -rf "$dir" && mkdir -p "$dir/plans"
+
+# recipe FILE INBWD OFFLOAD [REMAT]: the AdamW recipe, with update_in_backward and the offload
+# directive when asked.
+recipe() {
+  local file="$1" inbwd="$2" offload="$3" remat="${4:-}"
+  {
+    printf 'bonsai.recipe @offload {\n'
+    if [ "$inbwd" = 1 ]; then
+      printf '  bonsai.optimizer "adamw" lr 3.000000e-04 {weight_decay = 1.000000e-02 : f64, update_in_backward = true}\n'
+    else
+      printf '  bonsai.optimizer "adamw" lr 3.000000e-04 {weight_decay = 1.000000e-02 : f64}\n'
+    fi
+    [ "$offload" = 1 ] && printf '  bonsai.offload ["optimizer_state", "master_weights"]\n'
+    [ -n "$remat" ] && printf '  bonsai.remat "%s"\n' "$remat"
+    printf '}\n'
+  } > "$file"
+}
+
+# plan MODEL_FILE NAME VARIANT [REMAT] [bonsai-compile flags...]
+plan() {
+  local model="$1" name="$2" variant="$3" remat="${4:-}"
+  shift 4 || shift $#
+  local inbwd=0 offload=0 flags=()
+  case "$variant" in inbwd-*) inbwd=1 ;; esac
+  case "$variant" in *offload*) offload=1 ;; esac
+  [ "$variant" = offload-inorder ] && flags+=(--overlap-copies=false)
+  recipe "$dir/plans/recipe.mlir" "$inbwd" "$offload" "$remat"
+  # A plan that does not compile (over its budget) leaves its report, with the error, for the
+  # benchmark to show.
+  /usr/bin/time -f "compile %e s" "$compile" "$model" "$dir/plans/recipe.mlir" --target=h200 \
+    -o "$dir/plans/$name.$variant.plan" "${flags[@]}" "$@" > "$dir/plans/$name.$variant.txt" 2>&1 ||
+    grep -m1 "error:" "$dir/plans/$name.$variant.txt" || true
+  echo "$name $variant: $(grep -E 'peak device' "$dir/plans/$name.$variant.txt" | head -1 | tr -s ' ') ($(tail -1 "$dir/plans/$name.$variant.txt"))"
+}
+
+for m in llama_124m tinyllama_1_1b; do
+  for variant in gpu offload-inorder offload inbwd-gpu inbwd-offload; do
+    plan "examples/models/$m.mlir" "$m" "$variant" ""
+  done
+done
+python3 scripts/gen_models.py --print llama2_7b --set=batch=8 --set=seq=2048 > "$dir/plans/llama2_7b.mlir"
+for variant in gpu inbwd-gpu; do
+  plan "$dir/plans/llama2_7b.mlir" llama2_7b "$variant" full
+done
+plan "$dir/plans/llama2_7b.mlir" llama2_7b inbwd-offload full --device-memory=24GiB
+rm -f "$dir/plans/recipe.mlir" "$dir/plans/llama2_7b.mlir"
+tar -C "$(dirname "$dir")" -cJf "$dir.tar.xz" "$(basename "$dir")"
+du -sh "$dir" "$dir.tar.xz"
