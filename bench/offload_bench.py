@@ -54,8 +54,12 @@ def main():
     for variant in args.variants.split(","):
         stem = os.path.join(args.plans, "%s.%s" % (args.model, variant))
         planned = report(stem + ".txt")
-        tps, step_s, measured, loss, _ = train_bench.bench_bonsai(
-            args.bonsai_run, stem + ".plan", args.steps, args.warmup, args.workdir)
+        try:
+            tps, step_s, measured, loss, _ = train_bench.bench_bonsai(
+                args.bonsai_run, stem + ".plan", args.steps, args.warmup, args.workdir)
+        except SystemExit as failure:  # a failed run is a row that says so, not the end
+            print("%-20s failed: %s" % (variant, str(failure)[-600:]), flush=True)
+            continue
         rows.append((variant, planned, measured, step_s, tps, loss))
         print("%-20s %.0f tokens/s, %.1f ms/step, measured %.2f GiB, loss %.6f" % (
             variant, tps, step_s * 1e3, measured / GIB, loss), flush=True)

@@ -98,7 +98,8 @@ def bench_bonsai(bonsai_run, plan, steps, warmup, workdir):
            "--metrics", metrics]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
-        raise SystemExit("bonsai-run failed:\n" + p.stdout[-3000:] + p.stderr[-3000:])
+        raise SystemExit("bonsai-run failed (exit %d):\n" % p.returncode + p.stdout[-3000:] +
+                         p.stderr[-3000:])
     rows = [json.loads(line) for line in open(metrics)]
     timed = rows[warmup:]
     elapsed = timed[-1]["elapsed_s"] - rows[warmup - 1]["elapsed_s"] if warmup else \

@@ -104,6 +104,7 @@ PlanMemorySummary mlir::bonsai::summarizePlanMemory(plan::StepOp step) {
     return plan::getMemRefBytes(cast<MemRefType>(operand.getType()));
   };
   for (auto launch : step.getBody().getOps<plan::LaunchOp>()) {
+    summary.copyStreams |= launch.getStream() != 0;
     int64_t runs = launch.getPhase() == plan::Phase::Update ? 1 : microBatches;
     for (Value in : launch.getIns())
       summary.pcieHostToDevice += runs * hostBytes(in);
@@ -127,7 +128,7 @@ std::pair<const char *, int64_t> PlanMemorySummary::dominant() const {
   return best;
 }
 
-void PlanMemorySummary::print(llvm::raw_ostream &os, int64_t budget) const {
+void PlanMemorySummary::print(llvm::raw_ostream &os, int64_t budget, double linkGBs) const {
   auto row = [&](const char *name, int64_t bytes) {
     os << "    " << llvm::left_justify(name, 17) << llvm::right_justify(formatBytes(bytes), 12)
        << "\n";
@@ -155,5 +156,20 @@ void PlanMemorySummary::print(llvm::raw_ostream &os, int64_t budget) const {
     os << "  PCIe per step:\n";
     row("host to device", pcieHostToDevice);
     row("device to host", pcieDeviceToHost);
+    if (linkGBs > 0) {
+      // On the copy streams the two directions share the time; in order they add up.
+      double each = double(std::max(pcieHostToDevice, pcieDeviceToHost)) / (linkGBs * 1e9);
+      double both = double(pcieHostToDevice + pcieDeviceToHost) / (linkGBs * 1e9);
+      std::string label, time;
+      llvm::raw_string_ostream(label) << llvm::format("at %.0f GB/s", linkGBs);
+      double seconds = copyStreams ? each : both;
+      llvm::raw_string_ostream(time) << (seconds < 1e-3 ? llvm::format("%.1f us", seconds * 1e6)
+                                         : seconds < 1  ? llvm::format("%.1f ms", seconds * 1e3)
+                                                        : llvm::format("%.2f s", seconds));
+      os << "    " << llvm::left_justify(label, 17) << llvm::right_justify(time, 12)
+         << (copyStreams ? " (both directions at once, on the copy streams)"
+                         : " (one direction after the other, in order)")
+         << "\n";
+    }
   }
 }

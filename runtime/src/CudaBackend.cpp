@@ -475,7 +475,10 @@ private:
     check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
           "cudaStreamBeginCapture");
     try {
-      runKernelsOn(guard.check, stream_);
+      // The check and always kernels stay on stream_, in order, copies included (the first
+      // update's prefetched copies may lead the phase): a copy stream that joined this
+      // capture could not then join the conditional body's, a capture of its own.
+      runStreamed(guard.check, stream_, /*scratchScopes=*/false, /*copyStreams=*/false);
       cudaStreamCaptureStatus status;
       cudaGraph_t capturing = nullptr;
       check(cudaStreamGetCaptureInfo(stream_, &status, nullptr, &capturing, nullptr, nullptr,
@@ -518,7 +521,7 @@ private:
       }
       cudaGraph_t ended = nullptr;
       check(cudaStreamEndCapture(bodyStream_, &ended), "cudaStreamEndCapture(conditional body)");
-      runKernelsOn(guard.always, stream_);
+      runStreamed(guard.always, stream_, /*scratchScopes=*/false, /*copyStreams=*/false);
     } catch (const Error &e) {
       failure = e.what();
     }
@@ -591,7 +594,9 @@ private:
   /// edges. A wait for a kernel not among `kernels` is left out: that kernel ran before them
   /// on `compute` (the guard's check kernels) and the fork covers it. With `scratchScopes`
   /// (a conditional body), each compute kernel's scratch is a ScratchArena::BodyScope.
-  void runStreamed(const std::vector<size_t> &kernels, cudaStream_t compute, bool scratchScopes) {
+  /// Without `copyStreams`, every kernel runs on `compute`, in plan order.
+  void runStreamed(const std::vector<size_t> &kernels, cudaStream_t compute, bool scratchScopes,
+                   bool copyStreams = true) {
     std::array<bool, kNumStreams> used{};
     bool forked = false;
     ++run_;
@@ -604,7 +609,7 @@ private:
     };
     for (size_t i : kernels) {
       const KernelInfo &kernel = plan_.kernels[i];
-      unsigned s = unsigned(kernel.stream);
+      unsigned s = copyStreams ? unsigned(kernel.stream) : 0;
       cudaStream_t stream = s == 0 ? compute : streams_[s];
       try {
         if (s != 0 && !forked) {
@@ -615,7 +620,7 @@ private:
           check(cudaStreamWaitEvent(stream, forkEvent_, 0), "cudaStreamWaitEvent(fork)");
         used[s] = true;
         for (uint32_t w : kernel.waits)
-          if (enqueuedIn_[w] == run_)
+          if (copyStreams && enqueuedIn_[w] == run_)
             check(cudaStreamWaitEvent(stream, kernelEvents_[w], 0), "cudaStreamWaitEvent");
         if (scratchScopes && s == 0) {
           cuda::ScratchArena::BodyScope scratch;

@@ -127,7 +127,8 @@ run() {
   read -r -a counts <<< "$(errors "$tool" "$logs/$name.log")"
   printf '%-44s %-10s errors %-4s exit %-3s %4ss%s\n' "$name" "$tool" "${counts[0]}" "$rc" \
     "$(( $(date +%s) - start ))" \
-    "${counts[1]:+  (cuBLASLt-internal hazards, not counted: ${counts[1]})}" >> "$logs/summary.txt"
+    "$([ "${counts[1]:-0}" -gt 0 ] && echo "  (cuBLASLt-internal hazards, not counted: ${counts[1]})")" \
+    >> "$logs/summary.txt"
 }
 
 # One line per sanitized process: NAME TOOL COMMAND...; at most $jobs at a time (each tool

@@ -334,6 +334,7 @@ int main(int argc, char **argv) {
   for (const ModelCost &cost : costs)
     cost.print(llvm::outs(), /*perLayer=*/false);
   llvm::outs() << "  planned memory:\n";
-  summarizePlanMemory(step).print(llvm::outs(), step.getDeviceMemoryAttr().getInt());
+  summarizePlanMemory(step).print(llvm::outs(), step.getDeviceMemoryAttr().getInt(),
+                                  profile->linkBandwidthGBs);
   return 0;
 }

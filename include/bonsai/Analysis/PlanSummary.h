@@ -38,10 +38,14 @@ struct PlanMemorySummary {
   /// PCIe traffic of each direction.
   int64_t pcieHostToDevice = 0;
   int64_t pcieDeviceToHost = 0;
+  /// Whether the copies run on the copy streams (bonsai-schedule's overlap), so that both
+  /// directions move at once.
+  bool copyStreams = false;
 
   /// Prints one line per class of device memory, the device peak and `budget` (0: none),
-  /// then, when there are pinned host arenas, their classes, their peak and the PCIe bytes.
-  void print(llvm::raw_ostream &os, int64_t budget = 0) const;
+  /// then, when there are pinned host arenas, their classes, their peak and the PCIe bytes,
+  /// with the time they take at `linkGBs` per direction (0: unknown, not printed).
+  void print(llvm::raw_ostream &os, int64_t budget = 0, double linkGBs = 0) const;
   /// The largest class in device memory, by name ("weights", "activations", ...), and its
   /// bytes.
   std::pair<const char *, int64_t> dominant() const;
