@@ -78,6 +78,21 @@ bool gpuPresent() {
   cudaGetLastError();
   return false;
 }
+
+/// The CUDA backend's options with CUDA Graphs and without: every GPU training test runs both
+/// (SCOPED_TRACE(describe(options)) names the one that failed).
+std::vector<ExecutorOptions> gpuModes() {
+  std::vector<ExecutorOptions> modes(2);
+  for (size_t i = 0; i < modes.size(); ++i) {
+    modes[i].backend = Backend::Cuda;
+    modes[i].cudaGraphs = i == 0;
+  }
+  return modes;
+}
+
+const char *describe(const ExecutorOptions &options) {
+  return options.cudaGraphs ? "CUDA Graphs" : "no CUDA Graphs";
+}
 #endif
 
 class TrainingTest : public ::testing::Test {
@@ -167,13 +182,10 @@ TEST_F(TrainingTest, FusedKernelsTrainBitForBitAsUnfused) {
 TEST_F(TrainingTest, FusedKernelsTrainOnTheGpuAsOnTheCpu) {
   if (!gpuPresent())
     GTEST_SKIP() << "no GPU here";
-  for (bool graphs : {true, false}) {
-    SCOPED_TRACE(graphs ? "CUDA Graphs" : "eager");
+  for (const ExecutorOptions &gpuOptions : gpuModes()) {
+    SCOPED_TRACE(describe(gpuOptions));
     test::TrainingDims dims{2, 4, 16, 8, false, 2};
     LoadedPlan fused = loadSpec(test::fusedTrainingPlanSpec(dims), "fused.plan");
-    ExecutorOptions gpuOptions;
-    gpuOptions.backend = Backend::Cuda;
-    gpuOptions.cudaGraphs = graphs;
     Executor cpu(fused), gpu(fused, gpuOptions);
     cpu.initWeights(3);
     gpu.initWeights(3);
@@ -208,13 +220,10 @@ TEST_F(TrainingTest, FusedKernelsTrainOnTheGpuAsOnTheCpu) {
 TEST_F(TrainingTest, LearningRateOverrideTakesEffectOnTheGpu) {
   if (!gpuPresent())
     GTEST_SKIP() << "no GPU here";
-  for (bool graphs : {true, false}) {
-    SCOPED_TRACE(graphs ? "CUDA Graphs" : "eager");
+  for (const ExecutorOptions &gpuOptions : gpuModes()) {
+    SCOPED_TRACE(describe(gpuOptions));
     test::TrainingTensors t{};
     LoadedPlan plan = loadSpec(test::trainingPlanSpec({}, &t)); // lr 1e-2
-    ExecutorOptions gpuOptions;
-    gpuOptions.backend = Backend::Cuda;
-    gpuOptions.cudaGraphs = graphs;
     Executor cpu(plan), gpu(plan, gpuOptions), planLr(plan, gpuOptions);
     for (Executor *e : {&cpu, &gpu, &planLr})
       e->initWeights(3);
@@ -728,11 +737,8 @@ TEST_F(TrainingTest, WithoutTheGuardANonFiniteStepUpdates) {
 TEST_F(TrainingTest, NonFiniteStepsSkipTheirUpdateOnTheGpu) {
   if (!gpuPresent())
     GTEST_SKIP() << "no GPU here";
-  for (bool graphs : {true, false}) {
-    SCOPED_TRACE(graphs ? "CUDA Graphs" : "no CUDA Graphs");
-    ExecutorOptions gpu;
-    gpu.backend = Backend::Cuda;
-    gpu.cudaGraphs = graphs;
+  for (const ExecutorOptions &gpu : gpuModes()) {
+    SCOPED_TRACE(describe(gpu));
     ::testing::internal::CaptureStderr();
     expectNonFiniteStepsSkipped(gpu, dir);
     std::string err = ::testing::internal::GetCapturedStderr();
@@ -808,11 +814,8 @@ TEST_F(TrainingTest, SpikesSkipTheirUpdate) { expectSpikesSkipped({}, dir); }
 TEST_F(TrainingTest, SpikesSkipTheirUpdateOnTheGpu) {
   if (!gpuPresent())
     GTEST_SKIP() << "no GPU here";
-  for (bool graphs : {true, false}) {
-    SCOPED_TRACE(graphs ? "CUDA Graphs" : "no CUDA Graphs");
-    ExecutorOptions gpu;
-    gpu.backend = Backend::Cuda;
-    gpu.cudaGraphs = graphs;
+  for (const ExecutorOptions &gpu : gpuModes()) {
+    SCOPED_TRACE(describe(gpu));
     expectSpikesSkipped(gpu, dir);
   }
 }
@@ -864,11 +867,8 @@ TEST_F(TrainingTest, OffloadedStateTrainsBitForBit) { expectOffloadBitForBit({},
 TEST_F(TrainingTest, OffloadedStateTrainsBitForBitOnTheGpu) {
   if (!gpuPresent())
     GTEST_SKIP() << "no GPU here";
-  for (bool graphs : {true, false}) {
-    SCOPED_TRACE(graphs ? "CUDA Graphs" : "no CUDA Graphs");
-    ExecutorOptions gpu;
-    gpu.backend = Backend::Cuda;
-    gpu.cudaGraphs = graphs;
+  for (const ExecutorOptions &gpu : gpuModes()) {
+    SCOPED_TRACE(describe(gpu));
     ::testing::internal::CaptureStderr();
     expectOffloadBitForBit(gpu, dir);
     std::string err = ::testing::internal::GetCapturedStderr();
