@@ -21,7 +21,8 @@
 #
 # Every process must end within BONSAI_SANITIZE_SECONDS (default 540) of the start: one that
 # cannot is stopped (exit 124) or not started, and counts as a failure. BONSAI_SANITIZE_SHARDS
-# sets the gtest shards per tool (default: 14 processes' worth shared among the tools).
+# sets the gtest shards per tool (default: 14 processes' worth shared among the tools), and
+# BONSAI_SANITIZE_SHARD_RANGE=A-B runs shards A..B of them only.
 # Writes sanitize-summary.txt (one line per process: errors, exit status, wall time) and
 # sanitize-logs.tar.xz (every process's output, the tools' reports in it after the test that
 # caused them) under $OUT. Exits non-zero when any tool reports an error or a run fails.
@@ -77,6 +78,16 @@ case "$mode" in
   *) echo "sanitize: the mode is full, quick, tests or plans, not '$mode'" >&2; exit 2 ;;
 esac
 shards="${BONSAI_SANITIZE_SHARDS:-$(( (jobs + ${#tools[@]} - 1) / ${#tools[@]} ))}"
+# BONSAI_SANITIZE_SHARD_RANGE=A-B runs only shards A..B of each tool's pass over the tests, so
+# that a pass longer than one device call (racecheck's) can be split over several calls.
+range="${BONSAI_SANITIZE_SHARD_RANGE:-0-$((shards - 1))}"
+first_shard="${range%-*}"
+last_shard="${range#*-}"
+if ! [[ "$first_shard" =~ ^[0-9]+$ && "$last_shard" =~ ^[0-9]+$ ]] ||
+  [ "$first_shard" -gt "$last_shard" ] || [ "$last_shard" -ge "$shards" ]; then
+  echo "sanitize: BONSAI_SANITIZE_SHARD_RANGE is A-B with A <= B < $shards shards, not '$range'" >&2
+  exit 2
+fi
 
 # Tool options (docs/reliability.md says why): memcheck also checks for device allocations
 # never freed. initcheck runs with BONSAI_ZERO_GEMM_OUTPUTS=1 (runtime/cuda/Gemm.cpp): it does
@@ -135,7 +146,7 @@ run() {
 # process also works on the host: 16 cores here).
 list="$logs/jobs.txt"
 : > "$list"
-for ((s = 0; s < shards && ${#tests} > 0; s++)); do
+for ((s = first_shard; s <= last_shard && ${#tests} > 0; s++)); do
   for tool in "${tools[@]}"; do
     echo "tests-$tool-$s $tool GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$s" \
       "$bin/bonsai-runtime-tests --gtest_filter=$tests" >> "$list"
@@ -153,7 +164,8 @@ for plan in ${plans[@]+"${plans[@]}"}; do
   done
   first=0
 done
-echo "== compute-sanitizer ($mode): ${tools[*]}; tests '${tests:-none}' in $shards shards;" \
+echo "== compute-sanitizer ($mode): ${tools[*]}; tests '${tests:-none}' in $shards shards" \
+  "(running $first_shard-$last_shard);" \
   "${#plans[@]} plan(s); $(wc -l < "$list") processes, $jobs at a time =="
 : > "$logs/summary.txt"
 export -f run options errors
