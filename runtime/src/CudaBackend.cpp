@@ -6,7 +6,10 @@
 // handler of its kind (CudaKernelHandlers.cpp). Each phase is captured as a CUDA Graph the first
 // time it runs and replayed after, so a step costs a few graph launches instead of hundreds of
 // kernel launches; if a capture fails (a kernel that cannot be captured), the phase runs eagerly
-// and says so once. In a build without it, asking for a GPU is an error that says why.
+// and says so once. A kernel on the host stream (docs/offload.md, "The host step") is a host
+// function in stream order (cudaLaunchHostFunc; a host node of the graph) that runs the kind's
+// host handler (HostKernelHandlers.cpp) on pinned host memory. In a build without CUDA, asking
+// for a GPU is an error that says why.
 //
 //===----------------------------------------------------------------------===//
 
@@ -17,6 +20,7 @@
 #include "bonsai/runtime/CudaKernels.h"
 
 #include "CudaKernelCall.h"
+#include "HostKernelHandlers.h"
 
 #include <cuda_runtime.h>
 
@@ -24,8 +28,11 @@
 #include <array>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <map>
+#include <memory>
+#include <mutex>
 
 namespace bonsai::rt {
 
@@ -89,11 +96,12 @@ public:
       views_.push_back(std::move(v));
     }
     // Offloaded plans issue their PCIe copies on a stream per direction (docs/offload.md,
-    // "Overlap"); an event after each kernel another stream waits for.
-    if (plan_.usesCopyStreams()) {
+    // "Overlap") and their host steps on a stream of their own; an event after each kernel
+    // another stream waits for.
+    if (plan_.usesSideStreams()) {
       for (unsigned s = 1; s < kNumStreams; ++s) {
         check(cudaStreamCreateWithFlags(&streams_[s], cudaStreamNonBlocking),
-              "cudaStreamCreate(copy stream)");
+              "cudaStreamCreate(side stream)");
         check(cudaEventCreateWithFlags(&joinEvents_[s], cudaEventDisableTiming),
               "cudaEventCreate(join)");
       }
@@ -105,6 +113,15 @@ public:
                 "cudaEventCreate(kernel)");
       enqueuedIn_.assign(plan_.kernels.size(), 0);
     }
+    // The host steps' threads, started once; each host kernel's callback argument.
+    for (size_t i = 0; i < plan_.kernels.size(); ++i)
+      if (plan_.kernels[i].stream == StreamId::Host) {
+        if (!hostPool_) {
+          hostPool_ = std::make_unique<host::ThreadPool>();
+          hostLaunches_.resize(plan_.kernels.size());
+        }
+        hostLaunches_[i] = HostLaunch{this, i};
+      }
     // Generated kernels are JIT-compiled now, once per plan: loading is not allowed while a
     // phase is being captured into a graph.
     if (!plan_.generatedKernels.empty())
@@ -115,6 +132,8 @@ public:
   }
 
   ~CudaBackend() override {
+    // No host step may still be running on the arenas freed below.
+    cudaDeviceSynchronize();
     for (cudaEvent_t e : events_)
       cudaEventDestroy(e);
     for (cudaEvent_t e : kernelEvents_)
@@ -232,7 +251,10 @@ public:
       return;
     }
     hostSkipped_ = false;
-    if (useGraphs_ && !profiling_) {
+    // A conditional body cannot hold host nodes: an update with a host step in it runs as
+    // below, the host reading the verdict (a host step belongs in the backward pass anyway,
+    // docs/offload.md, "The host step").
+    if (useGraphs_ && !profiling_ && !hasHostKernel(guard.guarded)) {
       if (!guardCaptured_) {
         guardExec_ = captureGuarded(guard);
         guardCaptured_ = true;
@@ -283,6 +305,7 @@ public:
   void synchronize() override {
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     samplePeak();
+    rethrowHostError();
     cuda::DeviceError error;
     check(cudaMemcpy(&error, deviceError_, sizeof error, cudaMemcpyDeviceToHost),
           "cudaMemcpy(device error)");
@@ -586,15 +609,15 @@ private:
   }
 
   /// Enqueues `kernels` (plan indices of one phase, in plan order): a compute-stream kernel
-  /// on `compute`, a copy on its copy stream. The copy streams start from the work enqueued
-  /// on `compute` before these kernels (an event), each kernel first waits for the kernels of
-  /// other streams it must follow (KernelInfo::waits, an event each), and `compute` ends
-  /// waiting for each copy stream's last kernel, so that to the caller the kernels are one
-  /// block of `compute`'s work, as on one stream. Under a capture the events are the graph's
-  /// edges. A wait for a kernel not among `kernels` is left out: that kernel ran before them
-  /// on `compute` (the guard's check kernels) and the fork covers it. With `scratchScopes`
-  /// (a conditional body), each compute kernel's scratch is a ScratchArena::BodyScope.
-  /// Without `copyStreams`, every kernel runs on `compute`, in plan order.
+  /// on `compute`, a copy on its copy stream, a host step on the host stream. The side streams
+  /// start from the work enqueued on `compute` before these kernels (an event), each kernel
+  /// first waits for the kernels of other streams it must follow (KernelInfo::waits, an event
+  /// each), and `compute` ends waiting for each side stream's last kernel, so that to the
+  /// caller the kernels are one block of `compute`'s work, as on one stream. Under a capture
+  /// the events are the graph's edges. A wait for a kernel not among `kernels` is left out: that
+  /// kernel ran before them on `compute` (the guard's check kernels) and the fork covers it. With
+  /// `scratchScopes` (a conditional body), each compute kernel's scratch is a
+  /// ScratchArena::BodyScope. Without `copyStreams`, every kernel runs on `compute`, in plan order.
   void runStreamed(const std::vector<size_t> &kernels, cudaStream_t compute, bool scratchScopes,
                    bool copyStreams = true) {
     std::array<bool, kNumStreams> used{};
@@ -644,12 +667,57 @@ private:
   void runKernel(size_t index) { runKernel(index, stream_); }
 
   void runKernel(size_t index, cudaStream_t stream) {
+    if (plan_.kernels[index].stream == StreamId::Host) {
+      // In stream order on whichever stream runs it (the host stream, or the compute stream
+      // when kernels run in order); a failure is kept for the next synchronisation.
+      check(cudaLaunchHostFunc(stream, &CudaBackend::runOnHost, &hostLaunches_[index]),
+            "cudaLaunchHostFunc");
+      return;
+    }
     cuda::Context ctx;
     ctx.stream = stream;
     ctx.gemm = gemm_.get();
     ctx.deviceError = deviceError_;
     ctx.kernelIndex = int32_t(index);
     launchOnCuda(CudaCall(KernelCall(plan_, index, views_), ctx, generated_.get()));
+  }
+
+  /// A host kernel's callback argument.
+  struct HostLaunch {
+    CudaBackend *backend = nullptr;
+    size_t index = 0;
+  };
+
+  /// The host function of a kernel on the host stream, called by the driver's thread in stream
+  /// order. It may not call CUDA, and cannot throw into it: its first failure is kept, and the
+  /// kernels after a failure do nothing until the next synchronisation reports it.
+  static void CUDART_CB runOnHost(void *argument) {
+    const HostLaunch &launch = *static_cast<const HostLaunch *>(argument);
+    CudaBackend &self = *launch.backend;
+    std::lock_guard<std::mutex> lock(self.hostErrorMutex_);
+    if (self.hostError_)
+      return;
+    try {
+      launchOnHost(KernelCall(self.plan_, launch.index, self.views_), *self.hostPool_);
+    } catch (const std::exception &e) {
+      self.hostError_ = std::make_exception_ptr(
+          Error(self.plan_.describeKernel(launch.index) + " (on the host): " + e.what()));
+    }
+  }
+
+  void rethrowHostError() {
+    std::exception_ptr error;
+    {
+      std::lock_guard<std::mutex> lock(hostErrorMutex_);
+      std::swap(error, hostError_);
+    }
+    if (error)
+      std::rethrow_exception(error);
+  }
+
+  bool hasHostKernel(const std::vector<size_t> &kernels) const {
+    return std::any_of(kernels.begin(), kernels.end(),
+                       [&](size_t i) { return plan_.kernels[i].stream == StreamId::Host; });
   }
 
   /// The executor's plan (the only copy), read at every launch and capture.
@@ -693,6 +761,12 @@ private:
   cudaStream_t bodyStream_ = nullptr;
   /// Scratch of the kernels in conditional bodies, which may not allocate (ScratchArena).
   cuda::ScratchArena scratch_;
+  /// The host steps: their threads (null without host kernels), each host kernel's callback
+  /// argument, and the first failure of one since the last synchronisation.
+  std::unique_ptr<host::ThreadPool> hostPool_;
+  std::vector<HostLaunch> hostLaunches_;
+  std::mutex hostErrorMutex_;
+  std::exception_ptr hostError_;
   bool hostSkipped_ = false;
 };
 } // namespace

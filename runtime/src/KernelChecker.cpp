@@ -176,13 +176,20 @@ void KernelChecker::checkPhase() const {
 void KernelChecker::checkSpaces() const {
   if (kernelKindInfo(kernel.kind).has(kernel_traits::kCrossesSpaces))
     return;
-  // A kernel reading pinned host memory would run (CUDA maps it) at PCIe speed, or not at all
-  // on a backend that does not map it: the plan moves it with the copy kinds instead.
+  // A kernel on the host stream runs on the CPU: it cannot reach device memory.
+  bool onHost = kernel.stream == StreamId::Host;
+  // A GPU kernel reading pinned host memory would run (CUDA maps it) at PCIe speed, or not at
+  // all on a backend that does not map it: the plan moves it with the copy kinds instead.
   auto check = [&](const TensorInfo &t, const std::string &name) {
-    if (arenaOf(t).space == MemorySpace::PinnedHost)
+    bool pinned = arenaOf(t).space == MemorySpace::PinnedHost;
+    if (onHost && !pinned)
+      fail(name + " is in device arena '" + arenaOf(t).name +
+           "': a kernel on the host stream reads and writes pinned host memory only (the plan "
+           "copies its operands there)");
+    if (!onHost && pinned)
       fail(name + " is in pinned host arena '" + arenaOf(t).name +
-           "': only the host-offload copies (CopyHostToDevice, CopyDeviceToHost) read or write "
-           "pinned host memory");
+           "': only the host-offload copies (CopyHostToDevice, CopyDeviceToHost) and the "
+           "kernels on the host stream read or write pinned host memory");
   };
   for (size_t i = 0; i < kernel.inputs.size(); ++i)
     check(in(i), inName(i));
@@ -191,8 +198,14 @@ void KernelChecker::checkSpaces() const {
 }
 
 void KernelChecker::checkStream() const {
-  if (kernel.stream == StreamId::Compute ||
-      kernelKindInfo(kernel.kind).has(kernel_traits::kCrossesSpaces))
+  const KernelKindInfo &info = kernelKindInfo(kernel.kind);
+  if (kernel.stream == StreamId::Host) {
+    if (!info.has(kernel_traits::kHostStep))
+      fail("runs on the host stream, but only the optimizer updates with a host implementation "
+           "(AdamWUpdate, SGDUpdate) run there");
+    return;
+  }
+  if (kernel.stream == StreamId::Compute || info.has(kernel_traits::kCrossesSpaces))
     return;
   // Every other kind may share what the backend keeps per compute stream (the GEMM
   // workspace, the kernels' scratch): two of them at once would race on it.
@@ -204,8 +217,8 @@ void KernelChecker::checkStream() const {
 void KernelChecker::check() {
   checkArity();
   checkNf4Operands();
-  checkSpaces();
   checkStream();
+  checkSpaces();
   // The kind's contract: one `verify` per kind of the table, in table order.
   using Contract = void (*)(KernelChecker &);
   static const Contract contracts[] = {

@@ -239,7 +239,12 @@ private:
   void expectMasterCopy(size_t master, size_t param) const {
     expectInit(master, TensorInit::CopyOf, "master weights start as a copy of the parameter");
     uint32_t from = plan.tensors[stateTensor(master)].initSource;
-    if (!sameStorage(plan.tensors[from], out(param)))
+    // On the host stream the parameter output is the pinned host mirror of the parameter (a
+    // copy of it too, copied back to the device after the update): both are its copies.
+    const TensorInfo &target = out(param);
+    bool mirror = kernel.stream == StreamId::Host && target.init == TensorInit::CopyOf &&
+                  sameStorage(plan.tensors[from], plan.tensors[target.initSource]);
+    if (!mirror && !sameStorage(plan.tensors[from], target))
       fail(stateName(master) + " is a copy of " + plan.describeTensor(from) + ", not of " +
            outName(param));
   }

@@ -44,8 +44,7 @@ KernelKindInfo entry(KernelKind kind, const char *name, const char *opName, uint
                      const char *readWrite, uint32_t traits) {
   KernelKindInfo info{kind, name, opName, minInputs, minOutputs, splitNames(inputs),
                       splitNames(outputs), {}, traits};
-  for (const std::string &output : info.outputs)
-    info.readWrite.push_back(false);
+  info.readWrite.assign(info.outputs.size(), false);
   for (const std::string &rw : splitNames(readWrite)) {
     auto at = std::find(info.outputs.begin(), info.outputs.end(), rw);
     if (at == info.outputs.end()) // a mistake in KernelKinds.def, caught by every test

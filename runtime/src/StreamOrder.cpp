@@ -31,11 +31,13 @@ const char *streamName(StreamId stream) {
     return "host-to-device";
   case StreamId::DeviceToHost:
     return "device-to-host";
+  case StreamId::Host:
+    return "host";
   }
   return "unknown";
 }
 
-bool LoadedPlan::usesCopyStreams() const {
+bool LoadedPlan::usesSideStreams() const {
   return std::any_of(kernels.begin(), kernels.end(),
                      [](const KernelInfo &k) { return k.stream != StreamId::Compute; });
 }
@@ -77,7 +79,7 @@ void orderStreams(LoadedPlan &plan) {
     k.waits.clear();
     k.signals = false;
   }
-  if (!plan.usesCopyStreams())
+  if (!plan.usesSideStreams())
     return;
   for (Phase phase : {Phase::Forward, Phase::Backward, Phase::Update}) {
     // Per stream: its kernels so far (plan indices), their accesses, and the clock each one

@@ -744,7 +744,8 @@ TEST(PlanTrainingTest, OffloadCopiesCrossTheirSpaces) {
   expectError(spec, {"(AdamWUpdate): m (tensor " + std::to_string(v) +
                      " 'optimizer.exp_avg_sq.lm_head.weight') is in pinned host arena "
                      "'optimizer_host': only the host-offload copies (CopyHostToDevice, "
-                     "CopyDeviceToHost) read or write pinned host memory"});
+                     "CopyDeviceToHost) and the kernels on the host stream read or write pinned "
+                     "host memory"});
   // Same shape and dtype both ways.
   spec = test::offloadedPlanSpec(t);
   spec.kernels[h2d].inputs = {
@@ -769,7 +770,7 @@ TEST(PlanTrainingTest, CopiesOnTheirStreamsWaitForWhatTheirBytesNeed) {
   }
   ASSERT_EQ(in.size(), 3u);
   LoadedPlan plan = load(buildPlan(spec));
-  EXPECT_TRUE(plan.usesCopyStreams());
+  EXPECT_TRUE(plan.usesSideStreams());
   EXPECT_EQ(plan.kernels[in[0]].stream, StreamId::HostToDevice);
   // Nothing before the copies in touches their bytes; the update reads all three, and waits
   // for the last (its stream runs them in order).
@@ -796,9 +797,47 @@ TEST(PlanTrainingTest, CopiesOnTheirStreamsWaitForWhatTheirBytesNeed) {
                      "host-offload copies (CopyHostToDevice, CopyDeviceToHost) run on a copy "
                      "stream"});
   spec.kernels[adam].stream = 0;
-  spec.kernels[in[0]].stream = 3;
-  expectError(spec, {"runs on an unknown stream 3 (0 compute, 1 host-to-device copies, 2 "
-                     "device-to-host copies)"});
+  spec.kernels[in[0]].stream = 4;
+  expectError(spec, {"runs on an unknown stream 4 (0 compute, 1 host-to-device copies, 2 "
+                     "device-to-host copies, 3 host)"});
+}
+
+/// hostStepPlanSpec: lm_head's update on the host stream, over pinned host memory.
+TEST(PlanTrainingTest, HostStepsRunOnPinnedMemoryOnly) {
+  test::TrainingTensors t;
+  uint32_t mirror = 0;
+  size_t update = 0;
+  PlanSpec spec = test::hostStepPlanSpec(t, &mirror, &update);
+  ASSERT_EQ(loadError(spec), "");
+  LoadedPlan plan = load(buildPlan(spec));
+  EXPECT_EQ(plan.kernels[update].stream, StreamId::Host);
+  // The update waits for the last of the four copies out (its stream runs them in order), the
+  // copy of the mirror back into the weight for the update.
+  EXPECT_EQ(plan.kernels[update].waits, std::vector<uint32_t>{uint32_t(update - 1)});
+  EXPECT_EQ(plan.kernels[update + 1].kind, KernelKind::CopyHostToDevice);
+  EXPECT_EQ(plan.kernels[update + 1].waits, std::vector<uint32_t>{uint32_t(update)});
+  std::string text = printPlan(plan);
+  EXPECT_NE(text.find(" on the host stream after #" + std::to_string(update - 1)),
+            std::string::npos)
+      << text;
+
+  // Only a kind with a host implementation runs there...
+  size_t increment = kernelOf(spec, KernelKind::StepIncrement);
+  spec.kernels[increment].stream = 3;
+  expectError(spec, {"(StepIncrement): runs on the host stream, but only the optimizer updates "
+                     "with a host implementation (AdamWUpdate, SGDUpdate) run there"});
+  // ... and it reads and writes pinned host memory only.
+  spec = test::hostStepPlanSpec(t, &mirror, &update);
+  spec.kernels[update].inputs[0] = t.gradHead;
+  expectError(spec, {"(AdamWUpdate): grad (tensor " + std::to_string(t.gradHead) +
+                     " 'lm_head.weight') is in device arena 'state': a kernel on the host stream "
+                     "reads and writes pinned host memory only"});
+  // The master is a copy of the weight the mirror copies, not of another.
+  spec = test::hostStepPlanSpec(t, &mirror, &update);
+  spec.tensors[mirror].initSource = t.table;
+  expectError(spec,
+              {"(AdamWUpdate): master (tensor", "is a copy of tensor " + std::to_string(t.head) +
+                                                    " 'lm_head.weight', not of param"});
 }
 
 /// orderStreams on a hand-made plan: a read-after-write, a write-after-read, a wait implied

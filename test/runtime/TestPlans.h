@@ -66,7 +66,7 @@ struct KernelSpec {
   std::function<flatbuffers::Offset<void>(flatbuffers::FlatBufferBuilder &)> attrs;
   std::string name;
   Phase phase = Phase::Forward;
-  uint8_t stream = 0; ///< StreamId: 0 compute, 1 and 2 the copy streams.
+  uint8_t stream = 0; ///< StreamId: 0 compute, 1 and 2 the copy streams, 3 the host.
 };
 
 /// An adapter of a test plan (plan.fbs's Adapter: tensor indices, magnitude -1 for LoRA).
@@ -489,6 +489,67 @@ inline PlanSpec offloadedPlanSpec(TrainingTensors &t, std::vector<uint32_t> *cop
   spec.kernels.insert(spec.kernels.begin() + adam, in.begin(), in.end());
   if (copies)
     *copies = staged;
+  return spec;
+}
+
+/// The training plan (bf16 parameters with fp32 masters) with lm_head's AdamW update on the
+/// host, as bonsai-offload compiles a host step (docs/offload.md, "The host step"): its moments
+/// and master, and a mirror of the weight (a copy of it), in a pinned host arena (3); the
+/// gradient, step counter, learning rate and norm copied into a pinned step arena (4) before
+/// the update (device-to-host stream), the update on the host stream over pinned memory only,
+/// and the mirror copied into the weight after it (host-to-device stream). `mirror` receives
+/// the mirror's index, `update` the update kernel's.
+inline PlanSpec hostStepPlanSpec(TrainingTensors &t, uint32_t *mirror = nullptr,
+                                 size_t *update = nullptr) {
+  namespace fb = bonsai::plan;
+  PlanSpec spec = trainingPlanSpec({2, 4, 16, 8, true}, &t);
+  spec.arenas.push_back({"optimizer_host", Lifetime::Persistent, 0, 256, MemorySpace::PinnedHost});
+  spec.arenas.push_back({"staging_host", Lifetime::Step, 0, 256, MemorySpace::PinnedHost});
+  size_t adam = 0;
+  for (size_t i = 0; i < spec.kernels.size(); ++i)
+    if (spec.kernels[i].kind == KernelKind::AdamWUpdate && spec.kernels[i].outputs[0] == t.head)
+      adam = i;
+  // The update's state moves to the pinned arena.
+  for (size_t j = 1; j < spec.kernels[adam].outputs.size(); ++j) {
+    test::TensorSpec &state = spec.tensors[spec.kernels[adam].outputs[j]];
+    state.arena = 3;
+    state.offset = (spec.arenas[3].size + 63) / 64 * 64;
+    spec.arenas[3].size = state.offset + uint64_t(state.bytes);
+  }
+  const test::TensorSpec &head = spec.tensors[t.head];
+  uint32_t copy = spec.addInit("optimizer.host_copy.lm_head.weight", head.dtype, head.shape,
+                               TensorRole::OptimizerState, 3, TensorInit::CopyOf, t.head);
+  spec.kernels[adam].outputs[0] = copy;
+  std::vector<KernelSpec> in;
+  for (uint32_t &operand : spec.kernels[adam].inputs) {
+    const test::TensorSpec &from = spec.tensors[operand];
+    uint32_t staged =
+        spec.add(from.name + ".host", from.dtype, from.shape, TensorRole::Activation, 4);
+    in.push_back({KernelKind::CopyDeviceToHost,
+                  {operand},
+                  {staged},
+                  fb::KernelAttrs::NONE,
+                  {},
+                  "",
+                  Phase::Update,
+                  2});
+    operand = staged;
+  }
+  spec.kernels[adam].stream = 3;
+  KernelSpec back{KernelKind::CopyHostToDevice,
+                  {copy},
+                  {t.head},
+                  fb::KernelAttrs::NONE,
+                  {},
+                  "",
+                  Phase::Update,
+                  1};
+  spec.kernels.insert(spec.kernels.begin() + adam + 1, back);
+  spec.kernels.insert(spec.kernels.begin() + adam, in.begin(), in.end());
+  if (mirror)
+    *mirror = copy;
+  if (update)
+    *update = adam + in.size();
   return spec;
 }
 

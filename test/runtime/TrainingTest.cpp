@@ -841,8 +841,8 @@ void expectOffloadBitForBit(const ExecutorOptions &options, const std::string &d
   });
   ASSERT_EQ(copiesIn - firstUpdate, 3);
   LoadedPlan prefetched = loadSpec(spec, "prefetched.plan");
-  ASSERT_FALSE(inOrder.usesCopyStreams());
-  ASSERT_TRUE(streamed.usesCopyStreams());
+  ASSERT_FALSE(inOrder.usesSideStreams());
+  ASSERT_TRUE(streamed.usesSideStreams());
   std::string data = cyclicTokens(dir + "/tokens.bin", 611, 16);
   TokenLoader loader(data, 2, 4, 16, 5);
   Executor a(onDevice, options), b(inOrder, options), c(streamed, options), d(prefetched, options);
@@ -871,6 +871,54 @@ TEST_F(TrainingTest, OffloadedStateTrainsBitForBitOnTheGpu) {
     SCOPED_TRACE(describe(gpu));
     ::testing::internal::CaptureStderr();
     expectOffloadBitForBit(gpu, dir);
+    std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(err.find("without a CUDA Graph"), std::string::npos) << err;
+  }
+}
+#endif
+
+/// The host step on `options`' backend (docs/offload.md, "The host step"): lm_head's AdamW
+/// update on the host stream, over its state and a mirror of the weight in pinned host memory,
+/// trains three steps to the same losses and the same persistent bytes as the plan that
+/// updates on the device, and the mirror stays the weight's copy. On the CPU the update is the
+/// CPU backend's kernel over other bytes; on the GPU it is the host implementation of the CUDA
+/// kernel (HostOptimizer.h), a host function in stream order with the copies.
+void expectHostStepBitForBit(const ExecutorOptions &options, const std::string &dir) {
+  test::TrainingTensors t;
+  LoadedPlan onDevice = loadSpec(test::trainingPlanSpec({2, 4, 16, 8, true}, &t), "device.plan");
+  uint32_t mirror = 0;
+  LoadedPlan onHost = loadSpec(test::hostStepPlanSpec(t, &mirror), "host-step.plan");
+  ASSERT_TRUE(onHost.usesSideStreams());
+  std::string data = cyclicTokens(dir + "/tokens.bin", 611, 16);
+  TokenLoader loader(data, 2, 4, 16, 5);
+  Executor a(onDevice, options), b(onHost, options);
+  a.initWeights(5);
+  b.initWeights(5);
+  for (uint64_t m = 0; m < 3; ++m) {
+    StepResult ra = a.trainStep(loader, m, 1);
+    EXPECT_EQ(b.trainStep(loader, m, 1).loss, ra.loss) << "step " << m + 1;
+  }
+  auto want = persistentBytes(a), got = persistentBytes(b);
+  EXPECT_TRUE(got.at(mirror) == want.at(t.head)) << "the mirror is not lm_head.weight's copy";
+  // The tensors both plans have (the host step's are appended).
+  for (auto it = got.begin(); it != got.end();)
+    it = it->first >= onDevice.tensors.size() ? got.erase(it) : std::next(it);
+  expectSameBytes(b, want, got, "the update on the host");
+}
+
+TEST_F(TrainingTest, HostStepTrainsBitForBit) { expectHostStepBitForBit({}, dir); }
+
+#ifdef BONSAI_HAVE_CUDA
+// The same on the GPU, where the host computes the CUDA kernel's bits: with CUDA Graphs the
+// guarded update (a conditional body cannot hold a host function) runs eagerly, by design and
+// without a fallback message; the other phases stay graphs.
+TEST_F(TrainingTest, HostStepTrainsBitForBitOnTheGpu) {
+  if (!gpuPresent())
+    GTEST_SKIP() << "no GPU here";
+  for (const ExecutorOptions &gpu : gpuModes()) {
+    SCOPED_TRACE(describe(gpu));
+    ::testing::internal::CaptureStderr();
+    expectHostStepBitForBit(gpu, dir);
     std::string err = ::testing::internal::GetCapturedStderr();
     EXPECT_EQ(err.find("without a CUDA Graph"), std::string::npos) << err;
   }

@@ -53,6 +53,10 @@ enum : uint32_t {
   /// Moves bytes between a pinned host arena and a device arena (docs/offload.md); every other
   /// kind reads and writes device arenas only.
   kCrossesSpaces = 1u << 8,
+  /// Has a host implementation that computes the CUDA kernel's bits (HostOptimizer.h): may
+  /// run on the host stream, over operands in pinned host arenas only (docs/offload.md, "The
+  /// host step").
+  kHostStep = 1u << 9,
 };
 } // namespace kernel_traits
 
@@ -101,6 +105,10 @@ namespace kinds {
                            ReadWrite, Traits)                                                      \
   struct Name {                                                                                    \
     static constexpr KernelKind kind = KernelKind::Name;                                           \
+    static constexpr uint32_t traits = [] {                                                        \
+      using namespace kernel_traits;                                                               \
+      return uint32_t(Traits);                                                                     \
+    }();                                                                                           \
     using Attrs = attribute_tables::AttrTable;                                                     \
     struct In {                                                                                    \
       enum : unsigned { BONSAI_OPERAND_LIST Inputs };                                              \

@@ -96,11 +96,13 @@ struct TensorInfo {
 /// and each phase's copy streams start after the work before the phase and end before the
 /// work after it. Only the copies between pinned host and device memory (trait
 /// kCrossesSpaces) may run on a copy stream, one per direction so that both PCIe directions
-/// move at once (docs/offload.md, "Overlap").
-enum class StreamId : uint8_t { Compute = 0, HostToDevice = 1, DeviceToHost = 2 };
-constexpr unsigned kNumStreams = 3;
+/// move at once (docs/offload.md, "Overlap"). The host stream runs kernels on the CPU, over
+/// pinned host memory, in stream order with the GPU's work: the optimizer updates of a plan
+/// that updates on the host (trait kHostStep; docs/offload.md, "The host step").
+enum class StreamId : uint8_t { Compute = 0, HostToDevice = 1, DeviceToHost = 2, Host = 3 };
+constexpr unsigned kNumStreams = 4;
 
-/// "compute", "host-to-device" or "device-to-host".
+/// "compute", "host-to-device", "device-to-host" or "host".
 const char *streamName(StreamId stream);
 
 /// One verified kernel: indices into LoadedPlan::tensors, checked against the kind's operand
@@ -191,8 +193,9 @@ struct LoadedPlan {
   bool trains() const;
   /// Whether the plan has Backward kernels.
   bool hasBackward() const;
-  /// Whether a kernel runs on a stream other than the compute stream.
-  bool usesCopyStreams() const;
+  /// Whether a kernel runs on a stream other than the compute stream (a copy stream or the
+  /// host stream).
+  bool usesSideStreams() const;
   /// The first kernel that updates a parameter in the backward pass (a plan compiled with the
   /// recipe's update_in_backward keeps no gradients), if any.
   std::optional<size_t> updateInBackward() const;
