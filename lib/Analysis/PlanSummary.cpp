@@ -54,8 +54,8 @@ PlanMemorySummary mlir::bonsai::summarizePlanMemory(plan::StepOp step) {
     (host ? summary.peakHost : summary.peakDevice) += size;
     persistent[arena.getSymName()] = arena.getLifetime() == plan::Lifetime::Persistent;
     onHost[arena.getSymName()] = host;
-    if (arena.getLifetime() == plan::Lifetime::Step && !host)
-      stepArenas += size;
+    if (arena.getLifetime() == plan::Lifetime::Step)
+      (host ? summary.hostStaging : stepArenas) += size;
   }
   // Persistent classes are sums of their buffers; the per-step arenas' peak is split into the
   // inputs, workspace and per-step gradients they hold, and the activations (the rest).
@@ -95,7 +95,8 @@ PlanMemorySummary mlir::bonsai::summarizePlanMemory(plan::StepOp step) {
   summary.activations = std::max<int64_t>(0, stepArenas - stepOther);
 
   // A launch that reads a buffer of a pinned host arena moves it to the device; one that
-  // writes one moves it back. Forward and backward launches run once per micro-batch.
+  // writes one moves it back; one that touches pinned host buffers only runs on the host and
+  // moves nothing. Forward and backward launches run once per micro-batch.
   int64_t microBatches = step.getMicroBatchesAttr().getInt();
   auto hostBytes = [&](Value operand) -> int64_t {
     plan::BufferOp buffer = plan::getUnderlyingBuffer(operand);
@@ -104,6 +105,14 @@ PlanMemorySummary mlir::bonsai::summarizePlanMemory(plan::StepOp step) {
     return plan::getMemRefBytes(cast<MemRefType>(operand.getType()));
   };
   for (auto launch : step.getBody().getOps<plan::LaunchOp>()) {
+    bool onDevice = llvm::any_of(launch->getOperands(), [&](Value operand) {
+      plan::BufferOp buffer = plan::getUnderlyingBuffer(operand);
+      return buffer && !onHost.lookup(buffer.getArena());
+    });
+    if (!onDevice) {
+      ++summary.hostSteps;
+      continue;
+    }
     summary.copyStreams |= launch.getStream() != 0;
     int64_t runs = launch.getPhase() == plan::Phase::Update ? 1 : microBatches;
     for (Value in : launch.getIns())
@@ -152,7 +161,11 @@ void PlanMemorySummary::print(llvm::raw_ostream &os, int64_t budget, double link
       row("gradients", hostGradients);
     if (hostOptimizerState)
       row("optimizer state", hostOptimizerState);
+    if (hostStaging)
+      row("staging", hostStaging);
     row("peak pinned host", peakHost);
+    if (hostSteps)
+      os << "  updates on the host: " << hostSteps << "\n";
     os << "  PCIe per step:\n";
     row("host to device", pcieHostToDevice);
     row("device to host", pcieDeviceToHost);

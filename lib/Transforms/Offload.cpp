@@ -3,7 +3,9 @@
 // The `bonsai-offload` pass (see Passes.td and docs/offload.md). It places the state classes
 // the recipe's `bonsai.offload` names in pinned host memory and makes each optimizer update
 // stream its own state through the device: a copy in right before the update, which then
-// updates the device copy in place, and a copy back right after it. The updates say which
+// updates the device copy in place, and a copy back right after it. With `update "host"` the
+// update runs on the host instead, over its state where it is kept, the tensors it reads
+// copied to the host before it and the parameter copied back after it. The updates say which
 // operands hold which class (OptimizerStateOpInterface); nothing here matches names.
 //
 //===----------------------------------------------------------------------===//
@@ -27,6 +29,8 @@ constexpr StringLiteral kMasterWeights = "master_weights";
 struct OffloadRequest {
   bool optimizerState = false;
   bool masterWeights = false;
+  /// The updates run on the host (`update "host"`) rather than streaming their state.
+  bool hostStep = false;
   /// Where diagnostics about the request point: the directive, or the module for the option.
   Location loc;
 };
@@ -39,6 +43,7 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
   FailureOr<std::optional<OffloadRequest>> getRequest() {
     ModuleOp module = getOperation();
     SmallVector<std::string> names(classes.begin(), classes.end());
+    std::string where = update;
     Location loc = module.getLoc();
     if (names.empty()) {
       SmallVector<OffloadDirectiveOp> directives;
@@ -52,9 +57,17 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
       }
       for (StringRef name : directives.front().getClasses().getAsValueRange<StringAttr>())
         names.push_back(name.str());
+      if (where.empty())
+        where = directives.front().getUpdate().value_or("").str();
       loc = directives.front().getLoc();
     }
-    OffloadRequest request{false, false, loc};
+    OffloadRequest request{false, false, false, loc};
+    if (where == "host") {
+      request.hostStep = true;
+    } else if (!where.empty() && where != "device") {
+      emitError(loc) << "unknown update placement '" << where << "'; expected 'device' or 'host'";
+      return failure();
+    }
     for (StringRef name : names) {
       if (name == kOptimizerState) {
         request.optimizerState = true;
@@ -70,6 +83,11 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
                        << "'; expected 'optimizer_state' or 'master_weights'";
         return failure();
       }
+    }
+    if (request.hostStep && !request.optimizerState) {
+      emitError(loc) << "update \"host\" runs the optimizer updates on the CPU over their state "
+                        "in pinned host memory: offload 'optimizer_state' too";
+      return failure();
     }
     return std::optional<OffloadRequest>(request);
   }
@@ -125,6 +143,8 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
     function.walk([&](OptimizerStateOpInterface update) { updates.push_back(update); });
     if (failed(checkClassesExist(function, updates, request)))
       return failure();
+    if (request.hostStep)
+      return offloadToHostSteps(function, updates, request);
 
     MLIRContext *ctx = &getContext();
     auto pinned = MemorySpaceAttr::get(ctx, MemorySpace::PinnedHost);
@@ -194,6 +214,118 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
                             << ") in pinned host memory, each copied to the device before its "
                                "update and back after it: "
                             << formatBytes(bytes) << " over PCIe each way per step";
+    return success();
+  }
+
+  /// The state operands of `update` (every operand it updates in place but the parameter),
+  /// each a bonsai.state read by the update alone; fails naming the first that is not.
+  static FailureOr<SmallVector<StateOp>> getHostStepStates(OptimizerStateOpInterface update,
+                                                           unsigned param) {
+    SmallVector<StateOp> states;
+    auto kernel = cast<KernelOpInterface>(update.getOperation());
+    for (unsigned index : kernel.getInPlaceOperands()) {
+      if (index == param || index >= update->getNumOperands())
+        continue;
+      auto state = update->getOperand(index).getDefiningOp<StateOp>();
+      if (!state)
+        return update->emitOpError()
+               << "operand #" << index
+               << " is updated in place but is not a bonsai.state: the update cannot run on "
+                  "the host";
+      if (!state->hasOneUse()) {
+        InFlightDiagnostic diag = state.emitError()
+                                  << "cannot keep '" << state.getName()
+                                  << "' on the host for its update: another op reads it";
+        diag.attachNote(update.getLoc()) << "the update";
+        return failure();
+      }
+      states.push_back(state);
+    }
+    return states;
+  }
+
+  /// `update "host"`: each update runs on the host over its state in pinned host memory and a
+  /// pinned host copy of its parameter; the tensors it only reads are copied to the host
+  /// right before it and the parameter's copy into the parameter right after it.
+  LogicalResult offloadToHostSteps(func::FuncOp function,
+                                   ArrayRef<OptimizerStateOpInterface> updates,
+                                   const OffloadRequest &request) {
+    MLIRContext *ctx = &getContext();
+    auto pinned = MemorySpaceAttr::get(ctx, MemorySpace::PinnedHost);
+    // Validate every update before rewriting any.
+    SmallVector<std::pair<unsigned, SmallVector<StateOp>>> plans;
+    for (OptimizerStateOpInterface update : updates) {
+      std::optional<unsigned> param = update.getHostStepParamOperand();
+      if (!param)
+        return update->emitOpError()
+               << "has no host implementation (AdamW and SGD have one), so update \"host\" "
+                  "cannot run it; keep update \"device\" for this recipe";
+      if (!update->getOperand(*param).getDefiningOp<ParamOp>())
+        return update->emitOpError() << "updates operand #" << *param
+                                     << ", which is not a bonsai.param: it cannot run on the host";
+      if (!update.getMasterWeightOperands().empty() && !request.masterWeights)
+        return emitError(request.loc)
+               << "update \"host\" runs each update over its state in pinned host memory, and '"
+               << function.getSymName()
+               << "' keeps fp32 master weights: offload 'master_weights' too";
+      FailureOr<SmallVector<StateOp>> states = getHostStepStates(update, *param);
+      if (failed(states))
+        return failure();
+      plans.push_back({*param, std::move(*states)});
+    }
+
+    int64_t tensors = 0, stateBytes = 0, toHost = 0, toDevice = 0;
+    for (auto [i, plan] : llvm::enumerate(plans)) {
+      OptimizerStateOpInterface update = updates[i];
+      auto &[paramIndex, states] = plan;
+      Attribute phase = update->getAttr("bonsai.phase");
+      auto inPhase = [&](Operation *op) {
+        if (phase)
+          op->setAttr("bonsai.phase", phase);
+      };
+      for (StateOp state : states) {
+        state.setPlacementAttr(pinned);
+        int64_t size = getStorageBytes(state.getType());
+        ++tensors;
+        stateBytes += size;
+        if (perTensorRemarks)
+          emitRemark(state.getLoc())
+              << "'" << state.getName() << "' (" << formatBytes(size)
+              << ") is kept in pinned host memory, where its update runs on the host";
+      }
+      OpBuilder builder(update);
+      auto param = update->getOperand(paramIndex).getDefiningOp<ParamOp>();
+      auto copy = StateOp::create(builder, param.getLoc(), param.getType(), StateKind::Optimizer,
+                                  (param.getName() + ".host_copy").str(),
+                                  builder.getStringAttr(param.getName()));
+      copy.setPlacementAttr(pinned);
+      stateBytes += getStorageBytes(param.getType());
+      ++tensors;
+      // What the update only reads comes to the host first.
+      auto kernel = cast<KernelOpInterface>(update.getOperation());
+      SmallVector<unsigned> inPlace = kernel.getInPlaceOperands();
+      for (OpOperand &operand : update->getOpOperands()) {
+        if (llvm::is_contained(inPlace, operand.getOperandNumber()))
+          continue;
+        auto staged =
+            CopyToHostOp::create(builder, update.getLoc(), operand.get().getType(), operand.get());
+        inPhase(staged);
+        toHost += getStorageBytes(operand.get().getType());
+        operand.set(staged.getResult());
+      }
+      update->setOperand(paramIndex, copy.getResult());
+      builder.setInsertionPointAfter(update);
+      inPhase(CopyToDeviceOp::create(builder, update.getLoc(), copy.getResult(), param));
+      toDevice += getStorageBytes(param.getType());
+    }
+    numOffloaded += tensors;
+    bytesOffloaded += stateBytes;
+    emitRemark(request.loc) << "offload: " << updates.size() << " updates of '"
+                            << function.getSymName() << "' run on the host over " << tensors
+                            << " state tensors (" << formatBytes(stateBytes)
+                            << ") in pinned host memory: " << formatBytes(toHost)
+                            << " over PCIe to the host and " << formatBytes(toDevice)
+                            << " to the device per step";
     return success();
   }
 

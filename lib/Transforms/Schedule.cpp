@@ -19,7 +19,7 @@ namespace {
 using plan::LaunchOp;
 
 /// The runtime's streams (bonsai::rt::StreamId).
-enum Stream : int64_t { kCompute = 0, kHostToDevice = 1, kDeviceToHost = 2 };
+enum Stream : int64_t { kCompute = 0, kHostToDevice = 1, kDeviceToHost = 2, kHost = 3 };
 
 struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
   using Base::Base;
@@ -40,9 +40,9 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
   }
 
   /// A launch that reads a pinned host buffer and writes device buffers is a host-to-device
-  /// copy, the reverse a device-to-host copy (only the offload copies touch pinned host
-  /// memory: the runtime's loader holds every other kind to device arenas); everything else
-  /// computes.
+  /// copy, the reverse a device-to-host copy, and one that touches pinned host buffers only
+  /// is an update that runs on the host (the runtime's loader holds every other kind to
+  /// device arenas); everything else computes.
   static Stream streamOf(LaunchOp launch, const llvm::StringMap<plan::MemorySpace> &spaces) {
     auto onHost = [&](ValueRange values) {
       bool host = false, device = false;
@@ -58,6 +58,8 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
       return kHostToDevice;
     if (outsHost && !outsDevice && insDevice && !insHost)
       return kDeviceToHost;
+    if ((insHost || outsHost) && !insDevice && !outsDevice)
+      return kHost;
     return kCompute;
   }
 
@@ -142,11 +144,22 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
     for (LaunchOp copy : backCopies) {
       Operation *until = nullptr, *last = copy;
       bool sawWork = false;
+      // A copy staged for an update on the host: its source is kept until the update after
+      // the one that reads it, so that one update's compute covers the copy.
+      plan::BufferOp staged = plan::getUnderlyingBuffer(copy.getOuts()[0]);
+      bool readOnHost = false;
       for (Operation *op = copy->getNextNode(); op; op = op->getNextNode()) {
         if (phaseOf(op) != copy.getPhase())
           break;
         last = op;
         auto launch = dyn_cast<LaunchOp>(op);
+        if (launch && launch.getStream() == kHost) {
+          if (readOnHost) {
+            until = op;
+            break;
+          }
+          readOnHost = touches(op, staged);
+        }
         if (!launch || launch.getStream() == kCompute) {
           if (readers.contains(op)) {
             until = op;
@@ -180,21 +193,32 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
     llvm::StringMap<plan::MemorySpace> spaces;
     for (auto arena : body.getOps<plan::ArenaOp>())
       spaces[arena.getSymName()] = arena.getSpace();
-    unsigned copies = 0;
+    unsigned copies = 0, hostSteps = 0;
     for (LaunchOp launch : body.getOps<LaunchOp>()) {
-      Stream stream = overlap ? streamOf(launch, spaces) : kCompute;
+      // An update on the host runs on the host stream whatever `overlap` says: no other
+      // stream reaches pinned host memory from the CPU.
+      Stream stream = streamOf(launch, spaces);
+      if (!overlap && stream != kHost)
+        stream = kCompute;
       launch.setStream(stream);
-      copies += stream != kCompute;
+      copies += stream == kHostToDevice || stream == kDeviceToHost;
+      hostSteps += stream == kHost;
     }
-    if (!copies)
+    if (!copies && !hostSteps)
       return;
-    auto [prefetched, retainedSources] = overlapCopies(body);
+    auto [prefetched, retainedSources] = overlap ? overlapCopies(body) : std::pair(0u, 0u);
     numPrefetched += prefetched;
     numRetained += retainedSources;
-    step.emitRemark() << "schedule: " << copies
-                      << " host-offload copies on the copy streams; the copies into " << prefetched
-                      << " updates issued one update ahead; " << retainedSources
-                      << " sources of copies back kept from reuse until the next update";
+    InFlightDiagnostic remark = step.emitRemark() << "schedule: ";
+    if (hostSteps)
+      remark << hostSteps << " updates on the host stream; ";
+    if (!overlap) {
+      remark << "the copies in order on the compute stream";
+      return;
+    }
+    remark << copies << " host-offload copies on the copy streams; the copies into " << prefetched
+           << " updates issued one update ahead; " << retainedSources
+           << " sources of copies back kept from reuse until the next update";
   }
 
   void runOnOperation() override {

@@ -201,10 +201,23 @@ std::string renderManifest(const CheckpointManifest &m) {
   return "{\n" + body + ",\n  \"manifest_sha256\": " + jsonQuote(sha256Hex(body)) + "\n}\n";
 }
 
+/// Whether `t` is a parameter's exact copy: optimizer state that starts as a copy of a
+/// parameter in the parameter's own dtype (not a master, which is wider). The host copy of a
+/// parameter an update on the host works on (docs/offload.md, "The host step") is one, copied
+/// into the parameter after every update: it holds nothing the parameter does not.
+bool isParameterMirror(const LoadedPlan &plan, const TensorInfo &t) {
+  if (t.role != TensorRole::OptimizerState || t.init != TensorInit::CopyOf)
+    return false;
+  const TensorInfo &source = plan.tensors[t.initSource];
+  return source.role == TensorRole::Parameter && source.dtype == t.dtype;
+}
+
 /// Whether a checkpoint of `plan` holds tensor `t` in the file of `role`: every tensor of the
-/// role, but the frozen parameters when the plan has adapters (an adapter checkpoint).
+/// role, but the frozen parameters when the plan has adapters (an adapter checkpoint), and
+/// the parameters' exact copies, which resuming makes again from the parameters (applyInits),
+/// so that a plan with updates on the host saves what the same recipe on the device saves.
 bool savedInRole(const LoadedPlan &plan, const TensorInfo &t, TensorRole role) {
-  if (t.role != role)
+  if (t.role != role || isParameterMirror(plan, t))
     return false;
   return !(role == TensorRole::Parameter && !plan.adapters.empty() && !t.trainable);
 }
@@ -648,7 +661,9 @@ CheckpointManifest loadCheckpoint(const std::string &dir, Executor &executor,
     std::set<std::string> planNames;
     for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
       const TensorInfo &t = plan.tensors[i];
-      if (adapterCheckpoint ? !savedInRole(plan, t, role) : t.role != role)
+      // A parameter's exact copy is never saved: applyInits makes it from the parameter.
+      if (t.role != role || isParameterMirror(plan, t) ||
+          (adapterCheckpoint && !savedInRole(plan, t, role)))
         continue;
       planNames.insert(t.name);
       const SafetensorsEntry *e = ckpt.find(t.name);

@@ -41,6 +41,10 @@ struct PlanMemorySummary {
   /// Whether the copies run on the copy streams (bonsai-schedule's overlap), so that both
   /// directions move at once.
   bool copyStreams = false;
+  /// The per-step pinned host buffers (what updates on the host read, copied there) and the
+  /// number of launches that run on the host (updates over pinned host memory only).
+  int64_t hostStaging = 0;
+  int64_t hostSteps = 0;
 
   /// Prints one line per class of device memory, the device peak and `budget` (0: none),
   /// then, when there are pinned host arenas, their classes, their peak and the PCIe bytes,

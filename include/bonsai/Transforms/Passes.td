@@ -283,10 +283,28 @@ def BonsaiOffloadPass : Pass<"bonsai-offload", "::mlir::ModuleOp"> {
     bonsai.copy_d2h %m_dev, %m : tensor<16x64xf32>, tensor<16x64xf32>
     bonsai.copy_d2h %v_dev, %v : tensor<16x64xf32>, tensor<16x64xf32>
     ```
+
+    With `update "host"` (or the `update=host` option) the update itself runs on the CPU
+    instead, over its state where it is kept: every update must have a host implementation
+    (AdamW, SGD: OptimizerStateOpInterface::getHostStepParamOperand) and all of its state
+    must be offloaded. The parameter is updated through a pinned host copy of it (a
+    `bonsai.state` with `copy_of` the parameter), copied into the parameter after the
+    update; the tensors the update only reads are copied to the host before it:
+    ```mlir
+    %w_host = bonsai.state optimizer "w.host_copy" copy_of "w" placement <pinned_host> : tensor<16x64xbf16>
+    %g_host = bonsai.copy_to_host %g : tensor<16x64xbf16>
+    ... (the step counter, the learning rate, the norm)
+    bonsai.adamw_update %g_host, %step_host, %lr_host, %norm_host, %w_host, %m, %v, %w32 {...}
+    bonsai.copy_to_device %w_host, %w : tensor<16x64xbf16>, tensor<16x64xbf16>
+    ```
+    The schedule then runs the update on the runtime's host stream.
   }];
   let options = [
     ListOption<"classes", "classes", "std::string",
                "State classes to offload (default: the recipe's bonsai.offload)">,
+    Option<"update", "update", "std::string", /*default=*/"\"\"",
+           "Where the updates of offloaded state run: device or host (default: the recipe's "
+           "bonsai.offload, else device)">,
     Option<"perTensorRemarks", "per-tensor-remarks", "bool", /*default=*/"true",
            "A remark per offloaded tensor (else only the summary)">,
   ];

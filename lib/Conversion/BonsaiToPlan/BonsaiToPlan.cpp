@@ -28,6 +28,7 @@ constexpr StringLiteral kGradientsArena = "gradients";
 constexpr StringLiteral kOptimizerArena = "optimizer";
 constexpr StringLiteral kGradientsHostArena = "gradients_host";
 constexpr StringLiteral kOptimizerHostArena = "optimizer_host";
+constexpr StringLiteral kStagingHostArena = "staging_host";
 
 /// The name of a model input, from how the model uses it: the ids of an embedding, the labels
 /// of a loss, or its position.
@@ -185,6 +186,11 @@ struct LowerToPlanPass : impl::BonsaiLowerToPlanPassBase<LowerToPlanPass> {
                               << "' has no runtime kernel and cannot be lowered to a plan";
       SmallVector<Value> outs;
       SmallVector<unsigned> workspaces = kernel.getWorkspaceResults();
+      // Copies staged for an update on the host live in pinned host memory, for the step.
+      StringRef resultArena =
+          kernel.hasHostResults()
+              ? arena(kStagingHostArena, plan::Lifetime::Step, plan::MemorySpace::PinnedHost)
+              : activations;
       for (Value result : op.getResults()) {
         plan::BufferRole role = plan::BufferRole::Activation;
         if (llvm::is_contained(workspaces, cast<OpResult>(result).getResultNumber()))
@@ -201,7 +207,7 @@ struct LowerToPlanPass : impl::BonsaiLowerToPlanPassBase<LowerToPlanPass> {
             role = plan::BufferRole::Metric;
             name = metric.getName().str();
           }
-        if (failed(declare(&op, result, activations, role, name)))
+        if (failed(declare(&op, result, resultArena, role, name)))
           return failure();
         outs.push_back(mapping.lookup(result));
       }

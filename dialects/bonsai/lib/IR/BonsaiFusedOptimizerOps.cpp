@@ -222,6 +222,9 @@ SmallVector<unsigned> AdamWUpdateOp::getOptimizerStateOperands() {
 SmallVector<unsigned> AdamWUpdateOp::getMasterWeightOperands() {
   return odsOperandIndices(*this, {7});
 }
+std::optional<unsigned> AdamWUpdateOp::getHostStepParamOperand() {
+  return odsOperandIndices(*this, {4}).front();
+}
 
 // Without momentum, SGD neither reads nor needs its buffer: it keeps no state.
 SmallVector<unsigned> SGDUpdateOp::getOptimizerStateOperands() {
@@ -231,6 +234,9 @@ SmallVector<unsigned> SGDUpdateOp::getOptimizerStateOperands() {
 }
 SmallVector<unsigned> SGDUpdateOp::getMasterWeightOperands() {
   return odsOperandIndices(*this, {5});
+}
+std::optional<unsigned> SGDUpdateOp::getHostStepParamOperand() {
+  return odsOperandIndices(*this, {3}).front();
 }
 
 SmallVector<unsigned> MultiTensorAdamWUpdateOp::getOptimizerStateOperands() {

@@ -407,3 +407,20 @@ OpCost CopyD2HOp::getForwardCost() {
   int64_t bytes = getStorageBytes(getSource().getType());
   return {0, 0, bytes, bytes};
 }
+
+StringRef CopyToHostOp::getKernelName() { return "copy_d2h"; }
+bool CopyToHostOp::hasHostResults() { return true; }
+OpCost CopyToHostOp::getForwardCost() {
+  int64_t bytes = getStorageBytes(getSource().getType());
+  return {0, 0, bytes, bytes};
+}
+
+LogicalResult CopyToDeviceOp::verify() {
+  return expectType(*this, "target", getTarget(), getSource().getType());
+}
+StringRef CopyToDeviceOp::getKernelName() { return "copy_h2d"; }
+SmallVector<unsigned> CopyToDeviceOp::getInPlaceOperands() { return {1}; }
+OpCost CopyToDeviceOp::getForwardCost() {
+  int64_t bytes = getStorageBytes(getSource().getType());
+  return {0, 0, bytes, bytes};
+}

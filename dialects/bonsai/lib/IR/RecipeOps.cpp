@@ -312,6 +312,14 @@ LogicalResult OffloadDirectiveOp::verify() {
     if (!seen.insert(cls).second)
       return emitOpError() << "state class '" << cls << "' is listed twice";
   }
+  if (std::optional<StringRef> update = getUpdate()) {
+    if (failed(expectOneOf(*this, "update", *update, {"device", "host"})))
+      return failure();
+    // On the host, the update reads and writes its state where it is kept.
+    if (*update == "host" && !seen.contains("optimizer_state"))
+      return emitOpError() << "update \"host\" runs the optimizer updates on the CPU over "
+                              "their state in pinned host memory: list \"optimizer_state\"";
+  }
   return success();
 }
 

@@ -193,6 +193,13 @@ def Bonsai_KernelOpInterface : OpInterface<"KernelOpInterface"> {
       "::llvm::SmallVector<unsigned>", "getWorkspaceResults", (ins), [{}], [{
         return {};
       }]>,
+    InterfaceMethod<[{
+        Whether the kernel's results live in pinned host memory (a copy staged for an update
+        that runs on the host): the lowering declares them in a pinned host step arena.
+      }],
+      "bool", "hasHostResults", (ins), [{}], [{
+        return false;
+      }]>,
   ];
 }
 
@@ -243,6 +250,15 @@ def Bonsai_OptimizerStateOpInterface : OpInterface<"OptimizerStateOpInterface"> 
     InterfaceMethod<"Indices of the operands that hold fp32 master copies (none for "
                     "parameters stored in f32).",
       "::llvm::SmallVector<unsigned>", "getMasterWeightOperands", (ins)>,
+    InterfaceMethod<[{
+        The index of the parameter operand when the update has a host implementation that
+        computes the GPU kernel's bits (runtime/include/bonsai/runtime/HostOptimizer.h), so
+        that it may run on the CPU over pinned host memory (`bonsai.offload ... update
+        "host"`, docs/offload.md); none otherwise.
+      }],
+      "::std::optional<unsigned>", "getHostStepParamOperand", (ins), [{}], [{
+        return std::nullopt;
+      }]>,
   ];
 }
 

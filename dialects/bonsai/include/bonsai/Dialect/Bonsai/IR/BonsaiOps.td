@@ -605,13 +605,19 @@ def Bonsai_OffloadDirectiveOp : Bonsai_DirectiveOp<"offload"> {
     `master_weights`: the state is placed in pinned host memory and each update streams it
     through the device (docs/offload.md); the other classes are refused by it for now.
 
+    `update` says where the optimizer updates of offloaded state run: `"device"` (the
+    default: each update's state is copied to the device and back around it) or `"host"`
+    (the update runs on the CPU over the state in pinned host memory; its gradient and
+    scalars are copied to the host before it and the parameter back to the device after it).
+
     ```mlir
     bonsai.offload ["optimizer_state"]
     bonsai.offload ["optimizer_state", "master_weights"]
+    bonsai.offload ["optimizer_state", "master_weights"] update "host"
     ```
   }];
-  let arguments = (ins StrArrayAttr:$classes);
-  let assemblyFormat = "$classes attr-dict";
+  let arguments = (ins StrArrayAttr:$classes, OptionalAttr<StrAttr>:$update);
+  let assemblyFormat = "$classes (`update` $update^)? attr-dict";
 }
 
 def Bonsai_RingDirectiveOp : Bonsai_DirectiveOp<"ring"> {

@@ -114,7 +114,7 @@ def Bonsai_LearningRateOp : Bonsai_ModelOp<"learning_rate"> {
 
 def Bonsai_AdamWUpdateOp : Bonsai_UpdateOp<"adamw_update", [4, 5, 6, 7],
     [DeclareOpInterfaceMethods<Bonsai_MultiTensorUpdateOpInterface>,
-     DeclareOpInterfaceMethods<Bonsai_OptimizerStateOpInterface>]> {
+     DeclareOpInterfaceMethods<Bonsai_OptimizerStateOpInterface, ["getHostStepParamOperand"]>]> {
   let summary = "one AdamW step, in place on the parameter, its moments and master copy";
   let description = [{
     Operands: gradient, step counter, learning rate, global gradient norm (read, and only
@@ -136,7 +136,7 @@ def Bonsai_AdamWUpdateOp : Bonsai_UpdateOp<"adamw_update", [4, 5, 6, 7],
 
 def Bonsai_SGDUpdateOp : Bonsai_UpdateOp<"sgd_update", [3, 4, 5],
     [DeclareOpInterfaceMethods<Bonsai_MultiTensorUpdateOpInterface>,
-     DeclareOpInterfaceMethods<Bonsai_OptimizerStateOpInterface>]> {
+     DeclareOpInterfaceMethods<Bonsai_OptimizerStateOpInterface, ["getHostStepParamOperand"]>]> {
   let summary = "one SGD (momentum) step, in place on the parameter and momentum buffer";
   let description = [{
     Operands: gradient, learning rate, global gradient norm (read); parameter, momentum
@@ -217,6 +217,47 @@ def Bonsai_CopyD2HOp : Bonsai_UpdateOp<"copy_d2h", [1]> {
     ```
   }];
   let arguments = (ins Bonsai_Tensor:$source, Bonsai_Tensor:$target);
+}
+
+def Bonsai_CopyToHostOp : Bonsai_Op<"copy_to_host", [MemoryEffects<[MemRead]>,
+    AllTypesMatch<["source", "result"]>,
+    DeclareOpInterfaceMethods<Bonsai_CostOpInterface>,
+    DeclareOpInterfaceMethods<Bonsai_KernelOpInterface, ["getKernelName", "hasHostResults"]>]> {
+  let summary = "a pinned host copy of a device tensor, read by an update on the host";
+  let description = [{
+    Reads `source`, a device tensor, over PCIe into a new tensor in pinned host memory that
+    lives until the last op that reads it. bonsai-offload puts one right before an optimizer
+    update that runs on the host (`update "host"`) for each device tensor the update only
+    reads: the gradient, the step counter, the learning rate, the gradient norm. The runtime
+    kernel is `copy_d2h`.
+
+    ```mlir
+    %g_host = bonsai.copy_to_host %g : tensor<256x64xbf16>
+    ```
+  }];
+  let arguments = (ins Bonsai_Tensor:$source);
+  let results = (outs Bonsai_Tensor:$result);
+  let assemblyFormat = "$source attr-dict `:` type($result)";
+}
+
+def Bonsai_CopyToDeviceOp : Bonsai_Op<"copy_to_device", [MemoryEffects<[MemRead, MemWrite]>,
+    DeclareOpInterfaceMethods<Bonsai_CostOpInterface>,
+    DeclareOpInterfaceMethods<Bonsai_KernelOpInterface, ["getKernelName",
+                                                         "getInPlaceOperands"]>]> {
+  let summary = "overwrite a device tensor with a tensor kept in pinned host memory";
+  let description = [{
+    Operands: the pinned host tensor (read) and the device tensor (overwritten in place, over
+    PCIe), of the same type. bonsai-offload puts one right after an optimizer update that runs
+    on the host, copying the host copy of the parameter it updated into the parameter. The
+    runtime kernel is `copy_h2d`.
+
+    ```mlir
+    bonsai.copy_to_device %w_host, %w : tensor<256x64xbf16>, tensor<256x64xbf16>
+    ```
+  }];
+  let arguments = (ins Bonsai_Tensor:$source, Bonsai_Tensor:$target);
+  let assemblyFormat = "operands attr-dict `:` type(operands)";
+  let hasVerifier = 1;
 }
 
 #endif // BONSAI_DIALECT_BONSAI_IR_BONSAIOPTIMIZEROPS_TD
