@@ -15,8 +15,10 @@
 // reads the decision. Within a due refresh a gate word still stops the chain early: a
 // non-finite gradient (checked first), or a non-finite or zero sketch, keeps the projector
 // and the status records why. The randomized range finder: Ω (l x r, Gaussian from the
-// sketch key) into Z, Y = A·Ω, then per power iteration Z = Aᵀ·Q and Y = A·Z (cuBLASLt SGEMMs
-// for an f32 gradient, this file's tiled fp32 GEMMs for a half-precision one), Y kept well
+// sketch key) into Z, Y = A·Ω, then per power iteration Z = Aᵀ·Q and Y = A·Z (this file's
+// tiled fp32 GEMMs, which read the gradient in its own dtype; not cuBLASLt, whose closed
+// kernels failed in the if-node's body under compute-sanitizer's synccheck and memcheck,
+// docs/reliability.md), Y kept well
 // conditioned between the products by a shifted CholeskyQR pass and the last Y orthonormalised
 // as the CPU reference does (runtime/cpu/GaLore.cpp, orthonormalize): shifted CholeskyQR, then a rank-revealing
 // CholeskyQR, each with an fp64 Gram matrix, a blocked fp64 Cholesky factorisation, R⁻¹ in
@@ -116,9 +118,9 @@ __global__ void __launch_bounds__(kThreads) finiteKernel(const T *g, int64_t n, 
 
 __global__ void gateKernel(Gate *gate) { gate->go = gate->go && !gate->nonFinite; }
 
-/// Ω[i, j] = gaussian(key, i r + j), the key from the step counter on the device. Not gated:
-/// the cuBLASLt products that read Ω cannot read the gate and run even after a failed finite
-/// check, so Ω is always written (their results are then discarded by the gated kernels).
+/// Ω[i, j] = gaussian(key, i r + j), the key from the step counter on the device. Not gated,
+/// so Ω is defined whatever the gate says (a refresh costs it once; no product reads it
+/// when the gate is closed).
 __global__ void __launch_bounds__(kThreads)
     sketchKernel(float *omega, int64_t count, uint64_t seed, int64_t slot, const int64_t *step) {
   uint64_t key = galore::sketchKey(seed, slot, *step);
@@ -814,32 +816,8 @@ void captureIfDue(const char *k, Stream stream, Begin begin, Body body) {
   checkCuda(cudaStreamEndCapture(side, &ended), "cudaStreamEndCapture(conditional body)", k);
 }
 
-/// C [rows, cols] = op(A)·B for A the gradient (row-major m x n, transposed when transA) and
-/// B f32 [inner, cols]: for an f32 gradient a cuBLASLt SGEMM (fp32 throughout, 4x this file's
-/// tiled kernel), for a half-precision one the tiled kernel, which reads it as it is.
 template <typename T>
-void gradientProduct(const char *k, Stream stream, GemmEngine &engine, const T *g, int64_t n,
-                     bool transA, const float *b, float *c, int64_t rows, int64_t cols,
-                     int64_t inner, const Gate *gate) {
-  if constexpr (std::is_same_v<T, float>) {
-    GemmCall call;
-    call.abType = DType::F32;
-    call.cType = DType::F32;
-    call.transA = transA;
-    call.m = rows;
-    call.n = cols;
-    call.k = inner;
-    call.a = g;
-    call.b = b;
-    call.c = c;
-    ltEngineOf(k, engine).run(k, stream, call);
-  } else {
-    launchGemm(k, stream, g, n, transA, b, c, rows, cols, inner, gate);
-  }
-}
-
-template <typename T>
-void refreshTyped(const char *k, Stream stream, GemmEngine &engine, const T *g, int64_t m,
+void refreshTyped(const char *k, Stream stream, const T *g, int64_t m,
                   int64_t n, const galore::RefreshParams &p, const Workspace &w,
                   const int64_t *step) {
   bool left = p.left;
@@ -853,7 +831,7 @@ void refreshTyped(const char *k, Stream stream, GemmEngine &engine, const T *g, 
   checkLaunch(k, "sketchKernel");
   // A = G (left: s = m rows of n) or Gᵀ (right: G is l x s). A·X reads G untransposed on the
   // left, transposed on the right; Aᵀ·X the other way round.
-  gradientProduct(k, stream, engine, g, n, !left, w.z, w.y, s, r, l, w.gate); // Y = A·Ω
+  launchGemm(k, stream, g, n, !left, w.z, w.y, s, r, l, w.gate); // Y = A·Ω
   for (int64_t it = 0; it < p.powerIterations; ++it) {
     // Between the products one shifted CholeskyQR pass keeps Y well conditioned; the final
     // projector does not depend on it (CPU reference, randomizedRange).
@@ -861,8 +839,8 @@ void refreshTyped(const char *k, Stream stream, GemmEngine &engine, const T *g, 
     checkCuda(cudaMemcpyAsync(w.y, w.z, size_t(s * r) * sizeof(float), cudaMemcpyDeviceToDevice,
                               stream),
               "cudaMemcpyAsync(Q)", k);
-    gradientProduct(k, stream, engine, g, n, left, w.y, w.z, l, r, s, w.gate);  // Z = Aᵀ·Q
-    gradientProduct(k, stream, engine, g, n, !left, w.z, w.y, s, r, l, w.gate); // Y = A·Z
+    launchGemm(k, stream, g, n, left, w.y, w.z, l, r, s, w.gate);  // Z = Aᵀ·Q
+    launchGemm(k, stream, g, n, !left, w.z, w.y, s, r, l, w.gate); // Y = A·Z
   }
   orthonormalize(k, stream, w, w.y, w.z, s, r);
 }
@@ -984,15 +962,15 @@ void galoreRefresh(const Context &ctx, const TensorView &grad, const TensorView 
   auto body = [&](Stream stream) {
     switch (grad.dtype) {
     case DType::BF16:
-      refreshTyped(k, stream, *ctx.gemm, static_cast<const __nv_bfloat16 *>(grad.data), m, n,
+      refreshTyped(k, stream, static_cast<const __nv_bfloat16 *>(grad.data), m, n,
                    params, w, stepPtr);
       break;
     case DType::F16:
-      refreshTyped(k, stream, *ctx.gemm, static_cast<const __half *>(grad.data), m, n, params,
+      refreshTyped(k, stream, static_cast<const __half *>(grad.data), m, n, params,
                    w, stepPtr);
       break;
     default:
-      refreshTyped(k, stream, *ctx.gemm, static_cast<const float *>(grad.data), m, n, params,
+      refreshTyped(k, stream, static_cast<const float *>(grad.data), m, n, params,
                    w, stepPtr);
       break;
     }

@@ -62,6 +62,9 @@ strip -o "$dir/bin-sm90a/host_adamw_bench" build-sm90a/bin/host_adamw_bench
 # The probe that shows initcheck does not see cuBLASLt's stores (docs/reliability.md).
 /usr/local/cuda/bin/nvcc -O2 -arch=sm_90a -std=c++17 -o "$dir/bin-sm90a/initcheck-cublaslt" \
   test/gpu/probes/initcheck_cublaslt.cu -lcublasLt
+# The probe of synccheck inside a conditional graph body (docs/reliability.md, fifth round).
+/usr/local/cuda/bin/nvcc -O2 -arch=sm_90a -std=c++17 -o "$dir/bin-sm90a/synccheck-conditional" \
+  test/gpu/probes/synccheck_conditional.cu
 . bench/gpu_libs.sh
 copy_gpu_libs "$dir/lib"
 compile="$build/bin/bonsai-compile"

@@ -472,46 +472,49 @@ TEST_F(CudaGaLoreTest, AdamWUpdateMatchesCpu) {
 }
 
 TEST_F(CudaGaLoreTest, PerfRefreshTinyLlamaMlp) {
-  // gate_proj of TinyLlama-1.1B: 5632 x 2048 (projected on the right), rank 512.
+  // gate_proj of TinyLlama-1.1B: 5632 x 2048 (projected on the right), rank 512, with a bf16
+  // gradient (mixed precision) and an f32 one (an f32 model).
   int64_t m = 5632, n = 2048, rank = 512;
-  std::mt19937 rng(1);
-  Pair grad(DType::BF16, {m, n}), step(DType::I64, {}),
-      ws(DType::F32, {galore::workspaceElements(n, m, rank)});
-  Pair projector(DType::F32, {n, rank}), status(DType::F32, {1});
-  grad.random(rng, 0.01);
-  step.upload();
-  status.fill(0.0f);
-  galore::RefreshParams p;
-  p.rank = rank;
-  p.updateProjGap = 200;
-  p.left = false;
-  auto time = [&](int64_t done) {
-    std::memcpy(step.host.data(), &done, 8);
+  for (DType dtype : {DType::BF16, DType::F32}) {
+    std::mt19937 rng(1);
+    Pair grad(dtype, {m, n}), step(DType::I64, {}),
+        ws(DType::F32, {galore::workspaceElements(n, m, rank)});
+    Pair projector(DType::F32, {n, rank}), status(DType::F32, {1});
+    grad.random(rng, 0.01);
     step.upload();
-    sync();
-    auto start = std::chrono::steady_clock::now();
-    cuda::galoreRefresh(ctx, grad.deviceView(), step.deviceView(), p, ws.deviceView(),
-                        projector.deviceView(), status.deviceView());
-    sync();
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-        .count();
-  };
-  time(0); // warm up
-  double due = time(0), idle = time(1);
-  EXPECT_EQ(status.deviceValues(), std::vector<float>{0.0f});
-  // Rank 100: only the first 100 columns of G (rows of A = Gᵀ) are nonzero, so 412 columns of
-  // each sketch are completed.
-  std::vector<float> g = grad.hostValues();
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t k = 100; k < n; ++k)
-      g[size_t(i * n + k)] = 0.0f;
-  storeF32(g.data(), grad.hostView());
-  grad.upload();
-  double deficient = time(0);
-  EXPECT_EQ(status.deviceValues(), std::vector<float>{0.0f});
-  std::printf("galore_refresh 5632x2048 rank 512 (1 power iteration): due %.2f ms, due at "
-              "gradient rank 100 %.2f ms, not due %.3f ms\n",
-              due, deficient, idle);
+    status.fill(0.0f);
+    galore::RefreshParams p;
+    p.rank = rank;
+    p.updateProjGap = 200;
+    p.left = false;
+    auto time = [&](int64_t done) {
+      std::memcpy(step.host.data(), &done, 8);
+      step.upload();
+      sync();
+      auto start = std::chrono::steady_clock::now();
+      cuda::galoreRefresh(ctx, grad.deviceView(), step.deviceView(), p, ws.deviceView(),
+                          projector.deviceView(), status.deviceView());
+      sync();
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+          .count();
+    };
+    time(0); // warm up
+    double due = time(0), idle = time(1);
+    EXPECT_EQ(status.deviceValues(), std::vector<float>{0.0f});
+    // Rank 100: only the first 100 columns of G (rows of A = Gᵀ) are nonzero, so 412 columns
+    // of each sketch are completed.
+    std::vector<float> g = grad.hostValues();
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t k = 100; k < n; ++k)
+        g[size_t(i * n + k)] = 0.0f;
+    storeF32(g.data(), grad.hostView());
+    grad.upload();
+    double deficient = time(0);
+    EXPECT_EQ(status.deviceValues(), std::vector<float>{0.0f});
+    std::printf("galore_refresh 5632x2048 %s rank 512 (1 power iteration): due %.2f ms, due at "
+                "gradient rank 100 %.2f ms, not due %.3f ms\n",
+                dtypeName(dtype), due, deficient, idle);
+  }
 }
 
 } // namespace
