@@ -93,6 +93,18 @@ std::vector<ExecutorOptions> gpuModes() {
 const char *describe(const ExecutorOptions &options) {
   return options.cudaGraphs ? "CUDA Graphs" : "no CUDA Graphs";
 }
+
+/// Runs `check(options)` for each of gpuModes() and expects no phase or guarded update to have
+/// fallen back to running without a CUDA Graph (the backend says so on stderr).
+template <typename Check> void expectInEveryGpuModeWithoutFallback(Check check) {
+  for (const ExecutorOptions &gpu : gpuModes()) {
+    SCOPED_TRACE(describe(gpu));
+    ::testing::internal::CaptureStderr();
+    check(gpu);
+    std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(err.find("without a CUDA Graph"), std::string::npos) << err;
+  }
+}
 #endif
 
 class TrainingTest : public ::testing::Test {
@@ -737,14 +749,9 @@ TEST_F(TrainingTest, WithoutTheGuardANonFiniteStepUpdates) {
 TEST_F(TrainingTest, NonFiniteStepsSkipTheirUpdateOnTheGpu) {
   if (!gpuPresent())
     GTEST_SKIP() << "no GPU here";
-  for (const ExecutorOptions &gpu : gpuModes()) {
-    SCOPED_TRACE(describe(gpu));
-    ::testing::internal::CaptureStderr();
-    expectNonFiniteStepsSkipped(gpu, dir);
-    std::string err = ::testing::internal::GetCapturedStderr();
-    // With graphs, the conditional graph was built: no fallback to the host's decision.
-    EXPECT_EQ(err.find("runs without a CUDA Graph"), std::string::npos) << err;
-  }
+  // With graphs, the conditional graph was built: no fallback to the host's decision.
+  expectInEveryGpuModeWithoutFallback(
+      [&](const ExecutorOptions &gpu) { expectNonFiniteStepsSkipped(gpu, dir); });
 }
 #endif
 
@@ -867,13 +874,7 @@ TEST_F(TrainingTest, OffloadedStateTrainsBitForBit) { expectOffloadBitForBit({},
 TEST_F(TrainingTest, OffloadedStateTrainsBitForBitOnTheGpu) {
   if (!gpuPresent())
     GTEST_SKIP() << "no GPU here";
-  for (const ExecutorOptions &gpu : gpuModes()) {
-    SCOPED_TRACE(describe(gpu));
-    ::testing::internal::CaptureStderr();
-    expectOffloadBitForBit(gpu, dir);
-    std::string err = ::testing::internal::GetCapturedStderr();
-    EXPECT_EQ(err.find("without a CUDA Graph"), std::string::npos) << err;
-  }
+  expectInEveryGpuModeWithoutFallback([&](const ExecutorOptions &gpu) { expectOffloadBitForBit(gpu, dir); });
 }
 #endif
 
@@ -915,13 +916,7 @@ TEST_F(TrainingTest, HostStepTrainsBitForBit) { expectHostStepBitForBit({}, dir)
 TEST_F(TrainingTest, HostStepTrainsBitForBitOnTheGpu) {
   if (!gpuPresent())
     GTEST_SKIP() << "no GPU here";
-  for (const ExecutorOptions &gpu : gpuModes()) {
-    SCOPED_TRACE(describe(gpu));
-    ::testing::internal::CaptureStderr();
-    expectHostStepBitForBit(gpu, dir);
-    std::string err = ::testing::internal::GetCapturedStderr();
-    EXPECT_EQ(err.find("without a CUDA Graph"), std::string::npos) << err;
-  }
+  expectInEveryGpuModeWithoutFallback([&](const ExecutorOptions &gpu) { expectHostStepBitForBit(gpu, dir); });
 }
 #endif
 
