@@ -132,24 +132,41 @@ std::optional<uint64_t> availableHostMemory(const std::string &meminfo) {
 void checkHostMemory(const LoadedPlan &plan, Backend backend, std::optional<uint64_t> available) {
   if (!available)
     return;
-  // The CPU backend computes in its arenas, so every byte of them is written; the CUDA
-  // backend's host copies of its device arenas are mappings that take memory only where the
-  // host writes (the weights it binds), and only its pinned-host arenas are host memory proper.
-  uint64_t needed = 0;
+  // The CPU backend computes in its arenas, so every byte of them is written. On CUDA the
+  // pinned-host arenas are host memory, and so are the pages of the executor's host copies of
+  // every arena (mappings that take memory only where written) that the host writes at start:
+  // the weights it binds and the state initialised from them (master weights, a parameter's
+  // pinned copy). A 7B plan's pinned arenas fit where those copies on top did not: the OOM
+  // killer stopped it before its first step.
+  uint64_t needed = 0, arenas = 0;
   const ArenaInfo *largest = nullptr;
   for (const ArenaInfo &arena : plan.arenas) {
     if (backend == Backend::Cuda && arena.space != MemorySpace::PinnedHost)
       continue;
-    needed += arena.size;
+    arenas += arena.size;
     if (!largest || arena.size > largest->size)
       largest = &arena;
   }
+  uint64_t written = 0;
+  if (backend == Backend::Cuda)
+    for (const TensorInfo &t : plan.tensors)
+      if (t.role == TensorRole::Parameter ||
+          (t.init != TensorInit::None && t.init != TensorInit::Zeros))
+        written += t.bytes;
+  needed = arenas + written;
   if (needed <= *available)
     return;
-  throw Error("plan '" + plan.path + "' needs " + gib(needed) + " of host memory for its " +
-              (backend == Backend::Cuda ? "pinned host arenas" : "arenas on the CPU backend") +
-              " (the largest, '" + largest->name + "', " + gib(largest->size) +
-              "), but this machine has " + gib(*available) +
+  std::string what = backend == Backend::Cuda
+                         ? "pinned host arenas (" + gib(arenas) + ", the largest '" +
+                               (largest ? largest->name : std::string("none")) + "', " +
+                               gib(largest ? largest->size : 0) +
+                               ") and the host copies of the weights and the state initialised "
+                               "from them (" +
+                               gib(written) + ")"
+                         : "arenas on the CPU backend (the largest, '" + largest->name + "', " +
+                               gib(largest->size) + ")";
+  throw Error("plan '" + plan.path + "' needs " + gib(needed) + " of host memory for its " + what +
+              ", but this machine has " + gib(*available) +
               " available (MemAvailable in /proc/meminfo): it would run out of memory partway");
 }
 

@@ -119,6 +119,25 @@ TEST(ExecutorTest, HostMemoryIsCheckedBeforeAllocation) {
   }
   // Device arenas are not host memory on the CUDA backend; no figure, no check.
   EXPECT_NO_THROW(checkHostMemory(plan, Backend::Cuda, uint64_t(20) << 30));
+  // But the host copies of the weights the executor binds are, next to the pinned arenas.
+  test::TrainingTensors t;
+  LoadedPlan offloaded = loadSpec(test::hostStepPlanSpec(t));
+  uint64_t pinned = offloaded.arenas[3].size + offloaded.arenas[4].size, written = 0;
+  for (const TensorInfo &info : offloaded.tensors)
+    if (info.role == TensorRole::Parameter || info.init == TensorInit::CopyOf)
+      written += info.bytes;
+  EXPECT_NO_THROW(checkHostMemory(offloaded, Backend::Cuda, pinned + written));
+  try {
+    checkHostMemory(offloaded, Backend::Cuda, pinned + written - 1);
+    ADD_FAILURE() << "the host copies were not counted";
+  } catch (const Error &e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "of host memory for its pinned host arenas (0.00 GiB, the largest "
+                  "'optimizer_host', 0.00 GiB) and the host copies of the weights and the state "
+                  "initialised from them (0.00 GiB), but this machine has 0.00 GiB available"),
+              std::string::npos)
+        << e.what();
+  }
   EXPECT_NO_THROW(checkHostMemory(plan, Backend::Cpu, std::nullopt));
   // The executor checks before it allocates: the error is the check's, not a failed mmap.
   try {

@@ -84,10 +84,11 @@ struct ExecutorOptions {
 /// bytes; nullopt where it cannot be read.
 std::optional<uint64_t> availableHostMemory(const std::string &meminfo = "/proc/meminfo");
 
-/// Throws rt::Error, naming the plan, the bytes and its largest arena, when the arenas that
-/// live in host memory on `backend` (every arena on the CPU; the pinned-host ones on CUDA)
-/// exceed `available`. Nothing is checked without a figure. The Executor calls it before it
-/// allocates anything.
+/// Throws rt::Error, naming the plan, the bytes and its largest arena, when the host memory
+/// the plan takes on `backend` exceeds `available`: every arena on the CPU; on CUDA the
+/// pinned-host arenas and the host copies of the tensors the executor writes at start (the
+/// parameters, and state initialised from them such as master weights). Nothing is checked
+/// without a figure. The Executor calls it before it allocates anything.
 void checkHostMemory(const LoadedPlan &plan, Backend backend, std::optional<uint64_t> available);
 
 /// Runs one verified plan on the CPU reference backend or, with Backend::Cuda, on a GPU. The
