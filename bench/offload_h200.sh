@@ -19,9 +19,9 @@ bench() { # MODEL VARIANTS STEPS WARMUP
     --variants "$2" --steps "$3" --warmup "$4" --workdir "$out" 2>&1 | tee "$out/offload_$1.log"
 }
 case ",$parts," in *,small,*)
-  bench llama_124m gpu,offload-inorder,offload,inbwd-gpu,inbwd-offload 20 5
-  bench tinyllama_1_1b gpu,offload-inorder,offload,inbwd-gpu,inbwd-offload 8 2 ;;
+  bench llama_124m gpu,offload-inorder,offload,inbwd-gpu,inbwd-offload,inbwd-host 20 5
+  bench tinyllama_1_1b gpu,offload-inorder,offload,inbwd-gpu,inbwd-offload,inbwd-host 8 2 ;;
 esac
 case ",$parts," in *,7b,*)
-  bench llama2_7b gpu,inbwd-gpu,inbwd-offload 4 2 ;;
+  bench llama2_7b gpu,inbwd-gpu,inbwd-offload,inbwd-host 4 2 ;;
 esac
