@@ -16,26 +16,27 @@
 namespace bonsai::rt {
 namespace {
 
+/// The optional master output `j` as the host step's list: empty, or the one master.
+std::vector<TensorView> mastersOf(const KernelCall &c, unsigned j) {
+  if (const TensorView *master = c.optionalOut(j))
+    return {*master};
+  return {};
+}
+
 void launch(kinds::AdamWUpdate, const KernelCall &c, host::ThreadPool &pool) {
   using In = kinds::AdamWUpdate::In;
   using Out = kinds::AdamWUpdate::Out;
-  std::vector<TensorView> masters;
-  if (const TensorView *master = c.optionalOut(Out::master))
-    masters.push_back(*master);
   host::adamwStep(pool, {c.in(In::grad)}, c.in(In::step), c.in(In::lr), c.in(In::norm),
                   adamwHyper(c.attrs<kinds::AdamWUpdate>()), {c.out(Out::param)}, {c.out(Out::m)},
-                  {c.out(Out::v)}, masters);
+                  {c.out(Out::v)}, mastersOf(c, Out::master));
 }
 
 void launch(kinds::SGDUpdate, const KernelCall &c, host::ThreadPool &pool) {
   using In = kinds::SGDUpdate::In;
   using Out = kinds::SGDUpdate::Out;
-  std::vector<TensorView> masters;
-  if (const TensorView *master = c.optionalOut(Out::master))
-    masters.push_back(*master);
   host::sgdStep(pool, {c.in(In::grad)}, c.in(In::lr), c.in(In::norm),
                 sgdHyper(c.attrs<kinds::SGDUpdate>()), {c.out(Out::param)}, {c.out(Out::momentum)},
-                masters);
+                mastersOf(c, Out::master));
 }
 
 using HostHandler = void (*)(const KernelCall &, host::ThreadPool &);

@@ -1,4 +1,15 @@
 // RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer --bonsai-offload %s -split-input-file -verify-diagnostics | FileCheck %s
+// The pass options instead of the recipe's directive:
+// RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer '--bonsai-offload=classes=optimizer_state update=host per-tensor-remarks=false' %S/Inputs/offload-host-option.mlir 2>&1 | FileCheck %s --check-prefix=OPTION
+// RUN: not bonsai-opt --bonsai-autodiff --bonsai-optimizer '--bonsai-offload=classes=optimizer_state update=cpu' %S/Inputs/offload-host-option.mlir 2>&1 | FileCheck %s --check-prefix=BAD-PLACEMENT
+// RUN: not bonsai-opt --bonsai-autodiff --bonsai-optimizer '--bonsai-offload=classes=master_weights update=host' %S/Inputs/offload-host-option.mlir 2>&1 | FileCheck %s --check-prefix=NO-STATE
+
+// OPTION: remark: offload: 1 updates of 'f' run on the host over 2 state tensors (1.00 KiB) in pinned host memory: 520 B over PCIe to the host and 512 B to the device per step
+// OPTION: %[[COPY:.*]] = bonsai.state optimizer "lm.host_copy" copy_of "lm" placement <pinned_host> : tensor<16x8xf32>
+// OPTION: bonsai.sgd_update %{{.*}}, %{{.*}}, %{{.*}}, %[[COPY]], %{{.*}} {
+// OPTION-NEXT: bonsai.copy_to_device %[[COPY]], %{{.*}} {bonsai.phase = "update"}
+// BAD-PLACEMENT: error: unknown update placement 'cpu'; expected 'device' or 'host'
+// NO-STATE: error: update "host" runs the optimizer updates on the CPU over their state in pinned host memory: offload 'optimizer_state' too
 
 // update "host" (docs/offload.md, "The host step"): the update reads and writes its state
 // where it is kept, in pinned host memory, and a pinned host copy of its parameter (a state
