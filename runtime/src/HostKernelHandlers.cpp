@@ -43,18 +43,22 @@ using HostHandler = void (*)(const KernelCall &, host::ThreadPool &);
 
 /// The handler of kind K, or null where there is no `launch` overload for it.
 template <typename K, typename = void> struct HostHandlerOf {
+  static constexpr bool exists = false;
   static constexpr HostHandler handler = nullptr;
 };
 template <typename K>
 struct HostHandlerOf<K, std::void_t<decltype(launch(K{}, std::declval<const KernelCall &>(),
                                                     std::declval<host::ThreadPool &>()))>> {
   static void run(const KernelCall &c, host::ThreadPool &pool) { launch(K{}, c, pool); }
+  // A flag of its own: a function's address compared with null is not a constant expression
+  // under -fsanitize=undefined.
+  static constexpr bool exists = true;
   static constexpr HostHandler handler = &run;
 };
 
 #define BONSAI_KERNEL_KIND(Name, ...)                                                              \
   static_assert(((kinds::Name::traits & kernel_traits::kHostStep) != 0) ==                         \
-                    (HostHandlerOf<kinds::Name>::handler != nullptr),                              \
+                    HostHandlerOf<kinds::Name>::exists,                                            \
                 "kind " #Name ": trait kHostStep and a host handler go together");
 #include "bonsai/runtime/KernelKinds.def"
 
