@@ -169,6 +169,10 @@ public:
 
   bool hasOwnMemory() const override { return true; }
 
+  void *sharedHostArena(size_t arena) const override {
+    return pinned_.at(arena) ? arenas_[arena] : nullptr;
+  }
+
   std::string describe() const override {
     // The device name is up to 256 characters: build the string instead of bounding a buffer.
     char rest[96];

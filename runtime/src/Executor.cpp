@@ -133,11 +133,10 @@ void checkHostMemory(const LoadedPlan &plan, Backend backend, std::optional<uint
   if (!available)
     return;
   // The CPU backend computes in its arenas, so every byte of them is written. On CUDA the
-  // pinned-host arenas are host memory, and so are the pages of the executor's host copies of
-  // every arena (mappings that take memory only where written) that the host writes at start:
-  // the weights it binds and the state initialised from them (master weights, a parameter's
-  // pinned copy). A 7B plan's pinned arenas fit where those copies on top did not: the OOM
-  // killer stopped it before its first step.
+  // pinned-host arenas are host memory (the executor's view of them, not a copy), and so are
+  // the pages of the executor's host copies of the device arenas (mappings that take memory
+  // only where written) that the host writes at start: the weights it binds and the state
+  // initialised from them.
   uint64_t needed = 0, arenas = 0;
   const ArenaInfo *largest = nullptr;
   for (const ArenaInfo &arena : plan.arenas) {
@@ -150,8 +149,9 @@ void checkHostMemory(const LoadedPlan &plan, Backend backend, std::optional<uint
   uint64_t written = 0;
   if (backend == Backend::Cuda)
     for (const TensorInfo &t : plan.tensors)
-      if (t.role == TensorRole::Parameter ||
-          (t.init != TensorInit::None && t.init != TensorInit::Zeros))
+      if (plan.arenas[t.arena].space != MemorySpace::PinnedHost &&
+          (t.role == TensorRole::Parameter ||
+           (t.init != TensorInit::None && t.init != TensorInit::Zeros)))
         written += t.bytes;
   needed = arenas + written;
   if (needed <= *available)
@@ -160,8 +160,8 @@ void checkHostMemory(const LoadedPlan &plan, Backend backend, std::optional<uint
                          ? "pinned host arenas (" + gib(arenas) + ", the largest '" +
                                (largest ? largest->name : std::string("none")) + "', " +
                                gib(largest ? largest->size : 0) +
-                               ") and the host copies of the weights and the state initialised "
-                               "from them (" +
+                               ") and the host copies of the device arenas' weights and the "
+                               "state initialised from them (" +
                                gib(written) + ")"
                          : "arenas on the CPU backend (the largest, '" + largest->name + "', " +
                                gib(largest->size) + ")";
@@ -171,6 +171,8 @@ void checkHostMemory(const LoadedPlan &plan, Backend backend, std::optional<uint
 }
 
 void Executor::ArenaFree::operator()(void *p) const {
+  if (shared)
+    return;
   if (mapped)
     munmap(p, size_t(bytes));
   else
@@ -181,8 +183,16 @@ Executor::Executor(const LoadedPlan &plan, const ExecutorOptions &options)
     : plan_(plan), options_(options) {
   // Before any allocation: refused now with the figures, not killed halfway by the OOM killer.
   checkHostMemory(plan_, options.backend, availableHostMemory());
+  // A GPU backend first: its pinned host arenas are the executor's views of those arenas.
+  if (options.backend == Backend::Cuda)
+    backend_ = createCudaBackend(plan_, options.device, options.cudaGraphs);
   const uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
-  for (const ArenaInfo &arena : plan_.arenas) {
+  for (size_t i = 0; i < plan_.arenas.size(); ++i) {
+    const ArenaInfo &arena = plan_.arenas[i];
+    if (void *shared = backend_ ? backend_->sharedHostArena(i) : nullptr) {
+      arenas_.emplace_back(shared, ArenaFree{0, false, true});
+      continue;
+    }
     uint64_t alignment = std::max(arena.alignment, kMinArenaAlignment);
     // aligned_alloc wants a size that is a multiple of the alignment, and never 0.
     uint64_t size = std::max<uint64_t>(arena.size, 1);
@@ -229,9 +239,8 @@ Executor::Executor(const LoadedPlan &plan, const ExecutorOptions &options)
     v.quantDoubleBlock = t.quantDoubleBlock;
     views_.push_back(std::move(v));
   }
-  backend_ = options.backend == Backend::Cuda
-                 ? createCudaBackend(plan_, options.device, options.cudaGraphs)
-                 : createCpuBackend(plan_, views_);
+  if (!backend_)
+    backend_ = createCpuBackend(plan_, views_);
   if (backend_->hasOwnMemory())
     device_ = backend_.get();
 }
@@ -248,7 +257,7 @@ void Executor::syncToDevice() {
   if (!device_)
     return;
   for (size_t i = 0; i < plan_.arenas.size(); ++i) {
-    if (!hostDirty_[i])
+    if (!hostDirty_[i] || arenas_[i].get_deleter().shared)
       continue;
     hostDirty_[i] = false;
     const auto *host = static_cast<const char *>(arenas_[i].get());
@@ -286,21 +295,41 @@ void Executor::syncToHost() const {
 void Executor::syncArenaToHost(uint32_t arena) const {
   if (!device_ || !deviceAhead_[arena])
     return;
+  if (arenas_[arena].get_deleter().shared) {
+    // The host's view is the arena itself: wait for the kernels, copy nothing.
+    device_->synchronize();
+    for (size_t i = 0; i < arenas_.size(); ++i)
+      if (arenas_[i].get_deleter().shared)
+        deviceAhead_[i] = false;
+    return;
+  }
   device_->downloadArena(arena, arenas_[arena].get(),
                          std::max<uint64_t>(plan_.arenas[arena].size, 1));
   deviceAhead_[arena] = false;
 }
 
 void Executor::downloadTensor(uint32_t tensor) const {
-  if (device_ && deviceAhead_[plan_.tensors[tensor].arena])
+  const uint32_t arena = plan_.tensors[tensor].arena;
+  if (!device_ || !deviceAhead_[arena])
+    return;
+  if (arenas_[arena].get_deleter().shared)
+    syncArenaToHost(arena);
+  else
     device_->downloadTensor(tensor, views_[tensor].data);
 }
 
 void Executor::uploadTensor(uint32_t tensor) {
   // An arena the host wrote goes to the device whole before the next kernel; otherwise only
-  // this tensor.
-  if (device_ && !hostDirty_[plan_.tensors[tensor].arena])
+  // this tensor. One the device shares with the host has it already (beforeHostWrite waited).
+  const uint32_t arena = plan_.tensors[tensor].arena;
+  if (device_ && !hostDirty_[arena] && !arenas_[arena].get_deleter().shared)
     device_->uploadTensor(tensor, views_[tensor].data);
+}
+
+void Executor::beforeHostWrite(uint32_t tensor) {
+  const uint32_t arena = plan_.tensors[tensor].arena;
+  if (arenas_[arena].get_deleter().shared)
+    syncArenaToHost(arena);
 }
 
 void Executor::touch(uint32_t tensor) {
@@ -411,6 +440,8 @@ void writeTokenInput(const char *name, const std::vector<int64_t> &values, const
 } // namespace
 
 void Executor::setInputs(const TokenBatch &batch) {
+  for (uint32_t input : plan_.inputs)
+    beforeHostWrite(input);
   writeTokenBatch(batch, views_[plan_.inputs[0]], views_[plan_.inputs[1]]);
   // Packed rows (docs/training.md): the loader's positions and segment ids when the plan takes
   // them; a batch without them (generation) is one document per row.
@@ -429,6 +460,7 @@ void Executor::setInputs(const TokenBatch &batch) {
 void Executor::setLossScale(float scale) {
   if (!plan_.lossScale)
     return;
+  beforeHostWrite(*plan_.lossScale);
   std::memcpy(views_[*plan_.lossScale].data, &scale, sizeof scale);
   touch(*plan_.lossScale);
   uploadTensor(*plan_.lossScale);
@@ -671,6 +703,7 @@ float Executor::evaluate(TokenLoader &loader, uint64_t count) {
   }
   for (size_t i = 0; i < saved.size(); ++i) {
     const uint32_t t = forwardPersistentWrites_[i];
+    beforeHostWrite(t);
     std::memcpy(views_[t].data, saved[i].data(), saved[i].size());
     uploadTensor(t);
   }

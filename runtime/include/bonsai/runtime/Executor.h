@@ -86,9 +86,9 @@ std::optional<uint64_t> availableHostMemory(const std::string &meminfo = "/proc/
 
 /// Throws rt::Error, naming the plan, the bytes and its largest arena, when the host memory
 /// the plan takes on `backend` exceeds `available`: every arena on the CPU; on CUDA the
-/// pinned-host arenas and the host copies of the tensors the executor writes at start (the
-/// parameters, and state initialised from them such as master weights). Nothing is checked
-/// without a figure. The Executor calls it before it allocates anything.
+/// pinned-host arenas and the host copies of the device arenas' tensors the executor writes at
+/// start (the parameters, and state initialised from them such as master weights). Nothing is
+/// checked without a figure. The Executor calls it before it allocates anything.
 void checkHostMemory(const LoadedPlan &plan, Backend backend, std::optional<uint64_t> available);
 
 /// Runs one verified plan on the CPU reference backend or, with Backend::Cuda, on a GPU. The
@@ -97,7 +97,9 @@ void checkHostMemory(const LoadedPlan &plan, Backend backend, std::optional<uint
 /// first kernel after a host write into it, and back when the host reads a tensor of it that
 /// the device wrote (a view of one tensor brings back its arena alone, so a checkpoint does
 /// not bring back the activations); per step only the inputs, the loss scale, the loss and the
-/// metrics cross.
+/// metrics cross. A GPU's pinned host arenas (offloaded state, docs/offload.md) have no
+/// second copy: the executor's view of one is the arena itself, read and written after the
+/// kernels finish.
 class Executor {
 public:
   /// Allocates every arena of `plan` (which the executor copies), zeroed. The zeros are the
@@ -244,6 +246,9 @@ private:
   /// With a GPU: copies one small tensor (loss, metric, input) between host and device.
   void downloadTensor(uint32_t tensor) const;
   void uploadTensor(uint32_t tensor);
+  /// Before the host writes `tensor` through its view: waits for the kernels when the view is
+  /// the device's own memory (a shared pinned arena), which they may still be using.
+  void beforeHostWrite(uint32_t tensor);
 
   /// The only copy of the plan: the backend reads this one.
   LoadedPlan plan_;
@@ -265,10 +270,12 @@ private:
   /// the first upload skips the host's zero ranges.
   bool deviceZero_ = true;
 
-  /// Frees a host arena: munmap for the mapped ones (`bytes` long), else free.
+  /// Frees a host arena: munmap for the mapped ones (`bytes` long), else free; nothing for
+  /// one the backend shares (KernelBackend::sharedHostArena), which the backend frees.
   struct ArenaFree {
     uint64_t bytes = 0;
     bool mapped = false;
+    bool shared = false;
     void operator()(void *p) const;
   };
   std::vector<std::unique_ptr<void, ArenaFree>> arenas_;

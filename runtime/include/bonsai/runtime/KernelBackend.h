@@ -58,6 +58,14 @@ public:
   /// with its host arenas through the copies below; a backend without (the CPU) runs on the
   /// host arenas themselves and is never asked to copy.
   virtual bool hasOwnMemory() const = 0;
+  /// Arena `arena`'s own bytes when the host can read and write them in place (a GPU's pinned
+  /// host arena), else null. The executor then takes them as its host view of that arena and
+  /// copies nothing either way: it waits for the backend (synchronize) before the host reads
+  /// or writes them, so a pinned arena takes host memory once, not twice.
+  virtual void *sharedHostArena(size_t arena) const {
+    (void)arena;
+    return nullptr;
+  }
   /// Copies `bytes` host bytes to device arena `arena` at byte `offset`.
   virtual void uploadArena(size_t arena, uint64_t offset, const void *host, uint64_t bytes) = 0;
   /// Copies device arena `arena` into `bytes` host bytes.
