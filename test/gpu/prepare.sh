@@ -93,9 +93,13 @@ printf 'bonsai.recipe @adamw {\n  bonsai.optimizer "adamw" lr 3.000000e-04 {weig
 # The same with the optimizer state in pinned host memory (docs/offload.md): the copy kinds.
 printf 'bonsai.recipe @offload {\n  bonsai.optimizer "adamw" lr 3.000000e-04 {weight_decay = 1.000000e-02 : f64}\n  bonsai.offload ["optimizer_state"]\n}\n' \
   > "$models/offload.mlir"
+# The optimizer step on the host (update "host", docs/offload.md): the host stream's functions.
+printf 'bonsai.recipe @offload_host {\n  bonsai.optimizer "adamw" lr 3.000000e-04 {weight_decay = 1.000000e-02 : f64, update_in_backward = true}\n  bonsai.offload ["optimizer_state", "master_weights"] update "host"\n}\n' \
+  > "$models/offload_host.mlir"
 for pair in tiny_llama:examples/recipes/tiny_train.mlir tiny_gpt2:examples/recipes/tiny_train.mlir \
     tiny_llama:examples/recipes/lora_tiny.mlir llama_124m:"$models/adamw.mlir" \
     gpt2_124m:"$models/adamw.mlir" llama_124m:"$models/offload.mlir" \
+    llama_124m:"$models/offload_host.mlir" \
     llama_124m:examples/recipes/remat.mlir \
     llama2_7b:examples/recipes/qlora.mlir llama2_7b:examples/recipes/lora_7b.mlir \
     tinyllama_1_1b:examples/recipes/dora.mlir tinyllama_1_1b:examples/recipes/galore.mlir \
