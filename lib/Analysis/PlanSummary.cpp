@@ -44,6 +44,14 @@ std::string mlir::bonsai::overBudgetAdvice(StringRef memoryClass, bool recomputi
   return "lower the batch size or the sequence length";
 }
 
+bool mlir::bonsai::isOverBudgetError(StringRef diagnostics) {
+  SmallVector<StringRef> lines;
+  diagnostics.split(lines, '\n');
+  return llvm::any_of(lines, [](StringRef line) {
+    return line.contains("error: ") && line.contains("budget") && line.contains(kOverBudget);
+  });
+}
+
 PlanMemorySummary mlir::bonsai::summarizePlanMemory(plan::StepOp step) {
   PlanMemorySummary summary;
   int64_t stepArenas = 0;

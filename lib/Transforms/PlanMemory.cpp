@@ -106,7 +106,7 @@ struct PlanMemoryPass : impl::BonsaiPlanMemoryPassBase<PlanMemoryPass> {
         InFlightDiagnostic diag = step.emitError()
                                   << "the plan needs " << formatBytes(summary.peakDevice)
                                   << " of device memory but the budget is "
-                                  << formatBytes(budget) << " (over by "
+                                  << formatBytes(budget) << " (" << kOverBudget
                                   << formatBytes(summary.peakDevice - budget) << "); "
                                   << dominant
                                   << (StringRef(dominant).ends_with("s") ? " take " : " takes ")

@@ -798,7 +798,7 @@ LogicalResult RematPass::reportInfeasible(func::FuncOp function, const ForwardGr
   }
   diag << " is " << formatBytes(peak) << " (" << peak << " bytes, recomputing " << tensors
        << " tensors for " << withCommas(g.getFlops(set)) << " FLOPs; " << planner.getNumPlans()
-       << " trial plans), over by " << formatBytes(peak - budget);
+       << " trial plans), " << kOverBudget << formatBytes(peak - budget);
   auto [dominant, bytes] = summary->dominant();
   diag << "; " << dominant << (StringRef(dominant).ends_with("s") ? " take " : " takes ")
        << formatBytes(bytes);

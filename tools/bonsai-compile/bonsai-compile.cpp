@@ -2,14 +2,16 @@
 //
 // bonsai-compile model.mlir [recipe.mlir] [-o step.plan] [--target=sm_90]
 //                [--device-memory=24GiB] [--fuse=false] [--fuse-disable=family,...]
-//                [--remat-time-limit=60] [--overlap-copies=false]
+//                [--remat-time-limit=60] [--overlap-copies=false] [--fit-offload=false]
 //
 // Parses the model (and the recipe, if given, into the same module), runs the standard
 // pipeline (with the backward pass, the optimizer and activation recomputation when the
 // recipe has a bonsai.optimizer: the recipe's bonsai.remat policy, else `auto` when there is
 // a budget), writes the flatbuffer plan and prints what the step needs: parameters and FLOPs
-// from the cost model, and the planned memory by class. A plan over the memory budget is an
-// error that says by how much and what dominates.
+// from the cost model, and the planned memory by class. A training step over the memory
+// budget whose recipe has no bonsai.offload is compiled again with the offload choices below,
+// fewest bytes over PCIe first, and the first that fits is taken and printed; when none fits
+// (or with --fit-offload=false) it is an error that says by how much and what dominates.
 //
 //===----------------------------------------------------------------------===//
 
@@ -83,6 +85,13 @@ static llvm::cl::opt<bool> overlapCopiesOption(
                    "compute (default true; --overlap-copies=false keeps them in order on the "
                    "compute stream; docs/offload.md)"),
     llvm::cl::init(true), llvm::cl::cat(bonsaiCategory));
+static llvm::cl::opt<bool> fitOffloadOption(
+    "fit-offload",
+    llvm::cl::desc("When a training step does not fit the budget and its recipe has no "
+                   "bonsai.offload, offload optimizer state (then master weights, then run the "
+                   "updates on the host) until it fits, and say which (default true; "
+                   "docs/offload.md)"),
+    llvm::cl::init(true), llvm::cl::cat(bonsaiCategory));
 static llvm::cl::list<std::string>
     fuseDisableOption("fuse-disable",
                       llvm::cl::desc("Fusion families to leave out, e.g. "
@@ -133,6 +142,82 @@ static LogicalResult checkSupportedDirectives(ModuleOp module) {
                                "from the recipe";
     }
   return success();
+}
+
+/// One offload choice that bonsai-compile may add to a recipe to fit its budget.
+struct OffloadChoice {
+  SmallVector<StringRef> classes;
+  bool hostUpdate = false;
+  /// As the recipe would spell it.
+  std::string directive() const {
+    std::string text = "bonsai.offload [";
+    for (auto [i, c] : llvm::enumerate(classes))
+      text += (i ? ", \"" : "\"") + c.str() + "\"";
+    return text + "]" + (hostUpdate ? " update \"host\"" : "");
+  }
+};
+
+/// The choices, fewest bytes over PCIe per step first: the moments streamed (8 bytes per
+/// parameter each way with fp32 moments), then the masters with them (12), then the updates
+/// on the host (the gradient out and the parameter back, 2 + 2 with bf16 weights, but bound
+/// by the CPU's rate: docs/benchmarks.md measured it slower for Llama-2-7B, faster for
+/// TinyLlama-1.1B).
+static SmallVector<OffloadChoice> offloadChoices() {
+  return {{{"optimizer_state"}, false},
+          {{"optimizer_state", "master_weights"}, false},
+          {{"optimizer_state", "master_weights"}, true},
+          {{"optimizer_state"}, true}};
+}
+
+/// What one run of both pipelines made of a copy of the module.
+struct Attempt {
+  OwningOpRef<ModuleOp> module;
+  std::vector<ModelCost> costs;
+  /// Every diagnostic the attempt emitted, as the handler prints them.
+  std::string diagnostics;
+  bool succeeded = false;
+};
+
+/// Runs the model pipeline (whose result the cost report reads) and the step pipeline on a
+/// copy of `source`, with `choice` added to its recipe when given. Diagnostics are kept, not
+/// printed, so that a failed attempt the caller retries leaves no error behind.
+static Attempt compileAttempt(ModuleOp source, const PipelineOptions &options,
+                              const OffloadChoice *choice, llvm::SourceMgr &sourceMgr,
+                              TimingScope &timing) {
+  Attempt attempt;
+  attempt.module = source.clone();
+  MLIRContext *context = source.getContext();
+  llvm::raw_string_ostream os(attempt.diagnostics);
+  SourceMgrDiagnosticHandler handler(sourceMgr, context, os);
+  if (choice) {
+    for (auto recipe : attempt.module->getOps<RecipeOp>()) {
+      OpBuilder builder = OpBuilder::atBlockEnd(&recipe.getBody().front());
+      OffloadDirectiveOp::create(builder, recipe.getLoc(), builder.getStrArrayAttr(choice->classes),
+                                 choice->hostUpdate ? builder.getStringAttr("host") : nullptr);
+      break;
+    }
+  }
+  PassManager modelPm(context);
+  if (failed(applyPassManagerCLOptions(modelPm)))
+    return attempt;
+  TimingScope modelTiming = timing.nest("model pipeline");
+  modelPm.enableTiming(modelTiming);
+  buildModelPipeline(modelPm, options);
+  if (failed(modelPm.run(*attempt.module)))
+    return attempt;
+  modelTiming.stop();
+  for (auto function : attempt.module->getOps<FunctionOpInterface>())
+    if (!function.isExternal() && !function.getFunctionBody().getOps<ParamOp>().empty())
+      attempt.costs.push_back(computeModelCost(function));
+
+  PassManager pm(context);
+  if (failed(applyPassManagerCLOptions(pm)))
+    return attempt;
+  TimingScope stepTiming = timing.nest("step pipeline");
+  pm.enableTiming(stepTiming);
+  buildStepPipeline(pm, options);
+  attempt.succeeded = succeeded(pm.run(*attempt.module));
+  return attempt;
 }
 
 /// Registers MLIR's pass-manager, timing, context and IR-printing flags, and hides every flag
@@ -273,29 +358,48 @@ int main(int argc, char **argv) {
 
   // The cost report comes from the model as the recipe rewrote it (adapters, NF4 weights),
   // before it is lowered.
-  PassManager modelPm(&context);
-  if (failed(applyPassManagerCLOptions(modelPm)))
+  Attempt attempt = compileAttempt(*module, options, nullptr, sourceMgr, rootTiming);
+  // Over the budget, a training step whose recipe leaves offload out tries the offload
+  // choices; the first that fits is the plan.
+  std::optional<OffloadChoice> fitted;
+  bool offloadInRecipe = false;
+  for (auto recipe : module->getOps<RecipeOp>())
+    offloadInRecipe |= !recipe.getBody().getOps<OffloadDirectiveOp>().empty();
+  if (!attempt.succeeded && fitOffloadOption && options.train && !offloadInRecipe &&
+      isOverBudgetError(attempt.diagnostics)) {
+    llvm::errs() << "bonsai-compile: the step does not fit the budget of "
+                 << formatBytes(options.deviceMemory)
+                 << " as the recipe is; trying offload to pinned host memory "
+                    "(--fit-offload=false: no)\n";
+    std::string tried;
+    for (const OffloadChoice &choice : offloadChoices()) {
+      llvm::errs() << "bonsai-compile:   with " << choice.directive() << "\n";
+      Attempt retry = compileAttempt(*module, options, &choice, sourceMgr, rootTiming);
+      if (retry.succeeded) {
+        attempt = std::move(retry);
+        fitted = choice;
+        break;
+      }
+      // Each choice's first error says why it does not serve (remarks may come before it).
+      SmallVector<StringRef> lines;
+      StringRef(retry.diagnostics).split(lines, '\n');
+      const StringRef *error =
+          llvm::find_if(lines, [](StringRef line) { return line.contains("error: "); });
+      tried += "  " + choice.directive() + ": " +
+               (error != lines.end() ? error->trim().str() : std::string("failed")) + "\n";
+    }
+    if (!fitted) {
+      llvm::errs() << attempt.diagnostics;
+      llvm::errs() << "bonsai-compile: error: no offload choice fits the budget either:\n"
+                   << tried;
+      return 1;
+    }
+  }
+  llvm::errs() << attempt.diagnostics;
+  if (!attempt.succeeded)
     return 1;
-  TimingScope modelTiming = rootTiming.nest("model pipeline");
-  modelPm.enableTiming(modelTiming);
-  buildModelPipeline(modelPm, options);
-  if (failed(modelPm.run(*module)))
-    return 1;
-  modelTiming.stop();
-  std::vector<ModelCost> costs;
-  for (auto function : module->getOps<FunctionOpInterface>())
-    if (!function.isExternal() && !function.getFunctionBody().getOps<ParamOp>().empty())
-      costs.push_back(computeModelCost(function));
-
-  PassManager pm(&context);
-  if (failed(applyPassManagerCLOptions(pm)))
-    return 1;
-  TimingScope stepTiming = rootTiming.nest("step pipeline");
-  pm.enableTiming(stepTiming);
-  buildStepPipeline(pm, options);
-  if (failed(pm.run(*module)))
-    return 1;
-  stepTiming.stop();
+  module = std::move(attempt.module);
+  std::vector<ModelCost> costs = std::move(attempt.costs);
 
   auto steps = llvm::to_vector(module->getOps<plan::StepOp>());
   if (steps.size() != 1) {
@@ -333,6 +437,9 @@ int main(int argc, char **argv) {
                << " bytes, " << llvm::format("%.2f", seconds) << " s)\n";
   for (const ModelCost &cost : costs)
     cost.print(llvm::outs(), /*perLayer=*/false);
+  if (fitted)
+    llvm::outs() << "  fitted to the budget by " << fitted->directive()
+                 << " (add it to the recipe to keep it; docs/offload.md)\n";
   llvm::outs() << "  planned memory:\n";
   summarizePlanMemory(step).print(llvm::outs(), step.getDeviceMemoryAttr().getInt(),
                                   profile->linkBandwidthGBs);

@@ -62,6 +62,13 @@ struct PlanMemorySummary {
 /// recomputation advice.
 std::string overBudgetAdvice(llvm::StringRef memoryClass, bool recomputing);
 
+/// Whether printed `diagnostics` hold the error of a step over its device budget, as
+/// bonsai-plan-memory and bonsai-remat emit it (both end their figures with kOverBudget and
+/// the excess): what bonsai-compile's offload fitting retries.
+bool isOverBudgetError(llvm::StringRef diagnostics);
+/// The words in front of the excess in both over-budget errors.
+inline constexpr llvm::StringLiteral kOverBudget = "over by ";
+
 /// Summarises a step whose arenas have been sized by bonsai-plan-memory.
 PlanMemorySummary summarizePlanMemory(plan::StepOp step);
 
