@@ -157,29 +157,10 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
       // it was.
       SmallVector<StateOp> states;
       for (unsigned index : operands) {
-        Value value = update->getOperand(index);
-        auto state = value.getDefiningOp<StateOp>();
-        if (!state)
-          return update->emitOpError()
-                 << "operand #" << index
-                 << " holds optimizer state but is not a bonsai.state: it cannot be offloaded";
-        // A copy in and out around this update is all the device sees of the state: any
-        // other reader would read host memory from a kernel.
-        if (!state->hasOneUse()) {
-          Operation *other = nullptr;
-          for (Operation *user : state->getUsers())
-            if (user != update.getOperation())
-              other = user;
-          InFlightDiagnostic diag = state.emitError()
-                                    << "cannot offload '" << state.getName() << "': ";
-          if (other)
-            diag << "'" << other->getName() << "' reads it besides its optimizer update";
-          else
-            diag << "its optimizer update reads it twice";
-          diag.attachNote(update.getLoc()) << "the update";
+        FailureOr<StateOp> state = getStateReadByItsUpdateAlone(update, index);
+        if (failed(state))
           return failure();
-        }
-        states.push_back(state);
+        states.push_back(*state);
       }
 
       OpBuilder builder(update);
@@ -217,6 +198,31 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
     return success();
   }
 
+  /// The bonsai.state that operand `index` of `update` holds, when the update is its only
+  /// reader; else an error naming the other. Pinned host memory is all either kind of update
+  /// needs (copied in and out around a device update, read in place by a host step), and a
+  /// kernel reading it elsewhere would read host memory.
+  static FailureOr<StateOp> getStateReadByItsUpdateAlone(Operation *update, unsigned index) {
+    auto state = update->getOperand(index).getDefiningOp<StateOp>();
+    if (!state)
+      return update->emitOpError()
+             << "operand #" << index
+             << " holds optimizer state but is not a bonsai.state: it cannot be offloaded";
+    if (state->hasOneUse())
+      return state;
+    Operation *other = nullptr;
+    for (Operation *user : state->getUsers())
+      if (user != update)
+        other = user;
+    InFlightDiagnostic diag = state.emitError() << "cannot offload '" << state.getName() << "': ";
+    if (other)
+      diag << "'" << other->getName() << "' reads it besides its optimizer update";
+    else
+      diag << "its optimizer update reads it twice";
+    diag.attachNote(update->getLoc()) << "the update";
+    return failure();
+  }
+
   /// The state operands of `update` (every operand it updates in place but the parameter),
   /// each a bonsai.state read by the update alone; fails naming the first that is not.
   static FailureOr<SmallVector<StateOp>> getHostStepStates(OptimizerStateOpInterface update,
@@ -226,20 +232,10 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
     for (unsigned index : kernel.getInPlaceOperands()) {
       if (index == param || index >= update->getNumOperands())
         continue;
-      auto state = update->getOperand(index).getDefiningOp<StateOp>();
-      if (!state)
-        return update->emitOpError()
-               << "operand #" << index
-               << " is updated in place but is not a bonsai.state: the update cannot run on "
-                  "the host";
-      if (!state->hasOneUse()) {
-        InFlightDiagnostic diag = state.emitError()
-                                  << "cannot keep '" << state.getName()
-                                  << "' on the host for its update: another op reads it";
-        diag.attachNote(update.getLoc()) << "the update";
+      FailureOr<StateOp> state = getStateReadByItsUpdateAlone(update, index);
+      if (failed(state))
         return failure();
-      }
-      states.push_back(state);
+      states.push_back(*state);
     }
     return states;
   }

@@ -1,6 +1,8 @@
 // RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer --bonsai-offload %s -split-input-file -verify-diagnostics
 // RUN: bonsai-opt --bonsai-offload %S/Inputs/offload-frozen.mlir -verify-diagnostics
 // RUN: bonsai-opt --bonsai-offload %S/Inputs/offload-shared-state.mlir -verify-diagnostics
+// The host step keeps the state in pinned memory too, and refuses the same way.
+// RUN: bonsai-opt --bonsai-offload="classes=optimizer_state update=host" %S/Inputs/offload-shared-state.mlir -verify-diagnostics
 // The pass option replaces the recipe's classes, and is checked the same way.
 // RUN: not bonsai-opt --bonsai-offload=classes=weights %S/Inputs/offload-frozen.mlir 2>&1 | FileCheck %s --check-prefix=OPTION
 // RUN: not bonsai-opt --bonsai-offload=classes=master_weights %S/Inputs/offload-frozen.mlir 2>&1 | FileCheck %s --check-prefix=OPTION-FROZEN
