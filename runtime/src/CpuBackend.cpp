@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 namespace bonsai::rt {
 
@@ -82,6 +83,7 @@ public:
     times_.assign(plan_.kernels.size(), 0.0);
   }
   const std::vector<double> &kernelMilliseconds() const override { return times_; }
+  double takeHostStepSeconds() override { return std::exchange(hostSeconds_, 0.0); }
 
   // Every launch reads the attributes from the executor's plan.
   void kernelAttrsChanged() override {}
@@ -95,10 +97,12 @@ private:
     } catch (const Error &e) {
       throw Error(plan_.describeKernel(i) + ": " + e.what());
     }
+    double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (profiling_)
-      times_[i] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
-                                                             start)
-                       .count();
+      times_[i] += seconds * 1e3;
+    if (plan_.kernels[i].stream == StreamId::Host)
+      hostSeconds_ += seconds;
   }
 
   /// The executor's plan and host views, read at every launch.
@@ -106,6 +110,7 @@ private:
   const std::vector<TensorView> &views_;
   bool profiling_ = false;
   std::vector<double> times_;
+  double hostSeconds_ = 0; ///< takeHostStepSeconds()
   UpdateVerdict verdict_ = UpdateVerdict::Ran;
 };
 

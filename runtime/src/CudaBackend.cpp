@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -33,6 +34,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 
 namespace bonsai::rt {
 
@@ -702,11 +704,19 @@ private:
     if (self.hostError_)
       return;
     try {
+      auto start = std::chrono::steady_clock::now();
       launchOnHost(KernelCall(self.plan_, launch.index, self.views_), *self.hostPool_);
+      self.hostSeconds_ +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     } catch (const std::exception &e) {
       self.hostError_ = std::make_exception_ptr(
           Error(self.plan_.describeKernel(launch.index) + " (on the host): " + e.what()));
     }
+  }
+
+  double takeHostStepSeconds() override {
+    std::lock_guard<std::mutex> lock(hostErrorMutex_);
+    return std::exchange(hostSeconds_, 0.0);
   }
 
   void rethrowHostError() {
@@ -771,6 +781,8 @@ private:
   std::vector<HostLaunch> hostLaunches_;
   std::mutex hostErrorMutex_;
   std::exception_ptr hostError_;
+  /// Wall seconds of the host functions since takeHostStepSeconds() (under hostErrorMutex_).
+  double hostSeconds_ = 0;
   bool hostSkipped_ = false;
 };
 } // namespace

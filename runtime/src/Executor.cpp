@@ -608,6 +608,11 @@ StepResult Executor::trainStep(TokenLoader &loader, uint64_t firstMicroBatch, ui
   }
   if (!result.skipped)
     result.galoreSkipped = galoreSkipped();
+  if (plan_.hasHostSteps()) {
+    // The host functions of this step are done once the device is.
+    backend_->synchronize();
+    result.hostStepSeconds = backend_->takeHostStepSeconds();
+  }
   return result;
 }
 

@@ -84,6 +84,10 @@ std::string formatMetricsJson(const StepReport &r) {
   s += ", \"tokens\": " + std::to_string(r.tokens);
   s += ", \"elapsed_s\": " + format("%.3f", r.elapsedSeconds);
   s += ", \"skipped_steps\": " + std::to_string(r.skippedSteps);
+  if (r.offload)
+    s += ", \"offload\": {\"pcie_h2d_bytes\": " + std::to_string(r.offload->hostToDeviceBytes) +
+         ", \"pcie_d2h_bytes\": " + std::to_string(r.offload->deviceToHostBytes) +
+         ", \"host_step_s\": " + format("%.6f", r.offload->hostStepSeconds) + "}";
   if (r.fp8)
     s += ", \"fp8\": " + formatFp8Json(*r.fp8);
   return s + "}";

@@ -42,6 +42,24 @@ bool LoadedPlan::usesSideStreams() const {
                      [](const KernelInfo &k) { return k.stream != StreamId::Compute; });
 }
 
+bool LoadedPlan::hasHostSteps() const {
+  return std::any_of(kernels.begin(), kernels.end(),
+                     [](const KernelInfo &k) { return k.stream == StreamId::Host; });
+}
+
+LoadedPlan::PcieBytes LoadedPlan::pcieBytesPerStep(uint32_t microBatches) const {
+  PcieBytes bytes;
+  for (const KernelInfo &k : kernels) {
+    if (!kernelKindInfo(k.kind).has(kernel_traits::kCrossesSpaces) || k.outputs.empty())
+      continue;
+    const TensorInfo &out = tensors[k.outputs[0]];
+    uint64_t moved = out.bytes * (k.phase == Phase::Update ? 1 : microBatches);
+    (arenas[out.arena].space == MemorySpace::PinnedHost ? bytes.deviceToHost
+                                                        : bytes.hostToDevice) += moved;
+  }
+  return bytes;
+}
+
 namespace {
 /// Bytes [begin, end) of one arena that a kernel reads or writes.
 struct Access {

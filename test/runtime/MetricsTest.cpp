@@ -58,11 +58,20 @@ TEST(MetricsTest, JsonLine) {
   EXPECT_EQ(v.find("micro_batches")->unsignedValue(), 2u);
   EXPECT_EQ(v.find("tokens")->unsignedValue(), 16u);
   EXPECT_DOUBLE_EQ(v.find("elapsed_s")->numberValue(), 6.0);
+  EXPECT_EQ(v.find("offload"), nullptr); // a plan without pinned host memory
   r.loss = std::nanf("");
   r.gradNorm.reset();
   v = parseJson(formatMetricsJson(r), "metrics");
   EXPECT_TRUE(v.find("loss")->isNull());
   EXPECT_TRUE(v.find("grad_norm")->isNull());
+  // Offloaded plans (docs/offload.md): the bytes each way and the host steps' time.
+  r.offload = OffloadStats{500992, 501328, 0.25};
+  v = parseJson(formatMetricsJson(r), "metrics");
+  const JsonValue *offload = v.find("offload");
+  ASSERT_NE(offload, nullptr);
+  EXPECT_EQ(offload->find("pcie_h2d_bytes")->unsignedValue(), 500992u);
+  EXPECT_EQ(offload->find("pcie_d2h_bytes")->unsignedValue(), 501328u);
+  EXPECT_DOUBLE_EQ(offload->find("host_step_s")->numberValue(), 0.25);
 }
 
 TEST(MetricsTest, ProgressAndDuration) {

@@ -896,9 +896,14 @@ void expectHostStepBitForBit(const ExecutorOptions &options, const std::string &
   a.initWeights(5);
   b.initWeights(5);
   for (uint64_t m = 0; m < 3; ++m) {
-    StepResult ra = a.trainStep(loader, m, 1);
-    EXPECT_EQ(b.trainStep(loader, m, 1).loss, ra.loss) << "step " << m + 1;
+    StepResult ra = a.trainStep(loader, m, 1), rb = b.trainStep(loader, m, 1);
+    EXPECT_EQ(rb.loss, ra.loss) << "step " << m + 1;
+    // The host steps' wall time is counted for the plan that has them, and only for it.
+    EXPECT_EQ(ra.hostStepSeconds, 0.0);
+    EXPECT_GT(rb.hostStepSeconds, 0.0) << "step " << m + 1;
   }
+  EXPECT_FALSE(onDevice.hasHostSteps());
+  EXPECT_TRUE(onHost.hasHostSteps());
   auto want = persistentBytes(a), got = persistentBytes(b);
   EXPECT_TRUE(got.at(mirror) == want.at(t.head)) << "the mirror is not lm_head.weight's copy";
   // The tensors both plans have (the host step's are appended).

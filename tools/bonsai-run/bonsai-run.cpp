@@ -973,8 +973,11 @@ int run(const Options &o) {
   // The current run of skipped steps: their numbers and why each was skipped.
   std::vector<std::pair<uint64_t, Cause>> skippedRun;
   uint64_t plannedBytes = 0;
-  for (const rt::ArenaInfo &a : plan.arenas)
+  bool offloaded = false; // pinned host arenas: the metrics' "offload" object
+  for (const rt::ArenaInfo &a : plan.arenas) {
     plannedBytes += a.size;
+    offloaded |= a.space == rt::MemorySpace::PinnedHost;
+  }
   std::vector<double> profiled;
   double evalSeconds = 0; // not training: left out of the time line's throughput
   // Saves the state after the step just done to --ckpt-dir (--save-every, and after SIGINT or
@@ -1074,6 +1077,11 @@ int run(const Options &o) {
       report.plannedBytes = plannedBytes;
       for (const rt::ArenaUsage &u : executor.memoryUsage())
         report.measuredBytes += u.measured;
+      if (offloaded) {
+        rt::LoadedPlan::PcieBytes pcie = executor.plan().pcieBytesPerStep(microBatches);
+        report.offload =
+            rt::OffloadStats{pcie.hostToDevice, pcie.deviceToHost, result.hostStepSeconds};
+      }
       // FP8 telemetry (docs/fp8.md): a small read of each FP8 state every N steps.
       std::string fp8Warning;
       if (o.fp8StatsEvery > 0 && position.step % o.fp8StatsEvery == 0) {

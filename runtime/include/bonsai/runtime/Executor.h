@@ -55,6 +55,9 @@ struct StepResult {
   /// Why: the loss or a gradient norm was not finite, or the loss or the global gradient norm
   /// exceeded its SpikeLimits bound.
   enum class Cause { None, NonFinite, LossSpike, GradNormSpike } cause = Cause::None;
+  /// Wall seconds the step's updates on the host ran (docs/offload.md, "The host step"): 0
+  /// for a plan without.
+  double hostStepSeconds = 0;
 };
 
 /// The bounds a step's loss and global gradient norm must not exceed for its update to run

@@ -98,6 +98,9 @@ public:
   /// kernel's time is added to kernelMilliseconds()[kernel index].
   virtual void setProfiling(bool on) = 0;
   virtual const std::vector<double> &kernelMilliseconds() const = 0;
+  /// Wall seconds the kernels of the host stream (updates on the host) have run since the
+  /// last call, which starts the count again; complete after a synchronize().
+  virtual double takeHostStepSeconds() = 0;
   /// Forgets whatever was built from the plan's kernel attributes (the captured CUDA Graphs,
   /// whose launches hold them by value), after the executor changed them.
   virtual void kernelAttrsChanged() = 0;

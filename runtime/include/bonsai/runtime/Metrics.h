@@ -48,6 +48,13 @@ std::string formatFp8Json(const Fp8Summary &summary);
 std::string formatFp8UnderflowWarning(const Fp8Summary &summary, uint64_t step,
                                       double threshold);
 
+/// What a step of a plan with pinned host memory (docs/offload.md) moved and ran there.
+struct OffloadStats {
+  uint64_t hostToDeviceBytes = 0; ///< Over PCIe, from the plan's copies.
+  uint64_t deviceToHostBytes = 0;
+  double hostStepSeconds = 0; ///< Wall time of the updates on the host (0 without).
+};
+
 /// One step's numbers.
 struct StepReport {
   uint64_t step = 0;     ///< The step just completed, from 1 (continues after a resume).
@@ -69,6 +76,8 @@ struct StepReport {
   /// Steps of this run so far whose update was skipped for a non-finite loss or gradient
   /// norm (docs/training.md, "Non-finite steps").
   uint64_t skippedSteps = 0;
+  /// For a plan with pinned host arenas.
+  std::optional<OffloadStats> offload;
 };
 
 /// "step <n> loss <%.9g>", then " grad_norm <%.6g>" and " lr <%.6g>" for those the plan
@@ -79,8 +88,8 @@ std::string formatStepLine(const StepReport &report);
 /// One JSON object, no newline: step, loss, grad_norm, lr (null when the plan has none, or not
 /// finite), val_loss (on an evaluation step only; null when not finite), tokens_per_s,
 /// memory_planned_bytes, memory_measured_bytes, micro_batches, tokens, elapsed_s,
-/// skipped_steps, then "fp8"
-/// (formatFp8Json) when the report has FP8 telemetry.
+/// skipped_steps, then "offload" ({"pcie_h2d_bytes", "pcie_d2h_bytes", "host_step_s"}) for a
+/// plan with pinned host memory, then "fp8" (formatFp8Json) when the report has FP8 telemetry.
 std::string formatMetricsJson(const StepReport &report);
 
 /// "step 12/100 | loss 2.7797 | grad_norm 0.53 | lr 0.001 | val_loss 2.9 | 1234 tok/s |

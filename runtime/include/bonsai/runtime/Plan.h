@@ -196,6 +196,15 @@ struct LoadedPlan {
   /// Whether a kernel runs on a stream other than the compute stream (a copy stream or the
   /// host stream).
   bool usesSideStreams() const;
+  /// Whether a kernel runs on the host stream (an update on the host, docs/offload.md).
+  bool hasHostSteps() const;
+  /// The bytes a step of `microBatches` micro-batches moves between pinned host memory and the
+  /// device, each way: every kernel that crosses the two spaces (the copies), its output's
+  /// bytes, once per micro-batch in the forward and backward phases and once in the update.
+  struct PcieBytes {
+    uint64_t hostToDevice = 0, deviceToHost = 0;
+  };
+  PcieBytes pcieBytesPerStep(uint32_t microBatches) const;
   /// The first kernel that updates a parameter in the backward pass (a plan compiled with the
   /// recipe's update_in_backward keeps no gradients), if any.
   std::optional<size_t> updateInBackward() const;
