@@ -10,7 +10,7 @@
 // a budget), writes the flatbuffer plan and prints what the step needs: parameters and FLOPs
 // from the cost model, and the planned memory by class. A training step over the memory
 // budget whose recipe has no bonsai.offload is compiled again with the offload choices below,
-// fewest bytes over PCIe first, and the first that fits is taken and printed; when none fits
+// the least taken off the device first, and the first that fits is taken and printed; when none fits
 // (or with --fit-offload=false) it is an error that says by how much and what dominates.
 //
 //===----------------------------------------------------------------------===//
@@ -157,11 +157,11 @@ struct OffloadChoice {
   }
 };
 
-/// The choices, fewest bytes over PCIe per step first: the moments streamed (8 bytes per
-/// parameter each way with fp32 moments), then the masters with them (12), then the updates
-/// on the host (the gradient out and the parameter back, 2 + 2 with bf16 weights, but bound
-/// by the CPU's rate: docs/benchmarks.md measured it slower for Llama-2-7B, faster for
-/// TinyLlama-1.1B).
+/// The choices, the least taken off the device first: the moments (streamed through the
+/// GPU around each update), then the fp32 masters with them, then the updates themselves on
+/// the host (bound by the CPU's rate; measured faster than streaming for Llama-2-7B and
+/// TinyLlama-1.1B, slower for Llama 124M: docs/benchmarks.md). Not ordered by a predicted
+/// step time, which the compiler does not make yet.
 static SmallVector<OffloadChoice> offloadChoices() {
   return {{{"optimizer_state"}, false},
           {{"optimizer_state", "master_weights"}, false},
