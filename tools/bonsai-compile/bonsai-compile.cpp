@@ -197,26 +197,22 @@ static Attempt compileAttempt(ModuleOp source, const PipelineOptions &options,
       break;
     }
   }
-  PassManager modelPm(context);
-  if (failed(applyPassManagerCLOptions(modelPm)))
+  // One of the two pipelines over the attempt's module, timed under `name`.
+  auto runPipeline = [&](StringRef name, void (*build)(OpPassManager &, const PipelineOptions &)) {
+    PassManager pm(context);
+    if (failed(applyPassManagerCLOptions(pm)))
+      return false;
+    TimingScope scope = timing.nest(name);
+    pm.enableTiming(scope);
+    build(pm, options);
+    return succeeded(pm.run(*attempt.module));
+  };
+  if (!runPipeline("model pipeline", buildModelPipeline))
     return attempt;
-  TimingScope modelTiming = timing.nest("model pipeline");
-  modelPm.enableTiming(modelTiming);
-  buildModelPipeline(modelPm, options);
-  if (failed(modelPm.run(*attempt.module)))
-    return attempt;
-  modelTiming.stop();
   for (auto function : attempt.module->getOps<FunctionOpInterface>())
     if (!function.isExternal() && !function.getFunctionBody().getOps<ParamOp>().empty())
       attempt.costs.push_back(computeModelCost(function));
-
-  PassManager pm(context);
-  if (failed(applyPassManagerCLOptions(pm)))
-    return attempt;
-  TimingScope stepTiming = timing.nest("step pipeline");
-  pm.enableTiming(stepTiming);
-  buildStepPipeline(pm, options);
-  attempt.succeeded = succeeded(pm.run(*attempt.module));
+  attempt.succeeded = runPipeline("step pipeline", buildStepPipeline);
   return attempt;
 }
 
