@@ -226,6 +226,7 @@ Executor::Executor(const LoadedPlan &plan, const ExecutorOptions &options)
       forwardPersistentWrites_.push_back(t);
   if (options.guardNonFinite)
     guard_ = buildUpdateGuard(plan_);
+  hasHostSteps_ = plan_.hasHostSteps();
   measured_.assign(plan_.arenas.size(), 0);
   hostDirty_.assign(plan_.arenas.size(), true);
   deviceAhead_.assign(plan_.arenas.size(), false);
@@ -608,7 +609,7 @@ StepResult Executor::trainStep(TokenLoader &loader, uint64_t firstMicroBatch, ui
   }
   if (!result.skipped)
     result.galoreSkipped = galoreSkipped();
-  if (plan_.hasHostSteps()) {
+  if (hasHostSteps_) {
     // The host functions of this step are done once the device is.
     backend_->synchronize();
     result.hostStepSeconds = backend_->takeHostStepSeconds();

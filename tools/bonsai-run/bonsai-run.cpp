@@ -978,6 +978,7 @@ int run(const Options &o) {
     plannedBytes += a.size;
     offloaded |= a.space == rt::MemorySpace::PinnedHost;
   }
+  const rt::LoadedPlan::PcieBytes pcie = executor.plan().pcieBytesPerStep(microBatches);
   std::vector<double> profiled;
   double evalSeconds = 0; // not training: left out of the time line's throughput
   // Saves the state after the step just done to --ckpt-dir (--save-every, and after SIGINT or
@@ -1077,11 +1078,9 @@ int run(const Options &o) {
       report.plannedBytes = plannedBytes;
       for (const rt::ArenaUsage &u : executor.memoryUsage())
         report.measuredBytes += u.measured;
-      if (offloaded) {
-        rt::LoadedPlan::PcieBytes pcie = executor.plan().pcieBytesPerStep(microBatches);
+      if (offloaded)
         report.offload =
             rt::OffloadStats{pcie.hostToDevice, pcie.deviceToHost, result.hostStepSeconds};
-      }
       // FP8 telemetry (docs/fp8.md): a small read of each FP8 state every N steps.
       std::string fp8Warning;
       if (o.fp8StatsEvery > 0 && position.step % o.fp8StatsEvery == 0) {

@@ -259,6 +259,8 @@ private:
   /// The update phase split for the non-finite guard; null when the guard is off or the plan
   /// has no update phase.
   std::unique_ptr<UpdateGuard> guard_;
+  /// plan_.hasHostSteps(), asked once rather than every step.
+  bool hasHostSteps_ = false;
   /// The tensors of persistent arenas that a Forward kernel writes (a gradient accumulator a
   /// fused head adds to, say), in plan order: evaluate() restores them.
   std::vector<uint32_t> forwardPersistentWrites_;
