@@ -141,7 +141,8 @@ TEST(ExecutorTest, HostMemoryIsCheckedBeforeAllocation) {
     EXPECT_NE(std::string(e.what()).find(
                   "of host memory for its pinned host arenas (0.00 GiB, the largest "
                   "'optimizer_host', 0.00 GiB) and the host copies of the device arenas' weights "
-                  "and the state initialised from them (0.00 GiB), but this machine has 0.00 GiB available"),
+                  "and the state initialised from them (0.00 GiB), but this machine has 0.00 GiB "
+                  "available"),
               std::string::npos)
         << e.what();
   }

@@ -10,8 +10,9 @@
 // a budget), writes the flatbuffer plan and prints what the step needs: parameters and FLOPs
 // from the cost model, and the planned memory by class. A training step over the memory
 // budget whose recipe has no bonsai.offload is compiled again with the offload choices below,
-// the least taken off the device first, and the first that fits is taken and printed; when none fits
-// (or with --fit-offload=false) it is an error that says by how much and what dominates.
+// the least taken off the device first, and the first that fits is taken and printed; when
+// none fits (or with --fit-offload=false) it is an error that says by how much and what
+// dominates.
 //
 //===----------------------------------------------------------------------===//
 
