@@ -19,7 +19,13 @@ namespace {
 using plan::LaunchOp;
 
 /// The runtime's streams (bonsai::rt::StreamId).
-enum Stream : int64_t { kCompute = 0, kHostToDevice = 1, kDeviceToHost = 2, kHost = 3 };
+enum Stream : int64_t {
+  kCompute = 0,
+  kHostToDevice = 1,
+  kDeviceToHost = 2,
+  kHost = 3,
+  kHostResults = 4
+};
 
 struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
   using Base::Base;
@@ -193,25 +199,47 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
     llvm::StringMap<plan::MemorySpace> spaces;
     for (auto arena : body.getOps<plan::ArenaOp>())
       spaces[arena.getSymName()] = arena.getSpace();
-    unsigned copies = 0, hostSteps = 0;
+    unsigned copies = 0, hostSteps = 0, copiesAfterHostSteps = 0;
+    // The buffers the host updates write.
+    llvm::DenseSet<Operation *> writtenOnHost;
     for (LaunchOp launch : body.getOps<LaunchOp>()) {
       // An update on the host runs on the host stream whatever `overlap` says: no other
       // stream reaches pinned host memory from the CPU.
       Stream stream = streamOf(launch, spaces);
-      if (!overlap && stream != kHost)
+      if (stream == kHost) {
+        ++hostSteps;
+        for (Value out : launch.getOuts())
+          if (plan::BufferOp buffer = plan::getUnderlyingBuffer(out))
+            writtenOnHost.insert(buffer);
+      } else if (!overlap) {
         stream = kCompute;
+      } else if (stream == kHostToDevice && llvm::all_of(launch.getIns(), [&](Value in) {
+                   plan::BufferOp buffer = plan::getUnderlyingBuffer(in);
+                   return buffer && writtenOnHost.contains(buffer);
+                 })) {
+        // A copy back of what a host update wrote waits for the update: on the copy stream
+        // it would hold up every copy behind it (the streamed updates' state) until the CPU
+        // is done, on the host stream the next host update. It gets a stream of its own.
+        stream = kHostResults;
+        ++copiesAfterHostSteps;
+      }
       launch.setStream(stream);
       copies += stream == kHostToDevice || stream == kDeviceToHost;
-      hostSteps += stream == kHost;
     }
     if (!copies && !hostSteps)
       return;
+    copies += copiesAfterHostSteps;
     auto [prefetched, retainedSources] = overlap ? overlapCopies(body) : std::pair(0u, 0u);
     numPrefetched += prefetched;
     numRetained += retainedSources;
     InFlightDiagnostic remark = step.emitRemark() << "schedule: ";
     if (hostSteps)
-      remark << hostSteps << " updates on the host stream; ";
+      remark << hostSteps << " updates on the host stream";
+    if (copiesAfterHostSteps)
+      remark << ", their " << copiesAfterHostSteps
+             << " copies back to the device on a stream of their own";
+    if (hostSteps)
+      remark << "; ";
     if (!overlap) {
       remark << "the copies in order on the compute stream";
       return;

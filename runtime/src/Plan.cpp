@@ -738,7 +738,8 @@ void PlanReader::readKernels() {
                        (info.name.empty() ? std::string() : " '" + info.name + "'");
     if (k->stream() >= kNumStreams)
       fail(what + " runs on an unknown stream " + std::to_string(unsigned(k->stream())) +
-           " (0 compute, 1 host-to-device copies, 2 device-to-host copies, 3 host)");
+           " (0 compute, 1 host-to-device copies, 2 device-to-host copies, 3 host, 4 copies of "
+           "the host steps' results)");
     info.stream = static_cast<StreamId>(k->stream());
     // The kinds are sparse (families own ranges): a value in a gap is as unknown as one past
     // the end.

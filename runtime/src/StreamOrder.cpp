@@ -33,6 +33,8 @@ const char *streamName(StreamId stream) {
     return "device-to-host";
   case StreamId::Host:
     return "host";
+  case StreamId::HostResults:
+    return "host-results";
   }
   return "unknown";
 }

@@ -797,9 +797,9 @@ TEST(PlanTrainingTest, CopiesOnTheirStreamsWaitForWhatTheirBytesNeed) {
                      "host-offload copies (CopyHostToDevice, CopyDeviceToHost) run on a copy "
                      "stream"});
   spec.kernels[adam].stream = 0;
-  spec.kernels[in[0]].stream = 4;
-  expectError(spec, {"runs on an unknown stream 4 (0 compute, 1 host-to-device copies, 2 "
-                     "device-to-host copies, 3 host)"});
+  spec.kernels[in[0]].stream = 5;
+  expectError(spec, {"runs on an unknown stream 5 (0 compute, 1 host-to-device copies, 2 "
+                     "device-to-host copies, 3 host, 4 copies of the host steps' results)"});
 }
 
 /// hostStepPlanSpec: lm_head's update on the host stream, over pinned host memory.
@@ -820,6 +820,20 @@ TEST(PlanTrainingTest, HostStepsRunOnPinnedMemoryOnly) {
   EXPECT_NE(text.find(" on the host stream after #" + std::to_string(update - 1)),
             std::string::npos)
       << text;
+
+  // The copy back on the stream of the host steps' results (where the compiler puts it, so
+  // that it holds up neither the other copies to the device nor the next host step) waits for
+  // the update the same way.
+  spec.kernels[update + 1].stream = 4;
+  ASSERT_EQ(loadError(spec), "");
+  plan = load(buildPlan(spec));
+  EXPECT_EQ(plan.kernels[update + 1].stream, StreamId::HostResults);
+  EXPECT_EQ(plan.kernels[update + 1].waits, std::vector<uint32_t>{uint32_t(update)});
+  text = printPlan(plan);
+  EXPECT_NE(text.find(" on the host-results stream after #" + std::to_string(update)),
+            std::string::npos)
+      << text;
+  spec = test::hostStepPlanSpec(t, &mirror, &update);
 
   // Only a kind with a host implementation runs there...
   size_t increment = kernelOf(spec, KernelKind::StepIncrement);

@@ -888,28 +888,41 @@ void expectHostStepBitForBit(const ExecutorOptions &options, const std::string &
   test::TrainingTensors t;
   LoadedPlan onDevice = loadSpec(test::trainingPlanSpec({2, 4, 16, 8, true}, &t), "device.plan");
   uint32_t mirror = 0;
-  LoadedPlan onHost = loadSpec(test::hostStepPlanSpec(t, &mirror), "host-step.plan");
+  size_t update = 0;
+  test::PlanSpec hostSpec = test::hostStepPlanSpec(t, &mirror, &update);
+  LoadedPlan onHost = loadSpec(hostSpec, "host-step.plan");
   ASSERT_TRUE(onHost.usesSideStreams());
+  // The same with the copy back into the weight on the stream of the host steps' results,
+  // where the compiler puts it.
+  hostSpec.kernels[update + 1].stream = 4;
+  LoadedPlan copyOnHostStream = loadSpec(hostSpec, "host-step-copy.plan");
   std::string data = cyclicTokens(dir + "/tokens.bin", 611, 16);
   TokenLoader loader(data, 2, 4, 16, 5);
-  Executor a(onDevice, options), b(onHost, options);
+  Executor a(onDevice, options), b(onHost, options), c(copyOnHostStream, options);
   a.initWeights(5);
   b.initWeights(5);
+  c.initWeights(5);
   for (uint64_t m = 0; m < 3; ++m) {
-    StepResult ra = a.trainStep(loader, m, 1), rb = b.trainStep(loader, m, 1);
+    StepResult ra = a.trainStep(loader, m, 1), rb = b.trainStep(loader, m, 1),
+               rc = c.trainStep(loader, m, 1);
     EXPECT_EQ(rb.loss, ra.loss) << "step " << m + 1;
+    EXPECT_EQ(rc.loss, ra.loss) << "step " << m + 1;
     // The host steps' wall time is counted for the plan that has them, and only for it.
     EXPECT_EQ(ra.hostStepSeconds, 0.0);
     EXPECT_GT(rb.hostStepSeconds, 0.0) << "step " << m + 1;
+    EXPECT_GT(rc.hostStepSeconds, 0.0) << "step " << m + 1;
   }
   EXPECT_FALSE(onDevice.hasHostSteps());
   EXPECT_TRUE(onHost.hasHostSteps());
-  auto want = persistentBytes(a), got = persistentBytes(b);
-  EXPECT_TRUE(got.at(mirror) == want.at(t.head)) << "the mirror is not lm_head.weight's copy";
-  // The tensors both plans have (the host step's are appended).
-  for (auto it = got.begin(); it != got.end();)
-    it = it->first >= onDevice.tensors.size() ? got.erase(it) : std::next(it);
-  expectSameBytes(b, want, got, "the update on the host");
+  auto want = persistentBytes(a);
+  for (Executor *e : {&b, &c}) {
+    auto got = persistentBytes(*e);
+    EXPECT_TRUE(got.at(mirror) == want.at(t.head)) << "the mirror is not lm_head.weight's copy";
+    // The tensors both plans have (the host step's are appended).
+    for (auto it = got.begin(); it != got.end();)
+      it = it->first >= onDevice.tensors.size() ? got.erase(it) : std::next(it);
+    expectSameBytes(*e, want, got, "the update on the host");
+  }
 }
 
 TEST_F(TrainingTest, HostStepTrainsBitForBit) { expectHostStepBitForBit({}, dir); }

@@ -442,8 +442,12 @@ def BonsaiSchedulePass : Pass<"bonsai-schedule", "::mlir::ModuleOp"> {
     pass moves every arena, buffer and view above the first work op (keeping their order, so
     views follow their sources), so that liveness can be computed from work positions alone,
     and puts every launch on a stream: the host-offload copies (launches between a pinned
-    host and a device arena) on the host-to-device (1) or device-to-host (2) copy stream,
-    everything else on the compute stream (0).
+    host and a device arena) on the host-to-device (1) or device-to-host (2) copy stream, a
+    launch over pinned host memory only (an update that runs on the host) on the host stream
+    (3), everything else on the compute stream (0). With `overlap`, the copy back to the
+    device of what a host update wrote gets a stream of its own (4): on the copy stream it
+    would hold up every copy issued after it (the streamed updates' state) until the CPU is
+    done, and on the host stream the next host update.
 
     With `overlap` (the default), the host-to-device copies an op reads move up, within
     their phase, to just after the op that read the previous such group: one update ahead,
@@ -453,7 +457,7 @@ def BonsaiSchedulePass : Pass<"bonsai-schedule", "::mlir::ModuleOp"> {
     giving those bytes to compute launches while the copy may still read them. The runtime
     derives every wait between streams from the bytes the kernels touch (docs/offload.md,
     "Overlap"), so this order is a performance choice, not a correctness one. Without
-    `overlap`, every launch stays in order on the compute stream.
+    `overlap`, every launch but the host updates stays in order on the compute stream.
 
     ```mlir
     bonsai_plan.launch "adamw_update" ... {phase = 2 : i32}

@@ -99,10 +99,19 @@ struct TensorInfo {
 /// move at once (docs/offload.md, "Overlap"). The host stream runs kernels on the CPU, over
 /// pinned host memory, in stream order with the GPU's work: the optimizer updates of a plan
 /// that updates on the host (trait kHostStep; docs/offload.md, "The host step").
-enum class StreamId : uint8_t { Compute = 0, HostToDevice = 1, DeviceToHost = 2, Host = 3 };
-constexpr unsigned kNumStreams = 4;
+/// `HostResults` carries the copies to the device of what the host steps wrote: each waits for
+/// its host step, so on the host-to-device stream it would hold up every copy behind it, and on
+/// the host stream it would hold up the next host step.
+enum class StreamId : uint8_t {
+  Compute = 0,
+  HostToDevice = 1,
+  DeviceToHost = 2,
+  Host = 3,
+  HostResults = 4
+};
+constexpr unsigned kNumStreams = 5;
 
-/// "compute", "host-to-device", "device-to-host" or "host".
+/// "compute", "host-to-device", "device-to-host", "host" or "host-results".
 const char *streamName(StreamId stream);
 
 /// One verified kernel: indices into LoadedPlan::tensors, checked against the kind's operand
