@@ -29,9 +29,11 @@ void mlir::bonsai::buildModelPipeline(OpPassManager &pm, const PipelineOptions &
 }
 
 /// bonsai-offload as the pipeline runs it: the recipe's classes, the summary remark only.
-static BonsaiOffloadPassOptions offloadOptions() {
+static BonsaiOffloadPassOptions offloadOptions(const PipelineOptions &pipeline) {
   BonsaiOffloadPassOptions options;
   options.perTensorRemarks = false;
+  options.target = pipeline.profile.empty() ? pipeline.target : pipeline.profile;
+  options.hostUpdateRate = pipeline.hostUpdateRate;
   return options;
 }
 
@@ -66,7 +68,7 @@ void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &o
     // only the device copies, and before fusion, whose optimizer family then leaves each
     // streamed update on its own (a multi-tensor update would need every copy at once).
     // Without a bonsai.offload directive the pass changes nothing. Only the summary remark.
-    pm.addPass(createBonsaiOffloadPass(offloadOptions()));
+    pm.addPass(createBonsaiOffloadPass(offloadOptions(options)));
     // What to recompute is decided on the whole step: after the update is expanded (its state
     // is part of the peak that must fit the budget) and before lowering, so that the clones
     // are ordinary ops whose lifetimes the memory planner sees. Only the summary remark: a
@@ -84,7 +86,7 @@ void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &o
   } else {
     // A step without an optimizer keeps no training state: the pass says so when the recipe
     // asks to offload some, rather than the directive being dropped.
-    pm.addPass(createBonsaiOffloadPass(offloadOptions()));
+    pm.addPass(createBonsaiOffloadPass(offloadOptions(options)));
   }
   // Fusion sees the whole step (forward, backward, update and the recomputed clones) and runs
   // before lowering, so that the memory planner sizes what the fused kernels keep, not what

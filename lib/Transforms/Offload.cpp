@@ -5,15 +5,20 @@
 // stream its own state through the device: a copy in right before the update, which then
 // updates the device copy in place, and a copy back right after it. With `update "host"` the
 // update runs on the host instead, over its state where it is kept, the tensors it reads
-// copied to the host before it and the parameter copied back after it. The updates say which
-// operands hold which class (OptimizerStateOpInterface); nothing here matches names.
+// copied to the host before it and the parameter copied back after it. With `update "auto"`
+// each update goes where a simulation of the step (UpdatePlacement.h) finishes it sooner, the
+// host's cores and the link working at once. The updates say which operands hold which class
+// (OptimizerStateOpInterface); nothing here matches names.
 //
 //===----------------------------------------------------------------------===//
 
 #include "bonsai/Analysis/PlanSummary.h"
+#include "bonsai/Analysis/UpdatePlacement.h"
 #include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
+#include "bonsai/Target/TargetProfile.h"
 #include "bonsai/Transforms/Passes.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/Support/FormatVariadic.h"
 
 namespace mlir::bonsai {
 #define GEN_PASS_DEF_BONSAIOFFLOADPASS
@@ -25,15 +30,42 @@ namespace {
 constexpr StringLiteral kOptimizerState = "optimizer_state";
 constexpr StringLiteral kMasterWeights = "master_weights";
 
+/// Where the updates of offloaded state run (the directive's `update`).
+enum class UpdatePlace {
+  Device, ///< each update streams its state through the device
+  Host,   ///< each update runs on the host, over its state where it is kept
+  Auto,   ///< each update where the step finishes sooner (UpdatePlacement.h)
+};
+
 /// What to offload.
 struct OffloadRequest {
   bool optimizerState = false;
   bool masterWeights = false;
-  /// The updates run on the host (`update "host"`) rather than streaming their state.
-  bool hostStep = false;
+  UpdatePlace place = UpdatePlace::Device;
   /// Where diagnostics about the request point: the directive, or the module for the option.
   Location loc;
 };
+
+/// The share of a profile's peak rates that the step's kernels reach, for the compute
+/// stream's time in `update "auto"`'s simulation: 775 of the H200's 989 bf16 TFLOP/s in a
+/// large GEMM, about 80% of HBM bandwidth in a streaming kernel, and 55.5 of its link's 64
+/// GB/s per direction in a pinned copy (docs/benchmarks.md).
+constexpr double kTensorCoreShare = 0.78;
+constexpr double kMemoryShare = 0.8;
+constexpr double kLinkShare = 0.87;
+
+/// Seconds `op` takes on `profile`'s device by its cost: the longer of its tensor-core work
+/// and its memory traffic; nothing for an op without a cost.
+double estimateSeconds(Operation *op, const TargetProfile &profile) {
+  auto costed = dyn_cast<CostOpInterface>(op);
+  if (!costed)
+    return 0;
+  OpCost cost = costed.getForwardCost();
+  double tensor = double(cost.matmulFlops) / (profile.bf16Tflops * 1e12 * kTensorCoreShare);
+  double memory = double(cost.bytesRead + cost.bytesWritten) /
+                  (profile.memoryBandwidthGBs * 1e9 * kMemoryShare);
+  return std::max(tensor, memory);
+}
 
 struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
   using Base::Base;
@@ -61,11 +93,14 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
         where = directives.front().getUpdate().value_or("").str();
       loc = directives.front().getLoc();
     }
-    OffloadRequest request{false, false, false, loc};
+    OffloadRequest request{false, false, UpdatePlace::Device, loc};
     if (where == "host") {
-      request.hostStep = true;
+      request.place = UpdatePlace::Host;
+    } else if (where == "auto") {
+      request.place = UpdatePlace::Auto;
     } else if (!where.empty() && where != "device") {
-      emitError(loc) << "unknown update placement '" << where << "'; expected 'device' or 'host'";
+      emitError(loc) << "unknown update placement '" << where
+                     << "'; expected 'device', 'host' or 'auto'";
       return failure();
     }
     for (StringRef name : names) {
@@ -84,9 +119,11 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
         return failure();
       }
     }
-    if (request.hostStep && !request.optimizerState) {
-      emitError(loc) << "update \"host\" runs the optimizer updates on the CPU over their state "
-                        "in pinned host memory: offload 'optimizer_state' too";
+    if (request.place != UpdatePlace::Device && !request.optimizerState) {
+      emitError(loc) << "update \"" << where << "\" runs "
+                     << (request.place == UpdatePlace::Host ? "the" : "some")
+                     << " optimizer updates on the CPU over their state in pinned host memory: "
+                        "offload 'optimizer_state' too";
       return failure();
     }
     return std::optional<OffloadRequest>(request);
@@ -138,64 +175,268 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
     return success();
   }
 
+  /// How one update is rewritten: its state streamed through the device, or the update on
+  /// the host.
+  struct UpdateRewrite {
+    OptimizerStateOpInterface update;
+    bool onHost = false;
+    /// Streamed: the operands holding offloaded state and their bonsai.states.
+    SmallVector<unsigned> streamedOperands;
+    SmallVector<StateOp> states;
+    /// On the host: the parameter operand (its state is `states`).
+    unsigned param = 0;
+  };
+
+  /// What the rewrites moved, for the summary remark and the statistics.
+  struct OffloadTotals {
+    int64_t hostUpdates = 0, streamedUpdates = 0;
+    int64_t tensors = 0, stateBytes = 0;
+    int64_t toHost = 0, toDevice = 0; // per step
+  };
+
+  /// Whether `update` may run on the host: it has a host implementation over a bonsai.param.
+  /// With `update "host"` (`required`) an update that cannot is an error naming it; so is one
+  /// that keeps fp32 master weights the request leaves on the device.
+  FailureOr<bool> canRunOnHost(func::FuncOp function, OptimizerStateOpInterface update,
+                               const OffloadRequest &request, bool required) {
+    std::optional<unsigned> param = update.getHostStepParamOperand();
+    if (!param) {
+      if (!required)
+        return false;
+      update->emitOpError() << "has no host implementation (AdamW and SGD have one), so update "
+                               "\"host\" cannot run it; keep update \"device\" for this recipe";
+      return failure();
+    }
+    if (!update->getOperand(*param).getDefiningOp<ParamOp>()) {
+      if (!required)
+        return false;
+      update->emitOpError() << "updates operand #" << *param
+                            << ", which is not a bonsai.param: it cannot run on the host";
+      return failure();
+    }
+    if (!update.getMasterWeightOperands().empty() && !request.masterWeights) {
+      emitError(request.loc) << (required ? "update \"host\" runs" : "update \"auto\" may run")
+                             << " each update over its state in pinned host memory, and '"
+                             << function.getSymName()
+                             << "' keeps fp32 master weights: offload 'master_weights' too";
+      return failure();
+    }
+    return true;
+  }
+
   LogicalResult offload(func::FuncOp function, const OffloadRequest &request) {
     SmallVector<OptimizerStateOpInterface> updates;
     function.walk([&](OptimizerStateOpInterface update) { updates.push_back(update); });
     if (failed(checkClassesExist(function, updates, request)))
       return failure();
-    if (request.hostStep)
-      return offloadToHostSteps(function, updates, request);
 
-    MLIRContext *ctx = &getContext();
-    auto pinned = MemorySpaceAttr::get(ctx, MemorySpace::PinnedHost);
-    int64_t tensors = 0, bytes = 0;
+    // Where each update runs.
+    SmallVector<bool> hostCapable;
     for (OptimizerStateOpInterface update : updates) {
-      SmallVector<unsigned> operands = getOffloadedOperands(update, request);
-      if (operands.empty())
-        continue;
-      // Validate every operand before rewriting any, so that a failure leaves the update as
-      // it was.
-      SmallVector<StateOp> states;
-      for (unsigned index : operands) {
-        FailureOr<StateOp> state = getStateReadByItsUpdateAlone(update, index);
-        if (failed(state))
+      bool capable = false;
+      if (request.place != UpdatePlace::Device) {
+        FailureOr<bool> host =
+            canRunOnHost(function, update, request, request.place == UpdatePlace::Host);
+        if (failed(host))
           return failure();
-        states.push_back(*state);
+        capable = *host;
       }
-
-      OpBuilder builder(update);
-      Attribute phase = update->getAttr("bonsai.phase");
-      SmallVector<std::pair<Value, Value>> copies; // (device copy, host state)
-      for (auto [index, state] : llvm::zip(operands, states)) {
-        state.setPlacementAttr(pinned);
-        auto copy = CopyH2DOp::create(builder, update.getLoc(), state.getType(), state);
-        if (phase)
-          copy->setAttr("bonsai.phase", phase);
-        update->setOperand(index, copy.getResult());
-        copies.push_back({copy.getResult(), state.getResult()});
-        int64_t size = getStorageBytes(state.getType());
-        ++tensors;
-        bytes += size;
-        if (perTensorRemarks)
-          emitRemark(state.getLoc())
-              << "'" << state.getName() << "' (" << formatBytes(size)
-              << ") is kept in pinned host memory; its update copies it to the device and back";
-      }
-      builder.setInsertionPointAfter(update);
-      for (auto [device, host] : copies) {
-        auto back = CopyD2HOp::create(builder, update.getLoc(), device, host);
-        if (phase)
-          back->setAttr("bonsai.phase", phase);
-      }
+      hostCapable.push_back(capable);
     }
-    numOffloaded += tensors;
-    bytesOffloaded += bytes;
-    emitRemark(request.loc) << "offload: " << tensors << " state tensors of '"
-                            << function.getSymName() << "' (" << formatBytes(bytes)
-                            << ") in pinned host memory, each copied to the device before its "
-                               "update and back after it: "
-                            << formatBytes(bytes) << " over PCIe each way per step";
+    SmallVector<bool> onHost = hostCapable;
+    if (request.place == UpdatePlace::Auto) {
+      FailureOr<SmallVector<bool>> chosen =
+          chooseUpdatePlaces(function, updates, hostCapable, request);
+      if (failed(chosen))
+        return failure();
+      onHost = std::move(*chosen);
+    }
+
+    // Validate every update before rewriting any, so that a failure leaves the function as
+    // it was.
+    SmallVector<UpdateRewrite> rewrites;
+    for (auto [update, host] : llvm::zip(updates, onHost)) {
+      UpdateRewrite rewrite{update, host, {}, {}, 0};
+      if (host) {
+        rewrite.param = *update.getHostStepParamOperand();
+        FailureOr<SmallVector<StateOp>> states = getHostStepStates(update, rewrite.param);
+        if (failed(states))
+          return failure();
+        rewrite.states = std::move(*states);
+      } else {
+        rewrite.streamedOperands = getOffloadedOperands(update, request);
+        if (rewrite.streamedOperands.empty())
+          continue;
+        for (unsigned index : rewrite.streamedOperands) {
+          FailureOr<StateOp> state = getStateReadByItsUpdateAlone(update, index);
+          if (failed(state))
+            return failure();
+          rewrite.states.push_back(*state);
+        }
+      }
+      rewrites.push_back(std::move(rewrite));
+    }
+
+    OffloadTotals totals;
+    for (UpdateRewrite &rewrite : rewrites) {
+      if (rewrite.onHost)
+        runOnHost(rewrite, totals);
+      else
+        streamThroughDevice(rewrite, totals);
+    }
+    numOffloaded += totals.tensors;
+    bytesOffloaded += totals.stateBytes;
+    InFlightDiagnostic remark = emitRemark(request.loc) << "offload: ";
+    if (request.place == UpdatePlace::Device) {
+      remark << totals.tensors << " state tensors of '" << function.getSymName() << "' ("
+             << formatBytes(totals.stateBytes)
+             << ") in pinned host memory, each copied to the device before its update and back "
+                "after it: "
+             << formatBytes(totals.toDevice) << " over PCIe each way per step";
+      return success();
+    }
+    if (request.place == UpdatePlace::Host)
+      remark << totals.hostUpdates << " updates of '" << function.getSymName()
+             << "' run on the host";
+    else
+      remark << totals.hostUpdates << " updates of '" << function.getSymName()
+             << "' run on the host and " << totals.streamedUpdates
+             << " stream their state through the device";
+    remark << " over " << totals.tensors << " state tensors (" << formatBytes(totals.stateBytes)
+           << ") in pinned host memory: " << formatBytes(totals.toHost)
+           << " over PCIe to the host and " << formatBytes(totals.toDevice)
+           << " to the device per step";
     return success();
+  }
+
+  /// `update "auto"`: simulates the step (UpdatePlacement.h) with the compute stream's time
+  /// estimated from each op's cost on the target and the updates' bytes, and puts each update
+  /// that can run on the host where its work ends sooner. A remark gives the split, the
+  /// predicted step and the two alternatives it was weighed against.
+  FailureOr<SmallVector<bool>> chooseUpdatePlaces(func::FuncOp function,
+                                                  ArrayRef<OptimizerStateOpInterface> updates,
+                                                  ArrayRef<bool> hostCapable,
+                                                  const OffloadRequest &request) {
+    std::optional<TargetProfile> profile = lookupTargetProfile(target);
+    if (!profile) {
+      emitError(request.loc) << "unknown target '" << target << "'";
+      return failure();
+    }
+    double hostRate = hostUpdateRate > 0 ? hostUpdateRate : profile->hostUpdateGParamsPerSecond;
+    if (profile->bf16Tflops <= 0 || profile->memoryBandwidthGBs <= 0 ||
+        profile->linkBandwidthGBs <= 0) {
+      emitError(request.loc)
+          << "update \"auto\" weighs the host against the link from the target's compute, "
+             "memory and link rates, and target '"
+          << target
+          << "' has none: compile for a named GPU (docs/targets.md), or choose update \"host\" "
+             "or \"device\"";
+      return failure();
+    }
+    // Every named GPU has a host rate; the option overrides it.
+    assert(hostRate > 0 && "a profile with rates has a host update rate");
+    OffloadRates rates{profile->linkBandwidthGBs * 1e9 * kLinkShare, hostRate * 1e9};
+
+    std::vector<UpdateWork> work;
+    llvm::DenseMap<Operation *, size_t> indexOf;
+    for (auto [i, update] : llvm::enumerate(updates))
+      indexOf[update] = i;
+    work.resize(updates.size());
+    double clock = 0;
+    for (Operation &op : function.getBody().getOps()) {
+      auto it = indexOf.find(&op);
+      if (it == indexOf.end()) {
+        clock += estimateSeconds(&op, *profile);
+        continue;
+      }
+      OptimizerStateOpInterface update = updates[it->second];
+      UpdateWork &w = work[it->second];
+      w.readySeconds = clock;
+      w.deviceSeconds = estimateSeconds(&op, *profile);
+      w.canRunOnHost = hostCapable[it->second];
+      for (unsigned index : getOffloadedOperands(update, request))
+        w.streamedBytes += getStorageBytes(op.getOperand(index).getType());
+      if (!w.canRunOnHost)
+        continue;
+      unsigned param = *update.getHostStepParamOperand();
+      Type paramType = op.getOperand(param).getType();
+      w.params = cast<ShapedType>(paramType).getNumElements();
+      w.toDeviceBytes = getStorageBytes(paramType);
+      SmallVector<unsigned> inPlace = cast<KernelOpInterface>(op).getInPlaceOperands();
+      for (OpOperand &operand : op.getOpOperands())
+        if (!llvm::is_contained(inPlace, operand.getOperandNumber()))
+          w.toHostBytes += getStorageBytes(operand.get().getType());
+    }
+    // An update nested below the function's body (none today) is ready at the end.
+    for (auto [i, update] : llvm::enumerate(updates))
+      if (update->getParentOp() != function.getOperation())
+        work[i].readySeconds = clock;
+
+    UpdatePlacement split = placeUpdates(work, clock, rates, UpdatePolicy::Split);
+    UpdatePlacement allHost = placeUpdates(work, clock, rates, UpdatePolicy::Host);
+    UpdatePlacement streamed = placeUpdates(work, clock, rates, UpdatePolicy::Streamed);
+    // The greedy split is not optimal: where a single placement is predicted sooner, it wins.
+    UpdatePlacement chosen = split;
+    for (const UpdatePlacement *single : {&allHost, &streamed})
+      if (single->stepSeconds() < chosen.stepSeconds())
+        chosen = *single;
+    int64_t hostParams = 0, streamedParams = 0, hostCount = 0;
+    for (auto [w, host] : llvm::zip(work, chosen.onHost)) {
+      (host ? hostParams : streamedParams) += w.params;
+      hostCount += host;
+    }
+    auto seconds = [](double s) { return llvm::formatv("{0:F3} ms", s * 1e3).str(); };
+    InFlightDiagnostic remark = emitRemark(request.loc);
+    remark << "offload: update \"auto\" puts " << hostCount << " of " << updates.size()
+           << " updates on the host (" << hostParams << " parameters) and streams the rest";
+    if (streamedParams)
+      remark << " (" << streamedParams << " parameters with a host implementation)";
+    remark << ": predicted step " << seconds(chosen.stepSeconds()) << " (compute "
+           << seconds(chosen.computeSeconds) << " with " << seconds(chosen.stallSeconds)
+           << " waiting for streamed state, host until " << seconds(chosen.hostSeconds)
+           << ", copies until " << seconds(std::max(chosen.toDeviceSeconds, chosen.toHostSeconds))
+           << "), against " << seconds(split.stepSeconds()) << " split update by update, "
+           << seconds(allHost.stepSeconds()) << " with every update on the host and "
+           << seconds(streamed.stepSeconds()) << " with every update streamed, at "
+           << llvm::formatv("{0:F1}", rates.linkBytesPerSecond / 1e9).str() << " GB/s each way and "
+           << llvm::formatv("{0:F2}", hostRate).str()
+           << " G parameters/s on the host; the compute is estimated from each op's cost, "
+              "before recomputation";
+    return SmallVector<bool>(chosen.onHost.begin(), chosen.onHost.end());
+  }
+
+  /// Streams the update's state through the device: each state in pinned host memory, copied
+  /// to the device right before the update, which updates the copy, and back right after it.
+  void streamThroughDevice(UpdateRewrite &rewrite, OffloadTotals &totals) {
+    auto pinned = MemorySpaceAttr::get(&getContext(), MemorySpace::PinnedHost);
+    Operation *update = rewrite.update;
+    OpBuilder builder(update);
+    Attribute phase = update->getAttr("bonsai.phase");
+    SmallVector<std::pair<Value, Value>> copies; // (device copy, host state)
+    for (auto [index, state] : llvm::zip(rewrite.streamedOperands, rewrite.states)) {
+      state.setPlacementAttr(pinned);
+      auto copy = CopyH2DOp::create(builder, update->getLoc(), state.getType(), state);
+      if (phase)
+        copy->setAttr("bonsai.phase", phase);
+      update->setOperand(index, copy.getResult());
+      copies.push_back({copy.getResult(), state.getResult()});
+      int64_t size = getStorageBytes(state.getType());
+      ++totals.tensors;
+      totals.stateBytes += size;
+      totals.toHost += size;
+      totals.toDevice += size;
+      if (perTensorRemarks)
+        emitRemark(state.getLoc())
+            << "'" << state.getName() << "' (" << formatBytes(size)
+            << ") is kept in pinned host memory; its update copies it to the device and back";
+    }
+    builder.setInsertionPointAfter(update);
+    for (auto [device, host] : copies) {
+      auto back = CopyD2HOp::create(builder, update->getLoc(), device, host);
+      if (phase)
+        back->setAttr("bonsai.phase", phase);
+    }
+    ++totals.streamedUpdates;
   }
 
   /// The bonsai.state that operand `index` of `update` holds, when the update is its only
@@ -240,89 +481,51 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
     return states;
   }
 
-  /// `update "host"`: each update runs on the host over its state in pinned host memory and a
-  /// pinned host copy of its parameter; the tensors it only reads are copied to the host
-  /// right before it and the parameter's copy into the parameter right after it.
-  LogicalResult offloadToHostSteps(func::FuncOp function,
-                                   ArrayRef<OptimizerStateOpInterface> updates,
-                                   const OffloadRequest &request) {
-    MLIRContext *ctx = &getContext();
-    auto pinned = MemorySpaceAttr::get(ctx, MemorySpace::PinnedHost);
-    // Validate every update before rewriting any.
-    SmallVector<std::pair<unsigned, SmallVector<StateOp>>> plans;
-    for (OptimizerStateOpInterface update : updates) {
-      std::optional<unsigned> param = update.getHostStepParamOperand();
-      if (!param)
-        return update->emitOpError()
-               << "has no host implementation (AdamW and SGD have one), so update \"host\" "
-                  "cannot run it; keep update \"device\" for this recipe";
-      if (!update->getOperand(*param).getDefiningOp<ParamOp>())
-        return update->emitOpError() << "updates operand #" << *param
-                                     << ", which is not a bonsai.param: it cannot run on the host";
-      if (!update.getMasterWeightOperands().empty() && !request.masterWeights)
-        return emitError(request.loc)
-               << "update \"host\" runs each update over its state in pinned host memory, and '"
-               << function.getSymName()
-               << "' keeps fp32 master weights: offload 'master_weights' too";
-      FailureOr<SmallVector<StateOp>> states = getHostStepStates(update, *param);
-      if (failed(states))
-        return failure();
-      plans.push_back({*param, std::move(*states)});
+  /// Runs the update on the host over its state in pinned host memory and a pinned host copy
+  /// of its parameter; the tensors it only reads are copied to the host right before it and
+  /// the parameter's copy into the parameter right after it.
+  void runOnHost(UpdateRewrite &rewrite, OffloadTotals &totals) {
+    auto pinned = MemorySpaceAttr::get(&getContext(), MemorySpace::PinnedHost);
+    Operation *update = rewrite.update;
+    Attribute phase = update->getAttr("bonsai.phase");
+    auto inPhase = [&](Operation *op) {
+      if (phase)
+        op->setAttr("bonsai.phase", phase);
+    };
+    for (StateOp state : rewrite.states) {
+      state.setPlacementAttr(pinned);
+      int64_t size = getStorageBytes(state.getType());
+      ++totals.tensors;
+      totals.stateBytes += size;
+      if (perTensorRemarks)
+        emitRemark(state.getLoc())
+            << "'" << state.getName() << "' (" << formatBytes(size)
+            << ") is kept in pinned host memory, where its update runs on the host";
     }
-
-    int64_t tensors = 0, stateBytes = 0, toHost = 0, toDevice = 0;
-    for (auto [i, plan] : llvm::enumerate(plans)) {
-      OptimizerStateOpInterface update = updates[i];
-      auto &[paramIndex, states] = plan;
-      Attribute phase = update->getAttr("bonsai.phase");
-      auto inPhase = [&](Operation *op) {
-        if (phase)
-          op->setAttr("bonsai.phase", phase);
-      };
-      for (StateOp state : states) {
-        state.setPlacementAttr(pinned);
-        int64_t size = getStorageBytes(state.getType());
-        ++tensors;
-        stateBytes += size;
-        if (perTensorRemarks)
-          emitRemark(state.getLoc())
-              << "'" << state.getName() << "' (" << formatBytes(size)
-              << ") is kept in pinned host memory, where its update runs on the host";
-      }
-      OpBuilder builder(update);
-      auto param = update->getOperand(paramIndex).getDefiningOp<ParamOp>();
-      auto copy = StateOp::create(builder, param.getLoc(), param.getType(), StateKind::Optimizer,
-                                  (param.getName() + ".host_copy").str(),
-                                  builder.getStringAttr(param.getName()));
-      copy.setPlacementAttr(pinned);
-      stateBytes += getStorageBytes(param.getType());
-      ++tensors;
-      // What the update only reads comes to the host first.
-      auto kernel = cast<KernelOpInterface>(update.getOperation());
-      SmallVector<unsigned> inPlace = kernel.getInPlaceOperands();
-      for (OpOperand &operand : update->getOpOperands()) {
-        if (llvm::is_contained(inPlace, operand.getOperandNumber()))
-          continue;
-        auto staged =
-            CopyToHostOp::create(builder, update.getLoc(), operand.get().getType(), operand.get());
-        inPhase(staged);
-        toHost += getStorageBytes(operand.get().getType());
-        operand.set(staged.getResult());
-      }
-      update->setOperand(paramIndex, copy.getResult());
-      builder.setInsertionPointAfter(update);
-      inPhase(CopyToDeviceOp::create(builder, update.getLoc(), copy.getResult(), param));
-      toDevice += getStorageBytes(param.getType());
+    OpBuilder builder(update);
+    auto param = update->getOperand(rewrite.param).getDefiningOp<ParamOp>();
+    auto copy = StateOp::create(builder, param.getLoc(), param.getType(), StateKind::Optimizer,
+                                (param.getName() + ".host_copy").str(),
+                                builder.getStringAttr(param.getName()));
+    copy.setPlacementAttr(pinned);
+    totals.stateBytes += getStorageBytes(param.getType());
+    ++totals.tensors;
+    // What the update only reads comes to the host first.
+    SmallVector<unsigned> inPlace = cast<KernelOpInterface>(update).getInPlaceOperands();
+    for (OpOperand &operand : update->getOpOperands()) {
+      if (llvm::is_contained(inPlace, operand.getOperandNumber()))
+        continue;
+      auto staged =
+          CopyToHostOp::create(builder, update->getLoc(), operand.get().getType(), operand.get());
+      inPhase(staged);
+      totals.toHost += getStorageBytes(operand.get().getType());
+      operand.set(staged.getResult());
     }
-    numOffloaded += tensors;
-    bytesOffloaded += stateBytes;
-    emitRemark(request.loc) << "offload: " << updates.size() << " updates of '"
-                            << function.getSymName() << "' run on the host over " << tensors
-                            << " state tensors (" << formatBytes(stateBytes)
-                            << ") in pinned host memory: " << formatBytes(toHost)
-                            << " over PCIe to the host and " << formatBytes(toDevice)
-                            << " to the device per step";
-    return success();
+    update->setOperand(rewrite.param, copy.getResult());
+    builder.setInsertionPointAfter(update);
+    inPhase(CopyToDeviceOp::create(builder, update->getLoc(), copy.getResult(), param));
+    totals.toDevice += getStorageBytes(param.getType());
+    ++totals.hostUpdates;
   }
 
   void runOnOperation() override {

@@ -8,7 +8,7 @@
 // OPTION: %[[COPY:.*]] = bonsai.state optimizer "lm.host_copy" copy_of "lm" placement <pinned_host> : tensor<16x8xf32>
 // OPTION: bonsai.sgd_update %{{.*}}, %{{.*}}, %{{.*}}, %[[COPY]], %{{.*}} {
 // OPTION-NEXT: bonsai.copy_to_device %[[COPY]], %{{.*}} {bonsai.phase = "update"}
-// BAD-PLACEMENT: error: unknown update placement 'cpu'; expected 'device' or 'host'
+// BAD-PLACEMENT: error: unknown update placement 'cpu'; expected 'device', 'host' or 'auto'
 // NO-STATE: error: update "host" runs the optimizer updates on the CPU over their state in pinned host memory: offload 'optimizer_state' too
 
 // update "host" (docs/offload.md, "The host step"): the update reads and writes its state
@@ -80,6 +80,6 @@ bonsai.recipe @r {
 // -----
 
 bonsai.recipe @r {
-  // expected-error @+1 {{unknown update 'gpu'; expected one of: 'device', 'host'}}
+  // expected-error @+1 {{unknown update 'gpu'; expected one of: 'device', 'host', 'auto'}}
   bonsai.offload ["optimizer_state"] update "gpu"
 }

@@ -3,6 +3,7 @@
 // bonsai-compile model.mlir [recipe.mlir] [-o step.plan] [--target=sm_90]
 //                [--device-memory=24GiB] [--fuse=false] [--fuse-disable=family,...]
 //                [--remat-time-limit=60] [--overlap-copies=false] [--fit-offload=false]
+//                [--host-update-rate=4.5]
 //
 // Parses the model (and the recipe, if given, into the same module), runs the standard
 // pipeline (with the backward pass, the optimizer and activation recomputation when the
@@ -86,6 +87,12 @@ static llvm::cl::opt<bool> overlapCopiesOption(
                    "compute (default true; --overlap-copies=false keeps them in order on the "
                    "compute stream; docs/offload.md)"),
     llvm::cl::init(true), llvm::cl::cat(bonsaiCategory));
+static llvm::cl::opt<double> hostUpdateRateOption(
+    "host-update-rate",
+    llvm::cl::desc("The host's optimizer rate in G parameters/s, which bonsai.offload's update "
+                   "\"auto\" weighs against the link (default: the target profile's; "
+                   "docs/offload.md)"),
+    llvm::cl::init(0), llvm::cl::cat(bonsaiCategory));
 static llvm::cl::opt<bool> fitOffloadOption(
     "fit-offload",
     llvm::cl::desc("When a training step does not fit the budget and its recipe has no "
@@ -319,6 +326,13 @@ int main(int argc, char **argv) {
     return 1;
   }
   options.rematTimeLimit = rematTimeLimitOption;
+  if (hostUpdateRateOption < 0) {
+    llvm::errs() << "bonsai-compile: error: --host-update-rate must be a positive number of G "
+                    "parameters per second (0: the target profile's), not "
+                 << hostUpdateRateOption << "\n";
+    return 1;
+  }
+  options.hostUpdateRate = hostUpdateRateOption;
   options.fuse = fuseOption;
   options.overlapCopies = overlapCopiesOption;
   options.fuseDisable = llvm::to_vector(fuseDisableOption);
@@ -333,8 +347,10 @@ int main(int argc, char **argv) {
     llvm::errs() << " or sm_XX\n";
     return 1;
   }
-  // The plan records the architecture; a named GPU's memory is the budget unless one is given.
+  // The plan records the architecture; a named GPU's memory is the budget unless one is given,
+  // and its rates are what the offload pass's cost model weighs.
   options.target = profile->arch;
+  options.profile = profile->name;
   if (!options.deviceMemory && profile->memoryBytes)
     options.deviceMemory = profile->memoryBytes;
   if (!memoryOption.empty()) {

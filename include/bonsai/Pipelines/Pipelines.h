@@ -18,6 +18,11 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
   PassOptions::Option<std::string> target{*this, "target",
                                           llvm::cl::desc("cpu, sm_80, sm_86, sm_89, sm_90"),
                                           llvm::cl::init("cpu")};
+  PassOptions::Option<std::string> profile{
+      *this, "profile",
+      llvm::cl::desc("The named target profile (h200, rtx4090, ...) whose rates cost-based "
+                     "choices weigh (default: target)"),
+      llvm::cl::init("")};
   PassOptions::Option<int64_t> deviceMemory{
       *this, "device-memory", llvm::cl::desc("Per-device memory budget in bytes (0: none)"),
       llvm::cl::init(0)};
@@ -48,6 +53,11 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
                      "(bonsai-schedule's overlap); false keeps them in order on the compute "
                      "stream"),
       llvm::cl::init(true)};
+  PassOptions::Option<double> hostUpdateRate{
+      *this, "host-update-rate",
+      llvm::cl::desc("The host's optimizer rate in G parameters/s for bonsai.offload's update "
+                     "\"auto\" (0: the target profile's)"),
+      llvm::cl::init(0)};
   PassOptions::Option<int64_t> microBatches{
       *this, "micro-batches", llvm::cl::desc("Forward and backward runs per update"),
       llvm::cl::init(1)};

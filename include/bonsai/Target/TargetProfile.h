@@ -32,6 +32,9 @@ struct TargetProfile {
   double linkBandwidthGBs = 0;      ///< host link (PCIe) or NVLink per direction, GB/s
   double bf16Tflops = 0;            ///< dense bf16 tensor-core peak
   double fp8Tflops = 0;             ///< dense FP8 peak (0 without FP8 tensor cores)
+  /// The optimizer step on the host the GPU is in: fused fp32 AdamW over every core, G
+  /// parameters/s (what `update "auto"` weighs the host against the link with).
+  double hostUpdateGParamsPerSecond = 0;
 };
 
 /// The profile named `name` ("a100", "a10g", "rtx4090", "l40s", "h100", "h200", "cpu") or a

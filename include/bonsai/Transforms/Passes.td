@@ -298,13 +298,25 @@ def BonsaiOffloadPass : Pass<"bonsai-offload", "::mlir::ModuleOp"> {
     bonsai.copy_to_device %w_host, %w : tensor<16x64xbf16>, tensor<16x64xbf16>
     ```
     The schedule then runs the update on the runtime's host stream.
+
+    With `update "auto"` (`update=auto`) each update that has a host implementation runs on
+    the host or streams its state through the device, whichever a simulation of the step
+    (bonsai/Analysis/UpdatePlacement.h) finishes sooner: the compute stream's time from each
+    op's cost at the `target` profile's rates, the link at its bandwidth, the host at
+    `host-update-rate` (else the profile's). A remark gives the split, the predicted step
+    time and those of the two single placements. The target must be a named GPU.
   }];
   let options = [
     ListOption<"classes", "classes", "std::string",
                "State classes to offload (default: the recipe's bonsai.offload)">,
     Option<"update", "update", "std::string", /*default=*/"\"\"",
-           "Where the updates of offloaded state run: device or host (default: the recipe's "
-           "bonsai.offload, else device)">,
+           "Where the updates of offloaded state run: device, host or auto (default: the "
+           "recipe's bonsai.offload, else device)">,
+    Option<"target", "target", "std::string", /*default=*/"\"cpu\"",
+           "Target profile whose rates update auto weighs (a named GPU)">,
+    Option<"hostUpdateRate", "host-update-rate", "double", /*default=*/"0",
+           "The host's optimizer rate in G parameters/s for update auto (0: the target "
+           "profile's)">,
     Option<"perTensorRemarks", "per-tensor-remarks", "bool", /*default=*/"true",
            "A remark per offloaded tensor (else only the summary)">,
   ];

@@ -313,12 +313,14 @@ LogicalResult OffloadDirectiveOp::verify() {
       return emitOpError() << "state class '" << cls << "' is listed twice";
   }
   if (std::optional<StringRef> update = getUpdate()) {
-    if (failed(expectOneOf(*this, "update", *update, {"device", "host"})))
+    if (failed(expectOneOf(*this, "update", *update, {"device", "host", "auto"})))
       return failure();
     // On the host, the update reads and writes its state where it is kept.
-    if (*update == "host" && !seen.contains("optimizer_state"))
-      return emitOpError() << "update \"host\" runs the optimizer updates on the CPU over "
-                              "their state in pinned host memory: list \"optimizer_state\"";
+    if (*update != "device" && !seen.contains("optimizer_state"))
+      return emitOpError() << "update \"" << *update << "\" runs "
+                           << (*update == "host" ? "the" : "some")
+                           << " optimizer updates on the CPU over their state in pinned host "
+                              "memory: list \"optimizer_state\"";
   }
   return success();
 }

@@ -606,9 +606,11 @@ def Bonsai_OffloadDirectiveOp : Bonsai_DirectiveOp<"offload"> {
     through the device (docs/offload.md); the other classes are refused by it for now.
 
     `update` says where the optimizer updates of offloaded state run: `"device"` (the
-    default: each update's state is copied to the device and back around it) or `"host"`
+    default: each update's state is copied to the device and back around it), `"host"`
     (the update runs on the CPU over the state in pinned host memory; its gradient and
-    scalars are copied to the host before it and the parameter back to the device after it).
+    scalars are copied to the host before it and the parameter back to the device after it)
+    or `"auto"` (each update where a simulation of the step on the recipe's target finishes
+    it sooner: the host's cores and the link then work at once; a remark gives the split).
 
     ```mlir
     bonsai.offload ["optimizer_state"]

@@ -1,0 +1,99 @@
+//===- UpdatePlacement.cpp - Host or streamed, per optimizer update -------===//
+//
+// A list simulation of the step's updates over four resources: the compute stream, the two
+// directions of the link and the host's cores (see UpdatePlacement.h).
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/Analysis/UpdatePlacement.h"
+
+#include <algorithm>
+
+using namespace mlir::bonsai;
+
+double UpdatePlacement::stepSeconds() const {
+  return std::max({computeSeconds, hostSeconds, toDeviceSeconds, toHostSeconds});
+}
+
+namespace {
+/// Where the resources stand after the updates simulated so far.
+struct Timeline {
+  double shift = 0;         ///< the compute stream's waits so far
+  double toDevice = 0;      ///< the host-to-device direction is free from here
+  double toHost = 0;        ///< the device-to-host direction is free from here
+  double host = 0;          ///< the host stream is free from here
+  double streamedIssue = 0; ///< the previous streamed update's start (its successor's
+                            ///< state is copied in from there on)
+  double deviceUpdates = 0; ///< the streamed updates' kernels on the compute stream
+  int64_t toDeviceBytes = 0;
+  int64_t toHostBytes = 0;
+};
+
+/// `update` run on the host: its gradient out after the transfers queued before it, the host
+/// steps one after another, each followed on the host stream by its parameter's copy back.
+/// Returns when its copy back ends.
+double runOnHost(Timeline &t, const UpdateWork &update, const OffloadRates &rates) {
+  double ready = update.readySeconds + t.shift;
+  double gradient = std::max(ready, t.toHost) + update.toHostBytes / rates.linkBytesPerSecond;
+  t.toHost = gradient;
+  double stepped = std::max(gradient, t.host) + double(update.params) / rates.hostParamsPerSecond;
+  double back = update.toDeviceBytes / rates.linkBytesPerSecond;
+  t.host = stepped + back;
+  // The copy back runs on the host stream, not in the copy stream's queue, but it shares the
+  // direction's bandwidth.
+  t.toDevice += back;
+  t.toHostBytes += update.toHostBytes;
+  t.toDeviceBytes += update.toDeviceBytes;
+  return t.host;
+}
+
+/// `update` streamed: its state copied in from the previous streamed update's start on, the
+/// compute stream waiting for it, the update there, its state copied out. Returns when the
+/// copy out ends; adds the wait to the timeline's shift.
+double streamThroughDevice(Timeline &t, const UpdateWork &update, const OffloadRates &rates) {
+  double ready = update.readySeconds + t.shift;
+  double copy = update.streamedBytes / rates.linkBytesPerSecond;
+  double in = std::max(t.toDevice, t.streamedIssue) + copy;
+  t.toDevice = in;
+  double start = std::max(ready, in);
+  t.shift += start - ready + update.deviceSeconds;
+  t.deviceUpdates += update.deviceSeconds;
+  t.streamedIssue = start;
+  double out = std::max(start + update.deviceSeconds, t.toHost) + copy;
+  t.toHost = out;
+  t.toHostBytes += update.streamedBytes;
+  t.toDeviceBytes += update.streamedBytes;
+  return out;
+}
+} // namespace
+
+UpdatePlacement mlir::bonsai::placeUpdates(const std::vector<UpdateWork> &updates,
+                                           double computeSeconds, const OffloadRates &rates,
+                                           UpdatePolicy policy) {
+  UpdatePlacement placement;
+  Timeline t;
+  for (const UpdateWork &update : updates) {
+    bool onHost = update.canRunOnHost && policy != UpdatePolicy::Streamed;
+    if (onHost && policy == UpdatePolicy::Split) {
+      Timeline host = t, streamed = t;
+      double hostEnd = runOnHost(host, update, rates);
+      double streamedEnd = streamThroughDevice(streamed, update, rates);
+      // A wait of the compute stream delays every later gradient as well as this update.
+      double wait = streamed.shift - t.shift - update.deviceSeconds;
+      onHost = hostEnd <= streamedEnd + wait;
+    }
+    placement.onHost.push_back(onHost);
+    if (onHost)
+      runOnHost(t, update, rates);
+    else
+      streamThroughDevice(t, update, rates);
+  }
+  placement.computeSeconds = computeSeconds + t.shift;
+  placement.stallSeconds = t.shift - t.deviceUpdates;
+  placement.hostSeconds = t.host;
+  placement.toDeviceSeconds = t.toDevice;
+  placement.toHostSeconds = t.toHost;
+  placement.toDeviceBytes = t.toDeviceBytes;
+  placement.toHostBytes = t.toHostBytes;
+  return placement;
+}
