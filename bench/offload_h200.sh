@@ -18,10 +18,11 @@ bench() { # MODEL VARIANTS STEPS WARMUP
   python3 bench/offload_bench.py --model "$1" --plans "$dir/plans" --bonsai-run "$run" \
     --variants "$2" --steps "$3" --warmup "$4" --workdir "$out" 2>&1 | tee "$out/offload_$1.log"
 }
+small=gpu,offload-inorder,offload,inbwd-gpu,inbwd-offload,inbwd-host,inbwd-auto
 case ",$parts," in *,small,*)
-  bench llama_124m gpu,offload-inorder,offload,inbwd-gpu,inbwd-offload,inbwd-host 20 5
-  bench tinyllama_1_1b gpu,offload-inorder,offload,inbwd-gpu,inbwd-offload,inbwd-host 8 2 ;;
+  bench llama_124m "$small" 20 5
+  bench tinyllama_1_1b "$small" 8 2 ;;
 esac
 case ",$parts," in *,7b,*)
-  bench llama2_7b gpu,inbwd-gpu,inbwd-offload,inbwd-host 4 2 ;;
+  bench llama2_7b gpu,inbwd-gpu,inbwd-offload,inbwd-host,inbwd-auto 4 2 ;;
 esac

@@ -2,7 +2,7 @@
 # bench/prepare_offload_run.sh [DIR] - on the build machine, the plans of the host-offload
 # benchmark (issue #24, docs/offload.md) for bench/offload_bench.py, each with the compiler's
 # report, into DIR (default .gpu-offload/, ignored by git) and its xz pack. Every model is full
-# AdamW (fp32 moments, and fp32 master weights of its bf16 parameters), in six variants:
+# AdamW (fp32 moments, and fp32 master weights of its bf16 parameters), in seven variants:
 #
 #   gpu              the state on the device
 #   offload-inorder  bonsai.offload ["optimizer_state", "master_weights"], --overlap-copies=false
@@ -11,10 +11,13 @@
 #   inbwd-offload    update_in_backward and offload: the copies overlap the backward pass
 #   inbwd-host       update_in_backward and offload with update "host": each update runs on
 #                    the CPU (docs/offload.md, "The host step")
+#   inbwd-auto       the same with update "auto": each update on the CPU or streamed, as the
+#                    compiler's simulation of the step decides (docs/offload.md, "Choosing
+#                    per update")
 #
 # for Llama 124M (B16 S1024) and TinyLlama-1.1B (B4 S2048), and for Llama-2-7B (B8 S2048, 16k
-# tokens, remat "full") gpu, inbwd-gpu, inbwd-offload and inbwd-host, the last two compiled for
-# a 24 GiB budget.
+# tokens, remat "full") gpu, inbwd-gpu, inbwd-offload, inbwd-host and inbwd-auto, the last
+# three compiled for a 24 GiB budget.
 # The plans carry no weights (bonsai-run initialises them), so the pack is small; the GPU
 # machine runs them with the bonsai-run of test/gpu/prepare.sh: bench/offload_h200.sh.
 set -euo pipefail
@@ -39,6 +42,8 @@ recipe() {
     [ "$offload" = 1 ] && printf '  bonsai.offload ["optimizer_state", "master_weights"]\n'
     [ "$offload" = 2 ] &&
       printf '  bonsai.offload ["optimizer_state", "master_weights"] update "host"\n'
+    [ "$offload" = 3 ] &&
+      printf '  bonsai.offload ["optimizer_state", "master_weights"] update "auto"\n'
     [ -n "$remat" ] && printf '  bonsai.remat "%s"\n' "$remat"
     printf '}\n'
   } > "$file"
@@ -50,7 +55,7 @@ plan() {
   shift 4 || shift $#
   local inbwd=0 offload=0 flags=()
   case "$variant" in inbwd-*) inbwd=1 ;; esac
-  case "$variant" in *offload*) offload=1 ;; *host) offload=2 ;; esac
+  case "$variant" in *offload*) offload=1 ;; *host) offload=2 ;; *auto) offload=3 ;; esac
   [ "$variant" = offload-inorder ] && flags+=(--overlap-copies=false)
   recipe "$dir/plans/recipe.mlir" "$inbwd" "$offload" "$remat"
   # A plan that does not compile (over its budget) leaves its report, with the error, for the
@@ -62,7 +67,7 @@ plan() {
 }
 
 for m in llama_124m tinyllama_1_1b; do
-  for variant in gpu offload-inorder offload inbwd-gpu inbwd-offload inbwd-host; do
+  for variant in gpu offload-inorder offload inbwd-gpu inbwd-offload inbwd-host inbwd-auto; do
     plan "examples/models/$m.mlir" "$m" "$variant" ""
   done
 done
@@ -72,6 +77,7 @@ for variant in gpu inbwd-gpu; do
 done
 plan "$dir/plans/llama2_7b.mlir" llama2_7b inbwd-offload full --device-memory=24GiB
 plan "$dir/plans/llama2_7b.mlir" llama2_7b inbwd-host full --device-memory=24GiB
+plan "$dir/plans/llama2_7b.mlir" llama2_7b inbwd-auto full --device-memory=24GiB
 rm -f "$dir/plans/recipe.mlir" "$dir/plans/llama2_7b.mlir"
 tar -C "$(dirname "$dir")" -cJf "$dir.tar.xz" "$(basename "$dir")"
 du -sh "$dir" "$dir.tar.xz"
