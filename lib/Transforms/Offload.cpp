@@ -322,9 +322,7 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
       emitError(request.loc) << "unknown target '" << target << "'";
       return failure();
     }
-    double hostRate = hostUpdateRate > 0 ? hostUpdateRate : profile->hostUpdateGParamsPerSecond;
-    if (profile->bf16Tflops <= 0 || profile->memoryBandwidthGBs <= 0 ||
-        profile->linkBandwidthGBs <= 0) {
+    if (!profile->hasOffloadRates()) {
       emitError(request.loc)
           << "update \"auto\" weighs the host against the link from the target's compute, "
              "memory and link rates, and target '"
@@ -333,8 +331,8 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
              "or \"device\"";
       return failure();
     }
-    // Every named GPU has a host rate; the option overrides it.
-    assert(hostRate > 0 && "a profile with rates has a host update rate");
+    // The option overrides the profile's host rate.
+    double hostRate = hostUpdateRate > 0 ? hostUpdateRate : profile->hostUpdateGParamsPerSecond;
     OffloadRates rates{profile->linkBandwidthGBs * 1e9 * kLinkShare, hostRate * 1e9};
 
     std::vector<UpdateWork> work;

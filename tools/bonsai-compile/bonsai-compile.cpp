@@ -155,26 +155,34 @@ static LogicalResult checkSupportedDirectives(ModuleOp module) {
 /// One offload choice that bonsai-compile may add to a recipe to fit its budget.
 struct OffloadChoice {
   SmallVector<StringRef> classes;
-  bool hostUpdate = false;
+  /// Where the updates run: "" (streamed through the device), "host" or "auto".
+  StringRef update;
   /// As the recipe would spell it.
   std::string directive() const {
     std::string text = "bonsai.offload [";
     for (auto [i, c] : llvm::enumerate(classes))
       text += (i ? ", \"" : "\"") + c.str() + "\"";
-    return text + "]" + (hostUpdate ? " update \"host\"" : "");
+    return text + "]" + (update.empty() ? "" : " update \"" + update.str() + "\"");
   }
 };
 
 /// The choices, the least taken off the device first: the moments (streamed through the
-/// GPU around each update), then the fp32 masters with them, then the updates themselves on
-/// the host (bound by the CPU's rate; measured faster than streaming for Llama-2-7B and
-/// TinyLlama-1.1B, slower for Llama 124M: docs/benchmarks.md). Not ordered by a predicted
-/// step time, which the compiler does not make yet.
-static SmallVector<OffloadChoice> offloadChoices() {
-  return {{{"optimizer_state"}, false},
-          {{"optimizer_state", "master_weights"}, false},
-          {{"optimizer_state", "master_weights"}, true},
-          {{"optimizer_state"}, true}};
+/// GPU around each update), then the fp32 masters with them, then the updates themselves off
+/// the streamed path. For a GPU whose profile has the rates `update "auto"` weighs, the split
+/// comes before `update "host"` (measured faster on every model tried, docs/offload.md,
+/// "Choosing per update"), which stays as the choice that needs the least device memory;
+/// elsewhere only `update "host"`.
+static SmallVector<OffloadChoice> offloadChoices(const TargetProfile &profile) {
+  SmallVector<OffloadChoice> choices = {{{"optimizer_state"}, ""},
+                                        {{"optimizer_state", "master_weights"}, ""}};
+  for (SmallVector<StringRef> classes :
+       {SmallVector<StringRef>{"optimizer_state", "master_weights"},
+        SmallVector<StringRef>{"optimizer_state"}}) {
+    if (profile.hasOffloadRates())
+      choices.push_back({classes, "auto"});
+    choices.push_back({classes, "host"});
+  }
+  return choices;
 }
 
 /// What one run of both pipelines made of a copy of the module.
@@ -201,7 +209,8 @@ static Attempt compileAttempt(ModuleOp source, const PipelineOptions &options,
     for (auto recipe : attempt.module->getOps<RecipeOp>()) {
       OpBuilder builder = OpBuilder::atBlockEnd(&recipe.getBody().front());
       OffloadDirectiveOp::create(builder, recipe.getLoc(), builder.getStrArrayAttr(choice->classes),
-                                 choice->hostUpdate ? builder.getStringAttr("host") : nullptr);
+                                 choice->update.empty() ? nullptr
+                                                        : builder.getStringAttr(choice->update));
       break;
     }
   }
@@ -385,7 +394,7 @@ int main(int argc, char **argv) {
                  << " as the recipe is; trying offload to pinned host memory "
                     "(--fit-offload=false: no)\n";
     std::string tried;
-    for (const OffloadChoice &choice : offloadChoices()) {
+    for (const OffloadChoice &choice : offloadChoices(*profile)) {
       llvm::errs() << "bonsai-compile:   with " << choice.directive() << "\n";
       Attempt retry = compileAttempt(*module, options, &choice, sourceMgr, rootTiming);
       if (retry.succeeded) {

@@ -35,6 +35,13 @@ struct TargetProfile {
   /// The optimizer step on the host the GPU is in: fused fp32 AdamW over every core, G
   /// parameters/s (what `update "auto"` weighs the host against the link with).
   double hostUpdateGParamsPerSecond = 0;
+
+  /// Whether the profile has the rates that `update "auto"` weighs: compute, memory, link and
+  /// host (every named GPU; not "cpu" or a generic sm_XX).
+  bool hasOffloadRates() const {
+    return bf16Tflops > 0 && memoryBandwidthGBs > 0 && linkBandwidthGBs > 0 &&
+           hostUpdateGParamsPerSecond > 0;
+  }
 };
 
 /// The profile named `name` ("a100", "a10g", "rtx4090", "l40s", "h100", "h200", "cpu") or a
