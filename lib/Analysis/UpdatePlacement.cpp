@@ -22,6 +22,7 @@ struct Timeline {
   double toDevice = 0;      ///< the host-to-device direction is free from here
   double toHost = 0;        ///< the device-to-host direction is free from here
   double host = 0;          ///< the host stream is free from here
+  double results = 0;       ///< the stream of the host updates' copies back is free from here
   double streamedIssue = 0; ///< the previous streamed update's start (its successor's
                             ///< state is copied in from there on)
   double deviceUpdates = 0; ///< the streamed updates' kernels on the compute stream
@@ -30,21 +31,20 @@ struct Timeline {
 };
 
 /// `update` run on the host: its gradient out after the transfers queued before it, the host
-/// steps one after another, each followed on the host stream by its parameter's copy back.
-/// Returns when its copy back ends.
+/// steps one after another, each parameter's copy back after its step on a stream of their
+/// own (bonsai-schedule's host-results stream). Returns when its copy back ends.
 double runOnHost(Timeline &t, const UpdateWork &update, const OffloadRates &rates) {
   double ready = update.readySeconds + t.shift;
   double gradient = std::max(ready, t.toHost) + update.toHostBytes / rates.linkBytesPerSecond;
   t.toHost = gradient;
-  double stepped = std::max(gradient, t.host) + double(update.params) / rates.hostParamsPerSecond;
+  t.host = std::max(gradient, t.host) + double(update.params) / rates.hostParamsPerSecond;
   double back = update.toDeviceBytes / rates.linkBytesPerSecond;
-  t.host = stepped + back;
-  // The copy back runs on the host stream, not in the copy stream's queue, but it shares the
-  // direction's bandwidth.
+  t.results = std::max(t.host, t.results) + back;
+  // The copy back is not in the copy stream's queue, but it shares the direction's bandwidth.
   t.toDevice += back;
   t.toHostBytes += update.toHostBytes;
   t.toDeviceBytes += update.toDeviceBytes;
-  return t.host;
+  return t.results;
 }
 
 /// `update` streamed: its state copied in from the previous streamed update's start on, the
@@ -91,7 +91,7 @@ UpdatePlacement mlir::bonsai::placeUpdates(const std::vector<UpdateWork> &update
   placement.computeSeconds = computeSeconds + t.shift;
   placement.stallSeconds = t.shift - t.deviceUpdates;
   placement.hostSeconds = t.host;
-  placement.toDeviceSeconds = t.toDevice;
+  placement.toDeviceSeconds = std::max(t.toDevice, t.results);
   placement.toHostSeconds = t.toHost;
   placement.toDeviceBytes = t.toDeviceBytes;
   placement.toHostBytes = t.toHostBytes;

@@ -12,9 +12,9 @@
 // 16k tokens, updated in the backward pass with fp32 moments and masters in pinned host
 // memory. On the H200's rates the simulation alternates: the host takes every other update,
 // the link the others, and the remark says what it predicts for the split and for each
-// single placement (17.5 ms against 22.4 ms all on the host and 19.1 ms all streamed).
+// single placement (17.4 ms against 20.6 ms all on the host and 19.1 ms all streamed).
 
-// CHECK: remark: offload: update "auto" puts 2 of 4 updates on the host (33554432 parameters) and streams the rest (33554432 parameters with a host implementation): predicted step 17.471 ms (compute 8.928 ms with 0.617 ms waiting for streamed state, host until 17.471 ms, copies until 13.027 ms), against 17.471 ms split update by update, 22.386 ms with every update on the host and 19.054 ms with every update streamed, at 55.7 GB/s each way and 4.50 G parameters/s on the host; the compute is estimated from each op's cost, before recomputation
+// CHECK: remark: offload: update "auto" puts 2 of 4 updates on the host (33554432 parameters) and streams the rest (33554432 parameters with a host implementation): predicted step 17.358 ms (compute 8.928 ms with 0.617 ms waiting for streamed state, host until 16.756 ms, copies until 17.358 ms), against 17.358 ms split update by update, 20.578 ms with every update on the host and 19.054 ms with every update streamed, at 55.7 GB/s each way and 4.50 G parameters/s on the host; the compute is estimated from each op's cost, before recomputation
 // CHECK: remark: offload: 2 updates of 'mlp' run on the host and 2 stream their state through the device over 14 state tensors (832.00 MiB) in pinned host memory: 448.00 MiB over PCIe to the host and 448.00 MiB to the device per step
 // SLOW: puts 0 of 4 updates on the host (0 parameters) and streams the rest (67108864 parameters with a host implementation)
 // SLOW-SAME: at 55.7 GB/s each way and 1.00 G parameters/s on the host

@@ -62,7 +62,8 @@ struct UpdatePlacement {
   double stallSeconds = 0;
   /// When the last host update ends.
   double hostSeconds = 0;
-  /// When the last copy in each direction ends.
+  /// When the last copy in each direction ends (to the device: the host updates' copies back
+  /// included).
   double toDeviceSeconds = 0;
   double toHostSeconds = 0;
   /// Bytes over the link per step, each direction.
@@ -77,8 +78,9 @@ struct UpdatePlacement {
 /// work with the updates at their ready times; a streamed update's state is copied in one
 /// streamed update ahead (as bonsai-schedule issues it), the compute stream waits for it, the
 /// update runs there and its state is copied out; a host update's gradient is copied out, the
-/// host runs the updates one after another, and the parameter is copied back. Each direction
-/// of the link carries one copy at a time. With `Split`, each update in turn goes where its
+/// host runs the updates one after another, and the parameter is copied back (on a stream of
+/// its own, so the host does not wait for it). Each direction of the link carries one copy at
+/// a time. With `Split`, each update in turn goes where its
 /// work ends sooner, a wait of the compute stream counting twice (it delays every later
 /// gradient).
 UpdatePlacement placeUpdates(const std::vector<UpdateWork> &updates, double computeSeconds,
