@@ -335,40 +335,40 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
     double hostRate = hostUpdateRate > 0 ? hostUpdateRate : profile->hostUpdateGParamsPerSecond;
     OffloadRates rates{profile->linkBandwidthGBs * 1e9 * kLinkShare, hostRate * 1e9};
 
-    std::vector<UpdateWork> work;
-    llvm::DenseMap<Operation *, size_t> indexOf;
+    // Each update is ready when the compute stream reaches the op of the body that holds it
+    // (the update itself today).
+    Block &body = function.getBody().front();
+    llvm::DenseMap<Operation *, SmallVector<size_t>> updatesIn;
     for (auto [i, update] : llvm::enumerate(updates))
-      indexOf[update] = i;
-    work.resize(updates.size());
+      updatesIn[body.findAncestorOpInBlock(*update)].push_back(i);
+    std::vector<UpdateWork> work(updates.size());
     double clock = 0;
-    for (Operation &op : function.getBody().getOps()) {
-      auto it = indexOf.find(&op);
-      if (it == indexOf.end()) {
+    for (Operation &op : body) {
+      auto it = updatesIn.find(&op);
+      if (it == updatesIn.end()) {
         clock += estimateSeconds(&op, *profile);
         continue;
       }
-      OptimizerStateOpInterface update = updates[it->second];
-      UpdateWork &w = work[it->second];
-      w.readySeconds = clock;
-      w.deviceSeconds = estimateSeconds(&op, *profile);
-      w.canRunOnHost = hostCapable[it->second];
-      for (unsigned index : getOffloadedOperands(update, request))
-        w.streamedBytes += getStorageBytes(op.getOperand(index).getType());
-      if (!w.canRunOnHost)
-        continue;
-      unsigned param = *update.getHostStepParamOperand();
-      Type paramType = op.getOperand(param).getType();
-      w.params = cast<ShapedType>(paramType).getNumElements();
-      w.toDeviceBytes = getStorageBytes(paramType);
-      SmallVector<unsigned> inPlace = cast<KernelOpInterface>(op).getInPlaceOperands();
-      for (OpOperand &operand : op.getOpOperands())
-        if (!llvm::is_contained(inPlace, operand.getOperandNumber()))
-          w.toHostBytes += getStorageBytes(operand.get().getType());
+      for (size_t i : it->second) {
+        OptimizerStateOpInterface update = updates[i];
+        UpdateWork &w = work[i];
+        w.readySeconds = clock;
+        w.deviceSeconds = estimateSeconds(update, *profile);
+        w.canRunOnHost = hostCapable[i];
+        for (unsigned index : getOffloadedOperands(update, request))
+          w.streamedBytes += getStorageBytes(update->getOperand(index).getType());
+        if (!w.canRunOnHost)
+          continue;
+        Type paramType = update->getOperand(*update.getHostStepParamOperand()).getType();
+        w.params = cast<ShapedType>(paramType).getNumElements();
+        w.toDeviceBytes = getStorageBytes(paramType);
+        SmallVector<unsigned> inPlace =
+            cast<KernelOpInterface>(update.getOperation()).getInPlaceOperands();
+        for (OpOperand &operand : update->getOpOperands())
+          if (!llvm::is_contained(inPlace, operand.getOperandNumber()))
+            w.toHostBytes += getStorageBytes(operand.get().getType());
+      }
     }
-    // An update nested below the function's body (none today) is ready at the end.
-    for (auto [i, update] : llvm::enumerate(updates))
-      if (update->getParentOp() != function.getOperation())
-        work[i].readySeconds = clock;
 
     UpdatePlacement split = placeUpdates(work, clock, rates, UpdatePolicy::Split);
     UpdatePlacement allHost = placeUpdates(work, clock, rates, UpdatePolicy::Host);
