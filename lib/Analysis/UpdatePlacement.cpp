@@ -53,7 +53,7 @@ double runOnHost(Timeline &t, const UpdateWork &update, const OffloadRates &rate
 double streamThroughDevice(Timeline &t, const UpdateWork &update, const OffloadRates &rates) {
   double ready = update.readySeconds + t.shift;
   double copy = update.streamedBytes / rates.linkBytesPerSecond;
-  double in = std::max(t.toDevice, t.streamedIssue) + copy;
+  double in = std::max({t.toDevice, t.streamedIssue, update.earliestCopySeconds}) + copy;
   t.toDevice = in;
   double start = std::max(ready, in);
   t.shift += start - ready + update.deviceSeconds;
@@ -67,21 +67,16 @@ double streamThroughDevice(Timeline &t, const UpdateWork &update, const OffloadR
 }
 } // namespace
 
-UpdatePlacement mlir::bonsai::placeUpdates(const std::vector<UpdateWork> &updates,
-                                           double computeSeconds, const OffloadRates &rates,
-                                           UpdatePolicy policy) {
+namespace {
+/// Simulates `updates` in order, each placed by `place(t, i)` given the timeline so far.
+template <typename Place>
+UpdatePlacement simulate(const std::vector<UpdateWork> &updates, double computeSeconds,
+                         const OffloadRates &rates, Place place) {
   UpdatePlacement placement;
   Timeline t;
-  for (const UpdateWork &update : updates) {
-    bool onHost = update.canRunOnHost && policy != UpdatePolicy::Streamed;
-    if (onHost && policy == UpdatePolicy::Split) {
-      Timeline host = t, streamed = t;
-      double hostEnd = runOnHost(host, update, rates);
-      double streamedEnd = streamThroughDevice(streamed, update, rates);
-      // A wait of the compute stream delays every later gradient as well as this update.
-      double wait = streamed.shift - t.shift - update.deviceSeconds;
-      onHost = hostEnd <= streamedEnd + wait;
-    }
+  for (size_t i = 0; i < updates.size(); ++i) {
+    const UpdateWork &update = updates[i];
+    bool onHost = place(t, i);
     placement.onHost.push_back(onHost);
     if (onHost)
       runOnHost(t, update, rates);
@@ -96,4 +91,30 @@ UpdatePlacement mlir::bonsai::placeUpdates(const std::vector<UpdateWork> &update
   placement.toDeviceBytes = t.toDeviceBytes;
   placement.toHostBytes = t.toHostBytes;
   return placement;
+}
+} // namespace
+
+UpdatePlacement mlir::bonsai::simulateUpdates(const std::vector<UpdateWork> &updates,
+                                              double computeSeconds, const OffloadRates &rates,
+                                              const std::vector<bool> &onHost) {
+  return simulate(updates, computeSeconds, rates,
+                  [&](const Timeline &, size_t i) { return i < onHost.size() && onHost[i]; });
+}
+
+UpdatePlacement mlir::bonsai::placeUpdates(const std::vector<UpdateWork> &updates,
+                                           double computeSeconds, const OffloadRates &rates,
+                                           UpdatePolicy policy) {
+  return simulate(updates, computeSeconds, rates, [&](const Timeline &t, size_t i) {
+    const UpdateWork &update = updates[i];
+    bool onHost = update.canRunOnHost && policy != UpdatePolicy::Streamed;
+    if (onHost && policy == UpdatePolicy::Split) {
+      Timeline host = t, streamed = t;
+      double hostEnd = runOnHost(host, update, rates);
+      double streamedEnd = streamThroughDevice(streamed, update, rates);
+      // A wait of the compute stream delays every later gradient as well as this update.
+      double wait = streamed.shift - t.shift - update.deviceSeconds;
+      onHost = hostEnd <= streamedEnd + wait;
+    }
+    return onHost;
+  });
 }

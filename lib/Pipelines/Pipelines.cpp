@@ -103,6 +103,15 @@ void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &o
     kernels.target = options.target;
     pm.addPass(createBonsaiGenerateElementwiseKernelsPass(kernels));
   }
+  // The step time on the target, predicted on the step as it will run: recomputed clones and
+  // fused kernels included (docs/offload.md, "Predicted step time").
+  if (options.train) {
+    BonsaiPredictStepPassOptions predict;
+    predict.target = options.profile.empty() ? options.target : options.profile;
+    predict.hostUpdateRate = options.hostUpdateRate;
+    predict.microBatches = options.microBatches;
+    pm.addPass(createBonsaiPredictStepPass(predict));
+  }
   // Tensors become buffers and ops become launches; the recipe's target is recorded so that
   // the memory planner can hold the step to its budget.
   BonsaiLowerToPlanPassOptions lower;

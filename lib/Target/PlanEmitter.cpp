@@ -375,7 +375,8 @@ private:
 };
 } // namespace
 
-LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes) {
+LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes,
+                                     const PlanTargetInfo &info) {
   flatbuffers::FlatBufferBuilder fbb(1 << 20);
   Block &body = step.getBody().front();
 
@@ -577,8 +578,13 @@ LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes) {
       fbb, summary.weights + summary.hostWeights, summary.gradients + summary.hostGradients,
       summary.optimizerState + summary.hostOptimizerState, summary.activations, summary.workspace,
       summary.inputs, summary.peakDevice, summary.peakHost);
-  auto target = fb::CreateTargetDirect(fbb, step.getTarget().str().c_str(),
-                                       step.getDeviceMemoryAttr().getInt());
+  auto seconds = [&](StringRef name) {
+    auto attr = step->getAttrOfType<FloatAttr>(name);
+    return attr ? attr.getValueAsDouble() : 0.0;
+  };
+  auto target = fb::CreateTargetDirect(
+      fbb, step.getTarget().str().c_str(), step.getDeviceMemoryAttr().getInt(), info.linkGBs,
+      seconds("bonsai.predicted_step_seconds"), seconds("bonsai.predicted_exposed_seconds"));
   auto root = fb::CreatePlanDirect(fbb, kPlanVersion, step.getSymName().str().c_str(), target,
                                    &arenas, &tensors, &kernels, &inputIndices, *loss, memory,
                                    step.getTokensPerStepAttr().getInt(),

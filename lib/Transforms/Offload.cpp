@@ -13,6 +13,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "bonsai/Analysis/PlanSummary.h"
+#include "bonsai/Analysis/StepTime.h"
 #include "bonsai/Analysis/UpdatePlacement.h"
 #include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
 #include "bonsai/Target/TargetProfile.h"
@@ -45,27 +46,6 @@ struct OffloadRequest {
   /// Where diagnostics about the request point: the directive, or the module for the option.
   Location loc;
 };
-
-/// The share of a profile's peak rates that the step's kernels reach, for the compute
-/// stream's time in `update "auto"`'s simulation: 775 of the H200's 989 bf16 TFLOP/s in a
-/// large GEMM, about 80% of HBM bandwidth in a streaming kernel, and 55.5 of its link's 64
-/// GB/s per direction in a pinned copy (docs/benchmarks.md).
-constexpr double kTensorCoreShare = 0.78;
-constexpr double kMemoryShare = 0.8;
-constexpr double kLinkShare = 0.87;
-
-/// Seconds `op` takes on `profile`'s device by its cost: the longer of its tensor-core work
-/// and its memory traffic; nothing for an op without a cost.
-double estimateSeconds(Operation *op, const TargetProfile &profile) {
-  auto costed = dyn_cast<CostOpInterface>(op);
-  if (!costed)
-    return 0;
-  OpCost cost = costed.getForwardCost();
-  double tensor = double(cost.matmulFlops) / (profile.bf16Tflops * 1e12 * kTensorCoreShare);
-  double memory = double(cost.bytesRead + cost.bytesWritten) /
-                  (profile.memoryBandwidthGBs * 1e9 * kMemoryShare);
-  return std::max(tensor, memory);
-}
 
 struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
   using Base::Base;
@@ -333,7 +313,9 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
     }
     // The option overrides the profile's host rate.
     double hostRate = hostUpdateRate > 0 ? hostUpdateRate : profile->hostUpdateGParamsPerSecond;
-    OffloadRates rates{profile->linkBandwidthGBs * 1e9 * kLinkShare, hostRate * 1e9};
+    StepRates stepRates = achievedStepRates(profile->bf16Tflops, profile->memoryBandwidthGBs,
+                                            profile->linkBandwidthGBs, hostRate);
+    const OffloadRates &rates = stepRates.offload;
 
     // Each update is ready when the compute stream reaches the op of the body that holds it
     // (the update itself today).
@@ -346,14 +328,14 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
     for (Operation &op : body) {
       auto it = updatesIn.find(&op);
       if (it == updatesIn.end()) {
-        clock += estimateSeconds(&op, *profile);
+        clock += estimateOpSeconds(&op, stepRates);
         continue;
       }
       for (size_t i : it->second) {
         OptimizerStateOpInterface update = updates[i];
         UpdateWork &w = work[i];
         w.readySeconds = clock;
-        w.deviceSeconds = estimateSeconds(update, *profile);
+        w.deviceSeconds = estimateOpSeconds(update, stepRates);
         w.canRunOnHost = hostCapable[i];
         for (unsigned index : getOffloadedOperands(update, request))
           w.streamedBytes += getStorageBytes(update->getOperand(index).getType());

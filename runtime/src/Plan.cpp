@@ -989,6 +989,18 @@ LoadedPlan PlanReader::read() {
   if (const fb::Target *target = root.target()) {
     plan.targetArch = str(target->arch());
     plan.targetDeviceMemory = target->device_memory();
+    double link = target->link_gb_per_s();
+    if (!std::isfinite(link) || link < 0 || link > 1e6)
+      fail("the target's link rate " + std::to_string(link) +
+           " GB/s is not a rate (a finite number from 0 to 1e6)");
+    plan.targetLinkBytesPerSecond = link * 1e9;
+    double step = target->predicted_step_s(), exposed = target->predicted_exposed_s();
+    if (!std::isfinite(step) || step < 0 || !std::isfinite(exposed) || exposed < 0 ||
+        exposed > step)
+      fail("the target's predicted step (" + std::to_string(step) + " s, of which " +
+           std::to_string(exposed) + " s exposed offload) is not a time");
+    plan.predictedStepSeconds = step;
+    plan.predictedExposedSeconds = exposed;
   }
   if (const fb::MemorySummary *m = root.memory()) {
     plan.memory.weights = m->weights();

@@ -87,6 +87,40 @@ TEST(PlanTest, AcceptsEveryKernelKind) {
   EXPECT_EQ(plan.kernels[6].attrsAs<SliceAttrs>().start, 12);
 }
 
+// The target's link rate and the compiler's prediction (docs/plan-format.md): loaded as
+// written; a rate or time that is not one is an error naming it.
+TEST(PlanTest, TargetRatesAndPrediction) {
+  PlanSpec spec = test::smallPlanSpec();
+  spec.linkGBs = 64;
+  spec.predictedStepSeconds = 1.5;
+  spec.predictedExposedSeconds = 0.25;
+  LoadedPlan plan = load(buildPlan(spec));
+  EXPECT_DOUBLE_EQ(plan.targetLinkBytesPerSecond, 64e9);
+  EXPECT_DOUBLE_EQ(plan.predictedStepSeconds, 1.5);
+  EXPECT_DOUBLE_EQ(plan.predictedExposedSeconds, 0.25);
+  for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    PlanSpec link = spec;
+    link.linkGBs = bad;
+    EXPECT_THROW(
+        {
+          try {
+            load(buildPlan(link));
+          } catch (const Error &e) {
+            EXPECT_NE(std::string(e.what()).find("the target's link rate"), std::string::npos)
+                << e.what();
+            throw;
+          }
+        },
+        Error);
+    PlanSpec step = spec;
+    step.predictedStepSeconds = bad;
+    EXPECT_THROW(load(buildPlan(step)), Error) << bad;
+  }
+  PlanSpec exposed = spec;
+  exposed.predictedExposedSeconds = 2; // more than the step
+  EXPECT_THROW(load(buildPlan(exposed)), Error);
+}
+
 TEST(PlanTest, FileErrorsNameThePath) {
   std::string missing = test::tempPath("does-not-exist.plan");
   try {

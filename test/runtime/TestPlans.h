@@ -94,6 +94,8 @@ struct PlanSpec {
   uint32_t version = kPlanVersion;
   std::string model = "test";
   std::string arch = "cpu";
+  /// Target.link_gb_per_s, predicted_step_s, predicted_exposed_s.
+  double linkGBs = 0, predictedStepSeconds = 0, predictedExposedSeconds = 0;
   std::vector<ArenaSpec> arenas;
   std::vector<TensorSpec> tensors;
   std::vector<KernelSpec> kernels;
@@ -255,7 +257,8 @@ inline std::vector<uint8_t> buildPlan(const PlanSpec &spec, const char *identifi
                                              &k.outputs, k.attrsType, attrs, k.stream,
                                              k.name.c_str(), static_cast<fb::Phase>(k.phase)));
   }
-  auto target = fb::CreateTargetDirect(b, spec.arch.c_str(), 0);
+  auto target = fb::CreateTargetDirect(b, spec.arch.c_str(), 0, spec.linkGBs,
+                                       spec.predictedStepSeconds, spec.predictedExposedSeconds);
   uint64_t weights = 0, activations = 0, inputs = 0;
   for (const ArenaSpec &a : spec.arenas)
     (a.lifetime == Lifetime::Persistent ? weights : activations) += a.size;

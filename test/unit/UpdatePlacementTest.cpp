@@ -56,6 +56,36 @@ TEST(UpdatePlacement, OneUpdateStreamed) {
             std::vector<bool>{false});
 }
 
+TEST(UpdatePlacement, StreamedStateComesInFromItsPhaseStart) {
+  // The same update whose phase starts at 4 s: its state comes in 4..7, the compute stream
+  // waits from 5 to 7, and the state goes out 7..10.
+  UpdateWork w = smallUpdate();
+  w.earliestCopySeconds = 4;
+  UpdatePlacement p = placeUpdates({w}, 5, kSlow, UpdatePolicy::Streamed);
+  EXPECT_DOUBLE_EQ(p.toDeviceSeconds, 7);
+  EXPECT_DOUBLE_EQ(p.stallSeconds, 2);
+  EXPECT_DOUBLE_EQ(p.toHostSeconds, 10);
+  EXPECT_DOUBLE_EQ(p.stepSeconds(), 10);
+}
+
+TEST(UpdatePlacement, AGivenPlacementSimulatesAsChosen) {
+  // simulateUpdates, given what placeUpdates chose, predicts what placeUpdates did.
+  std::vector<UpdateWork> updates(4, smallUpdate());
+  for (size_t i = 0; i < updates.size(); ++i)
+    updates[i].readySeconds = 5 + 2.0 * double(i);
+  for (UpdatePolicy policy : {UpdatePolicy::Streamed, UpdatePolicy::Host, UpdatePolicy::Split}) {
+    UpdatePlacement chosen = placeUpdates(updates, 12, kSlow, policy);
+    UpdatePlacement given = simulateUpdates(updates, 12, kSlow, chosen.onHost);
+    EXPECT_EQ(given.onHost, chosen.onHost);
+    EXPECT_DOUBLE_EQ(given.stepSeconds(), chosen.stepSeconds());
+    EXPECT_DOUBLE_EQ(given.stallSeconds, chosen.stallSeconds);
+    EXPECT_EQ(given.toHostBytes, chosen.toHostBytes);
+  }
+  // An update the placement does not name is streamed.
+  EXPECT_EQ(simulateUpdates(updates, 12, kSlow, {true}).onHost,
+            (std::vector<bool>{true, false, false, false}));
+}
+
 TEST(UpdatePlacement, StreamedStateLateMakesTheComputeWait) {
   // Ready at 1 s, its state arrives at 3 s: the compute stream waits 2 s, and its 1 s of
   // device work moves everything after it.

@@ -431,7 +431,9 @@ int main(int argc, char **argv) {
   }
   std::string bytes;
   TimingScope emitTiming = rootTiming.nest("emit plan");
-  if (failed(emitPlan(steps.front(), bytes)))
+  PlanTargetInfo targetInfo;
+  targetInfo.linkGBs = profile->linkBandwidthGBs;
+  if (failed(emitPlan(steps.front(), bytes, targetInfo)))
     return 1;
   emitTiming.stop();
 
@@ -465,5 +467,14 @@ int main(int argc, char **argv) {
   llvm::outs() << "  planned memory:\n";
   summarizePlanMemory(step).print(llvm::outs(), step.getDeviceMemoryAttr().getInt(),
                                   profile->linkBandwidthGBs);
+  if (auto predicted = step->getAttrOfType<FloatAttr>("bonsai.predicted_step_seconds")) {
+    auto exposed = step->getAttrOfType<FloatAttr>("bonsai.predicted_exposed_seconds");
+    llvm::outs() << "  predicted step on " << profile->name << ": "
+                 << llvm::format("%.4g ms", predicted.getValueAsDouble() * 1e3);
+    if (exposed && exposed.getValueAsDouble() > 0)
+      llvm::outs() << " (" << llvm::format("%.4g ms", exposed.getValueAsDouble() * 1e3)
+                   << " of it the offload's exposed transfers and host steps)";
+    llvm::outs() << "\n";
+  }
   return 0;
 }

@@ -43,6 +43,9 @@ struct UpdateWork {
   int64_t toDeviceBytes = 0;
   /// Whether it has a host implementation.
   bool canRunOnHost = true;
+  /// When its streamed state may start coming in: the start of its phase, within which
+  /// bonsai-schedule hoists the copies (compute-stream time, as readySeconds).
+  double earliestCopySeconds = 0;
 };
 
 /// Which updates `placeUpdates` puts where.
@@ -85,6 +88,12 @@ struct UpdatePlacement {
 /// gradient).
 UpdatePlacement placeUpdates(const std::vector<UpdateWork> &updates, double computeSeconds,
                              const OffloadRates &rates, UpdatePolicy policy);
+
+/// The same simulation with the placement given: `onHost[i]` says whether update i runs on
+/// the host (it must have a host implementation) or is streamed. What the step-time
+/// prediction of a compiled step uses, whose placement is decided.
+UpdatePlacement simulateUpdates(const std::vector<UpdateWork> &updates, double computeSeconds,
+                                const OffloadRates &rates, const std::vector<bool> &onHost);
 
 } // namespace mlir::bonsai
 

@@ -18,10 +18,18 @@ namespace mlir::bonsai {
 /// The plan format version this compiler writes (plan.fbs `Plan.version`).
 constexpr uint32_t kPlanVersion = 2;
 
+/// What a plan says of the machine it was compiled for beyond the step's target
+/// architecture and budget (plan.fbs `Target`).
+struct PlanTargetInfo {
+  /// The target profile's host link each way, GB/s (0: unknown): the runtime warns when a
+  /// step's copies run below half of it (docs/offload.md, "Telemetry").
+  double linkGBs = 0;
+};
+
 /// Serialises `step` into `bytes`. Fails, with an error at the offending op, on what the
 /// format cannot express: an unplaced buffer, a kernel the runtime does not know, a missing
 /// parameter, an element type with no runtime encoding.
-LogicalResult emitPlan(plan::StepOp step, std::string &bytes);
+LogicalResult emitPlan(plan::StepOp step, std::string &bytes, const PlanTargetInfo &info = {});
 
 } // namespace mlir::bonsai
 

@@ -446,6 +446,30 @@ def BonsaiFusePass : Pass<"bonsai-fuse", "::mlir::ModuleOp"> {
 // Plan passes (on bonsai_plan.step)
 //===----------------------------------------------------------------------===//
 
+def BonsaiPredictStepPass : Pass<"bonsai-predict-step", "::mlir::ModuleOp"> {
+  let summary = "Predict how long a step takes on the target, offloaded updates included";
+  let description = [{
+    Runs after remat and fusion, on the step as it will run (bonsai/Analysis/StepTime.h,
+    docs/offload.md "Predicted step time"): the compute stream's time from each op's cost at
+    the `target` profile's rates (the forward and backward phases once per micro-batch), and
+    for the updates whose state is streamed or that run on the host, the simulation of the
+    link and the host beside it that `update "auto"` decides with. It records the prediction
+    on the function (`bonsai.predicted_step_seconds`, `bonsai.predicted_exposed_seconds`: what
+    the offload adds to the kernels), which the plan carries (bonsai-run compares it with the
+    measured step) and bonsai-compile's report prints. A target without compute and memory
+    rates (the CPU) gets no prediction; a step with offloaded updates needs the link and host
+    rates as well.
+  }];
+  let options = [
+    Option<"target", "target", "std::string", /*default=*/"\"cpu\"",
+           "Target profile whose rates the prediction uses (a named GPU)">,
+    Option<"hostUpdateRate", "host-update-rate", "double", /*default=*/"0",
+           "The host's optimizer rate in G parameters/s (0: the target profile's)">,
+    Option<"microBatches", "micro-batches", "int64_t", /*default=*/"1",
+           "Forward and backward runs per update">,
+  ];
+}
+
 def BonsaiSchedulePass : Pass<"bonsai-schedule", "::mlir::ModuleOp"> {
   let summary = "Fix each step's schedule: declarations first, launches on streams";
   let description = [{

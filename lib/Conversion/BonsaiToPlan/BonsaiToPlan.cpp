@@ -88,7 +88,8 @@ struct LowerToPlanPass : impl::BonsaiLowerToPlanPassBase<LowerToPlanPass> {
     auto step = plan::StepOp::create(builder, loc, function.getSymName(), target, deviceMemory,
                                      tokens, microBatches, vocab);
     // The adapters bonsai-insert-lora recorded become the plan's adapter metadata.
-    for (StringRef name : {"bonsai.adapters", "bonsai.adapter_targets"})
+    for (StringRef name : {"bonsai.adapters", "bonsai.adapter_targets",
+                           "bonsai.predicted_step_seconds", "bonsai.predicted_exposed_seconds"})
       if (Attribute attr = function->getAttr(name))
         step->setAttr(name, attr);
     builder.createBlock(&step.getBody());

@@ -172,6 +172,11 @@ struct LoadedPlan {
   std::string model;
   std::string targetArch;
   uint64_t targetDeviceMemory = 0;
+  /// The target profile's host link each way, bytes/s (Plan.target.link_gb_per_s; 0: unknown).
+  double targetLinkBytesPerSecond = 0;
+  /// The compiler's predicted step time on the target and what the offload adds to its
+  /// kernels, seconds (Plan.target; 0: no prediction).
+  double predictedStepSeconds = 0, predictedExposedSeconds = 0;
   std::vector<ArenaInfo> arenas;
   std::vector<TensorInfo> tensors;
   std::vector<KernelInfo> kernels;
@@ -207,6 +212,9 @@ struct LoadedPlan {
   bool usesSideStreams() const;
   /// Whether a kernel runs on the host stream (an update on the host, docs/offload.md).
   bool hasHostSteps() const;
+  /// Whether a kernel copies between pinned host memory and the device or runs on the host
+  /// stream: a step of the plan has offload telemetry (KernelBackend::takeOffloadTimes).
+  bool offloads() const;
   /// The bytes a step of `microBatches` micro-batches moves between pinned host memory and the
   /// device, each way: every kernel that crosses the two spaces (the copies), its output's
   /// bytes, once per micro-batch in the forward and backward phases and once in the update.

@@ -1,0 +1,128 @@
+//===- StepTime.cpp - How long a compiled training step takes -------------===//
+//
+// See StepTime.h. The compute stream is a sum of per-op roofline estimates; the offloaded
+// updates are UpdatePlacement's simulation, fed from the ops that carry them.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/Analysis/StepTime.h"
+
+#include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
+
+#include <algorithm>
+
+using namespace mlir;
+using namespace mlir::bonsai;
+
+namespace {
+/// Shares of the peaks the H200's kernels and copies reach (docs/benchmarks.md): 775 of 989
+/// bf16 TFLOP/s in a large GEMM, about 80% of HBM bandwidth in a streaming kernel, 55.7 of
+/// the link's 64 GB/s each way in a pinned copy.
+constexpr double kTensorCoreShare = 0.78;
+constexpr double kMemoryShare = 0.8;
+constexpr double kLinkShare = 0.87;
+
+/// The phase an op belongs to ("forward" when unmarked).
+StringRef phaseOf(Operation *op) {
+  if (auto phase = op->getAttrOfType<StringAttr>("bonsai.phase"))
+    return phase.getValue();
+  return "forward";
+}
+} // namespace
+
+StepRates mlir::bonsai::achievedStepRates(double bf16Tflops, double memoryGBs, double linkGBs,
+                                          double hostGParamsPerSecond) {
+  StepRates rates;
+  rates.tensorFlopsPerSecond = bf16Tflops * 1e12 * kTensorCoreShare;
+  rates.memoryBytesPerSecond = memoryGBs * 1e9 * kMemoryShare;
+  rates.offload.linkBytesPerSecond = linkGBs * 1e9 * kLinkShare;
+  rates.offload.hostParamsPerSecond = hostGParamsPerSecond * 1e9;
+  return rates;
+}
+
+StepRates mlir::bonsai::sustainedStepRates(double bf16Tflops, double memoryGBs, double linkGBs,
+                                           double hostGParamsPerSecond) {
+  constexpr double kKernelsOfEstimate = 0.81;
+  constexpr double kLinkBothWaysShare = 101.0 / 2 / 64;
+  constexpr double kHostUnderCopies = 0.8;
+  StepRates rates =
+      achievedStepRates(bf16Tflops, memoryGBs, linkGBs, hostGParamsPerSecond * kHostUnderCopies);
+  rates.tensorFlopsPerSecond *= kKernelsOfEstimate;
+  rates.memoryBytesPerSecond *= kKernelsOfEstimate;
+  rates.offload.linkBytesPerSecond = linkGBs * 1e9 * kLinkBothWaysShare;
+  return rates;
+}
+
+double mlir::bonsai::estimateOpSeconds(Operation *op, const StepRates &rates) {
+  auto costed = dyn_cast<CostOpInterface>(op);
+  if (!costed || !(rates.tensorFlopsPerSecond > 0) || !(rates.memoryBytesPerSecond > 0))
+    return 0;
+  OpCost cost = costed.getForwardCost();
+  double tensor = double(cost.matmulFlops) / rates.tensorFlopsPerSecond;
+  double memory = double(cost.bytesRead + cost.bytesWritten) / rates.memoryBytesPerSecond;
+  return std::max(tensor, memory);
+}
+
+StepPrediction mlir::bonsai::predictStep(func::FuncOp function, const StepRates &rates,
+                                         int64_t microBatches) {
+  StepPrediction prediction;
+  std::vector<UpdateWork> updates;
+  std::vector<bool> onHost;
+  llvm::StringMap<double> phaseStart;
+  double clock = 0;
+  double kernels = 0;
+  for (Operation &op : function.getBody().front()) {
+    // Copies run on the link, not on the compute stream: the updates they serve count them.
+    if (isa<CopyH2DOp, CopyD2HOp, CopyToHostOp, CopyToDeviceOp>(op))
+      continue;
+    StringRef phase = phaseOf(&op);
+    phaseStart.try_emplace(phase, clock);
+    double seconds = estimateOpSeconds(&op, rates);
+    auto update = dyn_cast<OptimizerStateOpInterface>(op);
+    bool streamed = false, host = false;
+    int64_t streamedBytes = 0, toHostBytes = 0;
+    if (update)
+      for (Value operand : op.getOperands()) {
+        if (operand.getDefiningOp<CopyH2DOp>()) {
+          streamed = true;
+          streamedBytes += getStorageBytes(operand.getType());
+        } else if (auto copy = operand.getDefiningOp<CopyToHostOp>()) {
+          host = true;
+          toHostBytes += getStorageBytes(operand.getType());
+        }
+      }
+    if (!streamed && !host) {
+      // Forward and backward run once per micro-batch, the update once.
+      double runs = phase == "update" ? 1.0 : double(std::max<int64_t>(microBatches, 1));
+      clock += seconds * runs;
+      kernels += seconds * runs;
+      continue;
+    }
+    UpdateWork work;
+    work.readySeconds = clock;
+    work.earliestCopySeconds = phaseStart.lookup(phase);
+    work.canRunOnHost = host;
+    if (host) {
+      std::optional<unsigned> param = update.getHostStepParamOperand();
+      Type paramType = param ? op.getOperand(*param).getType() : Type();
+      if (auto shaped = dyn_cast_or_null<ShapedType>(paramType)) {
+        work.params = shaped.getNumElements();
+        work.toDeviceBytes = getStorageBytes(paramType);
+      }
+      work.toHostBytes = toHostBytes;
+      ++prediction.hostUpdates;
+    } else {
+      work.deviceSeconds = seconds;
+      work.streamedBytes = streamedBytes;
+      kernels += seconds;
+      ++prediction.streamedUpdates;
+    }
+    updates.push_back(work);
+    onHost.push_back(host);
+  }
+  prediction.placement = simulateUpdates(updates, clock, rates.offload, onHost);
+  prediction.kernelSeconds = kernels;
+  prediction.stepSeconds = prediction.placement.stepSeconds();
+  prediction.exposedSeconds = std::max(0.0, prediction.stepSeconds - kernels);
+  return prediction;
+}
