@@ -23,8 +23,10 @@ namespace {
 
 class CpuBackend final : public KernelBackend {
 public:
-  CpuBackend(const LoadedPlan &plan, const std::vector<TensorView> &views)
-      : plan_(plan), views_(views) {}
+  CpuBackend(const LoadedPlan &plan, const std::vector<TensorView> &views, bool offloadTiming)
+      : plan_(plan), views_(views), offloadTiming_(offloadTiming) {
+    offload_.timed = offloadTiming;
+  }
 
   std::string describe() const override { return "cpu"; }
   bool hasOwnMemory() const override { return false; }
@@ -83,7 +85,11 @@ public:
     times_.assign(plan_.kernels.size(), 0.0);
   }
   const std::vector<double> &kernelMilliseconds() const override { return times_; }
-  double takeHostStepSeconds() override { return std::exchange(hostSeconds_, 0.0); }
+  OffloadTimes takeOffloadTimes() override {
+    OffloadTimes fresh;
+    fresh.timed = offloadTiming_;
+    return std::exchange(offload_, fresh);
+  }
 
   // Every launch reads the attributes from the executor's plan.
   void kernelAttrsChanged() override {}
@@ -101,8 +107,23 @@ private:
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (profiling_)
       times_[i] += seconds * 1e3;
-    if (plan_.kernels[i].stream == StreamId::Host)
-      hostSeconds_ += seconds;
+    // Everything runs in order here: a copy's or host step's time is all exposed.
+    const KernelInfo &kernel = plan_.kernels[i];
+    if (kernel.stream == StreamId::Host) {
+      offload_.hostStepSeconds += seconds;
+      if (offloadTiming_)
+        offload_.exposedSeconds += seconds;
+    } else if (kernelKindInfo(kernel.kind).has(kernel_traits::kCrossesSpaces) && offloadTiming_) {
+      const TensorInfo &out = plan_.tensors[kernel.outputs[0]];
+      if (plan_.arenas[out.arena].space == MemorySpace::PinnedHost) {
+        offload_.toHostBytes += out.bytes;
+        offload_.toHostSeconds += seconds;
+      } else {
+        offload_.toDeviceBytes += out.bytes;
+        offload_.toDeviceSeconds += seconds;
+      }
+      offload_.exposedSeconds += seconds;
+    }
   }
 
   /// The executor's plan and host views, read at every launch.
@@ -110,15 +131,16 @@ private:
   const std::vector<TensorView> &views_;
   bool profiling_ = false;
   std::vector<double> times_;
-  double hostSeconds_ = 0; ///< takeHostStepSeconds()
+  OffloadTimes offload_; ///< takeOffloadTimes()
+  bool offloadTiming_ = false;
   UpdateVerdict verdict_ = UpdateVerdict::Ran;
 };
 
 } // namespace
 
-std::unique_ptr<KernelBackend> createCpuBackend(const LoadedPlan &plan,
-                                                const std::vector<TensorView> &views) {
-  return std::make_unique<CpuBackend>(plan, views);
+std::unique_ptr<KernelBackend>
+createCpuBackend(const LoadedPlan &plan, const std::vector<TensorView> &views, bool offloadTiming) {
+  return std::make_unique<CpuBackend>(plan, views, offloadTiming);
 }
 
 } // namespace bonsai::rt

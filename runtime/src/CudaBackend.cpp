@@ -49,7 +49,7 @@ void check(cudaError_t status, const char *call) {
 
 class CudaBackend final : public KernelBackend {
 public:
-  CudaBackend(const LoadedPlan &plan, int ordinal, bool useGraphs)
+  CudaBackend(const LoadedPlan &plan, int ordinal, bool useGraphs, bool offloadTiming)
       : plan_(plan), useGraphs_(useGraphs) {
     int count = 0;
     cudaError_t status = cudaGetDeviceCount(&count);
@@ -115,6 +115,14 @@ public:
                 "cudaEventCreate(kernel)");
       enqueuedIn_.assign(plan_.kernels.size(), 0);
     }
+    // The offload telemetry's clock readings: a pair per copy, per compute-stream wait and
+    // per join of the side streams (TelemetrySite), zero until the step's work writes them.
+    timed_ = offloadTiming && plan_.offloads();
+    if (timed_) {
+      size_t bytes = stampCount() * sizeof(unsigned long long);
+      check(cudaMalloc(&stamps_, bytes), "cudaMalloc(offload telemetry)");
+      check(cudaMemset(stamps_, 0, bytes), "cudaMemset(offload telemetry)");
+    }
     // The host steps' threads, started once; each host kernel's callback argument.
     for (size_t i = 0; i < plan_.kernels.size(); ++i)
       if (plan_.kernels[i].stream == StreamId::Host) {
@@ -149,6 +157,16 @@ public:
     }
     if (forkEvent_)
       cudaEventDestroy(forkEvent_);
+    if (stamps_)
+      cudaFree(stamps_);
+    for (auto &[key, run] : timedRuns_) {
+      if (run.origin)
+        cudaEventDestroy(run.origin);
+      for (CopyTiming &c : run.copies) {
+        cudaEventDestroy(c.begin);
+        cudaEventDestroy(c.end);
+      }
+    }
     for (auto &entry : graphs_)
       if (entry.second)
         cudaGraphExecDestroy(entry.second);
@@ -267,6 +285,7 @@ public:
       }
       if (guardExec_) {
         check(cudaGraphLaunch(guardExec_, stream_), "cudaGraphLaunch(update)");
+        launched(guardRuns_);
         return;
       }
     }
@@ -306,6 +325,7 @@ public:
       return;
     }
     check(cudaGraphLaunch(it->second, stream_), "cudaGraphLaunch");
+    launched(graphRuns_[phase]);
   }
 
   void synchronize() override {
@@ -355,6 +375,7 @@ private:
 
   cudaGraphExec_t captureOnce(Phase phase, std::string &failure) {
     cudaGraph_t graph = nullptr;
+    capturedRuns_.clear();
     check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
           "cudaStreamBeginCapture");
     try {
@@ -362,6 +383,7 @@ private:
     } catch (const Error &e) {
       failure = e.what();
     }
+    graphRuns_[phase] = capturedRuns_;
     return endCapture(graph, failure);
   }
 
@@ -501,6 +523,7 @@ private:
 
   cudaGraphExec_t captureGuardedOnce(const UpdateGuard &guard, std::string &failure) {
     cudaGraph_t graph = nullptr;
+    capturedRuns_.clear();
     check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
           "cudaStreamBeginCapture");
     try {
@@ -554,6 +577,7 @@ private:
     } catch (const Error &e) {
       failure = e.what();
     }
+    guardRuns_ = capturedRuns_;
     return endCapture(graph, failure);
   }
 
@@ -628,6 +652,7 @@ private:
                    bool copyStreams = true) {
     std::array<bool, kNumStreams> used{};
     bool forked = false;
+    TimedRun *run = nullptr;
     ++run_;
     auto join = [&] {
       for (unsigned s = 1; s < kNumStreams; ++s)
@@ -648,15 +673,37 @@ private:
         if (s != 0 && !used[s])
           check(cudaStreamWaitEvent(stream, forkEvent_, 0), "cudaStreamWaitEvent(fork)");
         used[s] = true;
+        // A compute kernel's waits for other streams are timed: what the compute stream
+        // stood still for is the offload's exposed time.
+        bool waits = copyStreams && s == 0 &&
+                     std::any_of(kernel.waits.begin(), kernel.waits.end(),
+                                 [&](uint32_t w) { return enqueuedIn_[w] == run_; });
+        if (waits)
+          stamp(i, TelemetrySite::Wait, 0, stream);
         for (uint32_t w : kernel.waits)
           if (copyStreams && enqueuedIn_[w] == run_)
             check(cudaStreamWaitEvent(stream, kernelEvents_[w], 0), "cudaStreamWaitEvent");
+        if (waits)
+          stamp(i, TelemetrySite::Wait, 1, stream);
+        // A copy is timed between two events (no SM needed, unlike a clock-reading kernel,
+        // which would wait behind the compute stream's blocks); a conditional body may hold
+        // no event records, so copies there go untimed.
+        CopyTiming *copy = nullptr;
+        if (timed_ && !scratchScopes &&
+            kernelKindInfo(kernel.kind).has(kernel_traits::kCrossesSpaces)) {
+          if (!run)
+            run = &beginTimedRun(kernels, compute);
+          copy = &run->copy(i, s == 0);
+          recordTimingEvent(copy->begin, stream);
+        }
         if (scratchScopes && s == 0) {
           cuda::ScratchArena::BodyScope scratch;
           runKernel(i, stream);
         } else {
           runKernel(i, stream);
         }
+        if (copy)
+          recordTimingEvent(copy->end, stream);
         if (kernel.signals) {
           check(cudaEventRecord(kernelEvents_[i], stream), "cudaEventRecord");
           enqueuedIn_[i] = run_;
@@ -667,7 +714,93 @@ private:
         throw Error(plan_.describeKernel(i) + ": " + e.what());
       }
     }
+    // The compute stream's wait for the side streams' last kernels is timed as well.
+    bool joins = std::any_of(used.begin() + 1, used.end(), [](bool u) { return u; });
+    if (joins)
+      stamp(kernels.back(), TelemetrySite::Join, 0, compute);
     join();
+    if (joins)
+      stamp(kernels.back(), TelemetrySite::Join, 1, compute);
+  }
+
+  /// The offload telemetry's waits: the compute stream's waits before a kernel, and its wait
+  /// for the side streams after the last kernel of a run of runStreamed, each between two
+  /// readings of the GPU's clock (a kernel on the compute stream, which runs in order anyway:
+  /// it costs the launch, and works inside a conditional body too).
+  enum class TelemetrySite : unsigned { Wait = 0, Join = 1 };
+  static constexpr unsigned kTelemetrySites = 2;
+
+  /// A copy's pair of timing events and whether the compute stream ran it.
+  struct CopyTiming {
+    size_t kernel = 0;
+    bool onCompute = false;
+    cudaEvent_t begin = nullptr, end = nullptr;
+  };
+  /// The copies of one run of runStreamed (its kernels, outside a conditional body), timed
+  /// from an event the compute stream records before them; `pending` once enqueued or
+  /// launched in a graph since the last takeOffloadTimes.
+  struct TimedRun {
+    cudaEvent_t origin = nullptr;
+    std::vector<CopyTiming> copies;
+    bool pending = false;
+    CopyTiming &copy(size_t kernel, bool onCompute) {
+      for (CopyTiming &c : copies)
+        if (c.kernel == kernel) {
+          c.onCompute = onCompute;
+          return c;
+        }
+      CopyTiming c;
+      c.kernel = kernel;
+      c.onCompute = onCompute;
+      check(cudaEventCreate(&c.begin), "cudaEventCreate(copy timing)");
+      check(cudaEventCreate(&c.end), "cudaEventCreate(copy timing)");
+      copies.push_back(c);
+      return copies.back();
+    }
+  };
+
+  /// The timing record of the run of `kernels` (the same kernels reuse it), its origin
+  /// recorded on `compute` now; a graph being captured launches it (capturedRuns_), else it
+  /// is pending at once.
+  TimedRun &beginTimedRun(const std::vector<size_t> &kernels, cudaStream_t compute) {
+    auto key = std::make_pair(kernels.front(), kernels.size());
+    TimedRun &run = timedRuns_[key];
+    if (!run.origin)
+      check(cudaEventCreate(&run.origin), "cudaEventCreate(copy timing)");
+    recordTimingEvent(run.origin, compute);
+    if (capturing(compute))
+      capturedRuns_.push_back(&run);
+    else
+      run.pending = true;
+    return run;
+  }
+
+  /// Whether `stream` is capturing (an invalidated capture included: nothing it records runs).
+  static bool capturing(cudaStream_t stream) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
+    return status != cudaStreamCaptureStatusNone;
+  }
+
+  /// Records a timing event; in a capture, as an event record node of the graph.
+  static void recordTimingEvent(cudaEvent_t event, cudaStream_t stream) {
+    check(cudaEventRecordWithFlags(
+              event, stream, capturing(stream) ? cudaEventRecordExternal : cudaEventRecordDefault),
+          "cudaEventRecord(copy timing)");
+  }
+
+  /// Marks the timed runs a graph holds as launched.
+  static void launched(const std::vector<TimedRun *> &runs) {
+    for (TimedRun *run : runs)
+      run->pending = true;
+  }
+  size_t stampCount() const { return plan_.kernels.size() * kTelemetrySites * 2; }
+  size_t stampIndex(size_t kernel, TelemetrySite site, unsigned end) const {
+    return (kernel * kTelemetrySites + unsigned(site)) * 2 + end;
+  }
+  void stamp(size_t kernel, TelemetrySite site, unsigned end, cudaStream_t stream) {
+    if (timed_)
+      cuda::stampTime(stamps_ + stampIndex(kernel, site, end), stream);
   }
 
   void runKernel(size_t index) { runKernel(index, stream_); }
@@ -714,9 +847,82 @@ private:
     }
   }
 
-  double takeHostStepSeconds() override {
-    std::lock_guard<std::mutex> lock(hostErrorMutex_);
-    return std::exchange(hostSeconds_, 0.0);
+  OffloadTimes takeOffloadTimes() override {
+    OffloadTimes times;
+    times.timed = timed_;
+    {
+      std::lock_guard<std::mutex> lock(hostErrorMutex_);
+      times.hostStepSeconds = std::exchange(hostSeconds_, 0.0);
+    }
+    if (!timed_)
+      return times;
+    // The readings of the work done since the last call (the caller synchronised); a site
+    // not run since reads zero.
+    std::vector<unsigned long long> stamps(stampCount());
+    check(cudaMemcpy(stamps.data(), stamps_, stamps.size() * sizeof stamps[0],
+                     cudaMemcpyDeviceToHost),
+          "cudaMemcpy(offload telemetry)");
+    check(cudaMemsetAsync(stamps_, 0, stamps.size() * sizeof stamps[0], stream_),
+          "cudaMemsetAsync(offload telemetry)");
+    auto span = [&](size_t kernel, TelemetrySite site) -> std::pair<double, double> {
+      unsigned long long begin = stamps[stampIndex(kernel, site, 0)];
+      unsigned long long end = stamps[stampIndex(kernel, site, 1)];
+      if (!begin || end < begin)
+        return {0, 0};
+      return {double(begin) * 1e-9, double(end) * 1e-9};
+    };
+    for (size_t i = 0; i < plan_.kernels.size(); ++i)
+      for (TelemetrySite site : {TelemetrySite::Wait, TelemetrySite::Join}) {
+        auto [begin, end] = span(i, site);
+        times.exposedSeconds += end - begin;
+      }
+    // The copies of each run launched since, from its origin; runs follow one another on the
+    // compute stream, so the union is taken run by run.
+    for (auto &[key, run] : timedRuns_) {
+      if (!run.pending || copyTimingBroken_)
+        continue;
+      run.pending = false;
+      std::vector<std::pair<double, double>> toDevice, toHost;
+      for (const CopyTiming &c : run.copies) {
+        float begin = 0, end = 0;
+        cudaError_t status = cudaEventElapsedTime(&begin, run.origin, c.begin);
+        if (status == cudaSuccess)
+          status = cudaEventElapsedTime(&end, run.origin, c.end);
+        if (status != cudaSuccess) {
+          cudaGetLastError();
+          copyTimingBroken_ = true;
+          std::fprintf(stderr,
+                       "cuda backend: the copies cannot be timed (%s): the offload "
+                       "metrics have no copy times\n",
+                       cudaGetErrorString(status));
+          break;
+        }
+        const TensorInfo &out = plan_.tensors[plan_.kernels[c.kernel].outputs[0]];
+        bool toPinned = plan_.arenas[out.arena].space == MemorySpace::PinnedHost;
+        (toPinned ? times.toHostBytes : times.toDeviceBytes) += out.bytes;
+        double from = double(begin) * 1e-3, to = double(end) * 1e-3;
+        (toPinned ? toHost : toDevice).push_back({from, to});
+        // A copy the compute stream ran itself (copies not overlapped) is exposed whole.
+        if (c.onCompute)
+          times.exposedSeconds += std::max(0.0, to - from);
+      }
+      times.toDeviceSeconds += unionLength(toDevice);
+      times.toHostSeconds += unionLength(toHost);
+    }
+    return times;
+  }
+
+  /// The length of the union of the intervals [first, second).
+  static double unionLength(std::vector<std::pair<double, double>> &intervals) {
+    std::sort(intervals.begin(), intervals.end());
+    double total = 0, coveredTo = -1;
+    for (auto [begin, end] : intervals) {
+      begin = std::max(begin, coveredTo);
+      if (end > begin)
+        total += end - begin;
+      coveredTo = std::max(coveredTo, end);
+    }
+    return total;
   }
 
   void rethrowHostError() {
@@ -781,8 +987,20 @@ private:
   std::vector<HostLaunch> hostLaunches_;
   std::mutex hostErrorMutex_;
   std::exception_ptr hostError_;
-  /// Wall seconds of the host functions since takeHostStepSeconds() (under hostErrorMutex_).
+  /// Wall seconds of the host functions since takeOffloadTimes() (under hostErrorMutex_).
   double hostSeconds_ = 0;
+  /// The offload telemetry (a plan with copies across memory spaces or host steps): the
+  /// device's clock readings (stampIndex), and whether each copy ran on the compute stream.
+  bool timed_ = false;
+  unsigned long long *stamps_ = nullptr;
+  /// The copies' timing, per run of runStreamed; the runs each captured graph launches (the
+  /// phases', the guarded update's) and those of the capture in progress; whether the driver
+  /// refused to time them (then never tried again).
+  std::map<std::pair<size_t, size_t>, TimedRun> timedRuns_;
+  std::map<Phase, std::vector<TimedRun *>> graphRuns_;
+  std::vector<TimedRun *> guardRuns_;
+  std::vector<TimedRun *> capturedRuns_;
+  bool copyTimingBroken_ = false;
   bool hostSkipped_ = false;
 };
 } // namespace
@@ -797,8 +1015,8 @@ bool cudaDeviceAvailable() {
 }
 
 std::unique_ptr<KernelBackend> createCudaBackend(const LoadedPlan &plan, int ordinal,
-                                                 bool useGraphs) {
-  return std::make_unique<CudaBackend>(plan, ordinal, useGraphs);
+                                                 bool useGraphs, bool offloadTiming) {
+  return std::make_unique<CudaBackend>(plan, ordinal, useGraphs, offloadTiming);
 }
 
 } // namespace bonsai::rt
@@ -809,7 +1027,7 @@ namespace bonsai::rt {
 
 bool cudaDeviceAvailable() { return false; }
 
-std::unique_ptr<KernelBackend> createCudaBackend(const LoadedPlan &, int, bool) {
+std::unique_ptr<KernelBackend> createCudaBackend(const LoadedPlan &, int, bool, bool) {
   throw Error("this build has no CUDA backend: it was configured without a CUDA toolkit "
               "(use --backend=cpu, or rebuild where nvcc is installed)");
 }

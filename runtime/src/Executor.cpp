@@ -185,7 +185,7 @@ Executor::Executor(const LoadedPlan &plan, const ExecutorOptions &options)
   checkHostMemory(plan_, options.backend, availableHostMemory());
   // A GPU backend first: its pinned host arenas are the executor's views of those arenas.
   if (options.backend == Backend::Cuda)
-    backend_ = createCudaBackend(plan_, options.device, options.cudaGraphs);
+    backend_ = createCudaBackend(plan_, options.device, options.cudaGraphs, options.offloadTiming);
   const uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
   for (size_t i = 0; i < plan_.arenas.size(); ++i) {
     const ArenaInfo &arena = plan_.arenas[i];
@@ -226,7 +226,7 @@ Executor::Executor(const LoadedPlan &plan, const ExecutorOptions &options)
       forwardPersistentWrites_.push_back(t);
   if (options.guardNonFinite)
     guard_ = buildUpdateGuard(plan_);
-  hasHostSteps_ = plan_.hasHostSteps();
+  offloads_ = plan_.offloads();
   measured_.assign(plan_.arenas.size(), 0);
   hostDirty_.assign(plan_.arenas.size(), true);
   deviceAhead_.assign(plan_.arenas.size(), false);
@@ -241,7 +241,7 @@ Executor::Executor(const LoadedPlan &plan, const ExecutorOptions &options)
     views_.push_back(std::move(v));
   }
   if (!backend_)
-    backend_ = createCpuBackend(plan_, views_);
+    backend_ = createCpuBackend(plan_, views_, options.offloadTiming);
   if (backend_->hasOwnMemory())
     device_ = backend_.get();
 }
@@ -609,10 +609,10 @@ StepResult Executor::trainStep(TokenLoader &loader, uint64_t firstMicroBatch, ui
   }
   if (!result.skipped)
     result.galoreSkipped = galoreSkipped();
-  if (hasHostSteps_) {
-    // The host functions of this step are done once the device is.
+  if (offloads_) {
+    // The copies and host functions of this step are done once the device is.
     backend_->synchronize();
-    result.hostStepSeconds = backend_->takeHostStepSeconds();
+    result.offload = backend_->takeOffloadTimes();
   }
   return result;
 }

@@ -84,13 +84,56 @@ std::string formatMetricsJson(const StepReport &r) {
   s += ", \"tokens\": " + std::to_string(r.tokens);
   s += ", \"elapsed_s\": " + format("%.3f", r.elapsedSeconds);
   s += ", \"skipped_steps\": " + std::to_string(r.skippedSteps);
-  if (r.offload)
+  if (r.offload) {
+    const OffloadTimes &t = r.offload->times;
+    // Without timing (bonsai-run without --offload-timing) the times and rates are unknown.
+    auto rate = [&](uint64_t bytes, double seconds) {
+      std::optional<double> perSecond = achievedBytesPerSecond(bytes, seconds);
+      return perSecond && t.timed ? format("%.2f", *perSecond / 1e9) : std::string("null");
+    };
+    auto time = [&](double seconds) {
+      return t.timed ? format("%.6f", seconds) : std::string("null");
+    };
     s += ", \"offload\": {\"pcie_h2d_bytes\": " + std::to_string(r.offload->hostToDeviceBytes) +
          ", \"pcie_d2h_bytes\": " + std::to_string(r.offload->deviceToHostBytes) +
-         ", \"host_step_s\": " + format("%.6f", r.offload->hostStepSeconds) + "}";
+         ", \"h2d_s\": " + time(t.toDeviceSeconds) + ", \"d2h_s\": " + time(t.toHostSeconds) +
+         ", \"h2d_gb_per_s\": " + rate(t.toDeviceBytes, t.toDeviceSeconds) +
+         ", \"d2h_gb_per_s\": " + rate(t.toHostBytes, t.toHostSeconds) +
+         ", \"exposed_s\": " + time(t.exposedSeconds) +
+         ", \"host_step_s\": " + format("%.6f", t.hostStepSeconds) + "}";
+  }
   if (r.fp8)
     s += ", \"fp8\": " + formatFp8Json(*r.fp8);
   return s + "}";
+}
+
+std::optional<double> achievedBytesPerSecond(uint64_t bytes, double seconds) {
+  if (bytes == 0 || !(seconds > 0))
+    return std::nullopt;
+  return double(bytes) / seconds;
+}
+
+std::string formatLinkWarning(const OffloadTimes &times, double linkBytesPerSecond, uint64_t step) {
+  // Small copies are latency-bound: their rate says nothing about the link.
+  constexpr uint64_t kMinBytes = uint64_t(64) << 20;
+  if (!(linkBytesPerSecond > 0) || !times.timed)
+    return "";
+  struct Direction {
+    const char *name;
+    uint64_t bytes;
+    double seconds;
+  };
+  for (Direction d : {Direction{"to the device", times.toDeviceBytes, times.toDeviceSeconds},
+                      Direction{"to the host", times.toHostBytes, times.toHostSeconds}}) {
+    std::optional<double> rate = achievedBytesPerSecond(d.bytes, d.seconds);
+    if (d.bytes < kMinBytes || !rate || *rate >= 0.5 * linkBytesPerSecond)
+      continue;
+    return "warning: step " + std::to_string(step) + ": copies " + d.name + " ran at " +
+           format("%.1f", *rate / 1e9) + " GB/s, below half of the target's " +
+           format("%.1f", linkBytesPerSecond / 1e9) +
+           " GB/s each way (pageable memory, or another process on the bus?)";
+  }
+  return "";
 }
 
 std::string formatFp8Json(const Fp8Summary &summary) {

@@ -49,6 +49,12 @@ bool LoadedPlan::hasHostSteps() const {
                      [](const KernelInfo &k) { return k.stream == StreamId::Host; });
 }
 
+bool LoadedPlan::offloads() const {
+  return std::any_of(kernels.begin(), kernels.end(), [](const KernelInfo &k) {
+    return k.stream == StreamId::Host || kernelKindInfo(k.kind).has(kernel_traits::kCrossesSpaces);
+  });
+}
+
 LoadedPlan::PcieBytes LoadedPlan::pcieBytesPerStep(uint32_t microBatches) const {
   PcieBytes bytes;
   for (const KernelInfo &k : kernels) {

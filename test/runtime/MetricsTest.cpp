@@ -64,14 +64,61 @@ TEST(MetricsTest, JsonLine) {
   v = parseJson(formatMetricsJson(r), "metrics");
   EXPECT_TRUE(v.find("loss")->isNull());
   EXPECT_TRUE(v.find("grad_norm")->isNull());
-  // Offloaded plans (docs/offload.md): the bytes each way and the host steps' time.
-  r.offload = OffloadStats{500992, 501328, 0.25};
+  // Offloaded plans (docs/offload.md, "Telemetry"): the bytes each way, the copies' time and
+  // rate each way, the exposed time and the host steps' time.
+  OffloadTimes times;
+  times.toDeviceBytes = 500992;
+  times.toDeviceSeconds = 0.5;
+  times.exposedSeconds = 0.125;
+  times.hostStepSeconds = 0.25;
+  r.offload = OffloadStats{500992, 501328, times};
   v = parseJson(formatMetricsJson(r), "metrics");
   const JsonValue *offload = v.find("offload");
   ASSERT_NE(offload, nullptr);
   EXPECT_EQ(offload->find("pcie_h2d_bytes")->unsignedValue(), 500992u);
   EXPECT_EQ(offload->find("pcie_d2h_bytes")->unsignedValue(), 501328u);
+  EXPECT_DOUBLE_EQ(offload->find("h2d_s")->numberValue(), 0.5);
+  EXPECT_DOUBLE_EQ(offload->find("d2h_s")->numberValue(), 0.0);
+  EXPECT_DOUBLE_EQ(offload->find("h2d_gb_per_s")->numberValue(), 0.0); // 1 MB/s, to 2 digits
+  EXPECT_TRUE(offload->find("d2h_gb_per_s")->isNull()) << "nothing timed that way";
+  EXPECT_DOUBLE_EQ(offload->find("exposed_s")->numberValue(), 0.125);
   EXPECT_DOUBLE_EQ(offload->find("host_step_s")->numberValue(), 0.25);
+  r.offload->times.toDeviceBytes = uint64_t(25) << 30;
+  v = parseJson(formatMetricsJson(r), "metrics");
+  EXPECT_DOUBLE_EQ(v.find("offload")->find("h2d_gb_per_s")->numberValue(), 53.69);
+  // Not timed (bonsai-run without --offload-timing): the bytes and host steps, no times or rates.
+  r.offload->times.timed = false;
+  v = parseJson(formatMetricsJson(r), "metrics");
+  offload = v.find("offload");
+  EXPECT_EQ(offload->find("pcie_h2d_bytes")->unsignedValue(), 500992u);
+  for (const char *key : {"h2d_s", "d2h_s", "h2d_gb_per_s", "d2h_gb_per_s", "exposed_s"})
+    EXPECT_TRUE(offload->find(key)->isNull()) << key;
+  EXPECT_DOUBLE_EQ(offload->find("host_step_s")->numberValue(), 0.25);
+}
+
+// The link warning (docs/offload.md, "Telemetry"): below half the target's rate, either way,
+// once enough bytes moved for the rate to mean something; never without a target rate.
+TEST(MetricsTest, LinkWarning) {
+  OffloadTimes t;
+  t.toDeviceBytes = uint64_t(1) << 30;
+  t.toDeviceSeconds = double(uint64_t(1) << 30) / 40e9; // 40 GB/s
+  t.toHostBytes = uint64_t(1) << 30;
+  t.toHostSeconds = double(uint64_t(1) << 30) / 33e9;
+  EXPECT_EQ(formatLinkWarning(t, 64e9, 3), "");
+  EXPECT_EQ(formatLinkWarning(t, 0, 3), "") << "no target rate, no warning";
+  OffloadTimes untimed = t;
+  untimed.timed = false;
+  untimed.toHostSeconds = 10;
+  EXPECT_EQ(formatLinkWarning(untimed, 64e9, 3), "") << "no timing, no warning";
+  t.toHostSeconds = double(uint64_t(1) << 30) / 6.7e9; // pageable memory's rate
+  EXPECT_EQ(formatLinkWarning(t, 64e9, 3),
+            "warning: step 3: copies to the host ran at 6.7 GB/s, below half of the target's "
+            "64.0 GB/s each way (pageable memory, or another process on the bus?)");
+  t.toHostBytes = uint64_t(32) << 20; // too few bytes to judge the link by
+  EXPECT_EQ(formatLinkWarning(t, 64e9, 3), "");
+  t.toDeviceSeconds = double(uint64_t(1) << 30) / 20e9;
+  EXPECT_NE(formatLinkWarning(t, 64e9, 7).find("step 7: copies to the device ran at 20.0 GB/s"),
+            std::string::npos);
 }
 
 TEST(MetricsTest, ProgressAndDuration) {

@@ -852,16 +852,55 @@ void expectOffloadBitForBit(const ExecutorOptions &options, const std::string &d
   ASSERT_TRUE(streamed.usesSideStreams());
   std::string data = cyclicTokens(dir + "/tokens.bin", 611, 16);
   TokenLoader loader(data, 2, 4, 16, 5);
-  Executor a(onDevice, options), b(inOrder, options), c(streamed, options), d(prefetched, options);
-  for (Executor *e : {&a, &b, &c, &d})
+  // The offloaded plans with their copies timed (docs/offload.md, "Telemetry"), and one
+  // without: the same training, the bytes without the times.
+  ExecutorOptions timedOptions = options;
+  timedOptions.offloadTiming = true;
+  Executor a(onDevice, options), b(inOrder, timedOptions), c(streamed, timedOptions),
+      d(prefetched, timedOptions), untimed(streamed, options);
+  for (Executor *e : {&a, &b, &c, &d, &untimed})
     e->initWeights(5);
   for (uint64_t m = 0; m < 3; ++m) {
     StepResult ra = a.trainStep(loader, m, 1);
-    EXPECT_EQ(b.trainStep(loader, m, 1).loss, ra.loss) << "step " << m + 1;
-    EXPECT_EQ(c.trainStep(loader, m, 1).loss, ra.loss) << "step " << m + 1;
-    EXPECT_EQ(d.trainStep(loader, m, 1).loss, ra.loss) << "step " << m + 1;
+    EXPECT_FALSE(ra.offload) << "a plan without copies has no offload telemetry";
+    StepResult ru = untimed.trainStep(loader, m, 1);
+    EXPECT_EQ(ru.loss, ra.loss) << "step " << m + 1;
+    ASSERT_TRUE(ru.offload);
+    EXPECT_FALSE(ru.offload->timed);
+    EXPECT_EQ(ru.offload->toDeviceSeconds + ru.offload->toHostSeconds, 0.0);
+    EXPECT_EQ(ru.offload->exposedSeconds, 0.0);
+    for (Executor *e : {&b, &c, &d}) {
+      StepResult r = e->trainStep(loader, m, 1);
+      EXPECT_EQ(r.loss, ra.loss) << "step " << m + 1;
+      // Every copy of the step is timed, once (docs/offload.md, "Telemetry"): the bytes are
+      // the plan's, the time each way is positive, and the compute stream waited for part of
+      // it at most (all of it where the copies run in order on it). On a GPU with CUDA
+      // Graphs, the copies inside the guarded update's conditional node cannot be (a body
+      // holds no event records): the timed bytes are at most the plan's.
+      ASSERT_TRUE(r.offload) << "step " << m + 1;
+      EXPECT_TRUE(r.offload->timed);
+      LoadedPlan::PcieBytes pcie = e->plan().pcieBytesPerStep(1);
+      bool inConditionalBody = options.backend == Backend::Cuda && options.cudaGraphs;
+      if (inConditionalBody) {
+        EXPECT_LE(r.offload->toDeviceBytes, pcie.hostToDevice) << "step " << m + 1;
+        EXPECT_LE(r.offload->toHostBytes, pcie.deviceToHost) << "step " << m + 1;
+      } else {
+        EXPECT_EQ(r.offload->toDeviceBytes, pcie.hostToDevice) << "step " << m + 1;
+        EXPECT_EQ(r.offload->toHostBytes, pcie.deviceToHost) << "step " << m + 1;
+        EXPECT_GT(r.offload->toDeviceSeconds, 0.0) << "step " << m + 1;
+        EXPECT_GT(r.offload->toHostSeconds, 0.0) << "step " << m + 1;
+      }
+      if (!inConditionalBody)
+        EXPECT_GT(r.offload->exposedSeconds, 0.0) << "step " << m + 1;
+      EXPECT_EQ(r.offload->hostStepSeconds, 0.0) << "step " << m + 1;
+      if (e == &b)
+        EXPECT_GE(r.offload->exposedSeconds,
+                  (r.offload->toDeviceSeconds + r.offload->toHostSeconds) * (1 - 1e-9))
+            << "copies run in order on the compute stream are exposed whole";
+    }
   }
   expectSameBytes(b, persistentBytes(a), persistentBytes(b), "copies in order");
+  expectSameBytes(untimed, persistentBytes(a), persistentBytes(untimed), "copies not timed");
   expectSameBytes(c, persistentBytes(a), persistentBytes(c), "copies on the copy streams");
   expectSameBytes(d, persistentBytes(a), persistentBytes(d), "copies in first");
 }
@@ -898,7 +937,9 @@ void expectHostStepBitForBit(const ExecutorOptions &options, const std::string &
   LoadedPlan copyOnHostStream = loadSpec(hostSpec, "host-step-copy.plan");
   std::string data = cyclicTokens(dir + "/tokens.bin", 611, 16);
   TokenLoader loader(data, 2, 4, 16, 5);
-  Executor a(onDevice, options), b(onHost, options), c(copyOnHostStream, options);
+  ExecutorOptions timedOptions = options;
+  timedOptions.offloadTiming = true;
+  Executor a(onDevice, options), b(onHost, timedOptions), c(copyOnHostStream, options);
   a.initWeights(5);
   b.initWeights(5);
   c.initWeights(5);
@@ -907,10 +948,20 @@ void expectHostStepBitForBit(const ExecutorOptions &options, const std::string &
                rc = c.trainStep(loader, m, 1);
     EXPECT_EQ(rb.loss, ra.loss) << "step " << m + 1;
     EXPECT_EQ(rc.loss, ra.loss) << "step " << m + 1;
-    // The host steps' wall time is counted for the plan that has them, and only for it.
-    EXPECT_EQ(ra.hostStepSeconds, 0.0);
-    EXPECT_GT(rb.hostStepSeconds, 0.0) << "step " << m + 1;
-    EXPECT_GT(rc.hostStepSeconds, 0.0) << "step " << m + 1;
+    // The host steps' wall time is counted for the plan that has them, and only for it; the
+    // compute stream waited for the parameter's copy back, after the host step.
+    EXPECT_FALSE(ra.offload);
+    // Untimed (c), the host steps' time is still counted.
+    for (const StepResult *r : {&rb, &rc}) {
+      ASSERT_TRUE(r->offload) << "step " << m + 1;
+      EXPECT_GT(r->offload->hostStepSeconds, 0.0) << "step " << m + 1;
+    }
+    EXPECT_TRUE(rb.offload->timed);
+    EXPECT_GT(rb.offload->toDeviceBytes, 0u) << "step " << m + 1;
+    EXPECT_GT(rb.offload->toHostBytes, 0u) << "step " << m + 1;
+    EXPECT_GT(rb.offload->exposedSeconds, 0.0) << "step " << m + 1;
+    EXPECT_FALSE(rc.offload->timed);
+    EXPECT_EQ(rc.offload->exposedSeconds, 0.0);
   }
   EXPECT_FALSE(onDevice.hasHostSteps());
   EXPECT_TRUE(onHost.hasHostSteps());
@@ -1029,7 +1080,10 @@ TEST_F(ToolTest, TrainingPrintsMetricsAndWritesJsonLines) {
   std::string plan = writePlan(test::trainingPlanSpec(), "train.plan");
   std::string data = cyclicTokens(dir + "/tokens.bin", 3000, 16);
   std::string metrics = dir + "/metrics.jsonl";
-  ToolResult r = run({plan, "--data", data, "--steps", "6", "--seed", "2", "--metrics", metrics});
+  // On the CPU, as the library's executor below runs (with a GPU present, bonsai-run would
+  // default to it, whose sums round differently).
+  ToolResult r = run({plan, "--data", data, "--steps", "6", "--seed", "2", "--metrics", metrics,
+                      "--backend", "cpu"});
   ASSERT_EQ(r.code, 0) << r.err;
   std::vector<std::string> lines = stepLines(r.out);
   ASSERT_EQ(lines.size(), 6u) << r.out;

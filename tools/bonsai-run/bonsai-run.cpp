@@ -168,6 +168,11 @@ const char *const kHelp =
     "  --backend NAME        cuda or cpu (default: cuda when a GPU is present)\n"
     "  --device N            CUDA device ordinal (default 0)\n"
     "  --no-cuda-graphs      launch kernels one by one instead of replaying CUDA Graphs\n"
+    "  --offload-timing      a plan with offloaded state: time its copies and the compute\n"
+    "                        stream's waits for them, each step, into the metrics (times,\n"
+    "                        GB/s each way, exposed time), a closing 'offload:' line and a\n"
+    "                        warning when the link runs below half its rate (costs 3-20% of\n"
+    "                        the step on a GPU; without, the metrics keep bytes and host time)\n"
     "  --profile             time every kernel of the last step and print where the time goes\n"
     "  --fp8-stats-every N   FP8 plans: every N steps, read each FP8 tensor's scale, amax,\n"
     "                        underflow and saturation fractions into the --metrics line\n"
@@ -220,6 +225,7 @@ struct Options {
   std::string backend;       ///< empty: cuda when a GPU is present, else cpu
   int device = 0;
   bool noCudaGraphs = false;
+  bool offloadTiming = false;
   bool profile = false;
   uint64_t fp8StatsEvery = 10;
   double fp8UnderflowWarn = 0.01;
@@ -383,6 +389,8 @@ Options parseOptions(int argc, char **argv) {
         o.findNonFinite = noValue();
       else if (flag == "--no-cuda-graphs")
         o.noCudaGraphs = noValue();
+      else if (flag == "--offload-timing")
+        o.offloadTiming = noValue();
       else if (flag == "--profile")
         o.profile = noValue();
       else if (flag == "--print-plan")
@@ -784,6 +792,7 @@ int run(const Options &o) {
   rt::ExecutorOptions executorOptions;
   executorOptions.device = o.device;
   executorOptions.cudaGraphs = !o.noCudaGraphs;
+  executorOptions.offloadTiming = o.offloadTiming;
   executorOptions.guardNonFinite = o.maxNonFinite > 0;
   std::string backend = o.backend.empty() ? (rt::cudaDeviceAvailable() ? "cuda" : "cpu")
                                           : o.backend;
@@ -979,6 +988,14 @@ int run(const Options &o) {
     offloaded |= a.space == rt::MemorySpace::PinnedHost;
   }
   const rt::LoadedPlan::PcieBytes pcie = executor.plan().pcieBytesPerStep(microBatches);
+  // The offload telemetry of this run's steps after its first (which captures the graphs),
+  // summed for the closing line; a link running slow is said once.
+  rt::OffloadTimes offloadTotals;
+  uint64_t offloadSteps = 0;
+  // The steps after the first, timed against the compiler's prediction.
+  double laterStepSeconds = 0;
+  uint64_t laterSteps = 0;
+  bool linkWarned = false;
   std::vector<double> profiled;
   double evalSeconds = 0; // not training: left out of the time line's throughput
   // Saves the state after the step just done to --ckpt-dir (--save-every, and after SIGINT or
@@ -1078,9 +1095,31 @@ int run(const Options &o) {
       report.plannedBytes = plannedBytes;
       for (const rt::ArenaUsage &u : executor.memoryUsage())
         report.measuredBytes += u.measured;
-      if (offloaded)
-        report.offload =
-            rt::OffloadStats{pcie.hostToDevice, pcie.deviceToHost, result.hostStepSeconds};
+      if (position.step != firstStep) {
+        laterStepSeconds += report.stepSeconds;
+        ++laterSteps;
+      }
+      std::string linkWarning;
+      if (offloaded) {
+        rt::OffloadTimes times = result.offload.value_or(rt::OffloadTimes{});
+        report.offload = rt::OffloadStats{pcie.hostToDevice, pcie.deviceToHost, times};
+        if (position.step != firstStep && times.timed) {
+          offloadTotals.toDeviceBytes += times.toDeviceBytes;
+          offloadTotals.toHostBytes += times.toHostBytes;
+          offloadTotals.toDeviceSeconds += times.toDeviceSeconds;
+          offloadTotals.toHostSeconds += times.toHostSeconds;
+          offloadTotals.exposedSeconds += times.exposedSeconds;
+          offloadTotals.hostStepSeconds += times.hostStepSeconds;
+          ++offloadSteps;
+          // Only a real link has a rate to fall short of (the CPU backend's copies are
+          // memcpy).
+          if (!linkWarned && executor.hasDevice()) {
+            linkWarning =
+                rt::formatLinkWarning(times, plan.targetLinkBytesPerSecond, position.step);
+            linkWarned = !linkWarning.empty();
+          }
+        }
+      }
       // FP8 telemetry (docs/fp8.md): a small read of each FP8 state every N steps.
       std::string fp8Warning;
       if (o.fp8StatsEvery > 0 && position.step % o.fp8StatsEvery == 0) {
@@ -1092,6 +1131,8 @@ int run(const Options &o) {
       progress.step(report, firstStep);
       if (!fp8Warning.empty())
         progress.note(fp8Warning, stderr);
+      if (!linkWarning.empty())
+        progress.note(linkWarning, stderr);
       if (metrics)
         metrics->write(report);
       if (o.maxNonFinite > 0 && skippedRun.size() >= o.maxNonFinite) {
@@ -1248,12 +1289,39 @@ int run(const Options &o) {
                 plannedDevice ? 100.0 * (double(device) - double(plannedDevice)) /
                                     double(plannedDevice)
                               : 0.0);
+  if (offloadSteps) {
+    // Per step, over the steps after the first: what the link moved and how fast, and how
+    // much of the copies' and host steps' time the compute did not hide.
+    const double n = double(offloadSteps);
+    const rt::OffloadTimes &t = offloadTotals;
+    auto rate = [](uint64_t bytes, double seconds) {
+      std::optional<double> r = rt::achievedBytesPerSecond(bytes, seconds);
+      return r ? *r / 1e9 : 0.0;
+    };
+    std::printf("offload: per step (mean of %" PRIu64 " after the first): to the device %.2f GiB "
+                "in %.1f ms (%.1f GB/s), to the host %.2f GiB in %.1f ms (%.1f GB/s); the compute "
+                "waited %.1f ms for copies and host steps; host steps %.1f ms\n",
+                offloadSteps, double(t.toDeviceBytes) / n / double(1 << 30),
+                t.toDeviceSeconds / n * 1e3, rate(t.toDeviceBytes, t.toDeviceSeconds),
+                double(t.toHostBytes) / n / double(1 << 30), t.toHostSeconds / n * 1e3,
+                rate(t.toHostBytes, t.toHostSeconds), t.exposedSeconds / n * 1e3,
+                t.hostStepSeconds / n * 1e3);
+  }
   double tokens = double(steps) * double(tokensPerStep);
   std::printf("time: %" PRIu64 " steps in %.3f s, %.0f tokens/s", steps, seconds,
               seconds > 0 ? tokens / seconds : 0.0);
   if (evalSeconds > 0)
     std::printf(" (evaluation: %.3f s more)", evalSeconds);
   std::printf("\n");
+  // The compiler's prediction (docs/offload.md, "Predicted step time") against the steps
+  // after the first, which captures the CUDA Graphs. It is the target's, not this machine's.
+  if (plan.predictedStepSeconds > 0 && laterSteps) {
+    double measured = laterStepSeconds / double(laterSteps);
+    std::printf("time: the compiler predicted %.4g ms a step on its target (%.4g ms of it the "
+                "offload's), measured %.4g ms (mean of %" PRIu64 " after the first), %+.1f%%\n",
+                plan.predictedStepSeconds * 1e3, plan.predictedExposedSeconds * 1e3, measured * 1e3,
+                laterSteps, 100.0 * (plan.predictedStepSeconds - measured) / measured);
+  }
   return 0;
 }
 

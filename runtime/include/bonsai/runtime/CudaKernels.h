@@ -347,6 +347,13 @@ struct GuardState {
 void guardCheck(const float *const *norms, int count, int limitedNorm, GuardState *state,
                 unsigned long long handle, bool setHandle, CUstream_st *stream);
 
+// The offload telemetry (docs/offload.md, "Telemetry").
+
+/// One thread writes the GPU's global timer (nanoseconds, one clock for all streams) into
+/// `*slot` when `stream` reaches it: in stream order, in a CUDA Graph (a conditional body
+/// included) as on a plain stream.
+void stampTime(unsigned long long *slot, CUstream_st *stream);
+
 } // namespace bonsai::rt::cuda
 
 #endif // BONSAI_RUNTIME_CUDAKERNELS_H

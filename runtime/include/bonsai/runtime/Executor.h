@@ -55,9 +55,9 @@ struct StepResult {
   /// Why: the loss or a gradient norm was not finite, or the loss or the global gradient norm
   /// exceeded its SpikeLimits bound.
   enum class Cause { None, NonFinite, LossSpike, GradNormSpike } cause = Cause::None;
-  /// Wall seconds the step's updates on the host ran (docs/offload.md, "The host step"): 0
-  /// for a plan without.
-  double hostStepSeconds = 0;
+  /// For a plan with copies across memory spaces or updates on the host (docs/offload.md,
+  /// "Telemetry"): what they moved and took this step.
+  std::optional<OffloadTimes> offload;
 };
 
 /// The bounds a step's loss and global gradient norm must not exceed for its update to run
@@ -78,6 +78,11 @@ struct ExecutorOptions {
   Backend backend = Backend::Cpu;
   int device = 0;          ///< CUDA device ordinal
   bool cudaGraphs = true;  ///< capture each phase once and replay it
+  /// Time the copies across memory spaces and the compute stream's waits for them, each step
+  /// (docs/offload.md, "Telemetry"; bonsai-run --offload-timing). Off by default: on a GPU
+  /// the timing events slow an offloaded step by 3-20%. The bytes and the host steps' time
+  /// are counted either way.
+  bool offloadTiming = false;
   /// Skip the update of a step whose loss or gradient norm is not finite (trainStep). Off,
   /// every update runs whatever it reads (bonsai-run --max-nonfinite 0).
   bool guardNonFinite = true;
@@ -138,6 +143,8 @@ public:
   void syncToHost() const;
   /// "cpu" or the GPU's description.
   std::string describeBackend() const;
+  /// Whether the kernels run on a device with memory of its own, reached over a link (a GPU).
+  bool hasDevice() const { return device_ != nullptr; }
   /// Turns per-kernel timing on (GPU: kernel by kernel between CUDA events, no graphs; CPU:
   /// wall-clock around each kernel) and clears the times.
   void setProfiling(bool on);
@@ -259,8 +266,8 @@ private:
   /// The update phase split for the non-finite guard; null when the guard is off or the plan
   /// has no update phase.
   std::unique_ptr<UpdateGuard> guard_;
-  /// plan_.hasHostSteps(), asked once rather than every step.
-  bool hasHostSteps_ = false;
+  /// plan_.offloads(), asked once rather than every step.
+  bool offloads_ = false;
   /// The tensors of persistent arenas that a Forward kernel writes (a gradient accumulator a
   /// fused head adds to, say), in plan order: evaluate() restores them.
   std::vector<uint32_t> forwardPersistentWrites_;

@@ -47,6 +47,27 @@ enum class UpdateVerdict : int32_t {
   SkippedByHost = 3,  ///< skipped: the caller asked (a non-finite or spiking loss)
 };
 
+/// Where the copies between pinned host memory and the device, and the updates on the host,
+/// spent a step's time (docs/offload.md, "Telemetry"). The copies counted are those of the
+/// phases run since the last KernelBackend::takeOffloadTimes (a phase run more than once, one
+/// per micro-batch, counts its last run).
+struct OffloadTimes {
+  /// Bytes the timed copies moved to the device and to the host.
+  uint64_t toDeviceBytes = 0, toHostBytes = 0;
+  /// Seconds copies to the device (to the host) were in flight: the union of their intervals,
+  /// so that two streams copying the same way at once count once.
+  double toDeviceSeconds = 0, toHostSeconds = 0;
+  /// Seconds the compute stream waited for copies and for the updates on the host: the part
+  /// of their time the step's compute did not hide. On a backend that runs everything in
+  /// order (the CPU), all of the copies' and host steps' time.
+  double exposedSeconds = 0;
+  /// Wall seconds the kernels of the host stream (the updates on the host) ran.
+  double hostStepSeconds = 0;
+  /// Whether the copies and waits were timed (the backend was asked to): without, only the
+  /// bytes and hostStepSeconds hold.
+  bool timed = true;
+};
+
 /// The kernels of one plan, run on the CPU or on a GPU.
 class KernelBackend {
 public:
@@ -98,9 +119,9 @@ public:
   /// kernel's time is added to kernelMilliseconds()[kernel index].
   virtual void setProfiling(bool on) = 0;
   virtual const std::vector<double> &kernelMilliseconds() const = 0;
-  /// Wall seconds the kernels of the host stream (updates on the host) have run since the
-  /// last call, which starts the count again; complete after a synchronize().
-  virtual double takeHostStepSeconds() = 0;
+  /// What the copies across memory spaces and the host steps have taken since the last call,
+  /// which starts the count again; complete after a synchronize().
+  virtual OffloadTimes takeOffloadTimes() = 0;
   /// Forgets whatever was built from the plan's kernel attributes (the captured CUDA Graphs,
   /// whose launches hold them by value), after the executor changed them.
   virtual void kernelAttrsChanged() = 0;
@@ -111,15 +132,19 @@ bool cudaDeviceAvailable();
 
 /// The CPU reference backend for `plan`, running its kernels on `views`, the executor's host
 /// views of the plan's tensors. It keeps references to both, which must outlive it.
+/// With `offloadTiming`, takeOffloadTimes times the copies (a wall clock around each).
 std::unique_ptr<KernelBackend> createCpuBackend(const LoadedPlan &plan,
-                                                const std::vector<TensorView> &views);
+                                                const std::vector<TensorView> &views,
+                                                bool offloadTiming = false);
 
 /// The CUDA backend for `plan` on device `ordinal`: allocates and zeroes one device arena per
 /// plan arena. The backend keeps a reference to `plan`, which must outlive it: the executor
-/// owns the only copy of the plan, so that what it changes (bonsai-run's --lr) is what runs. Throws rt::Error when the build has no CUDA backend, the device is missing, or
-/// an allocation fails (naming the arena and the bytes asked for).
+/// owns the only copy of the plan, so that what it changes (bonsai-run's --lr) is what runs.
+/// Throws rt::Error when the build has no CUDA backend, the device is missing, or an allocation
+/// fails (naming the arena and the bytes asked for). With `offloadTiming`, the copies and the
+/// compute stream's waits for them are timed (docs/offload.md, "Telemetry").
 std::unique_ptr<KernelBackend> createCudaBackend(const LoadedPlan &plan, int ordinal,
-                                                 bool useGraphs);
+                                                 bool useGraphs, bool offloadTiming = false);
 
 } // namespace bonsai::rt
 

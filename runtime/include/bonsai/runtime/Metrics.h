@@ -10,6 +10,8 @@
 #ifndef BONSAI_RUNTIME_METRICS_H
 #define BONSAI_RUNTIME_METRICS_H
 
+#include "bonsai/runtime/KernelBackend.h"
+
 #include <cstdint>
 #include <cstdio>
 #include <optional>
@@ -52,8 +54,19 @@ std::string formatFp8UnderflowWarning(const Fp8Summary &summary, uint64_t step,
 struct OffloadStats {
   uint64_t hostToDeviceBytes = 0; ///< Over PCIe, from the plan's copies.
   uint64_t deviceToHostBytes = 0;
-  double hostStepSeconds = 0; ///< Wall time of the updates on the host (0 without).
+  /// What the backend measured: the copies' time each way, the exposed time, the host steps.
+  OffloadTimes times;
 };
+
+/// The rate the copies of `times` moved bytes one way, in bytes per second: bytes over the
+/// time copies that way were in flight; nullopt when none was timed.
+std::optional<double> achievedBytesPerSecond(uint64_t bytes, double seconds);
+
+/// "" when each direction that moved at least 64 MiB did so at no less than half of
+/// `linkBytesPerSecond` (the target profile's link, each way; 0: unknown, never a warning);
+/// otherwise one line: "warning: step 3: copies to the device ran at 6.2 GB/s, below half of
+/// the target's 64.0 GB/s each way (pageable memory, or another process on the bus?)".
+std::string formatLinkWarning(const OffloadTimes &times, double linkBytesPerSecond, uint64_t step);
 
 /// One step's numbers.
 struct StepReport {
@@ -88,8 +101,10 @@ std::string formatStepLine(const StepReport &report);
 /// One JSON object, no newline: step, loss, grad_norm, lr (null when the plan has none, or not
 /// finite), val_loss (on an evaluation step only; null when not finite), tokens_per_s,
 /// memory_planned_bytes, memory_measured_bytes, micro_batches, tokens, elapsed_s,
-/// skipped_steps, then "offload" ({"pcie_h2d_bytes", "pcie_d2h_bytes", "host_step_s"}) for a
-/// plan with pinned host memory, then "fp8" (formatFp8Json) when the report has FP8 telemetry.
+/// skipped_steps, then "offload" ({"pcie_h2d_bytes", "pcie_d2h_bytes", "h2d_s", "d2h_s",
+/// "h2d_gb_per_s", "d2h_gb_per_s", "exposed_s", "host_step_s"}; a rate is null when no copy
+/// that way was timed) for a plan with pinned host memory, then "fp8" (formatFp8Json) when the
+/// report has FP8 telemetry.
 std::string formatMetricsJson(const StepReport &report);
 
 /// "step 12/100 | loss 2.7797 | grad_norm 0.53 | lr 0.001 | val_loss 2.9 | 1234 tok/s |
