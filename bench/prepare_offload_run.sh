@@ -17,7 +17,8 @@
 #
 # for Llama 124M (B16 S1024) and TinyLlama-1.1B (B4 S2048), and for Llama-2-7B (B8 S2048, 16k
 # tokens, remat "full") gpu, inbwd-gpu, inbwd-offload, inbwd-host and inbwd-auto, the last
-# three compiled for a 24 GiB budget.
+# three compiled for a 24 GiB budget; and the curve of tokens per step (issue #24): Llama-2-7B
+# at B2, B4 and B16 (4k, 8k and 32k tokens), gpu and inbwd-auto, named llama2_7b_bN.
 # The plans carry no weights (bonsai-run initialises them), so the pack is small; the GPU
 # machine runs them with the bonsai-run of test/gpu/prepare.sh: bench/offload_h200.sh.
 set -euo pipefail
@@ -78,6 +79,12 @@ done
 plan "$dir/plans/llama2_7b.mlir" llama2_7b inbwd-offload full --device-memory=24GiB
 plan "$dir/plans/llama2_7b.mlir" llama2_7b inbwd-host full --device-memory=24GiB
 plan "$dir/plans/llama2_7b.mlir" llama2_7b inbwd-auto full --device-memory=24GiB
+for batch in 2 4 16; do
+  python3 scripts/gen_models.py --print llama2_7b --set=batch=$batch --set=seq=2048 \
+    > "$dir/plans/llama2_7b.mlir"
+  plan "$dir/plans/llama2_7b.mlir" llama2_7b_b$batch gpu full
+  plan "$dir/plans/llama2_7b.mlir" llama2_7b_b$batch inbwd-auto full --device-memory=24GiB
+done
 rm -f "$dir/plans/recipe.mlir" "$dir/plans/llama2_7b.mlir"
 tar -C "$(dirname "$dir")" -cJf "$dir.tar.xz" "$(basename "$dir")"
 du -sh "$dir" "$dir.tar.xz"
