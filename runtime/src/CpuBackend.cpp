@@ -115,7 +115,7 @@ private:
         offload_.exposedSeconds += seconds;
     } else if (kernelKindInfo(kernel.kind).has(kernel_traits::kCrossesSpaces) && offloadTiming_) {
       const TensorInfo &out = plan_.tensors[kernel.outputs[0]];
-      if (plan_.arenas[out.arena].space == MemorySpace::PinnedHost) {
+      if (plan_.copiesToHost(kernel)) {
         offload_.toHostBytes += out.bytes;
         offload_.toHostSeconds += seconds;
       } else {

@@ -115,8 +115,9 @@ public:
                 "cudaEventCreate(kernel)");
       enqueuedIn_.assign(plan_.kernels.size(), 0);
     }
-    // The offload telemetry's clock readings: a pair per copy, per compute-stream wait and
-    // per join of the side streams (TelemetrySite), zero until the step's work writes them.
+    // The offload telemetry's clock readings: a pair per compute-stream wait and per join of
+    // the side streams (TelemetrySite), zero until the step's work writes them. The copies
+    // are timed with events (TimedRun).
     timed_ = offloadTiming && plan_.offloads();
     if (timed_) {
       size_t bytes = stampCount() * sizeof(unsigned long long);
@@ -675,7 +676,7 @@ private:
         used[s] = true;
         // A compute kernel's waits for other streams are timed: what the compute stream
         // stood still for is the offload's exposed time.
-        bool waits = copyStreams && s == 0 &&
+        bool waits = timed_ && copyStreams && s == 0 &&
                      std::any_of(kernel.waits.begin(), kernel.waits.end(),
                                  [&](uint32_t w) { return enqueuedIn_[w] == run_; });
         if (waits)
@@ -897,9 +898,10 @@ private:
                        cudaGetErrorString(status));
           break;
         }
-        const TensorInfo &out = plan_.tensors[plan_.kernels[c.kernel].outputs[0]];
-        bool toPinned = plan_.arenas[out.arena].space == MemorySpace::PinnedHost;
-        (toPinned ? times.toHostBytes : times.toDeviceBytes) += out.bytes;
+        const KernelInfo &kernel = plan_.kernels[c.kernel];
+        bool toPinned = plan_.copiesToHost(kernel);
+        (toPinned ? times.toHostBytes : times.toDeviceBytes) +=
+            plan_.tensors[kernel.outputs[0]].bytes;
         double from = double(begin) * 1e-3, to = double(end) * 1e-3;
         (toPinned ? toHost : toDevice).push_back({from, to});
         // A copy the compute stream ran itself (copies not overlapped) is exposed whole.
@@ -989,8 +991,8 @@ private:
   std::exception_ptr hostError_;
   /// Wall seconds of the host functions since takeOffloadTimes() (under hostErrorMutex_).
   double hostSeconds_ = 0;
-  /// The offload telemetry (a plan with copies across memory spaces or host steps): the
-  /// device's clock readings (stampIndex), and whether each copy ran on the compute stream.
+  /// The offload telemetry (bonsai-run --offload-timing, a plan with copies across memory
+  /// spaces or host steps): the device's clock readings of the waits (stampIndex).
   bool timed_ = false;
   unsigned long long *stamps_ = nullptr;
   /// The copies' timing, per run of runStreamed; the runs each captured graph launches (the

@@ -60,10 +60,8 @@ LoadedPlan::PcieBytes LoadedPlan::pcieBytesPerStep(uint32_t microBatches) const 
   for (const KernelInfo &k : kernels) {
     if (!kernelKindInfo(k.kind).has(kernel_traits::kCrossesSpaces) || k.outputs.empty())
       continue;
-    const TensorInfo &out = tensors[k.outputs[0]];
-    uint64_t moved = out.bytes * (k.phase == Phase::Update ? 1 : microBatches);
-    (arenas[out.arena].space == MemorySpace::PinnedHost ? bytes.deviceToHost
-                                                        : bytes.hostToDevice) += moved;
+    uint64_t moved = tensors[k.outputs[0]].bytes * (k.phase == Phase::Update ? 1 : microBatches);
+    (copiesToHost(k) ? bytes.deviceToHost : bytes.hostToDevice) += moved;
   }
   return bytes;
 }

@@ -1104,12 +1104,7 @@ int run(const Options &o) {
         rt::OffloadTimes times = result.offload.value_or(rt::OffloadTimes{});
         report.offload = rt::OffloadStats{pcie.hostToDevice, pcie.deviceToHost, times};
         if (position.step != firstStep && times.timed) {
-          offloadTotals.toDeviceBytes += times.toDeviceBytes;
-          offloadTotals.toHostBytes += times.toHostBytes;
-          offloadTotals.toDeviceSeconds += times.toDeviceSeconds;
-          offloadTotals.toHostSeconds += times.toHostSeconds;
-          offloadTotals.exposedSeconds += times.exposedSeconds;
-          offloadTotals.hostStepSeconds += times.hostStepSeconds;
+          offloadTotals += times;
           ++offloadSteps;
           // Only a real link has a rate to fall short of (the CPU backend's copies are
           // memcpy).

@@ -66,6 +66,17 @@ struct OffloadTimes {
   /// Whether the copies and waits were timed (the backend was asked to): without, only the
   /// bytes and hostStepSeconds hold.
   bool timed = true;
+
+  /// Adds another step's figures (bonsai-run's per-step means).
+  OffloadTimes &operator+=(const OffloadTimes &other) {
+    toDeviceBytes += other.toDeviceBytes;
+    toHostBytes += other.toHostBytes;
+    toDeviceSeconds += other.toDeviceSeconds;
+    toHostSeconds += other.toHostSeconds;
+    exposedSeconds += other.exposedSeconds;
+    hostStepSeconds += other.hostStepSeconds;
+    return *this;
+  }
 };
 
 /// The kernels of one plan, run on the CPU or on a GPU.

@@ -222,6 +222,11 @@ struct LoadedPlan {
     uint64_t hostToDevice = 0, deviceToHost = 0;
   };
   PcieBytes pcieBytesPerStep(uint32_t microBatches) const;
+  /// Whether `kernel`, a copy across memory spaces (kCrossesSpaces), writes pinned host
+  /// memory (a copy to the host) rather than the device.
+  bool copiesToHost(const KernelInfo &kernel) const {
+    return arenas[tensors[kernel.outputs[0]].arena].space == MemorySpace::PinnedHost;
+  }
   /// The first kernel that updates a parameter in the backward pass (a plan compiled with the
   /// recipe's update_in_backward keeps no gradients), if any.
   std::optional<size_t> updateInBackward() const;
