@@ -2,12 +2,14 @@
 # bench/offload_h200.sh DIR BONSAI_RUN [PARTS] - on the GPU machine, the plans of
 # bench/prepare_offload_run.sh through bench/offload_bench.py, with BONSAI_RUN a CUDA build's
 # bonsai-run (test/gpu/prepare.sh's bin-sm90a/bonsai-run). PARTS picks models:
-# small (Llama 124M and TinyLlama-1.1B, the default) and 7b (Llama-2-7B, 16k tokens per step:
-# about three minutes). Logs under $OUT when it is set.
+# small (Llama 124M and TinyLlama-1.1B, the default), 7b (Llama-2-7B, 16k tokens per step:
+# about three minutes) and act (activation offload: Llama-2-7B at 32k tokens against its
+# on-device step, Llama-3-8B QLoRA at 16k and 32k against the recompute-only plan: about four
+# minutes). Logs under $OUT when it is set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dir="${1:?usage: bench/offload_h200.sh DIR BONSAI_RUN [small,7b]}"
-run="${2:?usage: bench/offload_h200.sh DIR BONSAI_RUN [small,7b]}"
+dir="${1:?usage: bench/offload_h200.sh DIR BONSAI_RUN [small,7b,act]}"
+run="${2:?usage: bench/offload_h200.sh DIR BONSAI_RUN [small,7b,act]}"
 parts="${3:-small}"
 [ -d "$dir" ] || tar -xJf "$dir.tar.xz"
 out="${OUT:-/tmp/offload_h200}"
@@ -25,4 +27,9 @@ case ",$parts," in *,small,*)
 esac
 case ",$parts," in *,7b,*)
   bench llama2_7b gpu,inbwd-gpu,inbwd-offload,inbwd-host,inbwd-auto 4 2 ;;
+esac
+case ",$parts," in *,act,*)
+  bench llama2_7b_b16 gpu,inbwd-auto-act 4 2
+  bench llama3_8b_qlora_s16384 full,full-act,auto-act 4 2
+  bench llama3_8b_qlora_s32768 full,full-act,auto-act 4 2 ;;
 esac

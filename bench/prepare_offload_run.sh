@@ -18,7 +18,8 @@
 # for Llama 124M (B16 S1024) and TinyLlama-1.1B (B4 S2048), and for Llama-2-7B (B8 S2048, 16k
 # tokens, remat "full") gpu, inbwd-gpu, inbwd-offload, inbwd-host and inbwd-auto, the last
 # three compiled for a 24 GiB budget; and the curve of tokens per step (issue #24): Llama-2-7B
-# at B2, B4 and B16 (4k, 8k and 32k tokens), gpu and inbwd-auto, named llama2_7b_bN.
+# at B2, B4 and B16 (4k, 8k and 32k tokens), gpu and inbwd-auto, named llama2_7b_bN; and the
+# activation-offload plans listed further down.
 # The plans carry no weights (bonsai-run initialises them), so the pack is small; the GPU
 # machine runs them with the bonsai-run of test/gpu/prepare.sh: bench/offload_h200.sh.
 set -euo pipefail
@@ -85,6 +86,34 @@ for batch in 2 4 16; do
   plan "$dir/plans/llama2_7b.mlir" llama2_7b_b$batch gpu full
   plan "$dir/plans/llama2_7b.mlir" llama2_7b_b$batch inbwd-auto full --device-memory=24GiB
 done
-rm -f "$dir/plans/recipe.mlir" "$dir/plans/llama2_7b.mlir"
+# Activation offload (docs/remat.md, "Offloading activations"): the 32k point of the curve
+# (inbwd-auto with the saved activations offloaded too), and Llama-3-8B QLoRA at 16k and 32k
+# tokens (B1): recompute-only (`full`, 24 GiB where it fits, else 40 GiB), `full` with the
+# saved activations offloaded, and `auto` with them, both at 24 GiB.
+python3 scripts/gen_models.py --print llama2_7b --set=batch=16 --set=seq=2048 \
+  > "$dir/plans/llama2_7b.mlir"
+recipe "$dir/plans/recipe.mlir" 1 3 full
+sed -i 's/"master_weights"\]/"master_weights", "activations"]/' "$dir/plans/recipe.mlir"
+/usr/bin/time -f "compile %e s" "$compile" "$dir/plans/llama2_7b.mlir" "$dir/plans/recipe.mlir" \
+  --target=h200 --device-memory=24GiB -o "$dir/plans/llama2_7b_b16.inbwd-auto-act.plan" \
+  > "$dir/plans/llama2_7b_b16.inbwd-auto-act.txt" 2>&1 ||
+  grep -m1 "error:" "$dir/plans/llama2_7b_b16.inbwd-auto-act.txt" || true
+qlora() { # SEQ VARIANT REMAT ACTIVATIONS BUDGET
+  local name="llama3_8b_qlora_s$1"
+  python3 scripts/gen_models.py --print llama3_8b --set=seq="$1" > "$dir/plans/llama3_8b.mlir"
+  sed -e "s/\"auto\"/\"$3\"/" -e 's/sm_89/sm_90/' examples/recipes/qlora.mlir > "$dir/plans/recipe.mlir"
+  [ "$4" = 1 ] && sed -i 's/^}/  bonsai.offload ["activations"]\n}/' "$dir/plans/recipe.mlir"
+  /usr/bin/time -f "compile %e s" "$compile" "$dir/plans/llama3_8b.mlir" "$dir/plans/recipe.mlir" \
+    --target=h200 --device-memory="$5" --fit-offload=false -o "$dir/plans/$name.$2.plan" \
+    > "$dir/plans/$name.$2.txt" 2>&1 || grep -m1 "error:" "$dir/plans/$name.$2.txt" || true
+  echo "$name $2: $(grep -E 'peak device' "$dir/plans/$name.$2.txt" | head -1 | tr -s ' ') ($(tail -1 "$dir/plans/$name.$2.txt"))"
+}
+qlora 16384 full full 0 24GiB
+qlora 32768 full full 0 40GiB
+for seq in 16384 32768; do
+  qlora $seq full-act full 1 24GiB
+  qlora $seq auto-act auto 1 24GiB
+done
+rm -f "$dir/plans/recipe.mlir" "$dir/plans/llama2_7b.mlir" "$dir/plans/llama3_8b.mlir"
 tar -C "$(dirname "$dir")" -cJf "$dir.tar.xz" "$(basename "$dir")"
 du -sh "$dir" "$dir.tar.xz"

@@ -8,6 +8,8 @@
 #include "bonsai/Analysis/StepTime.h"
 
 #include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
+#include "mlir/Interfaces/ViewLikeInterface.h"
+#include "llvm/ADT/DenseSet.h"
 
 #include <algorithm>
 
@@ -71,11 +73,53 @@ StepPrediction mlir::bonsai::predictStep(func::FuncOp function, const StepRates 
   llvm::StringMap<double> phaseStart;
   double clock = 0;
   double kernels = 0;
+  // Offloaded activations (bonsai-offload-activations): out on the device-to-host link as the
+  // forward pass computes, all of them done before the backward pass starts (the runtime
+  // joins the copy streams at the end of a phase); back on the host-to-device link, each
+  // issued once the reader of the one before has started (bonsai-schedule's one group
+  // ahead), its reader waiting for it. Their link time is not shared with streamed updates'.
+  double runs = double(std::max<int64_t>(microBatches, 1));
+  double link = rates.offload.linkBytesPerSecond;
+  double outFree = 0, backFree = 0, previousReader = 0;
+  bool forwardDone = false;
+  llvm::DenseMap<Value, double> arrival;
+  llvm::DenseSet<Value> read;
   for (Operation &op : function.getBody().front()) {
+    if (auto out = dyn_cast<CopyToHostOp>(op);
+        out && link > 0 && llvm::any_of(out->getUsers(), llvm::IsaPred<CopyH2DOp>)) {
+      outFree = std::max(outFree, clock) + getStorageBytes(out.getType()) * runs / link;
+      continue;
+    }
+    if (auto back = dyn_cast<CopyH2DOp>(op);
+        back && link > 0 && back.getSource().getDefiningOp<CopyToHostOp>()) {
+      backFree = std::max(backFree, previousReader) + getStorageBytes(back.getType()) * runs / link;
+      arrival[back.getResult()] = backFree;
+      continue;
+    }
     // Copies run on the link, not on the compute stream: the updates they serve count them.
     if (isa<CopyH2DOp, CopyD2HOp, CopyToHostOp, CopyToDeviceOp>(op))
       continue;
     StringRef phase = phaseOf(&op);
+    if (phase != "forward" && !forwardDone) {
+      forwardDone = true;
+      clock = std::max(clock, outFree);
+    }
+    if (auto view = dyn_cast<ViewLikeOpInterface>(op)) {
+      // A view remade on a reloaded copy arrives with it.
+      if (auto it = arrival.find(view.getViewSource()); it != arrival.end()) {
+        double when = it->second;
+        arrival[op.getResult(0)] = when;
+        continue;
+      }
+    }
+    bool firstRead = false;
+    for (Value operand : op.getOperands())
+      if (auto it = arrival.find(operand); it != arrival.end()) {
+        clock = std::max(clock, it->second);
+        firstRead |= read.insert(operand).second;
+      }
+    if (firstRead)
+      previousReader = clock;
     phaseStart.try_emplace(phase, clock);
     double seconds = estimateOpSeconds(&op, rates);
     auto update = dyn_cast<OptimizerStateOpInterface>(op);
@@ -93,9 +137,9 @@ StepPrediction mlir::bonsai::predictStep(func::FuncOp function, const StepRates 
       }
     if (!streamed && !host) {
       // Forward and backward run once per micro-batch, the update once.
-      double runs = phase == "update" ? 1.0 : double(std::max<int64_t>(microBatches, 1));
-      clock += seconds * runs;
-      kernels += seconds * runs;
+      double times = phase == "update" ? 1.0 : runs;
+      clock += seconds * times;
+      kernels += seconds * times;
       continue;
     }
     UpdateWork work;

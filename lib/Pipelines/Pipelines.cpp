@@ -77,6 +77,7 @@ void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &o
     remat.policy = options.remat;
     remat.deviceMemory = options.deviceMemory;
     remat.target = options.target;
+    remat.profile = options.profile.empty() ? options.target : options.profile;
     remat.perValueRemarks = false;
     remat.timeLimit = options.rematTimeLimit;
     // Policy auto plans trials as the pipeline will plan the step: fused.
@@ -103,6 +104,11 @@ void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &o
     kernels.target = options.target;
     pm.addPass(createBonsaiGenerateElementwiseKernelsPass(kernels));
   }
+  // The saved activations bonsai-remat chose to offload get their copies once fusion has
+  // matched the graph without them, so that the fused step computes what it would without
+  // offload (a no-op unless the recipe offloads activations). Only the summary remark.
+  if (options.train)
+    pm.addPass(createBonsaiOffloadActivationsPass());
   // The step time on the target, predicted on the step as it will run: recomputed clones and
   // fused kernels included (docs/offload.md, "Predicted step time").
   if (options.train) {

@@ -42,6 +42,9 @@ enum class UpdatePlace {
 struct OffloadRequest {
   bool optimizerState = false;
   bool masterWeights = false;
+  /// Saved activations: bonsai-remat keeps them in host memory (its third choice); this pass
+  /// only checks that the step has some.
+  bool activations = false;
   UpdatePlace place = UpdatePlace::Device;
   /// Where diagnostics about the request point: the directive, or the module for the option.
   Location loc;
@@ -73,7 +76,7 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
         where = directives.front().getUpdate().value_or("").str();
       loc = directives.front().getLoc();
     }
-    OffloadRequest request{false, false, UpdatePlace::Device, loc};
+    OffloadRequest request{false, false, false, UpdatePlace::Device, loc};
     if (where == "host") {
       request.place = UpdatePlace::Host;
     } else if (where == "auto") {
@@ -88,14 +91,16 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
         request.optimizerState = true;
       } else if (name == kMasterWeights) {
         request.masterWeights = true;
-      } else if (llvm::is_contained({"parameters", "gradients", "activations"}, name)) {
+      } else if (name == "activations") {
+        request.activations = true;
+      } else if (llvm::is_contained({"parameters", "gradients"}, name)) {
         emitError(loc) << "offloading '" << name
-                       << "' is not built yet: this compiler offloads 'optimizer_state' and "
-                          "'master_weights' (docs/offload.md)";
+                       << "' is not built yet: this compiler offloads 'optimizer_state', "
+                          "'master_weights' and 'activations' (docs/offload.md)";
         return failure();
       } else {
         emitError(loc) << "unknown state class '" << name
-                       << "'; expected 'optimizer_state' or 'master_weights'";
+                       << "'; expected 'optimizer_state', 'master_weights' or 'activations'";
         return failure();
       }
     }
@@ -205,6 +210,20 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
   }
 
   LogicalResult offload(func::FuncOp function, const OffloadRequest &request) {
+    if (request.activations && !function
+                                    .walk([](Operation *op) {
+                                      auto phase = op->getAttrOfType<StringAttr>("bonsai.phase");
+                                      return phase && phase.getValue() == "backward"
+                                                 ? WalkResult::interrupt()
+                                                 : WalkResult::advance();
+                                    })
+                                    .wasInterrupted())
+      return emitError(request.loc)
+             << "cannot offload 'activations': '" << function.getSymName()
+             << "' has no backward pass (the recipe has no bonsai.optimizer), so it keeps no "
+                "activations for one";
+    if (!request.optimizerState && !request.masterWeights)
+      return success(); // Activations only: bonsai-remat offloads them.
     SmallVector<OptimizerStateOpInterface> updates;
     function.walk([&](OptimizerStateOpInterface update) { updates.push_back(update); });
     if (failed(checkClassesExist(function, updates, request)))

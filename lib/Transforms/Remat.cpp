@@ -11,12 +11,15 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "Remat/ActivationOffload.h"
 #include "Remat/PeakModel.h"
 #include "Remat/RematGraph.h"
 
 #include "bonsai/Analysis/PlanSummary.h"
+#include "bonsai/Analysis/StepTime.h"
 #include "bonsai/Conversion/Passes.h"
 #include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
+#include "bonsai/Target/TargetProfile.h"
 #include "bonsai/Transforms/Passes.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Pass/PassManager.h"
@@ -95,12 +98,13 @@ std::string percent(int64_t part, int64_t whole) {
 // Trial plans
 //===----------------------------------------------------------------------===//
 
-/// Plans copies of one function with recompute sets applied, through the pipeline's own
-/// lowering, scheduling and memory-planning passes; results are memoised by set.
+/// Plans copies of one function with recompute sets applied (and, with activation offload,
+/// saved activations offloaded), through the pipeline's own lowering, scheduling and
+/// memory-planning passes; results are memoised by set.
 class TrialPlanner {
 public:
-  TrialPlanner(func::FuncOp function, StringRef target, bool fuse,
-               ArrayRef<std::string> fuseDisable)
+  TrialPlanner(func::FuncOp function, StringRef target, StringRef profile, bool fuse,
+               ArrayRef<std::string> fuseDisable, bool offload)
       : function(function), pm(function.getContext()) {
     // The copies are made by this pass and lowered at once: verifying each is wasted time.
     pm.enableVerifier(false);
@@ -114,6 +118,14 @@ public:
       fusion.disable.assign(fuseDisable.begin(), fuseDisable.end());
       pm.addPass(createBonsaiFusePass(fusion));
     }
+    // Activation offload places its copies after fusion, as the pipeline does, and its
+    // choices are weighed by the predicted step time (getPredictedSeconds).
+    if (offload) {
+      pm.addPass(createBonsaiOffloadActivationsPass());
+      BonsaiPredictStepPassOptions predict;
+      predict.target = profile.str();
+      pm.addPass(createBonsaiPredictStepPass(predict));
+    }
     BonsaiLowerToPlanPassOptions lower;
     lower.target = target.str();
     pm.addPass(createBonsaiLowerToPlanPass(lower));
@@ -121,19 +133,34 @@ public:
     pm.addPass(createBonsaiPlanMemoryPass());
   }
 
-  /// The planned memory of the step with `recompute` applied; with `materialization`, also
-  /// what the plan keeps in per-step buffers, by op of the function (the set is planned again
-  /// even if it was before: its plan must carry the tags).
+  /// With activation offload: the bytes evaluate(recompute) offloads.
+  void setOffloadBytes(int64_t bytes) { defaultOffload = bytes; }
+
+  /// The planned memory of the step with `recompute` applied and, with activation offload,
+  /// the default bytes of saved activations offloaded.
+  FailureOr<PlanMemorySummary> evaluate(const BitVector &recompute) {
+    return evaluate(recompute, defaultOffload);
+  }
+
+  /// The planned memory of the step with `recompute` applied and, given `offloadBytes`, up to
+  /// that many bytes of saved activations offloaded (kOffloadActivationsAttr); with
+  /// `materialization`, also what the plan keeps in per-step buffers, by op of the function
+  /// (the set is planned again even if it was before: its plan must carry the tags).
   FailureOr<PlanMemorySummary> evaluate(const BitVector &recompute,
+                                        std::optional<int64_t> offloadBytes,
                                         Materialization *materialization = nullptr) {
-    if (auto it = memo.find(recompute); it != memo.end() && !materialization)
-      return it->second;
+    std::pair<BitVector, int64_t> key{recompute, offloadBytes.value_or(-1)};
+    if (auto it = memo.find(key); it != memo.end() && !materialization)
+      return it->second.first;
     OwningOpRef<ModuleOp> scratch = ModuleOp::create(function.getLoc());
     auto copy = cast<func::FuncOp>(function->clone());
     scratch->push_back(copy);
     if (materialization)
       tagPositions(copy);
     applyRecompute(collectForwardOps(copy), recompute);
+    if (offloadBytes)
+      copy->setAttr(kOffloadActivationsAttr,
+                    IntegerAttr::get(IntegerType::get(copy.getContext(), 64), *offloadBytes));
     // Remarks about the copies (bonsai-fuse's) would read as remarks about the model.
     ScopedDiagnosticHandler quiet(function.getContext(), [](Diagnostic &diagnostic) {
       return success(diagnostic.getSeverity() == DiagnosticSeverity::Remark);
@@ -144,9 +171,11 @@ public:
     if (steps.empty())
       return function.emitError("bonsai-remat's trial lowering produced no step");
     PlanMemorySummary summary = summarizePlanMemory(*steps.begin());
+    if (auto seconds = (*steps.begin())->getAttrOfType<FloatAttr>("bonsai.predicted_step_seconds"))
+      predicted[key] = seconds.getValueAsDouble();
     if (materialization)
       *materialization = readMaterialization(function, *steps.begin());
-    memo.try_emplace(recompute, summary);
+    memo.try_emplace(key, summary, recompute);
     LLVM_DEBUG({
       llvm::dbgs() << "trial " << memo.size() << ": peak " << summary.peakDevice << " set";
       for (unsigned i : recompute.set_bits())
@@ -159,12 +188,19 @@ public:
   /// Trial plans made so far (distinct sets).
   unsigned getNumPlans() const { return memo.size(); }
 
+  /// The predicted step time of a set planned with activation offload (infinity if none).
+  double getPredictedSeconds(const BitVector &recompute, std::optional<int64_t> offloadBytes) {
+    auto it = predicted.find({recompute, offloadBytes.value_or(-1)});
+    return it == predicted.end() ? INFINITY : it->second;
+  }
+
   /// The trial with the smallest peak so far (ties: the fewest FLOPs, then the first set in
   /// position order), as its peak and set.
   std::pair<int64_t, BitVector> getSmallestPeak(const ForwardGraph &g) const {
     std::tuple<int64_t, int64_t, SmallVector<unsigned>> best{INT64_MAX, 0, {}};
     BitVector bestSet;
-    for (auto &[set, summary] : memo) {
+    for (auto &[memoKey, planned] : memo) {
+      auto &[summary, set] = planned;
       std::tuple<int64_t, int64_t, SmallVector<unsigned>> key{summary.peakDevice, g.getFlops(set),
                                                               llvm::to_vector(set.set_bits())};
       if (bestSet.empty() || key < best) {
@@ -178,7 +214,11 @@ public:
 private:
   func::FuncOp function;
   PassManager pm;
-  llvm::DenseMap<BitVector, PlanMemorySummary> memo;
+  /// With activation offload, what evaluate(recompute) offloads.
+  std::optional<int64_t> defaultOffload;
+  /// By recompute set and bytes offloaded (-1: no offload): the plan's memory and the set.
+  llvm::DenseMap<std::pair<BitVector, int64_t>, std::pair<PlanMemorySummary, BitVector>> memo;
+  llvm::DenseMap<std::pair<BitVector, int64_t>, double> predicted;
 };
 
 //===----------------------------------------------------------------------===//
@@ -271,8 +311,17 @@ struct RematPass : impl::BonsaiRematPassBase<RematPass> {
   enum class InfeasibleScope { Fixed, Exhaustive, Greedy };
   LogicalResult reportInfeasible(func::FuncOp function, const ForwardGraph &g,
                                  TrialPlanner &planner, int64_t budget, InfeasibleScope scope);
-  LogicalResult rematFunction(func::FuncOp function, StringRef chosen, int64_t budget);
+  FailureOr<int64_t> keepOnDevice(TrialPlanner &planner, const PeakModel &model, int64_t budget,
+                                  const Trial &chosen, int64_t offloadBytes);
+  /// The bytes of saved activations the link can move to the host while the forward pass of
+  /// `g` computes, at the rates of the `profile` option's target (INT64_MAX without rates).
+  int64_t getOffloadLinkBudget(const ForwardGraph &g);
+  LogicalResult rematFunction(func::FuncOp function, StringRef chosen, int64_t budget,
+                              bool offload);
   void runOnOperation() override;
+
+  /// The function being decided offloads its saved activations (for the diagnostics).
+  bool offloading = false;
 };
 
 /// The greedy on the peak model for one model budget: drops candidates until the model's live
@@ -780,8 +829,11 @@ LogicalResult RematPass::reportInfeasible(func::FuncOp function, const ForwardGr
   unsigned tensors = 0;
   for (unsigned i : set.set_bits())
     tensors += !g.isView.test(i);
-  InFlightDiagnostic diag = function.emitError() << "no recomputation fits the budget of "
-                                                 << formatBytes(budget) << ": ";
+  InFlightDiagnostic diag = function.emitError()
+                            << "no recomputation fits the budget of " << formatBytes(budget);
+  if (offloading)
+    diag << " with the saved activations in pinned host memory";
+  diag << ": ";
   switch (scope) {
   case InfeasibleScope::Fixed:
     diag << "weights, gradients, optimizer state and inputs alone take "
@@ -806,7 +858,64 @@ LogicalResult RematPass::reportInfeasible(func::FuncOp function, const ForwardGr
   return failure();
 }
 
-LogicalResult RematPass::rematFunction(func::FuncOp function, StringRef chosen, int64_t budget) {
+/// Activation offload's third choice, after the recompute set is chosen: of the values the
+/// search offloads, those with the shortest stays between the passes, whose transfers the
+/// fewest ops would hide and which free the least, stay on the device instead, as many as
+/// the model (calibrated on the plan with all of them offloaded) says fit; a real plan
+/// confirms, and where it does not fit, half as many stay (at most kMaxConfirmations plans).
+/// Returns the bytes to offload (kOffloadActivationsAttr).
+FailureOr<int64_t> RematPass::keepOnDevice(TrialPlanner &planner, const PeakModel &model,
+                                           int64_t budget, const Trial &chosen,
+                                           int64_t offloadBytes) {
+  constexpr unsigned kMaxConfirmations = 6;
+  SmallVector<std::pair<int64_t, unsigned>> offloaded =
+      model.getOffloaded(chosen.recompute, offloadBytes);
+  BitVector set = model.getOffloadedSet(chosen.recompute, offloadBytes);
+  FailureOr<PlanMemorySummary> all = planner.evaluate(chosen.recompute, offloadBytes);
+  if (failed(all))
+    return failure();
+  int64_t calibration = all->peakDevice - model.getPeak(chosen.recompute, &set);
+  // The offloaded bytes with the shortest k stays kept on the device, for each k the model
+  // allows.
+  int64_t total = 0;
+  for (auto [stay, op] : offloaded)
+    total += model.getBytes(op);
+  SmallVector<int64_t> remaining{total};
+  for (auto [stay, op] : llvm::reverse(offloaded)) {
+    set.reset(op);
+    if (model.getPeak(chosen.recompute, &set) + calibration > budget)
+      break;
+    remaining.push_back(remaining.back() - model.getBytes(op));
+  }
+  for (unsigned count = remaining.size() - 1, round = 0; count > 0 && round < kMaxConfirmations;
+       count /= 2, ++round) {
+    FailureOr<PlanMemorySummary> planned = planner.evaluate(chosen.recompute, remaining[count]);
+    if (failed(planned))
+      return failure();
+    if (planned->peakDevice <= budget)
+      return remaining[count];
+  }
+  return offloadBytes;
+}
+
+int64_t RematPass::getOffloadLinkBudget(const ForwardGraph &g) {
+  // The share of the forward pass's time the copies out may take: what they move beyond it
+  // the backward pass waits for (every copy out ends before the backward pass starts).
+  constexpr double kForwardShare = 0.8;
+  std::optional<TargetProfile> p = lookupTargetProfile(profile.empty() ? target : profile);
+  if (!p || !(p->bf16Tflops > 0) || !(p->memoryBandwidthGBs > 0) || !(p->linkBandwidthGBs > 0))
+    return INT64_MAX;
+  StepRates rates = sustainedStepRates(p->bf16Tflops, p->memoryBandwidthGBs, p->linkBandwidthGBs,
+                                       p->hostUpdateGParamsPerSecond);
+  double forward = 0;
+  for (Operation *op : g.ops)
+    forward += estimateOpSeconds(op, rates);
+  return int64_t(forward * kForwardShare * rates.offload.linkBytesPerSecond);
+}
+
+LogicalResult RematPass::rematFunction(func::FuncOp function, StringRef chosen, int64_t budget,
+                                       bool offload) {
+  offloading = offload;
   ForwardGraph g = analyzeForwardGraph(function);
   if (!g.hasBackward)
     return function.emitError() << "bonsai-remat works on the joint forward+backward graph, "
@@ -821,28 +930,62 @@ LogicalResult RematPass::rematFunction(func::FuncOp function, StringRef chosen, 
                               "is none: give device-memory, or a recipe target with "
                               "device_memory");
 
-  TrialPlanner planner(function, target, fuse, fuseDisable);
+  TrialPlanner planner(function, target, profile.empty() ? target : profile, fuse, fuseDisable,
+                       offload);
   // The baseline keeps everything it may: only what is always recomputed is. Auto's peak
-  // model reads what its plan materialises.
+  // model, and activation offload, read what its plan materialises.
   Materialization materialization;
   BitVector baseline = g.resolve(BitVector(g.size()));
-  FailureOr<PlanMemorySummary> baseSummary =
-      planner.evaluate(baseline, chosen == "auto" ? &materialization : nullptr);
+  FailureOr<PlanMemorySummary> baseSummary = planner.evaluate(
+      baseline, std::nullopt, chosen == "auto" || offload ? &materialization : nullptr);
   if (failed(baseSummary))
     return failure();
   std::optional<Trial> none = Trial{baseline, g.getFlops(baseline), baseSummary->peakDevice};
+
+  // Activation offload: of the values a set keeps for the backward pass that the plan gives a
+  // buffer, the longest stays first, as many bytes as the link moves while the forward pass
+  // computes (what it moves beyond that, the step waits for), fewer where auto keeps some on
+  // the device (keepOnDevice). The model judges the unfused values;
+  // bonsai-offload-activations offloads the fused step's by the same rule.
+  BitVector materialized(g.size());
+  if (offload) {
+    SmallVector<Operation *> positions = collectPositions(function);
+    for (auto [p, op] : llvm::enumerate(positions))
+      if (llvm::any_of(materialization.resultBytes[p], [](int64_t bytes) { return bytes > 0; }))
+        if (auto it = llvm::find(g.ops, op); it != g.ops.end())
+          materialized.set(it - g.ops.begin());
+  }
+  auto offloadOf = [&](const BitVector &recompute) {
+    return getOffloadable(g, recompute, materialized);
+  };
+  std::optional<int64_t> offloadBytes;
+  if (offload) {
+    offloadBytes = getOffloadLinkBudget(g);
+    planner.setOffloadBytes(*offloadBytes);
+  }
 
   Trial chosenTrial = *none;
   std::string how;
   if (chosen == "auto") {
     if (search != "compare" && none->peak <= budget) {
-      emitRemark(function.getLoc())
-          << "bonsai-remat (policy 'auto'): the plan fits the budget of " << formatBytes(budget)
-          << " without recomputation (planned device peak " << formatBytes(none->peak) << ")";
+      InFlightDiagnostic remark = emitRemark(function.getLoc());
+      remark << "bonsai-remat (policy 'auto'): the plan fits the budget of " << formatBytes(budget)
+             << " without recomputation (planned device peak " << formatBytes(none->peak) << ")";
+      if (offload)
+        remark << "; every saved activation stays on the device, none is offloaded";
       peakBefore = peakAfter = none->peak;
       numPlans += planner.getNumPlans();
       applyRecompute(g.ops, none->recompute);
       return success();
+    }
+    // With activation offload the search starts from the baseline with its saved
+    // activations offloaded, and recomputes only what that does not fit.
+    std::optional<Trial> start = none;
+    if (offload) {
+      FailureOr<Trial> offloadedBaseline = evaluate(g, planner, baseline);
+      if (failed(offloadedBaseline))
+        return failure();
+      start = *offloadedBaseline;
     }
     SmallVector<std::pair<StringRef, Trial>> fixed;
     for (StringRef policy : {"selective", "full", "everything"}) {
@@ -852,8 +995,10 @@ LogicalResult RematPass::rematFunction(func::FuncOp function, StringRef chosen, 
       fixed.emplace_back(policy, *trial);
     }
     PeakModel model(function, g, materialization);
+    if (offload)
+      model.setOffloadChoice(offloadOf, *offloadBytes);
     if (search == "compare")
-      return compareSearches(function, g, planner, model, *none, fixed);
+      return compareSearches(function, g, planner, model, *start, fixed);
     // Recomputation moves activations only: weights, gradients, optimizer state and inputs
     // stay. A budget below them is out of reach without searching.
     FailureOr<PlanMemorySummary> base = planner.evaluate(none->recompute);
@@ -863,7 +1008,9 @@ LogicalResult RematPass::rematFunction(func::FuncOp function, StringRef chosen, 
       return reportInfeasible(function, g, planner, budget, InfeasibleScope::Fixed);
     SearchClock clock(timeLimit);
     FailureOr<Trial> found =
-        searchAuto(g, planner, model, budget, *none, fixed, search == "exhaustive", clock);
+        start->peak <= budget
+            ? FailureOr<Trial>(*start)
+            : searchAuto(g, planner, model, budget, *start, fixed, search == "exhaustive", clock);
     if (failed(found))
       return failure();
     bool outOfTime = clock.expired();
@@ -878,6 +1025,30 @@ LogicalResult RematPass::rematFunction(func::FuncOp function, StringRef chosen, 
                               search == "exhaustive" ? InfeasibleScope::Exhaustive
                                                      : InfeasibleScope::Greedy);
     chosenTrial = *found;
+    if (offload) {
+      // Fastest first: the search minimises recomputation with the link taken as free, and a
+      // transfer the link does not hide costs time as recomputation does. A fixed policy that
+      // fits with its activations offloaded and is predicted faster wins.
+      double seconds = planner.getPredictedSeconds(chosenTrial.recompute, offloadBytes);
+      for (auto &[policy, trial] : fixed) {
+        double fixedSeconds = planner.getPredictedSeconds(trial.recompute, offloadBytes);
+        if (trial.peak <= budget && fixedSeconds < seconds) {
+          LLVM_DEBUG(llvm::dbgs() << "policy " << policy << " is predicted faster: " << fixedSeconds
+                                  << " s against " << seconds << " s\n");
+          chosenTrial = trial;
+          seconds = fixedSeconds;
+        }
+      }
+      // Then what the budget leaves room for stays on the device.
+      FailureOr<int64_t> bytes = keepOnDevice(planner, model, budget, chosenTrial, *offloadBytes);
+      if (failed(bytes))
+        return failure();
+      offloadBytes = *bytes;
+      FailureOr<PlanMemorySummary> planned = planner.evaluate(chosenTrial.recompute, offloadBytes);
+      if (failed(planned))
+        return failure();
+      chosenTrial.peak = planned->peakDevice;
+    }
     how = (Twine("search ") + search + ", " + Twine(planner.getNumPlans()) + " trial plans in " +
            fixedPoint(clock.getElapsed()) + " s; budget " + formatBytes(budget))
               .str();
@@ -924,6 +1095,20 @@ LogicalResult RematPass::rematFunction(func::FuncOp function, StringRef chosen, 
             << percent(chosenTrial.flops, g.stepFlops) << " of the step's "
             << withCommas(g.stepFlops);
   }
+  if (offloadBytes && *offloadBytes == 0) {
+    summary << "; offloads no saved activation: the budget holds them on the device";
+  } else if (offloadBytes) {
+    summary << "; offloads saved activations to pinned host memory between the passes, the "
+               "longest stays first";
+    if (*offloadBytes < INT64_MAX)
+      summary << ", up to " << formatBytes(*offloadBytes)
+              << (*offloadBytes == getOffloadLinkBudget(g)
+                      ? " (what the link moves during the forward pass)"
+                      : " (the rest fits on the device)");
+  }
+  if (offloadBytes && *offloadBytes > 0)
+    function->setAttr(kOffloadActivationsAttr,
+                      IntegerAttr::get(IntegerType::get(function.getContext(), 64), *offloadBytes));
   summary << "; planned device peak " << formatBytes(none->peak) << " -> "
           << formatBytes(chosenTrial.peak);
   if (!how.empty())
@@ -971,11 +1156,17 @@ void RematPass::runOnOperation() {
                                                                   : WalkResult::advance();
                                  })
                                  .wasInterrupted();
-  if (chosen == "none" && !anyAlwaysRecomputed)
+  // Activation offload: the option, else the recipe's bonsai.offload.
+  bool offload = offloadActivations;
+  module.walk([&](OffloadDirectiveOp directive) {
+    offload |= llvm::is_contained(directive.getClasses().getAsValueRange<StringAttr>(),
+                                  StringRef("activations"));
+  });
+  if (chosen == "none" && !anyAlwaysRecomputed && !offload)
     return;
   for (auto function : module.getOps<func::FuncOp>())
     if (!function.isExternal() && !function.getBody().getOps<ParamOp>().empty())
-      if (failed(rematFunction(function, chosen, budget)))
+      if (failed(rematFunction(function, chosen, budget, offload)))
         return signalPassFailure();
 }
 

@@ -85,8 +85,11 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
   /// they cross PCIe while that op, the previous group's copies back and whatever compute lies
   /// between run. Device-to-host copies stay right after their update; a retain of their
   /// sources before the next group's reader keeps the planner from handing those bytes to
-  /// the compute stream while the copy may still read them. The runtime derives every wait
-  /// from the bytes (orderStreams), so this order is a performance choice only.
+  /// the compute stream while the copy may still read them. Offloaded activations go out in
+  /// the forward pass, which reads no group: their sources are kept until the next copy out
+  /// (the work between hides the copy) and come back in the backward pass as groups do. The
+  /// runtime derives every wait from the bytes (orderStreams), so this order is a
+  /// performance choice only.
   /// Returns the groups moved and the sources retained.
   std::pair<unsigned, unsigned> overlapCopies(Block &body) {
     unsigned prefetched = 0, retainedSources = 0;
@@ -150,6 +153,7 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
     for (LaunchOp copy : backCopies) {
       Operation *until = nullptr, *last = copy;
       bool sawWork = false;
+      bool activation = copy.getPhase() == plan::Phase::Forward;
       // A copy staged for an update on the host: its source is kept until the update after
       // the one that reads it, so that one update's compute covers the copy.
       plan::BufferOp staged = plan::getUnderlyingBuffer(copy.getOuts()[0]);
@@ -159,6 +163,10 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
           break;
         last = op;
         auto launch = dyn_cast<LaunchOp>(op);
+        if (activation && sawWork && launch && launch.getStream() == kDeviceToHost) {
+          until = op;
+          break;
+        }
         if (launch && launch.getStream() == kHost) {
           if (readOnHost) {
             until = op;

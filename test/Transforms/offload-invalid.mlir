@@ -1,12 +1,13 @@
 // RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer --bonsai-offload %s -split-input-file -verify-diagnostics
 // RUN: bonsai-opt --bonsai-offload %S/Inputs/offload-frozen.mlir -verify-diagnostics
 // RUN: bonsai-opt --bonsai-offload %S/Inputs/offload-shared-state.mlir -verify-diagnostics
+// RUN: bonsai-opt --bonsai-offload %S/Inputs/offload-activations-inference.mlir -verify-diagnostics
 // The host step keeps the state in pinned memory too, and refuses the same way.
 // RUN: bonsai-opt --bonsai-offload="classes=optimizer_state update=host" %S/Inputs/offload-shared-state.mlir -verify-diagnostics
 // The pass option replaces the recipe's classes, and is checked the same way.
 // RUN: not bonsai-opt --bonsai-offload=classes=weights %S/Inputs/offload-frozen.mlir 2>&1 | FileCheck %s --check-prefix=OPTION
 // RUN: not bonsai-opt --bonsai-offload=classes=master_weights %S/Inputs/offload-frozen.mlir 2>&1 | FileCheck %s --check-prefix=OPTION-FROZEN
-// OPTION: error: unknown state class 'weights'; expected 'optimizer_state' or 'master_weights'
+// OPTION: error: unknown state class 'weights'; expected 'optimizer_state', 'master_weights' or 'activations'
 // OPTION-FROZEN: error: cannot offload 'master_weights': 'frozen' updates no parameter
 
 // SGD without momentum (the default) keeps no state: there is nothing to offload.
@@ -71,6 +72,6 @@ func.func @parameters(%ids: tensor<1x4xi32>, %labels: tensor<1x4xi32>) -> tensor
 }
 bonsai.recipe @r {
   bonsai.optimizer "adamw" lr 1.0e-3
-  // expected-error @+1 {{offloading 'activations' is not built yet: this compiler offloads 'optimizer_state' and 'master_weights' (docs/offload.md)}}
-  bonsai.offload ["optimizer_state", "activations"]
+  // expected-error @+1 {{offloading 'gradients' is not built yet: this compiler offloads 'optimizer_state', 'master_weights' and 'activations' (docs/offload.md)}}
+  bonsai.offload ["optimizer_state", "gradients"]
 }

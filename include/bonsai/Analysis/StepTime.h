@@ -60,7 +60,10 @@ struct StepPrediction {
 /// the compute stream, those of the forward and backward phases once per micro-batch; each
 /// update whose state is streamed (operands from `bonsai.copy_h2d`) or that runs on the host
 /// (operands from `bonsai.copy_to_host`) placed as the IR says, in the simulation of
-/// UpdatePlacement.h, its streamed state coming in from the start of its phase on.
+/// UpdatePlacement.h, its streamed state coming in from the start of its phase on. Offloaded
+/// activations (bonsai-offload-activations' copies) go out on the link as the forward pass
+/// computes, all before the backward pass starts, and come back one ahead of their readers,
+/// which wait for them.
 StepPrediction predictStep(func::FuncOp function, const StepRates &rates, int64_t microBatches);
 
 } // namespace mlir::bonsai

@@ -398,6 +398,14 @@ def BonsaiRematPass : Pass<"bonsai-remat", "::mlir::ModuleOp"> {
            "(fused kernels keep less: the budget must see what the plan will be)">,
     ListOption<"fuseDisable", "fuse-disable", "std::string",
                "Fusion families the trial plans leave out (bonsai-fuse's disable)">,
+    Option<"profile", "profile", "std::string", /*default=*/"\"\"",
+           "The named target profile (h200, ...) whose link and compute rates bound the " #
+           "bytes of activations offloaded (default: target)">,
+    Option<"offloadActivations", "offload-activations", "bool", /*default=*/"false",
+           "Keep the saved activations the policy does not recompute in pinned host memory " #
+           "between the passes (bonsai-offload-activations places the copies after fusion); " #
+           "auto keeps on the device those the budget allows (also on when the recipe's " #
+           "bonsai.offload lists activations)">,
   ];
   let statistics = [
     Statistic<"numRecomputed", "recomputed", "Tensors recomputed in the backward pass">,
@@ -407,6 +415,40 @@ def BonsaiRematPass : Pass<"bonsai-remat", "::mlir::ModuleOp"> {
     Statistic<"numPlans", "plans-evaluated", "Trial plans lowered and planned">,
   ];
   let dependentDialects = ["::mlir::bonsai::plan::PlanDialect"];
+}
+
+def BonsaiOffloadActivationsPass : Pass<"bonsai-offload-activations", "::mlir::ModuleOp"> {
+  let summary = "Keep the saved activations bonsai-remat offloads in pinned host memory";
+  let description = [{
+    Carries out the third choice of bonsai-remat (docs/remat.md, "Offloading activations"):
+    a function with `bonsai.offload_activations = N` (bytes, set by bonsai-remat when the
+    recipe's `bonsai.offload` lists `activations`) keeps saved activations (results of
+    forward kernels that the backward pass reads, directly or through views, and nothing but
+    forward and backward ops read) in pinned host memory, the longest stays between the
+    passes first, as long as their bytes stay within N; the rest stay on the device. Each offloaded
+    value gets a `bonsai.copy_to_host` right after its op and a `bonsai.copy_h2d` (phase
+    backward) right before its first backward reader; backward readers then read the device
+    copy (views of it are remade after the copy). The attribute is removed.
+
+    Runs after bonsai-fuse: a copy between a value and its readers would hide them from the
+    fusion patterns (flash attention, residual add + norm, the fused loss), and the fused step
+    would then compute differently. The copies only move bytes: training is bit for bit the
+    same as without them.
+
+    ```mlir
+    %h = bonsai.add %x, %o : ...
+    %h_host = bonsai.copy_to_host %h : tensor<4x64x64xf32>
+    ...
+    %h_dev = bonsai.copy_h2d %h_host {bonsai.phase = "backward"} : tensor<4x64x64xf32>
+    %n2 = bonsai.rms_norm %h_dev, %w {bonsai.phase = "backward", bonsai.recomputed} : ...
+    ```
+  }];
+  let statistics = [
+    Statistic<"numOffloaded", "offloaded-activations",
+              "Saved activations kept in pinned host memory between the passes">,
+    Statistic<"bytesOffloaded", "offloaded-activation-bytes",
+              "Bytes of the offloaded activations (each way, per micro-batch)">,
+  ];
 }
 
 def BonsaiFusePass : Pass<"bonsai-fuse", "::mlir::ModuleOp"> {

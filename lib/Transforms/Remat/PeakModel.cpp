@@ -55,7 +55,9 @@ Materialization readMaterialization(func::FuncOp function, plan::StepOp step) {
   Block &body = step.getBody().front();
   llvm::StringSet<> perStep;
   for (auto arena : body.getOps<plan::ArenaOp>())
-    if (arena.getLifetime() == plan::Lifetime::Step)
+    // Per-step device arenas: host copies of offloaded activations take no device memory.
+    if (arena.getLifetime() == plan::Lifetime::Step &&
+        arena.getSpace() == plan::MemorySpace::Device)
       perStep.insert(arena.getSymName());
   for (auto buffer : body.getOps<plan::BufferOp>()) {
     // Inputs and the loss scale live through the whole step whatever is recomputed: they are
@@ -147,10 +149,27 @@ PeakModel::PeakModel(func::FuncOp function, const ForwardGraph &g, const Materia
     for (auto [r, result] : llvm::enumerate(op->getResults())) {
       valueOf[result] = values.size();
       valuesOf[i].push_back(values.size());
-      values.push_back(
-          {unsigned(i), m.resultBytes[position[i]][r], position[i], 0, position[i], {}});
+      values.push_back({unsigned(i),
+                        m.resultBytes[position[i]][r],
+                        position[i],
+                        0,
+                        position[i],
+                        {},
+                        numPositions});
     }
   }
+  // The first backward reader of a value, through forward views.
+  std::function<unsigned(Value)> firstBackwardUse = [&](Value value) -> unsigned {
+    unsigned first = numPositions;
+    for (Operation *user : value.getUsers()) {
+      if (isBackward(user))
+        first = std::min(first, positionOf.lookup(user));
+      else if (auto f = forwardIndex.find(user);
+               f != forwardIndex.end() && g.isView.test(f->second))
+        first = std::min(first, firstBackwardUse(user->getResult(0)));
+    }
+    return first;
+  };
   // Readers, through forward views.
   for (auto [i, op] : llvm::enumerate(g.ops))
     for (Value result : op->getResults()) {
@@ -158,6 +177,7 @@ PeakModel::PeakModel(func::FuncOp function, const ForwardGraph &g, const Materia
       if (it == valueOf.end())
         continue;
       ForwardValue &value = values[it->second];
+      value.firstBackwardRead = firstBackwardUse(result);
       for (Operation *user : result.getUsers()) {
         unsigned p = positionOf.lookup(user);
         if (auto f = forwardIndex.find(user); f != forwardIndex.end()) {
@@ -179,7 +199,7 @@ PeakModel::PeakModel(func::FuncOp function, const ForwardGraph &g, const Materia
     }
 }
 
-void PeakModel::getProfile(const BitVector &recompute, SmallVectorImpl<int64_t> &live) const {
+SmallVector<unsigned> PeakModel::getAnchors(const BitVector &recompute) const {
   unsigned n = g.size();
   // Anchors as applyRecompute places clones: before the first backward reader, or before the
   // first clone that reads it.
@@ -193,8 +213,73 @@ void PeakModel::getProfile(const BitVector &recompute, SmallVectorImpl<int64_t> 
         a = std::min(a, anchor[user]);
     anchor[i] = a;
   }
+  return anchor;
+}
+
+SmallVector<std::pair<int64_t, unsigned>> PeakModel::getOffloaded(const BitVector &recompute,
+                                                                  int64_t bytes) const {
+  SmallVector<std::pair<int64_t, unsigned>> chosen;
+  if (!offloadCandidates)
+    return chosen;
+  BitVector candidates = offloadCandidates(recompute);
+  SmallVector<unsigned> anchor = getAnchors(recompute);
+  SmallVector<std::tuple<int64_t, unsigned, int64_t>> stays; // stay, op, bytes
+  for (unsigned op : candidates.set_bits()) {
+    unsigned first = numPositions;
+    int64_t opBytes = 0;
+    for (unsigned v : valuesOf[op]) {
+      first = std::min(first, values[v].firstBackwardRead);
+      for (unsigned reader : values[v].readers)
+        if (recompute.test(reader))
+          first = std::min(first, anchor[reader]);
+      opBytes += values[v].bytes;
+    }
+    if (first < numPositions && opBytes > 0)
+      stays.emplace_back(int64_t(first) - int64_t(position[op]), op, opBytes);
+  }
+  llvm::stable_sort(stays, [](auto &a, auto &b) { return std::get<0>(a) > std::get<0>(b); });
+  int64_t total = 0;
+  for (auto [stay, op, opBytes] : stays)
+    if (total + opBytes <= bytes) {
+      total += opBytes;
+      chosen.emplace_back(stay, op);
+    }
+  return chosen;
+}
+
+BitVector PeakModel::getOffloadedSet(const BitVector &recompute, int64_t bytes) const {
+  BitVector set(g.size());
+  for (auto [stay, op] : getOffloaded(recompute, bytes))
+    set.set(op);
+  return set;
+}
+
+void PeakModel::getProfile(const BitVector &recompute, SmallVectorImpl<int64_t> &live,
+                           const BitVector *offloaded) const {
+  SmallVector<unsigned> anchor = getAnchors(recompute);
+  BitVector chosen = offloaded ? *offloaded : getOffloadedSet(recompute, offloadBytes);
+  // Offloaded values: where each is first read in the backward pass, and in what order they
+  // go out and come back, for the schedule's retains and prefetches.
+  SmallVector<unsigned> firstRead(values.size(), numPositions);
+  SmallVector<unsigned> outs, backs;
+  for (auto [v, value] : llvm::enumerate(values)) {
+    if (value.bytes == 0 || !chosen.test(value.op))
+      continue;
+    unsigned first = value.firstBackwardRead;
+    for (unsigned reader : value.readers)
+      if (recompute.test(reader))
+        first = std::min(first, anchor[reader]);
+    if (first >= numPositions)
+      continue;
+    firstRead[v] = first;
+    outs.push_back(position[value.op]);
+    backs.push_back(first);
+  }
+  llvm::sort(outs);
+  llvm::sort(backs);
+
   live.assign(fixed.begin(), fixed.end());
-  for (const ForwardValue &value : values) {
+  for (auto [v, value] : llvm::enumerate(values)) {
     if (value.bytes == 0)
       continue;
     unsigned def = position[value.op];
@@ -212,7 +297,22 @@ void PeakModel::getProfile(const BitVector &recompute, SmallVectorImpl<int64_t> 
     for (unsigned reader : value.readers)
       if (recompute.test(reader))
         end = std::max(end, anchor[reader]);
-    addInterval(live, def, end, value.bytes);
+    if (firstRead[v] >= numPositions) {
+      addInterval(live, def, end, value.bytes);
+      continue;
+    }
+    // Out: kept from reuse until the next value goes out.
+    auto next = llvm::upper_bound(outs, def);
+    unsigned out = std::max(value.lastForwardRead, next == outs.end() ? def : *next);
+    // Back: issued after the reader of the previous value that comes back.
+    auto previous = llvm::lower_bound(backs, firstRead[v]);
+    unsigned back = previous == backs.begin() ? firstRead[v] : *std::prev(previous);
+    if (out >= back) {
+      addInterval(live, def, end, value.bytes);
+      continue;
+    }
+    addInterval(live, def, out, value.bytes);
+    addInterval(live, back, end, value.bytes);
   }
   int64_t running = 0;
   for (int64_t &bytes : live) {
@@ -222,15 +322,16 @@ void PeakModel::getProfile(const BitVector &recompute, SmallVectorImpl<int64_t> 
   live.pop_back();
 }
 
-int64_t PeakModel::getPeak(const BitVector &recompute) const {
+int64_t PeakModel::getPeak(const BitVector &recompute, const BitVector *offloaded) const {
   SmallVector<int64_t> live;
-  getProfile(recompute, live);
+  getProfile(recompute, live, offloaded);
   return live.empty() ? 0 : *llvm::max_element(live);
 }
 
-int64_t PeakModel::getExcess(const BitVector &recompute, int64_t budget) const {
+int64_t PeakModel::getExcess(const BitVector &recompute, int64_t budget,
+                             const BitVector *offloaded) const {
   SmallVector<int64_t> live;
-  getProfile(recompute, live);
+  getProfile(recompute, live, offloaded);
   int64_t excess = 0;
   for (int64_t bytes : live)
     excess += std::max<int64_t>(0, bytes - budget);

@@ -13,6 +13,8 @@
 
 #include "bonsai/Dialect/Plan/IR/PlanDialect.h"
 
+#include <functional>
+
 namespace mlir::bonsai::remat {
 
 /// The ops of a function body, terminator included: their indices are the positions the
@@ -55,13 +57,41 @@ class PeakModel {
 public:
   PeakModel(func::FuncOp function, const ForwardGraph &g, const Materialization &m);
 
-  /// Live bytes at every position with `recompute` applied.
-  void getProfile(const BitVector &recompute, SmallVectorImpl<int64_t> &live) const;
+  /// Live bytes at every position with `recompute` applied, and the results of `offloaded`
+  /// (kept forward ops; by default those offloadOf chooses) in host memory between the
+  /// passes: on the device from the op until its last forward reader or the next offloaded
+  /// value's op (bonsai-schedule keeps a copy's source from reuse until the next copy out),
+  /// and again from the previous offloaded value's first backward reader (bonsai-schedule
+  /// issues a copy back one group of copies ahead) until its last backward reader.
+  void getProfile(const BitVector &recompute, SmallVectorImpl<int64_t> &live,
+                  const BitVector *offloaded = nullptr) const;
   /// The largest live total.
-  int64_t getPeak(const BitVector &recompute) const;
+  int64_t getPeak(const BitVector &recompute, const BitVector *offloaded = nullptr) const;
   /// The live bytes above `budget`, summed over positions: 0 when the set fits.
-  int64_t getExcess(const BitVector &recompute, int64_t budget) const;
+  int64_t getExcess(const BitVector &recompute, int64_t budget,
+                    const BitVector *offloaded = nullptr) const;
   unsigned getNumPositions() const { return numPositions; }
+
+  /// Makes the profiles offload activations as bonsai-offload-activations does with a
+  /// budget of `bytes`: of the values `candidates` returns for a recompute set, the longest
+  /// stays between the passes first, while they fit in the bytes. Without it, nothing is
+  /// offloaded unless a set is given.
+  void setOffloadChoice(std::function<BitVector(const BitVector &)> candidates, int64_t bytes) {
+    offloadCandidates = std::move(candidates);
+    offloadBytes = bytes;
+  }
+  /// The values offloaded with `recompute` and an offload budget of `bytes`, as
+  /// setOffloadChoice says; with their stays, longest first.
+  SmallVector<std::pair<int64_t, unsigned>> getOffloaded(const BitVector &recompute,
+                                                         int64_t bytes) const;
+  BitVector getOffloadedSet(const BitVector &recompute, int64_t bytes) const;
+  /// Bytes of the buffers of `op`'s results.
+  int64_t getBytes(unsigned op) const {
+    int64_t bytes = 0;
+    for (unsigned v : valuesOf[op])
+      bytes += values[v].bytes;
+    return bytes;
+  }
 
 private:
   const ForwardGraph &g;
@@ -83,10 +113,18 @@ private:
     /// Forward ops that read it (directly or through views) and are not views: their clones
     /// read it at their anchors.
     SmallVector<unsigned, 4> readers;
+    /// First position in the backward pass that reads it, through views (numPositions if
+    /// none).
+    unsigned firstBackwardRead;
   };
   SmallVector<ForwardValue> values;
   /// Per forward op, the values it owns.
   SmallVector<SmallVector<unsigned, 1>> valuesOf;
+  std::function<BitVector(const BitVector &)> offloadCandidates;
+  int64_t offloadBytes = 0;
+
+  /// Anchors of the clones of `recompute`, as applyRecompute places them.
+  SmallVector<unsigned> getAnchors(const BitVector &recompute) const;
 
   void addInterval(SmallVectorImpl<int64_t> &diff, unsigned from, unsigned to,
                    int64_t bytes) const {
