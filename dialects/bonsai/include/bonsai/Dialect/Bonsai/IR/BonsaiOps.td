@@ -603,7 +603,9 @@ def Bonsai_OffloadDirectiveOp : Bonsai_DirectiveOp<"offload"> {
     `master_weights` (the fp32 master copies of bf16 or f16 parameters), `parameters`,
     `gradients`, `activations`. The `bonsai-offload` pass carries out `optimizer_state` and
     `master_weights`: the state is placed in pinned host memory and each update streams it
-    through the device (docs/offload.md); the other classes are refused by it for now.
+    through the device (docs/offload.md). `activations` is bonsai-remat's third choice for a
+    saved activation, placed by `bonsai-offload-activations` (docs/remat.md). `parameters`
+    and `gradients` are refused for now.
 
     `update` says where the optimizer updates of offloaded state run: `"device"` (the
     default: each update's state is copied to the device and back around it), `"host"`
