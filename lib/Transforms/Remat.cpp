@@ -134,7 +134,7 @@ public:
   }
 
   /// With activation offload: the bytes evaluate(recompute) offloads.
-  void setOffloadBytes(int64_t bytes) { defaultOffload = bytes; }
+  void setOffloadBytes(std::optional<int64_t> bytes) { defaultOffload = bytes; }
 
   /// The planned memory of the step with `recompute` applied and, with activation offload,
   /// the default bytes of saved activations offloaded.
@@ -1026,28 +1026,63 @@ LogicalResult RematPass::rematFunction(func::FuncOp function, StringRef chosen, 
                                                      : InfeasibleScope::Greedy);
     chosenTrial = *found;
     if (offload) {
-      // Fastest first: the search minimises recomputation with the link taken as free, and a
-      // transfer the link does not hide costs time as recomputation does. A fixed policy that
-      // fits with its activations offloaded and is predicted faster wins.
-      double seconds = planner.getPredictedSeconds(chosenTrial.recompute, offloadBytes);
-      for (auto &[policy, trial] : fixed) {
-        double fixedSeconds = planner.getPredictedSeconds(trial.recompute, offloadBytes);
-        if (trial.peak <= budget && fixedSeconds < seconds) {
-          LLVM_DEBUG(llvm::dbgs() << "policy " << policy << " is predicted faster: " << fixedSeconds
-                                  << " s against " << seconds << " s\n");
-          chosenTrial = trial;
-          seconds = fixedSeconds;
+      // Offloading is a choice, not a given: the search without it is a candidate too.
+      int64_t linkBudget = *offloadBytes;
+      std::optional<Trial> plain;
+      planner.setOffloadBytes(std::nullopt);
+      SmallVector<std::pair<StringRef, Trial>> plainFixed;
+      for (StringRef policy : {"selective", "full", "everything"}) {
+        FailureOr<Trial> trial = evaluate(g, planner, g.resolve(getDropped(g, policy)));
+        if (failed(trial))
+          return failure();
+        plainFixed.emplace_back(policy, *trial);
+      }
+      PeakModel plainModel(function, g, materialization);
+      FailureOr<Trial> plainFound = searchAuto(g, planner, plainModel, budget, *none, plainFixed,
+                                               search == "exhaustive", clock);
+      planner.setOffloadBytes(linkBudget);
+      if (failed(plainFound))
+        return failure();
+      if (plainFound->peak <= budget)
+        plain = *plainFound;
+      // Fastest first. The search minimises recomputation with the link taken as free, and
+      // a transfer the link does not hide costs time as recomputation does; keeping on the
+      // device what the budget allows saves transfers. So each candidate that fits (the
+      // search's set and the fixed policies') keeps what it can on the device, and the one
+      // with the shortest predicted step wins, against the search without offload.
+      // Without the target's rates (the CPU, a bare sm_XX) nothing predicts a step: the
+      // fewest recomputed FLOPs win then, the link counted free, and without offload on a tie.
+      bool timed = std::isfinite(planner.getPredictedSeconds(found->recompute, linkBudget));
+      auto cost = [&](const Trial &trial, std::optional<int64_t> bytes) {
+        return timed ? planner.getPredictedSeconds(trial.recompute, bytes) : double(trial.flops);
+      };
+      double fastest = INFINITY;
+      if (plain) {
+        fastest = cost(*plain, std::nullopt);
+        chosenTrial = *plain;
+        offloadBytes = 0;
+      }
+      SmallVector<Trial> candidates{*found};
+      for (auto &[policy, trial] : fixed)
+        if (trial.peak <= budget && trial.recompute != found->recompute)
+          candidates.push_back(trial);
+      for (Trial &candidate : candidates) {
+        FailureOr<int64_t> bytes = keepOnDevice(planner, model, budget, candidate, linkBudget);
+        if (failed(bytes))
+          return failure();
+        FailureOr<PlanMemorySummary> planned = planner.evaluate(candidate.recompute, *bytes);
+        if (failed(planned))
+          return failure();
+        double seconds = cost(candidate, *bytes);
+        LLVM_DEBUG(llvm::dbgs() << "candidate of " << candidate.flops << " FLOPs, offloading "
+                                << *bytes << " bytes: cost " << seconds << "\n");
+        if (planned->peakDevice <= budget && seconds < fastest) {
+          fastest = seconds;
+          chosenTrial = candidate;
+          chosenTrial.peak = planned->peakDevice;
+          offloadBytes = *bytes;
         }
       }
-      // Then what the budget leaves room for stays on the device.
-      FailureOr<int64_t> bytes = keepOnDevice(planner, model, budget, chosenTrial, *offloadBytes);
-      if (failed(bytes))
-        return failure();
-      offloadBytes = *bytes;
-      FailureOr<PlanMemorySummary> planned = planner.evaluate(chosenTrial.recompute, offloadBytes);
-      if (failed(planned))
-        return failure();
-      chosenTrial.peak = planned->peakDevice;
     }
     how = (Twine("search ") + search + ", " + Twine(planner.getNumPlans()) + " trial plans in " +
            fixedPoint(clock.getElapsed()) + " s; budget " + formatBytes(budget))
