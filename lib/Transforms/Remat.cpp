@@ -283,6 +283,19 @@ struct RematPass : impl::BonsaiRematPassBase<RematPass> {
     return Trial{recompute, g.getFlops(recompute), summary->peakDevice};
   }
 
+  /// The fixed policies auto falls back on, planned as the planner plans by default.
+  FailureOr<SmallVector<std::pair<StringRef, Trial>>> evaluateFixed(const ForwardGraph &g,
+                                                                    TrialPlanner &planner) {
+    SmallVector<std::pair<StringRef, Trial>> fixed;
+    for (StringRef policy : {"selective", "full", "everything"}) {
+      FailureOr<Trial> trial = evaluate(g, planner, g.resolve(getDropped(g, policy)));
+      if (failed(trial))
+        return failure();
+      fixed.emplace_back(policy, *trial);
+    }
+    return fixed;
+  }
+
   /// A recompute set the peak model chose, and whether the model says it fits.
   struct ModelResult {
     BitVector recompute;
@@ -987,13 +1000,10 @@ LogicalResult RematPass::rematFunction(func::FuncOp function, StringRef chosen, 
         return failure();
       start = *offloadedBaseline;
     }
-    SmallVector<std::pair<StringRef, Trial>> fixed;
-    for (StringRef policy : {"selective", "full", "everything"}) {
-      FailureOr<Trial> trial = evaluate(g, planner, g.resolve(getDropped(g, policy)));
-      if (failed(trial))
-        return failure();
-      fixed.emplace_back(policy, *trial);
-    }
+    FailureOr<SmallVector<std::pair<StringRef, Trial>>> fixedTrials = evaluateFixed(g, planner);
+    if (failed(fixedTrials))
+      return failure();
+    SmallVector<std::pair<StringRef, Trial>> fixed = std::move(*fixedTrials);
     PeakModel model(function, g, materialization);
     if (offload)
       model.setOffloadChoice(offloadOf, *offloadBytes);
@@ -1030,15 +1040,11 @@ LogicalResult RematPass::rematFunction(func::FuncOp function, StringRef chosen, 
       int64_t linkBudget = *offloadBytes;
       std::optional<Trial> plain;
       planner.setOffloadBytes(std::nullopt);
-      SmallVector<std::pair<StringRef, Trial>> plainFixed;
-      for (StringRef policy : {"selective", "full", "everything"}) {
-        FailureOr<Trial> trial = evaluate(g, planner, g.resolve(getDropped(g, policy)));
-        if (failed(trial))
-          return failure();
-        plainFixed.emplace_back(policy, *trial);
-      }
+      FailureOr<SmallVector<std::pair<StringRef, Trial>>> plainFixed = evaluateFixed(g, planner);
+      if (failed(plainFixed))
+        return failure();
       PeakModel plainModel(function, g, materialization);
-      FailureOr<Trial> plainFound = searchAuto(g, planner, plainModel, budget, *none, plainFixed,
+      FailureOr<Trial> plainFound = searchAuto(g, planner, plainModel, budget, *none, *plainFixed,
                                                search == "exhaustive", clock);
       planner.setOffloadBytes(linkBudget);
       if (failed(plainFound))
