@@ -171,7 +171,9 @@ struct OffloadChoice {
 /// the streamed path. For a GPU whose profile has the rates `update "auto"` weighs, the split
 /// comes before `update "host"` (measured faster on every model tried, docs/offload.md,
 /// "Choosing per update"), which stays as the choice that needs the least device memory;
-/// elsewhere only `update "host"`.
+/// elsewhere only `update "host"`. Then the saved activations (bonsai-remat's third choice,
+/// docs/remat.md), alone and with each of those: what the state cannot free, a long sequence's
+/// activations can.
 static SmallVector<OffloadChoice> offloadChoices(const TargetProfile &profile) {
   SmallVector<OffloadChoice> choices = {{{"optimizer_state"}, ""},
                                         {{"optimizer_state", "master_weights"}, ""}};
@@ -182,6 +184,12 @@ static SmallVector<OffloadChoice> offloadChoices(const TargetProfile &profile) {
       choices.push_back({classes, "auto"});
     choices.push_back({classes, "host"});
   }
+  SmallVector<OffloadChoice> withActivations = {{{"activations"}, ""}};
+  for (OffloadChoice choice : choices) {
+    choice.classes.push_back("activations");
+    withActivations.push_back(choice);
+  }
+  llvm::append_range(choices, withActivations);
   return choices;
 }
 
