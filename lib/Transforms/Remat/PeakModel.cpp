@@ -216,22 +216,33 @@ SmallVector<unsigned> PeakModel::getAnchors(const BitVector &recompute) const {
   return anchor;
 }
 
+unsigned PeakModel::getFirstBackwardRead(const ForwardValue &value, const BitVector &recompute,
+                                         ArrayRef<unsigned> anchor) const {
+  unsigned first = value.firstBackwardRead;
+  for (unsigned reader : value.readers)
+    if (recompute.test(reader))
+      first = std::min(first, anchor[reader]);
+  return first;
+}
+
 SmallVector<std::pair<int64_t, unsigned>> PeakModel::getOffloaded(const BitVector &recompute,
                                                                   int64_t bytes) const {
+  return getOffloaded(recompute, bytes, getAnchors(recompute));
+}
+
+SmallVector<std::pair<int64_t, unsigned>> PeakModel::getOffloaded(const BitVector &recompute,
+                                                                  int64_t bytes,
+                                                                  ArrayRef<unsigned> anchor) const {
   SmallVector<std::pair<int64_t, unsigned>> chosen;
   if (!offloadCandidates)
     return chosen;
   BitVector candidates = offloadCandidates(recompute);
-  SmallVector<unsigned> anchor = getAnchors(recompute);
   SmallVector<std::tuple<int64_t, unsigned, int64_t>> stays; // stay, op, bytes
   for (unsigned op : candidates.set_bits()) {
     unsigned first = numPositions;
     int64_t opBytes = 0;
     for (unsigned v : valuesOf[op]) {
-      first = std::min(first, values[v].firstBackwardRead);
-      for (unsigned reader : values[v].readers)
-        if (recompute.test(reader))
-          first = std::min(first, anchor[reader]);
+      first = std::min(first, getFirstBackwardRead(values[v], recompute, anchor));
       opBytes += values[v].bytes;
     }
     if (first < numPositions && opBytes > 0)
@@ -257,7 +268,12 @@ BitVector PeakModel::getOffloadedSet(const BitVector &recompute, int64_t bytes) 
 void PeakModel::getProfile(const BitVector &recompute, SmallVectorImpl<int64_t> &live,
                            const BitVector *offloaded) const {
   SmallVector<unsigned> anchor = getAnchors(recompute);
-  BitVector chosen = offloaded ? *offloaded : getOffloadedSet(recompute, offloadBytes);
+  BitVector chosen(g.size());
+  if (offloaded)
+    chosen = *offloaded;
+  else
+    for (auto [stay, op] : getOffloaded(recompute, offloadBytes, anchor))
+      chosen.set(op);
   // Offloaded values: where each is first read in the backward pass, and in what order they
   // go out and come back, for the schedule's retains and prefetches.
   SmallVector<unsigned> firstRead(values.size(), numPositions);
@@ -265,10 +281,7 @@ void PeakModel::getProfile(const BitVector &recompute, SmallVectorImpl<int64_t> 
   for (auto [v, value] : llvm::enumerate(values)) {
     if (value.bytes == 0 || !chosen.test(value.op))
       continue;
-    unsigned first = value.firstBackwardRead;
-    for (unsigned reader : value.readers)
-      if (recompute.test(reader))
-        first = std::min(first, anchor[reader]);
+    unsigned first = getFirstBackwardRead(value, recompute, anchor);
     if (first >= numPositions)
       continue;
     firstRead[v] = first;

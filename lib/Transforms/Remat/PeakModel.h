@@ -125,6 +125,13 @@ private:
 
   /// Anchors of the clones of `recompute`, as applyRecompute places them.
   SmallVector<unsigned> getAnchors(const BitVector &recompute) const;
+  /// getOffloaded with the anchors of `recompute` already computed.
+  SmallVector<std::pair<int64_t, unsigned>> getOffloaded(const BitVector &recompute, int64_t bytes,
+                                                         ArrayRef<unsigned> anchor) const;
+  /// Where the backward pass first reads `value`: a backward reader, or the anchor of the
+  /// first clone (of `recompute`, anchored at `anchor`) that reads it.
+  unsigned getFirstBackwardRead(const ForwardValue &value, const BitVector &recompute,
+                                ArrayRef<unsigned> anchor) const;
 
   void addInterval(SmallVectorImpl<int64_t> &diff, unsigned from, unsigned to,
                    int64_t bytes) const {
