@@ -61,6 +61,35 @@ int64_t normalizeAxis(const char *backend, const char *kernel, int64_t axis, int
   return axis < 0 ? axis + rank : axis;
 }
 
+int64_t checkConcat(const char *backend, const char *kernel, const std::vector<TensorView> &xs,
+                    int64_t axis, const TensorView &y) {
+  checkView(backend, kernel, "y", y);
+  if (xs.empty())
+    fail(backend, kernel, "needs at least one input");
+  int64_t rank = y.rank();
+  int64_t a = normalizeAxis(backend, kernel, axis, rank);
+  int64_t total = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const TensorView &x = xs[i];
+    std::string name = "x" + std::to_string(i + 1);
+    checkView(backend, kernel, name.c_str(), x);
+    bool valid = x.rank() == rank && x.dtype == y.dtype;
+    for (int64_t d = 0; valid && d < rank; ++d)
+      valid = d == a || x.shape[size_t(d)] == y.shape[size_t(d)];
+    if (!valid)
+      fail(backend, kernel,
+           name + " " + formatShape(x.shape) + " " + dtypeName(x.dtype) + " differs from y " +
+               formatShape(y.shape) + " " + dtypeName(y.dtype) + " outside axis " +
+               std::to_string(a));
+    total += x.dim(a);
+  }
+  if (total != y.dim(a))
+    fail(backend, kernel,
+         "the inputs' sizes along axis " + std::to_string(a) + " sum to " + std::to_string(total) +
+             ", but y shape is " + formatShape(y.shape));
+  return a;
+}
+
 bool overlaps(const TensorView &a, const TensorView &b) {
   auto a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
   size_t an = a.bytes(), bn = b.bytes();

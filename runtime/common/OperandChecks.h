@@ -42,6 +42,11 @@ void checkSameShape(const char *backend, const char *kernel, const char *nameA,
 /// `axis` in [-rank, rank) made non-negative; throws otherwise.
 int64_t normalizeAxis(const char *backend, const char *kernel, int64_t axis, int64_t rank);
 
+/// Checks concat's inputs (one or more, y's rank and dtype, y's shape outside `axis`) against
+/// y, whose size along `axis` is theirs summed; returns the axis made non-negative.
+int64_t checkConcat(const char *backend, const char *kernel, const std::vector<TensorView> &xs,
+                    int64_t axis, const TensorView &y);
+
 /// Whether the byte ranges of two tensors intersect (an empty tensor intersects nothing).
 bool overlaps(const TensorView &a, const TensorView &b);
 
@@ -111,6 +116,10 @@ std::pair<int64_t, int64_t> checkGaloreSide(const char *backend, const char *ker
   inline int64_t normalizeAxis(const char *kernel, int64_t axis, int64_t rank) {                   \
     return ::bonsai::rt::checks::normalizeAxis(Backend, kernel, axis, rank);                       \
   }                                                                                                \
+  inline int64_t checkConcat(const char *kernel, const std::vector<TensorView> &xs, int64_t axis,  \
+                             const TensorView &y) {                                                \
+    return ::bonsai::rt::checks::checkConcat(Backend, kernel, xs, axis, y);                        \
+  }                                                                                                \
   inline LinearSizes checkLinear(const char *kernel, const TensorView &x, const TensorView &w,     \
                                  const TensorView *bias, const TensorView &y) {                    \
     return ::bonsai::rt::checks::checkLinear(Backend, kernel, x, w, bias, y);                      \
@@ -128,7 +137,7 @@ std::pair<int64_t, int64_t> checkGaloreSide(const char *backend, const char *ker
                            const TensorView *b, const TensorView &y) {                             \
     return ::bonsai::rt::checks::checkNorm(Backend, kernel, x, w, b, y);                           \
   }                                                                                                \
-  inline int64_t checkNormGrad(const char *kernel, const TensorView &dy, const TensorView &x,       \
+  inline int64_t checkNormGrad(const char *kernel, const TensorView &dy, const TensorView &x,      \
                                const TensorView &w, const TensorView &dx) {                        \
     return ::bonsai::rt::checks::checkNormGrad(Backend, kernel, dy, x, w, dx);                     \
   }                                                                                                \

@@ -57,6 +57,26 @@ void KernelChecker::verify(kinds::Slice) {
          std::to_string(dim));
 }
 
+void KernelChecker::verify(kinds::Concat) {
+  checkAxisOfInput(attrs<kinds::Concat>().axis);
+  // Operands: every input x's rank and dtype, equal outside the axis; y their sum along it.
+  size_t axis = size_t(attrs<kinds::Concat>().axis);
+  std::vector<int64_t> shape = in(0).shape;
+  shape[axis] = 0;
+  for (size_t i = 0; i < kernel.inputs.size(); ++i) {
+    const TensorInfo &x = in(i);
+    bool same = x.shape.size() == shape.size() && x.dtype == in(0).dtype;
+    for (size_t d = 0; same && d < shape.size(); ++d)
+      same = d == axis || x.shape[d] == in(0).shape[d];
+    if (!same)
+      fail(inName(i) + " " + formatShape(x.shape) + " " + dtypeName(x.dtype) + " differs from " +
+           inName(0) + " " + formatShape(in(0).shape) + " " + dtypeName(in(0).dtype) +
+           " outside axis " + std::to_string(axis));
+    shape[axis] += x.shape[axis];
+  }
+  expectOutput(shape, in(0).dtype);
+}
+
 void KernelChecker::verify(kinds::EmbeddingGrad) {
   expectFloat(0);
   expectIndex(1);

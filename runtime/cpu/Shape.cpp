@@ -190,6 +190,29 @@ void slice(const TensorView &xIn, int axis, int64_t start, const TensorView &y) 
     std::memcpy(yp + o * len * inner, xp + (o * full + start) * inner, size_t(len * inner));
 }
 
+void concat(const std::vector<TensorView> &xs, int axis, const TensorView &y) {
+  const char *k = "concat";
+  int64_t a = checkConcat(k, xs, axis, y);
+  if (y.numel() == 0)
+    return;
+  int64_t outer = 1, inner = int64_t(dtypeSize(y.dtype));
+  for (int64_t i = 0; i < a; ++i)
+    outer *= y.shape[size_t(i)];
+  for (int64_t i = a + 1; i < y.rank(); ++i)
+    inner *= y.shape[size_t(i)];
+  int64_t full = y.dim(a), start = 0;
+  char *yp = static_cast<char *>(y.data);
+  for (const TensorView &xIn : xs) {
+    std::vector<char> keep;
+    TensorView x = unaliased(xIn, y, keep);
+    int64_t len = x.dim(a);
+    const char *xp = static_cast<const char *>(x.data);
+    for (int64_t o = 0; o < outer && len > 0; ++o)
+      std::memcpy(yp + (o * full + start) * inner, xp + o * len * inner, size_t(len * inner));
+    start += len;
+  }
+}
+
 void cast(const TensorView &x, const TensorView &y) {
   const char *k = "cast";
   checkFloat(k, "x", x);

@@ -328,6 +328,41 @@ void slice(const Context &ctx, const TensorView &xIn, int axis, int64_t start,
   });
 }
 
+void concat(const Context &ctx, const std::vector<TensorView> &xs, int axis,
+            const TensorView &y) {
+  const char *k = "concat";
+  int64_t a = checkConcat(k, xs, axis, y);
+  if (y.numel() == 0)
+    return;
+  int64_t outer = 1, inner = int64_t(dtypeSize(y.dtype));
+  for (int64_t i = 0; i < a; ++i)
+    outer *= y.shape[size_t(i)];
+  for (int64_t i = a + 1; i < y.rank(); ++i)
+    inner *= y.shape[size_t(i)];
+  int64_t full = y.dim(a), start = 0;
+  // One row copy per input, each into its columns of y's rows (an input overlapping y is
+  // first copied aside, as slice does).
+  for (const TensorView &xIn : xs) {
+    int64_t len = xIn.dim(a);
+    if (len == 0)
+      continue;
+    std::vector<Scratch> keep;
+    TensorView x = overlaps(xIn, y) ? copyToScratch(k, ctx.stream, xIn, keep) : xIn;
+    char *dst = static_cast<char *>(y.data) + start * inner;
+    int unit = unitBytes({uint64_t(start * inner), uint64_t(len * inner), uint64_t(full * inner),
+                          reinterpret_cast<uint64_t>(x.data), reinterpret_cast<uint64_t>(y.data)});
+    dispatchUnit(unit, [&](auto u) {
+      using U = decltype(u);
+      int64_t s = int64_t(sizeof(U));
+      copyRowsKernel<U><<<rowsGrid(len * inner / s, outer), 256, 0, ctx.stream>>>(
+          static_cast<const U *>(x.data), len * inner / s, reinterpret_cast<U *>(dst),
+          full * inner / s, len * inner / s, outer);
+      checkLaunch(k, "copyRowsKernel");
+    });
+    start += len;
+  }
+}
+
 void sliceGrad(const Context &ctx, const TensorView &dyIn, int axis, int64_t start,
                const TensorView &dx) {
   const char *k = "slice_grad";

@@ -124,6 +124,11 @@ void launch(kinds::Slice, const KernelCall &c) {
   cpu::slice(c.in(In::x), a.axis, a.start, c.out(Out::y));
 }
 
+void launch(kinds::Concat, const KernelCall &c) {
+  using Out = kinds::Concat::Out;
+  cpu::concat(c.inputsFrom(0), c.attrs<kinds::Concat>().axis, c.out(Out::y));
+}
+
 void launch(kinds::Cast, const KernelCall &c) {
   using In = kinds::Cast::In;
   using Out = kinds::Cast::Out;

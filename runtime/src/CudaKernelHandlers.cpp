@@ -127,6 +127,11 @@ void launch(kinds::Slice, const CudaCall &c) {
   cuda::slice(c.ctx, c.in(In::x), a.axis, a.start, c.out(Out::y));
 }
 
+void launch(kinds::Concat, const CudaCall &c) {
+  using Out = kinds::Concat::Out;
+  cuda::concat(c.ctx, c.inputsFrom(0), c.attrs<kinds::Concat>().axis, c.out(Out::y));
+}
+
 void launch(kinds::Cast, const CudaCall &c) {
   using In = kinds::Cast::In;
   using Out = kinds::Cast::Out;

@@ -1057,6 +1057,55 @@ TEST(CpuKernelsTest, SliceAlongEveryAxis) {
   expectError([&] { cpu::slice(x.view(), 1, 0, y2.view()); }, {"slice", "[3, 4, 4]", "[3, 7, 5]"});
 }
 
+// Concat is the inverse of slicing: the slices of y along an axis joined give y back.
+TEST(CpuKernelsTest, ConcatJoinsSlicesAlongEveryAxis) {
+  std::mt19937 rng(903);
+  const Shape shape = {4, 6, 5};
+  for (DType dtype : {DType::F32, DType::BF16, DType::I32})
+    for (int axis : {0, 1, 2, -2}) {
+      SCOPED_TRACE(std::string(dtypeName(dtype)) + " axis " + std::to_string(axis));
+      int a = axis < 0 ? axis + 3 : axis;
+      Buf y(dtype, shape);
+      std::vector<double> values(static_cast<size_t>(y.numel()));
+      std::uniform_int_distribution<int> pick(-1000, 1000);
+      for (double &v : values)
+        v = pick(rng);
+      y.set(values);
+      // Uneven pieces, one of them empty.
+      std::vector<int64_t> sizes = {1, 0, shape[size_t(a)] - 3, 2};
+      std::vector<Buf> pieces;
+      std::vector<TensorView> views;
+      int64_t start = 0;
+      for (int64_t len : sizes) {
+        Shape s = shape;
+        s[size_t(a)] = len;
+        pieces.push_back(poisoned(dtype, s));
+        cpu::slice(y.view(), axis, start, pieces.back().view());
+        start += len;
+      }
+      for (Buf &piece : pieces)
+        views.push_back(piece.view());
+      Buf joined = poisoned(dtype, shape);
+      cpu::concat(views, axis, joined.view());
+      expectBitExact(joined, y);
+    }
+  Buf a = randomBuf(rng, DType::F32, {2, 3}), b = randomBuf(rng, DType::F32, {2, 4});
+  Buf y = poisoned(DType::F32, {2, 8});
+  expectError(
+      [&] {
+        cpu::concat({a.view(), b.view()}, 1, y.view());
+      },
+      {"concat", "sum to 7", "[2, 8]"});
+  expectError(
+      [&] {
+        cpu::concat({a.view(), b.view()}, 0, y.view());
+      },
+      {"concat", "x1 [2, 3]", "outside axis 0"});
+  Buf h = randomBuf(rng, DType::BF16, {2, 5});
+  expectError([&] { cpu::concat({a.view(), h.view()}, 1, y.view()); }, {"concat", "x2", "bf16"});
+  expectError([&] { cpu::concat({}, 1, y.view()); }, {"concat", "at least one input"});
+}
+
 TEST(CpuKernelsTest, CastBetweenEveryFloatPair) {
   std::mt19937 rng(903);
   for (DType from : kFloatDTypes) {

@@ -32,6 +32,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -1130,6 +1131,43 @@ TEST_F(CudaKernelsTest, SliceAndSliceGradMatchCpu) {
       cuda::sliceGrad(ctx, ddy.view(), c.axis, c.start, g.view());
       cpu::sliceGrad(dy.view(), c.axis, c.start, wg.view());
       expectSameBytes("slice_grad", g.download(), wg);
+    }
+}
+
+TEST_F(CudaKernelsTest, ConcatMatchesCpu) {
+  struct Case {
+    Shape y;
+    int axis;
+    std::vector<int64_t> sizes;
+  };
+  const Case cases[] = {{{1, 64, 96}, 1, {16, 16, 32}},
+                        {{2, 10, 6}, 1, {3, 0, 7}},
+                        {{4, 5, 7}, 2, {1, 6}},
+                        {{6, 8}, 0, {2, 2, 2}},
+                        {{1, 4096, 128}, 1, {1024, 1024, 1024, 1024}}};
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const Case &c : cases) {
+      SCOPED_TRACE(std::string(name(dt)) + " " + formatShape(c.y) + " axis " +
+                   std::to_string(c.axis));
+      std::vector<Host> hosts;
+      std::vector<std::unique_ptr<Dev>> devs;
+      for (int64_t len : c.sizes) {
+        Shape s = c.y;
+        s[size_t(c.axis)] = len;
+        hosts.push_back(randomHost(rng, dt, s));
+      }
+      for (const Host &h : hosts)
+        devs.push_back(std::make_unique<Dev>(h));
+      std::vector<TensorView> hv, dv;
+      for (Host &h : hosts)
+        hv.push_back(h.view());
+      for (auto &d : devs)
+        dv.push_back(d->view());
+      Dev y = poisonedDev(dt, c.y);
+      Host want = poisonedHost(dt, c.y);
+      cuda::concat(ctx, dv, c.axis, y.view());
+      cpu::concat(hv, c.axis, want.view());
+      expectSameBytes("concat", y.download(), want);
     }
 }
 

@@ -195,6 +195,10 @@ void sample(kinds::Slice, Sample &s) {
   s.kernel(KernelKind::Slice, {s.act({2, 3, 6})}, {s.act({2, 3, 2})}, fb::KernelAttrs::SliceAttrs,
            sliceAttrs(2, 1));
 }
+void sample(kinds::Concat, Sample &s) {
+  s.kernel(KernelKind::Concat, {s.act({2, 3, 2}), s.act({2, 1, 2}), s.act({2, 2, 2})},
+           {s.act({2, 6, 2})}, fb::KernelAttrs::AxisAttrs, axisAttrs(1));
+}
 void sample(kinds::Cast, Sample &s) {
   s.kernel(KernelKind::Cast, {s.act(X)}, {s.act(X, DType::BF16)});
 }

@@ -77,6 +77,8 @@ void crossEntropy(const TensorView &logits, const TensorView &labels, int64_t ig
 void transpose(const TensorView &x, const std::vector<int64_t> &perm, const TensorView &y);
 /// y = x[..., start : start + y.shape[axis], ...] along `axis`.
 void slice(const TensorView &x, int axis, int64_t start, const TensorView &y);
+/// y = the inputs joined along `axis` (equal elsewhere, one dtype).
+void concat(const std::vector<TensorView> &xs, int axis, const TensorView &y);
 /// Element type conversion between f32, f16 and bf16 (round to nearest even).
 void cast(const TensorView &x, const TensorView &y);
 /// Byte copy between tensors of equal size.

@@ -179,6 +179,8 @@ void crossEntropy(const Context &ctx, const TensorView &logits, const TensorView
                   int64_t ignoreIndex, const TensorView &loss);
 void transpose(const Context &ctx, const TensorView &x, const std::vector<int64_t> &perm,
                const TensorView &y);
+/// y = the inputs joined along `axis` (equal elsewhere, one dtype).
+void concat(const Context &ctx, const std::vector<TensorView> &xs, int axis, const TensorView &y);
 void slice(const Context &ctx, const TensorView &x, int axis, int64_t start,
            const TensorView &y);
 void cast(const Context &ctx, const TensorView &x, const TensorView &y);
