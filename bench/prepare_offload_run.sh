@@ -98,10 +98,11 @@ sed -i 's/"master_weights"\]/"master_weights", "activations"]/' "$dir/plans/reci
   --target=h200 --device-memory=24GiB -o "$dir/plans/llama2_7b_b16.inbwd-auto-act.plan" \
   > "$dir/plans/llama2_7b_b16.inbwd-auto-act.txt" 2>&1 ||
   grep -m1 "error:" "$dir/plans/llama2_7b_b16.inbwd-auto-act.txt" || true
-qlora() { # SEQ VARIANT REMAT ACTIVATIONS BUDGET
+qlora() { # SEQ VARIANT REMAT ACTIVATIONS BUDGET [SEQUENCE_CHUNKS]
   local name="llama3_8b_qlora_s$1"
   python3 scripts/gen_models.py --print llama3_8b --set=seq="$1" > "$dir/plans/llama3_8b.mlir"
   sed -e "s/\"auto\"/\"$3\"/" -e 's/sm_89/sm_90/' examples/recipes/qlora.mlir > "$dir/plans/recipe.mlir"
+  [ -n "${6:-}" ] && sed -i "s/^  bonsai.remat .*/& sequence_chunks $6/" "$dir/plans/recipe.mlir"
   [ "$4" = 1 ] && sed -i 's/^}/  bonsai.offload ["activations"]\n}/' "$dir/plans/recipe.mlir"
   /usr/bin/time -f "compile %e s" "$compile" "$dir/plans/llama3_8b.mlir" "$dir/plans/recipe.mlir" \
     --target=h200 --device-memory="$5" --fit-offload=false -o "$dir/plans/$name.$2.plan" \
@@ -114,6 +115,13 @@ for seq in 16384 32768; do
   qlora $seq full-act full 1 24GiB
   qlora $seq auto-act auto 1 24GiB
 done
+# Tiling the sequence (docs/remat.md, "Tiling the sequence"): at 32k tokens, `full` with the
+# activations offloaded and the MLPs in 4 chunks, against full-act above (what tiling costs);
+# at 128k tokens, the MLPs in 8 chunks, on the device (100 GiB: the reference) and with the
+# activations offloaded under 24 GiB.
+qlora 32768 full-act-tiled full 1 24GiB 4
+qlora 131072 full-tiled full 0 100GiB 8
+qlora 131072 full-act-tiled full 1 24GiB 8
 rm -f "$dir/plans/recipe.mlir" "$dir/plans/llama2_7b.mlir" "$dir/plans/llama3_8b.mlir"
 tar -C "$(dirname "$dir")" -cJf "$dir.tar.xz" "$(basename "$dir")"
 du -sh "$dir" "$dir.tar.xz"

@@ -26,6 +26,11 @@ void mlir::bonsai::buildModelPipeline(OpPassManager &pm, const PipelineOptions &
   // bonsai-remat recomputes) and before lowering (NF4 buffers are sized by their layout).
   // Without a bonsai.quantize directive the pass changes nothing.
   pm.addPass(createBonsaiQuantizePass());
+  // The recipe's bonsai.remat sequence_chunks: the MLPs become chunks of model ops (their
+  // adapters and dequantized weights included) before autodiff, whose backward pass then
+  // runs chunk by chunk too, and before remat, which recomputes each chunk on its own.
+  // Without the option the pass changes nothing.
+  pm.addPass(createBonsaiTileSequencePass());
 }
 
 /// bonsai-offload as the pipeline runs it: the recipe's classes, the summary remark only.

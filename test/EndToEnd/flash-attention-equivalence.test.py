@@ -2,8 +2,9 @@
 
     flash-attention-equivalence.test.py GRADS_A GRADS_B STEPS_A STEPS_B
 
-Used by flash-attention-equivalence.test: A is the plan with the flash-attention fusion, B the
-one compiled with --fuse=false. Every f32 tensor must match within
+Used by flash-attention-equivalence.test (A is the plan with the flash-attention fusion, B the
+one compiled with --fuse=false) and tile-sequence.test (A the plan whose MLPs run in chunks of
+the sequence, B the untiled one). Every f32 tensor must match within
     |a - b| <= 1e-5 * max|b| + 1e-5 * |b|     (per element, max over the tensor)
 the first step's loss must be identical (the forward is bit for bit the same), and every later
 loss, grad_norm and lr within a relative 1e-5. Prints one line per check and the largest error

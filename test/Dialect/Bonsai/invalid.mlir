@@ -885,6 +885,51 @@ func.func @transpose_element(%x: tensor<8x16xf32>) {
 
 // -----
 
+// concat: axis within the rank.
+func.func @concat_axis(%a: tensor<2x8x16xf32>, %b: tensor<2x8x16xf32>) {
+  // expected-error @+1 {{axis 3 is out of range for rank 3}}
+  %y = bonsai.concat %a, %b {axis = 3 : i64} : (tensor<2x8x16xf32>, tensor<2x8x16xf32>) -> tensor<2x8x32xf32>
+  return
+}
+
+// -----
+
+// concat: dimensions other than the axis agree.
+func.func @concat_other_dim(%a: tensor<2x8x16xf32>, %b: tensor<2x4x16xf32>) {
+  // expected-error @+1 {{input 1 dimension 1: expected 8 (only axis 2 is joined), got 4}}
+  %y = bonsai.concat %a, %b {axis = 2 : i64} : (tensor<2x8x16xf32>, tensor<2x4x16xf32>) -> tensor<2x8x32xf32>
+  return
+}
+
+// -----
+
+// concat: the result's size along the axis is the inputs' summed.
+func.func @concat_sum(%a: tensor<2x8x16xf32>, %b: tensor<2x8x16xf32>) {
+  // expected-error @+1 {{result dimension 1: expected 16 (the inputs' sizes summed), got 12}}
+  %y = bonsai.concat %a, %b {axis = 1 : i64} : (tensor<2x8x16xf32>, tensor<2x8x16xf32>) -> tensor<2x12x16xf32>
+  return
+}
+
+// -----
+
+// concat: one element type.
+func.func @concat_element_type(%a: tensor<2x8x16xf32>, %b: tensor<2x8x16xbf16>) {
+  // expected-error @+1 {{input 1}}
+  %y = bonsai.concat %a, %b {axis = 1 : i64} : (tensor<2x8x16xf32>, tensor<2x8x16xbf16>) -> tensor<2x16x16xf32>
+  return
+}
+
+// -----
+
+// concat: at least one input.
+func.func @concat_empty() {
+  // expected-error @+1 {{needs at least one input}}
+  %y = bonsai.concat {axis = 1 : i64} : () -> tensor<2x16x16xf32>
+  return
+}
+
+// -----
+
 // slice: axis within the rank.
 func.func @slice_axis(%x: tensor<2x8x48xf32>) {
   // expected-error @+1 {{axis 3 is out of range for rank 3}}

@@ -51,6 +51,8 @@ func.func @compute(%ids: tensor<2x8xi32>, %labels: tensor<2x8xi64>) -> tensor<f3
   %q4 = bonsai.reshape %q : (tensor<2x8x16xf32>) -> tensor<2x8x4x4xf32>
   %k4 = bonsai.slice %q4 {axis = 2 : i64, start = 2 : i64} : (tensor<2x8x4x4xf32>) -> tensor<2x8x2x4xf32>
   // CHECK: bonsai.slice %[[Q4]] {axis = 2 : i64, start = 2 : i64} : (tensor<2x8x4x4xf32>) -> tensor<2x8x2x4xf32>
+  // CHECK: bonsai.concat %[[Q4]], %{{.*}} {axis = 2 : i64} : (tensor<2x8x4x4xf32>, tensor<2x8x2x4xf32>) -> tensor<2x8x6x4xf32>
+  %qk = bonsai.concat %q4, %k4 {axis = 2 : i64} : (tensor<2x8x4x4xf32>, tensor<2x8x2x4xf32>) -> tensor<2x8x6x4xf32>
   // CHECK: bonsai.rope %[[Q4]] : (tensor<2x8x4x4xf32>) -> tensor<2x8x4x4xf32>
   %qr = bonsai.rope %q4 : (tensor<2x8x4x4xf32>) -> tensor<2x8x4x4xf32>
   // CHECK: bonsai.rope %{{.*}} {theta = 5.000000e+05 : f64} : (tensor<2x8x2x4xf32>) -> tensor<2x8x2x4xf32>

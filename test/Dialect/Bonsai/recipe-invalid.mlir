@@ -504,6 +504,14 @@ bonsai.recipe @r {
   bonsai.remat "partial"
 }
 
+// -----
+
+// remat: sequence chunks are at least one.
+bonsai.recipe @r {
+  // expected-error @+1 {{sequence_chunks must be at least 1, got 0}}
+  bonsai.remat "full" sequence_chunks 0
+}
+
 //===----------------------------------------------------------------------===//
 // Recipe region rules (RecipeOp::verifyRegions) and directive placement
 //===----------------------------------------------------------------------===//

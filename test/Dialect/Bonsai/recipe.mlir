@@ -32,7 +32,7 @@ func.func @forward(%ids: tensor<2x8xi32>, %labels: tensor<2x8xi32>) -> tensor<f3
 // CHECK-NEXT:    bonsai.shard "zero3" ranks 2
 // CHECK-NEXT:    bonsai.offload ["optimizer_state", "gradients"]
 // CHECK-NEXT:    bonsai.ring ranks 2
-// CHECK-NEXT:    bonsai.remat "auto"
+// CHECK-NEXT:    bonsai.remat "auto" sequence_chunks 4
 // CHECK-NEXT:  }
 bonsai.recipe @everything for @forward {
   bonsai.target "sm_90" device_memory 24576 MiB
@@ -44,7 +44,7 @@ bonsai.recipe @everything for @forward {
   bonsai.shard "zero3" ranks 2
   bonsai.offload ["optimizer_state", "gradients"]
   bonsai.ring ranks 2
-  bonsai.remat "auto"
+  bonsai.remat "auto" sequence_chunks 4
 }
 
 // CHECK-LABEL: bonsai.recipe @minimal {

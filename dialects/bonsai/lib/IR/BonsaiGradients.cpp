@@ -268,6 +268,21 @@ LogicalResult SliceOp::buildGradients(OpBuilder &b, ValueRange resultGrads,
   return success();
 }
 
+LogicalResult ConcatOp::buildGradients(OpBuilder &b, ValueRange resultGrads,
+                                       function_ref<bool(Value)> needsGradient,
+                                       SmallVectorImpl<Value> &grads) {
+  resetGradients(*this, grads);
+  Value dy = resultGrads[0];
+  int64_t start = 0, axis = getAxisAttr().getInt();
+  for (auto [i, input] : llvm::enumerate(getInputs())) {
+    if (dy && needsGradient(input))
+      grads[i] = SliceOp::create(b, getLoc(), input.getType(), dy, getAxisAttr(),
+                                 b.getI64IntegerAttr(start));
+    start += cast<RankedTensorType>(input.getType()).getDimSize(axis);
+  }
+  return success();
+}
+
 LogicalResult CastOp::buildGradients(OpBuilder &b, ValueRange resultGrads,
                                      function_ref<bool(Value)> needsGradient,
                                      SmallVectorImpl<Value> &grads) {

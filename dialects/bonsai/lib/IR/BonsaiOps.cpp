@@ -567,6 +567,40 @@ OpCost SliceOp::getForwardCost() {
   return cost;
 }
 
+LogicalResult ConcatOp::verify() {
+  OperandRange inputs = getInputs();
+  if (inputs.empty())
+    return emitOpError() << "needs at least one input";
+  RankedTensorType out = getResult().getType();
+  int64_t axis = getAxisAttr().getInt();
+  if (axis < 0 || axis >= out.getRank())
+    return emitOpError() << "axis " << axis << " is out of range for rank " << out.getRank();
+  int64_t total = 0;
+  for (auto [i, input] : llvm::enumerate(inputs)) {
+    RankedTensorType in = tensorType(input);
+    std::string name = ("input " + Twine(i)).str();
+    if (failed(expectRank(*this, name, in, out.getRank())))
+      return failure();
+    for (int64_t d = 0; d < out.getRank(); ++d)
+      if (d != axis && in.getDimSize(d) != out.getDimSize(d))
+        return emitOpError() << name << " dimension " << d << ": expected " << out.getDimSize(d)
+                             << " (only axis " << axis << " is joined), got " << in.getDimSize(d);
+    if (failed(expectElementType(*this, name, in.getElementType(), out.getElementType())))
+      return failure();
+    total += in.getDimSize(axis);
+  }
+  if (total != out.getDimSize(axis))
+    return emitOpError() << "result dimension " << axis << ": expected " << total
+                         << " (the inputs' sizes summed), got " << out.getDimSize(axis);
+  return success();
+}
+
+OpCost ConcatOp::getForwardCost() {
+  OpCost cost;
+  cost.bytesRead = cost.bytesWritten = getStorageBytes(getResult().getType());
+  return cost;
+}
+
 LogicalResult CastOp::verify() {
   RankedTensorType in = tensorType(getInput());
   RankedTensorType out = getResult().getType();

@@ -346,6 +346,8 @@ LogicalResult RingDirectiveOp::verifyAgainstModel(const ModelSummary &model) {
 }
 
 LogicalResult RematDirectiveOp::verify() {
+  if (IntegerAttr chunks = getSequenceChunksAttr(); chunks && chunks.getInt() < 1)
+    return emitOpError() << "sequence_chunks must be at least 1, got " << chunks.getInt();
   return expectOneOf(*this, "remat policy", getPolicy(), {"none", "full", "selective", "auto"});
 }
 

@@ -371,6 +371,21 @@ def Bonsai_SliceOp : Bonsai_ModelOp<"slice", [DeclareOpInterfaceMethods<Bonsai_G
   let results = (outs Bonsai_Tensor:$result);
 }
 
+def Bonsai_ConcatOp : Bonsai_ModelOp<"concat", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
+  let summary = "tensors joined along one dimension";
+  let description = [{
+    The inputs in order along dimension `axis`; every other dimension equal. bonsai-tile-sequence
+    joins the chunks of a tiled MLP with it (docs/remat.md, "Tiling the sequence"); its gradient
+    is a slice per input.
+
+    ```mlir
+    %y = bonsai.concat %a, %b {axis = 1 : i64} : (tensor<1x32x64xf32>, tensor<1x32x64xf32>) -> tensor<1x64x64xf32>
+    ```
+  }];
+  let arguments = (ins Variadic<Bonsai_Tensor>:$inputs, I64Attr:$axis);
+  let results = (outs Bonsai_Tensor:$result);
+}
+
 def Bonsai_CastOp : Bonsai_ModelOp<"cast", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>,
     DeclareOpInterfaceMethods<Bonsai_ElementwiseOpInterface>]> {
   let summary = "element type conversion (round to nearest even; saturating for FP8)";
@@ -642,13 +657,16 @@ def Bonsai_RematDirectiveOp : Bonsai_DirectiveOp<"remat"> {
     recompute cheap memory-heavy ops) or `auto` (fit the target's device memory with the fewest
     recomputed FLOPs; needs `device_memory` on the target). The `bonsai-remat` pass carries it
     out (docs/remat.md); a training step under a budget gets `auto` without the directive.
+    `sequence_chunks N` also runs each MLP block over N chunks of the sequence, one at a time
+    (bonsai-tile-sequence; docs/remat.md, "Tiling the sequence").
 
     ```mlir
     bonsai.remat "selective"
+    bonsai.remat "full" sequence_chunks 8
     ```
   }];
-  let arguments = (ins StrAttr:$policy);
-  let assemblyFormat = "$policy attr-dict";
+  let arguments = (ins StrAttr:$policy, OptionalAttr<I64Attr>:$sequence_chunks);
+  let assemblyFormat = "$policy (`sequence_chunks` $sequence_chunks^)? attr-dict";
 }
 
 #endif // BONSAI_DIALECT_BONSAI_IR_BONSAIOPS_TD
