@@ -32,9 +32,14 @@ std::string mlir::bonsai::overBudgetAdvice(StringRef memoryClass, bool recomputi
     return "train low-rank adapters on a quantized frozen base (bonsai.lora with "
            "bonsai.quantize), or a bf16 model";
   if (memoryClass == "activations")
-    return recomputing ? "lower the batch size or the sequence length"
-                       : "recompute activations (bonsai.remat), or lower the batch size or "
-                         "sequence length";
+    return recomputing ? "keep them in host memory between the passes (bonsai.offload "
+                         "[\"activations\"]), run the MLPs over chunks of the sequence "
+                         "(bonsai.remat sequence_chunks), or lower the batch size or the "
+                         "sequence length"
+                       : "recompute activations (bonsai.remat), keep them in host memory "
+                         "(bonsai.offload [\"activations\"]), run the MLPs over chunks of "
+                         "the sequence (bonsai.remat sequence_chunks), or lower the batch size "
+                         "or sequence length";
   if (memoryClass == "gradients")
     return "apply the updates in the backward pass (update_in_backward on bonsai.optimizer), "
            "or train adapters (bonsai.lora)";
