@@ -332,8 +332,7 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
     }
     // The option overrides the profile's host rate.
     double hostRate = hostUpdateRate > 0 ? hostUpdateRate : profile->hostUpdateGParamsPerSecond;
-    StepRates stepRates = achievedStepRates(profile->bf16Tflops, profile->memoryBandwidthGBs,
-                                            profile->linkBandwidthGBs, hostRate);
+    StepRates stepRates = achievedStepRates(*profile, hostRate);
     const OffloadRates &rates = stepRates.offload;
 
     // Each update is ready when the compute stream reaches the op of the body that holds it

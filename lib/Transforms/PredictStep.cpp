@@ -29,8 +29,7 @@ struct PredictStepPass : impl::BonsaiPredictStepPassBase<PredictStepPass> {
     if (!(profile->bf16Tflops > 0) || !(profile->memoryBandwidthGBs > 0))
       return;
     double hostRate = hostUpdateRate > 0 ? hostUpdateRate : profile->hostUpdateGParamsPerSecond;
-    StepRates rates = sustainedStepRates(profile->bf16Tflops, profile->memoryBandwidthGBs,
-                                         profile->linkBandwidthGBs, hostRate);
+    StepRates rates = sustainedStepRates(*profile, hostRate);
     Builder builder(&getContext());
     for (auto function : getOperation().getOps<func::FuncOp>()) {
       if (function.isExternal())

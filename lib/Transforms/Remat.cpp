@@ -918,8 +918,7 @@ int64_t RematPass::getOffloadLinkBudget(const ForwardGraph &g) {
   std::optional<TargetProfile> p = lookupTargetProfile(profile.empty() ? target : profile);
   if (!p || !(p->bf16Tflops > 0) || !(p->memoryBandwidthGBs > 0) || !(p->linkBandwidthGBs > 0))
     return INT64_MAX;
-  StepRates rates = sustainedStepRates(p->bf16Tflops, p->memoryBandwidthGBs, p->linkBandwidthGBs,
-                                       p->hostUpdateGParamsPerSecond);
+  StepRates rates = sustainedStepRates(*p, p->hostUpdateGParamsPerSecond);
   double forward = 0;
   for (Operation *op : g.ops)
     forward += estimateOpSeconds(op, rates);

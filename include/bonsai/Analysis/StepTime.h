@@ -12,6 +12,7 @@
 #define BONSAI_ANALYSIS_STEPTIME_H
 
 #include "bonsai/Analysis/UpdatePlacement.h"
+#include "bonsai/Target/TargetProfile.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 
 namespace mlir::bonsai {
@@ -19,25 +20,28 @@ namespace mlir::bonsai {
 /// The rates a step's kernels, copies and host updates reach on a machine.
 struct StepRates {
   double tensorFlopsPerSecond = 0; ///< GEMM-shaped work
+  /// The fused attention kernels' work (OpCost::attentionFlops); 0: tensorFlopsPerSecond.
+  double attentionFlopsPerSecond = 0;
   double memoryBytesPerSecond = 0; ///< everything else, bound by memory traffic
   OffloadRates offload;            ///< the link each way, the host's optimizer
 };
 
 /// The rates from a target's peaks (bf16 tensor-core TFLOP/s, memory GB/s, link GB/s each
-/// way, host G parameters/s): the shares of them measured on the H200 (a large bf16 GEMM at
-/// 78% of peak, a streaming kernel at 80% of HBM bandwidth, a pinned copy at 87% of the
-/// link's 64 GB/s; docs/benchmarks.md).
-StepRates achievedStepRates(double bf16Tflops, double memoryGBs, double linkGBs,
-                            double hostGParamsPerSecond);
+/// way) and `hostGParamsPerSecond`: the shares of them measured on the H200 (a large bf16
+/// GEMM at 78% of peak, a streaming kernel at 80% of HBM bandwidth, a pinned copy at 87% of
+/// the link's 64 GB/s; docs/benchmarks.md), and the attention kernels at the profile's
+/// measured rate.
+StepRates achievedStepRates(const TargetProfile &profile, double hostGParamsPerSecond);
 
-/// The rates a whole step reaches, for its predicted time: achievedStepRates' kernels at 81%
-/// of their estimate (Llama-2-7B's on-device step measured 1521 ms where the estimate says
-/// 1232 ms; 793 for 652 at half the batch), the link at 50.5 GB/s each way (the H200's 101
+/// The rates a whole step reaches, for its predicted time: achievedStepRates' kernels other
+/// than attention at 84% of their estimate (Llama-2-7B's on-device step measured 1521 ms where
+/// the estimate, its attention at the kernels' measured rate, says 1291 ms; 793 for 681 at
+/// half the batch), the attention kernels at their measured rate, the link at 50.5 GB/s each
+/// way (the H200's 101
 /// GB/s with both directions busy, as an offloaded step keeps them) and the host's optimizer
 /// at 80% of its rate alone (3.6 of 4.5 G parameters/s measured while the link copies).
 /// Measured on the H200 alone (docs/benchmarks.md, 2026-12-03 fifth session).
-StepRates sustainedStepRates(double bf16Tflops, double memoryGBs, double linkGBs,
-                             double hostGParamsPerSecond);
+StepRates sustainedStepRates(const TargetProfile &profile, double hostGParamsPerSecond);
 
 /// Seconds `op` takes on the device by its cost: the longer of its tensor-core work and its
 /// memory traffic; nothing for an op without a cost.

@@ -35,6 +35,9 @@ struct TargetProfile {
   /// The optimizer step on the host the GPU is in: fused fp32 AdamW over every core, G
   /// parameters/s (what `update "auto"` weighs the host against the link with).
   double hostUpdateGParamsPerSecond = 0;
+  /// Bonsai's flash attention kernels, forward and backward, bf16, causal, TFLOP/s of the
+  /// scored pairs, measured on this GPU (0: not measured; estimates then take a GEMM's rate).
+  double attentionTflops = 0;
 
   /// Whether the profile has the rates that `update "auto"` weighs: compute, memory, link and
   /// host (every named GPU; not "cpu" or a generic sm_XX).

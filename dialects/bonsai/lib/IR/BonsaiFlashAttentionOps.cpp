@@ -84,7 +84,7 @@ OpCost FlashAttentionOp::getForwardCost() {
   // normalise per score), plus one f32 per query row written.
   OpCost cost = streamingBytes(*this);
   int64_t pairs = scoredPairs(getQuery(), getCausal());
-  cost.matmulFlops = 4 * batchHeads * q.getDimSize(3) * pairs;
+  cost.matmulFlops = cost.attentionFlops = 4 * batchHeads * q.getDimSize(3) * pairs;
   cost.vectorFlops = 5 * batchHeads * pairs;
   return cost;
 }
@@ -113,7 +113,7 @@ OpCost FlashAttentionGradOp::getForwardCost() {
   // Scores recomputed (Q·Kᵀ) and normalised by the saved lse, then dV = Pᵀ·dO, dP = dO·Vᵀ,
   // dQ = dS·K, dK = dSᵀ·Q; no pass for the softmax statistics.
   OpCost cost = streamingBytes(*this);
-  cost.matmulFlops = 10 * batchHeads * q.getDimSize(3) * pairs;
+  cost.matmulFlops = cost.attentionFlops = 10 * batchHeads * q.getDimSize(3) * pairs;
   cost.vectorFlops = 7 * batchHeads * pairs;
   return cost;
 }

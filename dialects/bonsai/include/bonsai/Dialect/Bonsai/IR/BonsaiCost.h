@@ -21,18 +21,23 @@ struct OpCost {
   /// Bytes read from and written to memory, each operand and result touched once.
   int64_t bytesRead = 0;
   int64_t bytesWritten = 0;
+  /// Of matmulFlops, those of a fused attention kernel (flash attention): its softmax between
+  /// the two products keeps it below a GEMM's rate, so step-time estimates run it at the
+  /// target's attention rate (bonsai/Analysis/StepTime.h).
+  int64_t attentionFlops = 0; // last: positional initialisers name the four above
 
   /// All FLOPs.
   int64_t totalFlops() const { return matmulFlops + vectorFlops; }
 
   /// This cost with every field multiplied by `factor`.
   OpCost scaled(int64_t factor) const {
-    return {matmulFlops * factor, vectorFlops * factor, bytesRead * factor,
-            bytesWritten * factor};
+    return {matmulFlops * factor, vectorFlops * factor, bytesRead * factor, bytesWritten * factor,
+            attentionFlops * factor};
   }
 
   OpCost &operator+=(const OpCost &other) {
     matmulFlops += other.matmulFlops;
+    attentionFlops += other.attentionFlops;
     vectorFlops += other.vectorFlops;
     bytesRead += other.bytesRead;
     bytesWritten += other.bytesWritten;
