@@ -10,8 +10,8 @@ prints one table: planned and measured device peak, pinned host memory, PCIe byt
 way, step time, tokens/s, the speed relative to the first variant (the state on the device),
 the time the step spends beyond that variant's, and what that is as a PCIe rate (bytes each way
 over the extra time: near 55 GB/s, the transfers are exposed at the link's speed; far above it,
-they are hidden behind compute). The final losses must agree: the arithmetic is the same kernels'
-on the same bytes.
+they are hidden behind compute), and the compiler's predicted step beside its error. The final
+losses must agree: the arithmetic is the same kernels' on the same bytes.
 """
 import argparse
 import os
@@ -34,8 +34,10 @@ def report(path):
         m = re.search(pattern + r"\s+([0-9.]+) (B|KiB|MiB|GiB|TiB)", text)
         return float(m.group(1)) * UNITS[m.group(2)] if m else 0.0
 
+    predicted = re.search(r"predicted step on \S+: ([0-9.e+]+) ms", text)
     return {"device": size(r"peak device"), "host": size(r"peak pinned host"),
-            "h2d": size(r"host to device"), "d2h": size(r"device to host")}
+            "h2d": size(r"host to device"), "d2h": size(r"device to host"),
+            "predicted_ms": float(predicted.group(1)) if predicted else None}
 
 
 def main():
@@ -67,15 +69,21 @@ def main():
     ref_step, ref_tps = rows[0][3], rows[0][4]
     print()
     print("| %s | planned device | measured device | pinned host | PCIe each way | step ms | "
-          "tokens/s | vs %s | extra ms | extra as GB/s | final loss |" % (args.model, rows[0][0]))
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "tokens/s | vs %s | extra ms | extra as GB/s | predicted ms | prediction error | "
+          "final loss |" % (args.model, rows[0][0]))
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for variant, planned, measured, step_s, tps, loss in rows:
         extra = step_s - ref_step
         pcie = max(planned["h2d"], planned["d2h"])
         rate = "%.1f" % (pcie / extra / 1e9) if pcie and extra > 0 else "-"
+        # The compiler's prediction (bonsai-compile's report) against the measured step.
+        predicted = planned["predicted_ms"]
+        error = "%+.1f%%" % (100 * (predicted - step_s * 1e3) / (step_s * 1e3)) if predicted else "-"
         print("| %s | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB | %.1f | %.0f | %.3f | %.1f | %s "
-              "| %.6f |" % (variant, planned["device"] / GIB, measured / GIB, planned["host"] / GIB,
-                            pcie / GIB, step_s * 1e3, tps, tps / ref_tps, extra * 1e3, rate, loss))
+              "| %s | %s | %.6f |" % (
+                  variant, planned["device"] / GIB, measured / GIB, planned["host"] / GIB,
+                  pcie / GIB, step_s * 1e3, tps, tps / ref_tps, extra * 1e3, rate,
+                  "%.1f" % predicted if predicted else "-", error, loss))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@
 # for Llama 124M (B16 S1024) and TinyLlama-1.1B (B4 S2048), and for Llama-2-7B (B8 S2048, 16k
 # tokens, remat "full") gpu, inbwd-gpu, inbwd-offload, inbwd-host and inbwd-auto, the last
 # three compiled for a 24 GiB budget; and the curve of tokens per step (issue #24): Llama-2-7B
-# at B2, B4 and B16 (4k, 8k and 32k tokens), gpu and inbwd-auto, named llama2_7b_bN; and the
+# at B2, B4 and B16 (4k, 8k and 32k tokens), gpu and inbwd-auto, named llama2_7b_bN (and B4
+# inbwd-host); TinyLlama at B8 (tinyllama_1_1b_b8) and GPT-2 124M, gpu and inbwd-auto; and the
 # activation-offload plans listed further down.
 # The plans carry no weights (bonsai-run initialises them), so the pack is small; the GPU
 # machine runs them with the bonsai-run of test/gpu/prepare.sh: bench/offload_h200.sh.
@@ -85,6 +86,16 @@ for batch in 2 4 16; do
     > "$dir/plans/llama2_7b.mlir"
   plan "$dir/plans/llama2_7b.mlir" llama2_7b_b$batch gpu full
   plan "$dir/plans/llama2_7b.mlir" llama2_7b_b$batch inbwd-auto full --device-memory=24GiB
+  # Plans the step-time prediction's figures were not fitted to (docs/offload.md, "Predicted
+  # step time"): this one, TinyLlama at twice the batch and GPT-2 124M below.
+  if [ "$batch" = 4 ]; then
+    plan "$dir/plans/llama2_7b.mlir" llama2_7b_b4 inbwd-host full --device-memory=24GiB
+  fi
+done
+python3 scripts/gen_models.py --print tinyllama_1_1b --set=batch=8 > "$dir/plans/tinyllama.mlir"
+for variant in gpu inbwd-auto; do
+  plan "$dir/plans/tinyllama.mlir" tinyllama_1_1b_b8 "$variant" ""
+  plan examples/models/gpt2_124m.mlir gpt2_124m "$variant" ""
 done
 # Activation offload (docs/remat.md, "Offloading activations"): the 32k point of the curve
 # (inbwd-auto with the saved activations offloaded too), and Llama-3-8B QLoRA at 16k and 32k
@@ -122,6 +133,7 @@ done
 qlora 32768 full-act-tiled full 1 24GiB 4
 qlora 131072 full-tiled full 0 100GiB 8
 qlora 131072 full-act-tiled full 1 24GiB 8
-rm -f "$dir/plans/recipe.mlir" "$dir/plans/llama2_7b.mlir" "$dir/plans/llama3_8b.mlir"
+rm -f "$dir/plans/recipe.mlir" "$dir/plans/llama2_7b.mlir" "$dir/plans/llama3_8b.mlir" \
+  "$dir/plans/tinyllama.mlir"
 tar -C "$(dirname "$dir")" -cJf "$dir.tar.xz" "$(basename "$dir")"
 du -sh "$dir" "$dir.tar.xz"

@@ -1,15 +1,13 @@
 //===- StepTime.cpp - How long a compiled training step takes -------------===//
 //
-// See StepTime.h. The compute stream is a sum of per-op roofline estimates; the offloaded
-// updates are UpdatePlacement's simulation, fed from the ops that carry them.
+// See StepTime.h: per-op roofline estimates at shares of the target's peaks measured on the
+// H200.
 //
 //===----------------------------------------------------------------------===//
 
 #include "bonsai/Analysis/StepTime.h"
 
 #include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
-#include "mlir/Interfaces/ViewLikeInterface.h"
-#include "llvm/ADT/DenseSet.h"
 
 #include <algorithm>
 
@@ -23,13 +21,15 @@ namespace {
 constexpr double kTensorCoreShare = 0.78;
 constexpr double kMemoryShare = 0.8;
 constexpr double kLinkShare = 0.87;
+/// What a copy costs beyond its bytes: the copy engine's start and the event it signals.
+/// What a copy costs beyond its bytes, and an update on the host beyond its parameters: the
+/// copy engine's start and the event it signals; the host node's callback and the threads'
+/// wake-up. Fitted with the contention shares below to the offloaded steps measured on the
+/// H200 (docs/offload.md, "Predicted step time"): Llama 124M's 111 small updates on the host
+/// take 20 ms longer than their parameters at the host's rate.
+constexpr double kCopyLatencySeconds = 10e-6;
+constexpr double kHostStepLatencySeconds = 100e-6;
 
-/// The phase an op belongs to ("forward" when unmarked).
-StringRef phaseOf(Operation *op) {
-  if (auto phase = op->getAttrOfType<StringAttr>("bonsai.phase"))
-    return phase.getValue();
-  return "forward";
-}
 } // namespace
 
 StepRates mlir::bonsai::achievedStepRates(const TargetProfile &profile,
@@ -47,13 +47,17 @@ StepRates mlir::bonsai::sustainedStepRates(const TargetProfile &profile,
                                            double hostGParamsPerSecond) {
   constexpr double kKernelsOfEstimate = 0.84;
   constexpr double kLinkBothWaysShare = 101.0 / 2 / 64;
-  constexpr double kHostUnderCopies = 0.8;
-  StepRates rates = achievedStepRates(profile, hostGParamsPerSecond * kHostUnderCopies);
+  StepRates rates = achievedStepRates(profile, hostGParamsPerSecond);
   // The attention rate is a measured kernel rate already; the other kernels run below the
   // roofline estimate in a whole step.
   rates.tensorFlopsPerSecond *= kKernelsOfEstimate;
   rates.memoryBytesPerSecond *= kKernelsOfEstimate;
   rates.offload.linkBytesPerSecond = profile.linkBandwidthGBs * 1e9 * kLinkBothWaysShare;
+  // The host's memory, shared by the host's optimizer and the link's DMA both ways: the
+  // shares each keeps while the other runs (fitted, see kCopyLatencySeconds).
+  rates.toDeviceShareUnderHost = 0.6;
+  rates.toHostShareUnderHost = 0.8;
+  rates.hostShareUnderCopies = 0.9;
   return rates;
 }
 
@@ -70,108 +74,28 @@ double mlir::bonsai::estimateOpSeconds(Operation *op, const StepRates &rates) {
   return std::max(tensor, memory);
 }
 
-StepPrediction mlir::bonsai::predictStep(func::FuncOp function, const StepRates &rates,
-                                         int64_t microBatches) {
-  StepPrediction prediction;
-  std::vector<UpdateWork> updates;
-  std::vector<bool> onHost;
-  llvm::StringMap<double> phaseStart;
-  double clock = 0;
-  double kernels = 0;
-  // Offloaded activations (bonsai-offload-activations): out on the device-to-host link as the
-  // forward pass computes, all of them done before the backward pass starts (the runtime
-  // joins the copy streams at the end of a phase); back on the host-to-device link, each
-  // issued once the reader of the one before has started (bonsai-schedule's one group
-  // ahead), its reader waiting for it. Their link time is not shared with streamed updates'.
-  double runs = double(std::max<int64_t>(microBatches, 1));
-  double link = rates.offload.linkBytesPerSecond;
-  double outFree = 0, backFree = 0, previousReader = 0;
-  bool forwardDone = false;
-  llvm::DenseMap<Value, double> arrival;
-  llvm::DenseSet<Value> read;
-  for (Operation &op : function.getBody().front()) {
-    if (auto out = dyn_cast<CopyToHostOp>(op);
-        out && link > 0 && llvm::any_of(out->getUsers(), llvm::IsaPred<CopyH2DOp>)) {
-      outFree = std::max(outFree, clock) + getStorageBytes(out.getType()) * runs / link;
-      continue;
-    }
-    if (auto back = dyn_cast<CopyH2DOp>(op);
-        back && link > 0 && back.getSource().getDefiningOp<CopyToHostOp>()) {
-      backFree = std::max(backFree, previousReader) + getStorageBytes(back.getType()) * runs / link;
-      arrival[back.getResult()] = backFree;
-      continue;
-    }
-    // Copies run on the link, not on the compute stream: the updates they serve count them.
-    if (isa<CopyH2DOp, CopyD2HOp, CopyToHostOp, CopyToDeviceOp>(op))
-      continue;
-    StringRef phase = phaseOf(&op);
-    if (phase != "forward" && !forwardDone) {
-      forwardDone = true;
-      clock = std::max(clock, outFree);
-    }
-    if (auto view = dyn_cast<ViewLikeOpInterface>(op)) {
-      // A view remade on a reloaded copy arrives with it.
-      if (auto it = arrival.find(view.getViewSource()); it != arrival.end()) {
-        double when = it->second;
-        arrival[op.getResult(0)] = when;
-        continue;
-      }
-    }
-    bool firstRead = false;
-    for (Value operand : op.getOperands())
-      if (auto it = arrival.find(operand); it != arrival.end()) {
-        clock = std::max(clock, it->second);
-        firstRead |= read.insert(operand).second;
-      }
-    if (firstRead)
-      previousReader = clock;
-    phaseStart.try_emplace(phase, clock);
-    double seconds = estimateOpSeconds(&op, rates);
-    auto update = dyn_cast<OptimizerStateOpInterface>(op);
-    bool streamed = false, host = false;
-    int64_t streamedBytes = 0, toHostBytes = 0;
-    if (update)
-      for (Value operand : op.getOperands()) {
-        if (operand.getDefiningOp<CopyH2DOp>()) {
-          streamed = true;
-          streamedBytes += getStorageBytes(operand.getType());
-        } else if (auto copy = operand.getDefiningOp<CopyToHostOp>()) {
-          host = true;
-          toHostBytes += getStorageBytes(operand.getType());
-        }
-      }
-    if (!streamed && !host) {
-      // Forward and backward run once per micro-batch, the update once.
-      double times = phase == "update" ? 1.0 : runs;
-      clock += seconds * times;
-      kernels += seconds * times;
-      continue;
-    }
-    UpdateWork work;
-    work.readySeconds = clock;
-    work.earliestCopySeconds = phaseStart.lookup(phase);
-    work.canRunOnHost = host;
-    if (host) {
-      std::optional<unsigned> param = update.getHostStepParamOperand();
-      Type paramType = param ? op.getOperand(*param).getType() : Type();
-      if (auto shaped = dyn_cast_or_null<ShapedType>(paramType)) {
-        work.params = shaped.getNumElements();
-        work.toDeviceBytes = getStorageBytes(paramType);
-      }
-      work.toHostBytes = toHostBytes;
-      ++prediction.hostUpdates;
-    } else {
-      work.deviceSeconds = seconds;
-      work.streamedBytes = streamedBytes;
-      kernels += seconds;
-      ++prediction.streamedUpdates;
-    }
-    updates.push_back(work);
-    onHost.push_back(host);
+double mlir::bonsai::estimateLaunchSeconds(Operation *op, const StepRates &rates) {
+  auto overLink = [&](Value copied) {
+    double link = rates.offload.linkBytesPerSecond;
+    if (!(link > 0))
+      return -1.0;
+    return double(getStorageBytes(copied.getType())) / link + kCopyLatencySeconds;
+  };
+  if (isa<CopyH2DOp, CopyToHostOp>(op))
+    return overLink(op->getResult(0));
+  if (isa<CopyD2HOp, CopyToDeviceOp>(op))
+    return overLink(op->getOperand(0));
+  // An update whose operands bonsai-offload copied to the host runs there.
+  if (auto update = dyn_cast<OptimizerStateOpInterface>(op);
+      update && llvm::any_of(op->getOperands(), [](Value operand) {
+        return operand.getDefiningOp<CopyToHostOp>() != nullptr;
+      })) {
+    std::optional<unsigned> param = update.getHostStepParamOperand();
+    auto shaped = param ? dyn_cast<ShapedType>(op->getOperand(*param).getType()) : ShapedType();
+    if (!shaped || !(rates.offload.hostParamsPerSecond > 0))
+      return -1;
+    return double(shaped.getNumElements()) / rates.offload.hostParamsPerSecond +
+           kHostStepLatencySeconds;
   }
-  prediction.placement = simulateUpdates(updates, clock, rates.offload, onHost);
-  prediction.kernelSeconds = kernels;
-  prediction.stepSeconds = prediction.placement.stepSeconds();
-  prediction.exposedSeconds = std::max(0.0, prediction.stepSeconds - kernels);
-  return prediction;
+  return estimateOpSeconds(op, rates);
 }

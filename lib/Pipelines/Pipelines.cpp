@@ -114,14 +114,13 @@ void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &o
   // offload (a no-op unless the recipe offloads activations). Only the summary remark.
   if (options.train)
     pm.addPass(createBonsaiOffloadActivationsPass());
-  // The step time on the target, predicted on the step as it will run: recomputed clones and
-  // fused kernels included (docs/offload.md, "Predicted step time").
+  // Each op's time on the target, estimated on the step as it will run (recomputed clones and
+  // fused kernels included), for the prediction of the scheduled step below.
   if (options.train) {
-    BonsaiPredictStepPassOptions predict;
-    predict.target = options.profile.empty() ? options.target : options.profile;
-    predict.hostUpdateRate = options.hostUpdateRate;
-    predict.microBatches = options.microBatches;
-    pm.addPass(createBonsaiPredictStepPass(predict));
+    BonsaiTimeOpsPassOptions timing;
+    timing.target = options.profile.empty() ? options.target : options.profile;
+    timing.hostUpdateRate = options.hostUpdateRate;
+    pm.addPass(createBonsaiTimeOpsPass(timing));
   }
   // Tensors become buffers and ops become launches; the recipe's target is recorded so that
   // the memory planner can hold the step to its budget.
@@ -136,6 +135,13 @@ void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &o
   schedule.overlap = options.overlapCopies;
   pm.addPass(createBonsaiSchedulePass(schedule));
   pm.addPass(createBonsaiPlanMemoryPass());
+  // The step time on the target: the scheduled step on its streams, with the waits the memory
+  // plan makes (docs/offload.md, "Predicted step time").
+  if (options.train) {
+    BonsaiPredictStepPassOptions predict;
+    predict.target = options.profile.empty() ? options.target : options.profile;
+    pm.addPass(createBonsaiPredictStepPass(predict));
+  }
   // An independent check of the planner's result: a plan that overlaps live buffers would
   // corrupt training silently, so it must never reach a file.
   pm.addPass(createBonsaiVerifyPlanPass());

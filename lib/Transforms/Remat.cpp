@@ -122,15 +122,20 @@ public:
     // choices are weighed by the predicted step time (getPredictedSeconds).
     if (offload) {
       pm.addPass(createBonsaiOffloadActivationsPass());
-      BonsaiPredictStepPassOptions predict;
-      predict.target = profile.str();
-      pm.addPass(createBonsaiPredictStepPass(predict));
+      BonsaiTimeOpsPassOptions timing;
+      timing.target = profile.str();
+      pm.addPass(createBonsaiTimeOpsPass(timing));
     }
     BonsaiLowerToPlanPassOptions lower;
     lower.target = target.str();
     pm.addPass(createBonsaiLowerToPlanPass(lower));
     pm.addPass(createBonsaiSchedulePass());
     pm.addPass(createBonsaiPlanMemoryPass());
+    if (offload) {
+      BonsaiPredictStepPassOptions predict;
+      predict.target = profile.str();
+      pm.addPass(createBonsaiPredictStepPass(predict));
+    }
   }
 
   /// With activation offload: the bytes evaluate(recompute) offloads.

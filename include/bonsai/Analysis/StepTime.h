@@ -1,10 +1,10 @@
 //===- StepTime.h - How long a compiled training step takes ---------------===//
 //
-// The compute stream's time from each op's cost (CostOpInterface) at the rates a target's
-// kernels reach, and with offloaded state the link and the host beside it (UpdatePlacement.h):
-// what `update "auto"` weighs its split with, and the step time bonsai-compile predicts for the
-// step as it will run, recomputation and fusion included (docs/offload.md, "Predicted step
-// time").
+// How long each op of a step takes on a target: its cost (CostOpInterface) at the rates the
+// target's kernels reach, a copy at the link's, an update on the host at the host's. What
+// `update "auto"` weighs its split with (UpdatePlacement.h), and the durations the step-time
+// prediction simulates the scheduled step with (StepSimulation.h; docs/offload.md,
+// "Predicted step time").
 //
 //===----------------------------------------------------------------------===//
 
@@ -24,6 +24,9 @@ struct StepRates {
   double attentionFlopsPerSecond = 0;
   double memoryBytesPerSecond = 0; ///< everything else, bound by memory traffic
   OffloadRates offload;            ///< the link each way, the host's optimizer
+  /// The shares of their rates the copies to the device, those to the host and the host's
+  /// optimizer keep while the other uses the host's memory (StepSimulation.h's contention).
+  double toDeviceShareUnderHost = 1, toHostShareUnderHost = 1, hostShareUnderCopies = 1;
 };
 
 /// The rates from a target's peaks (bf16 tensor-core TFLOP/s, memory GB/s, link GB/s each
@@ -37,38 +40,27 @@ StepRates achievedStepRates(const TargetProfile &profile, double hostGParamsPerS
 /// than attention at 84% of their estimate (Llama-2-7B's on-device step measured 1521 ms where
 /// the estimate, its attention at the kernels' measured rate, says 1291 ms; 793 for 681 at
 /// half the batch), the attention kernels at their measured rate, the link at 50.5 GB/s each
-/// way (the H200's 101
-/// GB/s with both directions busy, as an offloaded step keeps them) and the host's optimizer
-/// at 80% of its rate alone (3.6 of 4.5 G parameters/s measured while the link copies).
-/// Measured on the H200 alone (docs/benchmarks.md, 2026-12-03 fifth session).
+/// way (the H200's 101 GB/s with both directions busy, as an offloaded step keeps them), the
+/// host's optimizer at `hostGParamsPerSecond`, and how the host's memory is shared between
+/// the host's optimizer and the copies (the ...ShareUnderHost/Copies fields), fitted to the
+/// offloaded steps measured on the H200 (docs/offload.md, "Predicted step time").
 StepRates sustainedStepRates(const TargetProfile &profile, double hostGParamsPerSecond);
 
 /// Seconds `op` takes on the device by its cost: the longer of its tensor-core work and its
 /// memory traffic; nothing for an op without a cost.
 double estimateOpSeconds(Operation *op, const StepRates &rates);
 
-/// One step of a training function, predicted.
-struct StepPrediction {
-  /// The whole step: the last of the compute stream, the host and the copies.
-  double stepSeconds = 0;
-  /// The compute stream's kernels alone (streamed updates included), no wait.
-  double kernelSeconds = 0;
-  /// What the offload adds to the kernels: the compute stream's waits for streamed state
-  /// and the host's and the copies' tail after it.
-  double exposedSeconds = 0;
-  int64_t hostUpdates = 0, streamedUpdates = 0;
-  UpdatePlacement placement;
-};
+/// The discardable attribute bonsai-time-ops puts on each op that becomes a launch: its
+/// seconds on the resource it runs on (docs/offload.md, "Predicted step time").
+inline constexpr llvm::StringLiteral kOpSecondsAttr = "bonsai.seconds";
 
-/// Predicts a step of `function` as it will run (after remat and fusion): its ops in order on
-/// the compute stream, those of the forward and backward phases once per micro-batch; each
-/// update whose state is streamed (operands from `bonsai.copy_h2d`) or that runs on the host
-/// (operands from `bonsai.copy_to_host`) placed as the IR says, in the simulation of
-/// UpdatePlacement.h, its streamed state coming in from the start of its phase on. Offloaded
-/// activations (bonsai-offload-activations' copies) go out on the link as the forward pass
-/// computes, all before the backward pass starts, and come back one ahead of their readers,
-/// which wait for them.
-StepPrediction predictStep(func::FuncOp function, const StepRates &rates, int64_t microBatches);
+/// Seconds `op` (one that becomes a launch) takes where it runs, once: a copy between pinned
+/// host memory and the device its bytes over one direction of the link plus the link's
+/// per-copy latency, an update on the host (its operands copied there by bonsai-offload) its
+/// parameters at the host's rate, anything else estimateOpSeconds. Negative when a rate it
+/// needs is missing (a copy without the link's rate, an update on the host without the
+/// host's).
+double estimateLaunchSeconds(Operation *op, const StepRates &rates);
 
 } // namespace mlir::bonsai
 

@@ -522,31 +522,50 @@ def BonsaiFusePass : Pass<"bonsai-fuse", "::mlir::ModuleOp"> {
   ];
 }
 
+def BonsaiTimeOpsPass : Pass<"bonsai-time-ops", "::mlir::ModuleOp"> {
+  let summary = "Estimate each op's time on the target, for the step-time prediction";
+  let description = [{
+    Runs after remat and fusion, on the step as it will run: puts on each op that becomes a
+    launch its seconds on the resource it runs on (`bonsai.seconds`, StepTime.h's
+    estimateLaunchSeconds): a kernel its cost at the rates the `target` profile's kernels
+    sustain in a whole step, a copy between pinned host memory and the device its bytes over
+    the link, an update on the host its parameters at the host's rate. The lowering carries
+    them to the launches, where bonsai-predict-step simulates the scheduled step with them.
+    A target without compute and memory rates (the CPU) gets none, and neither does a
+    function with copies or host updates on a target without the link's or the host's rate.
+  }];
+  let options = [
+    Option<"target", "target", "std::string", /*default=*/"\"cpu\"",
+           "Target profile whose rates the estimates use (a named GPU)">,
+    Option<"hostUpdateRate", "host-update-rate", "double", /*default=*/"0",
+           "The host's optimizer rate in G parameters/s (0: the target profile's)">,
+  ];
+}
+
 //===----------------------------------------------------------------------===//
 // Plan passes (on bonsai_plan.step)
 //===----------------------------------------------------------------------===//
 
 def BonsaiPredictStepPass : Pass<"bonsai-predict-step", "::mlir::ModuleOp"> {
-  let summary = "Predict how long a step takes on the target, offloaded updates included";
+  let summary = "Predict how long a planned step takes on the target, offloaded work included";
   let description = [{
-    Runs after remat and fusion, on the step as it will run (bonsai/Analysis/StepTime.h,
-    docs/offload.md "Predicted step time"): the compute stream's time from each op's cost at
-    the `target` profile's rates (the forward and backward phases once per micro-batch), and
-    for the updates whose state is streamed or that run on the host, the simulation of the
-    link and the host beside it that `update "auto"` decides with. It records the prediction
-    on the function (`bonsai.predicted_step_seconds`, `bonsai.predicted_exposed_seconds`: what
-    the offload adds to the kernels), which the plan carries (bonsai-run compares it with the
-    measured step) and bonsai-compile's report prints. A target without compute and memory
-    rates (the CPU) gets no prediction; a step with offloaded updates needs the link and host
-    rates as well.
+    Runs on each planned `bonsai_plan.step` (after bonsai-schedule and bonsai-plan-memory)
+    whose launches carry their seconds (`bonsai.seconds`, from bonsai-time-ops): simulates the
+    step as the runtime runs it (bonsai/Analysis/StepSimulation.h, docs/offload.md "Predicted
+    step time"): each launch on its stream in plan order, waiting for the launches of other
+    streams whose bytes it shares (the runtime's stream order, from the memory plan), the
+    copies of one direction sharing the link's bandwidth that way, the streams joined at the
+    end of each phase, the forward and backward phases once per micro-batch. It records the
+    prediction on the step (`bonsai.predicted_step_seconds`, `bonsai.predicted_exposed_seconds`:
+    what the copies and the host add to the compute stream's kernels), which the plan carries
+    (bonsai-run compares it with the measured step) and bonsai-compile's report prints, and
+    drops the launches' seconds. A step without them (a target without rates) gets none.
+    The `target` profile gives how the host's memory is shared between the link and the
+    host's optimizer (StepSimulation.h's contention).
   }];
   let options = [
     Option<"target", "target", "std::string", /*default=*/"\"cpu\"",
-           "Target profile whose rates the prediction uses (a named GPU)">,
-    Option<"hostUpdateRate", "host-update-rate", "double", /*default=*/"0",
-           "The host's optimizer rate in G parameters/s (0: the target profile's)">,
-    Option<"microBatches", "micro-batches", "int64_t", /*default=*/"1",
-           "Forward and backward runs per update">,
+           "Target profile of the contention figures (the one bonsai-time-ops used)">,
   ];
 }
 

@@ -8,6 +8,7 @@
 
 #include "bonsai/Conversion/Passes.h"
 
+#include "bonsai/Analysis/StepTime.h"
 #include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
 #include "bonsai/Dialect/Plan/IR/PlanDialect.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -88,8 +89,7 @@ struct LowerToPlanPass : impl::BonsaiLowerToPlanPassBase<LowerToPlanPass> {
     auto step = plan::StepOp::create(builder, loc, function.getSymName(), target, deviceMemory,
                                      tokens, microBatches, vocab);
     // The adapters bonsai-insert-lora recorded become the plan's adapter metadata.
-    for (StringRef name : {"bonsai.adapters", "bonsai.adapter_targets",
-                           "bonsai.predicted_step_seconds", "bonsai.predicted_exposed_seconds"})
+    for (StringRef name : {"bonsai.adapters", "bonsai.adapter_targets"})
       if (Attribute attr = function->getAttr(name))
         step->setAttr(name, attr);
     builder.createBlock(&step.getBody());
@@ -233,8 +233,11 @@ struct LowerToPlanPass : impl::BonsaiLowerToPlanPassBase<LowerToPlanPass> {
       for (NamedAttribute attr : kernel.getKernelParams())
         if (!attr.getName().getValue().starts_with("bonsai."))
           params.push_back(attr);
-      plan::LaunchOp::create(builder, op.getLoc(), kernel.getKernelName(), ins, outs,
-                             builder.getDictionaryAttr(params), 0, phase);
+      auto launch = plan::LaunchOp::create(builder, op.getLoc(), kernel.getKernelName(), ins, outs,
+                                           builder.getDictionaryAttr(params), 0, phase);
+      // bonsai-time-ops' estimate, for bonsai-predict-step's simulation of the step.
+      if (Attribute seconds = op.getAttr(kOpSecondsAttr))
+        launch->setAttr(kOpSecondsAttr, seconds);
     }
     function.erase();
     return success();
