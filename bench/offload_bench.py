@@ -14,6 +14,7 @@ they are hidden behind compute), and the compiler's predicted step beside its er
 losses must agree: the arithmetic is the same kernels' on the same bytes.
 """
 import argparse
+import json
 import os
 import re
 import sys
@@ -35,9 +36,22 @@ def report(path):
         return float(m.group(1)) * UNITS[m.group(2)] if m else 0.0
 
     predicted = re.search(r"predicted step on \S+: ([0-9.e+]+) ms", text)
-    return {"device": size(r"peak device"), "host": size(r"peak pinned host"),
+    host = re.search(r"host steps ([0-9.e+]+) ms", text)
+    return {"predicted_host_ms": float(host.group(1)) if host else None,
+            "device": size(r"peak device"), "host": size(r"peak pinned host"),
             "h2d": size(r"host to device"), "d2h": size(r"device to host"),
             "predicted_ms": float(predicted.group(1)) if predicted else None}
+
+
+def measured_host_ms(workdir, warmup):
+    """The mean time a step spent in host steps (bonsai-run's metrics, `offload.host_step_s`)
+    over the timed steps of the last run; None without host steps."""
+    path = os.path.join(workdir, "bonsai_metrics.jsonl")
+    rows = [json.loads(line) for line in open(path)][warmup:]
+    seconds = [r["offload"]["host_step_s"] for r in rows if r.get("offload")]
+    if not seconds or not any(seconds):
+        return None
+    return 1e3 * sum(seconds) / len(seconds)
 
 
 def main():
@@ -62,7 +76,8 @@ def main():
         except SystemExit as failure:  # a failed run is a row that says so, not the end
             print("%-20s failed: %s" % (variant, str(failure)[-600:]), flush=True)
             continue
-        rows.append((variant, planned, measured, step_s, tps, loss))
+        host_ms = measured_host_ms(args.workdir, args.warmup)
+        rows.append((variant, planned, measured, step_s, tps, loss, host_ms))
         print("%-20s %.0f tokens/s, %.1f ms/step, measured %.2f GiB, loss %.6f" % (
             variant, tps, step_s * 1e3, measured / GIB, loss), flush=True)
 
@@ -70,20 +85,25 @@ def main():
     print()
     print("| %s | planned device | measured device | pinned host | PCIe each way | step ms | "
           "tokens/s | vs %s | extra ms | extra as GB/s | predicted ms | prediction error | "
-          "final loss |" % (args.model, rows[0][0]))
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for variant, planned, measured, step_s, tps, loss in rows:
+          "host steps ms measured / predicted | final loss |" % (args.model, rows[0][0]))
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for variant, planned, measured, step_s, tps, loss, host_ms in rows:
         extra = step_s - ref_step
         pcie = max(planned["h2d"], planned["d2h"])
         rate = "%.1f" % (pcie / extra / 1e9) if pcie and extra > 0 else "-"
         # The compiler's prediction (bonsai-compile's report) against the measured step.
         predicted = planned["predicted_ms"]
         error = "%+.1f%%" % (100 * (predicted - step_s * 1e3) / (step_s * 1e3)) if predicted else "-"
+        # The host steps' time a step (bonsai-run's metrics) beside the compiler's: a slower host
+        # than the profile says shows here, a mis-simulated overlap does not.
+        host = "%s / %s" % ("%.1f" % host_ms if host_ms else "-",
+                            "%.1f" % planned["predicted_host_ms"]
+                            if planned["predicted_host_ms"] else "-")
         print("| %s | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB | %.1f | %.0f | %.3f | %.1f | %s "
-              "| %s | %s | %.6f |" % (
+              "| %s | %s | %s | %.6f |" % (
                   variant, planned["device"] / GIB, measured / GIB, planned["host"] / GIB,
                   pcie / GIB, step_s * 1e3, tps, tps / ref_tps, extra * 1e3, rate,
-                  "%.1f" % predicted if predicted else "-", error, loss))
+                  "%.1f" % predicted if predicted else "-", error, host, loss))
 
 
 if __name__ == "__main__":

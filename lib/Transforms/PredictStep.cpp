@@ -95,6 +95,11 @@ struct PredictStepPass : impl::BonsaiPredictStepPassBase<PredictStepPass> {
                     builder.getF64FloatAttr(prediction.stepSeconds));
       step->setAttr("bonsai.predicted_exposed_seconds",
                     builder.getF64FloatAttr(prediction.exposedSeconds));
+      // The host steps' share, against which bonsai-run's measured host time (its metrics'
+      // `host_step_s`) tells a slow host from a mis-simulated overlap.
+      if (prediction.hostSeconds > 0)
+        step->setAttr("bonsai.predicted_host_seconds",
+                      builder.getF64FloatAttr(prediction.hostSeconds));
     }
   }
 };

@@ -482,6 +482,8 @@ int main(int argc, char **argv) {
     if (exposed && exposed.getValueAsDouble() > 0)
       llvm::outs() << " (" << llvm::format("%.4g ms", exposed.getValueAsDouble() * 1e3)
                    << " of it the offload's exposed transfers and host steps)";
+    if (auto host = step->getAttrOfType<FloatAttr>("bonsai.predicted_host_seconds"))
+      llvm::outs() << "; host steps " << llvm::format("%.4g ms", host.getValueAsDouble() * 1e3);
     llvm::outs() << "\n";
   }
   return 0;

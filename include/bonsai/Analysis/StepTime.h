@@ -27,6 +27,9 @@ struct StepRates {
   /// The shares of their rates the copies to the device, those to the host and the host's
   /// optimizer keep while the other uses the host's memory (StepSimulation.h's contention).
   double toDeviceShareUnderHost = 1, toHostShareUnderHost = 1, hostShareUnderCopies = 1;
+  /// What each kernel launched on the device costs beyond its work in a whole step (its
+  /// start and tail in the CUDA Graph); 0 for a roofline estimate.
+  double kernelLatencySeconds = 0;
 };
 
 /// The rates from a target's peaks (bf16 tensor-core TFLOP/s, memory GB/s, link GB/s each
@@ -37,9 +40,10 @@ struct StepRates {
 StepRates achievedStepRates(const TargetProfile &profile, double hostGParamsPerSecond);
 
 /// The rates a whole step reaches, for its predicted time: achievedStepRates' kernels other
-/// than attention at 84% of their estimate (Llama-2-7B's on-device step measured 1521 ms where
-/// the estimate, its attention at the kernels' measured rate, says 1291 ms; 793 for 681 at
-/// half the batch), the attention kernels at their measured rate, the link at 50.5 GB/s each
+/// than attention at 85% of their estimate and 10 us more a kernel (fitted to the on-device
+/// steps measured on the H200: Llama-2-7B's 1839 kernels in 1521 ms where the estimate, its
+/// attention at the kernels' measured rate, says 1291 ms; Llama 124M's 567 in 33.0 ms where
+/// it says 22.5), the attention kernels at their measured rate, the link at 50.5 GB/s each
 /// way (the H200's 101 GB/s with both directions busy, as an offloaded step keeps them), the
 /// host's optimizer at `hostGParamsPerSecond`, and how the host's memory is shared between
 /// the host's optimizer and the copies (the ...ShareUnderHost/Copies fields), fitted to the
@@ -57,7 +61,8 @@ inline constexpr llvm::StringLiteral kOpSecondsAttr = "bonsai.seconds";
 /// Seconds `op` (one that becomes a launch) takes where it runs, once: a copy between pinned
 /// host memory and the device its bytes over one direction of the link plus the link's
 /// per-copy latency, an update on the host (its operands copied there by bonsai-offload) its
-/// parameters at the host's rate, anything else estimateOpSeconds. Negative when a rate it
+/// parameters at the host's rate, a kernel on the device estimateOpSeconds plus the rates'
+/// kernelLatencySeconds. Negative when a rate it
 /// needs is missing (a copy without the link's rate, an update on the host without the
 /// host's).
 double estimateLaunchSeconds(Operation *op, const StepRates &rates);
