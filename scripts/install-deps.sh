@@ -15,6 +15,7 @@ packages=(
   libgtest-dev
   librsvg2-bin
   python3-numpy
+  libopenmpi-dev openmpi-bin
 )
 
 missing=()
