@@ -31,7 +31,7 @@ std::optional<std::vector<SimLaunch>> collectLaunches(plan::StepOp step) {
   bool timed = false;
   for (auto launch : body.getOps<plan::LaunchOp>()) {
     SimLaunch sim;
-    sim.stream = SimStream(launch.getStream());
+    sim.stream = plan::PlanStream(launch.getStream());
     sim.phase = unsigned(launch.getPhase());
     if (auto seconds = launch->getAttrOfType<FloatAttr>(kOpSecondsAttr)) {
       sim.seconds = seconds.getValueAsDouble();

@@ -18,14 +18,10 @@ namespace mlir::bonsai {
 namespace {
 using plan::LaunchOp;
 
-/// The runtime's streams (bonsai::rt::StreamId).
-enum Stream : int64_t {
-  kCompute = 0,
-  kHostToDevice = 1,
-  kDeviceToHost = 2,
-  kHost = 3,
-  kHostResults = 4
-};
+using plan::PlanStream;
+
+/// The stream `launch` is issued on.
+PlanStream streamOf(LaunchOp launch) { return PlanStream(launch.getStream()); }
 
 struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
   using Base::Base;
@@ -49,7 +45,8 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
   /// copy, the reverse a device-to-host copy, and one that touches pinned host buffers only
   /// is an update that runs on the host (the runtime's loader holds every other kind to
   /// device arenas); everything else computes.
-  static Stream streamOf(LaunchOp launch, const llvm::StringMap<plan::MemorySpace> &spaces) {
+  static PlanStream assignedStream(LaunchOp launch,
+                                   const llvm::StringMap<plan::MemorySpace> &spaces) {
     auto onHost = [&](ValueRange values) {
       bool host = false, device = false;
       for (Value v : values)
@@ -61,12 +58,12 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
     auto [insHost, insDevice] = onHost(launch.getIns());
     auto [outsHost, outsDevice] = onHost(launch.getOuts());
     if (insHost && !insDevice && outsDevice && !outsHost)
-      return kHostToDevice;
+      return PlanStream::HostToDevice;
     if (outsHost && !outsDevice && insDevice && !insHost)
-      return kDeviceToHost;
+      return PlanStream::DeviceToHost;
     if ((insHost || outsHost) && !insDevice && !outsDevice)
-      return kHost;
-    return kCompute;
+      return PlanStream::Host;
+    return PlanStream::Compute;
   }
 
   static bool touches(Operation *op, plan::BufferOp buffer) {
@@ -96,7 +93,7 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
     // Groups of host-to-device copies by the first op that reads their result.
     SmallVector<std::pair<Operation *, SmallVector<LaunchOp>>> groups;
     for (LaunchOp copy : body.getOps<LaunchOp>()) {
-      if (copy.getStream() != kHostToDevice || copy.getOuts().size() != 1)
+      if (streamOf(copy) != PlanStream::HostToDevice || copy.getOuts().size() != 1)
         continue;
       plan::BufferOp staged = plan::getUnderlyingBuffer(copy.getOuts()[0]);
       Operation *reader = nullptr;
@@ -146,7 +143,7 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
       readers.insert(group.first);
     SmallVector<LaunchOp> backCopies;
     for (LaunchOp copy : body.getOps<LaunchOp>())
-      if (copy.getStream() == kDeviceToHost)
+      if (streamOf(copy) == PlanStream::DeviceToHost)
         backCopies.push_back(copy);
     llvm::DenseMap<Operation *, SmallVector<Value>> retained;
     llvm::DenseMap<Operation *, bool> retainAfter;
@@ -163,18 +160,18 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
           break;
         last = op;
         auto launch = dyn_cast<LaunchOp>(op);
-        if (activation && sawWork && launch && launch.getStream() == kDeviceToHost) {
+        if (activation && sawWork && launch && streamOf(launch) == PlanStream::DeviceToHost) {
           until = op;
           break;
         }
-        if (launch && launch.getStream() == kHost) {
+        if (launch && streamOf(launch) == PlanStream::Host) {
           if (readOnHost) {
             until = op;
             break;
           }
           readOnHost = touches(op, staged);
         }
-        if (!launch || launch.getStream() == kCompute) {
+        if (!launch || streamOf(launch) == PlanStream::Compute) {
           if (readers.contains(op)) {
             until = op;
             break;
@@ -213,26 +210,26 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
     for (LaunchOp launch : body.getOps<LaunchOp>()) {
       // An update on the host runs on the host stream whatever `overlap` says: no other
       // stream reaches pinned host memory from the CPU.
-      Stream stream = streamOf(launch, spaces);
-      if (stream == kHost) {
+      PlanStream stream = assignedStream(launch, spaces);
+      if (stream == PlanStream::Host) {
         ++hostSteps;
         for (Value out : launch.getOuts())
           if (plan::BufferOp buffer = plan::getUnderlyingBuffer(out))
             writtenOnHost.insert(buffer);
       } else if (!overlap) {
-        stream = kCompute;
-      } else if (stream == kHostToDevice && llvm::all_of(launch.getIns(), [&](Value in) {
+        stream = PlanStream::Compute;
+      } else if (stream == PlanStream::HostToDevice && llvm::all_of(launch.getIns(), [&](Value in) {
                    plan::BufferOp buffer = plan::getUnderlyingBuffer(in);
                    return buffer && writtenOnHost.contains(buffer);
                  })) {
         // A copy back of what a host update wrote waits for the update: on the copy stream
         // it would hold up every copy behind it (the streamed updates' state) until the CPU
         // is done, on the host stream the next host update. It gets a stream of its own.
-        stream = kHostResults;
+        stream = PlanStream::HostResults;
         ++copiesAfterHostSteps;
       }
-      launch.setStream(stream);
-      copies += stream == kHostToDevice || stream == kDeviceToHost;
+      launch.setStream(int64_t(stream));
+      copies += stream == PlanStream::HostToDevice || stream == PlanStream::DeviceToHost;
     }
     if (!copies && !hostSteps)
       return;

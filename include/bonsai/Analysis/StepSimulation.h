@@ -13,20 +13,16 @@
 #ifndef BONSAI_ANALYSIS_STEPSIMULATION_H
 #define BONSAI_ANALYSIS_STEPSIMULATION_H
 
+#include "bonsai/Dialect/Plan/IR/PlanStreams.h"
+
 #include <cstdint>
 #include <vector>
 
 namespace mlir::bonsai {
 
-/// The runtime's streams (bonsai::rt::StreamId), as bonsai-schedule assigns them.
-enum class SimStream : unsigned {
-  Compute = 0,
-  HostToDevice = 1,
-  DeviceToHost = 2,
-  Host = 3,
-  HostResults = 4
-};
-inline constexpr unsigned kNumSimStreams = 5;
+/// The runtime's streams, as bonsai-schedule assigns them.
+using SimStream = plan::PlanStream;
+inline constexpr unsigned kNumSimStreams = plan::kNumPlanStreams;
 
 /// Which direction of the link a launch moves bytes over.
 enum class SimLink { None, ToDevice, ToHost };

@@ -102,6 +102,7 @@ struct TensorInfo {
 /// `HostResults` carries the copies to the device of what the host steps wrote: each waits for
 /// its host step, so on the host-to-device stream it would hold up every copy behind it, and on
 /// the host stream it would hold up the next host step.
+/// The compiler's copy of these numbers: bonsai::plan::PlanStream (PlanStreams.h).
 enum class StreamId : uint8_t {
   Compute = 0,
   HostToDevice = 1,

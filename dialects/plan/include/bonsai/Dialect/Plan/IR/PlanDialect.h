@@ -19,6 +19,7 @@
 
 #include "bonsai/Dialect/Plan/IR/PlanDialect.h.inc"
 #include "bonsai/Dialect/Plan/IR/PlanEnums.h.inc"
+#include "bonsai/Dialect/Plan/IR/PlanStreams.h"
 #include "bonsai/Dialect/Plan/IR/PlanTypeInterfaces.h"
 
 #define GET_OP_CLASSES
