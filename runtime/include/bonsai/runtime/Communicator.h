@@ -5,10 +5,11 @@
 // reduce-scatter its gradients, whatever carries the bytes. Two implementations exist:
 // SingleRankCommunicator (one rank: every collective is a copy) and, in a build that found
 // MPI (Open MPI from Debian here and in CI), an MPI one for CPU ranks started by `mpirun` or
-// `srun`, which is how sharded plans are to be tested in CI without a GPU. NCCL on the CUDA
-// backend is to come behind the same interface. A program has the MPI one when it links the
-// library bonsai_comm_mpi (built when CMake finds MPI) rather than bonsai_comm (one rank only,
-// no libmpi: what binaries carried to GPU machines without Open MPI link).
+// `srun`, which is how sharded plans are to be tested in CI without a GPU. Device buffers go
+// through NCCL (NcclCommunicator.h), whose ranks agree through one of these. A program has the
+// MPI one when it links the library bonsai_comm_mpi (built when CMake finds MPI) rather than
+// bonsai_comm (one rank only, no libmpi: what binaries carried to GPU machines without Open MPI
+// link).
 //
 // Two promises make ranks safe to debug:
 //
