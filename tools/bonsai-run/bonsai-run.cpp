@@ -51,6 +51,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "bonsai/runtime/Checkpoint.h"
+#include "bonsai/runtime/Communicator.h"
 #include "bonsai/runtime/Data.h"
 #include "bonsai/runtime/Executor.h"
 #include "bonsai/runtime/Export.h"
@@ -789,6 +790,15 @@ std::string formatValue(float value) {
 }
 
 int run(const Options &o) {
+  // Every plan runs on one rank until the sharding pass exists (docs/sharding.md): ranks
+  // started by mpirun or srun would each train the whole model on the same data and write the
+  // same checkpoint files. Refused on every rank before anything is loaded.
+  rt::LaunchInfo launch = rt::detectLaunch();
+  if (launch.size > 1)
+    throw rt::Error("started as rank " + std::to_string(launch.rank) + " of " +
+                    std::to_string(launch.size) + " by " + launch.launcher +
+                    ": a plan runs on one rank until sharded plans (bonsai.shard) exist "
+                    "(docs/sharding.md); run bonsai-run as one process");
   rt::ExecutorOptions executorOptions;
   executorOptions.device = o.device;
   executorOptions.cudaGraphs = !o.noCudaGraphs;
