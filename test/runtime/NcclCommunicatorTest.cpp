@@ -21,6 +21,7 @@
 #include "bonsai/runtime/NcclCommunicator.h"
 
 #include "bonsai/runtime/Communicator.h"
+#include "bonsai/runtime/KernelBackend.h"
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -46,15 +47,6 @@ using Clock = std::chrono::steady_clock;
 void cudaOk(cudaError_t status, const char *call) {
   if (status != cudaSuccess)
     throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorString(status));
-}
-
-bool haveGpu() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return count > 0;
 }
 
 /// The message of the rt::Error that `fn` throws, or "" (and a test failure) when none.
@@ -178,7 +170,7 @@ void holdStream(cudaStream_t stream, double *seconds) {
 class NcclCollectivesTest : public ::testing::Test {
 protected:
   static void SetUpTestSuite() {
-    if (!haveGpu())
+    if (!cudaDeviceAvailable())
       return;
     try {
       host_ = std::make_unique<SingleRankCommunicator>();
@@ -192,7 +184,7 @@ protected:
     host_.reset();
   }
   void SetUp() override {
-    if (!haveGpu())
+    if (!cudaDeviceAvailable())
       GTEST_SKIP() << "no GPU here";
     ASSERT_TRUE(nccl_) << "NCCL start-up failed: " << startError_;
     cudaOk(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -433,7 +425,7 @@ TEST(NcclCommunicatorStartTest, BadDeviceOrdinalsAreRefused) {
   options.device = 4096;
   std::string message = errorOf([&] { NcclCommunicator::create(host, options); });
   EXPECT_NE(message.find("(device 4096): NCCL start-up"), std::string::npos) << message;
-  if (haveGpu()) {
+  if (cudaDeviceAvailable()) {
     EXPECT_NE(message.find("is not below the"), std::string::npos) << message;
   }
   options.device = -2;
@@ -442,7 +434,7 @@ TEST(NcclCommunicatorStartTest, BadDeviceOrdinalsAreRefused) {
 }
 
 TEST(NcclCommunicatorStartTest, DeadlineFromTheEnvironment) {
-  if (!haveGpu())
+  if (!cudaDeviceAvailable())
     GTEST_SKIP() << "no GPU here";
   SingleRankCommunicator host;
   NcclCommunicatorOptions options;
@@ -460,7 +452,7 @@ TEST(NcclCommunicatorStartTest, DeadlineFromTheEnvironment) {
 //===----------------------------------------------------------------------===//
 
 TEST(NcclCommunicatorDeadlineTest, HeldStreamEndsInAnErrorAndAFailedCommunicator) {
-  if (!haveGpu())
+  if (!cudaDeviceAvailable())
     GTEST_SKIP() << "no GPU here";
   SingleRankCommunicator host;
   NcclCommunicatorOptions options;
