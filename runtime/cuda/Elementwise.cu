@@ -189,6 +189,12 @@ struct AddOp {
 struct MulOp {
   __device__ void operator()(const float *a, float *r) const { r[0] = a[0] * a[1]; }
 };
+struct SquareOp {
+  __device__ void operator()(const float *a, float *r) const { r[0] = a[0] * a[0]; }
+};
+struct SqrtOp {
+  __device__ void operator()(const float *a, float *r) const { r[0] = sqrtf(a[0]); }
+};
 struct SiluOp {
   __device__ void operator()(const float *a, float *r) const {
     r[0] = a[0] / (1.0f + expf(-a[0]));
@@ -514,6 +520,14 @@ void add(const Context &ctx, const TensorView &lhs, const TensorView &rhs,
 void mul(const Context &ctx, const TensorView &lhs, const TensorView &rhs,
          const TensorView &out) {
   binary("mul", ctx, lhs, rhs, out, MulOp{});
+}
+
+void square(const Context &ctx, const TensorView &x, const TensorView &y) {
+  unary("square", ctx, x, y, SquareOp{});
+}
+
+void squareRoot(const Context &ctx, const TensorView &x, const TensorView &y) {
+  unary("sqrt", ctx, x, y, SqrtOp{});
 }
 
 void silu(const Context &ctx, const TensorView &x, const TensorView &y) {

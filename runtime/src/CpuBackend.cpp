@@ -23,8 +23,9 @@ namespace {
 
 class CpuBackend final : public KernelBackend {
 public:
-  CpuBackend(const LoadedPlan &plan, const std::vector<TensorView> &views, bool offloadTiming)
-      : plan_(plan), views_(views), offloadTiming_(offloadTiming) {
+  CpuBackend(const LoadedPlan &plan, const std::vector<TensorView> &views, bool offloadTiming,
+             const RankContext *ranks)
+      : plan_(plan), views_(views), offloadTiming_(offloadTiming), ranks_(ranks) {
     offload_.timed = offloadTiming;
   }
 
@@ -99,7 +100,7 @@ private:
   void runKernel(size_t i) {
     auto start = std::chrono::steady_clock::now();
     try {
-      launchOnCpu(KernelCall(plan_, i, views_));
+      launchOnCpu(KernelCall(plan_, i, views_, ranks_));
     } catch (const Error &e) {
       throw Error(plan_.describeKernel(i) + ": " + e.what());
     }
@@ -134,13 +135,16 @@ private:
   OffloadTimes offload_; ///< takeOffloadTimes()
   bool offloadTiming_ = false;
   UpdateVerdict verdict_ = UpdateVerdict::Ran;
+  /// The executor's ranks, read at every collective (null: one rank).
+  const RankContext *ranks_;
 };
 
 } // namespace
 
-std::unique_ptr<KernelBackend>
-createCpuBackend(const LoadedPlan &plan, const std::vector<TensorView> &views, bool offloadTiming) {
-  return std::make_unique<CpuBackend>(plan, views, offloadTiming);
+std::unique_ptr<KernelBackend> createCpuBackend(const LoadedPlan &plan,
+                                                const std::vector<TensorView> &views,
+                                                bool offloadTiming, const RankContext *ranks) {
+  return std::make_unique<CpuBackend>(plan, views, offloadTiming, ranks);
 }
 
 } // namespace bonsai::rt

@@ -10,9 +10,13 @@
 #include "KernelCall.h"
 #include "KernelParams.h"
 
+#include "bonsai/runtime/Communicator.h"
 #include "bonsai/runtime/CpuKernels.h"
 #include "bonsai/runtime/Fp8.h"
 #include "bonsai/runtime/GaLore.h"
+
+#include <cmath>
+#include <cstring>
 
 namespace bonsai::rt {
 
@@ -520,6 +524,64 @@ void launch(kinds::FusedElementwise, const KernelCall &c) {
   const auto &a = c.attrs<kinds::FusedElementwise>();
   cpu::fusedElementwise(c.plan().generatedKernels[a.kernel].program, c.inputPointers(),
                         c.outputPointers());
+}
+
+// The collectives (docs/sharding.md) go through the executor's host communicator, whose sums
+// are in rank order in fp32 and therefore the same bits on every rank and in every run.
+
+/// The host communicator of a collective: the executor checked its size against the plan's
+/// ranks before any kernel ran.
+Communicator &hostCommunicator(const KernelCall &c) {
+  if (!c.ranks().host)
+    throw Error("internal error: a collective kernel ran without a communicator");
+  return *c.ranks().host;
+}
+
+void launch(kinds::ShardSlice, const KernelCall &c) {
+  using In = kinds::ShardSlice::In;
+  using Out = kinds::ShardSlice::Out;
+  const TensorView &shard = c.out(Out::shard);
+  size_t bytes = shard.bytes();
+  std::memcpy(shard.data, static_cast<const char *>(c.in(In::full).data) + c.ranks().rank * bytes,
+              bytes);
+}
+
+void launch(kinds::ReduceScatter, const KernelCall &c) {
+  using In = kinds::ReduceScatter::In;
+  using Out = kinds::ReduceScatter::Out;
+  const TensorView &shard = c.out(Out::shard);
+  hostCommunicator(c).reduceScatterSum(c.in(In::full).data, shard.data, size_t(shard.numel()),
+                                       shard.dtype,
+                                       c.collectiveContext(c.kernel().outputs[Out::shard]));
+}
+
+void launch(kinds::AllGather, const KernelCall &c) {
+  using In = kinds::AllGather::In;
+  using Out = kinds::AllGather::Out;
+  const TensorView &shard = c.in(In::shard);
+  hostCommunicator(c).allGather(shard.data, c.out(Out::full).data, size_t(shard.numel()),
+                                shard.dtype, c.collectiveContext(c.kernel().outputs[Out::full]));
+}
+
+void launch(kinds::AllReduce, const KernelCall &c) {
+  using In = kinds::AllReduce::In;
+  using Out = kinds::AllReduce::Out;
+  const TensorView &x = c.in(In::x), &y = c.out(Out::y);
+  std::string context = c.collectiveContext(c.kernel().outputs[Out::y]);
+  Communicator &comm = hostCommunicator(c);
+  if (c.attrs<kinds::AllReduce>().reduction == CollectiveReduction::Sum) {
+    comm.allReduceSum(x.data, y.data, size_t(x.numel()), x.dtype, context);
+    return;
+  }
+  // L2Norm (f32): y = sqrt(sum over ranks of x^2), the squares and their rank-order sum in f32.
+  std::vector<float> squares(size_t(x.numel()));
+  const auto *in = static_cast<const float *>(x.data);
+  for (size_t i = 0; i < squares.size(); ++i)
+    squares[i] = in[i] * in[i];
+  comm.allReduceSum(squares.data(), squares.data(), squares.size(), DType::F32, context);
+  auto *out = static_cast<float *>(y.data);
+  for (size_t i = 0; i < squares.size(); ++i)
+    out[i] = std::sqrt(squares[i]);
 }
 
 using CpuHandler = void (*)(const KernelCall &);

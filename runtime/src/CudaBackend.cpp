@@ -18,6 +18,7 @@
 #ifdef BONSAI_HAVE_CUDA
 
 #include "bonsai/runtime/CudaKernels.h"
+#include "bonsai/runtime/NcclCommunicator.h"
 
 #include "CudaKernelCall.h"
 #include "HostKernelHandlers.h"
@@ -49,8 +50,9 @@ void check(cudaError_t status, const char *call) {
 
 class CudaBackend final : public KernelBackend {
 public:
-  CudaBackend(const LoadedPlan &plan, int ordinal, bool useGraphs, bool offloadTiming)
-      : plan_(plan), useGraphs_(useGraphs) {
+  CudaBackend(const LoadedPlan &plan, int ordinal, bool useGraphs, bool offloadTiming,
+              const RankContext *ranks)
+      : plan_(plan), useGraphs_(useGraphs), ranks_(ranks) {
     int count = 0;
     cudaError_t status = cudaGetDeviceCount(&count);
     if (status != cudaSuccess || count == 0)
@@ -133,6 +135,22 @@ public:
         }
         hostLaunches_[i] = HostLaunch{this, i};
       }
+    // The collectives' NCCL communicator, started over the executor's host communicator
+    // (every rank builds its backend at the same point, so every rank is here at once).
+    if (plan_.hasCollectives()) {
+      if (!ranks_ || !ranks_->host)
+        throw Error("internal error: plan '" + plan_.path +
+                    "' has collectives but the CUDA backend was given no communicator");
+#ifdef BONSAI_HAVE_NCCL
+      NcclCommunicatorOptions options;
+      options.device = ordinal;
+      nccl_ = NcclCommunicator::create(*ranks_->host, options);
+#else
+      throw Error("plan '" + plan_.path +
+                  "' has collectives, but this build has no NCCL: the CUDA backend cannot run "
+                  "them (rebuild where the CUDA toolkit has NCCL, or use --backend=cpu)");
+#endif
+    }
     // Generated kernels are JIT-compiled now, once per plan: loading is not allowed while a
     // phase is being captured into a graph.
     if (!plan_.generatedKernels.empty())
@@ -145,6 +163,8 @@ public:
   ~CudaBackend() override {
     // No host step may still be running on the arenas freed below.
     cudaDeviceSynchronize();
+    // NCCL is finalized while the arenas its collectives used still exist.
+    nccl_.reset();
     for (cudaEvent_t e : events_)
       cudaEventDestroy(e);
     for (cudaEvent_t e : kernelEvents_)
@@ -279,7 +299,10 @@ public:
     // A conditional body cannot hold host nodes: an update with a host step in it runs as
     // below, the host reading the verdict (a host step belongs in the backward pass anyway,
     // docs/offload.md, "The host step").
-    if (useGraphs_ && !profiling_ && !hasHostKernel(guard.guarded)) {
+    // Nor, here, collectives: NCCL's captured work is not known to be conditional-node safe,
+    // and every rank decides alike from the global norms anyway.
+    if (useGraphs_ && !profiling_ && !hasHostKernel(guard.guarded) &&
+        !hasCollective(guard.guarded)) {
       if (!guardCaptured_) {
         guardExec_ = captureGuarded(guard);
         guardCaptured_ = true;
@@ -819,7 +842,8 @@ private:
     ctx.gemm = gemm_.get();
     ctx.deviceError = deviceError_;
     ctx.kernelIndex = int32_t(index);
-    launchOnCuda(CudaCall(KernelCall(plan_, index, views_), ctx, generated_.get()));
+    launchOnCuda(
+        CudaCall(KernelCall(plan_, index, views_, ranks_), ctx, generated_.get(), nccl_.get()));
   }
 
   /// A host kernel's callback argument.
@@ -937,6 +961,12 @@ private:
       std::rethrow_exception(error);
   }
 
+  bool hasCollective(const std::vector<size_t> &kernels) const {
+    return std::any_of(kernels.begin(), kernels.end(), [&](size_t i) {
+      return kernelKindInfo(plan_.kernels[i].kind).has(kernel_traits::kCollective);
+    });
+  }
+
   bool hasHostKernel(const std::vector<size_t> &kernels) const {
     return std::any_of(kernels.begin(), kernels.end(),
                        [&](size_t i) { return plan_.kernels[i].stream == StreamId::Host; });
@@ -1004,6 +1034,10 @@ private:
   std::vector<TimedRun *> capturedRuns_;
   bool copyTimingBroken_ = false;
   bool hostSkipped_ = false;
+  /// The executor's ranks (null: one rank) and, for a plan with collectives, NCCL over them
+  /// (finalized first in the destructor).
+  const RankContext *ranks_ = nullptr;
+  std::unique_ptr<NcclCommunicator> nccl_;
 };
 } // namespace
 
@@ -1017,8 +1051,9 @@ bool cudaDeviceAvailable() {
 }
 
 std::unique_ptr<KernelBackend> createCudaBackend(const LoadedPlan &plan, int ordinal,
-                                                 bool useGraphs, bool offloadTiming) {
-  return std::make_unique<CudaBackend>(plan, ordinal, useGraphs, offloadTiming);
+                                                 bool useGraphs, bool offloadTiming,
+                                                 const RankContext *ranks) {
+  return std::make_unique<CudaBackend>(plan, ordinal, useGraphs, offloadTiming, ranks);
 }
 
 } // namespace bonsai::rt
@@ -1029,7 +1064,8 @@ namespace bonsai::rt {
 
 bool cudaDeviceAvailable() { return false; }
 
-std::unique_ptr<KernelBackend> createCudaBackend(const LoadedPlan &, int, bool, bool) {
+std::unique_ptr<KernelBackend> createCudaBackend(const LoadedPlan &, int, bool, bool,
+                                                 const RankContext *) {
   throw Error("this build has no CUDA backend: it was configured without a CUDA toolkit "
               "(use --backend=cpu, or rebuild where nvcc is installed)");
 }

@@ -15,15 +15,20 @@
 
 namespace bonsai::rt {
 
+class NcclCommunicator;
+
 /// A kernel call on the CUDA backend: its operands are device views.
 struct CudaCall : KernelCall {
   CudaCall(const KernelCall &call, const cuda::Context &ctx,
-           const cuda::GeneratedKernels *generated)
-      : KernelCall(call), ctx(ctx), generated(generated) {}
+           const cuda::GeneratedKernels *generated, NcclCommunicator *nccl = nullptr)
+      : KernelCall(call), ctx(ctx), generated(generated), nccl(nccl) {}
 
   cuda::Context ctx;
   /// The plan's generated kernels, loaded once (null when it has none).
   const cuda::GeneratedKernels *generated;
+  /// The backend's NCCL communicator, started when the plan has collectives (null otherwise,
+  /// and in a build without NCCL).
+  NcclCommunicator *nccl;
 };
 
 /// Enqueues one kernel on the CUDA backend's stream (CudaKernelHandlers.cpp).

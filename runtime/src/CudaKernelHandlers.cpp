@@ -16,6 +16,9 @@
 #include "bonsai/runtime/CudaFp8.h"
 #include "bonsai/runtime/CudaKernels.h"
 #include "bonsai/runtime/GaLore.h"
+#include "bonsai/runtime/NcclCommunicator.h"
+
+#include <cuda_runtime.h>
 
 namespace bonsai::rt {
 
@@ -527,6 +530,78 @@ void launch(kinds::FusedElementwise, const CudaCall &c) {
   const auto &a = c.attrs<kinds::FusedElementwise>();
   c.generated->launch(c.ctx, a.kernel, c.inputPointers(), c.outputPointers());
 }
+
+// The collectives (docs/sharding.md) go through NCCL on the kernel's stream (the compute
+// stream for now: a stream of their own, ordered by events, is later work). An NCCL call made
+// while the backend captures a phase becomes a node of its graph.
+
+/// The backend's NCCL communicator; its presence for a plan with collectives was checked when
+/// the backend started (a build without NCCL refuses such a plan there).
+NcclCommunicator &nccl(const CudaCall &c) {
+#ifdef BONSAI_HAVE_NCCL
+  if (c.nccl)
+    return *c.nccl;
+  throw Error("internal error: a collective kernel ran without an NCCL communicator");
+#else
+  (void)c;
+  throw Error("this build has no NCCL: the CUDA backend cannot run collectives (build with "
+              "NCCL in the CUDA toolkit, or run the plan with --backend=cpu)");
+#endif
+}
+
+void launch(kinds::ShardSlice, const CudaCall &c) {
+  using In = kinds::ShardSlice::In;
+  using Out = kinds::ShardSlice::Out;
+  const TensorView &shard = c.out(Out::shard);
+  size_t bytes = shard.bytes();
+  cudaError_t status = cudaMemcpyAsync(
+      shard.data, static_cast<const char *>(c.in(In::full).data) + c.ranks().rank * bytes, bytes,
+      cudaMemcpyDeviceToDevice, c.ctx.stream);
+  if (status != cudaSuccess)
+    throw Error(c.collectiveContext(c.kernel().outputs[Out::shard]) +
+                ": cudaMemcpyAsync failed: " + cudaGetErrorString(status));
+}
+
+#ifdef BONSAI_HAVE_NCCL
+
+void launch(kinds::ReduceScatter, const CudaCall &c) {
+  using In = kinds::ReduceScatter::In;
+  using Out = kinds::ReduceScatter::Out;
+  const TensorView &shard = c.out(Out::shard);
+  nccl(c).reduceScatterSum(c.in(In::full).data, shard.data, size_t(shard.numel()), shard.dtype,
+                           c.ctx.stream, c.collectiveContext(c.kernel().outputs[Out::shard]));
+}
+
+void launch(kinds::AllGather, const CudaCall &c) {
+  using In = kinds::AllGather::In;
+  using Out = kinds::AllGather::Out;
+  const TensorView &shard = c.in(In::shard);
+  nccl(c).allGather(shard.data, c.out(Out::full).data, size_t(shard.numel()), shard.dtype,
+                    c.ctx.stream, c.collectiveContext(c.kernel().outputs[Out::full]));
+}
+
+void launch(kinds::AllReduce, const CudaCall &c) {
+  using In = kinds::AllReduce::In;
+  using Out = kinds::AllReduce::Out;
+  const TensorView &x = c.in(In::x), &y = c.out(Out::y);
+  std::string context = c.collectiveContext(c.kernel().outputs[Out::y]);
+  if (c.attrs<kinds::AllReduce>().reduction == CollectiveReduction::Sum) {
+    nccl(c).allReduceSum(x.data, y.data, size_t(x.numel()), x.dtype, c.ctx.stream, context);
+    return;
+  }
+  // L2Norm (f32): the squares in y, their sum over ranks in place, then the root.
+  cuda::square(c.ctx, x, y);
+  nccl(c).allReduceSum(y.data, y.data, size_t(y.numel()), DType::F32, c.ctx.stream, context);
+  cuda::squareRoot(c.ctx, y, y);
+}
+
+#else // !BONSAI_HAVE_NCCL
+
+void launch(kinds::ReduceScatter, const CudaCall &c) { nccl(c); }
+void launch(kinds::AllGather, const CudaCall &c) { nccl(c); }
+void launch(kinds::AllReduce, const CudaCall &c) { nccl(c); }
+
+#endif // BONSAI_HAVE_NCCL
 
 using CudaHandler = void (*)(const CudaCall &);
 

@@ -11,6 +11,7 @@
 
 #include "bonsai/runtime/Executor.h"
 
+#include "bonsai/runtime/Communicator.h"
 #include "bonsai/runtime/CpuKernels.h"
 #include "bonsai/runtime/Fp8.h"
 #include "bonsai/runtime/GaLore.h"
@@ -74,6 +75,18 @@ std::unique_ptr<UpdateGuard> buildUpdateGuard(const LoadedPlan &plan) {
   auto state = [&](uint32_t t) {
     return persistent(t) && plan.tensors[t].role != TensorRole::Metric;
   };
+  // A collective over the gradients (ZeRO-1's all-reduce in the update) writes accumulators
+  // that the always-run Zero kernels clear: it may run whatever the verdict, ahead of the norms.
+  auto checkable = [&](const KernelInfo &k) {
+    bool collective = kernelKindInfo(k.kind).has(kernel_traits::kCollective);
+    return std::none_of(k.outputs.begin(), k.outputs.end(), [&](uint32_t t) {
+      return state(t) && !(collective && plan.tensors[t].role == TensorRole::Gradient);
+    });
+  };
+  // With several ranks every rank must take the same decision: only global norms count (the
+  // L2Norm all-reduces of the ranks' norms; a non-finite local norm makes the global one
+  // non-finite too).
+  const bool global = plan.ranks > 1;
   std::vector<size_t> update;
   for (size_t i = 0; i < plan.kernels.size(); ++i)
     if (plan.kernels[i].phase == Phase::Update)
@@ -84,10 +97,13 @@ std::unique_ptr<UpdateGuard> buildUpdateGuard(const LoadedPlan &plan) {
   size_t j = 0;
   for (; j < update.size(); ++j) {
     const KernelInfo &k = plan.kernels[update[j]];
-    if (std::any_of(k.outputs.begin(), k.outputs.end(), state))
+    if (!checkable(k))
       break;
     guard->check.push_back(update[j]);
-    if (k.kind == KernelKind::GradNorm) {
+    bool norm = global ? k.kind == KernelKind::AllReduce &&
+                             k.attrsAs<CollectiveAttrs>().reduction == CollectiveReduction::L2Norm
+                       : k.kind == KernelKind::GradNorm;
+    if (norm) {
       if (plan.metric("grad_norm") == k.outputs[0])
         guard->limitedNorm = int(guard->norms.size());
       guard->norms.push_back(k.outputs[0]);
@@ -179,13 +195,48 @@ void Executor::ArenaFree::operator()(void *p) const {
     std::free(p);
 }
 
+void Executor::setUpRanks() {
+  Communicator *comm = options_.communicator;
+  if (!comm) {
+    ownCommunicator_ = std::make_unique<SingleRankCommunicator>();
+    comm = ownCommunicator_.get();
+  }
+  const int size = comm->size();
+  const std::string ranks = std::to_string(plan_.ranks);
+  if (plan_.ranks > 1 && uint32_t(size) != plan_.ranks)
+    throw Error("plan '" + plan_.path + "' was compiled for " + ranks + " ranks (bonsai.shard \"" +
+                plan_.shardStrategy + "\" ranks " + ranks + ")" +
+                (size > 1 ? ", but this process is rank " + std::to_string(comm->rank()) + " of " +
+                                std::to_string(size)
+                          : std::string()) +
+                ": start it as " + ranks + " processes, mpirun -np " + ranks + " bonsai-run ...");
+  if (plan_.ranks <= 1 && size > 1)
+    throw Error("plan '" + plan_.path + "' runs on one rank, but this process is rank " +
+                std::to_string(comm->rank()) + " of " + std::to_string(size) +
+                " (each rank would train the whole model on the same data): run it as one "
+                "process, or compile it for " +
+                std::to_string(size) + " ranks with bonsai.shard (docs/sharding.md)");
+  rankContext_ = std::make_unique<RankContext>();
+  rankContext_->rank = comm->rank();
+  rankContext_->size = size;
+  rankContext_->host = comm;
+}
+
+int Executor::rank() const { return rankContext_->rank; }
+int Executor::ranks() const { return rankContext_->size; }
+Communicator &Executor::communicator() const { return *rankContext_->host; }
+void Executor::setWhere(const std::string &where) { rankContext_->where = where; }
+
 Executor::Executor(const LoadedPlan &plan, const ExecutorOptions &options)
     : plan_(plan), options_(options) {
+  // Before any allocation: refused now, on every rank alike.
+  setUpRanks();
   // Before any allocation: refused now with the figures, not killed halfway by the OOM killer.
   checkHostMemory(plan_, options.backend, availableHostMemory());
   // A GPU backend first: its pinned host arenas are the executor's views of those arenas.
   if (options.backend == Backend::Cuda)
-    backend_ = createCudaBackend(plan_, options.device, options.cudaGraphs, options.offloadTiming);
+    backend_ = createCudaBackend(plan_, options.device, options.cudaGraphs, options.offloadTiming,
+                                 rankContext_.get());
   const uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
   for (size_t i = 0; i < plan_.arenas.size(); ++i) {
     const ArenaInfo &arena = plan_.arenas[i];
@@ -241,7 +292,7 @@ Executor::Executor(const LoadedPlan &plan, const ExecutorOptions &options)
     views_.push_back(std::move(v));
   }
   if (!backend_)
-    backend_ = createCpuBackend(plan_, views_, options.offloadTiming);
+    backend_ = createCpuBackend(plan_, views_, options.offloadTiming, rankContext_.get());
   if (backend_->hasOwnMemory())
     device_ = backend_.get();
 }
@@ -340,8 +391,8 @@ void Executor::touch(uint32_t tensor) {
 
 std::vector<std::string> Executor::bindWeights(const Checkpoint &checkpoint, uint64_t seed) {
   std::vector<std::string> ignored;
-  std::vector<bool> bound = bindCheckpoint(plan_, checkpoint, views_, &ignored);
-  initUnboundParameters(plan_, views_, seed, bound);
+  std::vector<bool> bound = bindCheckpoint(plan_, checkpoint, views_, &ignored, rank());
+  initUnboundParameters(plan_, views_, seed, bound, rank());
   for (uint32_t i = 0; i < plan_.tensors.size(); ++i)
     if (plan_.tensors[i].role == TensorRole::Parameter)
       touch(i);
@@ -350,7 +401,7 @@ std::vector<std::string> Executor::bindWeights(const Checkpoint &checkpoint, uin
 }
 
 void Executor::initWeights(uint64_t seed) {
-  initParameters(plan_, views_, seed);
+  initParameters(plan_, views_, seed, rank());
   for (uint32_t i = 0; i < plan_.tensors.size(); ++i)
     if (plan_.tensors[i].role == TensorRole::Parameter)
       touch(i);
@@ -382,7 +433,13 @@ void Executor::applyInits() {
     const TensorInfo &t = plan_.tensors[i];
     if (t.init != TensorInit::CopyOf)
       continue;
-    const TensorView &src = views_[t.initSource];
+    TensorView src = views_[t.initSource];
+    // A shard copied from a whole tensor (ZeRO-1/2's masters of a whole parameter) takes
+    // this rank's flat slice of it.
+    if (t.sharded() && !plan_.tensors[t.initSource].sharded()) {
+      src.data = static_cast<char *>(src.data) + t.shardOffset(rank()) * dtypeSize(src.dtype);
+      src.shape = t.shape;
+    }
     if (src.dtype == views_[i].dtype) {
       std::memcpy(views_[i].data, src.data, size_t(t.bytes));
     } else {
@@ -546,30 +603,80 @@ StepResult Executor::trainStep(TokenLoader &loader, uint64_t firstMicroBatch, ui
     checkedMicroBatches_ = count;
   }
   StepResult result;
-  // The gradient of the mean of `count` micro-batch losses: each micro-batch's backward pass
-  // starts from d(step loss)/d(micro-batch loss) = 1/count.
-  float scale = 1.0f / float(count);
-  double sum = 0;
-  bool lossFinite = true;
+  // With N ranks the step is N * count micro-batches, rank r's the r-th block of `count`
+  // (docs/sharding.md): the gradient of their mean loss starts each backward pass from
+  // d(step loss)/d(micro-batch loss) = 1/(N * count), and the ranks' collectives sum the rest.
+  const int ranks = rankContext_->size, rank = rankContext_->rank;
+  const uint64_t total = uint64_t(count) * uint64_t(ranks);
+  const uint64_t first = firstMicroBatch + uint64_t(rank) * count;
+  float scale = 1.0f / float(total);
   // Updates in the backward pass (one micro-batch) are guarded by the loss alone: a non-finite
-  // loss skips the backward pass, which holds them, and the update phase.
+  // loss skips the backward pass, which holds them, and the update phase. Every rank decides
+  // from every rank's loss, so that all skip the backward pass's collectives alike.
   const bool guardInBackward = options_.guardNonFinite && plan_.updateInBackward().has_value();
+  std::vector<float> local;
+  // The ranks' losses in global order: rank r's micro-batch m is at r * count + m.
+  auto gather = [&](const std::vector<float> &mine, uint32_t at, std::vector<float> &global) {
+    std::vector<float> all(mine.size() * size_t(ranks));
+    communicator().allGather(mine.data(), all.data(), mine.size(), DType::F32,
+                             rankContext_->where.empty() ? "the step's losses"
+                                                         : rankContext_->where + ", losses");
+    for (int r = 0; r < ranks; ++r)
+      for (size_t m = 0; m < mine.size(); ++m)
+        global[size_t(r) * count + at + m] = all[size_t(r) * mine.size() + m];
+  };
+  std::vector<float> losses(size_t(total), std::numeric_limits<float>::quiet_NaN());
+  bool gathered = false;
+  bool lossFinite = true;
   for (uint32_t m = 0; m < count; ++m) {
-    setInputs(loader.batch(firstMicroBatch + m));
+    setInputs(loader.batch(first + m));
     setLossScale(scale);
     runPhase(Phase::Forward);
     // Read before Backward: the planner may give the loss's bytes to a backward tensor.
     touch(plan_.loss);
     float value = loss();
-    result.microBatchLosses.push_back(value);
-    sum += double(value);
-    lossFinite = lossFinite && std::isfinite(value);
-    // One micro-batch (updateInBackward's plans have one): its loss is the step's.
-    if (guardInBackward && !(lossFinite && value <= limits.loss))
-      break;
+    local.push_back(value);
+    if (guardInBackward) {
+      // One micro-batch (updateInBackward's plans have one): its losses are the step's.
+      if (ranks > 1) {
+        gather({value}, m, losses);
+        gathered = m + 1 == count;
+      } else {
+        losses[m] = value;
+      }
+      // The step's loss (count is 1): as result.loss below takes it.
+      bool finite = true;
+      double stepSum = 0;
+      for (uint64_t r = 0; r < uint64_t(ranks); ++r) {
+        float v = losses[size_t(r * count + m)];
+        finite = finite && std::isfinite(v);
+        stepSum += double(v);
+      }
+      float stepLoss = ranks == 1 ? value : float(stepSum / double(ranks));
+      if (!(finite && stepLoss <= limits.loss)) {
+        lossFinite = finite;
+        break;
+      }
+    }
     runPhase(Phase::Backward);
   }
-  result.loss = count == 1 ? result.microBatchLosses[0] : float(sum / double(count));
+  if (!gathered) {
+    if (ranks > 1 && local.size() == count)
+      gather(local, 0, losses);
+    else
+      std::copy(local.begin(), local.end(), losses.begin());
+  }
+  // A guarded backward pass stopped early leaves the later micro-batches' losses unknown.
+  losses.resize(ranks > 1 || local.size() == count ? losses.size() : local.size());
+  double sum = 0;
+  for (float value : losses) {
+    sum += double(value);
+    lossFinite = lossFinite && std::isfinite(value);
+  }
+  result.microBatchLosses = losses;
+  // The mean as one rank of N * count micro-batches takes it: one loss as it is, else the f64
+  // mean in global order, so that every rank and the 1-rank run agree bit for bit.
+  result.loss = losses.size() == 1 ? losses[0] : float(sum / double(losses.size()));
   const bool lossSpike = options_.guardNonFinite && lossFinite && result.loss > limits.loss;
   using Cause = StepResult::Cause;
   if (guardInBackward && (!lossFinite || lossSpike)) {
@@ -619,6 +726,11 @@ StepResult Executor::trainStep(TokenLoader &loader, uint64_t firstMicroBatch, ui
 
 std::string Executor::findNonFinite(TokenLoader &loader, uint64_t firstMicroBatch,
                                     uint32_t count) {
+  if (rankContext_->size > 1)
+    throw Error("finding the kernel that wrote a non-finite value is not supported with " +
+                std::to_string(rankContext_->size) +
+                " ranks yet (each rank would stop at its own kernel, out of step with the "
+                "others' collectives): run the plan's model on one rank to find it");
   // The first non-finite element of tensor `t` as the last kernel left it, if any.
   auto nonFinite = [&](uint32_t t) -> std::string {
     const TensorInfo &info = plan_.tensors[t];

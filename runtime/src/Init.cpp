@@ -35,7 +35,8 @@ InitRule initRuleFor(const std::string &name, size_t rank) {
   return InitRule::Zeros;
 }
 
-void initTensor(const std::string &name, InitRule rule, uint64_t seed, const TensorView &view) {
+void initTensor(const std::string &name, InitRule rule, uint64_t seed, const TensorView &view,
+                int64_t first) {
   if (view.dtype == DType::NF4) {
     // The same draw an f32 parameter would get, then quantized as bound weights are.
     std::vector<float> values(size_t(view.numel()));
@@ -54,6 +55,14 @@ void initTensor(const std::string &name, InitRule rule, uint64_t seed, const Ten
   if (rule == InitRule::Normal) {
     // The stream is a function of the seed and the name only.
     Rng rng(seed ^ fnv1a64(name));
+    // The draws before the slice: Box-Muller takes two uniforms per pair of normals, so whole
+    // pairs are skipped without their logarithms and sines.
+    for (int64_t i = 0; i < first / 2; ++i) {
+      rng.uniform();
+      rng.uniform();
+    }
+    if (first % 2)
+      rng.normal();
     for (float &v : values)
       v = float(kInitStd * rng.normal());
   } else {
@@ -62,7 +71,8 @@ void initTensor(const std::string &name, InitRule rule, uint64_t seed, const Ten
   storeF32(values.data(), view);
 }
 
-void initParameters(const LoadedPlan &plan, const std::vector<TensorView> &views, uint64_t seed) {
+void initParameters(const LoadedPlan &plan, const std::vector<TensorView> &views, uint64_t seed,
+                    int rank) {
   if (views.size() != plan.tensors.size())
     throw Error("internal error: initialization needs one view per plan tensor");
   // Each tensor's values depend on the seed and its name only, so the tensors are drawn on
@@ -81,7 +91,12 @@ void initParameters(const LoadedPlan &plan, const std::vector<TensorView> &views
     for (size_t k; (k = next.fetch_add(1)) < pending.size();) {
       const TensorInfo &t = plan.tensors[pending[k]];
       try {
-        initTensor(t.name, initRuleFor(t.name, t.shape.size()), seed, views[pending[k]]);
+        // A shard: its slice of the whole tensor, whose rank picks the rule.
+        if (t.sharded())
+          initTensor(t.name, initRuleFor(t.name, t.fullShape.size()), seed, views[pending[k]],
+                     t.shardOffset(rank));
+        else
+          initTensor(t.name, initRuleFor(t.name, t.shape.size()), seed, views[pending[k]]);
       } catch (...) {
         std::lock_guard<std::mutex> lock(failureMutex);
         if (!failure)
@@ -99,15 +114,18 @@ void initParameters(const LoadedPlan &plan, const std::vector<TensorView> &views
     thread.join();
   if (failure)
     std::rethrow_exception(failure);
-  initUnboundParameters(plan, views, seed, std::vector<bool>(plan.tensors.size(), false));
+  initUnboundParameters(plan, views, seed, std::vector<bool>(plan.tensors.size(), false), rank);
 }
 
-void initKaimingUniform(const std::string &name, uint64_t seed, const TensorView &view) {
-  if (view.rank() != 2)
+void initKaimingUniform(const std::string &name, uint64_t seed, const TensorView &view,
+                        int64_t fanIn, int64_t first) {
+  if (fanIn <= 0 && view.rank() != 2)
     throw Error("KaimingUniform init of '" + name + "' needs a 2-D tensor");
   // torch.nn.init.kaiming_uniform_(a=sqrt(5)), PEFT's lora_A init: bound = 1/sqrt(fan_in).
-  double bound = 1.0 / std::sqrt(double(view.dim(1)));
+  double bound = 1.0 / std::sqrt(double(fanIn > 0 ? fanIn : view.dim(1)));
   Rng rng(seed ^ fnv1a64(name));
+  for (int64_t i = 0; i < first; ++i)
+    rng.uniform();
   std::vector<float> values(size_t(view.numel()));
   for (float &v : values)
     v = float(bound * (2.0 * rng.uniform() - 1.0));
@@ -144,7 +162,7 @@ void initRowNorm(const TensorView &source, const TensorView &view) {
 }
 
 void initUnboundParameters(const LoadedPlan &plan, const std::vector<TensorView> &views,
-                           uint64_t seed, const std::vector<bool> &bound) {
+                           uint64_t seed, const std::vector<bool> &bound, int rank) {
   // Row norms read their base weight, which is bound or initialized (its init is None).
   for (int pass = 0; pass < 2; ++pass)
     for (size_t i = 0; i < plan.tensors.size(); ++i) {
@@ -157,7 +175,10 @@ void initUnboundParameters(const LoadedPlan &plan, const std::vector<TensorView>
         initTensor(t.name, InitRule::Zeros, seed, views[i]);
         break;
       case TensorInit::KaimingUniform:
-        initKaimingUniform(t.name, seed, views[i]);
+        if (t.sharded())
+          initKaimingUniform(t.name, seed, views[i], t.fullShape[1], t.shardOffset(rank));
+        else
+          initKaimingUniform(t.name, seed, views[i]);
         break;
       case TensorInit::RowNorm:
         initRowNorm(views[t.initSource], views[i]);

@@ -12,10 +12,12 @@
 #ifndef BONSAI_RUNTIME_SRC_KERNELCALL_H
 #define BONSAI_RUNTIME_SRC_KERNELCALL_H
 
+#include "bonsai/runtime/KernelBackend.h"
 #include "bonsai/runtime/Plan.h"
 #include "bonsai/runtime/Tensor.h"
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 namespace bonsai::rt {
@@ -32,8 +34,9 @@ struct MultiTensorOperands {
 /// views on the CPU, device views on a GPU).
 class KernelCall {
 public:
-  KernelCall(const LoadedPlan &plan, size_t index, const std::vector<TensorView> &views)
-      : plan_(plan), index_(index), kernel_(plan.kernels[index]), views_(views) {}
+  KernelCall(const LoadedPlan &plan, size_t index, const std::vector<TensorView> &views,
+             const RankContext *ranks = nullptr)
+      : plan_(plan), index_(index), kernel_(plan.kernels[index]), views_(views), ranks_(ranks) {}
 
   const LoadedPlan &plan() const { return plan_; }
   /// The kernel's position in the plan.
@@ -55,6 +58,20 @@ public:
   /// Optional output `j`, or null when the kernel has fewer outputs.
   const TensorView *optionalOut(unsigned j) const {
     return j < kernel_.outputs.size() ? &out(j) : nullptr;
+  }
+
+  /// The ranks the kernel runs among; one rank (rank 0, no communicator) when the backend was
+  /// given none.
+  const RankContext &ranks() const {
+    static const RankContext single;
+    return ranks_ ? *ranks_ : single;
+  }
+  /// What a collective's errors say it was: "step 12, all_gather of 'layers.0.wq'" (or
+  /// without the step when the executor does not know it).
+  std::string collectiveContext(uint32_t tensor) const {
+    const RankContext &r = ranks();
+    return (r.where.empty() ? std::string() : r.where + ", ") +
+           kernelKindInfo(kernel_.kind).opName + " of '" + plan_.tensors[tensor].name + "'";
   }
 
   /// Every input from `first` on (a variadic kind's list).
@@ -98,6 +115,7 @@ private:
   size_t index_;
   const KernelInfo &kernel_;
   const std::vector<TensorView> &views_;
+  const RankContext *ranks_;
 };
 
 /// Runs one kernel on the CPU reference backend (CpuKernelHandlers.cpp).

@@ -325,6 +325,12 @@ private:
   // Checks that several kinds of a family share (runtime/contract/).
   /// An FP8 GEMM kind's contract: its attributes, its `operands` check, its persistent state.
   void verifyFp8Gemm(void (KernelChecker::*operands)());
+  /// The collectives' attributes (Collective.cpp): ranks equal the plan's, and a reduction
+  /// other than Sum only where the kind `takesReduction` (AllReduce).
+  void checkCollectiveAttrs(bool takesReduction);
+  /// `full` holds the plan's ranks times `shard`'s elements, of the same dtype.
+  void checkShardOf(const TensorInfo &full, const std::string &fullName, const TensorInfo &shard,
+                    const std::string &shardName);
   /// The normalization epsilon is positive.
   void checkEpsilon();
   /// The rotary base theta is positive; llama3 scaling, when present, is consistent.

@@ -174,6 +174,13 @@ std::optional<size_t> LoadedPlan::updateInBackward() const {
   return std::nullopt;
 }
 
+bool LoadedPlan::hasCollectives() const {
+  for (const KernelInfo &k : kernels)
+    if (kernelKindInfo(k.kind).has(kernel_traits::kCollective))
+      return true;
+  return false;
+}
+
 bool LoadedPlan::hasBackward() const {
   for (const KernelInfo &k : kernels)
     if (k.phase == Phase::Backward)
@@ -355,6 +362,10 @@ KernelAttrsInfo readAttrs(const fb::Kernel &k, fb::KernelAttrs table) {
   case fb::KernelAttrs::Fp8Attrs:
     return Fp8Attrs{k.attrs_as_Fp8Attrs()->current(), k.attrs_as_Fp8Attrs()->margin(),
                     k.attrs_as_Fp8Attrs()->fast_accumulation()};
+  case fb::KernelAttrs::CollectiveAttrs:
+    return CollectiveAttrs{
+        k.attrs_as_CollectiveAttrs()->ranks(),
+        static_cast<CollectiveReduction>(k.attrs_as_CollectiveAttrs()->reduction())};
   case fb::KernelAttrs::NONE:
     break;
   }
@@ -386,8 +397,10 @@ private:
   [[noreturn]] void fail(const std::string &message) const {
     throw Error("plan file '" + plan.path + "': " + message);
   }
+  void readRanks();
   void readArenas();
   void readTensors();
+  void readShard(const fb::Tensor &t, TensorInfo &info, const std::string &what);
   void checkTensorRoles();
   void readGeneratedKernels();
   void readKernels();
@@ -509,8 +522,60 @@ void PlanReader::readTensors() {
     if (info.offset % dtypeSize(info.dtype) != 0)
       fail(what + " offset " + std::to_string(info.offset) + " is not a multiple of its " +
            dtypeName(info.dtype) + " element size");
+    readShard(*t, info, what);
     plan.tensors.push_back(std::move(info));
   }
+}
+
+/// Plan.ranks and Plan.shard_strategy: a plan of several ranks says which ZeRO stage made it.
+void PlanReader::readRanks() {
+  plan.ranks = std::max<uint32_t>(root.ranks(), 1);
+  plan.shardStrategy = str(root.shard_strategy());
+  // Far more than any job; keeps ranks * numel far from overflow.
+  constexpr uint32_t kMaxRanks = 1u << 16;
+  if (plan.ranks > kMaxRanks)
+    fail("ranks " + std::to_string(plan.ranks) + " is above the limit " +
+         std::to_string(kMaxRanks));
+  if (plan.ranks > 1 && plan.shardStrategy != "zero1" && plan.shardStrategy != "zero2" &&
+      plan.shardStrategy != "zero3")
+    fail("the plan is for " + std::to_string(plan.ranks) + " ranks but its shard_strategy is '" +
+         plan.shardStrategy + "' (expected zero1, zero2 or zero3)");
+}
+
+/// Tensor.shard_ranks and Tensor.full_shape: a sharded tensor is one rank's flat 1/ranks of a
+/// whole tensor of the plan's ranks (every rank runs the same plan, so every rank's shard has
+/// this tensor's shape).
+void PlanReader::readShard(const fb::Tensor &t, TensorInfo &info, const std::string &what) {
+  info.shardRanks = t.shard_ranks();
+  if (const auto *full = t.full_shape())
+    info.fullShape = readInt64s(*full);
+  if (info.shardRanks == 0) {
+    if (!info.fullShape.empty())
+      fail(what + " has full_shape " + formatShape(info.fullShape) +
+           " but shard_ranks 0 (a whole tensor has no full_shape)");
+    return;
+  }
+  if (info.shardRanks != plan.ranks)
+    fail(what + " is sharded over " + std::to_string(info.shardRanks) +
+         " ranks, but the plan is for " + std::to_string(plan.ranks) + " ranks (Plan.ranks)");
+  if (info.dtype == DType::NF4)
+    fail(what + " is an nf4 tensor sharded over ranks: sharded NF4 storage is not supported");
+  if (info.fullShape.empty() || info.fullShape.size() > kMaxRank)
+    fail(what + " is sharded over " + std::to_string(info.shardRanks) + " ranks with full_shape " +
+         formatShape(info.fullShape) + ": expected the whole tensor's shape, of rank 1 to " +
+         std::to_string(kMaxRank));
+  uint64_t full = 1;
+  for (int64_t d : info.fullShape) {
+    if (d <= 0 || full > kMaxArenaBytes / uint64_t(d))
+      fail(what + " full_shape " + formatShape(info.fullShape) +
+           " has a non-positive dimension or more elements than any arena holds");
+    full *= uint64_t(d);
+  }
+  if (full != uint64_t(info.numel) * info.shardRanks)
+    fail(what + " is sharded over " + std::to_string(info.shardRanks) + " ranks: full_shape " +
+         formatShape(info.fullShape) + " has " + std::to_string(full) + " elements, expected " +
+         std::to_string(info.shardRanks) + " x " + std::to_string(info.numel) + " (shape " +
+         formatShape(info.shape) + ")");
 }
 
 /// What each role and initializer promises: names the runtime binds or reports by are unique,
@@ -567,8 +632,10 @@ void PlanReader::checkTensorRoles() {
       if (!isFloatStorage(t.dtype))
         fail(what + " has init " + init + " but dtype " + dtypeName(t.dtype) +
              " (initializers write f32, f16 or bf16)");
-      if (t.init == TensorInit::KaimingUniform && t.shape.size() != 2)
-        fail(what + " has init KaimingUniform but shape " + formatShape(t.shape) +
+      // A shard is initialized as its slice of the whole tensor (docs/sharding.md).
+      const std::vector<int64_t> &whole = t.sharded() ? t.fullShape : t.shape;
+      if (t.init == TensorInit::KaimingUniform && whole.size() != 2)
+        fail(what + " has init KaimingUniform but shape " + formatShape(whole) +
              " (fan_in is the second dimension of a 2-D tensor)");
     } else if (adapterInit || t.role == TensorRole::Parameter || t.role == TensorRole::Input ||
                t.role == TensorRole::LossScale) {
@@ -582,6 +649,9 @@ void PlanReader::checkTensorRoles() {
       fail(what + " has init " + init + " but is in step arena " + std::to_string(t.arena) + " '" +
            arena.name + "' (initialized state must live in a persistent arena)");
     if (t.init == TensorInit::RowNorm) {
+      if (t.sharded())
+        fail(what + " has init RowNorm but is sharded over ranks: the row norms of a sharded "
+                    "parameter are not supported");
       if (t.initSource >= plan.tensors.size())
         fail(what + " is the row norms of tensor " + std::to_string(t.initSource) +
              ", but the plan has " + std::to_string(plan.tensors.size()) + " tensors");
@@ -608,9 +678,19 @@ void PlanReader::checkTensorRoles() {
       fail(what + " is a copy of " + sourceName +
            ", which is itself a copy (copies are made "
            "from bound or zeroed tensors, in one pass)");
-    if (source.shape != t.shape)
-      fail(what + " shape " + formatShape(t.shape) + " differs from that of its source " +
-           sourceName + " " + formatShape(source.shape));
+    // A shard copies its slice of a whole source (ZeRO-1/2: the parameter is whole, its
+    // masters sharded), or a shard of the same split.
+    if (t.sharded() && !source.sharded()) {
+      if (source.shape != t.fullShape)
+        fail(what + " is a shard of " + formatShape(t.fullShape) + " but a copy of " + sourceName +
+             " " + formatShape(source.shape) +
+             " (a sharded copy of a whole tensor takes its slice of a tensor of its full_shape)");
+    } else if (source.shape != t.shape || source.fullShape != t.fullShape) {
+      fail(what + " shape " + formatShape(t.shape) +
+           (t.sharded() ? " (a shard of " + formatShape(t.fullShape) + ")" : "") +
+           " differs from that of its source " + sourceName + " " + formatShape(source.shape) +
+           (source.sharded() ? " (a shard of " + formatShape(source.fullShape) + ")" : ""));
+    }
     bool convertible =
         source.dtype == t.dtype || (isFloatStorage(source.dtype) && isFloatStorage(t.dtype));
     if (!convertible)
@@ -1013,6 +1093,7 @@ LoadedPlan PlanReader::read() {
     plan.memory.peakHost = m->peak_host();
   }
   plan.tokensPerStep = root.tokens_per_step();
+  readRanks();
   readArenas();
   readTensors();
   checkTensorRoles();

@@ -366,6 +366,47 @@ void Checkpoint::read(const SafetensorsEntry &entry, const TensorView &dst) cons
   }
 }
 
+void Checkpoint::readSlice(const SafetensorsEntry &entry, int64_t first,
+                           const TensorView &dst) const {
+  std::string what = "tensor '" + entry.name + "' of '" + entry.file + "'";
+  const uint64_t n = uint64_t(dst.numel());
+  if (first < 0 || uint64_t(first) > entry.numel || n > entry.numel - uint64_t(first))
+    throw Error(what + ": elements [" + std::to_string(first) + ", " +
+                std::to_string(first + int64_t(n)) + ") are outside its " +
+                std::to_string(entry.numel));
+  if (!entry.runtimeDType || dst.dtype == DType::NF4)
+    throw Error(what + ": dtype " + entry.dtype + " cannot be read as a " + dtypeName(dst.dtype) +
+                " shard");
+  DType src = *entry.runtimeDType;
+  bool same = src == dst.dtype;
+  if (!same && !(isFloatStorage(src) && isFloatStorage(dst.dtype)))
+    throw Error(what + ": cannot convert " + entry.dtype + " to " + dtypeName(dst.dtype));
+  const uint64_t offset = entry.offset + uint64_t(first) * entry.elementSize;
+  const uint64_t bytes = n * entry.elementSize;
+  std::ifstream in(entry.file, std::ios::binary);
+  if (!in)
+    throw Error(what + ": cannot open the file");
+  std::vector<char> staging;
+  char *target = static_cast<char *>(dst.data);
+  if (!same) {
+    staging.resize(size_t(bytes));
+    target = staging.data();
+  }
+  in.seekg(std::streamoff(offset));
+  if (bytes > 0 && !in.read(target, std::streamsize(bytes)))
+    throw Error(what + ": cannot read " + std::to_string(bytes) + " bytes at offset " +
+                std::to_string(offset) + " (was the file truncated?)");
+  if (!same) {
+    TensorView srcView;
+    srcView.data = staging.data();
+    srcView.dtype = src;
+    srcView.shape = {int64_t(n)};
+    std::vector<float> values(static_cast<size_t>(n));
+    loadF32(srcView, values.data());
+    storeF32(values.data(), dst);
+  }
+}
+
 void writeSafetensors(const std::string &path, const std::vector<SafetensorsTensor> &tensors,
                       const std::map<std::string, std::string> &metadata) {
   std::set<std::string> names;
@@ -479,7 +520,7 @@ std::string resolveWeightsPath(const std::string &path) {
 
 std::vector<bool> bindCheckpoint(const LoadedPlan &plan, const Checkpoint &checkpoint,
                                  const std::vector<TensorView> &views,
-                                 std::vector<std::string> *ignored) {
+                                 std::vector<std::string> *ignored, int rank) {
   if (views.size() != plan.tensors.size())
     throw Error("internal error: binding needs one view per plan tensor");
   std::vector<std::string> missing, misShaped;
@@ -509,9 +550,13 @@ std::vector<bool> bindCheckpoint(const LoadedPlan &plan, const Checkpoint &check
       }
       convertible = e->runtimeDType && isFloatStorage(*e->runtimeDType);
     }
-    if (e->shape != t.shape || !convertible) {
-      misShaped.push_back(t.name + " (plan " + formatShape(t.shape) + " " + dtypeName(t.dtype) +
-                          ", checkpoint " + formatShape(e->shape) + " " + e->dtype + ")");
+    // A shard binds the whole tensor's name and shape (docs/sharding.md).
+    const std::vector<int64_t> &whole = t.sharded() ? t.fullShape : t.shape;
+    if (e->shape != whole || !convertible) {
+      misShaped.push_back(t.name + " (plan " +
+                          (t.sharded() ? "shard of " + std::to_string(t.shardRanks) + " of " : "") +
+                          formatShape(whole) + " " + dtypeName(t.dtype) + ", checkpoint " +
+                          formatShape(e->shape) + " " + e->dtype + ")");
       continue;
     }
     bindings.emplace_back(i, e);
@@ -545,7 +590,11 @@ std::vector<bool> bindCheckpoint(const LoadedPlan &plan, const Checkpoint &check
   }
   std::vector<bool> bound(plan.tensors.size(), false);
   for (const auto &[index, entry] : bindings) {
-    checkpoint.read(*entry, views[index]);
+    const TensorInfo &t = plan.tensors[index];
+    if (t.sharded())
+      checkpoint.readSlice(*entry, t.shardOffset(rank), views[index]);
+    else
+      checkpoint.read(*entry, views[index]);
     bound[index] = true;
   }
   return bound;

@@ -199,6 +199,23 @@ void sample(kinds::Concat, Sample &s) {
   s.kernel(KernelKind::Concat, {s.act({2, 3, 2}), s.act({2, 1, 2}), s.act({2, 2, 2})},
            {s.act({2, 6, 2})}, fb::KernelAttrs::AxisAttrs, axisAttrs(1));
 }
+// The collectives on one rank (docs/sharding.md): a copy each; the L2Norm all-reduce of f32.
+void sample(kinds::ShardSlice, Sample &s) {
+  s.kernel(KernelKind::ShardSlice, {s.act(X)}, {s.act({24})}, fb::KernelAttrs::CollectiveAttrs,
+           collectiveAttrs(1));
+}
+void sample(kinds::ReduceScatter, Sample &s) {
+  s.kernel(KernelKind::ReduceScatter, {s.act(X, DType::BF16)}, {s.act({24}, DType::BF16)},
+           fb::KernelAttrs::CollectiveAttrs, collectiveAttrs(1));
+}
+void sample(kinds::AllGather, Sample &s) {
+  s.kernel(KernelKind::AllGather, {s.act({24})}, {s.act(X)}, fb::KernelAttrs::CollectiveAttrs,
+           collectiveAttrs(1));
+}
+void sample(kinds::AllReduce, Sample &s) {
+  s.kernel(KernelKind::AllReduce, {s.act(X)}, {s.act(X)}, fb::KernelAttrs::CollectiveAttrs,
+           collectiveAttrs(1, CollectiveReduction::L2Norm));
+}
 void sample(kinds::Cast, Sample &s) {
   s.kernel(KernelKind::Cast, {s.act(X)}, {s.act(X, DType::BF16)});
 }

@@ -55,6 +55,8 @@ struct TensorSpec {
   uint32_t initSource = 0;
   uint32_t quantBlock = 0;       ///< NF4: elements per block
   uint32_t quantDoubleBlock = 0; ///< NF4: blocks per double-quantization group
+  uint32_t shardRanks = 0;       ///< Sharded over ranks (docs/sharding.md); 0: whole.
+  std::vector<int64_t> fullShape; ///< The whole tensor's shape, for a sharded one.
 };
 
 /// A kernel of a test plan; `attrs` builds the union member, of type `attrsType`.
@@ -107,6 +109,9 @@ struct PlanSpec {
   std::vector<AdapterSpec> adapters;
   std::vector<std::string> adapterTargets;
   std::vector<GeneratedKernelSpec> generatedKernels;
+  /// Plan.ranks and Plan.shard_strategy (docs/sharding.md).
+  uint32_t ranks = 0;
+  std::string shardStrategy;
   /// The phase of the kernels `kernel` appends.
   Phase phase = Phase::Forward;
 
@@ -120,8 +125,16 @@ struct PlanSpec {
     uint64_t offset = (arenas[arena].size + 63) / 64 * 64;
     uint64_t bytes = numel * dtypeSize(dtype);
     arenas[arena].size = offset + bytes;
-    tensors.push_back({name, dtype, std::move(shape), role, arena, offset, int64_t(bytes),
-                       role == TensorRole::Parameter});
+    TensorSpec t;
+    t.name = name;
+    t.dtype = dtype;
+    t.shape = std::move(shape);
+    t.role = role;
+    t.arena = arena;
+    t.offset = offset;
+    t.bytes = int64_t(bytes);
+    t.trainable = role == TensorRole::Parameter;
+    tensors.push_back(std::move(t));
     return uint32_t(tensors.size() - 1);
   }
 
@@ -221,6 +234,14 @@ inline auto generatedKernelAttrs(uint32_t kernel) {
     return bonsai::plan::CreateGeneratedKernelAttrs(b, kernel).Union();
   };
 }
+inline auto collectiveAttrs(uint32_t ranks,
+                            CollectiveReduction reduction = CollectiveReduction::Sum) {
+  return [=](flatbuffers::FlatBufferBuilder &b) {
+    return bonsai::plan::CreateCollectiveAttrs(
+               b, ranks, static_cast<bonsai::plan::CollectiveReduction>(reduction))
+        .Union();
+  };
+}
 inline auto sgdAttrs(double momentum = 0.0, double weightDecay = 0.0, double gradClip = 0.0) {
   return [=](flatbuffers::FlatBufferBuilder &b) {
     return bonsai::plan::CreateSGDAttrs(b, momentum, weightDecay, gradClip).Union();
@@ -244,11 +265,11 @@ inline std::vector<uint8_t> buildPlan(const PlanSpec &spec, const char *identifi
         bytes *= uint64_t(d);
       bytes *= dtypeSize(t.dtype);
     }
-    tensors.push_back(fb::CreateTensorDirect(b, t.name.c_str(), static_cast<fb::DType>(t.dtype),
-                                             &t.shape, static_cast<fb::TensorRole>(t.role),
-                                             t.trainable, t.arena, t.offset, bytes,
-                                             static_cast<fb::TensorInit>(t.init), t.initSource,
-                                             t.quantBlock, t.quantDoubleBlock));
+    tensors.push_back(fb::CreateTensorDirect(
+        b, t.name.c_str(), static_cast<fb::DType>(t.dtype), &t.shape,
+        static_cast<fb::TensorRole>(t.role), t.trainable, t.arena, t.offset, bytes,
+        static_cast<fb::TensorInit>(t.init), t.initSource, t.quantBlock, t.quantDoubleBlock,
+        t.shardRanks, t.fullShape.empty() ? nullptr : &t.fullShape));
   }
   std::vector<flatbuffers::Offset<fb::Kernel>> kernels;
   for (const KernelSpec &k : spec.kernels) {
@@ -285,12 +306,12 @@ inline std::vector<uint8_t> buildPlan(const PlanSpec &spec, const char *identifi
         b, g.name.c_str(), program, g.ptx.empty() ? nullptr : g.ptx.c_str(),
         g.arch.empty() ? nullptr : g.arch.c_str()));
   }
-  auto plan = fb::CreatePlanDirect(b, spec.version, spec.model.c_str(), target, &arenas, &tensors,
-                                   &kernels, &spec.inputs, spec.loss, memory, spec.tokensPerStep,
-                                   spec.microBatches, spec.vocabSize,
-                                   adapters.empty() ? nullptr : &adapters,
-                                   targets.empty() ? nullptr : &targets,
-                                   generated.empty() ? nullptr : &generated);
+  auto plan = fb::CreatePlanDirect(
+      b, spec.version, spec.model.c_str(), target, &arenas, &tensors, &kernels, &spec.inputs,
+      spec.loss, memory, spec.tokensPerStep, spec.microBatches, spec.vocabSize,
+      adapters.empty() ? nullptr : &adapters, targets.empty() ? nullptr : &targets,
+      generated.empty() ? nullptr : &generated, spec.ranks,
+      spec.shardStrategy.empty() ? nullptr : spec.shardStrategy.c_str());
   b.Finish(plan, identifier);
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }

@@ -185,6 +185,10 @@ void slice(const Context &ctx, const TensorView &x, int axis, int64_t start,
            const TensorView &y);
 void cast(const Context &ctx, const TensorView &x, const TensorView &y);
 void copy(const Context &ctx, const TensorView &x, const TensorView &y);
+/// y = x * x and y = sqrt(x), elementwise (in place allowed): the two ends of an L2Norm
+/// all-reduce (docs/sharding.md), whose sum NCCL does in between.
+void square(const Context &ctx, const TensorView &x, const TensorView &y);
+void squareRoot(const Context &ctx, const TensorView &x, const TensorView &y);
 /// Byte copies over PCIe between a pinned host tensor and a device tensor of equal size
 /// (Offload.cpp): asynchronous on ctx.stream, capturable into a CUDA Graph.
 void copyHostToDevice(const Context &ctx, const TensorView &x, const TensorView &y);

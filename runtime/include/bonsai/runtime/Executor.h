@@ -32,6 +32,8 @@
 
 namespace bonsai::rt {
 
+class Communicator;
+
 /// Planned and measured bytes of one arena.
 struct ArenaUsage {
   const ArenaInfo *arena = nullptr; ///< The executor's copy of the arena's description.
@@ -41,8 +43,11 @@ struct ArenaUsage {
 
 /// What one training step produced.
 struct StepResult {
-  float loss = 0;                      ///< The mean of the micro-batch losses.
-  std::vector<float> microBatchLosses; ///< In micro-batch order.
+  /// The mean of the micro-batch losses: of every rank's, for a plan of several ranks (the
+  /// same on every rank).
+  float loss = 0;
+  /// In global micro-batch order: every rank's, rank 0's first, for a plan of several ranks.
+  std::vector<float> microBatchLosses;
   std::optional<float> gradNorm;       ///< The Metric tensor "grad_norm" after the update.
   std::optional<float> lr;             ///< The Metric tensor "lr" after the update.
   /// GaLore weights whose due projector refresh was skipped at this step (the projector was
@@ -86,6 +91,12 @@ struct ExecutorOptions {
   /// Skip the update of a step whose loss or gradient norm is not finite (trainStep). Off,
   /// every update runs whatever it reads (bonsai-run --max-nonfinite 0).
   bool guardNonFinite = true;
+  /// The ranks this process runs among (docs/sharding.md): null is one rank. A plan compiled
+  /// for N > 1 ranks (LoadedPlan::ranks) needs a communicator of N ranks, every rank running
+  /// the same plan; a plan of one rank refuses a communicator of several. The CPU backend runs
+  /// the plan's collectives through it, the CUDA backend through an NcclCommunicator it starts
+  /// over it. It must outlive the executor.
+  Communicator *communicator = nullptr;
 };
 
 /// The host memory the machine can give without swapping: MemAvailable of `meminfo` in
@@ -116,6 +127,9 @@ public:
   /// on the device. Throws rt::Error naming the arena when an allocation fails.
   explicit Executor(const LoadedPlan &plan, const ExecutorOptions &options = {});
   ~Executor();
+  /// Refuses, before anything is allocated, a plan of several ranks without a communicator of
+  /// that many ranks, and a plan of one rank with a communicator of several (naming the
+  /// plan, its ranks and how to start it).
   /// Not copyable: it owns the arenas its views point into.
   Executor(const Executor &) = delete;
   Executor &operator=(const Executor &) = delete;
@@ -141,6 +155,14 @@ public:
 
   /// With a GPU: copies every arena the kernels wrote since its last copy back to the host.
   void syncToHost() const;
+  /// This process's rank among the plan's ranks, and their number (1 for a plan of one rank).
+  int rank() const;
+  int ranks() const;
+  /// The host communicator the executor runs with (its own single-rank one when given none).
+  Communicator &communicator() const;
+  /// Where the executor is, for the collectives' errors: "step 12" (bonsai-run sets it before
+  /// each step); empty says nothing.
+  void setWhere(const std::string &where);
   /// "cpu" or the GPU's description.
   std::string describeBackend() const;
   /// Whether the kernels run on a device with memory of its own, reached over a link (a GPU).
@@ -196,12 +218,16 @@ public:
   /// Throws rt::Error (LoadedPlan::microBatchProblem) unless `count` micro-batches per step
   /// compute the gradient of the mean micro-batch loss with this plan.
   void checkMicroBatches(uint32_t count) const;
-  /// One training step of `count` micro-batches: micro-batch m (from 0) reads
-  /// loader.batch(firstMicroBatch + m), runs Forward and Backward with LossScale 1/count; then
-  /// the Update kernels run once. A plan without Update or Backward kernels just runs Forward
-  /// per micro-batch. Returns the mean loss and the "grad_norm" and "lr" metrics. With the
-  /// non-finite guard on, the update is skipped when the loss or a gradient norm is not
-  /// finite, or exceeds `limits`.
+  /// One training step of `count` micro-batches per rank: micro-batch m (from 0) of rank r of
+  /// N reads loader.batch(firstMicroBatch + r * count + m), runs Forward and Backward with
+  /// LossScale 1/(N * count); then the Update kernels run once. The step thus takes the N *
+  /// count micro-batches from firstMicroBatch on, and equals one rank's step of N * count
+  /// micro-batches (docs/sharding.md). A plan without Update or Backward kernels just runs
+  /// Forward per micro-batch. Returns the mean loss of all N * count micro-batches (the ranks'
+  /// losses are gathered, so every rank has the same) and the "grad_norm" and "lr" metrics.
+  /// With the non-finite guard on, the update is skipped when the loss or a gradient norm is
+  /// not finite, or exceeds `limits`; every rank decides alike (the losses are the gathered
+  /// ones, the norms the global ones).
   StepResult trainStep(TokenLoader &loader, uint64_t firstMicroBatch, uint32_t count,
                        const SpikeLimits &limits = {});
   /// After a step that trainStep skipped (bonsai-run --find-nonfinite): runs its micro-batches
@@ -210,7 +236,9 @@ public:
   /// after each kernel, and describes the first kernel that wrote a non-finite value, the
   /// tensor and element, and which of its inputs already held one; "" when none did. Nothing
   /// that persists changes: the gradient accumulators are cleared after, as the skipped
-  /// update cleared them. Slow (a copy per output on a GPU): for debugging.
+  /// update cleared them. Slow (a copy per output on a GPU): for debugging. Refused for a
+  /// plan of several ranks (each rank would stop at its own kernel, out of step with the
+  /// others' collectives).
   std::string findNonFinite(TokenLoader &loader, uint64_t firstMicroBatch, uint32_t count);
   /// Forward and Backward on `batch` with LossScale `lossScale`, no Update; returns the loss.
   float forwardBackward(const TokenBatch &batch, float lossScale);
@@ -227,7 +255,8 @@ public:
   /// optimizer state, step counter or FP8 scale changes), the tensors of persistent arenas
   /// that Forward kernels write are restored afterwards, and the loss scale is set back. What
   /// it leaves in step arenas (activations, the last update's metrics) is not kept: read
-  /// metric() before. Throws rt::Error when `count` is 0.
+  /// metric() before. Throws rt::Error when `count` is 0. With several ranks, every rank runs
+  /// the same batches in step (their collectives pair up) and gets the same loss.
   float evaluate(TokenLoader &loader, uint64_t count);
 
   /// Runs every kernel in plan order (Forward, Backward, Update) on the inputs already set,
@@ -247,6 +276,8 @@ public:
   std::vector<ArenaUsage> memoryUsage() const;
 
 private:
+  /// Checks the communicator against the plan's ranks and sets rankContext_.
+  void setUpRanks();
   void touch(uint32_t tensor);
   /// Counts every tensor the kernels of `phase` below plan index `end` name as touched: the
   /// measured memory of a step (the backends measure nothing per tensor).
@@ -263,6 +294,10 @@ private:
   /// The only copy of the plan: the backend reads this one.
   LoadedPlan plan_;
   ExecutorOptions options_;
+  /// The single-rank communicator, when the options gave none.
+  std::unique_ptr<Communicator> ownCommunicator_;
+  /// The ranks the backend's collectives run among; read by the backend, declared before it.
+  std::unique_ptr<RankContext> rankContext_;
   /// The update phase split for the non-finite guard; null when the guard is off or the plan
   /// has no update phase.
   std::unique_ptr<UpdateGuard> guard_;

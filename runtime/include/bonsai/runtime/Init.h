@@ -36,15 +36,24 @@ InitRule initRuleFor(const std::string &name, size_t rank);
 
 /// Fills `view` (F32, F16 or BF16) by `rule` from the stream of (`seed`, `name`); an NF4
 /// view gets the quantization (Nf4.h) of the values an F32 view would get.
-void initTensor(const std::string &name, InitRule rule, uint64_t seed, const TensorView &view);
+/// With `first` > 0, `view` is a slice of a larger tensor that starts at element `first`: it
+/// gets exactly the values that tensor's elements [first, first + numel) get (a shard of a
+/// sharded parameter, docs/sharding.md; the draws before it are made and dropped).
+void initTensor(const std::string &name, InitRule rule, uint64_t seed, const TensorView &view,
+                int64_t first = 0);
 
 /// Initializes every Parameter tensor of `plan` through `views` (one per plan tensor): by
-/// initRuleFor, or by the tensor's own initializer (adapters, initUnboundParameters).
-void initParameters(const LoadedPlan &plan, const std::vector<TensorView> &views, uint64_t seed);
+/// initRuleFor, or by the tensor's own initializer (adapters, initUnboundParameters). A sharded
+/// parameter gets rank `rank`'s slice of what one rank initializes for its name and full shape.
+void initParameters(const LoadedPlan &plan, const std::vector<TensorView> &views, uint64_t seed,
+                    int rank = 0);
 
 /// Fills a 2-D `view` with U(-b, b), b = 1/sqrt(shape[1]) (torch's kaiming_uniform_ with
-/// a = sqrt(5), PEFT's lora_A init), from the stream of (`seed`, `name`).
-void initKaimingUniform(const std::string &name, uint64_t seed, const TensorView &view);
+/// a = sqrt(5), PEFT's lora_A init), from the stream of (`seed`, `name`). With `fanIn` > 0,
+/// `view` is the slice from element `first` of a [*, fanIn] tensor (a shard), initialized as
+/// that tensor's elements.
+void initKaimingUniform(const std::string &name, uint64_t seed, const TensorView &view,
+                        int64_t fanIn = 0, int64_t first = 0);
 
 /// Writes the L2 norm of each row of the 2-D `source` (dequantized when NF4, then rounded to
 /// `view`'s dtype) into `view` [rows] (DoRA's magnitude). Each row is summed in double, in
@@ -53,9 +62,10 @@ void initRowNorm(const TensorView &source, const TensorView &view);
 
 /// Applies the initializer (TensorInit Zeros, KaimingUniform, RowNorm) of every Parameter
 /// tensor that has one and is not `bound` (adapters absent from the weights file); row norms
-/// last, from their (bound or initialized) base weights. Indices are plan tensor indices.
+/// last, from their (bound or initialized) base weights. Indices are plan tensor indices. A
+/// sharded one gets rank `rank`'s slice.
 void initUnboundParameters(const LoadedPlan &plan, const std::vector<TensorView> &views,
-                           uint64_t seed, const std::vector<bool> &bound);
+                           uint64_t seed, const std::vector<bool> &bound, int rank = 0);
 
 } // namespace bonsai::rt
 

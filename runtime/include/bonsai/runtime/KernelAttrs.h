@@ -167,12 +167,25 @@ struct Fp8Attrs {
   bool fastAccumulation = false;
 };
 
+/// How AllReduce combines the ranks' values (plan.fbs CollectiveReduction).
+enum class CollectiveReduction : uint8_t {
+  Sum = 0,   ///< The sum over ranks.
+  L2Norm = 1 ///< sqrt of the sum over ranks of the squares (f32): a global norm from local ones.
+};
+/// The collectives and ShardSlice (docs/sharding.md): the ranks they span (the plan's) and,
+/// for AllReduce, how values combine.
+struct CollectiveAttrs {
+  uint32_t ranks = 0;
+  CollectiveReduction reduction = CollectiveReduction::Sum;
+};
+
 /// The attributes of a kernel: the struct of its kind's attribute table.
 using KernelAttrsInfo =
     std::variant<NoAttrs, NormAttrs, RoPEAttrs, AttentionAttrs, GeLUAttrs, AxisAttrs,
                  CrossEntropyAttrs, LinearCrossEntropyAttrs, TransposeAttrs, SliceAttrs, FillAttrs,
                  DoraScaleAttrs, LearningRateAttrs, AdamWAttrs, SGDAttrs, GaloreRefreshAttrs,
-                 GaloreProjectAttrs, GaloreAdamWAttrs, GeneratedKernelAttrs, Fp8Attrs>;
+                 GaloreProjectAttrs, GaloreAdamWAttrs, GeneratedKernelAttrs, Fp8Attrs,
+                 CollectiveAttrs>;
 
 /// The struct of each attribute table by its name in KernelKinds.def (NONE: NoAttrs).
 namespace attribute_tables {
@@ -180,6 +193,7 @@ using NONE = NoAttrs;
 using ::bonsai::rt::AdamWAttrs;
 using ::bonsai::rt::AttentionAttrs;
 using ::bonsai::rt::AxisAttrs;
+using ::bonsai::rt::CollectiveAttrs;
 using ::bonsai::rt::CrossEntropyAttrs;
 using ::bonsai::rt::DoraScaleAttrs;
 using ::bonsai::rt::FillAttrs;

@@ -138,24 +138,45 @@ public:
   virtual void kernelAttrsChanged() = 0;
 };
 
+class Communicator;
+
+/// What a backend's collective kinds (kCollective, and ShardSlice) need beside their operands:
+/// this process's rank among the plan's ranks, the host communicator (the CPU backend's
+/// collectives go through it; the CUDA backend starts NCCL over it), and the executor's words
+/// for where it is ("step 12"; empty when it does not know), which every collective's error
+/// carries. Owned by the executor.
+struct RankContext {
+  int rank = 0;
+  int size = 1;
+  Communicator *host = nullptr;
+  std::string where;
+};
+
 /// True when this build has the CUDA backend and a CUDA device is present.
 bool cudaDeviceAvailable();
 
 /// The CPU reference backend for `plan`, running its kernels on `views`, the executor's host
 /// views of the plan's tensors. It keeps references to both, which must outlive it.
-/// With `offloadTiming`, takeOffloadTimes times the copies (a wall clock around each).
+/// With `offloadTiming`, takeOffloadTimes times the copies (a wall clock around each). The
+/// collectives go through `ranks`' host communicator (null: one rank, and a plan without
+/// collectives); `ranks` must outlive the backend.
 std::unique_ptr<KernelBackend> createCpuBackend(const LoadedPlan &plan,
                                                 const std::vector<TensorView> &views,
-                                                bool offloadTiming = false);
+                                                bool offloadTiming = false,
+                                                const RankContext *ranks = nullptr);
 
 /// The CUDA backend for `plan` on device `ordinal`: allocates and zeroes one device arena per
 /// plan arena. The backend keeps a reference to `plan`, which must outlive it: the executor
 /// owns the only copy of the plan, so that what it changes (bonsai-run's --lr) is what runs.
 /// Throws rt::Error when the build has no CUDA backend, the device is missing, or an allocation
 /// fails (naming the arena and the bytes asked for). With `offloadTiming`, the copies and the
-/// compute stream's waits for them are timed (docs/offload.md, "Telemetry").
+/// compute stream's waits for them are timed (docs/offload.md, "Telemetry"). A plan with
+/// collectives needs `ranks` (which must outlive the backend): the backend starts an
+/// NcclCommunicator over its host communicator, and throws rt::Error when the build has no
+/// NCCL.
 std::unique_ptr<KernelBackend> createCudaBackend(const LoadedPlan &plan, int ordinal,
-                                                 bool useGraphs, bool offloadTiming = false);
+                                                 bool useGraphs, bool offloadTiming = false,
+                                                 const RankContext *ranks = nullptr);
 
 } // namespace bonsai::rt
 

@@ -47,8 +47,9 @@ enum : uint32_t {
   kUpdatesParameter = 1u << 5,
   /// An FP8 GEMM (docs/fp8.md): a persistent scaling state among its inputs.
   kFp8Gemm = 1u << 6,
-  /// Copies state kept in a pinned host arena into a device tensor (docs/offload.md): a later
-  /// kernel that updates that tensor in place updates the state its input holds.
+  /// Copies state into a step tensor: from a pinned host arena to the device (docs/offload.md)
+  /// or this rank's share of a parameter (ShardSlice, docs/sharding.md). A later kernel that
+  /// updates that tensor in place updates the state its input holds.
   kStagesState = 1u << 7,
   /// Moves bytes between a pinned host arena and a device arena (docs/offload.md); every other
   /// kind reads and writes device arenas only.
@@ -57,6 +58,9 @@ enum : uint32_t {
   /// run on the host stream, over operands in pinned host arenas only (docs/offload.md, "The
   /// host step").
   kHostStep = 1u << 9,
+  /// Exchanges data with the other ranks (docs/sharding.md): every rank must launch it, in the
+  /// same order, with the same counts.
+  kCollective = 1u << 10,
 };
 } // namespace kernel_traits
 

@@ -89,6 +89,15 @@ struct TensorInfo {
   /// is then the layout's size.
   uint32_t quantBlock = 0;
   uint32_t quantDoubleBlock = 0;
+  /// Sharded over ranks (Tensor.shard_ranks; docs/sharding.md): > 0 when this tensor holds one
+  /// rank's contiguous slice of the row-major flattened tensor of shape `fullShape`, rank r
+  /// holding elements [r * numel, (r + 1) * numel) of it; 0 when the tensor is whole.
+  uint32_t shardRanks = 0;
+  std::vector<int64_t> fullShape; ///< Sharded tensors only: the whole tensor's shape.
+
+  bool sharded() const { return shardRanks > 0; }
+  /// The first element of the whole tensor that rank `rank`'s shard holds.
+  int64_t shardOffset(int rank) const { return int64_t(rank) * numel; }
 };
 
 /// The streams a kernel is issued on (KernelInfo::stream). Kernels of one stream run in plan
@@ -197,6 +206,11 @@ struct LoadedPlan {
   std::vector<std::string> adapterTargets; ///< The recipe's patterns (PEFT target_modules).
   /// Kernels the compiler generated (Plan.generated_kernels), run by FusedElementwise.
   std::vector<GeneratedKernelInfo> generatedKernels;
+  /// The data-parallel ranks the step was compiled for (Plan.ranks; 0 in the file reads as 1):
+  /// every rank runs this plan on its own micro-batches (docs/sharding.md).
+  uint32_t ranks = 1;
+  /// "zero1", "zero2" or "zero3" for a plan of several ranks; empty otherwise.
+  std::string shardStrategy;
 
   /// "tensor 3 'h.0.ln_1.weight'", for messages.
   std::string describeTensor(uint32_t index) const;
@@ -208,6 +222,8 @@ struct LoadedPlan {
   bool trains() const;
   /// Whether the plan has Backward kernels.
   bool hasBackward() const;
+  /// Whether a kernel exchanges data with other ranks (trait kCollective).
+  bool hasCollectives() const;
   /// Whether a kernel runs on a stream other than the compute stream (a copy stream or the
   /// host stream).
   bool usesSideStreams() const;

@@ -65,6 +65,10 @@ public:
   /// BF16 values of its shape, which are quantized (Nf4.h). Throws rt::Error on any other
   /// dtype pair or a read failure.
   void read(const SafetensorsEntry &entry, const TensorView &dst) const;
+  /// Reads elements [first, first + dst.numel()) of `entry`'s row-major data into `dst`, a
+  /// shard of it (docs/sharding.md): only those bytes are read. The dtypes convert as for
+  /// read(); `dst` is not NF4. Throws rt::Error when the range is outside the entry.
+  void readSlice(const SafetensorsEntry &entry, int64_t first, const TensorView &dst) const;
 
 private:
   std::string path_;
@@ -99,12 +103,13 @@ void writeSafetensors(const std::string &path, const std::vector<SafetensorsTens
 /// (in the plan, not the checkpoint), extra (in the checkpoint, not the plan) and mis-shaped
 /// (shape differs, or a dtype that does not convert) names; only then reads any data. A
 /// parameter with an initializer (an adapter, docs/lora.md) may be absent: it is left unbound.
-/// Returns, per plan tensor, whether it was bound.
+/// Returns, per plan tensor, whether it was bound. A sharded parameter (TensorInfo::shardRanks)
+/// binds the tensor of its full shape, of which it reads rank `rank`'s slice only.
 /// Tensors of the checkpoint that the plan lacks and ignoredHfTensorReason names are not
 /// extra: they are skipped and their names appended to `ignored` when it is non-null.
 std::vector<bool> bindCheckpoint(const LoadedPlan &plan, const Checkpoint &checkpoint,
                                  const std::vector<TensorView> &views,
-                                 std::vector<std::string> *ignored = nullptr);
+                                 std::vector<std::string> *ignored = nullptr, int rank = 0);
 
 /// Why `name`, a tensor of a Hugging Face checkpoint, is one no computation reads and may be
 /// skipped (rotary_emb.inv_freq, GPT-2's attn.bias and attn.masked_bias buffers, a tied

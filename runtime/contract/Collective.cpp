@@ -1,0 +1,74 @@
+//===- Collective.cpp - The contracts of the collectives over ranks -------===//
+//
+// ShardSlice, ReduceScatter, AllGather and AllReduce (docs/sharding.md): what the plan loader
+// checks of each before any backend runs it (KernelChecker.h). Shards are flat: a shard of n
+// elements is one rank's contiguous 1/ranks of the row-major elements of a whole tensor of
+// ranks * n elements, whatever the two shapes are. Every rank runs the same plan, so the counts
+// checked here are every rank's, which the collectives need: a rank that moved another count
+// would hang or corrupt the others.
+//
+//===----------------------------------------------------------------------===//
+
+#include "KernelChecker.h"
+
+namespace bonsai::rt::contract {
+
+namespace {
+
+const char *reductionName(CollectiveReduction r) {
+  return r == CollectiveReduction::Sum ? "Sum" : "L2Norm";
+}
+
+} // namespace
+
+/// The attributes every collective kind shares: its ranks are the plan's, and only AllReduce
+/// takes a reduction other than the sum.
+void KernelChecker::checkCollectiveAttrs(bool takesReduction) {
+  const auto &a = kernel.attrsAs<CollectiveAttrs>();
+  if (a.ranks != plan.ranks)
+    fail("attrs.ranks is " + std::to_string(a.ranks) + ", but the plan is for " +
+         std::to_string(plan.ranks) + " ranks (Plan.ranks)");
+  if (!takesReduction && a.reduction != CollectiveReduction::Sum)
+    fail(std::string("reduction ") + reductionName(a.reduction) +
+         " applies to AllReduce only (expected Sum)");
+}
+
+/// `full` (input or output) holds ranks x `shard`'s elements, of one dtype.
+void KernelChecker::checkShardOf(const TensorInfo &full, const std::string &fullName,
+                                 const TensorInfo &shard, const std::string &shardName) {
+  if (full.dtype != shard.dtype)
+    fail(shardName + " dtype " + dtypeName(shard.dtype) + " differs from " + fullName + " dtype " +
+         dtypeName(full.dtype));
+  if (uint64_t(full.numel) != uint64_t(shard.numel) * plan.ranks)
+    fail(fullName + " " + formatShape(full.shape) + " has " + std::to_string(full.numel) +
+         " elements, expected " + std::to_string(plan.ranks) + " ranks x " +
+         std::to_string(shard.numel) + " (" + shardName + " " + formatShape(shard.shape) + ")");
+}
+
+void KernelChecker::verify(kinds::ShardSlice) {
+  checkCollectiveAttrs(/*takesReduction=*/false);
+  checkShardOf(in(0), inName(0), out(0), outName(0));
+}
+
+void KernelChecker::verify(kinds::ReduceScatter) {
+  checkCollectiveAttrs(/*takesReduction=*/false);
+  expectFloat(0);
+  checkShardOf(in(0), inName(0), out(0), outName(0));
+}
+
+void KernelChecker::verify(kinds::AllGather) {
+  checkCollectiveAttrs(/*takesReduction=*/false);
+  checkShardOf(out(0), outName(0), in(0), inName(0));
+}
+
+void KernelChecker::verify(kinds::AllReduce) {
+  checkCollectiveAttrs(/*takesReduction=*/true);
+  expectFloat(0);
+  if (attrs<kinds::AllReduce>().reduction == CollectiveReduction::L2Norm &&
+      in(0).dtype != DType::F32)
+    fail(inName(0) + " dtype: an L2Norm all-reduce takes f32 (norms), got " +
+         dtypeName(in(0).dtype));
+  expectOutputLike(0);
+}
+
+} // namespace bonsai::rt::contract
