@@ -244,7 +244,10 @@ private:
     const TensorInfo &target = out(param);
     bool mirror = kernel.stream == StreamId::Host && target.init == TensorInit::CopyOf &&
                   sameStorage(plan.tensors[from], plan.tensors[target.initSource]);
-    if (!mirror && !sameStorage(plan.tensors[from], target))
+    // A parameter updated through a staged copy (this rank's ShardSlice of it under ZeRO-1/2,
+    // docs/sharding.md) has masters copied from the parameter itself.
+    bool staged = sameStorage(plan.tensors[from], plan.tensors[stateTensor(param)]);
+    if (!mirror && !staged && !sameStorage(plan.tensors[from], target))
       fail(stateName(master) + " is a copy of " + plan.describeTensor(from) + ", not of " +
            outName(param));
   }
