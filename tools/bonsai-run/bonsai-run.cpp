@@ -59,6 +59,7 @@
 #include "bonsai/runtime/Plan.h"
 #include "bonsai/runtime/PlanPrinter.h"
 #include "bonsai/runtime/Safetensors.h"
+#include "bonsai/runtime/Sha256.h"
 #include "bonsai/runtime/SpikeRule.h"
 #include "bonsai/tokenizer/Tokenizer.h"
 
@@ -225,6 +226,7 @@ struct Options {
   std::string tokenizer;
   std::string backend;       ///< empty: cuda when a GPU is present, else cpu
   int device = 0;
+  bool deviceGiven = false; ///< --device was given (else a rank takes its local rank's GPU)
   bool noCudaGraphs = false;
   bool offloadTiming = false;
   bool profile = false;
@@ -384,9 +386,10 @@ Options parseOptions(int argc, char **argv) {
         o.tokenizer = takeValue();
       else if (flag == "--backend")
         o.backend = takeValue();
-      else if (flag == "--device")
+      else if (flag == "--device") {
         o.device = int(parseCount(flag, takeValue()));
-      else if (flag == "--find-nonfinite")
+        o.deviceGiven = true;
+      } else if (flag == "--find-nonfinite")
         o.findNonFinite = noValue();
       else if (flag == "--no-cuda-graphs")
         o.noCudaGraphs = noValue();
@@ -782,6 +785,10 @@ void printProfile(const rt::LoadedPlan &plan, const std::vector<double> &ms) {
   std::fflush(stdout);
 }
 
+/// This process's rank and the number of ranks, once the communicator exists: errors of a run
+/// of several ranks say which rank they come from.
+int gRank = 0, gRanks = 1;
+
 /// A metric for a message: %.9g, or "nan" / "inf" / "-inf".
 std::string formatValue(float value) {
   char buf[32];
@@ -790,15 +797,9 @@ std::string formatValue(float value) {
 }
 
 int run(const Options &o) {
-  // Every plan runs on one rank until the sharding pass exists (docs/sharding.md): ranks
-  // started by mpirun or srun would each train the whole model on the same data and write the
-  // same checkpoint files. Refused on every rank before anything is loaded.
+  // Where the launcher put this process (docs/sharding.md, "bonsai-run"); read before anything
+  // else, so that malformed launcher variables are the first error.
   rt::LaunchInfo launch = rt::detectLaunch();
-  if (launch.size > 1)
-    throw rt::Error("started as rank " + std::to_string(launch.rank) + " of " +
-                    std::to_string(launch.size) + " by " + launch.launcher +
-                    ": a plan runs on one rank until sharded plans (bonsai.shard) exist "
-                    "(docs/sharding.md); run bonsai-run as one process");
   rt::ExecutorOptions executorOptions;
   executorOptions.device = o.device;
   executorOptions.cudaGraphs = !o.noCudaGraphs;
@@ -813,6 +814,65 @@ int run(const Options &o) {
     std::fputs(rt::printPlan(plan).c_str(), stdout);
     return 0;
   }
+  // The plan's ranks against the launch, before any rank starts MPI: N processes of a plan of
+  // one rank would each train the whole model on the same data and write the same
+  // checkpoints; a sharded plan needs exactly its ranks.
+  const std::string planRanks = std::to_string(plan.ranks);
+  if (plan.ranks <= 1 && launch.size > 1)
+    throw rt::Error("started as rank " + std::to_string(launch.rank) + " of " +
+                    std::to_string(launch.size) + " by " + launch.launcher + ": plan '" + o.plan +
+                    "' runs on one rank (it was not compiled with bonsai.shard; "
+                    "docs/sharding.md); run bonsai-run as one process, or compile the plan for " +
+                    std::to_string(launch.size) + " ranks");
+  if (plan.ranks > 1 && uint32_t(launch.size) != plan.ranks)
+    throw rt::Error("plan '" + o.plan + "' was compiled for " + planRanks +
+                    " ranks (bonsai.shard \"" + plan.shardStrategy + "\" ranks " + planRanks + ")" +
+                    (launch.size > 1 ? ", but it was started as " + std::to_string(launch.size) +
+                                           " ranks by " + launch.launcher
+                                     : std::string()) +
+                    ": start it as " + planRanks + " processes, mpirun -np " + planRanks +
+                    " bonsai-run ...");
+  // Sharded checkpoints and exports need every rank's shards in one place: not built yet.
+  if (plan.ranks > 1) {
+    const char *flag = o.resume                   ? "--resume"
+                       : o.saveEvery > 0          ? "--save-every"
+                       : !o.exportAdapter.empty() ? "--export-adapter"
+                       : !o.exportMerged.empty()  ? "--export-merged"
+                       : !o.dumpGradients.empty() ? "--dump-gradients"
+                       : o.generate               ? "--generate"
+                       : o.findNonFinite          ? "--find-nonfinite"
+                                                  : nullptr;
+    if (flag)
+      throw rt::Error(std::string(flag) + ": plan '" + o.plan + "' is sharded over " + planRanks +
+                      " ranks, and sharded checkpoints are not built yet, nor are exports, "
+                      "generation and the non-finite search of several ranks (docs/sharding.md)");
+  }
+  // The communicator: one rank, or MPI ranks (every rank starts it here, at once).
+  std::unique_ptr<rt::Communicator> communicator = rt::makeCommunicator();
+  gRank = communicator->rank();
+  gRanks = communicator->size();
+  if (gRanks > 1) {
+    // Every rank runs the same plan: every rank's hash against rank 0's, on every rank, so
+    // that a mismatch stops them all and each names both hashes.
+    std::string mine = rt::sha256File(o.plan);
+    std::vector<char> hashes(mine.size() * size_t(gRanks));
+    // 64 hex digits, moved as 16 i32 (a gather copies bytes whatever the dtype).
+    communicator->allGather(mine.data(), hashes.data(), mine.size() / 4, rt::DType::I32,
+                            "the plans' SHA-256");
+    auto hashOf = [&](int r) { return std::string(&hashes[size_t(r) * mine.size()], mine.size()); };
+    for (int r = 1; r < gRanks; ++r)
+      if (hashOf(r) != hashOf(0))
+        throw rt::Error("plan '" + o.plan + "' differs between the ranks: SHA-256 " + hashOf(0) +
+                        " on rank 0, " + hashOf(r) + " on rank " + std::to_string(r) +
+                        "; every rank must run the same plan file");
+    // Only rank 0 reports progress and metrics; the others print errors only.
+    if (gRank != 0 && !std::freopen("/dev/null", "w", stdout))
+      throw rt::Error("cannot silence stdout on rank " + std::to_string(gRank));
+    // One GPU per rank: the rank's place on its host, unless --device says otherwise.
+    if (!o.deviceGiven)
+      executorOptions.device = communicator->localRank();
+  }
+  executorOptions.communicator = communicator.get();
   // An export that cannot happen is reported before the steps, not after them.
   if (!o.exportAdapter.empty()) {
     rt::checkPeftExportable(plan);
@@ -840,8 +900,14 @@ int run(const Options &o) {
   uint32_t microBatches = uint32_t(o.microBatches.value_or(plan.microBatches));
   const std::vector<int64_t> &inputShape = plan.tensors[plan.inputs[0]].shape;
   uint64_t tokensPerMicroBatch = uint64_t(inputShape[0] * inputShape[1]);
-  std::string perStep = std::to_string(tokensPerMicroBatch * microBatches) + " tokens/step";
-  if (microBatches > 1)
+  // A step of N ranks takes N blocks of micro-batches (docs/sharding.md).
+  const uint64_t stepMicroBatches = uint64_t(microBatches) * uint64_t(gRanks);
+  std::string perStep = std::to_string(tokensPerMicroBatch * stepMicroBatches) + " tokens/step";
+  if (gRanks > 1)
+    perStep += " (" + std::to_string(gRanks) + " ranks x " + std::to_string(microBatches) +
+               " micro-batch" + (microBatches == 1 ? "" : "es") + " of " +
+               std::to_string(tokensPerMicroBatch) + ", " + plan.shardStrategy + ")";
+  else if (microBatches > 1)
     perStep += " (" + std::to_string(microBatches) + " micro-batches of " +
                std::to_string(tokensPerMicroBatch) + ")";
   std::printf("plan %s: model %s, target %s, %zu kernels, %zu tensors, %zu arenas, %s\n",
@@ -947,7 +1013,7 @@ int run(const Options &o) {
   bool exports = !o.exportAdapter.empty() || !o.exportMerged.empty();
   uint64_t steps =
       o.steps.value_or(o.generate || !o.dumpGradients.empty() || exports ? 0 : 1);
-  uint64_t tokensPerStep = uint64_t(microBatches) * uint64_t(shape[0] * shape[1]);
+  uint64_t tokensPerStep = stepMicroBatches * uint64_t(shape[0] * shape[1]);
   std::unique_ptr<rt::MetricsFile> metrics;
   if (!o.metrics.empty())
     metrics = std::make_unique<rt::MetricsFile>(o.metrics, o.resume);
@@ -1039,13 +1105,14 @@ int run(const Options &o) {
         executor.setProfiling(true);
       auto stepStart = std::chrono::steady_clock::now();
       rt::SpikeLimits limits = spikes ? spikes->limits() : rt::SpikeLimits{};
+      executor.setWhere("step " + std::to_string(position.step + 1));
       rt::StepResult result =
           executor.trainStep(loader, position.dataPosition, microBatches, limits);
       if (spikes)
         spikes->record(result.loss, result.gradNorm);
       auto now = std::chrono::steady_clock::now();
       position.step += 1;
-      position.dataPosition += microBatches;
+      position.dataPosition += stepMicroBatches;
       // Read before an evaluation, whose forward passes the profile must not count.
       if (o.profile && s + 1 == steps)
         profiled = executor.kernelMilliseconds();
@@ -1346,7 +1413,11 @@ int main(int argc, char **argv) {
     std::fprintf(stderr, "bonsai-run: error: %s\n%s", e.message.c_str(), kSynopsis);
   } catch (const rt::Error &e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "bonsai-run: error: %s\n", e.what());
+    // One of several ranks says which, unless the message does (the communicator's errors).
+    std::string message = e.what();
+    if (gRanks > 1 && message.rfind("rank ", 0) != 0)
+      message = "rank " + std::to_string(gRank) + " of " + std::to_string(gRanks) + ": " + message;
+    std::fprintf(stderr, "bonsai-run: error: %s\n", message.c_str());
   } catch (const std::bad_alloc &) {
     std::fflush(stdout);
     std::fprintf(stderr, "bonsai-run: error: out of memory\n");
