@@ -8,13 +8,15 @@
 // once), and compares the plan's outputs with them bit for bit; it prints a DIGEST of all
 // outputs (run-mpi-test.sh's `repeat` mode runs the job twice and compares them) and exits 0
 // when every output matched. Also checked: a plan of N ranks refused by an executor without a
-// communicator, and a sharded parameter initialized as its slice of the 1-rank init.
+// communicator, a sharded parameter initialized as its slice of the 1-rank init, and training
+// steps of N ranks equal to the 1-rank steps of N micro-batches (checkTraining).
 //
 //===----------------------------------------------------------------------===//
 
 #include "../TestPlans.h"
 
 #include "bonsai/runtime/Communicator.h"
+#include "bonsai/runtime/Data.h"
 #include "bonsai/runtime/Executor.h"
 #include "bonsai/runtime/Init.h"
 #include "bonsai/runtime/Sha256.h"
@@ -73,6 +75,71 @@ struct Case {
   uint32_t in = 0, out = 0;
   std::vector<float> expected; // in `out`'s dtype, widened to f32
 };
+
+/// A data-parallel step equals one rank's step of all its micro-batches: the test plans'
+/// trained model (TestPlans.h), every rank with one micro-batch a step and its gradient
+/// accumulators all-reduced in place ahead of the update (ZeRO-1's gradients, without
+/// sharding), against the 1-rank plan with `ranks` micro-batches a step, run on every rank.
+/// One micro-batch per rank sums the gradients in the 1-rank run's order (((0 + g0) + g1) +
+/// ...: the accumulation there, the rank-order sum here), so losses, gradient norms and
+/// weights agree bit for bit, step after step.
+void checkTraining(Communicator &comm) {
+  const int rank = comm.rank(), ranks = comm.size();
+  TrainingDims dims;
+  dims.microBatches = uint32_t(ranks);
+  TrainingTensors t;
+  PlanSpec one = trainingPlanSpec(dims, &t);
+  PlanSpec many = one;
+  many.ranks = uint32_t(ranks);
+  many.shardStrategy = "zero1";
+  many.microBatches = 1;
+  size_t norm = 0;
+  while (many.kernels[norm].kind != KernelKind::GradNorm)
+    ++norm;
+  for (uint32_t g : {t.gradTable, t.gradHead}) {
+    KernelSpec k;
+    k.kind = KernelKind::AllReduce;
+    k.inputs = {g};
+    k.outputs = {g};
+    k.attrsType = fb::KernelAttrs::CollectiveAttrs;
+    k.attrs = collectiveAttrs(uint32_t(ranks));
+    k.name = "all_reduce " + many.tensors[g].name;
+    k.phase = Phase::Update;
+    many.kernels.insert(many.kernels.begin() + long(norm), k);
+  }
+  std::vector<uint8_t> oneBytes = buildPlan(one), manyBytes = buildPlan(many);
+  LoadedPlan onePlan = loadPlanBuffer(oneBytes.data(), oneBytes.size(), "one.plan");
+  LoadedPlan manyPlan = loadPlanBuffer(manyBytes.data(), manyBytes.size(), "many.plan");
+  Executor reference(onePlan);
+  ExecutorOptions options;
+  options.communicator = &comm;
+  Executor sharded(manyPlan, options);
+  reference.initWeights(11);
+  sharded.initWeights(11);
+  TokenLoader referenceData("", dims.batch, dims.seq, dims.vocab, 11);
+  TokenLoader shardedData("", dims.batch, dims.seq, dims.vocab, 11);
+  uint64_t position = 0;
+  for (int step = 1; step <= 4; ++step) {
+    StepResult want = reference.trainStep(referenceData, position, uint32_t(ranks));
+    sharded.setWhere("step " + std::to_string(step));
+    StepResult got = sharded.trainStep(shardedData, position, 1);
+    position += uint64_t(ranks);
+    std::string where = "training step " + std::to_string(step) + ": ";
+    if (std::memcmp(&want.loss, &got.loss, sizeof(float)) != 0)
+      fail(rank, where + "loss " + std::to_string(got.loss) + ", the 1-rank run's " +
+                     std::to_string(want.loss));
+    if (got.microBatchLosses != want.microBatchLosses)
+      fail(rank, where + "the micro-batch losses differ from the 1-rank run's");
+    if (!got.gradNorm || !want.gradNorm || *got.gradNorm != *want.gradNorm)
+      fail(rank, where + "grad_norm differs from the 1-rank run's");
+    for (uint32_t w : {t.table, t.head})
+      if (floatsOf(sharded, w) != floatsOf(reference, w))
+        fail(rank, where + "weight '" + onePlan.tensors[w].name + "' differs");
+    if (rank == 0)
+      std::printf("training step %d: loss %.9g (1 rank: %.9g), grad_norm %.9g\n", step,
+                  double(got.loss), double(want.loss), double(got.gradNorm.value_or(-1)));
+  }
+}
 
 } // namespace
 
@@ -218,6 +285,8 @@ int main(int argc, char **argv) {
         break;
       }
   }
+  checkTraining(*comm);
+
   // Every rank's digest: the gathered results are the same on every rank where they should
   // be (the sums and gathers), so rank 0 prints the digest of the whole job.
   std::string mine = toHex(digest.digest());
