@@ -1038,16 +1038,22 @@ void PlanReader::readAdapters() {
     info.loraB = param("lora_b", a->lora_b());
     if (a->magnitude() != -1)
       info.magnitude = param("magnitude", a->magnitude());
-    const TensorInfo &base = plan.tensors[info.base];
-    if (base.shape.size() != 2)
+    // Adapters are checked on the whole tensors: a sharded one (bonsai-shard) by the shape it
+    // is a share of.
+    auto wholeShape = [&](uint32_t t) -> const std::vector<int64_t> & {
+      const TensorInfo &tensor = plan.tensors[t];
+      return tensor.sharded() ? tensor.fullShape : tensor.shape;
+    };
+    const std::vector<int64_t> &baseShape = wholeShape(info.base);
+    if (baseShape.size() != 2)
       fail(what + " base " + plan.describeTensor(info.base) + " has shape " +
-           formatShape(base.shape) + ", expected [out, in]");
-    int64_t out = base.shape[0], in = base.shape[1], r = int64_t(info.rank);
+           formatShape(baseShape) + ", expected [out, in]");
+    int64_t out = baseShape[0], in = baseShape[1], r = int64_t(info.rank);
     auto expectShape = [&](const char *field, uint32_t t, std::vector<int64_t> shape) {
-      if (plan.tensors[t].shape != shape)
+      if (wholeShape(t) != shape)
         fail(what + " " + field + " " + plan.describeTensor(t) + " has shape " +
-             formatShape(plan.tensors[t].shape) + ", expected " + formatShape(shape) +
-             " (base " + formatShape(base.shape) + ", rank " + std::to_string(r) + ")");
+             formatShape(wholeShape(t)) + ", expected " + formatShape(shape) + " (base " +
+             formatShape(baseShape) + ", rank " + std::to_string(r) + ")");
       if (!isFloatStorage(plan.tensors[t].dtype))
         fail(what + " " + field + " " + plan.describeTensor(t) + " has dtype " +
              dtypeName(plan.tensors[t].dtype) + ", expected f32, f16 or bf16");

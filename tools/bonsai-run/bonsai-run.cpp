@@ -1015,7 +1015,8 @@ int run(const Options &o) {
       o.steps.value_or(o.generate || !o.dumpGradients.empty() || exports ? 0 : 1);
   uint64_t tokensPerStep = stepMicroBatches * uint64_t(shape[0] * shape[1]);
   std::unique_ptr<rt::MetricsFile> metrics;
-  if (!o.metrics.empty())
+  // Rank 0 writes the metrics, as it prints the progress: the ranks' steps are one step.
+  if (!o.metrics.empty() && gRank == 0)
     metrics = std::make_unique<rt::MetricsFile>(o.metrics, o.resume);
   rt::Progress progress(stdout, ::isatty(::fileno(stdout)) == 1);
 
