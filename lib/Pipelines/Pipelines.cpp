@@ -68,6 +68,10 @@ void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &o
     fp8.target = options.target;
     fp8.perLinearRemarks = false;
     pm.addPass(createBonsaiFp8Pass(fp8));
+    // ZeRO sharding over data-parallel ranks (a no-op without a bonsai.shard directive) once
+    // the update phase is complete, so that it shards every update's state; before offload,
+    // which then streams the rank's shares, and before remat, whose budget is the rank's.
+    pm.addPass(createBonsaiShardPass());
     // Offloaded state moves to pinned host memory once every update that keeps state exists
     // (after the optimizer, GaLore and FP8 passes), before remat, whose budget then counts
     // only the device copies, and before fusion, whose optimizer family then leaves each
@@ -90,8 +94,9 @@ void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &o
     remat.fuseDisable.assign(options.fuseDisable.begin(), options.fuseDisable.end());
     pm.addPass(createBonsaiRematPass(remat));
   } else {
-    // A step without an optimizer keeps no training state: the pass says so when the recipe
-    // asks to offload some, rather than the directive being dropped.
+    // A step without an optimizer keeps no training state: the passes say so when the recipe
+    // asks to shard or offload some, rather than the directive being dropped.
+    pm.addPass(createBonsaiShardPass());
     pm.addPass(createBonsaiOffloadPass(offloadOptions(options)));
   }
   // Fusion sees the whole step (forward, backward, update and the recomputed clones) and runs

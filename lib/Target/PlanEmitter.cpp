@@ -292,6 +292,24 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
                 .Union();
     return success();
   }
+  case fb::KernelAttrs::CollectiveAttrs: {
+    FailureOr<int64_t> ranks = i64("ranks");
+    if (failed(ranks))
+      return failure();
+    // AllGather, ReduceScatter and ShardSlice have no reduction; AllReduce names its own.
+    fb::CollectiveReduction reduction = fb::CollectiveReduction::Sum;
+    if (auto name = launch.getParams().getAs<StringAttr>("reduction")) {
+      if (name.getValue() == "l2")
+        reduction = fb::CollectiveReduction::L2Norm;
+      else if (name.getValue() != "sum")
+        return launch.emitError() << "unknown reduction '" << name.getValue() << "'";
+    }
+    if (*ranks < 1 || *ranks > int64_t(UINT32_MAX))
+      return launch.emitError() << "ranks " << *ranks << " out of range";
+    type = fb::KernelAttrs::CollectiveAttrs;
+    attrs = fb::CreateCollectiveAttrs(fbb, uint32_t(*ranks), reduction).Union();
+    return success();
+  }
   default:
     type = fb::KernelAttrs::NONE;
     return success();
@@ -455,10 +473,21 @@ LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes,
     tensorIndex[value] = tensors.size();
     // NF4 tensors carry their block sizes: the runtime sizes, binds and dequantizes by them.
     auto nf4 = dyn_cast<NF4Type>(type.getElementType());
+    // A rank's share of a sharded tensor (bonsai-shard) carries the whole tensor's shape: the
+    // runtime binds and saves the rank's slice of it.
+    uint32_t shardRanks = 0;
+    std::vector<int64_t> fullShape;
+    if (auto sharding = buffer->getAttrOfType<ShardingAttr>("bonsai.sharding");
+        sharding && value == buffer.getResult()) {
+      shardRanks = uint32_t(sharding.getRanks());
+      fullShape.assign(sharding.getShape().begin(), sharding.getShape().end());
+    }
     tensors.push_back(fb::CreateTensorDirect(
-        fbb, name.str().c_str(), *dtype, &shape, role, buffer.getTrainable() && value == buffer, arenaIndex.lookup(buffer.getArena()),
-        buffer.getOffsetAttr().getInt(), plan::getMemRefBytes(type), init, initSource,
-        nf4 ? nf4.getBlockSize() : 0, nf4 ? nf4.getDoubleQuantBlockSize() : 0));
+        fbb, name.str().c_str(), *dtype, &shape, role, buffer.getTrainable() && value == buffer,
+        arenaIndex.lookup(buffer.getArena()), buffer.getOffsetAttr().getInt(),
+        plan::getMemRefBytes(type), init, initSource, nf4 ? nf4.getBlockSize() : 0,
+        nf4 ? nf4.getDoubleQuantBlockSize() : 0, shardRanks,
+        fullShape.empty() ? nullptr : &fullShape));
     return success();
   };
 
@@ -585,14 +614,19 @@ LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes,
   auto target = fb::CreateTargetDirect(
       fbb, step.getTarget().str().c_str(), step.getDeviceMemoryAttr().getInt(), info.linkGBs,
       seconds("bonsai.predicted_step_seconds"), seconds("bonsai.predicted_exposed_seconds"));
-  auto root = fb::CreatePlanDirect(fbb, kPlanVersion, step.getSymName().str().c_str(), target,
-                                   &arenas, &tensors, &kernels, &inputIndices, *loss, memory,
-                                   step.getTokensPerStepAttr().getInt(),
-                                   step.getMicroBatchesAttr().getInt(),
-                                   step.getVocabSizeAttr().getInt(),
-                                   adapters.empty() ? nullptr : &adapters,
-                                   adapterTargets.empty() ? nullptr : &adapterTargets,
-                                   generated.get());
+  // Data-parallel ranks (bonsai-shard): every rank runs this plan.
+  uint32_t ranks = 0;
+  std::string shardStrategy;
+  if (auto attr = step->getAttrOfType<IntegerAttr>("bonsai.ranks"))
+    ranks = uint32_t(attr.getInt());
+  if (auto attr = step->getAttrOfType<StringAttr>("bonsai.shard_strategy"))
+    shardStrategy = attr.str();
+  auto root = fb::CreatePlanDirect(
+      fbb, kPlanVersion, step.getSymName().str().c_str(), target, &arenas, &tensors, &kernels,
+      &inputIndices, *loss, memory, step.getTokensPerStepAttr().getInt(),
+      step.getMicroBatchesAttr().getInt(), step.getVocabSizeAttr().getInt(),
+      adapters.empty() ? nullptr : &adapters, adapterTargets.empty() ? nullptr : &adapterTargets,
+      generated.get(), ranks, shardStrategy.empty() ? nullptr : shardStrategy.c_str());
   fb::FinishPlanBuffer(fbb, root);
   bytes.assign(reinterpret_cast<const char *>(fbb.GetBufferPointer()), fbb.GetSize());
   return success();

@@ -142,7 +142,8 @@ static LogicalResult checkSupportedDirectives(ModuleOp module) {
   for (auto recipe : module.getOps<RecipeOp>())
     for (Operation &op : recipe.getBody().front()) {
       if (isa<TargetDirectiveOp, OptimizerDirectiveOp, RematDirectiveOp, LoraDirectiveOp,
-              GaloreDirectiveOp, QuantizeDirectiveOp, FP8DirectiveOp, OffloadDirectiveOp>(op))
+              GaloreDirectiveOp, QuantizeDirectiveOp, FP8DirectiveOp, OffloadDirectiveOp,
+              ShardDirectiveOp>(op))
         continue;
       return op.emitError() << "'" << op.getName()
                             << "' is not carried out by this version of bonsai-compile (the "
@@ -472,7 +473,13 @@ int main(int argc, char **argv) {
   if (fitted)
     llvm::outs() << "  fitted to the budget by " << fitted->directive()
                  << " (add it to the recipe to keep it; docs/offload.md)\n";
-  llvm::outs() << "  planned memory:\n";
+  // A sharded step's plan is each rank's (bonsai-shard): so are its bytes.
+  if (auto ranks = step->getAttrOfType<IntegerAttr>("bonsai.ranks"))
+    llvm::outs() << "  planned memory per rank ("
+                 << step->getAttrOfType<StringAttr>("bonsai.shard_strategy").getValue() << " over "
+                 << ranks.getInt() << " ranks; every rank runs this plan):\n";
+  else
+    llvm::outs() << "  planned memory:\n";
   summarizePlanMemory(step).print(llvm::outs(), step.getDeviceMemoryAttr().getInt(),
                                   profile->linkBandwidthGBs);
   if (auto predicted = step->getAttrOfType<FloatAttr>("bonsai.predicted_step_seconds")) {

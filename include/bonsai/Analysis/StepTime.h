@@ -61,10 +61,10 @@ inline constexpr llvm::StringLiteral kOpSecondsAttr = "bonsai.seconds";
 /// Seconds `op` (one that becomes a launch) takes where it runs, once: a copy between pinned
 /// host memory and the device its bytes over one direction of the link plus the link's
 /// per-copy latency, an update on the host (its operands copied there by bonsai-offload) its
-/// parameters at the host's rate, a kernel on the device estimateOpSeconds plus the rates'
-/// kernelLatencySeconds. Negative when a rate it
-/// needs is missing (a copy without the link's rate, an update on the host without the
-/// host's).
+/// parameters at the host's rate, a collective over N ranks (N - 1) / N of the whole tensor
+/// over the link (twice for an all-reduce), a kernel on the device estimateOpSeconds plus the
+/// rates' kernelLatencySeconds. Negative when a rate it needs is missing (a copy or a
+/// collective without the link's rate, an update on the host without the host's).
 double estimateLaunchSeconds(Operation *op, const StepRates &rates);
 
 } // namespace mlir::bonsai

@@ -644,6 +644,43 @@ def BonsaiVerifyPlanPass : Pass<"bonsai-verify-plan", "::mlir::ModuleOp"> {
   }];
 }
 
+def BonsaiShardPass : Pass<"bonsai-shard", "::mlir::ModuleOp"> {
+  let summary = "Shard training state over data-parallel ranks (ZeRO-1/2/3) and insert the "
+                "collectives that keep the ranks' steps equal to one large-batch step";
+  let description = [{
+    Carries out the recipe's `bonsai.shard "zero1" | "zero2" | "zero3" ranks N` directive after
+    bonsai-optimizer (docs/sharding.md). Every rank runs the step on its own micro-batches;
+    the runtime seeds each backward pass with 1 / (micro-batches x N), so that the gradients
+    summed over the ranks are those of the mean loss over all of them. Shards are flat: rank r
+    holds elements [r n, (r + 1) n) of a tensor's row-major elements, n = numel / N
+    (`#bonsai.sharding<ranks = N, shape = [...]>` on the sharded `bonsai.param` or
+    `bonsai.state`, whose type becomes `tensor<n x T>`).
+
+    - `zero1`: the optimizer state (moments, momentum, fp32 masters) is sharded. In the
+      update phase each gradient accumulator is reduce-scattered (`bonsai.reduce_scatter`),
+      the rank's share of the parameter is copied out (`bonsai.shard_slice`), updated, and
+      gathered back into the whole parameter on every rank (`bonsai.all_gather_into`).
+    - `zero2`: the gradient accumulators are sharded too: each weight gradient is
+      reduce-scattered as the backward pass produces it, and the rank accumulates its share.
+    - `zero3`: the parameters are sharded too: each is gathered whole (`bonsai.all_gather`)
+      before its first use in the forward pass and again before its first use in the backward
+      pass; the gathered tensors live until their last use. Frozen parameters are sharded and
+      gathered alike, except NF4 storage, which stays whole on every rank (a remark counts it).
+
+    The gradient norm (for clipping and the metrics) is each rank's norm of its shares
+    combined over the ranks (`bonsai.all_reduce` "l2"). Every created op gets the phase of
+    where it runs. The function gets `bonsai.ranks` and `bonsai.shard_strategy`, which the
+    lowering puts on the plan.
+
+    Errors name the cause: a parameter whose element count N does not divide, an update this
+    pass cannot shard, a recipe that combines sharding with what it does not compose with yet
+    (GaLore, FP8, updates in the backward pass).
+  }];
+  let statistics = [
+    Statistic<"numSharded", "sharded", "Tensors sharded">,
+  ];
+}
+
 def BonsaiFp8Pass : Pass<"bonsai-fp8", "::mlir::ModuleOp"> {
   let summary = "Run the recipe's linears as FP8 GEMMs with delayed scaling, where the target "
                 "has FP8 tensor cores";

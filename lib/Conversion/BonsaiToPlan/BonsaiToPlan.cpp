@@ -89,7 +89,9 @@ struct LowerToPlanPass : impl::BonsaiLowerToPlanPassBase<LowerToPlanPass> {
     auto step = plan::StepOp::create(builder, loc, function.getSymName(), target, deviceMemory,
                                      tokens, microBatches, vocab);
     // The adapters bonsai-insert-lora recorded become the plan's adapter metadata.
-    for (StringRef name : {"bonsai.adapters", "bonsai.adapter_targets"})
+    // So do the data-parallel ranks bonsai-shard compiled the step for.
+    for (StringRef name :
+         {"bonsai.adapters", "bonsai.adapter_targets", "bonsai.ranks", "bonsai.shard_strategy"})
       if (Attribute attr = function->getAttr(name))
         step->setAttr(name, attr);
     builder.createBlock(&step.getBody());
@@ -148,6 +150,9 @@ struct LowerToPlanPass : impl::BonsaiLowerToPlanPassBase<LowerToPlanPass> {
         for (StringRef name : {"bonsai.init", "bonsai.init_source"})
           if (Attribute attr = param->getAttr(name))
             buffer->setAttr(name, attr);
+        // A rank's share (bonsai-shard) records the whole tensor it is a share of.
+        if (ShardingAttr sharding = param.getShardingAttr())
+          buffer->setAttr("bonsai.sharding", sharding);
         continue;
       }
       if (auto state = dyn_cast<StateOp>(op)) {
@@ -162,6 +167,8 @@ struct LowerToPlanPass : impl::BonsaiLowerToPlanPassBase<LowerToPlanPass> {
                                     : plan::BufferRole::OptimizerState,
                            state.getName(), false, state.getCopyOfAttr())))
           return failure();
+        if (ShardingAttr sharding = state.getShardingAttr())
+          mapping.lookup(state.getResult()).getDefiningOp()->setAttr("bonsai.sharding", sharding);
         continue;
       }
       if (auto scale = dyn_cast<LossScaleOp>(op)) {

@@ -47,10 +47,10 @@ func.func @nf4_double_quant_zero() {
 
 // -----
 
-// Sharding dimension: negative.
-func.func @sharding_negative_dim() {
-  // expected-error @+1 {{sharding dimension must be non-negative, got -1}}
-  %w = bonsai.param "w" frozen sharding <dim = -1, ranks = 2> : tensor<16x16xf32>
+// Sharding: a whole-tensor dimension that is not positive.
+func.func @sharding_nonpositive_dim() {
+  // expected-error @+1 {{sharding: the whole tensor's dimensions must be positive, got -1}}
+  %w = bonsai.param "w" frozen sharding <ranks = 2, shape = [-1, 16]> : tensor<8xf32>
   return
 }
 
@@ -59,7 +59,7 @@ func.func @sharding_negative_dim() {
 // Sharding ranks: fewer than one.
 func.func @sharding_zero_ranks() {
   // expected-error @+1 {{sharding needs at least one rank, got 0}}
-  %w = bonsai.param "w" frozen sharding <dim = 0, ranks = 0> : tensor<16x16xf32>
+  %w = bonsai.param "w" frozen sharding <ranks = 0, shape = [16, 16]> : tensor<16x16xf32>
   return
 }
 
@@ -124,19 +124,19 @@ func.func @param_nf4_partial_block() {
 
 // -----
 
-// param: sharding dimension beyond the tensor's rank.
-func.func @param_sharding_dim_out_of_range() {
-  // expected-error @+1 {{sharding dimension 2 is out of range for rank 2}}
-  %w = bonsai.param "w" frozen sharding <dim = 2, ranks = 2> : tensor<16x16xf32>
+// param: the type is not one rank's share of the whole tensor.
+func.func @param_sharding_wrong_share() {
+  // expected-error @+1 {{parameter 'w' sharded over 2 ranks must be 'tensor<128xf32>' (one rank's share), got 'tensor<16x16xf32>'}}
+  %w = bonsai.param "w" frozen sharding <ranks = 2, shape = [16, 16]> : tensor<16x16xf32>
   return
 }
 
 // -----
 
-// param: sharded dimension does not split evenly.
+// param: the whole tensor does not split evenly.
 func.func @param_sharding_uneven() {
-  // expected-error @+1 {{sharding: dimension 0 of size 10 does not split evenly over 4 ranks}}
-  %w = bonsai.param "w" frozen sharding <dim = 0, ranks = 4> : tensor<10x16xf32>
+  // expected-error @+1 {{sharding: 30 elements do not split evenly over 4 ranks}}
+  %w = bonsai.param "w" frozen sharding <ranks = 4, shape = [10, 3]> : tensor<7xf32>
   return
 }
 
@@ -1063,4 +1063,44 @@ func.func @slice_overflow(%x: tensor<2x8x48xf32>) {
   // expected-error @+1 {{range [9223372036854775807, 9223372036854775807 + 16) is outside dimension 2 of size 48}}
   %y = bonsai.slice %x {axis = 2 : i64, start = 9223372036854775807 : i64} : (tensor<2x8x48xf32>) -> tensor<2x8x16xf32>
   return
+}
+
+//===----------------------------------------------------------------------===//
+// Collectives (bonsai-shard)
+//===----------------------------------------------------------------------===//
+
+// -----
+
+// all_gather: the shard is not one of `ranks` flat shares of the result.
+func.func @all_gather_wrong_share(%s: tensor<100xf32>) -> tensor<16x16xf32> {
+  // expected-error @+1 {{shard type 'tensor<100xf32>' is not one of 2 flat shares of 'tensor<16x16xf32>' (expected tensor<128x...>)}}
+  %w = bonsai.all_gather %s {ranks = 2 : i64} : (tensor<100xf32>) -> tensor<16x16xf32>
+  return %w : tensor<16x16xf32>
+}
+
+// -----
+
+// reduce_scatter: the element types differ.
+func.func @reduce_scatter_dtype(%g: tensor<16x16xf32>) -> tensor<128xbf16> {
+  // expected-error @+1 {{shard element type 'bf16' differs from the whole tensor's 'f32'}}
+  %s = bonsai.reduce_scatter %g {ranks = 2 : i64} : (tensor<16x16xf32>) -> tensor<128xbf16>
+  return %s : tensor<128xbf16>
+}
+
+// -----
+
+// all_reduce: an L2 combination of bf16 values.
+func.func @all_reduce_l2_bf16(%n: tensor<bf16>) -> tensor<bf16> {
+  // expected-error @+1 {{reduction "l2" needs f32, got 'tensor<bf16>'}}
+  %r = bonsai.all_reduce %n {ranks = 2 : i64, reduction = "l2"} : (tensor<bf16>) -> tensor<bf16>
+  return %r : tensor<bf16>
+}
+
+// -----
+
+// shard_slice: no ranks.
+func.func @shard_slice_zero_ranks(%w: tensor<16xf32>) -> tensor<16xf32> {
+  // expected-error @+1 {{ranks must be at least 1, got 0}}
+  %s = bonsai.shard_slice %w {ranks = 0 : i64} : (tensor<16xf32>) -> tensor<16xf32>
+  return %s : tensor<16xf32>
 }

@@ -22,8 +22,8 @@ func.func @params() {
   %6 = bonsai.param "f" frozen : tensor<8xi64>
   // CHECK: bonsai.param "g" frozen : tensor<128x64x!bonsai.nf4<64, 256>>
   %7 = bonsai.param "g" frozen : tensor<128x64x!bonsai.nf4<64, 256>>
-  // CHECK: bonsai.param "h" trainable placement <pinned_host> sharding <dim = 0, ranks = 4> : tensor<64x64xf32>
-  %8 = bonsai.param "h" trainable placement <pinned_host> sharding <dim = 0, ranks = 4> : tensor<64x64xf32>
+  // CHECK: bonsai.param "h" trainable placement <pinned_host> sharding <ranks = 4, shape = [64, 64]> : tensor<1024xf32>
+  %8 = bonsai.param "h" trainable placement <pinned_host> sharding <ranks = 4, shape = [64, 64]> : tensor<1024xf32>
   // CHECK: bonsai.param "i" frozen placement <device> : tensor<64xf32>
   %9 = bonsai.param "i" frozen placement <device> : tensor<64xf32>
   return
@@ -96,4 +96,22 @@ func.func @compute(%ids: tensor<2x8xi32>, %labels: tensor<2x8xi64>) -> tensor<f3
   // CHECK: bonsai.cross_entropy %{{.*}}, %{{.*}} {ignore_index = 0 : i64}
   %loss2 = bonsai.cross_entropy %logits, %labels {ignore_index = 0 : i64} : (tensor<2x8x32xf32>, tensor<2x8xi64>) -> tensor<f32>
   return %loss : tensor<f32>
+}
+
+// The collectives bonsai-shard inserts, and state that is one rank's share.
+// CHECK-LABEL: func.func @collectives
+func.func @collectives(%w: tensor<16x8xbf16>, %g: tensor<16x8xf32>, %n: tensor<f32>) -> tensor<16x8xbf16> {
+  // CHECK: bonsai.state optimizer "w.exp_avg" sharding <ranks = 2, shape = [16, 8]> : tensor<64xf32>
+  %m = bonsai.state optimizer "w.exp_avg" sharding <ranks = 2, shape = [16, 8]> : tensor<64xf32>
+  // CHECK: bonsai.shard_slice %{{.*}} {ranks = 2 : i64} : (tensor<16x8xbf16>) -> tensor<64xbf16>
+  %s = bonsai.shard_slice %w {ranks = 2 : i64} : (tensor<16x8xbf16>) -> tensor<64xbf16>
+  // CHECK: bonsai.reduce_scatter %{{.*}} {ranks = 2 : i64} : (tensor<16x8xf32>) -> tensor<64xf32>
+  %r = bonsai.reduce_scatter %g {ranks = 2 : i64} : (tensor<16x8xf32>) -> tensor<64xf32>
+  // CHECK: bonsai.all_gather %{{.*}} {ranks = 2 : i64} : (tensor<64xbf16>) -> tensor<16x8xbf16>
+  %full = bonsai.all_gather %s {ranks = 2 : i64} : (tensor<64xbf16>) -> tensor<16x8xbf16>
+  // CHECK: bonsai.all_gather_into %{{.*}}, %{{.*}} {ranks = 2 : i64} : (tensor<64xbf16>, tensor<16x8xbf16>) -> ()
+  bonsai.all_gather_into %s, %w {ranks = 2 : i64} : (tensor<64xbf16>, tensor<16x8xbf16>) -> ()
+  // CHECK: bonsai.all_reduce %{{.*}} {ranks = 2 : i64, reduction = "l2"} : (tensor<f32>) -> tensor<f32>
+  %norm = bonsai.all_reduce %n {ranks = 2 : i64, reduction = "l2"} : (tensor<f32>) -> tensor<f32>
+  return %full : tensor<16x8xbf16>
 }

@@ -452,8 +452,8 @@ bonsai.recipe @r {
 
 // shard: unknown strategy.
 bonsai.recipe @r {
-  // expected-error @+1 {{unknown sharding strategy 'zero2'; expected one of: 'zero3'}}
-  bonsai.shard "zero2" ranks 2
+  // expected-error @+1 {{unknown sharding strategy 'fsdp'; expected one of: 'zero1', 'zero2', 'zero3'}}
+  bonsai.shard "fsdp" ranks 2
 }
 
 // -----

@@ -68,12 +68,43 @@ uint64_t NF4Type::getStorageBytes(uint64_t numElements) const {
 // ShardingAttr
 //===----------------------------------------------------------------------===//
 
-LogicalResult ShardingAttr::verify(function_ref<InFlightDiagnostic()> emitError,
-                                   int64_t dim, int64_t ranks) {
-  if (dim < 0)
-    return emitError() << "sharding dimension must be non-negative, got " << dim;
+LogicalResult ShardingAttr::verify(function_ref<InFlightDiagnostic()> emitError, int64_t ranks,
+                                   ArrayRef<int64_t> shape) {
   if (ranks < 1)
     return emitError() << "sharding needs at least one rank, got " << ranks;
+  int64_t n = 1;
+  for (int64_t size : shape) {
+    if (size < 1)
+      return emitError() << "sharding: the whole tensor's dimensions must be positive, got "
+                         << size;
+    n *= size;
+  }
+  if (n % ranks != 0)
+    return emitError() << "sharding: " << n << " elements do not split evenly over " << ranks
+                       << " ranks";
+  return success();
+}
+
+int64_t ShardingAttr::getNumElements() const {
+  int64_t n = 1;
+  for (int64_t size : getShape())
+    n *= size;
+  return n;
+}
+
+RankedTensorType ShardingAttr::getShardType(Type element) const {
+  return RankedTensorType::get({getNumElements() / getRanks()}, element);
+}
+
+LogicalResult mlir::bonsai::verifyShardedValue(Operation *op, StringRef what, Value value,
+                                               ShardingAttr sharding) {
+  if (!sharding)
+    return success();
+  auto type = cast<RankedTensorType>(value.getType());
+  RankedTensorType expected = sharding.getShardType(type.getElementType());
+  if (type != expected)
+    return op->emitOpError() << what << " sharded over " << sharding.getRanks() << " ranks must be "
+                             << expected << " (one rank's share), got " << type;
   return success();
 }
 

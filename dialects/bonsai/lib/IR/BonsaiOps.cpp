@@ -45,15 +45,9 @@ LogicalResult ParamOp::verify() {
                            << " elements, not a multiple of the block size "
                            << nf4.getBlockSize();
   }
-  if (ShardingAttr sharding = getShardingAttr()) {
-    if (sharding.getDim() >= type.getRank())
-      return emitOpError() << "sharding dimension " << sharding.getDim()
-                           << " is out of range for rank " << type.getRank();
-    int64_t size = type.getDimSize(sharding.getDim());
-    if (size % sharding.getRanks() != 0)
-      return emitOpError() << "sharding: dimension " << sharding.getDim() << " of size " << size
-                           << " does not split evenly over " << sharding.getRanks() << " ranks";
-  }
+  if (failed(verifyShardedValue(*this, "parameter '" + getName().str() + "'", getResult(),
+                                getShardingAttr())))
+    return failure();
   return success();
 }
 

@@ -285,7 +285,8 @@ LogicalResult StateOp::verify() {
     return emitOpError("state name must not be empty");
   if (getCopyOf() && getKind() != StateKind::Optimizer)
     return emitOpError("only optimizer state can start as a copy of a parameter");
-  return success();
+  return verifyShardedValue(*this, "state '" + getName().str() + "'", getResult(),
+                            getShardingAttr());
 }
 
 LogicalResult GradNormOp::verify() {

@@ -291,7 +291,7 @@ SmallVector<StringRef> FP8DirectiveOp::getTargetPatterns() { return toStrings(ge
 //===----------------------------------------------------------------------===//
 
 LogicalResult ShardDirectiveOp::verify() {
-  if (failed(expectOneOf(*this, "sharding strategy", getStrategy(), {"zero3"})))
+  if (failed(expectOneOf(*this, "sharding strategy", getStrategy(), {"zero1", "zero2", "zero3"})))
     return failure();
   if (int64_t(getRanks()) < 1)
     return emitOpError() << "ranks must be at least 1, got " << int64_t(getRanks());

@@ -42,14 +42,23 @@ class Bonsai_Attr<string name, string attrMnemonic, list<Trait> traits = []>
 }
 
 def Bonsai_ShardingAttr : Bonsai_Attr<"Sharding", "sharding"> {
-  let summary = "a tensor split evenly along one dimension over `ranks` ranks";
+  let summary = "one rank's flat share of a tensor split over `ranks` ranks";
   let description = [{
-    `#bonsai.sharding<dim = 0, ranks = 4>` says that each of 4 ranks holds a contiguous quarter of
-    the tensor along dimension 0 (FSDP / ZeRO-3 style). The dimension must divide evenly.
+    `#bonsai.sharding<ranks = 4, shape = [256, 64]>` on a value of type `tensor<4096xf32>` says
+    that the value is one rank's contiguous quarter of the row-major flattened 256x64 tensor
+    (ZeRO's flat partition, docs/sharding.md): rank r holds elements [r * 4096, (r + 1) * 4096).
+    The whole tensor's element count must divide evenly by `ranks`. bonsai-shard sets it on
+    the parameters and training state it shards.
   }];
-  let parameters = (ins "int64_t":$dim, "int64_t":$ranks);
-  let assemblyFormat = "`<` `dim` `=` $dim `,` `ranks` `=` $ranks `>`";
+  let parameters = (ins "int64_t":$ranks, ArrayRefParameter<"int64_t">:$shape);
+  let assemblyFormat = "`<` `ranks` `=` $ranks `,` `shape` `=` `[` $shape `]` `>`";
   let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    /// The element count of the whole tensor.
+    int64_t getNumElements() const;
+    /// The type of one rank's share of a whole tensor of element type `element`: 1-D.
+    ::mlir::RankedTensorType getShardType(::mlir::Type element) const;
+  }];
 }
 
 #endif // BONSAI_DIALECT_BONSAI_IR_BONSAIATTRS_TD

@@ -42,6 +42,10 @@ int64_t getElementBytes(Type elementType);
 /// Bytes needed to store a value of tensor type `type`, NF4 tensors with their block scales.
 int64_t getStorageBytes(Type type);
 
+/// Fails with an error on `op` unless `value`'s type is one rank's share under `sharding`
+/// (succeeds when `sharding` is null). `what` names the value in the message.
+LogicalResult verifyShardedValue(Operation *op, StringRef what, Value value, ShardingAttr sharding);
+
 } // namespace mlir::bonsai
 
 #endif // BONSAI_DIALECT_BONSAI_IR_BONSAIDIALECT_H

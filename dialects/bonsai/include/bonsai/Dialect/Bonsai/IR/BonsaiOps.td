@@ -423,6 +423,7 @@ include "bonsai/Dialect/Bonsai/IR/BonsaiGemmEpilogueOps.td"
 include "bonsai/Dialect/Bonsai/IR/BonsaiElementwiseOps.td"
 include "bonsai/Dialect/Bonsai/IR/BonsaiFlashAttentionOps.td"
 include "bonsai/Dialect/Bonsai/IR/BonsaiFp8Ops.td"
+include "bonsai/Dialect/Bonsai/IR/BonsaiCollectiveOps.td"
 
 //===----------------------------------------------------------------------===//
 // Recipe ops

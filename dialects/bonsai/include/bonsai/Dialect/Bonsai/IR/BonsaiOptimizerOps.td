@@ -23,7 +23,8 @@ def Bonsai_StateOp : Bonsai_Op<"state"> {
     (fp32 master weights of bf16 parameters). Optimizer state is saved in checkpoints under
     `name`; gradient accumulators are not. `placement` (set by bonsai-offload) says where the
     state is stored: on the device (the default) or in pinned host memory, which only
-    `bonsai.copy_h2d` and `bonsai.copy_d2h` read and write.
+    `bonsai.copy_h2d` and `bonsai.copy_d2h` read and write. `sharding` (set by bonsai-shard)
+    says that the value is this rank's flat share of a tensor split over ranks.
 
     ```mlir
     %m = bonsai.state optimizer "lm_head.weight.exp_avg" : tensor<256x64xf32>
@@ -33,16 +34,19 @@ def Bonsai_StateOp : Bonsai_Op<"state"> {
     ```
   }];
   let arguments = (ins Bonsai_StateKind:$kind, StrAttr:$name, OptionalAttr<StrAttr>:$copy_of,
-                   OptionalAttr<Bonsai_PlacementAttr>:$placement);
+                   OptionalAttr<Bonsai_PlacementAttr>:$placement,
+                   OptionalAttr<Bonsai_ShardingAttr>:$sharding);
   let results = (outs Bonsai_Tensor:$result);
   let assemblyFormat = [{
-    $kind $name (`copy_of` $copy_of^)? (`placement` $placement^)? attr-dict `:` type($result)
+    $kind $name (`copy_of` $copy_of^)? (`placement` $placement^)? (`sharding` $sharding^)?
+    attr-dict `:` type($result)
   }];
   let builders = [
     // State is created on the device; bonsai-offload places it afterwards.
     OpBuilder<(ins "::mlir::Type":$type, "::mlir::bonsai::StateKind":$kind,
                    "::llvm::StringRef":$name, "::mlir::StringAttr":$copy_of), [{
-      build($_builder, $_state, type, kind, name, copy_of, ::mlir::bonsai::MemorySpaceAttr());
+      build($_builder, $_state, type, kind, name, copy_of, ::mlir::bonsai::MemorySpaceAttr(),
+            ::mlir::bonsai::ShardingAttr());
     }]>
   ];
   let hasVerifier = 1;

@@ -1,0 +1,349 @@
+//===- Shard.cpp - ZeRO-1/2/3 sharding over data-parallel ranks -----------===//
+//
+// The `bonsai-shard` pass (see Passes.td and docs/sharding.md). Every rank runs the same step
+// on its own micro-batches; what differs between the stages is which training state each rank
+// keeps only a share of, and so which collectives keep the ranks equal:
+//
+//   stage  sharded                                  collectives per step
+//   zero1  optimizer state, masters                 reduce-scatter grads, all-gather params
+//   zero2  + gradient accumulators                  reduce-scatter each gradient as produced
+//   zero3  + parameters                             + all-gather each parameter before its
+//                                                     forward and its backward uses
+//
+// The updates are elementwise (AdamW, SGD), so they run unchanged on flat shares.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/Analysis/PlanSummary.h"
+#include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
+#include "bonsai/Transforms/Passes.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SmallPtrSet.h"
+
+namespace mlir::bonsai {
+#define GEN_PASS_DEF_BONSAISHARDPASS
+#include "bonsai/Transforms/Passes.h.inc"
+
+namespace {
+
+/// The ZeRO stage: how much of the training state is sharded.
+enum class Stage { Zero1 = 1, Zero2 = 2, Zero3 = 3 };
+
+/// The phase an op runs in (bonsai.phase; the forward pass when unmarked).
+StringRef phaseOf(Operation *op) {
+  auto phase = op->getAttrOfType<StringAttr>("bonsai.phase");
+  return phase ? phase.getValue() : StringRef("forward");
+}
+
+/// What the pass sharded and what the collectives move, for the summary remark.
+struct ShardTotals {
+  int64_t tensors = 0;
+  /// Persistent bytes of the sharded tensors, whole and per rank.
+  int64_t wholeBytes = 0, shardBytes = 0;
+  /// Bytes gathered (whole tensors) and reduce-scattered (whole gradients), per micro-batch
+  /// and once per step (the update phase).
+  int64_t gatheredPerMicroBatch = 0, scatteredPerMicroBatch = 0;
+  int64_t gatheredPerStep = 0, scatteredPerStep = 0;
+  /// Frozen NF4 parameters left whole on every rank (zero3).
+  int64_t keptWhole = 0, keptWholeBytes = 0;
+};
+
+struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
+  using Base::Base;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    SmallVector<ShardDirectiveOp> directives;
+    module.walk([&](ShardDirectiveOp op) { directives.push_back(op); });
+    if (directives.empty())
+      return;
+    if (directives.size() > 1) {
+      directives[1].emitError() << "a recipe shards its step once: found " << directives.size()
+                                << " bonsai.shard directives";
+      return signalPassFailure();
+    }
+    ShardDirectiveOp directive = directives.front();
+    if (failed(checkComposition(module, directive)))
+      return signalPassFailure();
+    SmallVector<func::FuncOp> models;
+    for (auto function : module.getOps<func::FuncOp>())
+      if (!function.isExternal() && !function.getBody().getOps<ParamOp>().empty())
+        models.push_back(function);
+    for (func::FuncOp function : models)
+      if (failed(shardFunction(function, directive)))
+        return signalPassFailure();
+  }
+
+  /// What sharding does not compose with yet is refused, naming the directive, rather than
+  /// producing a step whose ranks drift apart.
+  LogicalResult checkComposition(ModuleOp module, ShardDirectiveOp directive) {
+    LogicalResult result = success();
+    module.walk([&](GaloreDirectiveOp op) {
+      op.emitError() << "bonsai.shard does not compose with bonsai.galore yet: GaLore's update "
+                        "projects whole matrices, while a sharded update sees one rank's flat "
+                        "share (docs/sharding.md)";
+      result = failure();
+    });
+    module.walk([&](FP8DirectiveOp op) {
+      op.emitError() << "bonsai.shard does not compose with bonsai.fp8 yet: each rank's delayed "
+                        "scales would follow its own amax history (docs/sharding.md)";
+      result = failure();
+    });
+    module.walk([&](OptimizerDirectiveOp op) {
+      if (op.getUpdateInBackward()) {
+        op.emitError() << "bonsai.shard does not compose with update_in_backward yet: the "
+                          "sharded update runs after every rank's gradients are reduced";
+        result = failure();
+      }
+    });
+    return result;
+  }
+
+  /// Gives `op`'s single result one rank's share of its type, marked with `sharding`.
+  template <typename OpTy> void shardValue(OpTy op, ShardingAttr sharding, ShardTotals &totals) {
+    auto type = cast<RankedTensorType>(op.getResult().getType());
+    RankedTensorType shard = sharding.getShardType(type.getElementType());
+    totals.wholeBytes += getStorageBytes(type);
+    totals.shardBytes += getStorageBytes(shard);
+    ++totals.tensors;
+    op.getResult().setType(shard);
+    op.setShardingAttr(sharding);
+  }
+
+  /// ZeRO-3: `param` becomes its rank's share, gathered whole before its first use in the
+  /// forward pass and again before its first use in the backward pass (`update`, which
+  /// updates the share in place, reads the share).
+  LogicalResult shardParameter(Block &body, ParamOp param, ShardingAttr sharding, Operation *update,
+                               ShardTotals &totals) {
+    auto wholeType = cast<RankedTensorType>(param.getResult().getType());
+    SmallVector<OpOperand *> forward, backward;
+    for (OpOperand &use : param.getResult().getUses()) {
+      Operation *user = use.getOwner();
+      if (user == update)
+        continue;
+      if (user->getBlock() != &body)
+        return user->emitError() << "bonsai-shard: parameter '" << param.getName()
+                                 << "' is read inside a region; sharding needs the step's "
+                                    "ops at the top level";
+      StringRef phase = phaseOf(user);
+      if (phase == "forward")
+        forward.push_back(&use);
+      else if (phase == "backward")
+        backward.push_back(&use);
+      else
+        return user->emitError() << "bonsai-shard: parameter '" << param.getName()
+                                 << "' is read in the " << phase << " phase by '" << user->getName()
+                                 << "', which cannot read a sharded "
+                                 << "parameter";
+    }
+    shardValue(param, sharding, totals);
+    OpBuilder builder(param.getContext());
+    for (auto [uses, phase] :
+         {std::pair{&forward, StringRef("forward")}, std::pair{&backward, StringRef("backward")}}) {
+      if (uses->empty())
+        continue;
+      Operation *first = (*uses)[0]->getOwner();
+      for (OpOperand *use : *uses)
+        if (use->getOwner()->isBeforeInBlock(first))
+          first = use->getOwner();
+      builder.setInsertionPoint(first);
+      auto gather = AllGatherOp::create(builder, param.getLoc(), wholeType, param.getResult(),
+                                        sharding.getRanks());
+      if (phase != "forward")
+        gather->setAttr("bonsai.phase", builder.getStringAttr(phase));
+      for (OpOperand *use : *uses)
+        use->set(gather.getResult());
+      totals.gatheredPerMicroBatch += getStorageBytes(wholeType);
+    }
+    return success();
+  }
+
+  LogicalResult shardFunction(func::FuncOp function, ShardDirectiveOp directive) {
+    MLIRContext *ctx = &getContext();
+    Block &body = function.getBody().front();
+    const int64_t ranks = directive.getRanks();
+    const Stage stage = directive.getStrategy() == "zero1"   ? Stage::Zero1
+                        : directive.getStrategy() == "zero2" ? Stage::Zero2
+                                                             : Stage::Zero3;
+    SmallVector<Operation *> updates;
+    SmallVector<GradNormOp> norms;
+    for (Operation &op : body) {
+      if (isa<MultiTensorUpdateOpInterface>(op))
+        updates.push_back(&op);
+      if (auto norm = dyn_cast<GradNormOp>(op))
+        norms.push_back(norm);
+    }
+    if (updates.empty())
+      return directive.emitError()
+             << "bonsai.shard shards training state, but '" << function.getSymName()
+             << "' has no optimizer update (a training step needs "
+                "bonsai.optimizer)";
+    if (norms.size() != 1)
+      return function.emitError() << "bonsai-shard expects one bonsai.grad_norm in the update "
+                                     "phase (bonsai-optimizer's), found "
+                                  << norms.size();
+    GradNormOp norm = norms.front();
+
+    OpBuilder builder(ctx);
+    StringAttr updatePhase = builder.getStringAttr("update");
+    ShardTotals totals;
+    llvm::SmallPtrSet<Operation *, 32> updatedParams;
+    for (Operation *update : updates) {
+      SmallVector<Value> tensors = cast<MultiTensorUpdateOpInterface>(update).getTensorOperands();
+      auto param = tensors[1].getDefiningOp<ParamOp>();
+      auto gradient = tensors[0].getDefiningOp<StateOp>();
+      if (!param || !gradient || gradient.getKind() != StateKind::Gradient)
+        return update->emitError() << "bonsai-shard cannot shard this update: its parameter is "
+                                      "not a bonsai.param or its gradient not an accumulator";
+      auto type = cast<RankedTensorType>(param.getResult().getType());
+      int64_t numel = getNumElements(type);
+      if (numel % ranks != 0)
+        return param.emitError() << "bonsai.shard over " << ranks << " ranks: parameter '"
+                                 << param.getName() << "' has " << numel
+                                 << " elements, which do not split evenly over " << ranks
+                                 << " ranks; use a rank count that divides every trainable "
+                                    "parameter's element count";
+      auto sharding = ShardingAttr::get(ctx, ranks, type.getShape());
+      auto shardType = [&](Value whole) {
+        return sharding.getShardType(cast<RankedTensorType>(whole.getType()).getElementType());
+      };
+      auto operandIndex = [&](Value value) {
+        for (OpOperand &operand : update->getOpOperands())
+          if (operand.get() == value)
+            return operand.getOperandNumber();
+        llvm_unreachable("a tensor operand of the update");
+      };
+      const unsigned gradientIndex = operandIndex(gradient.getResult());
+      const unsigned paramIndex = operandIndex(param.getResult());
+
+      // The optimizer's own state and the masters: only this update reads them.
+      auto stateful = cast<OptimizerStateOpInterface>(update);
+      SmallVector<unsigned> stateOperands = stateful.getOptimizerStateOperands();
+      llvm::append_range(stateOperands, stateful.getMasterWeightOperands());
+      for (unsigned index : stateOperands) {
+        Value value = update->getOperand(index);
+        auto state = value.getDefiningOp<StateOp>();
+        if (!state || !value.hasOneUse())
+          return update->emitError() << "bonsai-shard: the optimizer state of '" << param.getName()
+                                     << "' is read by ops other than its update";
+        shardValue(state, sharding, totals);
+      }
+
+      // The gradient: reduce-scattered once per step (zero1), or as each micro-batch's
+      // backward pass produces it, into a sharded accumulator (zero2, zero3).
+      const int64_t gradientBytes = getStorageBytes(gradient.getResult().getType());
+      if (stage == Stage::Zero1) {
+        builder.setInsertionPoint(norm);
+        auto reduced =
+            ReduceScatterOp::create(builder, update->getLoc(), shardType(gradient.getResult()),
+                                    gradient.getResult(), ranks);
+        reduced->setAttr("bonsai.phase", updatePhase);
+        update->setOperand(gradientIndex, reduced.getResult());
+        for (OpOperand &operand : norm->getOpOperands())
+          if (operand.get() == gradient.getResult())
+            operand.set(reduced.getResult());
+        totals.scatteredPerStep += gradientBytes;
+      } else {
+        for (OpOperand &use : llvm::make_early_inc_range(gradient.getResult().getUses())) {
+          Operation *user = use.getOwner();
+          if (auto accumulate = dyn_cast<AccumulateOp>(user);
+              accumulate && use.get() == accumulate.getAccumulator()) {
+            builder.setInsertionPoint(accumulate);
+            Value produced = accumulate.getGradient();
+            auto reduced = ReduceScatterOp::create(builder, accumulate.getLoc(),
+                                                   shardType(produced), produced, ranks);
+            if (auto phase = accumulate->getAttr("bonsai.phase"))
+              reduced->setAttr("bonsai.phase", phase);
+            accumulate.getGradientMutable().assign(reduced.getResult());
+            totals.scatteredPerMicroBatch += getStorageBytes(produced.getType());
+            continue;
+          }
+          if (user == norm.getOperation() || user == update || isa<ZeroOp>(user))
+            continue;
+          return user->emitError()
+                 << "bonsai-shard cannot shard the gradient of '" << param.getName() << "': '"
+                 << user->getName() << "' uses its accumulator";
+        }
+        shardValue(gradient, sharding, totals);
+      }
+
+      // The parameter: whole on every rank, its share copied out, updated and gathered back
+      // (zero1, zero2); or stored as the share and gathered before use (zero3).
+      if (stage != Stage::Zero3) {
+        builder.setInsertionPoint(update);
+        auto slice = ShardSliceOp::create(builder, update->getLoc(), shardType(param.getResult()),
+                                          param.getResult(), ranks);
+        slice->setAttr("bonsai.phase", updatePhase);
+        update->setOperand(paramIndex, slice.getResult());
+        builder.setInsertionPointAfter(update);
+        auto gather = AllGatherIntoOp::create(builder, update->getLoc(), slice.getResult(),
+                                              param.getResult(), ranks);
+        gather->setAttr("bonsai.phase", updatePhase);
+        totals.gatheredPerStep += getStorageBytes(type);
+      } else if (failed(shardParameter(body, param, sharding, update, totals))) {
+        return failure();
+      }
+      updatedParams.insert(param);
+    }
+
+    // Zero3 shards the frozen parameters too; NF4 storage (packed codes with their block
+    // constants) stays whole.
+    if (stage == Stage::Zero3)
+      for (auto param : llvm::make_early_inc_range(body.getOps<ParamOp>())) {
+        if (updatedParams.contains(param))
+          continue;
+        auto type = cast<RankedTensorType>(param.getResult().getType());
+        if (isa<NF4Type>(type.getElementType()) || getNumElements(type) % ranks != 0) {
+          ++totals.keptWhole;
+          totals.keptWholeBytes += getStorageBytes(type);
+          continue;
+        }
+        if (failed(shardParameter(body, param, ShardingAttr::get(ctx, ranks, type.getShape()),
+                                  nullptr, totals)))
+          return failure();
+      }
+
+    // The norm of every rank's shares, combined: the norm of the whole gradient.
+    builder.setInsertionPointAfter(norm);
+    auto global = AllReduceOp::create(builder, norm.getLoc(), norm.getResult().getType(),
+                                      norm.getResult(), ranks, builder.getStringAttr("l2"));
+    global->setAttr("bonsai.phase", updatePhase);
+    norm.getResult().replaceAllUsesExcept(global.getResult(), global);
+
+    function->setAttr("bonsai.ranks", builder.getI64IntegerAttr(ranks));
+    function->setAttr("bonsai.shard_strategy", directive.getStrategyAttr());
+    numSharded += totals.tensors;
+    emitSummary(function, directive, totals);
+    return success();
+  }
+
+  void emitSummary(func::FuncOp function, ShardDirectiveOp directive, const ShardTotals &t) {
+    const int64_t ranks = directive.getRanks();
+    InFlightDiagnostic remark = emitRemark(directive.getLoc())
+                                << "shard: " << directive.getStrategy() << " over " << ranks
+                                << (ranks == 1 ? " rank: " : " ranks: ") << t.tensors
+                                << " tensors of '" << function.getSymName() << "' sharded ("
+                                << formatBytes(t.shardBytes) << " per rank instead of "
+                                << formatBytes(t.wholeBytes) << ")";
+    if (t.keptWhole)
+      remark << ", " << t.keptWhole << " frozen parameters (" << formatBytes(t.keptWholeBytes)
+             << ") kept whole on every rank";
+    auto traffic = [&](StringRef when, int64_t gathered, int64_t scattered) {
+      if (!gathered && !scattered)
+        return;
+      remark << "; " << when << ":";
+      if (gathered)
+        remark << " all-gather " << formatBytes(gathered);
+      if (scattered)
+        remark << (gathered ? "," : "") << " reduce-scatter " << formatBytes(scattered);
+    };
+    traffic("per micro-batch", t.gatheredPerMicroBatch, t.scatteredPerMicroBatch);
+    traffic("per step", t.gatheredPerStep, t.scatteredPerStep);
+    remark << " (whole tensors; each rank sends and receives " << ranks - 1 << "/" << ranks
+           << " of them)";
+  }
+};
+
+} // namespace
+} // namespace mlir::bonsai

@@ -1,0 +1,99 @@
+"""Driver of shard.test: data-parallel training under mpirun against the 1-rank run.
+
+For each model and recipe it compiles the unsharded plan and the zero1/zero2/zero3 plans over N
+ranks, runs the unsharded plan on one process with N micro-batches per step (the N ranks' work
+as gradient accumulation), runs each sharded plan under `mpirun -np N` with one micro-batch per
+rank, and compares the step losses rank 0 prints. Each line says the largest relative
+difference over the steps and whether every loss is bit-identical. Nothing passes unless
+every sharded run's losses are within the tolerance (1e-6 relative)."""
+import json
+import os
+import subprocess
+import sys
+
+compile_tool, run_tool, models, out, steps = sys.argv[1:6]
+steps = int(steps)
+RANKS = [int(n) for n in sys.argv[6].split(",")] if len(sys.argv) > 6 else [2, 4]
+TOLERANCE = 1e-6
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
+TIMEOUT = 300
+
+# The recipes, after the target line: AdamW with warmup, cosine and clipping (the demo's), LoRA
+# (frozen base weights: under zero3 they are sharded and gathered like the rest) and QLoRA (NF4
+# base weights, which stay whole on every rank).
+RECIPES = {
+    "adamw": '  bonsai.optimizer "adamw" lr 2.000000e-03 {beta2 = 9.500000e-01 : f64, '
+             'grad_clip = 1.000000e+00 : f64, weight_decay = 1.000000e-02 : f64, '
+             'schedule = "cosine", warmup_steps = 5 : i64, total_steps = 100 : i64}\n',
+    "lora": '  bonsai.lora rank 8 alpha 1.600000e+01 targets ["q_proj", "v_proj", "down_proj"]\n'
+            '  bonsai.optimizer "adamw" lr 1.000000e-02 {grad_clip = 1.000000e+00 : f64}\n',
+    "qlora": '  bonsai.quantize "nf4" block 64 double_quant 256 targets ["q_proj", "v_proj", '
+             '"down_proj"]\n'
+             '  bonsai.lora rank 8 alpha 1.600000e+01 targets ["q_proj", "v_proj", "down_proj"]\n'
+             '  bonsai.optimizer "adamw" lr 1.000000e-02 {grad_clip = 1.000000e+00 : f64}\n',
+}
+CASES = [("tiny_llama", "adamw"), ("tiny_gpt2", "adamw"), ("tiny_llama", "lora"),
+         ("tiny_llama", "qlora")]
+
+
+def recipe(path, body, shard=None):
+    with open(path, "w") as f:
+        f.write("bonsai.recipe @train {\n  bonsai.target \"cpu\"\n")
+        if shard:
+            f.write('  bonsai.shard "%s" ranks %d\n' % shard)
+        f.write(body + "}\n")
+
+
+def compile_plan(model, recipe_path, plan):
+    subprocess.run([compile_tool, os.path.join(models, model + ".mlir"), recipe_path, "-o", plan],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def losses(command, metrics):
+    """The (step, loss, loss as printed) of each step rank 0 wrote to `metrics` (%.9g: an f32
+    exactly). Under mpirun a rank's stdout is a terminal, so the plain step lines are not
+    printed there; the metrics file is the same on every launcher."""
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    command = command + ["--metrics", metrics]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
+    if result.returncode != 0:
+        sys.exit("FAILED (%d): %s\n%s%s" % (result.returncode, " ".join(command), result.stdout,
+                                           result.stderr))
+    found = []
+    with open(metrics) as f:
+        for line in f:
+            raw = line.split('"loss": ')[1].split(",")[0]
+            found.append((json.loads(line)["step"], float(raw), raw))
+    if len(found) != steps:
+        sys.exit("FAILED: %d step lines, expected %d: %s\n%s" % (len(found), steps,
+                                                                 " ".join(command), result.stdout))
+    return found
+
+
+failed = False
+for model, name in CASES:
+    base_recipe = os.path.join(out, "%s.%s.mlir" % (model, name))
+    recipe(base_recipe, RECIPES[name])
+    base_plan = os.path.join(out, "%s.%s.plan" % (model, name))
+    compile_plan(model, base_recipe, base_plan)
+    for n in RANKS:
+        reference = losses([run_tool, base_plan, "--seed", "7", "--steps", str(steps),
+                            "--micro-batches", str(n)], base_plan + ".%d.jsonl" % n)
+        for stage in ["zero1", "zero2", "zero3"]:
+            sharded_recipe = os.path.join(out, "%s.%s.%s.%d.mlir" % (model, name, stage, n))
+            recipe(sharded_recipe, RECIPES[name], (stage, n))
+            plan = sharded_recipe[:-len(".mlir")] + ".plan"
+            compile_plan(model, sharded_recipe, plan)
+            got = losses(MPIRUN + ["-np", str(n), run_tool, plan, "--seed", "7", "--steps",
+                                   str(steps), "--micro-batches", "1"], plan + ".jsonl")
+            worst = max(abs(g[1] - r[1]) / abs(r[1]) for g, r in zip(got, reference))
+            identical = all(g[2] == r[2] for g, r in zip(got, reference))
+            ok = worst <= TOLERANCE
+            failed = failed or not ok
+            print("%s %s %s ranks %d: %d steps, last loss %s (1 rank: %s), max relative "
+                  "difference %.3g, %s%s" % (model, name, stage, n, steps, got[-1][2],
+                                            reference[-1][2], worst,
+                                            "bit-identical" if identical else "not bit-identical",
+                                            "" if ok else " FAILED"))
+sys.exit(1 if failed else 0)

@@ -1,0 +1,139 @@
+// RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer --bonsai-shard %s -split-input-file -verify-diagnostics | FileCheck %s
+
+// zero1: the optimizer state and the fp32 master are one rank's flat shares; in the update
+// phase each whole gradient accumulator is reduce-scattered (before the norm, which then reads
+// the shares and is combined over the ranks), the rank's share of the parameter is copied
+// out, updated with its shares of the state, and gathered back into the whole parameter.
+// Parameters and accumulators stay whole; the frozen embedding is not touched.
+
+// CHECK-LABEL: func.func @zero1
+// CHECK-SAME: attributes {bonsai.ranks = 2 : i64, bonsai.shard_strategy = "zero1"}
+// CHECK: %[[E:.*]] = bonsai.param "e" frozen : tensor<16x8xbf16>
+// CHECK: %[[LM:.*]] = bonsai.param "lm" trainable : tensor<16x8xbf16>
+// CHECK: %[[GLM:.*]] = bonsai.state gradient "lm" {bonsai.phase = "backward"} : tensor<16x8xf32>
+// CHECK: bonsai.accumulate %{{.*}}, %[[GLM]] {bonsai.phase = "backward"} : tensor<16x8xbf16>, tensor<16x8xf32>
+// CHECK: %[[RLM:.*]] = bonsai.reduce_scatter %[[GLM]] {bonsai.phase = "update", ranks = 2 : i64} : (tensor<16x8xf32>) -> tensor<64xf32>
+// CHECK: %[[RN:.*]] = bonsai.reduce_scatter %{{.*}} {bonsai.phase = "update", ranks = 2 : i64} : (tensor<8xf32>) -> tensor<4xf32>
+// CHECK: %[[LOCAL:.*]] = bonsai.grad_norm %[[RLM]], %[[RN]] {bonsai.phase = "update"}
+// CHECK: %[[NORM:.*]] = bonsai.all_reduce %[[LOCAL]] {bonsai.phase = "update", ranks = 2 : i64, reduction = "l2"} : (tensor<f32>) -> tensor<f32>
+// CHECK: %[[MASTER:.*]] = bonsai.state optimizer "lm.master" copy_of "lm" sharding <ranks = 2, shape = [16, 8]> : tensor<64xf32>
+// CHECK: %[[M:.*]] = bonsai.state optimizer "lm.exp_avg" sharding <ranks = 2, shape = [16, 8]> : tensor<64xf32>
+// CHECK: %[[V:.*]] = bonsai.state optimizer "lm.exp_avg_sq" sharding <ranks = 2, shape = [16, 8]> : tensor<64xf32>
+// CHECK: %[[SLM:.*]] = bonsai.shard_slice %[[LM]] {bonsai.phase = "update", ranks = 2 : i64} : (tensor<16x8xbf16>) -> tensor<64xbf16>
+// CHECK: bonsai.adamw_update %[[RLM]], %{{.*}}, %{{.*}}, %[[NORM]], %[[SLM]], %[[M]], %[[V]], %[[MASTER]]
+// CHECK: bonsai.all_gather_into %[[SLM]], %[[LM]] {bonsai.phase = "update", ranks = 2 : i64} : (tensor<64xbf16>, tensor<16x8xbf16>) -> ()
+// CHECK: bonsai.zero %[[GLM]] {bonsai.phase = "update"} : tensor<16x8xf32>
+// CHECK: bonsai.metric "grad_norm" %[[NORM]]
+func.func @zero1(%ids: tensor<1x4xi32>, %labels: tensor<1x4xi32>) -> tensor<f32> {
+  %emb = bonsai.param "e" frozen : tensor<16x8xbf16>
+  %h = bonsai.embedding %emb, %ids : (tensor<16x8xbf16>, tensor<1x4xi32>) -> tensor<1x4x8xbf16>
+  %nw = bonsai.param "n" trainable : tensor<8xf32>
+  %hf = bonsai.cast %h : (tensor<1x4x8xbf16>) -> tensor<1x4x8xf32>
+  %n = bonsai.rms_norm %hf, %nw : (tensor<1x4x8xf32>, tensor<8xf32>) -> tensor<1x4x8xf32>
+  %nb = bonsai.cast %n : (tensor<1x4x8xf32>) -> tensor<1x4x8xbf16>
+  %lm = bonsai.param "lm" trainable : tensor<16x8xbf16>
+  %logits = bonsai.linear %nb, %lm : (tensor<1x4x8xbf16>, tensor<16x8xbf16>) -> tensor<1x4x16xbf16>
+  %loss = bonsai.cross_entropy %logits, %labels : (tensor<1x4x16xbf16>, tensor<1x4xi32>) -> tensor<f32>
+  return %loss : tensor<f32>
+}
+bonsai.recipe @r {
+  // expected-remark @+1 {{shard: zero1 over 2 ranks: 5 tensors of 'zero1' sharded (800 B per rank instead of 1.56 KiB); per step: all-gather 288 B, reduce-scatter 544 B (whole tensors; each rank sends and receives 1/2 of them)}}
+  bonsai.shard "zero1" ranks 2
+  bonsai.optimizer "adamw" lr 1.0e-3 {grad_clip = 1.0 : f64}
+}
+
+// -----
+
+// zero2: the accumulators are shares too: each weight gradient is reduce-scattered where the
+// backward pass produces it (in its own dtype) and the share accumulated; the update reads the
+// accumulator directly.
+
+// CHECK-LABEL: func.func @zero2
+// CHECK: %[[LM:.*]] = bonsai.param "lm" trainable : tensor<16x8xbf16>
+// CHECK: %[[DW:.*]] = bonsai.linear_grad_weight
+// CHECK: %[[GLM:.*]] = bonsai.state gradient "lm" sharding <ranks = 2, shape = [16, 8]> {bonsai.phase = "backward"} : tensor<64xf32>
+// CHECK: %[[R:.*]] = bonsai.reduce_scatter %[[DW]] {bonsai.phase = "backward", ranks = 2 : i64} : (tensor<16x8xbf16>) -> tensor<64xbf16>
+// CHECK: bonsai.accumulate %[[R]], %[[GLM]] {bonsai.phase = "backward"} : tensor<64xbf16>, tensor<64xf32>
+// CHECK: bonsai.grad_norm %[[GLM]], %{{.*}} {bonsai.phase = "update"} : (tensor<64xf32>, tensor<4xf32>) -> tensor<f32>
+// CHECK: %[[SLM:.*]] = bonsai.shard_slice %[[LM]]
+// CHECK: bonsai.adamw_update %[[GLM]], %{{.*}}, %{{.*}}, %{{.*}}, %[[SLM]],
+// CHECK: bonsai.all_gather_into %[[SLM]], %[[LM]]
+// CHECK: bonsai.zero %[[GLM]] {bonsai.phase = "update"} : tensor<64xf32>
+func.func @zero2(%ids: tensor<1x4xi32>, %labels: tensor<1x4xi32>) -> tensor<f32> {
+  %emb = bonsai.param "e" frozen : tensor<16x8xbf16>
+  %h = bonsai.embedding %emb, %ids : (tensor<16x8xbf16>, tensor<1x4xi32>) -> tensor<1x4x8xbf16>
+  %nw = bonsai.param "n" trainable : tensor<8xf32>
+  %hf = bonsai.cast %h : (tensor<1x4x8xbf16>) -> tensor<1x4x8xf32>
+  %n = bonsai.rms_norm %hf, %nw : (tensor<1x4x8xf32>, tensor<8xf32>) -> tensor<1x4x8xf32>
+  %nb = bonsai.cast %n : (tensor<1x4x8xf32>) -> tensor<1x4x8xbf16>
+  %lm = bonsai.param "lm" trainable : tensor<16x8xbf16>
+  %logits = bonsai.linear %nb, %lm : (tensor<1x4x8xbf16>, tensor<16x8xbf16>) -> tensor<1x4x16xbf16>
+  %loss = bonsai.cross_entropy %logits, %labels : (tensor<1x4x16xbf16>, tensor<1x4xi32>) -> tensor<f32>
+  return %loss : tensor<f32>
+}
+bonsai.recipe @r {
+  // expected-remark @+1 {{shard: zero2 over 2 ranks: 7 tensors of 'zero2' sharded (1.05 KiB per rank instead of 2.09 KiB); per micro-batch: reduce-scatter 288 B; per step: all-gather 288 B (whole tensors; each rank sends and receives 1/2 of them)}}
+  bonsai.shard "zero2" ranks 2
+  bonsai.optimizer "adamw" lr 1.0e-3 {grad_clip = 1.0 : f64}
+}
+
+// -----
+
+// zero3: the parameters are shares too, frozen ones included; each is gathered whole right
+// before its first use in the forward pass and again before its first use in the backward
+// pass, and the update writes the share in place.
+
+// CHECK-LABEL: func.func @zero3
+// CHECK: %[[E:.*]] = bonsai.param "e" frozen sharding <ranks = 2, shape = [16, 8]> : tensor<64xbf16>
+// CHECK-NEXT: %[[EW:.*]] = bonsai.all_gather %[[E]] {ranks = 2 : i64} : (tensor<64xbf16>) -> tensor<16x8xbf16>
+// CHECK-NEXT: bonsai.embedding %[[EW]]
+// CHECK: %[[LM:.*]] = bonsai.param "lm" trainable sharding <ranks = 2, shape = [16, 8]> : tensor<64xbf16>
+// CHECK-NEXT: %[[LMF:.*]] = bonsai.all_gather %[[LM]] {ranks = 2 : i64} : (tensor<64xbf16>) -> tensor<16x8xbf16>
+// CHECK-NEXT: bonsai.linear %{{.*}}, %[[LMF]]
+// CHECK: bonsai.cross_entropy_grad
+// CHECK-NEXT: %[[LMB:.*]] = bonsai.all_gather %[[LM]] {bonsai.phase = "backward", ranks = 2 : i64} : (tensor<64xbf16>) -> tensor<16x8xbf16>
+// CHECK-NEXT: bonsai.linear_grad_input %{{.*}}, %[[LMB]]
+// CHECK: bonsai.reduce_scatter
+// CHECK: %[[NORM:.*]] = bonsai.all_reduce
+// CHECK: bonsai.adamw_update %{{.*}}, %{{.*}}, %{{.*}}, %[[NORM]], %[[LM]],
+// CHECK-NOT: bonsai.all_gather_into
+// CHECK-NOT: bonsai.shard_slice
+// CHECK: return
+func.func @zero3(%ids: tensor<1x4xi32>, %labels: tensor<1x4xi32>) -> tensor<f32> {
+  %emb = bonsai.param "e" frozen : tensor<16x8xbf16>
+  %h = bonsai.embedding %emb, %ids : (tensor<16x8xbf16>, tensor<1x4xi32>) -> tensor<1x4x8xbf16>
+  %nw = bonsai.param "n" trainable : tensor<8xf32>
+  %hf = bonsai.cast %h : (tensor<1x4x8xbf16>) -> tensor<1x4x8xf32>
+  %n = bonsai.rms_norm %hf, %nw : (tensor<1x4x8xf32>, tensor<8xf32>) -> tensor<1x4x8xf32>
+  %nb = bonsai.cast %n : (tensor<1x4x8xf32>) -> tensor<1x4x8xbf16>
+  %lm = bonsai.param "lm" trainable : tensor<16x8xbf16>
+  %logits = bonsai.linear %nb, %lm : (tensor<1x4x8xbf16>, tensor<16x8xbf16>) -> tensor<1x4x16xbf16>
+  %loss = bonsai.cross_entropy %logits, %labels : (tensor<1x4x16xbf16>, tensor<1x4xi32>) -> tensor<f32>
+  return %loss : tensor<f32>
+}
+bonsai.recipe @r {
+  // expected-remark @+1 {{shard: zero3 over 2 ranks: 10 tensors of 'zero3' sharded (1.31 KiB per rank instead of 2.62 KiB); per micro-batch: all-gather 832 B, reduce-scatter 288 B (whole tensors; each rank sends and receives 1/2 of them)}}
+  bonsai.shard "zero3" ranks 2
+  bonsai.optimizer "adamw" lr 1.0e-3 {grad_clip = 1.0 : f64}
+}
+
+// -----
+
+// One rank: the same rewrite, whose collectives are copies (the runtime's single-rank path).
+
+// CHECK-LABEL: func.func @one_rank
+// CHECK: bonsai.param "w" trainable sharding <ranks = 1, shape = [8]> : tensor<8xf32>
+func.func @one_rank(%ids: tensor<1x4xi32>, %labels: tensor<1x4xi32>) -> tensor<f32> {
+  %emb = bonsai.param "e" frozen : tensor<16x8xf32>
+  %h = bonsai.embedding %emb, %ids : (tensor<16x8xf32>, tensor<1x4xi32>) -> tensor<1x4x8xf32>
+  %w = bonsai.param "w" trainable : tensor<8xf32>
+  %n = bonsai.rms_norm %h, %w : (tensor<1x4x8xf32>, tensor<8xf32>) -> tensor<1x4x8xf32>
+  %logits = bonsai.linear %n, %emb : (tensor<1x4x8xf32>, tensor<16x8xf32>) -> tensor<1x4x16xf32>
+  %loss = bonsai.cross_entropy %logits, %labels : (tensor<1x4x16xf32>, tensor<1x4xi32>) -> tensor<f32>
+  return %loss : tensor<f32>
+}
+bonsai.recipe @r {
+  // expected-remark @+1 {{shard: zero3 over 1 rank: 3 tensors of 'one_rank' sharded (576 B per rank instead of 576 B); per micro-batch: all-gather 1.06 KiB, reduce-scatter 32 B (whole tensors; each rank sends and receives 0/1 of them)}}
+  bonsai.shard "zero3" ranks 1
+  bonsai.optimizer "sgd" lr 1.0e-2 {}
+}
