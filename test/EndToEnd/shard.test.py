@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 compile_tool, run_tool, models, out, steps = sys.argv[1:6]
 steps = int(steps)
@@ -96,4 +97,45 @@ for model, name in CASES:
                                             reference[-1][2], worst,
                                             "bit-identical" if identical else "not bit-identical",
                                             "" if ok else " FAILED"))
+
+# bonsai-run --nproc 2 starts the two ranks itself (through mpirun): the same losses as the run
+# mpirun started above.
+plan = os.path.join(out, "tiny_llama.adamw.zero3.2.plan")
+if os.path.exists(plan):
+    by_mpirun = losses(MPIRUN + ["-np", "2", run_tool, plan, "--seed", "7", "--steps", str(steps),
+                                 "--micro-batches", "1"], plan + ".mpirun.jsonl")
+    by_nproc = losses([run_tool, plan, "--nproc", "2", "--seed", "7", "--steps", str(steps),
+                       "--micro-batches", "1"], plan + ".nproc.jsonl")
+    same = [g[2] for g in by_nproc] == [g[2] for g in by_mpirun]
+    failed = failed or not same
+    print("nproc: bonsai-run --nproc 2: %d steps, %s" % (
+        len(by_nproc), "the losses of mpirun -np 2" if same else "losses differ FAILED"))
+
+# A rank killed (SIGKILL) during training: mpirun ends the job, non-zero, long before its steps
+# would; under --enable-recovery, which lets the survivor run on, the survivor ends at the
+# collective deadline with an error naming the rank and the step.
+killer = os.path.join(out, "kill-rank-1.sh")
+with open(killer, "w") as f:
+    f.write('#!/bin/sh\nif [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exec timeout -s KILL 4 "$@"; fi\n'
+            'exec "$@"\n')
+os.chmod(killer, 0o755)
+plan = os.path.join(out, "tiny_llama.adamw.zero3.2.plan")
+env = dict(os.environ, BONSAI_COLLECTIVE_TIMEOUT="10")
+for recovery in [[], ["--enable-recovery"]]:
+    command = MPIRUN + recovery + ["-x", "BONSAI_COLLECTIVE_TIMEOUT", "-np", "2", killer,
+                                   run_tool, plan, "--steps", "1000000"]
+    start = time.monotonic()
+    result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    seconds = time.monotonic() - start
+    errors = [l for l in result.stderr.splitlines() if "bonsai-run: error" in l]
+    if not recovery:
+        ok = result.returncode != 0 and seconds < 60
+        print("kill: rank 1 killed after 4 s: exit %s after %s s%s" % (
+            "non-zero" if result.returncode else "0", "under 60" if seconds < 60 else "%.0f" % seconds,
+            "" if ok else " FAILED"))
+    else:
+        error = errors[0] if errors else "(no error)"
+        ok = "rank 1 did not" in error and "[step " in error and seconds < 60
+        print("kill with recovery: %s%s" % (error, "" if ok else " FAILED"))
+    failed = failed or not ok
 sys.exit(1 if failed else 0)

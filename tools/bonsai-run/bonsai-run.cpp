@@ -72,12 +72,14 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
 #include <new>
 #include <optional>
-#include <map>
 #include <string>
+#include <vector>
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -99,6 +101,7 @@ const char *const kSynopsis =
     "                        [--shard-size SIZE]]\n"
     "                       [--generate TEXT [--max-new-bytes N | --tokenizer PATH\n"
     "                        [--max-new-tokens N]]] [--backend=cuda|cpu] [--device N]\n"
+    "                       [--nproc N]\n"
     "                       [--fp8-stats-every N] [--fp8-underflow-warn F]\n"
     "                       [--eval-data TOKENS.bin --eval-every N [--eval-batches K]]\n"
     "       bonsai-run PLAN --print-plan\n";
@@ -168,7 +171,10 @@ const char *const kHelp =
     "                        the plan's (default: bytes, token id = byte value)\n"
     "  --max-new-tokens N    tokens to generate with --tokenizer (default 64; stops at EOS)\n"
     "  --backend NAME        cuda or cpu (default: cuda when a GPU is present)\n"
-    "  --device N            CUDA device ordinal (default 0)\n"
+    "  --device N            CUDA device ordinal (default 0; a rank of several: its local\n"
+    "                        rank)\n"
+    "  --nproc N             start N ranks on this machine (mpirun -np N bonsai-run ...,\n"
+    "                        for a plan compiled with bonsai.shard ... ranks N)\n"
     "  --no-cuda-graphs      launch kernels one by one instead of replaying CUDA Graphs\n"
     "  --offload-timing      a plan with offloaded state: time its copies and the compute\n"
     "                        stream's waits for them, each step, into the metrics (times,\n"
@@ -227,6 +233,8 @@ struct Options {
   std::string backend;       ///< empty: cuda when a GPU is present, else cpu
   int device = 0;
   bool deviceGiven = false; ///< --device was given (else a rank takes its local rank's GPU)
+  /// --nproc: the ranks to start on this machine through mpirun (0: none, run here).
+  uint64_t nproc = 0;
   bool noCudaGraphs = false;
   bool offloadTiming = false;
   bool profile = false;
@@ -337,6 +345,8 @@ Options parseOptions(int argc, char **argv) {
         o.noShuffle = noValue();
       else if (flag == "--steps")
         o.steps = parseCount(flag, takeValue());
+      else if (flag == "--nproc")
+        o.nproc = parseCount(flag, takeValue());
       else if (flag == "--micro-batches")
         o.microBatches = parseCount(flag, takeValue());
       else if (flag == "--lr")
@@ -1400,6 +1410,57 @@ int run(const Options &o) {
 
 } // namespace
 
+/// --nproc N: replaces this process with `mpirun -np N` running this program with the same
+/// arguments but --nproc, so that one command starts every rank of a sharded plan on one
+/// machine (docs/sharding.md). Returns only by throwing.
+[[noreturn]] void startRanks(int argc, char **argv, uint64_t nproc) {
+  if (nproc < 1 || nproc > 4096)
+    throw UsageError{"--nproc must be between 1 and 4096"};
+  rt::LaunchInfo launch = rt::detectLaunch();
+  if (launch.size > 1)
+    throw rt::Error("--nproc starts the ranks itself, but this process is already rank " +
+                    std::to_string(launch.rank) + " of " + std::to_string(launch.size) +
+                    " started by " + launch.launcher + ": leave out --nproc");
+  std::vector<std::string> args = {"mpirun"};
+  // Open MPI refuses to run as root unless told; a container's user often is root.
+  if (::geteuid() == 0)
+    args.push_back("--allow-run-as-root");
+  // More ranks than cores are allowed (CPU ranks on a small machine), and no rank is bound to
+  // one core: each rank runs threads of its own (the CPU kernels, the host optimizer step).
+  for (const char *flag : {"--oversubscribe", "--bind-to", "none", "-np"})
+    args.push_back(flag);
+  args.push_back(std::to_string(nproc));
+  // This program's own path: /proc/self/exe would name mpirun once it runs.
+  char self[4096];
+  ssize_t length = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (length <= 0)
+    throw rt::Error(std::string("--nproc: cannot find this program's path (") +
+                    std::strerror(errno) + "); start the ranks with mpirun -np " +
+                    std::to_string(nproc) + " bonsai-run ...");
+  args.push_back(std::string(self, size_t(length)));
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--nproc") {
+      ++i; // its value
+      continue;
+    }
+    if (arg.rfind("--nproc=", 0) == 0)
+      continue;
+    args.push_back(arg);
+  }
+  std::vector<char *> pointers;
+  for (std::string &arg : args)
+    pointers.push_back(arg.data());
+  pointers.push_back(nullptr);
+  std::fflush(stdout);
+  ::execvp("mpirun", pointers.data());
+  throw rt::Error("--nproc " + std::to_string(nproc) + ": cannot start mpirun (" +
+                  std::strerror(errno) +
+                  "): it is Open MPI's launcher (scripts/install-deps.sh installs it); or start "
+                  "the ranks with your own launcher, mpirun -np " +
+                  std::to_string(nproc) + " bonsai-run ... or srun bonsai-run ...");
+}
+
 int main(int argc, char **argv) {
   try {
     Options options = parseOptions(argc, argv);
@@ -1408,6 +1469,8 @@ int main(int argc, char **argv) {
       std::fputs(kHelp, stdout);
       return 0;
     }
+    if (options.nproc > 0)
+      startRanks(argc, argv, options.nproc);
     return run(options);
   } catch (const UsageError &e) {
     std::fflush(stdout);
