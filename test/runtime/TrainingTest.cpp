@@ -1330,7 +1330,9 @@ TEST_F(ToolTest, DumpsOneMicroBatchOfGradients) {
   test::PlanSpec spec = test::trainingPlanSpec({2, 4, 16, 8, false, 4}, &t);
   std::string plan = writePlan(spec, "train.plan");
   std::string grads = dir + "/grads.safetensors";
-  ToolResult r = run({plan, "--seed", "6", "--dump-gradients", grads});
+  // The CPU backend, as the executor below: on a GPU machine bonsai-run would default to
+  // CUDA, whose GEMMs round differently from the CPU's.
+  ToolResult r = run({plan, "--seed", "6", "--dump-gradients", grads, "--backend", "cpu"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("gradients: 5 tensors of micro-batch 0 written to " + grads + "\n"),
             std::string::npos)

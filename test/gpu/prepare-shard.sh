@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# test/gpu/prepare-shard.sh - pack, on the build machine, what test/gpu/shard-one-rank.sh runs on
+# a GPU machine (docs/sharding.md, "On the H200"): the sm_90a bonsai-run and
+# bonsai-runtime-tests, their libraries, and plans compiled for the H200: the tiny Llama (f32)
+# and a 2-layer Llama-124M (bf16), each unsharded and with bonsai.shard zero1, zero2 and zero3
+# over one rank, and a tiny zero3 plan for two ranks (refused when run alone).
+#
+#   bash test/gpu/prepare-shard.sh        # -> .gpu-shard/ and .gpu-shard.tar.xz
+#   # on the GPU machine: tar -xJf .gpu-shard.tar.xz && bash .gpu-shard/run.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build="${BONSAI_BUILD_DIR:-build}"
+ninja -C "$build" bonsai-compile
+if [ ! -f build-sm90a/build.ninja ]; then
+  cmake -G Ninja -S runtime -B build-sm90a -DCMAKE_BUILD_TYPE=Release \
+    -DBONSAI_CUDA_ARCHS=90a-real > /dev/null
+fi
+ninja -C build-sm90a bonsai-run bonsai-runtime-tests
+D=.gpu-shard
+rm -rf "$D" && mkdir -p "$D/bin" "$D/lib" "$D/plans"
+for tool in bonsai-run bonsai-runtime-tests; do
+  strip -o "$D/bin/$tool" "build-sm90a/bin/$tool"
+done
+. bench/gpu_libs.sh
+copy_gpu_libs "$D/lib"
+cp test/gpu/shard-one-rank.sh "$D/run.sh"
+C="$build/bin/bonsai-compile"
+python3 scripts/gen_models.py --print llama_124m --set=layers=2 --set=seq=512 --set=batch=2 \
+  > "$D/plans/llama_124m_2l.mlir"
+for z in none zero1 zero2 zero3; do
+  shard=""
+  [ "$z" = none ] || shard="  bonsai.shard \"$z\" ranks 1\n"
+  printf "bonsai.recipe @r {\n${shard}  bonsai.optimizer \"adamw\" lr 1.000000e-03 {grad_clip = 1.000000e+00 : f64, weight_decay = 1.000000e-02 : f64}\n}\n" \
+    > "$D/plans/r_$z.mlir"
+  "$C" examples/models/tiny_llama.mlir "$D/plans/r_$z.mlir" --target=h200 \
+    -o "$D/plans/tiny_llama_$z.plan" > "$D/plans/tiny_llama_$z.txt" 2>&1
+  "$C" "$D/plans/llama_124m_2l.mlir" "$D/plans/r_$z.mlir" --target=h200 \
+    -o "$D/plans/llama_124m_2l_$z.plan" > "$D/plans/llama_124m_2l_$z.txt" 2>&1
+done
+printf 'bonsai.recipe @r {\n  bonsai.shard "zero3" ranks 2\n  bonsai.optimizer "adamw" lr 1.000000e-03\n}\n' \
+  > "$D/plans/r2.mlir"
+"$C" examples/models/tiny_llama.mlir "$D/plans/r2.mlir" --target=h200 \
+  -o "$D/plans/tiny_llama_zero3r2.plan" > /dev/null 2>&1
+tar -cJf "$D.tar.xz" "$D"
+echo "prepare-shard: $D.tar.xz ($(du -h "$D.tar.xz" | cut -f1))"

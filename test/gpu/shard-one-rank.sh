@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# test/gpu/shard-one-rank.sh (packed by test/gpu/prepare-shard.sh as .gpu-shard/run.sh), on the
+# GPU machine: sharded plans (bonsai.shard ... ranks 1) through the CUDA backend's
+# collective kinds (NCCL on one rank) against the unsharded plan, and the runtime's tests.
+set -uo pipefail
+cd "$(dirname "$0")"
+export LD_LIBRARY_PATH=$PWD/lib:${LD_LIBRARY_PATH:-}
+out=${OUT:-/tmp}
+B=bin/bonsai-run
+nvidia-smi -L
+echo "== runtime tests (collective kinds, NCCL, kernel table)"
+timeout 300 bin/bonsai-runtime-tests --gtest_filter='*Collective*:Nccl*:KernelTable*:*Shard*' 2>&1 | tail -15
+for m in tiny_llama llama_124m_2l; do
+  steps=30; [ $m = llama_124m_2l ] && steps=20
+  timeout 300 $B plans/${m}_none.plan --seed 3 --steps $steps --metrics $out/${m}_none.jsonl > $out/${m}_none.log 2>&1; echo "$m none rc=$?"
+  for z in zero1 zero2 zero3; do
+    timeout 300 $B plans/${m}_$z.plan --seed 3 --steps $steps --metrics $out/${m}_$z.jsonl > $out/${m}_$z.log 2>&1; echo "$m $z rc=$?"
+    python3 - "$out/${m}_none.jsonl" "$out/${m}_$z.jsonl" "$m $z" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+worst = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b)) if b else float("nan")
+same = all(x["loss"] == y["loss"] and x["grad_norm"] == y["grad_norm"] for x, y in zip(a, b))
+print("%s: %d/%d steps, last loss %s vs %s, max rel diff %.3g, %s, tok/s %s vs %s" % (sys.argv[3], len(b), len(a), b[-1]["loss"] if b else None, a[-1]["loss"], worst, "identical" if same else "differ", b[-1]["tokens_per_s"] if b else None, a[-1]["tokens_per_s"]))
+PY
+  done
+done
+echo "== under mpirun -np 1 (Open MPI's launcher, the MPI host communicator)"
+if command -v mpirun > /dev/null; then
+  timeout 120 mpirun --allow-run-as-root -np 1 $B plans/tiny_llama_zero3.plan --seed 3 --steps 30 --metrics $out/mpi_zero3.jsonl > $out/mpi.log 2>&1; echo "mpirun rc=$?"; tail -3 $out/mpi.log
+  python3 -c "
+import json;a=[json.loads(l) for l in open('$out/tiny_llama_none.jsonl')];b=[json.loads(l) for l in open('$out/mpi_zero3.jsonl')]
+print('mpirun zero3 vs none identical:', all(x['loss']==y['loss'] for x,y in zip(a,b)) and len(a)==len(b))"
+else echo "no mpirun"; fi
+echo "== a 2-rank plan run alone"
+timeout 60 $B plans/tiny_llama_zero3r2.plan --steps 1 2>&1 | tail -1
+tail -4 $out/llama_124m_2l_zero3.log
