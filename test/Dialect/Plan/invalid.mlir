@@ -143,46 +143,6 @@ bonsai_plan.step @s attributes {target = "cpu"} {
 
 // -----
 
-// Collective sizes follow the number of ranks.
-bonsai_plan.step @s attributes {target = "cpu"} {
-  bonsai_plan.arena @a step device size 256
-  %b = bonsai_plan.buffer @a activation "h" : memref<4xf32>
-  %c = bonsai_plan.buffer @a activation "c" : memref<8xf32>
-  // expected-error @+1 {{source of 16 bytes and target of 32 bytes do not fit 4 ranks}}
-  bonsai_plan.all_gather %b to %c ranks 4 stream 2 : memref<4xf32>, memref<8xf32>
-}
-
-// -----
-
-bonsai_plan.step @s attributes {target = "cpu"} {
-  bonsai_plan.arena @a step device size 256
-  %b = bonsai_plan.buffer @a activation "h" : memref<8xf32>
-  %c = bonsai_plan.buffer @a activation "c" : memref<8xf32>
-  // expected-error @+1 {{source of 32 bytes and target of 32 bytes do not fit 2 ranks}}
-  bonsai_plan.reduce_scatter %b to %c ranks 2 stream 2 : memref<8xf32>, memref<8xf32>
-}
-
-// -----
-
-bonsai_plan.step @s attributes {target = "cpu"} {
-  bonsai_plan.arena @a step device size 256
-  %b = bonsai_plan.buffer @a activation "h" : memref<8xf32>
-  %c = bonsai_plan.buffer @a activation "c" : memref<8xi32>
-  // expected-error @+1 {{element types differ: 'f32' and 'i32'}}
-  bonsai_plan.all_reduce %b to %c ranks 2 stream 2 : memref<8xf32>, memref<8xi32>
-}
-
-// -----
-
-bonsai_plan.step @s attributes {target = "cpu"} {
-  bonsai_plan.arena @a step device size 256
-  %b = bonsai_plan.buffer @a activation "h" : memref<8xf32>
-  // expected-error @+1 {{ranks must be at least 1, got 0}}
-  bonsai_plan.all_reduce %b to %b ranks 0 stream 2 : memref<8xf32>, memref<8xf32>
-}
-
-// -----
-
 // A step holds only plan ops.
 bonsai_plan.step @s attributes {target = "cpu"} {
   // expected-error @+1 {{is not a bonsai_plan op; a step holds only plan ops}}

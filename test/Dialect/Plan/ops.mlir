@@ -30,13 +30,6 @@ bonsai_plan.step @forward attributes {target = "sm_90", device_memory = 1048576 
   bonsai_plan.launch "rms_norm" ins(%v : memref<4x16xf32>) outs(%v : memref<4x16xf32>) {params = {epsilon = 1.0e-5 : f64}, stream = 1 : i64}
   // CHECK: bonsai_plan.copy %{{.*}} to %{{.*}} stream 1 : memref<8x16xf32>, memref<8x16xf32>
   bonsai_plan.copy %m to %g stream 1 : memref<8x16xf32>, memref<8x16xf32>
-  // CHECK: bonsai_plan.all_gather %{{.*}} to %{{.*}} ranks 4 stream 2 : memref<16xf32>, memref<64xf32>
-  %shard = bonsai_plan.buffer @acts workspace "shard" : memref<16xf32>
-  bonsai_plan.all_gather %shard to %s ranks 4 stream 2 : memref<16xf32>, memref<64xf32>
-  // CHECK: bonsai_plan.reduce_scatter %{{.*}} to %{{.*}} ranks 4 stream 2 : memref<64xf32>, memref<16xf32>
-  bonsai_plan.reduce_scatter %s to %shard ranks 4 stream 2 : memref<64xf32>, memref<16xf32>
-  // CHECK: bonsai_plan.all_reduce %{{.*}} to %{{.*}} ranks 2 stream 2 : memref<8x16xf32>, memref<8x16xf32>
-  bonsai_plan.all_reduce %g to %g ranks 2 stream 2 : memref<8x16xf32>, memref<8x16xf32>
   // CHECK: bonsai_plan.record_event 3 on stream 1
   bonsai_plan.record_event 3 on stream 1
   // CHECK: bonsai_plan.wait_event 3 on stream 0

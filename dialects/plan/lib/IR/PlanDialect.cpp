@@ -152,36 +152,5 @@ LogicalResult CopyOp::verify() {
   return success();
 }
 
-static LogicalResult verifyCollective(Operation *op, MemRefType source, MemRefType target,
-                                      int64_t ranks, int64_t sourceFactor,
-                                      int64_t targetFactor) {
-  if (ranks < 1)
-    return op->emitOpError() << "ranks must be at least 1, got " << ranks;
-  if (source.getElementType() != target.getElementType())
-    return op->emitOpError() << "element types differ: " << source.getElementType() << " and "
-                             << target.getElementType();
-  int64_t s = getMemRefBytes(source) * sourceFactor, t = getMemRefBytes(target) * targetFactor;
-  if (s != t)
-    return op->emitOpError() << "source of " << getMemRefBytes(source) << " bytes and target of "
-                             << getMemRefBytes(target) << " bytes do not fit " << ranks
-                             << " ranks";
-  return success();
-}
-
-LogicalResult AllGatherOp::verify() {
-  int64_t ranks = getRanksAttr().getInt();
-  return verifyCollective(*this, getSource().getType(), getTarget().getType(), ranks, ranks, 1);
-}
-
-LogicalResult ReduceScatterOp::verify() {
-  int64_t ranks = getRanksAttr().getInt();
-  return verifyCollective(*this, getSource().getType(), getTarget().getType(), ranks, 1, ranks);
-}
-
-LogicalResult AllReduceOp::verify() {
-  return verifyCollective(*this, getSource().getType(), getTarget().getType(),
-                          getRanksAttr().getInt(), 1, 1);
-}
-
 #define GET_OP_CLASSES
 #include "bonsai/Dialect/Plan/IR/PlanOps.cpp.inc"

@@ -1,7 +1,8 @@
 //===- PlanOps.td - The scheduled plan dialect ---------------*- tablegen -*-===//
 //
 // `bonsai_plan` is what the runtime executes, written as IR: arenas, buffers placed in them,
-// kernel launches in schedule order, copies, collectives, streams and events. Buffers are
+// kernel launches in schedule order (collectives among them: kernel kinds like any other,
+// docs/sharding.md), copies, streams and events. Buffers are
 // memrefs; a buffer's arena and offset are attributes the memory planner fills in, so the
 // peak memory of a step is known before anything runs.
 //
@@ -24,7 +25,7 @@ def Plan_Dialect : Dialect {
   let summary = "Scheduled training steps with a static memory plan";
   let description = [{
     A `bonsai_plan.step` holds the arenas of a compiled step and, in schedule order, the buffers
-    and the kernel launches, copies and collectives that read and write them. It maps one to
+    and the kernel launches (collectives included) and copies that read and write them. It maps one to
     one onto the flatbuffer plan the runtime loads (runtime/schema/plan.fbs).
   }];
 }
@@ -219,35 +220,6 @@ def Plan_CopyOp : Plan_Op<"copy"> {
     $source `to` $target `stream` $stream attr-dict `:` type($source) `,` type($target)
   }];
   let hasVerifier = 1;
-}
-
-class Plan_CollectiveOp<string mnemonic> : Plan_Op<mnemonic> {
-  let arguments = (ins AnyStaticShapeMemRef:$source, AnyStaticShapeMemRef:$target,
-                   I64Attr:$ranks, DefaultValuedAttr<I64Attr, "2">:$stream);
-  let assemblyFormat = [{
-    $source `to` $target `ranks` $ranks `stream` $stream attr-dict `:` type($source) `,`
-    type($target)
-  }];
-  let hasVerifier = 1;
-}
-
-def Plan_AllGatherOp : Plan_CollectiveOp<"all_gather"> {
-  let summary = "each rank's shard gathered into the full tensor on every rank";
-  let description = [{
-    `target` has `ranks` times the elements of `source` (FSDP: before a parameter is used).
-  }];
-}
-
-def Plan_ReduceScatterOp : Plan_CollectiveOp<"reduce_scatter"> {
-  let summary = "sum over ranks, each rank keeping its shard";
-  let description = [{
-    `source` has `ranks` times the elements of `target` (FSDP: gradients after backward).
-  }];
-}
-
-def Plan_AllReduceOp : Plan_CollectiveOp<"all_reduce"> {
-  let summary = "sum over ranks, every rank keeping the whole result";
-  let description = [{ `source` and `target` have the same type. }];
 }
 
 def Plan_RecordEventOp : Plan_Op<"record_event"> {
