@@ -20,6 +20,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallPtrSet.h"
+#include "llvm/ADT/StringSet.h"
 
 namespace mlir::bonsai {
 #define GEN_PASS_DEF_BONSAISHARDPASS
@@ -47,6 +48,8 @@ struct ShardTotals {
   int64_t gatheredPerStep = 0, scatteredPerStep = 0;
   /// Frozen NF4 parameters left whole on every rank (zero3).
   int64_t keptWhole = 0, keptWholeBytes = 0;
+  /// Trainable parameters whose update is not elementwise, kept whole on every rank.
+  int64_t replicated = 0;
 };
 
 struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
@@ -79,12 +82,6 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
   /// producing a step whose ranks drift apart.
   LogicalResult checkComposition(ModuleOp module, ShardDirectiveOp directive) {
     LogicalResult result = success();
-    module.walk([&](GaloreDirectiveOp op) {
-      op.emitError() << "bonsai.shard does not compose with bonsai.galore yet: GaLore's update "
-                        "projects whole matrices, while a sharded update sees one rank's flat "
-                        "share (docs/sharding.md)";
-      result = failure();
-    });
     module.walk([&](FP8DirectiveOp op) {
       op.emitError() << "bonsai.shard does not compose with bonsai.fp8 yet: each rank's delayed "
                         "scales would follow its own amax history (docs/sharding.md)";
@@ -188,7 +185,7 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
     OpBuilder builder(ctx);
     StringAttr updatePhase = builder.getStringAttr("update");
     ShardTotals totals;
-    llvm::SmallPtrSet<Operation *, 32> updatedParams;
+    llvm::SmallPtrSet<Operation *, 32> updatedParams, handledGradients;
     for (Operation *update : updates) {
       SmallVector<Value> tensors = cast<MultiTensorUpdateOpInterface>(update).getTensorOperands();
       auto param = tensors[1].getDefiningOp<ParamOp>();
@@ -285,13 +282,50 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
         return failure();
       }
       updatedParams.insert(param);
+      handledGradients.insert(gradient);
+    }
+
+    // Updates that are not elementwise (GaLore's projects whole matrices) keep their parameter
+    // and state whole on every rank, as plain data parallelism does: the accumulator is
+    // reduce-scattered for the norm, which then counts each element once, and gathered back
+    // whole for the update, which every rank then computes alike.
+    llvm::StringSet<> wholeParams;
+    for (auto gradient : body.getOps<StateOp>()) {
+      if (gradient.getKind() != StateKind::Gradient || handledGradients.contains(gradient))
+        continue;
+      auto type = cast<RankedTensorType>(gradient.getResult().getType());
+      int64_t numel = getNumElements(type);
+      if (numel % ranks != 0)
+        return gradient.emitError()
+               << "bonsai.shard over " << ranks << " ranks: the gradient of '" << gradient.getName()
+               << "' has " << numel << " elements, which do not split evenly over " << ranks
+               << " ranks";
+      builder.setInsertionPoint(norm);
+      auto reduced = ReduceScatterOp::create(
+          builder, gradient.getLoc(),
+          ShardingAttr::get(ctx, ranks, type.getShape()).getShardType(type.getElementType()),
+          gradient.getResult(), ranks);
+      reduced->setAttr("bonsai.phase", updatePhase);
+      auto whole =
+          AllGatherOp::create(builder, gradient.getLoc(), type, reduced.getResult(), ranks);
+      whole->setAttr("bonsai.phase", updatePhase);
+      for (OpOperand &use : llvm::make_early_inc_range(gradient.getResult().getUses())) {
+        Operation *user = use.getOwner();
+        if (user == reduced.getOperation() || isa<ZeroOp>(user) || phaseOf(user) != "update")
+          continue;
+        use.set(user == norm.getOperation() ? reduced.getResult() : whole.getResult());
+      }
+      wholeParams.insert(gradient.getName());
+      totals.scatteredPerStep += getStorageBytes(type);
+      totals.gatheredPerStep += getStorageBytes(type);
+      ++totals.replicated;
     }
 
     // Zero3 shards the frozen parameters too; NF4 storage (packed codes with their block
     // constants) stays whole.
     if (stage == Stage::Zero3)
       for (auto param : llvm::make_early_inc_range(body.getOps<ParamOp>())) {
-        if (updatedParams.contains(param))
+        if (updatedParams.contains(param) || wholeParams.contains(param.getName()))
           continue;
         auto type = cast<RankedTensorType>(param.getResult().getType());
         if (isa<NF4Type>(type.getElementType()) || getNumElements(type) % ranks != 0) {
@@ -329,6 +363,10 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
     if (t.keptWhole)
       remark << ", " << t.keptWhole << " frozen parameters (" << formatBytes(t.keptWholeBytes)
              << ") kept whole on every rank";
+    if (t.replicated)
+      remark << ", " << t.replicated
+             << (t.replicated == 1 ? " trainable parameter" : " trainable parameters")
+             << " kept whole on every rank (not elementwise updates; gradients reduced whole)";
     auto traffic = [&](StringRef when, int64_t gathered, int64_t scattered) {
       if (!gathered && !scattered)
         return;

@@ -33,21 +33,3 @@ bonsai.recipe @r {
   // expected-error @+1 {{bonsai.shard does not compose with update_in_backward yet: the sharded update runs after every rank's gradients are reduced}}
   bonsai.optimizer "adamw" lr 1.0e-3 {update_in_backward = true}
 }
-
-// -----
-
-// GaLore projects whole matrices.
-func.func @galore(%ids: tensor<1x4xi32>, %labels: tensor<1x4xi32>) -> tensor<f32> {
-  %emb = bonsai.param "e" frozen : tensor<16x8xf32>
-  %h = bonsai.embedding %emb, %ids : (tensor<16x8xf32>, tensor<1x4xi32>) -> tensor<1x4x8xf32>
-  %w = bonsai.param "w" trainable : tensor<16x8xf32>
-  %logits = bonsai.linear %h, %w : (tensor<1x4x8xf32>, tensor<16x8xf32>) -> tensor<1x4x16xf32>
-  %loss = bonsai.cross_entropy %logits, %labels : (tensor<1x4x16xf32>, tensor<1x4xi32>) -> tensor<f32>
-  return %loss : tensor<f32>
-}
-bonsai.recipe @r {
-  bonsai.shard "zero1" ranks 2
-  bonsai.optimizer "adamw" lr 1.0e-3 {}
-  // expected-error @+1 {{bonsai.shard does not compose with bonsai.galore yet: GaLore's update projects whole matrices, while a sharded update sees one rank's flat share (docs/sharding.md)}}
-  bonsai.galore rank 4 update_proj_gap 10 scale 0.25 projector "svd" targets ["w"]
-}

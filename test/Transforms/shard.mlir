@@ -1,4 +1,4 @@
-// RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer --bonsai-shard %s -split-input-file -verify-diagnostics | FileCheck %s
+// RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer --bonsai-galore --bonsai-shard %s -split-input-file -verify-diagnostics | FileCheck %s
 
 // zero1: the optimizer state and the fp32 master are one rank's flat shares; in the update
 // phase each whole gradient accumulator is reduce-scattered (before the norm, which then reads
@@ -136,4 +136,37 @@ bonsai.recipe @r {
   // expected-remark @+1 {{shard: zero3 over 1 rank: 3 tensors of 'one_rank' sharded (576 B per rank instead of 576 B); per micro-batch: all-gather 1.06 KiB, reduce-scatter 32 B (whole tensors; each rank sends and receives 0/1 of them)}}
   bonsai.shard "zero3" ranks 1
   bonsai.optimizer "sgd" lr 1.0e-2 {}
+}
+
+// -----
+
+// GaLore's update projects whole matrices, so its weight stays whole on every rank (under
+// zero3 too): its accumulator is reduce-scattered for the norm and gathered back whole for the
+// refresh and the projection; the other parameters are sharded as usual.
+
+// CHECK-LABEL: func.func @galore
+// CHECK: %[[W:.*]] = bonsai.param "w" trainable : tensor<16x8xf32>
+// CHECK: %[[G:.*]] = bonsai.state gradient "w" {bonsai.phase = "backward"} : tensor<16x8xf32>
+// CHECK: %[[R:.*]] = bonsai.reduce_scatter %[[G]] {bonsai.phase = "update", ranks = 2 : i64} : (tensor<16x8xf32>) -> tensor<64xf32>
+// CHECK-NEXT: %[[WHOLE:.*]] = bonsai.all_gather %[[R]] {bonsai.phase = "update", ranks = 2 : i64} : (tensor<64xf32>) -> tensor<16x8xf32>
+// CHECK-NEXT: bonsai.grad_norm %[[R]], %{{.*}} {bonsai.phase = "update"}
+// CHECK: bonsai.galore_refresh %[[WHOLE]],
+// CHECK: bonsai.galore_project %[[WHOLE]],
+// CHECK: bonsai.galore_adamw_update {{.*}}, %[[W]],
+// CHECK: bonsai.zero %[[G]]
+func.func @galore(%ids: tensor<1x4xi32>, %labels: tensor<1x4xi32>) -> tensor<f32> {
+  %emb = bonsai.param "e" trainable : tensor<16x8xf32>
+  %h = bonsai.embedding %emb, %ids : (tensor<16x8xf32>, tensor<1x4xi32>) -> tensor<1x4x8xf32>
+  // expected-remark @+1 {{GaLore on 'w' (16x8, projected on the right, offset 0)}}
+  %w = bonsai.param "w" trainable : tensor<16x8xf32>
+  %logits = bonsai.linear %h, %w : (tensor<1x4x8xf32>, tensor<16x8xf32>) -> tensor<1x4x16xf32>
+  %loss = bonsai.cross_entropy %logits, %labels : (tensor<1x4x16xf32>, tensor<1x4xi32>) -> tensor<f32>
+  return %loss : tensor<f32>
+}
+bonsai.recipe @r {
+  // expected-remark @+1 {{shard: zero3 over 2 ranks: 4 tensors of 'galore' sharded (1.00 KiB per rank instead of 2.00 KiB), 1 trainable parameter kept whole on every rank (not elementwise updates; gradients reduced whole); per micro-batch: all-gather 512 B, reduce-scatter 512 B; per step: all-gather 512 B, reduce-scatter 512 B}}
+  bonsai.shard "zero3" ranks 2
+  bonsai.optimizer "adamw" lr 1.0e-3 {}
+  // expected-remark @+1 {{GaLore (rank 4, svd projector refreshed every 10 steps, staggered): 1 weight}}
+  bonsai.galore rank 4 update_proj_gap 10 scale 0.25 projector "svd" targets ["w"]
 }

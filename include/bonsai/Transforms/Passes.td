@@ -667,14 +667,17 @@ def BonsaiShardPass : Pass<"bonsai-shard", "::mlir::ModuleOp"> {
       pass; the gathered tensors live until their last use. Frozen parameters are sharded and
       gathered alike, except NF4 storage, which stays whole on every rank (a remark counts it).
 
-    The gradient norm (for clipping and the metrics) is each rank's norm of its shares
-    combined over the ranks (`bonsai.all_reduce` "l2"). Every created op gets the phase of
+    An update that is not elementwise (GaLore's, which projects whole matrices) keeps its
+    parameter and state whole on every rank, as plain data parallelism does: its accumulator
+    is reduce-scattered in the update phase and gathered back whole for it. The gradient norm
+    (for clipping and the metrics) is each rank's norm of its shares combined over the ranks
+    (`bonsai.all_reduce` "l2"). Every created op gets the phase of
     where it runs. The function gets `bonsai.ranks` and `bonsai.shard_strategy`, which the
     lowering puts on the plan.
 
     Errors name the cause: a parameter whose element count N does not divide, an update this
     pass cannot shard, a recipe that combines sharding with what it does not compose with yet
-    (GaLore, FP8, updates in the backward pass).
+    (FP8, updates in the backward pass).
   }];
   let statistics = [
     Statistic<"numSharded", "sharded", "Tensors sharded">,
