@@ -115,6 +115,27 @@ if os.path.exists(plan):
     print("nproc: bonsai-run --nproc 2: %d steps, %s" % (
         len(by_nproc), "the losses of mpirun -np 2" if same else "losses differ FAILED"))
 
+# Rank 1 started with another plan than rank 0's: every rank stops before training, naming both
+# plans' hashes.
+if os.path.exists(plan):
+    other = os.path.join(out, "tiny_llama.adamw.zero2.2.plan")
+    chooser = os.path.join(out, "plan-by-rank.sh")
+    with open(chooser, "w") as f:
+        f.write('#!/bin/sh\nplan="$1"; shift\n'
+                'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then plan="$OTHER_PLAN"; fi\n'
+                'exec "$@" "$plan"\n')
+    os.chmod(chooser, 0o755)
+    result = subprocess.run(MPIRUN + ["-x", "OTHER_PLAN", "-np", "2", chooser, plan, run_tool],
+                            capture_output=True, text=True, timeout=TIMEOUT,
+                            env=dict(os.environ, OTHER_PLAN=other))
+    ranks = sorted(l.split(": ")[2] for l in result.stderr.splitlines()
+                   if "differs between the ranks" in l)
+    ok = result.returncode != 0 and ranks == ["rank 0 of 2", "rank 1 of 2"]
+    failed = failed or not ok
+    print("mismatch: exit %s%s" % ("non-zero" if result.returncode else "0",
+                                   "" if ok else " FAILED\n" + result.stderr))
+    print("mismatch: errors on " + ", ".join(ranks))
+
 # A rank killed (SIGKILL) during training: mpirun ends the job, non-zero, long before its steps
 # would; under --enable-recovery, which lets the survivor run on, the survivor ends at the
 # collective deadline with an error naming the rank and the step.
