@@ -337,33 +337,8 @@ void Checkpoint::read(const SafetensorsEntry &entry, const TensorView &dst) cons
                 formatShape(dst.shape));
   if (!entry.runtimeDType)
     throw Error(what + ": dtype " + entry.dtype + " is not supported by the runtime");
-  DType src = *entry.runtimeDType;
-  bool same = src == dst.dtype;
-  if (!same && !(isFloatStorage(src) && isFloatStorage(dst.dtype)))
-    throw Error(what + ": cannot convert " + entry.dtype + " to " + dtypeName(dst.dtype));
-
-  std::ifstream in(entry.file, std::ios::binary);
-  if (!in)
-    throw Error(what + ": cannot open the file");
-  std::vector<char> staging;
-  char *target = static_cast<char *>(dst.data);
-  if (!same) {
-    staging.resize(size_t(entry.bytes));
-    target = staging.data();
-  }
-  in.seekg(std::streamoff(entry.offset));
-  if (entry.bytes > 0 && !in.read(target, std::streamsize(entry.bytes)))
-    throw Error(what + ": cannot read " + std::to_string(entry.bytes) + " bytes at offset " +
-                std::to_string(entry.offset) + " (was the file truncated?)");
-  if (!same) {
-    TensorView srcView;
-    srcView.data = staging.data();
-    srcView.dtype = src;
-    srcView.shape = entry.shape;
-    std::vector<float> values(size_t(entry.numel));
-    loadF32(srcView, values.data());
-    storeF32(values.data(), dst);
-  }
+  // The whole tensor is the slice of all its elements.
+  readSlice(entry, 0, dst);
 }
 
 void Checkpoint::readSlice(const SafetensorsEntry &entry, int64_t first,
