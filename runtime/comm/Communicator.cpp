@@ -18,8 +18,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <sstream>
+#include <vector>
 
 namespace bonsai::rt {
 
@@ -102,6 +104,35 @@ void Communicator::broadcast(void *buffer, size_t count, DType dtype, int root,
 }
 
 void Communicator::barrier(const std::string &context) { doBarrier(context); }
+
+void onAllRanks(Communicator &comm, const std::string &context, const std::function<void()> &work) {
+  if (comm.size() == 1) {
+    work();
+    return;
+  }
+  std::exception_ptr failure;
+  std::string message;
+  try {
+    work();
+  } catch (const std::exception &e) {
+    failure = std::current_exception();
+    message = e.what();
+  }
+  // One fixed-size record per rank: a failed flag, then the message (cut, NUL-terminated).
+  constexpr size_t kRecord = 4096;
+  std::vector<char> mine(kRecord, '\0'), all(kRecord * size_t(comm.size()));
+  mine[0] = failure ? 1 : 0;
+  std::memcpy(&mine[1], message.data(), std::min(message.size(), kRecord - 2));
+  comm.allGather(mine.data(), all.data(), kRecord / 4, DType::I32, context);
+  if (failure)
+    std::rethrow_exception(failure);
+  for (int r = 0; r < comm.size(); ++r) {
+    const char *record = &all[size_t(r) * kRecord];
+    if (record[0])
+      throw Error("stopped because rank " + std::to_string(r) +
+                  " failed: " + std::string(record + 1));
+  }
+}
 
 //===----------------------------------------------------------------------===//
 // One rank

@@ -161,6 +161,16 @@ private:
   double timeoutSeconds_;
 };
 
+/// Runs `work` on every rank of `comm`, then makes its outcome the same on all of them: when
+/// `work` threw rt::Error on any rank, every rank throws. A rank whose own `work` failed throws
+/// its own error; the others throw "stopped because rank R failed: <its error>" for the lowest
+/// failing rank R.
+/// What one rank alone can find wrong (a file it reads, a disk it writes) thus stops every rank
+/// at once, instead of leaving the others at their next collective until its deadline. `work`
+/// must not call collectives of `comm` (a rank that failed before them would not arrive).
+/// Messages longer than 4000 bytes are cut. `context` names the exchange in a missed deadline.
+void onAllRanks(Communicator &comm, const std::string &context, const std::function<void()> &work);
+
 /// True when this program has the MPI communicator (it links bonsai_comm_mpi, not bonsai_comm).
 bool mpiAvailable();
 
