@@ -12,6 +12,7 @@
 
 #include "bonsai/runtime/Export.h"
 
+#include "bonsai/runtime/Communicator.h"
 #include "bonsai/runtime/Executor.h"
 #include "bonsai/runtime/Json.h"
 #include "bonsai/runtime/Nf4.h"
@@ -248,12 +249,45 @@ std::string peftAdapterConfig(const LoadedPlan &plan, const std::string &baseMod
   return json;
 }
 
+WholeParameters::WholeParameters(const Executor &executor, bool adaptersOnly)
+    : plan(executor.plan()), views(executor.views()) {
+  std::set<uint32_t> adapterTensors;
+  for (const AdapterInfo &a : plan.adapters) {
+    adapterTensors.insert(a.loraA);
+    adapterTensors.insert(a.loraB);
+    if (a.magnitude)
+      adapterTensors.insert(*a.magnitude);
+  }
+  Communicator &comm = executor.communicator();
+  for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
+    TensorInfo &t = plan.tensors[i];
+    if (t.role != TensorRole::Parameter || !t.sharded() ||
+        (adaptersOnly && !adapterTensors.count(i)))
+      continue;
+    // Shards are contiguous flat slices in rank order: the gather is the whole tensor.
+    storage_.emplace_back(size_t(t.bytes) * t.shardRanks);
+    comm.allGather(views[i].data, storage_.back().data(), size_t(t.numel), t.dtype,
+                   "export, all-gather of " + t.name);
+    t.numel *= t.shardRanks;
+    t.bytes *= t.shardRanks;
+    t.shape = t.fullShape;
+    t.shardRanks = 0;
+    t.fullShape.clear();
+    views[i].data = storage_.back().data();
+    views[i].shape = t.shape;
+  }
+}
+
 ExportSummary exportPeftAdapter(const std::string &dir, const Executor &executor,
                                 const std::string &baseModel) {
-  const LoadedPlan &plan = executor.plan();
+  return exportPeftAdapter(dir, executor.plan(), executor.views(), baseModel);
+}
+
+ExportSummary exportPeftAdapter(const std::string &dir, const LoadedPlan &plan,
+                                const std::vector<TensorView> &views,
+                                const std::string &baseModel) {
   std::string config = peftAdapterConfig(plan, baseModel);
   checkExportDestination(dir, "adapter directory", /*directory=*/true);
-  const std::vector<TensorView> &views = executor.views();
   std::vector<SafetensorsTensor> tensors;
   for (const AdapterInfo &a : plan.adapters) {
     std::string prefix = "base_model.model." + a.module;
@@ -343,9 +377,9 @@ struct MergedTensor {
 /// tensor; an adapted one merged in the base's dtype (the adapter's when the base is NF4); an
 /// NF4 one in its Dequantize kernel's dtype. With `source`, a float tensor takes the float
 /// dtype it has there.
-std::vector<MergedTensor> mergedTensors(const LoadedPlan &plan, const Executor &executor,
+std::vector<MergedTensor> mergedTensors(const LoadedPlan &plan,
+                                        const std::vector<TensorView> &views,
                                         const Checkpoint *source, size_t *merged) {
-  const std::vector<TensorView> &views = executor.views();
   std::map<uint32_t, const AdapterInfo *> adapterOfBase;
   std::set<uint32_t> adapterTensors;
   for (const AdapterInfo &a : plan.adapters) {
@@ -397,10 +431,9 @@ std::vector<MergedTensor> mergedTensors(const LoadedPlan &plan, const Executor &
   return out;
 }
 
-/// `m`'s data: the executor's bytes as they are, or converted into `storage`.
-const void *materialize(const MergedTensor &m, const Executor &executor,
+/// `m`'s data: the parameter's bytes as they are, or converted into `storage`.
+const void *materialize(const MergedTensor &m, const std::vector<TensorView> &views,
                         std::deque<std::vector<uint8_t>> &storage) {
-  const std::vector<TensorView> &views = executor.views();
   const TensorView &view = views[m.tensor];
   if (!m.convert)
     return view.data;
@@ -444,14 +477,18 @@ int64_t countLayers(const LoadedPlan &plan, const std::string &prefix) {
 } // namespace
 
 ExportSummary exportMergedWeights(const std::string &path, const Executor &executor) {
-  const LoadedPlan &plan = executor.plan();
+  return exportMergedWeights(path, executor.plan(), executor.views());
+}
+
+ExportSummary exportMergedWeights(const std::string &path, const LoadedPlan &plan,
+                                  const std::vector<TensorView> &views) {
   checkExportDestination(path, "merged weights file", /*directory=*/false);
   ExportSummary summary;
-  std::vector<MergedTensor> planned = mergedTensors(plan, executor, nullptr, &summary.merged);
+  std::vector<MergedTensor> planned = mergedTensors(plan, views, nullptr, &summary.merged);
   std::deque<std::vector<uint8_t>> storage; // converted data, alive until the write
   std::vector<SafetensorsTensor> tensors;
   for (const MergedTensor &m : planned)
-    tensors.push_back({m.name, m.dtype, m.shape, materialize(m, executor, storage)});
+    tensors.push_back({m.name, m.dtype, m.shape, materialize(m, views, storage)});
   writeSafetensors(path, tensors, {{"format", "pt"}});
   summary.tensors = tensors.size();
   return summary;
@@ -569,13 +606,17 @@ std::string hfConfigFromPlan(const LoadedPlan &plan, DType dtype) {
 
 HfExportSummary exportHfModel(const std::string &dir, const Executor &executor,
                               const HfExportOptions &options) {
-  const LoadedPlan &plan = executor.plan();
+  return exportHfModel(dir, executor.plan(), executor.views(), options);
+}
+
+HfExportSummary exportHfModel(const std::string &dir, const LoadedPlan &plan,
+                              const std::vector<TensorView> &views,
+                              const HfExportOptions &options) {
   checkExportDestination(dir, "--export-merged", /*directory=*/true);
   if (options.maxShardBytes == 0)
     throw Error("--shard-size must be positive");
   HfExportSummary summary;
-  std::vector<MergedTensor> planned =
-      mergedTensors(plan, executor, options.source, &summary.merged);
+  std::vector<MergedTensor> planned = mergedTensors(plan, views, options.source, &summary.merged);
 
   // config.json first: a plan whose config cannot be written fails before any weight is.
   std::string config;
@@ -625,7 +666,7 @@ HfExportSummary exportHfModel(const std::string &dir, const Executor &executor,
       std::vector<SafetensorsTensor> tensors;
       for (size_t i : shards[s]) {
         const MergedTensor &m = planned[i];
-        tensors.push_back({m.name, m.dtype, m.shape, materialize(m, executor, storage)});
+        tensors.push_back({m.name, m.dtype, m.shape, materialize(m, views, storage)});
         weightMap[m.name] = name;
       }
       writeSafetensors(join(out, name), tensors, {{"format", "pt"}});

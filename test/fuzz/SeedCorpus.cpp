@@ -125,6 +125,20 @@ void writeManifestSeed(const std::string &dir, const std::string &scratch) {
   executor.initWeights(3);
   std::string saved = saveCheckpoint(scratch, executor, TrainingPosition{3, 6, 3});
   copyFile(saved + "/" + kCheckpointManifestFile, dir + "/manifest.json");
+  // A sharded adapter checkpoint's manifest (format version 3): what a run of several ranks
+  // writes, with the members a single-rank run does not.
+  CheckpointManifest sharded = verifyCheckpoint(saved);
+  sharded.formatVersion = kShardedCheckpointFormatVersion;
+  sharded.ranks = 2;
+  sharded.shardedTensors = {{"layers.0.w", {4, 8}}, {"layers.0.w.exp_avg", {4, 8}}};
+  sharded.baseSha256 = std::string(64, 'a');
+  sharded.baseTensors = 3;
+  sharded.baseBytes = 96;
+  sharded.files.clear();
+  for (uint32_t r = 0; r < 2; ++r)
+    for (const char *file : {kCheckpointModelFile, kCheckpointOptimizerFile})
+      sharded.files.push_back({checkpointRankFile(file, r, 2), 64, std::string(64, 'b')});
+  std::ofstream(dir + "/manifest-sharded.json") << renderCheckpointManifest(sharded);
 }
 
 } // namespace

@@ -32,6 +32,27 @@ if command -v mpirun > /dev/null; then
 import json;a=[json.loads(l) for l in open('$out/tiny_llama_none.jsonl')];b=[json.loads(l) for l in open('$out/mpi_zero3.jsonl')]
 print('mpirun zero3 vs none identical:', all(x['loss']==y['loss'] for x,y in zip(a,b)) and len(a)==len(b))"
 else echo "no mpirun"; fi
+echo "== checkpoints and exports of a plan sharded over one rank (CUDA)"
+ck=$out/ck-zero3; rm -rf $ck $out/exp-*; mkdir -p $out/exp-zero3 $out/exp-none
+timeout 300 $B plans/tiny_llama_zero3.plan --seed 3 --steps 20 --save-every 10 --ckpt-dir $ck \
+  --metrics $out/ck_full.jsonl > $out/ck_full.log 2>&1; echo "save rc=$?"
+for p in zero3 none; do
+  timeout 300 $B plans/tiny_llama_$p.plan --resume $ck/step-00000010 --steps 10 \
+    --export-merged $out/exp-$p/merged.safetensors --metrics $out/ck_$p.jsonl > $out/ck_$p.log 2>&1
+  echo "resume on $p rc=$?"
+done
+python3 - "$out" <<'PY'
+import filecmp, json, sys
+out = sys.argv[1]
+full = [json.loads(l)["loss"] for l in open(out + "/ck_full.jsonl")][10:]
+for p in ["zero3", "none"]:
+    got = [json.loads(l)["loss"] for l in open(out + "/ck_%s.jsonl" % p)]
+    print("resumed on %s: %d steps, %s" % (p, len(got), "the uninterrupted losses" if got == full
+                                           else "losses differ"))
+same = filecmp.cmp(out + "/exp-zero3/merged.safetensors", out + "/exp-none/merged.safetensors",
+                   shallow=False)
+print("export of the sharded plan: %s" % ("the unsharded plan's bytes" if same else "differs"))
+PY
 echo "== a 2-rank plan run alone"
 timeout 60 $B plans/tiny_llama_zero3r2.plan --steps 1 2>&1 | tail -1
 tail -4 $out/llama_124m_2l_zero3.log

@@ -216,6 +216,67 @@ TEST_F(CheckpointTest, SpikeWindowsComeBackBitForBit) {
   }
 }
 
+// The manifest of a sharded checkpoint (version 3, written by several ranks) reads back as
+// written, and each malformed member of its own is named.
+TEST(CheckpointManifestTest, ShardedManifestRoundTripsAndNamesItsFaults) {
+  CheckpointManifest m;
+  m.formatVersion = kShardedCheckpointFormatVersion;
+  m.model = "tiny";
+  m.position = {10, 40, 7};
+  m.ranks = 4;
+  m.shardedTensors = {{"a.weight", {8, 4}}, {"a.weight.exp_avg", {8, 4}}};
+  for (uint32_t r = 0; r < 4; ++r)
+    for (const char *file : {kCheckpointModelFile, kCheckpointOptimizerFile})
+      m.files.push_back({checkpointRankFile(file, r, 4), 100 + r, std::string(64, 'c')});
+  EXPECT_EQ(checkpointRankFile(kCheckpointModelFile, 1, 4),
+            "model.rank-00001-of-00004.safetensors");
+  std::string text = renderCheckpointManifest(m);
+  CheckpointManifest back = parseCheckpointManifest(text, "checkpoint 'x'", "x/manifest.json");
+  EXPECT_EQ(back.ranks, 4u);
+  EXPECT_EQ(back.shardedTensors, m.shardedTensors);
+  EXPECT_EQ(back.files.size(), 8u);
+  EXPECT_TRUE(back.baseSha256.empty());
+  // An adapter checkpoint of several ranks: version 3 with the base's identity.
+  m.baseSha256 = std::string(64, 'd');
+  m.baseTensors = 2;
+  m.baseBytes = 64;
+  EXPECT_EQ(parseCheckpointManifest(renderCheckpointManifest(m), "c", "p").baseSha256,
+            m.baseSha256);
+
+  auto expectError = [](const CheckpointManifest &bad, const std::string &message) {
+    try {
+      parseCheckpointManifest(renderCheckpointManifest(bad), "checkpoint 'x'", "x/manifest.json");
+      ADD_FAILURE() << "accepted a manifest that should fail with: " << message;
+    } catch (const Error &error) {
+      EXPECT_NE(std::string(error.what()).find(message), std::string::npos) << error.what();
+    }
+  };
+  CheckpointManifest bad = m;
+  bad.ranks = 1;
+  expectError(bad, "\"ranks\" is 1, expected 2 to 99999");
+  bad = m;
+  bad.shardedTensors[0].second = {3, 5};
+  expectError(bad, "\"sharded_tensors\" \"a.weight\" is not a shape of positive dimensions "
+                   "whose element count the 4 ranks divide");
+  bad = m;
+  std::swap(bad.shardedTensors[0], bad.shardedTensors[1]);
+  expectError(bad, "\"sharded_tensors\" is not sorted by name");
+  bad = m;
+  bad.files.pop_back();
+  expectError(bad, "does not list 'optimizer.rank-00003-of-00004.safetensors'");
+  // A single-rank version has no "ranks".
+  std::string v1 = renderCheckpointManifest(CheckpointManifest{});
+  v1.insert(v1.find("\"model\""), "\"ranks\": 2,\n  ");
+  try {
+    parseCheckpointManifest(v1, "checkpoint 'x'", "x/manifest.json");
+    ADD_FAILURE() << "accepted \"ranks\" in version 1";
+  } catch (const Error &error) {
+    EXPECT_NE(std::string(error.what()).find("has \"ranks\" but format version 1"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
 TEST_F(CheckpointTest, ASecondSaveLeavesTheFirstUntouched) {
   Executor e(plan);
   e.initWeights(3);

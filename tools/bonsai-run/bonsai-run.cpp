@@ -842,20 +842,16 @@ int run(const Options &o) {
                                      : std::string()) +
                     ": start it as " + planRanks + " processes, mpirun -np " + planRanks +
                     " bonsai-run ...");
-  // Sharded checkpoints and exports need every rank's shards in one place: not built yet.
+  // What a run of several ranks cannot do yet (docs/sharding.md, "Not yet").
   if (plan.ranks > 1) {
-    const char *flag = o.resume                   ? "--resume"
-                       : o.saveEvery > 0          ? "--save-every"
-                       : !o.exportAdapter.empty() ? "--export-adapter"
-                       : !o.exportMerged.empty()  ? "--export-merged"
-                       : !o.dumpGradients.empty() ? "--dump-gradients"
-                       : o.generate               ? "--generate"
-                       : o.findNonFinite          ? "--find-nonfinite"
-                                                  : nullptr;
+    const char *flag = !o.dumpGradients.empty() ? "--dump-gradients"
+                       : o.generate             ? "--generate"
+                       : o.findNonFinite        ? "--find-nonfinite"
+                                                : nullptr;
     if (flag)
       throw rt::Error(std::string(flag) + ": plan '" + o.plan + "' is sharded over " + planRanks +
-                      " ranks, and sharded checkpoints are not built yet, nor are exports, "
-                      "generation and the non-finite search of several ranks (docs/sharding.md)");
+                      " ranks, and generation, gradient dumps and the non-finite search of "
+                      "several ranks are not built yet (docs/sharding.md)");
   }
   // The communicator: one rank, or MPI ranks (every rank starts it here, at once).
   std::unique_ptr<rt::Communicator> communicator = rt::makeCommunicator();
@@ -946,7 +942,8 @@ int run(const Options &o) {
   std::optional<rt::BaseIdentity> base;
   if (o.resume) {
     std::string dir = rt::resolveCheckpoint(o.resumePath.empty() ? o.ckptDir : o.resumePath);
-    rt::CheckpointManifest verified = rt::verifyCheckpoint(dir);
+    // The manifest alone: loadCheckpoint verifies the files this rank reads.
+    rt::CheckpointManifest verified = rt::readCheckpointManifest(dir);
     if (o.seed && *o.seed != verified.position.seed)
       throw rt::Error("--seed " + std::to_string(*o.seed) + " differs from the seed " +
                       std::to_string(verified.position.seed) + " of checkpoint '" + dir +
@@ -1101,7 +1098,7 @@ int run(const Options &o) {
     progress.note("checkpoint: step " + std::to_string(position.step) + " saved to " + savedDir);
     // Only now, with the new checkpoint durable and named by `latest`, may older ones go
     // (the one this run resumed from among them).
-    if (o.keepLast)
+    if (o.keepLast && gRank == 0)
       for (const std::string &old : rt::pruneCheckpoints(o.ckptDir, *o.keepLast))
         progress.note("checkpoint: removed " + old + " (--keep-last " +
                       std::to_string(*o.keepLast) + ")");
@@ -1238,6 +1235,17 @@ int run(const Options &o) {
       }
       if (o.saveEvery > 0 && position.step % o.saveEvery == 0)
         save();
+      if (gRanks > 1) {
+        // A signal reaches the ranks at different moments (or only one of them): they agree
+        // after each step, so that all stop after the same one and save it together.
+        std::vector<int32_t> signals(size_t(gRanks), 0);
+        int32_t mine = int32_t(gStopSignal);
+        communicator->allGather(&mine, signals.data(), 1, rt::DType::I32,
+                                "step " + std::to_string(position.step) + ", stop signals");
+        for (int32_t signal : signals)
+          if (signal != 0 && gStopSignal == 0)
+            gStopSignal = signal;
+      }
     }
   } catch (...) {
     progress.finish(); // an error line starts on a line of its own
@@ -1275,40 +1283,55 @@ int run(const Options &o) {
     std::fflush(stdout);
   }
 
-  // Exports read the trained parameters; nothing after this point changes them.
-  if (!o.exportAdapter.empty()) {
-    rt::ExportSummary written =
-        rt::exportPeftAdapter(o.exportAdapter, executor, o.baseModel.value_or(""));
-    const rt::AdapterInfo &a = plan.adapters.front();
-    std::printf("adapter: %zu adapters (%zu tensors, %s r%u alpha %g) written to %s\n",
-                plan.adapters.size(), written.tensors, a.magnitude ? "DoRA" : "LoRA", a.rank,
-                a.alpha, o.exportAdapter.c_str());
-    std::fflush(stdout);
-  }
-  if (!o.exportMerged.empty() && mergedFile) {
-    rt::ExportSummary written = rt::exportMergedWeights(o.exportMerged, executor);
-    std::printf("merged: %zu tensors (%zu adapted weights merged) written to %s\n",
-                written.tensors, written.merged, o.exportMerged.c_str());
-    std::fflush(stdout);
-  } else if (!o.exportMerged.empty()) {
-    rt::HfExportOptions options;
-    options.sourceDir = sourceDir;
-    std::optional<rt::Checkpoint> source;
-    if (!o.weights.empty()) {
-      source = rt::Checkpoint::open(rt::resolveWeightsPath(o.weights));
-      options.source = &*source;
+  // Exports read the trained parameters; nothing after this point changes them. A sharded
+  // plan's run gathers the sharded ones whole on every rank first (a collective), then rank 0
+  // writes, and an error there stops every rank (docs/sharding.md, "Checkpoints and exports").
+  std::optional<rt::WholeParameters> whole;
+  if (exports && std::any_of(plan.tensors.begin(), plan.tensors.end(),
+                             [](const rt::TensorInfo &t) { return t.sharded(); }))
+    whole.emplace(executor, /*adaptersOnly=*/o.exportMerged.empty());
+  const rt::LoadedPlan &exportPlan = whole ? whole->plan : plan;
+  auto views = [&]() -> const std::vector<rt::TensorView> & {
+    return whole ? whole->views : executor.views();
+  };
+  rt::onAllRanks(*communicator, "exports", [&] {
+    if (gRank != 0)
+      return;
+    if (!o.exportAdapter.empty()) {
+      rt::ExportSummary written =
+          rt::exportPeftAdapter(o.exportAdapter, exportPlan, views(), o.baseModel.value_or(""));
+      const rt::AdapterInfo &a = plan.adapters.front();
+      std::printf("adapter: %zu adapters (%zu tensors, %s r%u alpha %g) written to %s\n",
+                  plan.adapters.size(), written.tensors, a.magnitude ? "DoRA" : "LoRA", a.rank,
+                  a.alpha, o.exportAdapter.c_str());
+      std::fflush(stdout);
     }
-    if (o.shardSize)
-      options.maxShardBytes = *o.shardSize;
-    rt::HfExportSummary written = rt::exportHfModel(o.exportMerged, executor, options);
-    std::printf("merged: %zu tensors (%zu adapted weights merged) in %zu shard%s, config.json %s"
-                ", %zu tokenizer file%s, written to %s\n",
-                written.tensors, written.merged, written.shards, written.shards == 1 ? "" : "s",
-                written.configCopied ? ("from " + sourceDir).c_str() : "rebuilt from the plan",
-                written.tokenizerFiles, written.tokenizerFiles == 1 ? "" : "s",
-                o.exportMerged.c_str());
-    std::fflush(stdout);
-  }
+    if (!o.exportMerged.empty() && mergedFile) {
+      rt::ExportSummary written = rt::exportMergedWeights(o.exportMerged, exportPlan, views());
+      std::printf("merged: %zu tensors (%zu adapted weights merged) written to %s\n",
+                  written.tensors, written.merged, o.exportMerged.c_str());
+      std::fflush(stdout);
+    } else if (!o.exportMerged.empty()) {
+      rt::HfExportOptions options;
+      options.sourceDir = sourceDir;
+      std::optional<rt::Checkpoint> source;
+      if (!o.weights.empty()) {
+        source = rt::Checkpoint::open(rt::resolveWeightsPath(o.weights));
+        options.source = &*source;
+      }
+      if (o.shardSize)
+        options.maxShardBytes = *o.shardSize;
+      rt::HfExportSummary written = rt::exportHfModel(o.exportMerged, exportPlan, views(), options);
+      std::printf("merged: %zu tensors (%zu adapted weights merged) in %zu shard%s, config.json %s"
+                  ", %zu tokenizer file%s, written to %s\n",
+                  written.tensors, written.merged, written.shards, written.shards == 1 ? "" : "s",
+                  written.configCopied ? ("from " + sourceDir).c_str() : "rebuilt from the plan",
+                  written.tokenizerFiles, written.tokenizerFiles == 1 ? "" : "s",
+                  o.exportMerged.c_str());
+      std::fflush(stdout);
+    }
+  });
+  whole.reset();
   if (!o.dumpGradients.empty()) {
     if (!plan.hasBackward())
       throw rt::Error("--dump-gradients: plan '" + plan.path + "' has no backward phase");

@@ -15,7 +15,13 @@
 // the identity of the frozen base (baseIdentity: a SHA-256 over the frozen tensors' names,
 // shapes, dtypes and bytes). Resuming one binds the base first (the same --weights, or the
 // plan's random init from the checkpoint's seed) and refuses it when its identity differs.
-// See docs/checkpoints.md.
+// A plan of several ranks (bonsai.shard, docs/sharding.md) writes a sharded checkpoint (format
+// version 3): every rank writes its own model and optimizer files at once, holding its shards
+// of the sharded tensors (rank 0's also the tensors every rank holds whole), into the one
+// temporary directory, and rank 0 publishes it with a manifest of every rank's files and of
+// the sharded tensors' whole shapes. A checkpoint of N ranks resumes on M ranks (or one): each
+// rank reads the elements of its own shards from the files that hold them, and verifies those
+// files only. See docs/checkpoints.md.
 //
 //===----------------------------------------------------------------------===//
 
@@ -39,6 +45,10 @@ inline constexpr uint32_t kCheckpointFormatVersion = 1;
 /// ("base_sha256", "base_tensors", "base_bytes"); model.safetensors holds the trainable
 /// parameters only.
 inline constexpr uint32_t kAdapterCheckpointFormatVersion = 2;
+/// The manifest format of a checkpoint written by several ranks (a sharded plan): versions 1 or
+/// 2 plus "ranks" and "sharded_tensors", and one model and one optimizer file per rank
+/// (checkpointRankFile); an adapter checkpoint has version 2's base identity.
+inline constexpr uint32_t kShardedCheckpointFormatVersion = 3;
 /// The files of a checkpoint directory.
 inline constexpr const char kCheckpointModelFile[] = "model.safetensors";
 inline constexpr const char kCheckpointOptimizerFile[] = "optimizer.safetensors";
@@ -81,6 +91,12 @@ struct CheckpointManifest {
   std::string baseSha256;
   uint64_t baseTensors = 0;
   uint64_t baseBytes = 0;
+  /// The ranks that wrote it: 1 for versions 1 and 2, at least 2 for version 3.
+  uint32_t ranks = 1;
+  /// Version 3 only: each tensor saved in rank pieces, by name (sorted), with its whole shape.
+  /// Rank r's file holds elements [r * n / ranks, (r + 1) * n / ranks) of the row-major whole
+  /// tensor of n elements, as a 1-D tensor; the other tensors are whole in rank 0's file.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shardedTensors;
 };
 
 /// The identity of a plan's frozen base as the executor holds it.
@@ -112,13 +128,18 @@ CheckpointSize checkpointSize(const LoadedPlan &plan);
 /// "step-00000020": the directory name of the checkpoint of `step`.
 std::string checkpointDirName(uint64_t step);
 
+/// The file of rank `rank` of `ranks` in a sharded checkpoint: for kCheckpointModelFile,
+/// "model.rank-00001-of-00004.safetensors".
+std::string checkpointRankFile(const std::string &file, uint32_t rank, uint32_t ranks);
+
 /// Writes the checkpoint of `executor` at `position` into `root` (created if missing) and makes
-/// it the latest; returns its directory. Throws rt::Error naming the file or directory that
-/// failed, leaving the previous checkpoint and `latest` as they were. Also throws, writing
-/// nothing, when a persistent zero-initialized gradient tensor is not zero (a plan whose
-/// update phase does not clear its accumulators has state no checkpoint holds).
-/// An adapter plan's checkpoint records `base` (baseIdentity of the executor), computed here
-/// when null.
+/// it the latest; returns its directory. With several ranks every rank calls it, each writing
+/// its own files (a sharded checkpoint), and a failure on any rank throws on all of them. Throws
+/// rt::Error naming the file or directory that failed, leaving the previous checkpoint and `latest`
+/// as they were. Also throws, writing nothing, when a persistent zero-initialized gradient tensor
+/// is not zero (a plan whose update phase does not clear its accumulators has state no checkpoint
+/// holds). An adapter plan's checkpoint records `base` (baseIdentity of the executor), computed
+/// here when null.
 std::string saveCheckpoint(const std::string &root, const Executor &executor,
                            const TrainingPosition &position, const BaseIdentity *base = nullptr);
 
@@ -133,6 +154,10 @@ std::vector<std::string> pruneCheckpoints(const std::string &root, uint64_t keep
 /// or does not name a directory inside the root.
 std::string resolveCheckpoint(const std::string &path);
 
+/// The text of manifest.json for `manifest`, its own checksum included: what saveCheckpoint
+/// writes, and what parseCheckpointManifest reads back as `manifest`.
+std::string renderCheckpointManifest(const CheckpointManifest &manifest);
+
 /// Parses and checks the text of a manifest.json: well-formed, known members of the right
 /// kinds, a supported format version, file names inside the checkpoint directory, model and
 /// optimizer files listed, and its own checksum. Does not look at the files it lists. Throws
@@ -140,16 +165,26 @@ std::string resolveCheckpoint(const std::string &path);
 CheckpointManifest parseCheckpointManifest(std::string_view text, const std::string &what,
                                            const std::string &path);
 
+/// Reads and parses `dir`'s manifest (parseCheckpointManifest), without reading the files it
+/// lists: what a caller needs to know before loading (the seed, whether it is an adapter
+/// checkpoint). Throws rt::Error naming the manifest when it is missing or at fault.
+CheckpointManifest readCheckpointManifest(const std::string &dir);
+
 /// Reads and verifies `dir`'s manifest and files: manifest present and well-formed, its own
 /// checksum, every listed file present with the recorded size and SHA-256. Throws rt::Error
 /// naming the file at fault.
 CheckpointManifest verifyCheckpoint(const std::string &dir);
 
-/// Verifies `dir` (verifyCheckpoint), checks that its tensors are exactly the plan's
-/// parameters and optimizer state (names, shapes and dtypes; every mismatch listed in one
-/// error), then binds the parameters, applies the plan's initializers, and binds the optimizer
-/// state over them. Returns the manifest; nothing is written to `executor` unless every check
-/// passes.
+/// Verifies `dir` (its manifest, and the size and SHA-256 of every file this rank reads),
+/// checks that its tensors are exactly the plan's parameters and optimizer state (names,
+/// whole shapes and dtypes; every mismatch listed in one error), then binds the parameters,
+/// applies the plan's initializers, and binds the optimizer state over them. Returns the
+/// manifest; nothing is written to `executor` unless every check passes.
+///
+/// Any checkpoint loads into a plan of any number of ranks: a sharded plan's rank reads the
+/// elements of its shards, from a whole tensor or from the rank pieces of a sharded
+/// checkpoint that hold them, whatever ranks wrote it. With several ranks every rank calls it,
+/// and an error on one rank is thrown on every rank.
 ///
 /// An adapter checkpoint holds the trainable parameters only: the frozen base must already be
 /// bound (bindWeights or initWeights), and its baseIdentity (`base`, computed here when null)

@@ -29,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,10 @@ std::string peftAdapterConfig(const LoadedPlan &plan, const std::string &baseMod
 /// Throws rt::Error naming the path on any failure.
 ExportSummary exportPeftAdapter(const std::string &dir, const Executor &executor,
                                 const std::string &baseModel);
+/// exportPeftAdapter of `plan`'s parameters as `views` (one host view per plan tensor) hold
+/// them: what an export from a sharded run writes from WholeParameters.
+ExportSummary exportPeftAdapter(const std::string &dir, const LoadedPlan &plan,
+                                const std::vector<TensorView> &views, const std::string &baseModel);
 
 /// Writes every model weight (every named Parameter that is not an adapter tensor) to the
 /// safetensors file `path` under its name, each adapted weight merged with its adapter in fp32
@@ -75,6 +80,9 @@ ExportSummary exportPeftAdapter(const std::string &dir, const Executor &executor
 /// without an adapter are dequantized into the dtype their Dequantize kernel produces.
 /// Throws rt::Error when the plan has no parameter or a write fails.
 ExportSummary exportMergedWeights(const std::string &path, const Executor &executor);
+/// exportMergedWeights of `plan`'s parameters as `views` hold them.
+ExportSummary exportMergedWeights(const std::string &path, const LoadedPlan &plan,
+                                  const std::vector<TensorView> &views);
 
 /// How exportHfModel writes a model directory.
 struct HfExportOptions {
@@ -115,6 +123,24 @@ std::string hfConfigFromPlan(const LoadedPlan &plan, DType dtype);
 /// name and renamed into place. Throws rt::Error naming the path on any failure.
 HfExportSummary exportHfModel(const std::string &dir, const Executor &executor,
                               const HfExportOptions &options);
+/// exportHfModel of `plan`'s parameters as `views` hold them.
+HfExportSummary exportHfModel(const std::string &dir, const LoadedPlan &plan,
+                              const std::vector<TensorView> &views, const HfExportOptions &options);
+
+/// The parameters of a run of several ranks gathered whole (docs/sharding.md, "Exports"):
+/// a copy of the plan whose sharded parameters have their whole shapes and are no longer
+/// sharded, and one host view per plan tensor, the gathered ones into buffers it owns. Every
+/// rank builds it (each sharded parameter is all-gathered in plan order, a collective), so
+/// every rank holds the parameters it gathers whole in host memory: the adapters alone for a
+/// PEFT export (`adaptersOnly`), every parameter for a merged one.
+struct WholeParameters {
+  WholeParameters(const Executor &executor, bool adaptersOnly);
+  LoadedPlan plan;
+  std::vector<TensorView> views;
+
+private:
+  std::deque<std::vector<unsigned char>> storage_;
+};
 
 /// "model-00002-of-00005.safetensors".
 std::string hfShardName(size_t index, size_t count);
