@@ -8,7 +8,9 @@
 //   zero1  optimizer state, masters                 reduce-scatter grads, all-gather params
 //   zero2  + gradient accumulators                  reduce-scatter each gradient as produced
 //   zero3  + parameters                             + all-gather each parameter before its
-//                                                     forward and its backward uses
+//                                                     forward and its backward uses (once,
+//                                                     kept between them, with
+//                                                     reshard_after_forward false)
 //
 // The updates are elementwise (AdamW, SGD), so they run unchanged on flat shares.
 //
@@ -50,6 +52,9 @@ struct ShardTotals {
   int64_t keptWhole = 0, keptWholeBytes = 0;
   /// Trainable parameters whose update is not elementwise, kept whole on every rank.
   int64_t replicated = 0;
+  /// Zero3 with reshard_after_forward false: parameters gathered once per micro-batch for
+  /// both passes, and the gathered bytes kept from the forward to the backward pass.
+  int64_t keptGathered = 0, keptGatheredBytes = 0;
 };
 
 struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
@@ -110,9 +115,11 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
 
   /// ZeRO-3: `param` becomes its rank's share, gathered whole before its first use in the
   /// forward pass and again before its first use in the backward pass (`update`, which
-  /// updates the share in place, reads the share).
+  /// updates the share in place, reads the share). With `keepGathered` (reshard_after_forward
+  /// false) a parameter the forward pass reads is gathered once, before its first use, and
+  /// the backward pass reads the same gathered value.
   LogicalResult shardParameter(Block &body, ParamOp param, ShardingAttr sharding, Operation *update,
-                               ShardTotals &totals) {
+                               bool keepGathered, ShardTotals &totals) {
     auto wholeType = cast<RankedTensorType>(param.getResult().getType());
     SmallVector<OpOperand *> forward, backward;
     for (OpOperand &use : param.getResult().getUses()) {
@@ -135,6 +142,12 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
                                  << "parameter";
     }
     shardValue(param, sharding, totals);
+    if (keepGathered && !forward.empty() && !backward.empty()) {
+      forward.append(backward);
+      backward.clear();
+      ++totals.keptGathered;
+      totals.keptGatheredBytes += getStorageBytes(wholeType);
+    }
     OpBuilder builder(param.getContext());
     for (auto [uses, phase] :
          {std::pair{&forward, StringRef("forward")}, std::pair{&backward, StringRef("backward")}}) {
@@ -163,6 +176,7 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
     const Stage stage = directive.getStrategy() == "zero1"   ? Stage::Zero1
                         : directive.getStrategy() == "zero2" ? Stage::Zero2
                                                              : Stage::Zero3;
+    const bool keepGathered = !directive.getReshardAfterForward();
     SmallVector<Operation *> updates;
     SmallVector<GradNormOp> norms;
     for (Operation &op : body) {
@@ -278,7 +292,7 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
                                               param.getResult(), ranks);
         gather->setAttr("bonsai.phase", updatePhase);
         totals.gatheredPerStep += getStorageBytes(type);
-      } else if (failed(shardParameter(body, param, sharding, update, totals))) {
+      } else if (failed(shardParameter(body, param, sharding, update, keepGathered, totals))) {
         return failure();
       }
       updatedParams.insert(param);
@@ -334,7 +348,7 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
           continue;
         }
         if (failed(shardParameter(body, param, ShardingAttr::get(ctx, ranks, type.getShape()),
-                                  nullptr, totals)))
+                                  nullptr, keepGathered, totals)))
           return failure();
       }
 
@@ -363,6 +377,10 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
     if (t.keptWhole)
       remark << ", " << t.keptWhole << " frozen parameters (" << formatBytes(t.keptWholeBytes)
              << ") kept whole on every rank";
+    if (t.keptGathered)
+      remark << ", " << t.keptGathered << " parameters (" << formatBytes(t.keptGatheredBytes)
+             << ") gathered once per micro-batch and kept from the forward to the backward "
+                "pass (reshard_after_forward false)";
     if (t.replicated)
       remark << ", " << t.replicated
              << (t.replicated == 1 ? " trainable parameter" : " trainable parameters")

@@ -119,6 +119,40 @@ bonsai.recipe @r {
 
 // -----
 
+// zero3 with reshard_after_forward false: a parameter the forward pass reads is gathered once,
+// before its first forward use, and its backward uses read the same gathered value (one
+// all-gather per micro-batch instead of two; the gathered weights live from the forward to the
+// backward pass). The frozen embedding has no backward use: gathered once either way.
+
+// CHECK-LABEL: func.func @zero3_kept
+// CHECK: %[[LM:.*]] = bonsai.param "lm" trainable sharding <ranks = 2, shape = [16, 8]> : tensor<64xbf16>
+// CHECK-NEXT: %[[LMF:.*]] = bonsai.all_gather %[[LM]] {ranks = 2 : i64} : (tensor<64xbf16>) -> tensor<16x8xbf16>
+// CHECK-NEXT: bonsai.linear %{{.*}}, %[[LMF]]
+// CHECK: bonsai.cross_entropy_grad
+// CHECK-NOT: bonsai.all_gather
+// CHECK: bonsai.linear_grad_input %{{.*}}, %[[LMF]]
+// CHECK-NOT: bonsai.all_gather %
+// CHECK: return
+func.func @zero3_kept(%ids: tensor<1x4xi32>, %labels: tensor<1x4xi32>) -> tensor<f32> {
+  %emb = bonsai.param "e" frozen : tensor<16x8xbf16>
+  %h = bonsai.embedding %emb, %ids : (tensor<16x8xbf16>, tensor<1x4xi32>) -> tensor<1x4x8xbf16>
+  %nw = bonsai.param "n" trainable : tensor<8xf32>
+  %hf = bonsai.cast %h : (tensor<1x4x8xbf16>) -> tensor<1x4x8xf32>
+  %n = bonsai.rms_norm %hf, %nw : (tensor<1x4x8xf32>, tensor<8xf32>) -> tensor<1x4x8xf32>
+  %nb = bonsai.cast %n : (tensor<1x4x8xf32>) -> tensor<1x4x8xbf16>
+  %lm = bonsai.param "lm" trainable : tensor<16x8xbf16>
+  %logits = bonsai.linear %nb, %lm : (tensor<1x4x8xbf16>, tensor<16x8xbf16>) -> tensor<1x4x16xbf16>
+  %loss = bonsai.cross_entropy %logits, %labels : (tensor<1x4x16xbf16>, tensor<1x4xi32>) -> tensor<f32>
+  return %loss : tensor<f32>
+}
+bonsai.recipe @r {
+  // expected-remark @+1 {{shard: zero3 over 2 ranks: 10 tensors of 'zero3_kept' sharded (1.31 KiB per rank instead of 2.62 KiB), 2 parameters (288 B) gathered once per micro-batch and kept from the forward to the backward pass (reshard_after_forward false); per micro-batch: all-gather 544 B, reduce-scatter 288 B (whole tensors; each rank sends and receives 1/2 of them)}}
+  bonsai.shard "zero3" ranks 2 reshard_after_forward false
+  bonsai.optimizer "adamw" lr 1.0e-3 {grad_clip = 1.0 : f64}
+}
+
+// -----
+
 // One rank: the same rewrite, whose collectives are copies (the runtime's single-rank path).
 
 // CHECK-LABEL: func.func @one_rank

@@ -3,7 +3,8 @@
 # a GPU machine (docs/sharding.md, "On the H200"): the sm_90a bonsai-run and
 # bonsai-runtime-tests, their libraries, and plans compiled for the H200: the tiny Llama (f32)
 # and a 2-layer Llama-124M (bf16), each unsharded and with bonsai.shard zero1, zero2 and zero3
-# over one rank, and a tiny zero3 plan for two ranks (refused when run alone).
+# over one rank (zero3 also with reshard_after_forward false), and a tiny zero3 plan for two
+# ranks (refused when run alone).
 #
 #   bash test/gpu/prepare-shard.sh        # -> .gpu-shard/ and .gpu-shard.tar.xz
 #   # on the GPU machine: tar -xJf .gpu-shard.tar.xz && bash .gpu-shard/run.sh
@@ -27,9 +28,10 @@ cp test/gpu/shard-one-rank.sh "$D/run.sh"
 C="$build/bin/bonsai-compile"
 python3 scripts/gen_models.py --print llama_124m --set=layers=2 --set=seq=512 --set=batch=2 \
   > "$D/plans/llama_124m_2l.mlir"
-for z in none zero1 zero2 zero3; do
+for z in none zero1 zero2 zero3 zero3kept; do
   shard=""
-  [ "$z" = none ] || shard="  bonsai.shard \"$z\" ranks 1\n"
+  [ "$z" = none ] || shard="  bonsai.shard \"${z%kept}\" ranks 1\n"
+  [ "$z" = zero3kept ] && shard="  bonsai.shard \"zero3\" ranks 1 reshard_after_forward false\n"
   printf "bonsai.recipe @r {\n${shard}  bonsai.optimizer \"adamw\" lr 1.000000e-03 {grad_clip = 1.000000e+00 : f64, weight_decay = 1.000000e-02 : f64}\n}\n" \
     > "$D/plans/r_$z.mlir"
   "$C" examples/models/tiny_llama.mlir "$D/plans/r_$z.mlir" --target=h200 \

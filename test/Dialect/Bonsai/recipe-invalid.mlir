@@ -466,6 +466,14 @@ bonsai.recipe @r {
 
 // -----
 
+// shard: reshard_after_forward concerns the parameters zero3 gathers.
+bonsai.recipe @r {
+  // expected-error @+1 {{reshard_after_forward false applies to "zero3", whose parameters are gathered for each use; "zero2" keeps every parameter whole on every rank}}
+  bonsai.shard "zero2" ranks 2 reshard_after_forward false
+}
+
+// -----
+
 // offload: empty class list.
 bonsai.recipe @r {
   // expected-error @+1 {{needs at least one state class to offload}}

@@ -80,3 +80,15 @@ bonsai.recipe @hopper_a {
 bonsai.recipe @cpu {
   bonsai.target "cpu"
 }
+
+// bonsai.shard's reshard_after_forward: `true` is the default and is not printed; `false` is.
+// CHECK-LABEL: bonsai.recipe @reshard_default
+// CHECK-NEXT:    bonsai.shard "zero3" ranks 4{{$}}
+// CHECK-LABEL: bonsai.recipe @reshard_kept
+// CHECK-NEXT:    bonsai.shard "zero3" ranks 4 reshard_after_forward false
+bonsai.recipe @reshard_default {
+  bonsai.shard "zero3" ranks 4 reshard_after_forward true
+}
+bonsai.recipe @reshard_kept {
+  bonsai.shard "zero3" ranks 4 reshard_after_forward false
+}

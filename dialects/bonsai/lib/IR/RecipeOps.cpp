@@ -295,6 +295,10 @@ LogicalResult ShardDirectiveOp::verify() {
     return failure();
   if (int64_t(getRanks()) < 1)
     return emitOpError() << "ranks must be at least 1, got " << int64_t(getRanks());
+  if (!getReshardAfterForward() && getStrategy() != "zero3")
+    return emitOpError() << "reshard_after_forward false applies to \"zero3\", whose "
+                            "parameters are gathered for each use; \""
+                         << getStrategy() << "\" keeps every parameter whole on every rank";
   return success();
 }
 

@@ -604,12 +604,24 @@ def Bonsai_FP8DirectiveOp : Bonsai_TargetedDirectiveOp<"fp8"> {
 def Bonsai_ShardDirectiveOp : Bonsai_DirectiveOp<"shard"> {
   let summary = "FSDP / ZeRO-3: parameters, gradients and optimizer state over ranks";
   let description = [{
+    `strategy` is `zero1` (optimizer state and master weights sharded), `zero2` (and the
+    gradient accumulators) or `zero3` (and the parameters); the `bonsai-shard` pass carries it
+    out (docs/sharding.md). `reshard_after_forward` (zero3 only; PyTorch FSDP2's knob of the
+    same name) says whether a parameter gathered for the forward pass is freed after its
+    forward uses and gathered again for the backward pass (`true`, the default: the least
+    memory) or kept from its forward to its backward uses (`false`: one all-gather per
+    micro-batch instead of two, for the memory of the gathered weights between them).
+
     ```mlir
     bonsai.shard "zero3" ranks 2
+    bonsai.shard "zero3" ranks 4 reshard_after_forward false
     ```
   }];
-  let arguments = (ins StrAttr:$strategy, I64Attr:$ranks);
-  let assemblyFormat = "$strategy `ranks` $ranks attr-dict";
+  let arguments = (ins StrAttr:$strategy, I64Attr:$ranks,
+                   DefaultValuedAttr<BoolAttr, "true">:$reshard_after_forward);
+  let assemblyFormat = [{
+    $strategy `ranks` $ranks (`reshard_after_forward` $reshard_after_forward^)? attr-dict
+  }];
 }
 
 def Bonsai_OffloadDirectiveOp : Bonsai_DirectiveOp<"offload"> {
