@@ -10,6 +10,8 @@
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/Format.h"
 
+#include <algorithm>
+
 using namespace mlir;
 using namespace mlir::bonsai;
 
@@ -198,4 +200,59 @@ void PlanMemorySummary::print(llvm::raw_ostream &os, int64_t budget, double link
          << "\n";
     }
   }
+}
+
+PlanCollectiveSummary mlir::bonsai::summarizePlanCollectives(plan::StepOp step) {
+  PlanCollectiveSummary summary;
+  for (auto launch : step.getBody().getOps<plan::LaunchOp>()) {
+    StringRef kernel = launch.getKernel();
+    int kind = kernel == "all_gather"       ? PlanCollectiveSummary::AllGather
+               : kernel == "reduce_scatter" ? PlanCollectiveSummary::ReduceScatter
+               : kernel == "all_reduce"     ? PlanCollectiveSummary::AllReduce
+                                            : -1;
+    if (kind < 0)
+      continue;
+    // The whole tensor is the largest operand (the share is 1/N of it; an all-reduce's are
+    // alike).
+    int64_t whole = 0;
+    for (Value operand : launch->getOperands())
+      if (auto buffer = operand.getDefiningOp<plan::BufferOp>())
+        whole = std::max(whole, buffer.getSizeInBytes());
+    PlanCollectiveSummary::Traffic &traffic =
+        summary.traffic[kind][launch.getPhase() == plan::Phase::Update ? 1 : 0];
+    ++traffic.launches;
+    traffic.bytes += whole;
+    if (auto ranks = launch.getParams().getAs<IntegerAttr>("ranks"))
+      summary.ranks = std::max(summary.ranks, ranks.getInt());
+    else
+      summary.ranks = std::max<int64_t>(summary.ranks, 1);
+  }
+  return summary;
+}
+
+void PlanCollectiveSummary::print(llvm::raw_ostream &os, double linkGBs) const {
+  static constexpr const char *kNames[NumKinds] = {"all-gather", "reduce-scatter", "all-reduce"};
+  os << "  collectives per rank (over " << ranks << (ranks == 1 ? " rank" : " ranks")
+     << "; each rank sends and receives " << ranks - 1 << "/" << ranks
+     << " of each whole tensor, an all-reduce twice):\n";
+  for (int kind = 0; kind < NumKinds; ++kind)
+    for (int phase = 0; phase < 2; ++phase) {
+      const Traffic &t = traffic[kind][phase];
+      if (t.launches == 0)
+        continue;
+      os << "    " << llvm::left_justify(kNames[kind], 15)
+         << llvm::left_justify(phase ? "per step" : "per micro-batch", 16)
+         << llvm::format_decimal(t.launches, 5) << (t.launches == 1 ? " launch  " : " launches")
+         << llvm::right_justify(formatBytes(t.bytes), 12);
+      if (linkGBs > 0 && ranks > 1) {
+        double passes = kind == AllReduce ? 2 : 1;
+        double seconds =
+            passes * double(t.bytes) * double(ranks - 1) / double(ranks) / (linkGBs * 1e9);
+        if (seconds < 1e-5)
+          os << llvm::format("  < 0.01 ms at %.4g GB/s", linkGBs);
+        else
+          os << llvm::format("  %.4g ms at %.4g GB/s", seconds * 1e3, linkGBs);
+      }
+      os << "\n";
+    }
 }

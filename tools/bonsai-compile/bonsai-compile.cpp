@@ -482,6 +482,10 @@ int main(int argc, char **argv) {
     llvm::outs() << "  planned memory:\n";
   summarizePlanMemory(step).print(llvm::outs(), step.getDeviceMemoryAttr().getInt(),
                                   profile->linkBandwidthGBs);
+  // What each rank's link carries: the profile's link is the host's (PCIe), a floor for
+  // NVLink machines, as in the step-time prediction.
+  if (PlanCollectiveSummary collectives = summarizePlanCollectives(step); !collectives.empty())
+    collectives.print(llvm::outs(), profile->linkBandwidthGBs);
   if (auto predicted = step->getAttrOfType<FloatAttr>("bonsai.predicted_step_seconds")) {
     auto exposed = step->getAttrOfType<FloatAttr>("bonsai.predicted_exposed_seconds");
     llvm::outs() << "  predicted step on " << profile->name << ": "

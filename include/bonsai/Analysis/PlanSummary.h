@@ -72,6 +72,30 @@ inline constexpr llvm::StringLiteral kOverBudget = "over by ";
 /// Summarises a step whose arenas have been sized by bonsai-plan-memory.
 PlanMemorySummary summarizePlanMemory(plan::StepOp step);
 
+/// The collectives of a sharded step (bonsai-shard's all-gathers, reduce-scatters and
+/// all-reduces), by kind and by when they run: what each rank's link carries.
+struct PlanCollectiveSummary {
+  /// Launches and the bytes of the whole tensors they gather or reduce.
+  struct Traffic {
+    int64_t launches = 0;
+    int64_t bytes = 0;
+  };
+  enum Kind { AllGather, ReduceScatter, AllReduce, NumKinds };
+  /// [kind][0]: per micro-batch (forward and backward); [kind][1]: per step (update).
+  Traffic traffic[NumKinds][2];
+  /// The ranks they run over (the largest a launch names; 0 when there is no collective).
+  int64_t ranks = 0;
+
+  bool empty() const { return ranks == 0; }
+  /// Prints one line per kind and phase that has launches: their count, the whole tensors'
+  /// bytes and, with `linkGBs` > 0 and several ranks, the time on a link of that rate per
+  /// direction when each rank sends and receives (N - 1) / N of them (an all-reduce twice).
+  void print(llvm::raw_ostream &os, double linkGBs = 0) const;
+};
+
+/// Summarises the collective launches of `step`.
+PlanCollectiveSummary summarizePlanCollectives(plan::StepOp step);
+
 /// "12.55 GiB".
 std::string formatBytes(int64_t bytes);
 
