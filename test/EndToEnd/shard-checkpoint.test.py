@@ -9,6 +9,7 @@ same bytes. Nothing passes unless every check does; failures print FAILED."""
 import filecmp
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -217,6 +218,40 @@ check(ok, "kill: rank 1 killed during the steps: rank 0 stopped after %s s, %s; 
       "checkpoint resumes: exit %d" % ("under 60" if seconds < 60 else "%.0f" % seconds,
                                        "naming rank 1" if named else "not naming rank 1",
                                        resumed.returncode))
+
+# SIGTERM to one rank only: the ranks agree after each step, stop after the same one, save it
+# together and exit 0; the checkpoint resumes.
+ckpt = os.path.join(out, "sigterm.ckpt")
+shutil.rmtree(ckpt, ignore_errors=True)
+pids = os.path.join(out, "pids")
+os.makedirs(pids, exist_ok=True)
+recorder = os.path.join(out, "record-pid.sh")
+with open(recorder, "w") as f:
+    f.write('#!/bin/sh\necho $$ > "$PID_DIR/rank-$OMPI_COMM_WORLD_RANK"\nexec "$@"\n')
+os.chmod(recorder, 0o755)
+for name in os.listdir(pids):
+    os.remove(os.path.join(pids, name))
+run_env = dict(os.environ, PID_DIR=pids)
+process = subprocess.Popen(MPIRUN + ["-x", "PID_DIR", "-np", "2", recorder, run_tool, plan,
+                                     "--steps", "1000000", "--ckpt-dir", ckpt],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=run_env)
+deadline = time.monotonic() + 60
+while not os.path.exists(os.path.join(pids, "rank-1")) and time.monotonic() < deadline:
+    time.sleep(0.1)
+time.sleep(2)
+os.kill(int(open(os.path.join(pids, "rank-1")).read()), signal.SIGTERM)
+stdout, stderr = process.communicate(timeout=120)
+interrupted = [l for l in stdout.splitlines() if l.startswith("interrupted: ")]
+latest = open(os.path.join(ckpt, "latest")).read().strip() if os.path.exists(
+    os.path.join(ckpt, "latest")) else "none"
+resumed = run(launch(2) + [run_tool, plan, "--resume", "--ckpt-dir", ckpt, "--steps", "1"],
+              expect_ok=False)
+ok = (process.returncode == 0 and len(interrupted) == 1 and "SIGTERM" in interrupted[0] and
+      interrupted[0].endswith(latest) and resumed.returncode == 0)
+check(ok, "sigterm: rank 1 alone got SIGTERM: exit %d, %s; resumed: exit %d" % (
+    process.returncode, "every rank stopped after the same step and saved it" if ok else
+    (interrupted or stderr), resumed.returncode))
 
 # A corrupt piece that only rank 1 reads: rank 1 reports it, and rank 0 stops with rank 1's
 # error rather than waiting at its first collective.

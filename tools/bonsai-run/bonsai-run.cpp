@@ -1103,11 +1103,14 @@ int run(const Options &o) {
         progress.note("checkpoint: removed " + old + " (--keep-last " +
                       std::to_string(*o.keepLast) + ")");
   };
-  // SIGINT / SIGTERM end the loop after the step in flight (and its save, if it has one).
+  // SIGINT / SIGTERM end the loop after the step in flight (and its save, if it has one);
+  // with several ranks, after the step after which the ranks agreed on it.
   std::optional<StopSignals> stopSignals(std::in_place);
+  int agreedSignal = 0;
+  auto stopRequested = [&] { return gRanks > 1 ? agreedSignal != 0 : gStopSignal != 0; };
   auto start = std::chrono::steady_clock::now();
   try {
-    for (uint64_t s = 0; s < steps && !gStopSignal; ++s) {
+    for (uint64_t s = 0; s < steps && !stopRequested(); ++s) {
       // The last step is the profiled one: earlier steps warm caches, graphs and plans up.
       if (o.profile && s + 1 == steps)
         executor.setProfiling(true);
@@ -1237,14 +1240,15 @@ int run(const Options &o) {
         save();
       if (gRanks > 1) {
         // A signal reaches the ranks at different moments (or only one of them): they agree
-        // after each step, so that all stop after the same one and save it together.
+        // after each step, so that all stop after the same one and save it together. A signal
+        // that comes after the last agreement is not acted on (the run ends anyway).
         std::vector<int32_t> signals(size_t(gRanks), 0);
         int32_t mine = int32_t(gStopSignal);
         communicator->allGather(&mine, signals.data(), 1, rt::DType::I32,
                                 "step " + std::to_string(position.step) + ", stop signals");
         for (int32_t signal : signals)
-          if (signal != 0 && gStopSignal == 0)
-            gStopSignal = signal;
+          if (signal != 0 && agreedSignal == 0)
+            agreedSignal = signal;
       }
     }
   } catch (...) {
@@ -1254,7 +1258,7 @@ int run(const Options &o) {
   progress.finish();
   // Interrupted: save the last step unless --save-every just did, say where, and stop (no
   // exports or generation from a run cut short). From here a signal acts at once again.
-  int stopSignal = gStopSignal;
+  int stopSignal = gRanks > 1 ? agreedSignal : int(gStopSignal);
   stopSignals.reset();
   if (stopSignal != 0) {
     const char *name = stopSignal == SIGINT ? "SIGINT" : "SIGTERM";
