@@ -1057,17 +1057,9 @@ CheckpointManifest loadCheckpoint(const std::string &dir, Executor &executor,
       for (const auto &[name, tensor] : saved[f].tensors())
         if (!planNames.count(name))
           extra.push_back(name);
-      auto list = [](const char *label, const std::vector<std::string> &names) {
-        std::string s;
-        if (names.empty())
-          return s;
-        s = "; " + std::to_string(names.size()) + " " + label + ": ";
-        for (size_t i = 0; i < names.size(); ++i)
-          s += (i ? ", " : "") + names[i];
-        return s;
-      };
-      std::string fileProblems =
-          list("missing", missing) + list("extra", extra) + list("mismatched", mismatched);
+      std::string fileProblems = formatNameList("missing", missing) +
+                                 formatNameList("extra", extra) +
+                                 formatNameList("mismatched", mismatched);
       if (!fileProblems.empty())
         problems += std::string(problems.empty() ? "" : "; ") + file + ":" + fileProblems.substr(1);
     }

@@ -462,6 +462,15 @@ void writeSafetensors(const std::string &path, const std::vector<SafetensorsTens
   }
 }
 
+std::string formatNameList(const char *label, const std::vector<std::string> &names) {
+  if (names.empty())
+    return "";
+  std::string s = "; " + std::to_string(names.size()) + " " + label + ": ";
+  for (size_t i = 0; i < names.size(); ++i)
+    s += (i ? ", " : "") + names[i];
+  return s;
+}
+
 const char *ignoredHfTensorReason(std::string_view name) {
   auto endsWith = [&](std::string_view suffix) {
     return name.size() >= suffix.size() &&
@@ -549,18 +558,9 @@ std::vector<bool> bindCheckpoint(const LoadedPlan &plan, const Checkpoint &check
   }
 
   if (!missing.empty() || !extra.empty() || !misShaped.empty()) {
-    auto list = [](const char *label, const std::vector<std::string> &names) {
-      std::string s;
-      if (names.empty())
-        return s;
-      s = "; " + std::to_string(names.size()) + " " + label + ": ";
-      for (size_t i = 0; i < names.size(); ++i)
-        s += (i ? ", " : "") + names[i];
-      return s;
-    };
     std::string message = "weights '" + checkpoint.path() + "' do not match plan '" + plan.path +
-                          "'" + list("missing", missing) + list("extra", extra) +
-                          list("mis-shaped", misShaped);
+                          "'" + formatNameList("missing", missing) +
+                          formatNameList("extra", extra) + formatNameList("mis-shaped", misShaped);
     throw Error(message);
   }
   std::vector<bool> bound(plan.tensors.size(), false);

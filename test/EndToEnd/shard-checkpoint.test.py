@@ -14,25 +14,12 @@ import subprocess
 import sys
 import time
 
+from shard_recipes import MPIRUN, RECIPES
+
 compile_tool, run_tool, models, out = sys.argv[1:5]
 TOLERANCE = 1e-6
-MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
 TIMEOUT = 300
 
-RECIPES = {
-    "adamw": '  bonsai.optimizer "adamw" lr 2.000000e-03 {beta2 = 9.500000e-01 : f64, '
-             'grad_clip = 1.000000e+00 : f64, weight_decay = 1.000000e-02 : f64, '
-             'schedule = "cosine", warmup_steps = 5 : i64, total_steps = 100 : i64}\n',
-    "lora": '  bonsai.lora rank 8 alpha 1.600000e+01 targets ["q_proj", "v_proj", "down_proj"]\n'
-            '  bonsai.optimizer "adamw" lr 1.000000e-02 {grad_clip = 1.000000e+00 : f64}\n',
-    "qlora": '  bonsai.quantize "nf4" block 64 double_quant 256 targets ["q_proj", "v_proj", '
-             '"down_proj"]\n'
-             '  bonsai.lora rank 8 alpha 1.600000e+01 targets ["q_proj", "v_proj", "down_proj"]\n'
-             '  bonsai.optimizer "adamw" lr 1.000000e-02 {grad_clip = 1.000000e+00 : f64}\n',
-    "galore": '  bonsai.optimizer "adamw" lr 1.000000e-03 {grad_clip = 1.000000e+00 : f64}\n'
-              '  bonsai.galore rank 4 update_proj_gap 2 scale 2.500000e-01 projector "svd" '
-              'targets ["lm_head", "q_proj"]\n',
-}
 # (model, recipe, stage): every stage, both models, and each recipe kind once.
 CASES = [("tiny_llama", "adamw", "zero3"), ("tiny_gpt2", "adamw", "zero1"),
          ("tiny_llama", "lora", "zero2"), ("tiny_llama", "qlora", "zero3"),

@@ -111,6 +111,10 @@ std::vector<bool> bindCheckpoint(const LoadedPlan &plan, const Checkpoint &check
                                  const std::vector<TensorView> &views,
                                  std::vector<std::string> *ignored = nullptr, int rank = 0);
 
+/// "; 2 missing: a, b" for the tensor names a binding found at fault under `label`, or "" when
+/// there are none: the clauses of bindCheckpoint's and loadCheckpoint's mismatch errors.
+std::string formatNameList(const char *label, const std::vector<std::string> &names);
+
 /// Why `name`, a tensor of a Hugging Face checkpoint, is one no computation reads and may be
 /// skipped (rotary_emb.inv_freq, GPT-2's attn.bias and attn.masked_bias buffers, a tied
 /// lm_head.weight; the caller asks only about tensors its model does not have), or nullptr.
