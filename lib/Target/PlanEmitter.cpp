@@ -39,6 +39,8 @@ std::optional<fb::DType> getDType(Type type) {
     return fb::DType::I64;
   if (isa<NF4Type>(type))
     return fb::DType::NF4;
+  if (type.isUnsignedInteger(8))
+    return fb::DType::U8;
   return std::nullopt;
 }
 
@@ -474,13 +476,20 @@ LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes,
     // NF4 tensors carry their block sizes: the runtime sizes, binds and dequantizes by them.
     auto nf4 = dyn_cast<NF4Type>(type.getElementType());
     // A rank's share of a sharded tensor (bonsai-shard) carries the whole tensor's shape: the
-    // runtime binds and saves the rank's slice of it.
+    // runtime binds and saves the rank's slice of it. A share of an NF4 tensor's storage
+    // bytes (u8) carries the whole tensor's block sizes too.
     uint32_t shardRanks = 0;
     std::vector<int64_t> fullShape;
     if (auto sharding = buffer->getAttrOfType<ShardingAttr>("bonsai.sharding");
         sharding && value == buffer.getResult()) {
       shardRanks = uint32_t(sharding.getRanks());
       fullShape.assign(sharding.getShape().begin(), sharding.getShape().end());
+      if (auto storage = dyn_cast_if_present<NF4Type>(sharding.getStorage()))
+        nf4 = storage;
+      else if (sharding.getStorage())
+        return buffer.emitError() << "'" << buffer.getName() << "' is a share of the storage of "
+                                  << sharding.getStorage()
+                                  << ", which the plan format cannot describe";
     }
     tensors.push_back(fb::CreateTensorDirect(
         fbb, name.str().c_str(), *dtype, &shape, role, buffer.getTrainable() && value == buffer,

@@ -7,7 +7,7 @@
 //   stage  sharded                                  collectives per step
 //   zero1  optimizer state, masters                 reduce-scatter grads, all-gather params
 //   zero2  + gradient accumulators                  reduce-scatter each gradient as produced
-//   zero3  + parameters                             + all-gather each parameter before its
+//   zero3  + parameters (NF4 ones by their bytes)   + all-gather each parameter before its
 //                                                     forward and its backward uses (once,
 //                                                     kept between them, with
 //                                                     reshard_after_forward false)
@@ -48,8 +48,11 @@ struct ShardTotals {
   /// and once per step (the update phase).
   int64_t gatheredPerMicroBatch = 0, scatteredPerMicroBatch = 0;
   int64_t gatheredPerStep = 0, scatteredPerStep = 0;
-  /// Frozen NF4 parameters left whole on every rank (zero3).
+  /// Frozen parameters left whole on every rank (zero3): their elements (or, NF4, their
+  /// storage bytes) do not split evenly.
   int64_t keptWhole = 0, keptWholeBytes = 0;
+  /// Frozen NF4 parameters shared out by their storage bytes (zero3).
+  int64_t packed = 0;
   /// Trainable parameters whose update is not elementwise, kept whole on every rank.
   int64_t replicated = 0;
   /// Zero3 with reshard_after_forward false: parameters gathered once per micro-batch for
@@ -335,21 +338,29 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
       ++totals.replicated;
     }
 
-    // Zero3 shards the frozen parameters too; NF4 storage (packed codes with their block
-    // constants) stays whole.
+    // Zero3 shards the frozen parameters too. A packed (NF4) weight is shared out by its
+    // storage bytes, the 4-bit codes and their block constants alike, and gathered whole
+    // before its dequantize (FSDP-QLoRA's flat uint8 shards). A tensor that does not split
+    // evenly stays whole on every rank (NF4 storage is a multiple of 4 bytes, so every NF4
+    // weight splits over 2 and 4 ranks).
     if (stage == Stage::Zero3)
       for (auto param : llvm::make_early_inc_range(body.getOps<ParamOp>())) {
         if (updatedParams.contains(param) || wholeParams.contains(param.getName()))
           continue;
         auto type = cast<RankedTensorType>(param.getResult().getType());
-        if (isa<NF4Type>(type.getElementType()) || getNumElements(type) % ranks != 0) {
+        Type element = type.getElementType();
+        bool packed = isa<plan::PackedElementTypeInterface>(element);
+        if ((packed ? getStorageBytes(type) : getNumElements(type)) % ranks != 0) {
           ++totals.keptWhole;
           totals.keptWholeBytes += getStorageBytes(type);
           continue;
         }
-        if (failed(shardParameter(body, param, ShardingAttr::get(ctx, ranks, type.getShape()),
-                                  nullptr, keepGathered, totals)))
+        auto sharding = packed ? ShardingAttr::get(ctx, ranks, type.getShape(), element)
+                               : ShardingAttr::get(ctx, ranks, type.getShape());
+        if (failed(shardParameter(body, param, sharding, nullptr, keepGathered, totals)))
           return failure();
+        if (packed)
+          ++totals.packed;
       }
 
     // The norm of every rank's shares, combined: the norm of the whole gradient.
@@ -374,9 +385,15 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
                                 << " tensors of '" << function.getSymName() << "' sharded ("
                                 << formatBytes(t.shardBytes) << " per rank instead of "
                                 << formatBytes(t.wholeBytes) << ")";
+    if (t.packed)
+      remark << ", " << t.packed
+             << (t.packed == 1 ? " of them an NF4 weight shared out by its storage bytes"
+                               : " of them NF4 weights shared out by their storage bytes");
     if (t.keptWhole)
-      remark << ", " << t.keptWhole << " frozen parameters (" << formatBytes(t.keptWholeBytes)
-             << ") kept whole on every rank";
+      remark << ", " << t.keptWhole
+             << (t.keptWhole == 1 ? " frozen parameter (" : " frozen parameters (")
+             << formatBytes(t.keptWholeBytes) << ") kept whole on every rank ("
+             << (t.keptWhole == 1 ? "it does" : "they do") << " not split evenly)";
     if (t.keptGathered)
       remark << ", " << t.keptGathered << " parameters (" << formatBytes(t.keptGatheredBytes)
              << ") gathered once per micro-batch and kept from the forward to the backward "

@@ -51,7 +51,7 @@ void checkPointer(const void *p, size_t bytes, const char *name, const char *whi
 
 // A known dtype, so that dtypeSize and dtypeName do not meet a value outside the enum.
 void checkDType(DType dtype, const char *name) {
-  if (uint8_t(dtype) > uint8_t(DType::NF4))
+  if (uint8_t(dtype) > uint8_t(DType::U8))
     throw Error(std::string(name) + ": unknown dtype " + std::to_string(int(dtype)));
 }
 

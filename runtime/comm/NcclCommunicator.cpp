@@ -317,7 +317,7 @@ struct Checker {
   std::string prefix;
 
   void dtype(DType dtype) const {
-    if (uint8_t(dtype) > uint8_t(DType::NF4))
+    if (uint8_t(dtype) > uint8_t(DType::U8))
       throw Error(prefix + ": unknown dtype " + std::to_string(int(dtype)));
   }
   void summable(DType dtype) const {

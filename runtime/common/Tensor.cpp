@@ -32,6 +32,7 @@ size_t dtypeSize(DType dtype) {
   case DType::F8E4M3FN:
   case DType::F8E5M2:
   case DType::NF4:
+  case DType::U8:
     return 1;
   case DType::I64:
     return 8;
@@ -58,6 +59,8 @@ const char *dtypeName(DType dtype) {
     return "i64";
   case DType::NF4:
     return "nf4";
+  case DType::U8:
+    return "u8";
   }
   return "unknown";
 }

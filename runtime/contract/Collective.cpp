@@ -5,7 +5,8 @@
 // elements is one rank's contiguous 1/ranks of the row-major elements of a whole tensor of
 // ranks * n elements, whatever the two shapes are. Every rank runs the same plan, so the counts
 // checked here are every rank's, which the collectives need: a rank that moved another count
-// would hang or corrupt the others.
+// would hang or corrupt the others. A sharded NF4 weight is shared out by its storage bytes (u8
+// shares) and gathered whole.
 //
 //===----------------------------------------------------------------------===//
 
@@ -58,7 +59,27 @@ void KernelChecker::verify(kinds::ReduceScatter) {
 
 void KernelChecker::verify(kinds::AllGather) {
   checkCollectiveAttrs(/*takesReduction=*/false);
-  checkShardOf(out(0), outName(0), in(0), inName(0));
+  const TensorInfo &full = out(0), &shard = in(0);
+  if (full.dtype != DType::NF4 && shard.dtype != DType::U8) {
+    checkShardOf(full, outName(0), shard, inName(0));
+    return;
+  }
+  // An NF4 weight gathered from the u8 shares of its storage bytes: the share must be of
+  // this tensor's layout, so that the gathered bytes are its codes and block constants.
+  if (full.dtype != DType::NF4 || !shard.nf4Share())
+    fail(inName(0) + " is " + dtypeName(shard.dtype) + " and " + outName(0) + " is " +
+         dtypeName(full.dtype) + ": an nf4 tensor is gathered from the u8 shares of its storage");
+  if (shard.fullShape != full.shape || shard.quantBlock != full.quantBlock ||
+      shard.quantDoubleBlock != full.quantDoubleBlock)
+    fail(inName(0) + " is a share of the nf4 storage of " + formatShape(shard.fullShape) +
+         " with blocks (" + std::to_string(shard.quantBlock) + ", " +
+         std::to_string(shard.quantDoubleBlock) + "), but " + outName(0) + " is " +
+         formatShape(full.shape) + " with blocks (" + std::to_string(full.quantBlock) + ", " +
+         std::to_string(full.quantDoubleBlock) + ")");
+  if (full.bytes != uint64_t(shard.numel) * plan.ranks)
+    fail(outName(0) + " has " + std::to_string(full.bytes) + " storage bytes, expected " +
+         std::to_string(plan.ranks) + " ranks x " + std::to_string(shard.numel) + " (" + inName(0) +
+         ")");
 }
 
 void KernelChecker::verify(kinds::AllReduce) {

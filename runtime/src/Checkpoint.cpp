@@ -250,9 +250,10 @@ std::vector<SafetensorsTensor> tensorsOfRole(const Executor &executor, TensorRol
     if (!savedInRole(plan, t, role) || (!whole && !t.sharded()))
       continue;
     // A frozen NF4 weight is saved as its storage bytes (U8 [bytes]): resuming binds exactly
-    // the quantized values the run used, without the full-precision weights.
+    // the quantized values the run used, without the full-precision weights; a share of one
+    // is its piece of those bytes.
     // A "shard" of one rank (bonsai.shard ... ranks 1) is the whole tensor, saved as such.
-    if (t.dtype == DType::NF4)
+    if (t.dtype == DType::NF4 || t.nf4Share())
       out.push_back({t.name, t.dtype, {int64_t(t.bytes)}, executor.view(i).data});
     else
       out.push_back({t.name, t.dtype, t.sharded() && t.shardRanks == 1 ? t.fullShape : t.shape,
@@ -381,9 +382,9 @@ BaseIdentity baseIdentity(const Executor &executor) {
   for (size_t k = 0; k < frozen.size(); ++k) {
     const TensorInfo &t = plan.tensors[frozen[k]];
     const std::vector<int64_t> &shape = t.sharded() ? t.fullShape : t.shape;
-    all.update(t.name + " " + dtypeName(t.dtype) + " " + formatShape(shape) + " " + digests[k] +
-               "\n");
-    id.bytes += t.sharded() ? t.bytes * t.shardRanks : t.bytes;
+    all.update(t.name + " " + dtypeName(t.wholeDType()) + " " + formatShape(shape) + " " +
+               digests[k] + "\n");
+    id.bytes += t.wholeBytes();
   }
   id.tensors = frozen.size();
   id.sha256 = toHex(all.digest());
@@ -595,7 +596,8 @@ std::string saveShardedCheckpoint(const std::string &root, const Executor &execu
       for (const TensorInfo &t : plan.tensors)
         if (t.sharded() && (savedInRole(plan, t, TensorRole::Parameter) ||
                             savedInRole(plan, t, TensorRole::OptimizerState)))
-          manifest.shardedTensors.emplace_back(t.name, t.fullShape);
+          manifest.shardedTensors.emplace_back(
+              t.name, t.nf4Share() ? std::vector<int64_t>{int64_t(t.wholeBytes())} : t.fullShape);
       std::sort(manifest.shardedTensors.begin(), manifest.shardedTensors.end());
       for (uint32_t r = 0; r < ranks; ++r)
         for (size_t f = 0; f < 2; ++f)
@@ -1040,16 +1042,19 @@ CheckpointManifest loadCheckpoint(const std::string &dir, Executor &executor,
         const TensorInfo &t = plan.tensors[i];
         planNames.insert(t.name);
         const SavedTensors::Tensor *e = saved[f].find(t.name);
-        const std::vector<int64_t> &whole = t.sharded() ? t.fullShape : t.shape;
+        // NF4 storage, whole or shared out, is saved as U8 bytes of its layout.
+        const bool nf4 = t.wholeDType() == DType::NF4;
+        const std::vector<int64_t> whole = nf4 ? std::vector<int64_t>{int64_t(t.wholeBytes())}
+                                           : t.sharded() ? t.fullShape
+                                                         : t.shape;
         if (!e) {
           missing.push_back(t.name);
-        } else if (t.dtype == DType::NF4
-                       ? e->sharded || !isNf4Storage(*e->entry, t.bytes)
-                       : e->wholeShape != whole || e->entry->runtimeDType != t.dtype) {
+        } else if (e->wholeShape != whole ||
+                   (nf4 ? e->entry->dtype != "U8" : e->entry->runtimeDType != t.dtype)) {
           // Exact dtypes only: a conversion would make the continuation differ from the run.
-          mismatched.push_back(t.name + " (plan " + formatShape(whole) + " " + dtypeName(t.dtype) +
-                               ", checkpoint " + formatShape(e->wholeShape) + " " +
-                               e->entry->dtype + ")");
+          mismatched.push_back(t.name + " (plan " + formatShape(whole) + " " +
+                               (nf4 ? "nf4 storage U8" : dtypeName(t.dtype)) + ", checkpoint " +
+                               formatShape(e->wholeShape) + " " + e->entry->dtype + ")");
         } else {
           bindings[f].push_back({i, t.name, t.sharded() ? t.shardOffset(rank) : 0});
         }
@@ -1081,7 +1086,14 @@ CheckpointManifest loadCheckpoint(const std::string &dir, Executor &executor,
   }
   onAllRanks(comm, context, [&] {
     for (const Binding &b : bindings[0]) {
-      saved[0].read(b.name, !plan.tensors[b.tensor].sharded(), b.first, executor.view(b.tensor));
+      const TensorInfo &t = plan.tensors[b.tensor];
+      if (t.dtype == DType::NF4) {
+        // Its storage bytes, from one file or from the pieces of a sharded checkpoint.
+        TensorView bytes{executor.view(b.tensor).data, DType::U8, {int64_t(t.bytes)}};
+        saved[0].read(b.name, /*whole=*/false, 0, bytes);
+      } else {
+        saved[0].read(b.name, !t.sharded(), b.first, executor.view(b.tensor));
+      }
       executor.markWritten(b.tensor);
     }
     // Zeros and copies (master weights) as a fresh run has them, then the saved state over

@@ -264,16 +264,21 @@ WholeParameters::WholeParameters(const Executor &executor, bool adaptersOnly)
     if (t.role != TensorRole::Parameter || !t.sharded() ||
         (adaptersOnly && !adapterTensors.count(i)))
       continue;
-    // Shards are contiguous flat slices in rank order: the gather is the whole tensor.
-    storage_.emplace_back(size_t(t.bytes) * t.shardRanks);
+    // Shards are contiguous flat slices in rank order: the gather is the whole tensor (for
+    // the u8 shares of an NF4 weight, its storage).
+    storage_.emplace_back(size_t(t.wholeBytes()));
     comm.allGather(views[i].data, storage_.back().data(), size_t(t.numel), t.dtype,
                    "export, all-gather of " + t.name);
-    t.numel *= t.shardRanks;
-    t.bytes *= t.shardRanks;
+    t.dtype = t.wholeDType();
+    t.bytes = t.wholeBytes();
+    t.numel = 1;
+    for (int64_t d : t.fullShape)
+      t.numel *= d;
     t.shape = t.fullShape;
     t.shardRanks = 0;
     t.fullShape.clear();
     views[i].data = storage_.back().data();
+    views[i].dtype = t.dtype;
     views[i].shape = t.shape;
   }
 }

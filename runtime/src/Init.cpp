@@ -91,8 +91,14 @@ void initParameters(const LoadedPlan &plan, const std::vector<TensorView> &views
     for (size_t k; (k = next.fetch_add(1)) < pending.size();) {
       const TensorInfo &t = plan.tensors[pending[k]];
       try {
+        // A share of NF4 storage: the whole weight drawn and quantized, its bytes kept.
         // A shard: its slice of the whole tensor, whose rank picks the rule.
-        if (t.sharded())
+        if (t.nf4Share()) {
+          std::vector<uint8_t> storage;
+          TensorView whole = wholeNf4View(t, storage);
+          initTensor(t.name, initRuleFor(t.name, t.fullShape.size()), seed, whole);
+          copyNf4Share(t, whole, rank, views[pending[k]]);
+        } else if (t.sharded())
           initTensor(t.name, initRuleFor(t.name, t.fullShape.size()), seed, views[pending[k]],
                      t.shardOffset(rank));
         else

@@ -304,14 +304,23 @@ private:
   /// each input's numel divides it.
   void checkGeneratedArity();
   /// NF4 tensors are read by Dequantize only (no other kernel knows the layout) and written
-  /// by none (weights are quantized when they are bound).
+  /// by none (weights are quantized when they are bound) but the AllGather of a sharded
+  /// weight's u8 shares, which are read by that AllGather only.
   void checkNf4Operands() const {
-    for (size_t i = 0; i < kernel.inputs.size(); ++i)
+    const bool gather = kernel.kind == KernelKind::AllGather;
+    for (size_t i = 0; i < kernel.inputs.size(); ++i) {
       if (in(i).dtype == DType::NF4 && kernel.kind != KernelKind::Dequantize)
         fail(inName(i) + " is nf4, which only a Dequantize kernel reads");
-    for (size_t j = 0; j < kernel.outputs.size(); ++j)
-      if (out(j).dtype == DType::NF4)
-        fail(outName(j) + " is nf4: no kernel writes NF4 (weights are quantized when bound)");
+      if (in(i).dtype == DType::U8 && !gather)
+        fail(inName(i) + " is u8 (a share of nf4 storage), which only an AllGather reads");
+    }
+    for (size_t j = 0; j < kernel.outputs.size(); ++j) {
+      if (out(j).dtype == DType::NF4 && !gather)
+        fail(outName(j) + " is nf4: no kernel writes NF4 (weights are quantized when bound) "
+                          "but the AllGather of its shares");
+      if (out(j).dtype == DType::U8)
+        fail(outName(j) + " is u8: a share of nf4 storage is bound, not written by a kernel");
+    }
   }
   void checkOverlap() const;
   void checkPhase() const;

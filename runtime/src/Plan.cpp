@@ -40,6 +40,8 @@ namespace fb = ::bonsai::plan;
 // The runtime's enums are copies of the schema's, so that headers need no generated code.
 static_assert(uint8_t(fb::DType::I64) == uint8_t(DType::I64) &&
                   uint8_t(fb::DType::NF4) == uint8_t(DType::NF4) &&
+                  uint8_t(fb::DType::U8) == uint8_t(DType::U8) &&
+                  uint8_t(fb::DType::MAX) == uint8_t(DType::U8) &&
                   uint8_t(fb::DType::F8E5M2) == uint8_t(DType::F8E5M2),
               "rt::DType must match plan.fbs");
 static_assert(uint8_t(fb::TensorRole::LossScale) == uint8_t(TensorRole::LossScale) &&
@@ -483,18 +485,23 @@ void PlanReader::readTensors() {
     info.quantBlock = t->quant_block();
     info.quantDoubleBlock = t->quant_double_block();
     uint64_t expectedBytes = numel * dtypeSize(info.dtype);
-    if (info.dtype == DType::NF4) {
+    // NF4 tensors, and the u8 shares of their storage (readShard), carry the layout's blocks.
+    if (info.dtype == DType::NF4 || info.dtype == DType::U8) {
+      const std::string kind = info.dtype == DType::NF4 ? "nf4" : "a u8 share of nf4 storage";
       // Even blocks start on whole bytes of codes; the limits are the compiler's.
       if (info.quantBlock < 16 || info.quantBlock > 4096 ||
           (info.quantBlock & (info.quantBlock - 1)) != 0)
-        fail(what + " is nf4 with block size " + std::to_string(info.quantBlock) +
+        fail(what + " is " + kind + " with block size " + std::to_string(info.quantBlock) +
              ": expected a power of two in [16, 4096]");
       if (info.quantDoubleBlock == 0 || info.quantDoubleBlock > (1u << 20))
-        fail(what + " is nf4 with double-quantization block " +
+        fail(what + " is " + kind + " with double-quantization block " +
              std::to_string(info.quantDoubleBlock) + ": expected 1 to 1048576 blocks");
       if (info.role == TensorRole::Parameter && info.trainable)
-        fail(what + " is a trainable nf4 parameter: NF4 weights are frozen");
-      expectedBytes = nf4StorageBytes(numel, info.quantBlock, info.quantDoubleBlock);
+        fail(what + " is a trainable " +
+             (info.dtype == DType::NF4 ? "nf4 parameter" : "u8 share of nf4 storage") +
+             ": NF4 weights are frozen");
+      if (info.dtype == DType::NF4)
+        expectedBytes = nf4StorageBytes(numel, info.quantBlock, info.quantDoubleBlock);
     } else if (info.quantBlock || info.quantDoubleBlock) {
       fail(what + " is " + dtypeName(info.dtype) +
            " but has NF4 block sizes (quant_block " + std::to_string(info.quantBlock) +
@@ -553,13 +560,15 @@ void PlanReader::readShard(const fb::Tensor &t, TensorInfo &info, const std::str
     if (!info.fullShape.empty())
       fail(what + " has full_shape " + formatShape(info.fullShape) +
            " but shard_ranks 0 (a whole tensor has no full_shape)");
+    if (info.dtype == DType::U8)
+      fail(what + " is u8 but not sharded: u8 tensors are the shares of sharded nf4 storage");
     return;
   }
   if (info.shardRanks != plan.ranks)
     fail(what + " is sharded over " + std::to_string(info.shardRanks) +
          " ranks, but the plan is for " + std::to_string(plan.ranks) + " ranks (Plan.ranks)");
   if (info.dtype == DType::NF4)
-    fail(what + " is an nf4 tensor sharded over ranks: sharded NF4 storage is not supported");
+    fail(what + " is an nf4 tensor sharded over ranks: a share of nf4 storage is u8 (its bytes)");
   if (info.fullShape.empty() || info.fullShape.size() > kMaxRank)
     fail(what + " is sharded over " + std::to_string(info.shardRanks) + " ranks with full_shape " +
          formatShape(info.fullShape) + ": expected the whole tensor's shape, of rank 1 to " +
@@ -570,6 +579,18 @@ void PlanReader::readShard(const fb::Tensor &t, TensorInfo &info, const std::str
       fail(what + " full_shape " + formatShape(info.fullShape) +
            " has a non-positive dimension or more elements than any arena holds");
     full *= uint64_t(d);
+  }
+  if (info.dtype == DType::U8) {
+    // A share of an NF4 tensor's storage: 1/ranks of its layout's bytes.
+    uint64_t wholeBytes = nf4StorageBytes(full, info.quantBlock, info.quantDoubleBlock);
+    if (info.shape.size() != 1 || wholeBytes != uint64_t(info.numel) * info.shardRanks)
+      fail(what + " is a u8 share over " + std::to_string(info.shardRanks) +
+           " ranks of the nf4 storage of full_shape " + formatShape(info.fullShape) + " (" +
+           std::to_string(wholeBytes) + " bytes), expected shape [" +
+           std::to_string(wholeBytes / info.shardRanks) + "]" +
+           (wholeBytes % info.shardRanks ? " (the bytes do not split evenly)" : "") + ", got " +
+           formatShape(info.shape));
+    return;
   }
   if (full != uint64_t(info.numel) * info.shardRanks)
     fail(what + " is sharded over " + std::to_string(info.shardRanks) + " ranks: full_shape " +
@@ -1136,6 +1157,26 @@ LoadedPlan loadPlanFile(const std::string &path) {
   if (bytes.empty())
     throw Error("plan file '" + path + "' is empty");
   return loadPlanBuffer(bytes.data(), bytes.size(), path);
+}
+
+TensorView wholeNf4View(const TensorInfo &share, std::vector<uint8_t> &storage) {
+  if (!share.nf4Share())
+    throw Error("internal error: '" + share.name + "' is not a share of nf4 storage");
+  storage.assign(size_t(share.wholeBytes()), 0);
+  TensorView whole{storage.data(), DType::NF4, share.fullShape};
+  whole.quantBlock = share.quantBlock;
+  whole.quantDoubleBlock = share.quantDoubleBlock;
+  if (whole.bytes() != storage.size())
+    throw Error("internal error: the nf4 layout of '" + share.name + "' is " +
+                std::to_string(whole.bytes()) + " bytes, its shares " +
+                std::to_string(storage.size()));
+  return whole;
+}
+
+void copyNf4Share(const TensorInfo &share, const TensorView &whole, int rank,
+                  const TensorView &view) {
+  std::memcpy(view.data, static_cast<const uint8_t *>(whole.data) + share.shardOffset(rank),
+              size_t(share.bytes));
 }
 
 } // namespace bonsai::rt

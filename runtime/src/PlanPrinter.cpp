@@ -157,9 +157,9 @@ std::string printPlan(const LoadedPlan &plan) {
       extra += " init kaiming-uniform";
     else if (t.init == TensorInit::RowNorm)
       extra += " init row-norm of %" + std::to_string(t.initSource);
-    if (t.dtype == DType::NF4)
-      extra += " block " + std::to_string(t.quantBlock) + " double-block " +
-               std::to_string(t.quantDoubleBlock);
+    if (t.dtype == DType::NF4 || t.nf4Share())
+      extra += std::string(t.nf4Share() ? " share of nf4 storage" : "") + " block " +
+               std::to_string(t.quantBlock) + " double-block " + std::to_string(t.quantDoubleBlock);
     std::snprintf(line, sizeof line,
                   "tensor %%%zu '%s': %s %s %s%s, arena %u [%" PRIu64 ", %" PRIu64 ") %" PRIu64
                   " bytes\n",

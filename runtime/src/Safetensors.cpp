@@ -40,13 +40,13 @@ struct DTypeSpelling {
 
 // Every dtype of the safetensors format; those the runtime has map to it.
 const DTypeSpelling kDTypes[] = {
-    {"BOOL", 1, std::nullopt},         {"U8", 1, std::nullopt},
-    {"I8", 1, std::nullopt},           {"F8_E5M2", 1, DType::F8E5M2},
-    {"F8_E4M3", 1, DType::F8E4M3FN},   {"I16", 2, std::nullopt},
-    {"U16", 2, std::nullopt},          {"F16", 2, DType::F16},
-    {"BF16", 2, DType::BF16},          {"I32", 4, DType::I32},
-    {"U32", 4, std::nullopt},          {"F32", 4, DType::F32},
-    {"F64", 8, std::nullopt},          {"I64", 8, DType::I64},
+    {"BOOL", 1, std::nullopt},       {"U8", 1, DType::U8},
+    {"I8", 1, std::nullopt},         {"F8_E5M2", 1, DType::F8E5M2},
+    {"F8_E4M3", 1, DType::F8E4M3FN}, {"I16", 2, std::nullopt},
+    {"U16", 2, std::nullopt},        {"F16", 2, DType::F16},
+    {"BF16", 2, DType::BF16},        {"I32", 4, DType::I32},
+    {"U32", 4, std::nullopt},        {"F32", 4, DType::F32},
+    {"F64", 8, std::nullopt},        {"I64", 8, DType::I64},
     {"U64", 8, std::nullopt},
 };
 
@@ -92,8 +92,8 @@ bool isNf4Storage(const SafetensorsEntry &entry, uint64_t bytes) {
 }
 
 const char *safetensorsDTypeName(DType dtype) {
-  // NF4 tensors are written as their storage bytes (shape [bytes]).
-  if (dtype == DType::NF4)
+  // NF4 tensors are written as their storage bytes (shape [bytes]), as are the shares of them.
+  if (dtype == DType::NF4 || dtype == DType::U8)
     return "U8";
   for (const DTypeSpelling &d : kDTypes)
     if (d.runtime == dtype)
@@ -525,10 +525,10 @@ std::vector<bool> bindCheckpoint(const LoadedPlan &plan, const Checkpoint &check
     bool convertible = e->runtimeDType &&
                        (*e->runtimeDType == t.dtype ||
                         (isFloatStorage(*e->runtimeDType) && isFloatStorage(t.dtype)));
-    // An NF4 parameter binds full-precision weights (quantized as they are read) or the
-    // storage bytes a checkpoint saved.
-    if (t.dtype == DType::NF4) {
-      if (isNf4Storage(*e, t.bytes)) {
+    // An NF4 parameter (or a rank's share of one) binds full-precision weights (quantized as
+    // they are read) or the storage bytes a checkpoint saved.
+    if (t.wholeDType() == DType::NF4) {
+      if (isNf4Storage(*e, t.wholeBytes())) {
         bindings.emplace_back(i, e);
         continue;
       }
@@ -539,7 +539,7 @@ std::vector<bool> bindCheckpoint(const LoadedPlan &plan, const Checkpoint &check
     if (e->shape != whole || !convertible) {
       misShaped.push_back(t.name + " (plan " +
                           (t.sharded() ? "shard of " + std::to_string(t.shardRanks) + " of " : "") +
-                          formatShape(whole) + " " + dtypeName(t.dtype) + ", checkpoint " +
+                          formatShape(whole) + " " + dtypeName(t.wholeDType()) + ", checkpoint " +
                           formatShape(e->shape) + " " + e->dtype + ")");
       continue;
     }
@@ -566,7 +566,13 @@ std::vector<bool> bindCheckpoint(const LoadedPlan &plan, const Checkpoint &check
   std::vector<bool> bound(plan.tensors.size(), false);
   for (const auto &[index, entry] : bindings) {
     const TensorInfo &t = plan.tensors[index];
-    if (t.sharded())
+    if (t.nf4Share()) {
+      // The whole weight quantized (or its saved storage), then this rank's bytes of it.
+      std::vector<uint8_t> storage;
+      TensorView whole = wholeNf4View(t, storage);
+      checkpoint.read(*entry, whole);
+      copyNf4Share(t, whole, rank, views[index]);
+    } else if (t.sharded())
       checkpoint.readSlice(*entry, t.shardOffset(rank), views[index]);
     else
       checkpoint.read(*entry, views[index]);

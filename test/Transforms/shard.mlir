@@ -204,3 +204,39 @@ bonsai.recipe @r {
   // expected-remark @+1 {{GaLore (rank 4, svd projector refreshed every 10 steps, staggered): 1 weight}}
   bonsai.galore rank 4 update_proj_gap 10 scale 0.25 projector "svd" targets ["w"]
 }
+
+// -----
+
+// zero3 with NF4 weights (QLoRA's base): a frozen NF4 parameter is shared out by its storage
+// bytes (the 4-bit codes and the block constants alike) as ui8, and gathered whole before its
+// dequantize. 'q' (64x64, 2120 bytes) splits over 8 ranks, 265 bytes each; 'k' (12x64, 404
+// bytes) does not and stays whole on every rank. (No gradient flows back through 'q' here, so
+// it is gathered in the forward pass only.)
+
+// CHECK-LABEL: func.func @zero3_nf4
+// CHECK: %[[Q:.*]] = bonsai.param "q" frozen sharding <ranks = 8, shape = [64, 64], storage = !bonsai.nf4<64, 256>> : tensor<265xui8>
+// CHECK-NEXT: %[[QF:.*]] = bonsai.all_gather %[[Q]] {ranks = 8 : i64} : (tensor<265xui8>) -> tensor<64x64x!bonsai.nf4<64, 256>>
+// CHECK-NEXT: bonsai.dequantize %[[QF]]
+// CHECK: %[[K:.*]] = bonsai.param "k" frozen : tensor<12x64x!bonsai.nf4<64, 256>>
+// CHECK-NEXT: bonsai.dequantize %[[K]]
+// CHECK-NOT: bonsai.all_gather %[[Q]]
+// CHECK: return
+func.func @zero3_nf4(%ids: tensor<1x4xi32>, %labels: tensor<1x4xi32>) -> tensor<f32> {
+  %emb = bonsai.param "e" frozen : tensor<16x64xf32>
+  %h = bonsai.embedding %emb, %ids : (tensor<16x64xf32>, tensor<1x4xi32>) -> tensor<1x4x64xf32>
+  %q = bonsai.param "q" frozen : tensor<64x64x!bonsai.nf4<64, 256>>
+  %qd = bonsai.dequantize %q : (tensor<64x64x!bonsai.nf4<64, 256>>) -> tensor<64x64xf32>
+  %a = bonsai.linear %h, %qd : (tensor<1x4x64xf32>, tensor<64x64xf32>) -> tensor<1x4x64xf32>
+  %w = bonsai.param "w" trainable : tensor<64xf32>
+  %n = bonsai.rms_norm %a, %w : (tensor<1x4x64xf32>, tensor<64xf32>) -> tensor<1x4x64xf32>
+  %k = bonsai.param "k" frozen : tensor<12x64x!bonsai.nf4<64, 256>>
+  %kd = bonsai.dequantize %k : (tensor<12x64x!bonsai.nf4<64, 256>>) -> tensor<12x64xf32>
+  %logits = bonsai.linear %n, %kd : (tensor<1x4x64xf32>, tensor<12x64xf32>) -> tensor<1x4x12xf32>
+  %loss = bonsai.cross_entropy %logits, %labels : (tensor<1x4x12xf32>, tensor<1x4xi32>) -> tensor<f32>
+  return %loss : tensor<f32>
+}
+bonsai.recipe @r {
+  // expected-remark @+1 {{shard: zero3 over 8 ranks: 6 tensors of 'zero3_nf4' sharded (905 B per rank instead of 7.07 KiB), 1 of them an NF4 weight shared out by its storage bytes, 1 frozen parameter (404 B) kept whole on every rank (it does not split evenly); per micro-batch: all-gather 6.57 KiB, reduce-scatter 256 B (whole tensors; each rank sends and receives 7/8 of them)}}
+  bonsai.shard "zero3" ranks 8
+  bonsai.optimizer "adamw" lr 1.0e-3 {grad_clip = 1.0 : f64}
+}

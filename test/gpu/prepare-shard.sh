@@ -3,8 +3,9 @@
 # a GPU machine (docs/sharding.md, "On the H200"): the sm_90a bonsai-run and
 # bonsai-runtime-tests, their libraries, and plans compiled for the H200: the tiny Llama (f32)
 # and a 2-layer Llama-124M (bf16), each unsharded and with bonsai.shard zero1, zero2 and zero3
-# over one rank (zero3 also with reshard_after_forward false), and a tiny zero3 plan for two
-# ranks (refused when run alone).
+# over one rank (zero3 also with reshard_after_forward false), the tiny Llama's QLoRA unsharded
+# and zero3 over one rank (its NF4 weights in u8 shares), and a tiny zero3 plan for two ranks
+# (refused when run alone).
 #
 #   bash test/gpu/prepare-shard.sh        # -> .gpu-shard/ and .gpu-shard.tar.xz
 #   # on the GPU machine: tar -xJf .gpu-shard.tar.xz && bash .gpu-shard/run.sh
@@ -38,6 +39,14 @@ for z in none zero1 zero2 zero3 zero3kept; do
     -o "$D/plans/tiny_llama_$z.plan" > "$D/plans/tiny_llama_$z.txt" 2>&1
   "$C" "$D/plans/llama_124m_2l.mlir" "$D/plans/r_$z.mlir" --target=h200 \
     -o "$D/plans/llama_124m_2l_$z.plan" > "$D/plans/llama_124m_2l_$z.txt" 2>&1
+done
+# QLoRA: the NF4 base weights shared out by their storage bytes (u8 shares gathered by NCCL).
+q='  bonsai.quantize "nf4" block 64 double_quant 256 targets ["q_proj", "v_proj", "down_proj"]\n  bonsai.lora rank 8 alpha 1.600000e+01 targets ["q_proj", "v_proj", "down_proj"]\n  bonsai.optimizer "adamw" lr 1.000000e-02 {grad_clip = 1.000000e+00 : f64}\n'
+printf "bonsai.recipe @r {\n${q}}\n" > "$D/plans/rq_none.mlir"
+printf "bonsai.recipe @r {\n  bonsai.shard \"zero3\" ranks 1\n${q}}\n" > "$D/plans/rq_zero3.mlir"
+for z in none zero3; do
+  "$C" examples/models/tiny_llama.mlir "$D/plans/rq_$z.mlir" --target=h200 \
+    -o "$D/plans/tiny_llama_qlora_$z.plan" > "$D/plans/tiny_llama_qlora_$z.txt" 2>&1
 done
 printf 'bonsai.recipe @r {\n  bonsai.shard "zero3" ranks 2\n  bonsai.optimizer "adamw" lr 1.000000e-03\n}\n' \
   > "$D/plans/r2.mlir"

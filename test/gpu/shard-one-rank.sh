@@ -53,6 +53,27 @@ same = filecmp.cmp(out + "/exp-zero3/merged.safetensors", out + "/exp-none/merge
                    shallow=False)
 print("export of the sharded plan: %s" % ("the unsharded plan's bytes" if same else "differs"))
 PY
+echo "== QLoRA, its NF4 weights in u8 shares gathered by NCCL (CUDA)"
+rm -rf $out/q-*; mkdir -p $out/q-none $out/q-zero3
+for p in none zero3; do
+  timeout 300 $B plans/tiny_llama_qlora_$p.plan --seed 3 --steps 30 --metrics $out/q_$p.jsonl \
+    --export-merged $out/q-$p/merged.safetensors --export-adapter $out/q-$p/adapter \
+    > $out/q_$p.log 2>&1; echo "qlora $p rc=$?"
+done
+python3 - "$out" <<'PY'
+import filecmp, json, sys
+out = sys.argv[1]
+a = [json.loads(l) for l in open(out + "/q_none.jsonl")]
+b = [json.loads(l) for l in open(out + "/q_zero3.jsonl")]
+same = len(a) == len(b) == 30 and all(x["loss"] == y["loss"] and x["grad_norm"] == y["grad_norm"]
+                                      for x, y in zip(a, b))
+print("qlora zero3 vs none: %d/%d steps, last loss %s vs %s, %s" % (
+    len(b), len(a), b[-1]["loss"] if b else None, a[-1]["loss"] if a else None,
+    "identical" if same else "differ"))
+for f in ["merged.safetensors", "adapter/adapter_model.safetensors"]:
+    same = filecmp.cmp(out + "/q-zero3/" + f, out + "/q-none/" + f, shallow=False)
+    print("qlora export %s: %s" % (f, "the unsharded plan's bytes" if same else "differs"))
+PY
 echo "== a 2-rank plan run alone"
 timeout 60 $B plans/tiny_llama_zero3r2.plan --steps 1 2>&1 | tail -1
 tail -4 $out/llama_124m_2l_zero3.log

@@ -11,9 +11,11 @@
 
 #include "TestPlans.h"
 
+#include "bonsai/runtime/Checkpoint.h"
 #include "bonsai/runtime/Communicator.h"
 #include "bonsai/runtime/Executor.h"
 #include "bonsai/runtime/Init.h"
+#include "bonsai/runtime/Nf4.h"
 #include "bonsai/runtime/Safetensors.h"
 
 #include <gtest/gtest.h>
@@ -65,6 +67,29 @@ uint32_t shardOf(PlanSpec &p, const std::string &name, std::vector<int64_t> shap
   uint32_t t = p.add(name, DType::F32, std::move(shape), role, arena);
   p.tensors[t].shardRanks = ranks;
   p.tensors[t].fullShape = std::move(full);
+  return t;
+}
+
+/// Appends `bytes` bytes of `dtype` (NF4 storage or a u8 share of it) to `arena`, with NF4
+/// blocks (64, 256).
+uint32_t addBytes(PlanSpec &p, const std::string &name, DType dtype, std::vector<int64_t> shape,
+                  uint64_t bytes, TensorRole role, uint32_t arena) {
+  uint32_t t = p.add(name, dtype, std::move(shape), role, arena);
+  p.tensors[t].bytes = int64_t(bytes);
+  p.tensors[t].quantBlock = 64;
+  p.tensors[t].quantDoubleBlock = 256;
+  p.tensors[t].trainable = false;
+  p.arenas[arena].size = p.tensors[t].offset + bytes;
+  return t;
+}
+
+/// Rank `rank`'s share over `ranks` of the NF4 storage of a frozen [64, 64] weight.
+uint32_t nf4Share(PlanSpec &p, const std::string &name, uint32_t ranks) {
+  const uint64_t whole = nf4StorageBytes(64 * 64, 64, 256);
+  uint32_t t = addBytes(p, name, DType::U8, {int64_t(whole / ranks)}, whole / ranks,
+                        TensorRole::Parameter, 0);
+  p.tensors[t].shardRanks = ranks;
+  p.tensors[t].fullShape = {64, 64};
   return t;
 }
 
@@ -149,6 +174,67 @@ TEST(ShardContract, CollectiveKinds) {
                     "reduction L2Norm applies to AllReduce only");
   EXPECT_LOAD_ERROR(plan(KernelKind::AllReduce, DType::F32, {5}, DType::F32, {6}),
                     "y (tensor 4 'y') shape: expected [5], got [6]");
+}
+
+// A sharded NF4 weight: u8 shares of its storage bytes, gathered into the NF4 tensor that
+// Dequantize reads; what the loader refuses about them, naming the rule.
+TEST(ShardContract, Nf4StorageShares) {
+  const uint64_t whole = nf4StorageBytes(64 * 64, 64, 256);
+  ASSERT_EQ(whole, 2120u);
+  PlanSpec p = basePlan(2);
+  uint32_t q = nf4Share(p, "q", 2);
+  uint32_t full = addBytes(p, "q.full", DType::NF4, {64, 64}, whole, TensorRole::Activation, 1);
+  uint32_t w = p.add("q.dequantized", DType::F32, {64, 64}, TensorRole::Activation, 1);
+  p.kernel(KernelKind::AllGather, {q}, {full}, fb::KernelAttrs::CollectiveAttrs,
+           collectiveAttrs(2, CollectiveReduction::Sum));
+  p.kernel(KernelKind::Dequantize, {full}, {w});
+  ASSERT_EQ(loadError(p), "");
+  LoadedPlan plan = load(p);
+  const TensorInfo &t = plan.tensors[q];
+  EXPECT_TRUE(t.nf4Share());
+  EXPECT_EQ(t.wholeDType(), DType::NF4);
+  EXPECT_EQ(t.wholeBytes(), whole);
+  EXPECT_EQ(t.shardOffset(1), 1060);
+
+  PlanSpec bad = p;
+  bad.tensors[q].shape = {1000};
+  bad.tensors[q].bytes = 1000;
+  EXPECT_LOAD_ERROR(bad, "'q' is a u8 share over 2 ranks of the nf4 storage of full_shape "
+                         "[64, 64] (2120 bytes), expected shape [1060], got [1000]");
+  bad = p;
+  bad.tensors[q].shardRanks = 0;
+  bad.tensors[q].fullShape = {};
+  EXPECT_LOAD_ERROR(bad, "'q' is u8 but not sharded: u8 tensors are the shares of sharded nf4 "
+                         "storage");
+  bad = p;
+  bad.tensors[q].quantBlock = 0;
+  EXPECT_LOAD_ERROR(bad, "'q' is a u8 share of nf4 storage with block size 0: expected a power "
+                         "of two");
+  bad = p;
+  bad.tensors[q].trainable = true;
+  EXPECT_LOAD_ERROR(bad, "'q' is a trainable u8 share of nf4 storage: NF4 weights are frozen");
+  bad = p;
+  bad.tensors[full].shardRanks = 2;
+  bad.tensors[full].fullShape = {128, 64};
+  EXPECT_LOAD_ERROR(bad, "'q.full' is an nf4 tensor sharded over ranks: a share of nf4 storage "
+                         "is u8 (its bytes)");
+  // The gather must rebuild this very layout, and only a gather reads the bytes.
+  bad = p;
+  bad.tensors[q].fullShape = {32, 128};
+  EXPECT_LOAD_ERROR(bad, "shard (tensor 3 'q') is a share of the nf4 storage of [32, 128] with "
+                         "blocks (64, 256), but full (tensor 4 'q.full') is [64, 64] with blocks "
+                         "(64, 256)");
+  bad = p;
+  bad.kernels[1].outputs = {w};
+  bad.kernels[1].kind = KernelKind::AllGather;
+  bad.kernels.pop_back();
+  EXPECT_LOAD_ERROR(bad, "an nf4 tensor is gathered from the u8 shares of its storage");
+  bad = p;
+  bad.kernels[1].kind = KernelKind::Copy;
+  bad.kernels[1].attrsType = fb::KernelAttrs::NONE;
+  bad.kernels[1].attrs = nullptr;
+  bad.kernels[1].outputs = {full};
+  EXPECT_LOAD_ERROR(bad, "is u8 (a share of nf4 storage), which only an AllGather reads");
 }
 
 TEST(ShardExecutor, RanksMustMatchTheCommunicator) {
@@ -264,6 +350,87 @@ TEST(ShardExecutor, ShardsAreSlicesOfTheWhole) {
         << error.what();
   }
   removeTree(dir);
+}
+
+// Rank 1 of 2 with a sharded NF4 weight: its share is bytes [1060, 2120) of the whole weight
+// quantized, for the random init and for bound f32 weights; bound from saved NF4 storage (U8
+// [2120]), the same bytes of it.
+TEST(ShardExecutor, Nf4SharesAreBytesOfTheWholeStorage) {
+  PlanSpec p = basePlan(2);
+  uint32_t q = nf4Share(p, "layers.0.q_proj.weight", 2);
+  LoadedPlan plan = load(p);
+  FakeRank comm(1, 2);
+  ExecutorOptions options;
+  options.communicator = &comm;
+  Executor e(plan, options);
+  auto shareBytes = [&] {
+    const auto *b = static_cast<const uint8_t *>(e.view(q).data);
+    return std::vector<uint8_t>(b, b + 1060);
+  };
+  auto wholeOf = [](const std::vector<float> &values) {
+    std::vector<uint8_t> storage(2120);
+    quantizeNf4(values.data(), values.size(), 64, 256, storage.data());
+    return storage;
+  };
+  e.initWeights(9);
+  std::vector<float> drawn(64 * 64);
+  initTensor("layers.0.q_proj.weight", initRuleFor("layers.0.q_proj.weight", 2), 9,
+             {drawn.data(), DType::F32, {64, 64}});
+  std::vector<uint8_t> storage = wholeOf(drawn);
+  EXPECT_EQ(shareBytes(), std::vector<uint8_t>(storage.begin() + 1060, storage.end()));
+
+  std::string dir = makeTempDir("shard-nf4");
+  std::vector<float> values(64 * 64);
+  for (size_t i = 0; i < values.size(); ++i)
+    values[i] = std::sin(float(i) * 0.37f) * (1.0f + float(i % 64) / 16.0f);
+  writeSafetensors(dir + "/w.safetensors",
+                   {{"layers.0.q_proj.weight", DType::F32, {64, 64}, values.data()}});
+  e.bindWeights(Checkpoint::open(dir + "/w.safetensors"));
+  storage = wholeOf(values);
+  EXPECT_EQ(shareBytes(), std::vector<uint8_t>(storage.begin() + 1060, storage.end()));
+
+  for (size_t i = 0; i < storage.size(); ++i)
+    storage[i] = uint8_t(i * 7 + 3);
+  writeSafetensors(dir + "/s.safetensors",
+                   {{"layers.0.q_proj.weight", DType::U8, {2120}, storage.data()}});
+  e.bindWeights(Checkpoint::open(dir + "/s.safetensors"));
+  EXPECT_EQ(shareBytes(), std::vector<uint8_t>(storage.begin() + 1060, storage.end()));
+  removeTree(dir);
+}
+
+// A full checkpoint (no adapters) saves an NF4 weight as its storage bytes, whole or shared
+// out: a plan that shares it out over one rank (its u8 share is all B bytes) and the plan that
+// keeps it whole load each other's checkpoints, every byte of the weight restored.
+TEST(ShardExecutor, Nf4SharesResumeOnTheWholePlanAndBack) {
+  PlanSpec shared = basePlan(1);
+  shared.shardStrategy = "zero3";
+  uint32_t q = nf4Share(shared, "layers.0.q_proj.weight", 1);
+  PlanSpec whole = basePlan(1);
+  uint32_t w = addBytes(whole, "layers.0.q_proj.weight", DType::NF4, {64, 64}, 2120,
+                        TensorRole::Parameter, 0);
+  LoadedPlan sharedPlan = load(shared), wholePlan = load(whole);
+  std::string root = makeTempDir("shard-nf4-ckpt");
+  auto bytesOf = [](const Executor &e, uint32_t t) {
+    const auto *b = static_cast<const uint8_t *>(e.view(t).data);
+    return std::vector<uint8_t>(b, b + 2120);
+  };
+  Executor a(sharedPlan);
+  a.initWeights(5);
+  std::string dir = saveCheckpoint(root + "/a", a, TrainingPosition{1, 2, 5});
+  Executor b(wholePlan);
+  b.initWeights(6);
+  loadCheckpoint(dir, b);
+  EXPECT_EQ(bytesOf(b, w), bytesOf(a, q));
+
+  Executor c(wholePlan);
+  c.initWeights(7);
+  dir = saveCheckpoint(root + "/c", c, TrainingPosition{1, 2, 7});
+  Executor d(sharedPlan);
+  d.initWeights(8);
+  loadCheckpoint(dir, d);
+  EXPECT_EQ(bytesOf(d, q), bytesOf(c, w));
+  EXPECT_NE(bytesOf(d, q), bytesOf(a, q)) << "seeds 5 and 7 drew the same weight";
+  removeTree(root);
 }
 
 // On one rank every collective is a copy, bit for bit; the L2Norm of one rank is sqrt(x^2).

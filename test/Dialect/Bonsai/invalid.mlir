@@ -133,6 +133,33 @@ func.func @param_sharding_wrong_share() {
 
 // -----
 
+// Sharding by storage bytes: the storage type is not a packed one.
+func.func @sharding_storage_not_packed() {
+  // expected-error @+1 {{sharding: storage 'bf16' is not a packed element type (only those are shared out by bytes)}}
+  %w = bonsai.param "w" frozen sharding <ranks = 2, shape = [64, 64], storage = bf16> : tensor<4096xui8>
+  return
+}
+
+// -----
+
+// Sharding by storage bytes: the NF4 storage (140 bytes) does not split over 8 ranks.
+func.func @sharding_storage_uneven() {
+  // expected-error @+1 {{sharding: the 140 storage bytes of 256 elements of '!bonsai.nf4<64, 256>' do not split evenly over 8 ranks}}
+  %w = bonsai.param "w" frozen sharding <ranks = 8, shape = [16, 16], storage = !bonsai.nf4<64, 256>> : tensor<17xui8>
+  return
+}
+
+// -----
+
+// param: a share of NF4 storage is ui8 bytes, not NF4 elements.
+func.func @param_sharding_nf4_not_bytes() {
+  // expected-error @+1 {{parameter 'w' sharded over 2 ranks must be 'tensor<1060xui8>' (one rank's share), got 'tensor<2048x!bonsai.nf4<64, 256>>'}}
+  %w = bonsai.param "w" frozen sharding <ranks = 2, shape = [64, 64], storage = !bonsai.nf4<64, 256>> : tensor<2048x!bonsai.nf4<64, 256>>
+  return
+}
+
+// -----
+
 // param: the whole tensor does not split evenly.
 func.func @param_sharding_uneven() {
   // expected-error @+1 {{sharding: 30 elements do not split evenly over 4 ranks}}
@@ -1068,6 +1095,15 @@ func.func @slice_overflow(%x: tensor<2x8x48xf32>) {
 //===----------------------------------------------------------------------===//
 // Collectives (bonsai-shard)
 //===----------------------------------------------------------------------===//
+
+// -----
+
+// all_gather of an NF4 tensor: the shares are of its storage bytes.
+func.func @all_gather_nf4_wrong_share(%s: tensor<1000xui8>) -> tensor<64x64x!bonsai.nf4<64, 256>> {
+  // expected-error @+1 {{shard type 'tensor<1000xui8>' is not one of 2 flat shares of the 2120 storage bytes of 'tensor<64x64x!bonsai.nf4<64, 256>>' (expected tensor<1060xui8>)}}
+  %w = bonsai.all_gather %s {ranks = 2 : i64} : (tensor<1000xui8>) -> tensor<64x64x!bonsai.nf4<64, 256>>
+  return %w : tensor<64x64x!bonsai.nf4<64, 256>>
+}
 
 // -----
 

@@ -1,8 +1,9 @@
 //===- BonsaiCollectiveOps.cpp - collectives over data-parallel ranks -----===//
 //
 // Verifiers and costs of the ops bonsai-shard inserts. A shard is 1-D and holds 1/ranks of the
-// whole tensor's elements, of the same element type; the verifiers check that, so that a
-// mis-sized exchange is caught in the compiler rather than as a rank waiting forever.
+// whole tensor's elements, of the same element type (or 1/ranks of the storage bytes of a
+// packed tensor, as ui8); the verifiers check that, so that a mis-sized exchange is caught in
+// the compiler rather than as a rank waiting forever.
 //
 //===----------------------------------------------------------------------===//
 
@@ -19,6 +20,20 @@ static LogicalResult verifyShardOf(Operation *op, int64_t ranks, Value shard, Va
     return op->emitOpError() << "ranks must be at least 1, got " << ranks;
   auto shardType = cast<RankedTensorType>(shard.getType());
   auto fullType = cast<RankedTensorType>(full.getType());
+  // A packed tensor (NF4) is shared out by its storage bytes: the shard is ui8.
+  if (auto packed = dyn_cast<plan::PackedElementTypeInterface>(fullType.getElementType())) {
+    uint64_t bytes = packed.getStorageBytes(uint64_t(getNumElements(fullType)));
+    if (shardType.getRank() != 1 || !shardType.getElementType().isUnsignedInteger(8) ||
+        bytes % uint64_t(ranks) != 0 || uint64_t(shardType.getDimSize(0)) != bytes / ranks)
+      return op->emitOpError() << "shard type " << shardType << " is not one of " << ranks
+                               << " flat shares of the " << bytes << " storage bytes of "
+                               << fullType << " (expected "
+                               << (bytes % uint64_t(ranks)
+                                       ? std::string("storage bytes that divide")
+                                       : "tensor<" + std::to_string(bytes / ranks) + "xui8>")
+                               << ")";
+    return success();
+  }
   if (shardType.getElementType() != fullType.getElementType())
     return op->emitOpError() << "shard element type " << shardType.getElementType()
                              << " differs from the whole tensor's " << fullType.getElementType();

@@ -69,7 +69,7 @@ uint64_t NF4Type::getStorageBytes(uint64_t numElements) const {
 //===----------------------------------------------------------------------===//
 
 LogicalResult ShardingAttr::verify(function_ref<InFlightDiagnostic()> emitError, int64_t ranks,
-                                   ArrayRef<int64_t> shape) {
+                                   ArrayRef<int64_t> shape, Type storage) {
   if (ranks < 1)
     return emitError() << "sharding needs at least one rank, got " << ranks;
   int64_t n = 1;
@@ -78,6 +78,18 @@ LogicalResult ShardingAttr::verify(function_ref<InFlightDiagnostic()> emitError,
       return emitError() << "sharding: the whole tensor's dimensions must be positive, got "
                          << size;
     n *= size;
+  }
+  if (storage) {
+    auto packed = dyn_cast<plan::PackedElementTypeInterface>(storage);
+    if (!packed)
+      return emitError() << "sharding: storage " << storage
+                         << " is not a packed element type (only those are shared out by bytes)";
+    uint64_t bytes = packed.getStorageBytes(uint64_t(n));
+    if (bytes % uint64_t(ranks) != 0)
+      return emitError() << "sharding: the " << bytes << " storage bytes of " << n
+                         << " elements of " << storage << " do not split evenly over " << ranks
+                         << " ranks";
+    return success();
   }
   if (n % ranks != 0)
     return emitError() << "sharding: " << n << " elements do not split evenly over " << ranks
@@ -93,6 +105,10 @@ int64_t ShardingAttr::getNumElements() const {
 }
 
 RankedTensorType ShardingAttr::getShardType(Type element) const {
+  if (auto packed = dyn_cast_if_present<plan::PackedElementTypeInterface>(getStorage()))
+    return RankedTensorType::get(
+        {int64_t(packed.getStorageBytes(uint64_t(getNumElements()))) / getRanks()},
+        IntegerType::get(getContext(), 8, IntegerType::Unsigned));
   return RankedTensorType::get({getNumElements() / getRanks()}, element);
 }
 

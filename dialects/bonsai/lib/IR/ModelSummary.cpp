@@ -33,9 +33,14 @@ ModelSummary::ModelSummary(Operation *function) : function(function) {
   llvm::DenseMap<Operation *, size_t> paramIndex;
   function->walk([&](ParamOp param) {
     paramIndex[param] = params.size();
+    // A rank's share (bonsai-shard) stands for the whole tensor, which recipes speak of.
+    RankedTensorType type = param.getResult().getType();
+    if (ShardingAttr sharding = param.getShardingAttr())
+      type =
+          RankedTensorType::get(sharding.getShape(), sharding.getStorage() ? sharding.getStorage()
+                                                                           : type.getElementType());
     params.push_back(
-        {param, param.getName(), param.getResult().getType(), param.getTrainable(),
-         param->hasAttr("bonsai.init")});
+        {param, param.getName(), type, param.getTrainable(), param->hasAttr("bonsai.init")});
   });
   function->walk([&](Operation *op) {
     if (auto attention = dyn_cast<AttentionOp>(op)) {

@@ -96,9 +96,25 @@ struct TensorInfo {
   std::vector<int64_t> fullShape; ///< Sharded tensors only: the whole tensor's shape.
 
   bool sharded() const { return shardRanks > 0; }
-  /// The first element of the whole tensor that rank `rank`'s shard holds.
+  /// One rank's share of the storage bytes of a sharded NF4 tensor (u8; quantBlock and
+  /// quantDoubleBlock are the whole tensor's layout).
+  bool nf4Share() const { return dtype == DType::U8 && sharded(); }
+  /// The whole tensor's dtype and storage bytes (this tensor's own when it is whole).
+  DType wholeDType() const { return nf4Share() ? DType::NF4 : dtype; }
+  uint64_t wholeBytes() const { return sharded() ? bytes * shardRanks : bytes; }
+  /// The first element of the whole tensor that rank `rank`'s shard holds (for an NF4 share,
+  /// the first byte of the whole tensor's storage).
   int64_t shardOffset(int rank) const { return int64_t(rank) * numel; }
 };
+
+/// For an NF4 share (TensorInfo::nf4Share): a view of the whole NF4 tensor over `storage`,
+/// which it resizes to the layout's bytes. Binding or initializing a share fills the whole
+/// tensor there (quantizing needs every block's absmax), then keeps the rank's bytes
+/// (copyNf4Share).
+TensorView wholeNf4View(const TensorInfo &share, std::vector<uint8_t> &storage);
+/// Copies rank `rank`'s bytes of the whole NF4 storage `whole` into the share's view.
+void copyNf4Share(const TensorInfo &share, const TensorView &whole, int rank,
+                  const TensorView &view);
 
 /// The streams a kernel is issued on (KernelInfo::stream). Kernels of one stream run in plan
 /// order; a kernel waits for the kernels of other streams it conflicts with (KernelInfo::waits),

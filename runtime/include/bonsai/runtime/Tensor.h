@@ -35,7 +35,9 @@ enum class DType : uint8_t {
   F8E5M2 = 4,
   I32 = 5,
   I64 = 6,
-  NF4 = 7
+  NF4 = 7,
+  /// Raw bytes: one rank's share of a sharded NF4 tensor's storage (TensorInfo::nf4Share).
+  U8 = 8
 };
 
 /// Bytes per element; 1 for NF4, whose storage is counted (and checkpointed) in bytes.

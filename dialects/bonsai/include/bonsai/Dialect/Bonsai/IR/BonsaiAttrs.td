@@ -49,14 +49,36 @@ def Bonsai_ShardingAttr : Bonsai_Attr<"Sharding", "sharding"> {
     (ZeRO's flat partition, docs/sharding.md): rank r holds elements [r * 4096, (r + 1) * 4096).
     The whole tensor's element count must divide evenly by `ranks`. bonsai-shard sets it on
     the parameters and training state it shards.
+
+    A tensor of a packed element type (`!bonsai.nf4`) is shared out by its storage bytes, the
+    codes and the block constants alike: `storage` names the whole tensor's element type and
+    the share is `tensor<B/ranks x ui8>`, B the storage bytes of the whole tensor, which must
+    divide evenly by `ranks`:
+
+    ```mlir
+    #bonsai.sharding<ranks = 2, shape = [64, 64], storage = !bonsai.nf4<64, 256>>  // tensor<1046xui8>
+    ```
   }];
-  let parameters = (ins "int64_t":$ranks, ArrayRefParameter<"int64_t">:$shape);
-  let assemblyFormat = "`<` `ranks` `=` $ranks `,` `shape` `=` `[` $shape `]` `>`";
+  let parameters = (ins "int64_t":$ranks, ArrayRefParameter<"int64_t">:$shape,
+                        OptionalParameter<"::mlir::Type">:$storage);
+  let assemblyFormat =
+      "`<` `ranks` `=` $ranks `,` `shape` `=` `[` $shape `]` (`,` `storage` `=` $storage^)? `>`";
+  let builders = [
+    AttrBuilder<(ins "int64_t":$ranks, "::llvm::ArrayRef<int64_t>":$shape), [{
+      return $_get($_ctxt, ranks, shape, ::mlir::Type());
+    }]>,
+    AttrBuilder<(ins "int64_t":$ranks, "::llvm::ArrayRef<int64_t>":$shape,
+                     "::mlir::Type":$storage), [{
+      return $_get($_ctxt, ranks, shape, storage);
+    }]>
+  ];
+  let skipDefaultBuilders = 1;
   let genVerifyDecl = 1;
   let extraClassDeclaration = [{
     /// The element count of the whole tensor.
     int64_t getNumElements() const;
-    /// The type of one rank's share of a whole tensor of element type `element`: 1-D.
+    /// The type of one rank's share of a whole tensor of element type `element`: 1-D, of
+    /// `element` itself, or bytes (ui8) of the storage of a packed `storage` type.
     ::mlir::RankedTensorType getShardType(::mlir::Type element) const;
   }];
 }

@@ -51,6 +51,8 @@ def Bonsai_ComputeFloatElement : AnyTypeOf<[BF16, F16, F32]>;
 def Bonsai_IndexElement : AnyTypeOf<[I32, I64]>;
 def Bonsai_NF4Element : Type<CPred<"::llvm::isa<::mlir::bonsai::NF4Type>($_self)">,
                               "NF4 element">;
+/// Raw bytes: one rank's share of a packed (NF4) tensor's storage (bonsai-shard).
+def Bonsai_ByteElement : UI<8>;
 
 /// A statically shaped tensor with no zero-sized dimension: an empty tensor in a training graph
 /// is always a bug, and kernels and cost formulas divide by dimensions.
@@ -60,7 +62,7 @@ class Bonsai_TensorOf<list<Type> allowed>
                    "non-empty " # StaticShapeTensorOf<allowed>.summary>;
 
 def Bonsai_Tensor : Bonsai_TensorOf<[BF16, F16, F32, F8E4M3FN, F8E5M2, I32, I64,
-                                     Bonsai_NF4Element]>;
+                                     Bonsai_NF4Element, Bonsai_ByteElement]>;
 def Bonsai_FloatTensor : Bonsai_TensorOf<[BF16, F16, F32, F8E4M3FN, F8E5M2]>;
 def Bonsai_ComputeTensor : Bonsai_TensorOf<[BF16, F16, F32]>;
 def Bonsai_IndexTensor : Bonsai_TensorOf<[I32, I64]>;

@@ -21,6 +21,7 @@ namespace mlir::bonsai {
 struct ParamSummary {
   Operation *op = nullptr;
   llvm::StringRef name;
+  /// The whole tensor's type (also when bonsai-shard has made the op one rank's share).
   RankedTensorType type;
   bool trainable = false;
   /// Added by a pass with its own initializer (bonsai-insert-lora's adapters carry
