@@ -91,6 +91,16 @@ void Communicator::allGather(const void *send, void *recv, size_t sendCount, DTy
   doAllGather(send, recv, sendCount, dtype, context);
 }
 
+void Communicator::ringShift(const void *send, void *recv, size_t count, DType dtype,
+                             const std::string &context) {
+  const char *name = "ringShift";
+  checkDType(dtype, name);
+  size_t bytes = checkedBytes(count, 1, dtype, name);
+  checkPointer(send, bytes, name, "send");
+  checkPointer(recv, bytes, name, "recv");
+  doRingShift(send, recv, count, dtype, context);
+}
+
 void Communicator::broadcast(void *buffer, size_t count, DType dtype, int root,
                              const std::string &context) {
   const char *name = "broadcast";
@@ -158,6 +168,13 @@ void SingleRankCommunicator::doAllGather(const void *send, void *recv, size_t se
 }
 
 void SingleRankCommunicator::doBroadcast(void *, size_t, DType, int, const std::string &) {}
+
+// One rank is its own neighbour: the shift is a copy.
+void SingleRankCommunicator::doRingShift(const void *send, void *recv, size_t count, DType dtype,
+                                         const std::string &) {
+  if (count > 0)
+    std::memmove(recv, send, count * dtypeSize(dtype));
+}
 
 void SingleRankCommunicator::doBarrier(const std::string &) {}
 

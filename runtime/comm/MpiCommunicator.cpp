@@ -68,7 +68,8 @@ enum class Kind : int {
   AllReduceGather = 4,
   ReduceScatter = 5,
   AllGather = 6,
-  Count = 7
+  RingShift = 7,
+  Count = 8
 };
 
 std::string mpiErrorString(int code) {
@@ -130,6 +131,8 @@ protected:
   void doAllGather(const void *send, void *recv, size_t sendCount, DType dtype,
                    const std::string &context) override;
   void doBroadcast(void *buffer, size_t count, DType dtype, int root,
+                   const std::string &context) override;
+  void doRingShift(const void *send, void *recv, size_t count, DType dtype,
                    const std::string &context) override;
   void doBarrier(const std::string &context) override;
 
@@ -574,6 +577,23 @@ void MpiCommunicator::doBroadcast(void *buffer, size_t count, DType dtype, int r
   wait(pending, op, "(the root) did not arrive or did not send (no data from it)");
   if (bytes)
     std::memcpy(buffer, data, bytes);
+}
+
+void MpiCommunicator::doRingShift(const void *send, void *recv, size_t count, DType dtype,
+                                  const std::string &context) {
+  Op op = begin("ringShift", Kind::RingShift, count, dtype, context);
+  size_t bytes = count * dtypeSize(dtype);
+  int next = (rank_ + 1) % size_, previous = (rank_ - 1 + size_) % size_;
+  // [0, bytes): the outgoing copy (send and recv may alias); [bytes, 2 bytes): the incoming.
+  char *data = staging(2 * bytes);
+  if (bytes)
+    std::memcpy(data, send, bytes);
+  Pending pending;
+  postRecv(pending, data + bytes, bytes, previous, op.tag);
+  postSend(pending, data, bytes, next, op.tag);
+  wait(pending, op, "did not arrive (no message from the previous rank of the ring)");
+  if (bytes)
+    std::memcpy(recv, data + bytes, bytes);
 }
 
 void MpiCommunicator::doBarrier(const std::string &context) {

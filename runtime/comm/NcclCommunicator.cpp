@@ -519,6 +519,37 @@ void NcclCommunicator::broadcast(const void *send, void *recv, size_t count, DTy
   });
 }
 
+void NcclCommunicator::ringShift(const void *send, void *recv, size_t count, DType dtype,
+                                 CUstream_st *stream, const std::string &context) {
+  const char *name = "ringShift";
+  Checker check{who() + ": NCCL " + name + contextText(context)};
+  checkUsable(check.prefix);
+  check.dtype(dtype);
+  size_t bytes = check.bytes(count, 1, dtype);
+  check.pointer(send, bytes, "send");
+  check.pointer(recv, bytes, "recv");
+  if (count == 0)
+    return;
+  checkDevicePointer(send, name, "send", context);
+  checkDevicePointer(recv, name, "recv", context);
+  check.aliasing(send, bytes, recv, bytes, false, "none: send and recv are separate buffers");
+  std::string what =
+      comm::describeCollective(rank_, size_, "NCCL ringShift", count, dtype, context);
+  int next = (rank_ + 1) % size_, previous = (rank_ - 1 + size_) % size_;
+  // One group, so that every rank's send and receive progress together (a ring of blocking
+  // sends would wait on itself).
+  enqueue("ncclSend/ncclRecv", what, [&] {
+    ncclResult_t rc = ncclGroupStart();
+    if (rc != ncclSuccess)
+      return int(rc);
+    ncclResult_t sent = ncclSend(send, bytes, ncclUint8, next, comm_, stream);
+    ncclResult_t received =
+        sent == ncclSuccess ? ncclRecv(recv, bytes, ncclUint8, previous, comm_, stream) : sent;
+    rc = ncclGroupEnd();
+    return int(received != ncclSuccess ? received : rc);
+  });
+}
+
 void NcclCommunicator::synchronize(CUstream_st *stream, const std::string &context) {
   std::string what = who() + ": NCCL synchronize" + contextText(context);
   checkUsable(what);

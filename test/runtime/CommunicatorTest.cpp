@@ -102,7 +102,7 @@ TEST(SingleRankCommunicator, AllReduceAndReduceScatterCopyEveryBit) {
   }
 }
 
-TEST(SingleRankCommunicator, AllGatherAndBroadcast) {
+TEST(SingleRankCommunicator, AllGatherBroadcastAndRingShift) {
   SingleRankCommunicator comm;
   std::vector<int64_t> in = {1, -2, 3, INT64_MAX, INT64_MIN};
   std::vector<int64_t> out(in.size(), 0);
@@ -111,6 +111,15 @@ TEST(SingleRankCommunicator, AllGatherAndBroadcast) {
   std::vector<int64_t> buf = in;
   comm.broadcast(buf.data(), buf.size(), DType::I64, 0, "broadcast");
   EXPECT_EQ(buf, in);
+  // One rank is its own neighbour around the ring: the shift is a copy, in place or not.
+  std::vector<int64_t> shifted(in.size(), 0);
+  comm.ringShift(in.data(), shifted.data(), in.size(), DType::I64, "ring");
+  EXPECT_EQ(shifted, in);
+  comm.ringShift(shifted.data(), shifted.data(), in.size(), DType::I64, "ring in place");
+  EXPECT_EQ(shifted, in);
+  EXPECT_NE(errorOf([&] { comm.ringShift(nullptr, shifted.data(), 1, DType::I64); })
+                .find("ringShift: `send` is null"),
+            std::string::npos);
   comm.barrier("barrier");
   // Empty collectives with null buffers are fine.
   comm.allReduceSum(nullptr, nullptr, 0, DType::F32);

@@ -302,6 +302,42 @@ TEST_F(NcclCollectivesTest, GathersMoveAnyDtypeAsBytes) {
   }
 }
 
+// One rank is its own neighbour: the shift is a copy, bit for bit, for any dtype; overlapping
+// buffers are refused (a ring step double-buffers its block), leaving the communicator usable.
+TEST_F(NcclCollectivesTest, RingShiftOfOneRankIsACopy) {
+  for (DType dtype : {DType::BF16, DType::F32, DType::I64, DType::U8})
+    for (size_t count : {size_t(1), size_t(7), size_t(4097), size_t(1000003)}) {
+      std::string what =
+          std::string("ringShift ") + dtypeName(dtype) + " x " + std::to_string(count);
+      size_t bytes = count * dtypeSize(dtype);
+      // Moved as bytes: any bits will do.
+      std::mt19937 rng(uint32_t(count) + uint32_t(dtype));
+      std::vector<uint8_t> input(bytes);
+      for (uint8_t &b : input)
+        b = uint8_t(rng());
+      DeviceBuffer send(bytes), recv(bytes);
+      send.fill(input, stream_);
+      recv.fill({}, stream_);
+      nccl_->ringShift(send.data, recv.data, count, dtype, stream_, what);
+      nccl_->synchronize(stream_, what);
+      expectBytes(recv.download(), input, what + ": recv");
+      expectBytes(send.download(), input, what + ": send kept");
+    }
+  DeviceBuffer buffer(64);
+  try {
+    nccl_->ringShift(buffer.data, static_cast<char *>(buffer.data) + 4, 8, DType::F32, stream_,
+                     "overlap");
+    FAIL() << "overlapping ring buffers were accepted";
+  } catch (const Error &e) {
+    EXPECT_NE(std::string(e.what()).find("overlap but are not the in-place layout"),
+              std::string::npos)
+        << e.what();
+  }
+  nccl_->ringShift(nullptr, nullptr, 0, DType::F32, stream_, "empty");
+  nccl_->synchronize(stream_, "after the refusal");
+  EXPECT_FALSE(nccl_->failed());
+}
+
 TEST_F(NcclCollectivesTest, PinnedHostBuffersAreAccepted) {
   size_t count = 513;
   std::vector<uint8_t> input = randomElements(DType::F32, count, 99);

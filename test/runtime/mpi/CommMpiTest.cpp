@@ -9,8 +9,9 @@
 //                spread over 2^-20..2^20 so that the order of a sum changes its bits; odd
 //                counts, counts below the number of ranks, empty ones, in place and not; the
 //                results' hashes compared across ranks; repeated all-reduces compared with the
-//                first; bad arguments an error on every rank that leaves the communicator
-//                usable. Prints "DIGEST <hex>" (rank 0), which two runs must agree on.
+//                first; ring shifts (each rank gets the previous rank's buffer); bad
+//                arguments an error on every rank that leaves the communicator usable. Prints
+//                "DIGEST <hex>" (rank 0), which two runs must agree on.
 //   skip         the last rank skips an all-reduce; every other rank must get, within the
 //                deadline (BONSAI_COLLECTIVE_TIMEOUT, 2 s in the script) and not much later, an
 //                error naming that rank, the step, the byte count; then every call fails at
@@ -266,6 +267,26 @@ int runCollectives(Communicator &comm) {
         comm.broadcast(buf.data(), count, dtype, root, what);
         c.check(buf == input(seed, root, count, dtype), what + ": not the root's data");
       }
+    }
+  }
+
+  // Ring shift: every rank gets the previous rank's buffer, any dtype, in place and not; N
+  // shifts in a row bring every rank's buffer back (the passes of a ring attention).
+  for (DType dtype : {DType::BF16, DType::F32, DType::I64, DType::U8}) {
+    for (size_t count : {size_t(0), size_t(1), size_t(13), size_t(300007)}) {
+      ++seed;
+      std::vector<uint8_t> in = input(seed, me, count, dtype);
+      std::vector<uint8_t> out(in.size(), 0xEF);
+      std::string what = label("ringShift", dtype, count);
+      comm.ringShift(in.data(), out.data(), count, dtype, what);
+      c.check(out == input(seed, (me - 1 + n) % n, count, dtype),
+              what + ": not the previous rank's buffer");
+      std::vector<uint8_t> travelling = in;
+      for (int k = 0; k < n; ++k)
+        comm.ringShift(travelling.data(), travelling.data(), count, dtype,
+                       what + " in place, pass " + std::to_string(k));
+      c.check(travelling == in, what + ": " + std::to_string(n) +
+                                    " shifts in place did not bring this rank's buffer back");
     }
   }
 

@@ -112,6 +112,11 @@ public:
   /// Every rank's buffer[0, count) becomes rank `root`'s. Any dtype.
   void broadcast(void *buffer, size_t count, DType dtype, int root,
                  const std::string &context = "");
+  /// recv[0, count) = the send[0, count) of rank (rank() - 1 + size()) % size(): every rank
+  /// passes its buffer to the next one around the ring (RingAttention's K/V blocks, issue #26).
+  /// Any dtype (the elements are copied, not read). `send` and `recv` may alias.
+  void ringShift(const void *send, void *recv, size_t count, DType dtype,
+                 const std::string &context = "");
   /// Returns when every rank has called barrier (or throws at the deadline naming the ranks
   /// that did not).
   void barrier(const std::string &context = "");
@@ -129,6 +134,9 @@ protected:
                            const std::string &context) = 0;
   /// broadcast with checked arguments.
   virtual void doBroadcast(void *buffer, size_t count, DType dtype, int root,
+                           const std::string &context) = 0;
+  /// ringShift with checked arguments.
+  virtual void doRingShift(const void *send, void *recv, size_t count, DType dtype,
                            const std::string &context) = 0;
   /// barrier.
   virtual void doBarrier(const std::string &context) = 0;
@@ -154,6 +162,8 @@ protected:
   void doAllGather(const void *send, void *recv, size_t sendCount, DType dtype,
                    const std::string &context) override;
   void doBroadcast(void *buffer, size_t count, DType dtype, int root,
+                   const std::string &context) override;
+  void doRingShift(const void *send, void *recv, size_t count, DType dtype,
                    const std::string &context) override;
   void doBarrier(const std::string &context) override;
 
