@@ -392,7 +392,7 @@ void Executor::touch(uint32_t tensor) {
 std::vector<std::string> Executor::bindWeights(const Checkpoint &checkpoint, uint64_t seed) {
   std::vector<std::string> ignored;
   std::vector<bool> bound = bindCheckpoint(plan_, checkpoint, views_, &ignored, rank());
-  initUnboundParameters(plan_, views_, seed, bound, rank());
+  initUnboundParameters(plan_, views_, seed, bound, rank(), &communicator());
   for (uint32_t i = 0; i < plan_.tensors.size(); ++i)
     if (plan_.tensors[i].role == TensorRole::Parameter)
       touch(i);
@@ -401,7 +401,7 @@ std::vector<std::string> Executor::bindWeights(const Checkpoint &checkpoint, uin
 }
 
 void Executor::initWeights(uint64_t seed) {
-  initParameters(plan_, views_, seed, rank());
+  initParameters(plan_, views_, seed, rank(), &communicator());
   for (uint32_t i = 0; i < plan_.tensors.size(); ++i)
     if (plan_.tensors[i].role == TensorRole::Parameter)
       touch(i);

@@ -6,6 +6,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "bonsai/runtime/Init.h"
+#include "bonsai/runtime/Communicator.h"
 
 #include "bonsai/runtime/Nf4.h"
 #include "bonsai/runtime/Random.h"
@@ -13,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -72,7 +74,7 @@ void initTensor(const std::string &name, InitRule rule, uint64_t seed, const Ten
 }
 
 void initParameters(const LoadedPlan &plan, const std::vector<TensorView> &views, uint64_t seed,
-                    int rank) {
+                    int rank, Communicator *comm) {
   if (views.size() != plan.tensors.size())
     throw Error("internal error: initialization needs one view per plan tensor");
   // Each tensor's values depend on the seed and its name only, so the tensors are drawn on
@@ -120,7 +122,8 @@ void initParameters(const LoadedPlan &plan, const std::vector<TensorView> &views
     thread.join();
   if (failure)
     std::rethrow_exception(failure);
-  initUnboundParameters(plan, views, seed, std::vector<bool>(plan.tensors.size(), false), rank);
+  initUnboundParameters(plan, views, seed, std::vector<bool>(plan.tensors.size(), false), rank,
+                        comm);
 }
 
 void initKaimingUniform(const std::string &name, uint64_t seed, const TensorView &view,
@@ -167,8 +170,49 @@ void initRowNorm(const TensorView &source, const TensorView &view) {
   storeF32(norms.data(), view);
 }
 
+namespace {
+
+/// DoRA's magnitude `i`: the row norms of its base weight. A sharded base (ZeRO-3: its shares,
+/// or the u8 shares of its NF4 storage) is gathered whole first; a sharded magnitude keeps its
+/// slice of the whole weight's norms, so every rank holds what one rank would.
+void initShardedRowNorm(const LoadedPlan &plan, const std::vector<TensorView> &views, size_t i,
+                        int rank, Communicator *comm) {
+  const TensorInfo &t = plan.tensors[i], &s = plan.tensors[t.initSource];
+  if (!t.sharded() && !s.sharded()) {
+    initRowNorm(views[t.initSource], views[i]);
+    return;
+  }
+  TensorView source = views[t.initSource];
+  std::vector<uint8_t> gathered;
+  if (s.sharded()) {
+    if (!comm)
+      throw Error("internal error: the row norms of '" + t.name + "' need the ranks' shares of '" +
+                  s.name + "', but no communicator was given");
+    gathered.resize(size_t(s.wholeBytes()));
+    comm->allGather(source.data, gathered.data(), size_t(s.numel), s.dtype,
+                    "the row norms of " + t.name + ", all-gather of " + s.name);
+    source.data = gathered.data();
+    source.dtype = s.wholeDType();
+    source.shape = s.fullShape;
+  }
+  if (!t.sharded()) {
+    initRowNorm(source, views[i]);
+    return;
+  }
+  std::vector<uint8_t> norms(size_t(t.wholeBytes()));
+  TensorView whole = views[i];
+  whole.data = norms.data();
+  whole.shape = t.fullShape;
+  initRowNorm(source, whole);
+  std::memcpy(views[i].data, norms.data() + size_t(t.shardOffset(rank)) * dtypeSize(t.dtype),
+              size_t(t.bytes));
+}
+
+} // namespace
+
 void initUnboundParameters(const LoadedPlan &plan, const std::vector<TensorView> &views,
-                           uint64_t seed, const std::vector<bool> &bound, int rank) {
+                           uint64_t seed, const std::vector<bool> &bound, int rank,
+                           Communicator *comm) {
   // Row norms read their base weight, which is bound or initialized (its init is None).
   for (int pass = 0; pass < 2; ++pass)
     for (size_t i = 0; i < plan.tensors.size(); ++i) {
@@ -187,7 +231,7 @@ void initUnboundParameters(const LoadedPlan &plan, const std::vector<TensorView>
           initKaimingUniform(t.name, seed, views[i]);
         break;
       case TensorInit::RowNorm:
-        initRowNorm(views[t.initSource], views[i]);
+        initShardedRowNorm(plan, views, i, rank, comm);
         break;
       default:
         throw Error("internal error: parameter '" + t.name + "' has init CopyOf");

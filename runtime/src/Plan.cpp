@@ -670,9 +670,6 @@ void PlanReader::checkTensorRoles() {
       fail(what + " has init " + init + " but is in step arena " + std::to_string(t.arena) + " '" +
            arena.name + "' (initialized state must live in a persistent arena)");
     if (t.init == TensorInit::RowNorm) {
-      if (t.sharded())
-        fail(what + " has init RowNorm but is sharded over ranks: the row norms of a sharded "
-                    "parameter are not supported");
       if (t.initSource >= plan.tensors.size())
         fail(what + " is the row norms of tensor " + std::to_string(t.initSource) +
              ", but the plan has " + std::to_string(plan.tensors.size()) + " tensors");
@@ -681,9 +678,13 @@ void PlanReader::checkTensorRoles() {
       if (source.role != TensorRole::Parameter || source.init != TensorInit::None)
         fail(what + " is the row norms of " + sourceName +
              ", which is not a bound parameter (role " + tensorRoleName(source.role) + ")");
-      if (source.shape.size() != 2 || t.shape != std::vector<int64_t>{source.shape[0]})
-        fail(what + " shape " + formatShape(t.shape) + " is not the row count of " + sourceName +
-             " " + formatShape(source.shape) + " (RowNorm gives one norm per row)");
+      // Either may be sharded (docs/sharding.md): the norms are of the whole source's rows,
+      // and a sharded magnitude keeps its slice of them.
+      const std::vector<int64_t> &rows = t.sharded() ? t.fullShape : t.shape;
+      const std::vector<int64_t> &matrix = source.sharded() ? source.fullShape : source.shape;
+      if (matrix.size() != 2 || rows != std::vector<int64_t>{matrix[0]})
+        fail(what + " shape " + formatShape(rows) + " is not the row count of " + sourceName + " " +
+             formatShape(matrix) + " (RowNorm gives one norm per row)");
       continue;
     }
     if (t.init != TensorInit::CopyOf)

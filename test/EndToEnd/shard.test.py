@@ -20,7 +20,7 @@ RANKS = [int(n) for n in sys.argv[6].split(",")] if len(sys.argv) > 6 else [2, 4
 TOLERANCE = 1e-6
 TIMEOUT = 300
 CASES = [("tiny_llama", "adamw"), ("tiny_gpt2", "adamw"), ("tiny_llama", "lora"),
-         ("tiny_llama", "qlora"), ("tiny_llama", "galore")]
+         ("tiny_llama", "qlora"), ("tiny_llama", "qdora"), ("tiny_llama", "galore")]
 
 
 def recipe(path, body, shard=None, options=""):

@@ -237,6 +237,24 @@ TEST(ShardContract, Nf4StorageShares) {
   EXPECT_LOAD_ERROR(bad, "is u8 (a share of nf4 storage), which only an AllGather reads");
 }
 
+// DoRA's magnitude sharded (and its base weight sharded or not): its full_shape is the whole
+// base weight's row count.
+TEST(ShardContract, RowNormsOfShards) {
+  PlanSpec p = basePlan(2);
+  uint32_t w = shardOf(p, "w", {64}, {8, 16}, 2, TensorRole::Parameter, 0);
+  p.tensors[w].trainable = false;
+  uint32_t m = shardOf(p, "w.lora_magnitude_vector", {4}, {8}, 2, TensorRole::Parameter, 0);
+  p.tensors[m].init = TensorInit::RowNorm;
+  p.tensors[m].initSource = w;
+  EXPECT_EQ(loadError(p), "");
+  PlanSpec bad = p;
+  bad.tensors[m].shape = {3};
+  bad.tensors[m].bytes = 12;
+  bad.tensors[m].fullShape = {6};
+  EXPECT_LOAD_ERROR(bad, "shape [6] is not the row count of tensor 3 'w' [8, 16] (RowNorm gives "
+                         "one norm per row)");
+}
+
 TEST(ShardExecutor, RanksMustMatchTheCommunicator) {
   PlanSpec p = basePlan(2);
   shardOf(p, "w", {3, 4}, {6, 4}, 2, TensorRole::Parameter, 0);
@@ -351,6 +369,29 @@ TEST(ShardExecutor, ShardsAreSlicesOfTheWhole) {
         << error.what();
   }
   removeTree(dir);
+}
+
+// Rank 1 of 2: a sharded DoRA magnitude of a whole base weight (ZeRO-1/2) is its slice of the
+// whole weight's row norms.
+TEST(ShardExecutor, ShardedMagnitudeIsItsSliceOfTheRowNorms) {
+  PlanSpec p = basePlan(2);
+  uint32_t w = p.add("w", DType::F32, {8, 16}, TensorRole::Parameter, 0);
+  p.tensors[w].trainable = false;
+  uint32_t m = shardOf(p, "w.lora_magnitude_vector", {4}, {8}, 2, TensorRole::Parameter, 0);
+  p.tensors[m].init = TensorInit::RowNorm;
+  p.tensors[m].initSource = w;
+  LoadedPlan plan = load(p);
+  FakeRank comm(1, 2);
+  ExecutorOptions options;
+  options.communicator = &comm;
+  Executor e(plan, options);
+  e.initWeights(4);
+  std::vector<float> weight = floatsOf(e, w), norms(8);
+  initRowNorm({weight.data(), DType::F32, {8, 16}}, {norms.data(), DType::F32, {8}});
+  std::vector<float> shard = floatsOf(e, m);
+  ASSERT_EQ(shard.size(), 4u);
+  for (size_t i = 0; i < 4; ++i)
+    EXPECT_EQ(shard[i], norms[4 + i]) << i;
 }
 
 // Rank 1 of 2 with a sharded NF4 weight: its share is bytes [1060, 2120) of the whole weight

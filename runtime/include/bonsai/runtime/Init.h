@@ -22,6 +22,8 @@
 
 namespace bonsai::rt {
 
+class Communicator;
+
 /// Standard deviation of the normal initializer for tensors of rank >= 2.
 inline constexpr double kInitStd = 0.02;
 
@@ -44,9 +46,10 @@ void initTensor(const std::string &name, InitRule rule, uint64_t seed, const Ten
 
 /// Initializes every Parameter tensor of `plan` through `views` (one per plan tensor): by
 /// initRuleFor, or by the tensor's own initializer (adapters, initUnboundParameters). A sharded
-/// parameter gets rank `rank`'s slice of what one rank initializes for its name and full shape.
+/// parameter gets rank `rank`'s slice of what one rank initializes for its name and full shape;
+/// `comm` gathers what a row norm of a sharded weight needs (required when there is one).
 void initParameters(const LoadedPlan &plan, const std::vector<TensorView> &views, uint64_t seed,
-                    int rank = 0);
+                    int rank = 0, Communicator *comm = nullptr);
 
 /// Fills a 2-D `view` with U(-b, b), b = 1/sqrt(shape[1]) (torch's kaiming_uniform_ with
 /// a = sqrt(5), PEFT's lora_A init), from the stream of (`seed`, `name`). With `fanIn` > 0,
@@ -63,9 +66,12 @@ void initRowNorm(const TensorView &source, const TensorView &view);
 /// Applies the initializer (TensorInit Zeros, KaimingUniform, RowNorm) of every Parameter
 /// tensor that has one and is not `bound` (adapters absent from the weights file); row norms
 /// last, from their (bound or initialized) base weights. Indices are plan tensor indices. A
-/// sharded one gets rank `rank`'s slice.
+/// sharded one gets rank `rank`'s slice. The row norms of a sharded base weight (ZeRO-3) are
+/// of the whole weight, which `comm` gathers: every rank calls this with the same `bound`, so
+/// the gathers match; without `comm` such a plan is an error.
 void initUnboundParameters(const LoadedPlan &plan, const std::vector<TensorView> &views,
-                           uint64_t seed, const std::vector<bool> &bound, int rank = 0);
+                           uint64_t seed, const std::vector<bool> &bound, int rank = 0,
+                           Communicator *comm = nullptr);
 
 } // namespace bonsai::rt
 
