@@ -55,6 +55,7 @@ void writePlans(const std::string &dir) {
       {"training-fused.plan", test::fusedTrainingPlanSpec()},
       {"every-kind.plan", test::everyKindPlanSpec()},
       {"every-training-kind.plan", test::everyTrainingKindPlanSpec()},
+      {"sharded.plan", test::shardedPlanSpec()},
   };
   for (const auto &[name, spec] : plans) {
     std::vector<uint8_t> bytes = test::buildPlan(spec);

@@ -255,6 +255,19 @@ TEST(ShardContract, RowNormsOfShards) {
                          "one norm per row)");
 }
 
+// The fuzzers' sharded seed (TestPlans.h) loads: a flat shard, an NF4 share, the gathers, the
+// dequantize and an all-reduce; the NF4 share is 38 bytes of the head's 76.
+TEST(ShardContract, TheShardedSeedPlanLoads) {
+  ASSERT_EQ(loadError(shardedPlanSpec()), "");
+  LoadedPlan plan = load(shardedPlanSpec());
+  EXPECT_EQ(nf4StorageBytes(16 * 8, 64, 256), 76u);
+  for (const TensorInfo &t : plan.tensors)
+    if (t.name == "lm_head.weight") {
+      EXPECT_TRUE(t.nf4Share());
+      EXPECT_EQ(t.bytes, 38u);
+    }
+}
+
 TEST(ShardExecutor, RanksMustMatchTheCommunicator) {
   PlanSpec p = basePlan(2);
   shardOf(p, "w", {3, 4}, {6, 4}, 2, TensorRole::Parameter, 0);

@@ -353,6 +353,76 @@ inline PlanSpec smallPlanSpec(SmallDims d = {}) {
   return p;
 }
 
+/// smallPlanSpec's forward as ZeRO-3 makes it over 2 ranks (docs/sharding.md): the embedding
+/// table a flat f32 shard, gathered before the lookup; the LM head an NF4 weight shared out by
+/// its storage bytes (a u8 share of its 76 bytes, blocks 64 and 256), gathered into the NF4
+/// tensor that Dequantize reads; the loss summed over the ranks. Loads as rank r of 2.
+inline PlanSpec shardedPlanSpec(SmallDims d = {}) {
+  PlanSpec p;
+  p.model = "sharded";
+  p.ranks = 2;
+  p.shardStrategy = "zero3";
+  p.arenas = {{"weights", Lifetime::Persistent, 0, 256}, {"step", Lifetime::Step, 0, 256}};
+  auto shardOf = [&](uint32_t t, std::vector<int64_t> full) {
+    p.tensors[t].shardRanks = 2;
+    p.tensors[t].fullShape = std::move(full);
+    p.tensors[t].trainable = false;
+  };
+  auto nf4Blocks = [&](uint32_t t, uint64_t bytes) {
+    p.tensors[t].bytes = int64_t(bytes);
+    p.tensors[t].quantBlock = 64;
+    p.tensors[t].quantDoubleBlock = 256;
+    p.tensors[t].trainable = false;
+    p.arenas[p.tensors[t].arena].size = p.tensors[t].offset + bytes;
+  };
+  const int64_t weights = d.vocab * d.hidden;
+  const uint64_t headBytes = ((uint64_t(weights) / 2 + uint64_t(weights) / 64 + 3) / 4) * 4 + 8;
+  uint32_t table =
+      p.add("model.embed_tokens.weight", DType::F32, {weights / 2}, TensorRole::Parameter, 0);
+  shardOf(table, {d.vocab, d.hidden});
+  uint32_t norm = p.add("model.norm.weight", DType::F32, {d.hidden}, TensorRole::Parameter, 0);
+  uint32_t head =
+      p.add("lm_head.weight", DType::U8, {int64_t(headBytes / 2)}, TensorRole::Parameter, 0);
+  nf4Blocks(head, headBytes / 2);
+  shardOf(head, {d.vocab, d.hidden});
+  uint32_t ids = p.add("ids", DType::I32, {d.batch, d.seq}, TensorRole::Input, 1);
+  uint32_t labels = p.add("labels", DType::I32, {d.batch, d.seq}, TensorRole::Input, 1);
+  uint32_t wholeTable =
+      p.add("embed.gathered", DType::F32, {d.vocab, d.hidden}, TensorRole::Activation, 1);
+  uint32_t wholeHead =
+      p.add("head.gathered", DType::NF4, {d.vocab, d.hidden}, TensorRole::Activation, 1);
+  nf4Blocks(wholeHead, headBytes);
+  uint32_t headF32 =
+      p.add("head.dequantized", DType::F32, {d.vocab, d.hidden}, TensorRole::Activation, 1);
+  uint32_t h = p.add("h", DType::F32, {d.batch, d.seq, d.hidden}, TensorRole::Activation, 1);
+  uint32_t n = p.add("n", DType::F32, {d.batch, d.seq, d.hidden}, TensorRole::Activation, 1);
+  uint32_t logits =
+      p.add("logits", DType::F32, {d.batch, d.seq, d.vocab}, TensorRole::Activation, 1);
+  uint32_t loss = p.add("loss", DType::F32, {}, TensorRole::Loss, 1);
+  uint32_t summed = p.add("loss.ranks", DType::F32, {}, TensorRole::Activation, 1);
+  uint32_t logits2d = p.view("logits.flat", logits, {d.batch * d.seq, d.vocab});
+  uint32_t labels1d = p.view("labels.flat", labels, {d.batch * d.seq});
+  auto collective = [&](KernelKind kind, uint32_t in, uint32_t out) {
+    p.kernel(kind, {in}, {out}, bonsai::plan::KernelAttrs::CollectiveAttrs,
+             collectiveAttrs(2, CollectiveReduction::Sum));
+  };
+  collective(KernelKind::AllGather, table, wholeTable);
+  p.kernel(KernelKind::Embedding, {wholeTable, ids}, {h});
+  p.kernel(KernelKind::RMSNorm, {h, norm}, {n}, bonsai::plan::KernelAttrs::NormAttrs,
+           normAttrs(1e-5));
+  collective(KernelKind::AllGather, head, wholeHead);
+  p.kernel(KernelKind::Dequantize, {wholeHead}, {headF32});
+  p.kernel(KernelKind::Linear, {n, headF32}, {logits});
+  p.kernel(KernelKind::CrossEntropy, {logits2d, labels1d}, {loss},
+           bonsai::plan::KernelAttrs::CrossEntropyAttrs, crossEntropyAttrs(-100));
+  collective(KernelKind::AllReduce, loss, summed);
+  p.inputs = {ids, labels};
+  p.loss = loss;
+  p.tokensPerStep = uint64_t(d.batch * d.seq);
+  p.vocabSize = uint64_t(d.vocab);
+  return p;
+}
+
 /// Sizes and options of the training plan.
 struct TrainingDims {
   int64_t batch = 2, seq = 4, vocab = 16, hidden = 8;
