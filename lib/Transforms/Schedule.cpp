@@ -8,8 +8,10 @@
 
 #include "bonsai/Dialect/Plan/IR/PlanDialect.h"
 #include "bonsai/Transforms/Passes.h"
+#include "bonsai/runtime/KernelKinds.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/StringSet.h"
 
 namespace mlir::bonsai {
 #define GEN_PASS_DEF_BONSAISCHEDULEPASS
@@ -22,6 +24,21 @@ using plan::PlanStream;
 
 /// The stream `launch` is issued on.
 PlanStream streamOf(LaunchOp launch) { return PlanStream(launch.getStream()); }
+
+/// Whether `kernel` exchanges data with the other ranks (the kCollective trait of the
+/// runtime's kernel table, KernelKinds.def): all-gathers, reduce-scatters, all-reduces.
+bool isCollective(StringRef kernel) {
+  static const llvm::StringSet<> names = [] {
+    using namespace ::bonsai::rt::kernel_traits;
+    llvm::StringSet<> set;
+#define BONSAI_KERNEL_KIND(Name, Value, OpName, Attrs, MinIn, In, MinOut, Out, ReadWrite, Traits)  \
+  if (((Traits)&kCollective) != 0)                                                                 \
+    set.insert(OpName);
+#include "bonsai/runtime/KernelKinds.def"
+    return set;
+  }();
+  return names.contains(kernel);
+}
 
 struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
   using Base::Base;
@@ -55,6 +72,8 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
               true;
       return std::pair(host, device);
     };
+    if (isCollective(launch.getKernel()))
+      return PlanStream::Collectives;
     auto [insHost, insDevice] = onHost(launch.getIns());
     auto [outsHost, outsDevice] = onHost(launch.getOuts());
     if (insHost && !insDevice && outsDevice && !outsHost)
@@ -198,13 +217,55 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
     return {prefetched, retainedSources};
   }
 
+  /// The all-gathers of the forward and backward passes are issued one gather ahead: each
+  /// moves up, within its phase, to just after the first reader of the gather before it, so
+  /// that the collectives stream brings in a layer's weights while the compute stream works on
+  /// the layer before (FSDP's forward and backward prefetch of one module). The memory planner
+  /// runs after this pass, so each gathered buffer lives from where it is issued. Returns the
+  /// gathers moved.
+  unsigned prefetchGathers(Block &body) {
+    unsigned moved = 0;
+    Operation *previousReader = nullptr;
+    std::optional<plan::Phase> previousPhase;
+    for (LaunchOp gather : llvm::to_vector(body.getOps<LaunchOp>())) {
+      if (streamOf(gather) != PlanStream::Collectives || gather.getKernel() != "all_gather" ||
+          gather.getPhase() == plan::Phase::Update || gather.getOuts().size() != 1)
+        continue;
+      plan::BufferOp gathered = plan::getUnderlyingBuffer(gather.getOuts()[0]);
+      Operation *reader = nullptr;
+      for (Operation *op = gather->getNextNode(); op && !reader; op = op->getNextNode())
+        if (phaseOf(op) == gather.getPhase() && touches(op, gathered))
+          reader = op;
+      if (previousReader && previousPhase == gather.getPhase() &&
+          previousReader->isBeforeInBlock(gather) && previousReader->getNextNode() != gather &&
+          !llvm::any_of(gather.getIns(), [&](Value in) {
+            // Nothing between may write the share (the update does, in another phase).
+            plan::BufferOp share = plan::getUnderlyingBuffer(in);
+            for (Operation *op = previousReader->getNextNode(); op != gather;
+                 op = op->getNextNode())
+              if (auto launch = dyn_cast<LaunchOp>(op);
+                  launch && llvm::any_of(launch.getOuts(), [&](Value out) {
+                    return plan::getUnderlyingBuffer(out) == share;
+                  }))
+                return true;
+            return false;
+          })) {
+        gather->moveAfter(previousReader);
+        ++moved;
+      }
+      previousReader = reader;
+      previousPhase = gather.getPhase();
+    }
+    return moved;
+  }
+
   void scheduleStep(plan::StepOp step) {
     Block &body = step.getBody().front();
     hoistDeclarations(body);
     llvm::StringMap<plan::MemorySpace> spaces;
     for (auto arena : body.getOps<plan::ArenaOp>())
       spaces[arena.getSymName()] = arena.getSpace();
-    unsigned copies = 0, hostSteps = 0, copiesAfterHostSteps = 0;
+    unsigned copies = 0, hostSteps = 0, copiesAfterHostSteps = 0, collectives = 0;
     // The buffers the host updates write.
     llvm::DenseSet<Operation *> writtenOnHost;
     for (LaunchOp launch : body.getOps<LaunchOp>()) {
@@ -230,6 +291,13 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
       }
       launch.setStream(int64_t(stream));
       copies += stream == PlanStream::HostToDevice || stream == PlanStream::DeviceToHost;
+      collectives += stream == PlanStream::Collectives;
+    }
+    if (collectives) {
+      unsigned prefetchedGathers = prefetchGathers(body);
+      numPrefetchedGathers += prefetchedGathers;
+      step.emitRemark() << "schedule: " << collectives << " collectives on the collectives stream; "
+                        << prefetchedGathers << " all-gathers issued one gather ahead";
     }
     if (!copies && !hostSteps)
       return;

@@ -205,6 +205,12 @@ void KernelChecker::checkStream() const {
            "(AdamWUpdate, SGDUpdate) run there");
     return;
   }
+  if (kernel.stream == StreamId::Collectives) {
+    if (!info.has(kernel_traits::kCollective))
+      fail("runs on the collectives stream, but only the exchanges with other ranks "
+           "(ReduceScatter, AllGather, AllReduce) run there");
+    return;
+  }
   if (kernel.stream == StreamId::Compute || info.has(kernel_traits::kCrossesSpaces))
     return;
   // Every other kind may share what the backend keeps per compute stream (the GEMM

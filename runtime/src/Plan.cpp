@@ -841,7 +841,7 @@ void PlanReader::readKernels() {
     if (k->stream() >= kNumStreams)
       fail(what + " runs on an unknown stream " + std::to_string(unsigned(k->stream())) +
            " (0 compute, 1 host-to-device copies, 2 device-to-host copies, 3 host, 4 copies of "
-           "the host steps' results)");
+           "the host steps' results, 5 collectives)");
     info.stream = static_cast<StreamId>(k->stream());
     // The kinds are sparse (families own ranges): a value in a gap is as unknown as one past
     // the end.

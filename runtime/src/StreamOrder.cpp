@@ -35,6 +35,8 @@ const char *streamName(StreamId stream) {
     return "host";
   case StreamId::HostResults:
     return "host-results";
+  case StreamId::Collectives:
+    return "collectives";
   }
   return "unknown";
 }

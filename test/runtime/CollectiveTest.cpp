@@ -260,6 +260,19 @@ TEST(ShardContract, RowNormsOfShards) {
 TEST(ShardContract, TheShardedSeedPlanLoads) {
   ASSERT_EQ(loadError(shardedPlanSpec()), "");
   LoadedPlan plan = load(shardedPlanSpec());
+  // Only the collectives run on the collectives stream; the dequantize reading a gather waits
+  // for it.
+  PlanSpec bad = shardedPlanSpec();
+  for (KernelSpec &k : bad.kernels)
+    if (k.kind == KernelKind::Dequantize)
+      k.stream = uint8_t(StreamId::Collectives);
+  EXPECT_LOAD_ERROR(bad, "runs on the collectives stream, but only the exchanges with other "
+                         "ranks (ReduceScatter, AllGather, AllReduce) run there");
+  for (size_t k = 0; k < plan.kernels.size(); ++k)
+    if (plan.kernels[k].kind == KernelKind::Dequantize) {
+      ASSERT_EQ(plan.kernels[k].waits.size(), 1u);
+      EXPECT_EQ(plan.kernels[plan.kernels[k].waits[0]].kind, KernelKind::AllGather);
+    }
   EXPECT_EQ(nf4StorageBytes(16 * 8, 64, 256), 76u);
   for (const TensorInfo &t : plan.tensors)
     if (t.name == "lm_head.weight") {

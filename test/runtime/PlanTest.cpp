@@ -832,8 +832,12 @@ TEST(PlanTrainingTest, CopiesOnTheirStreamsWaitForWhatTheirBytesNeed) {
                      "stream"});
   spec.kernels[adam].stream = 0;
   spec.kernels[in[0]].stream = 5;
-  expectError(spec, {"runs on an unknown stream 5 (0 compute, 1 host-to-device copies, 2 "
-                     "device-to-host copies, 3 host, 4 copies of the host steps' results)"});
+  expectError(spec, {"(CopyHostToDevice): runs on the collectives stream, but only the "
+                     "exchanges with other ranks (ReduceScatter, AllGather, AllReduce) run there"});
+  spec.kernels[in[0]].stream = 6;
+  expectError(spec, {"runs on an unknown stream 6 (0 compute, 1 host-to-device copies, 2 "
+                     "device-to-host copies, 3 host, 4 copies of the host steps' results, 5 "
+                     "collectives)"});
 }
 
 /// hostStepPlanSpec: lm_head's update on the host stream, over pinned host memory.

@@ -68,7 +68,8 @@ struct KernelSpec {
   std::function<flatbuffers::Offset<void>(flatbuffers::FlatBufferBuilder &)> attrs;
   std::string name;
   Phase phase = Phase::Forward;
-  uint8_t stream = 0; ///< StreamId: 0 compute, 1 and 2 the copy streams, 3 the host.
+  /// StreamId: 0 compute, 1 and 2 the copy streams, 3 the host, 5 the collectives.
+  uint8_t stream = 0;
 };
 
 /// An adapter of a test plan (plan.fbs's Adapter: tensor indices, magnitude -1 for LoRA).
@@ -356,7 +357,8 @@ inline PlanSpec smallPlanSpec(SmallDims d = {}) {
 /// smallPlanSpec's forward as ZeRO-3 makes it over 2 ranks (docs/sharding.md): the embedding
 /// table a flat f32 shard, gathered before the lookup; the LM head an NF4 weight shared out by
 /// its storage bytes (a u8 share of its 76 bytes, blocks 64 and 256), gathered into the NF4
-/// tensor that Dequantize reads; the loss summed over the ranks. Loads as rank r of 2.
+/// tensor that Dequantize reads; the loss summed over the ranks. The collectives on the
+/// collectives stream, as bonsai-schedule issues them. Loads as rank r of 2.
 inline PlanSpec shardedPlanSpec(SmallDims d = {}) {
   PlanSpec p;
   p.model = "sharded";
@@ -403,8 +405,9 @@ inline PlanSpec shardedPlanSpec(SmallDims d = {}) {
   uint32_t logits2d = p.view("logits.flat", logits, {d.batch * d.seq, d.vocab});
   uint32_t labels1d = p.view("labels.flat", labels, {d.batch * d.seq});
   auto collective = [&](KernelKind kind, uint32_t in, uint32_t out) {
-    p.kernel(kind, {in}, {out}, bonsai::plan::KernelAttrs::CollectiveAttrs,
-             collectiveAttrs(2, CollectiveReduction::Sum));
+    size_t k = p.kernel(kind, {in}, {out}, bonsai::plan::KernelAttrs::CollectiveAttrs,
+                        collectiveAttrs(2, CollectiveReduction::Sum));
+    p.kernels[k].stream = uint8_t(StreamId::Collectives);
   };
   collective(KernelKind::AllGather, table, wholeTable);
   p.kernel(KernelKind::Embedding, {wholeTable, ids}, {h});

@@ -579,7 +579,11 @@ def BonsaiSchedulePass : Pass<"bonsai-schedule", "::mlir::ModuleOp"> {
     and puts every launch on a stream: the host-offload copies (launches between a pinned
     host and a device arena) on the host-to-device (1) or device-to-host (2) copy stream, a
     launch over pinned host memory only (an update that runs on the host) on the host stream
-    (3), everything else on the compute stream (0). With `overlap`, the copy back to the
+    (3), everything else on the compute stream (0). With `overlap`, the exchanges with other
+    ranks (bonsai-shard's all-gathers, reduce-scatters and all-reduces) run on the
+    collectives stream (5), each forward and backward all-gather moved up to just after the
+    first reader of the gather before it (one gather ahead: the next layer's weights arrive
+    while the compute stream works on this one); and the copy back to the
     device of what a host update wrote gets a stream of its own (4): on the copy stream it
     would hold up every copy issued after it (the streamed updates' state) until the CPU is
     done, and on the host stream the next host update.
@@ -604,13 +608,16 @@ def BonsaiSchedulePass : Pass<"bonsai-schedule", "::mlir::ModuleOp"> {
   }];
   let options = [
     Option<"overlap", "overlap", "bool", /*default=*/"true",
-           "issue the host-offload copies on copy streams, one update ahead">,
+           "issue the host-offload copies on copy streams, one update ahead, and the "
+           "collectives on a stream of their own, one all-gather ahead">,
   ];
   let statistics = [
     Statistic<"numPrefetched", "num-prefetched",
               "groups of host-to-device copies issued ahead of their reader">,
     Statistic<"numRetained", "num-retained",
               "device-to-host copy sources kept from reuse while the copy may read them">,
+    Statistic<"numPrefetchedGathers", "num-prefetched-gathers",
+              "all-gathers issued one gather ahead of their reader">,
   ];
   let dependentDialects = ["::mlir::bonsai::plan::PlanDialect"];
 }

@@ -127,17 +127,21 @@ void copyNf4Share(const TensorInfo &share, const TensorView &whole, int rank,
 /// `HostResults` carries the copies to the device of what the host steps wrote: each waits for
 /// its host step, so on the host-to-device stream it would hold up every copy behind it, and on
 /// the host stream it would hold up the next host step.
+/// `Collectives` carries the exchanges with the other ranks (kinds with the kCollective trait;
+/// docs/sharding.md, "Overlap"), so that a parameter's all-gather runs while the compute stream
+/// works on the layer before it, and a gradient's reduce-scatter while it works on the next.
 /// The compiler's copy of these numbers: bonsai::plan::PlanStream (PlanStreams.h).
 enum class StreamId : uint8_t {
   Compute = 0,
   HostToDevice = 1,
   DeviceToHost = 2,
   Host = 3,
-  HostResults = 4
+  HostResults = 4,
+  Collectives = 5
 };
-constexpr unsigned kNumStreams = 5;
+constexpr unsigned kNumStreams = 6;
 
-/// "compute", "host-to-device", "device-to-host", "host" or "host-results".
+/// "compute", "host-to-device", "device-to-host", "host", "host-results" or "collectives".
 const char *streamName(StreamId stream);
 
 /// One verified kernel: indices into LoadedPlan::tensors, checked against the kind's operand

@@ -26,10 +26,13 @@ enum class PlanStream : int64_t {
   /// Updates on the host, in stream order with the GPU's work.
   Host = 3,
   /// The copies back to the device of what the host updates wrote.
-  HostResults = 4
+  HostResults = 4,
+  /// The exchanges with the other ranks: all-gathers, reduce-scatters, all-reduces
+  /// (docs/sharding.md, "Overlap").
+  Collectives = 5
 };
 /// The number of PlanStream values.
-inline constexpr unsigned kNumPlanStreams = 5;
+inline constexpr unsigned kNumPlanStreams = 6;
 
 } // namespace mlir::bonsai::plan
 
