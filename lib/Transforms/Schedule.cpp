@@ -259,6 +259,46 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
     return moved;
   }
 
+  /// The reader of each reduce-scatter's share (its accumulation) moves down, within its
+  /// phase, to just before the next reduce-scatter: the compute stream goes on with the next
+  /// layer's backward while the collectives stream reduces this layer's gradient, instead of
+  /// waiting for it at once. A reader moves only past ops that touch none of its buffers.
+  /// Returns the readers moved.
+  unsigned deferScatterReaders(Block &body) {
+    SmallVector<LaunchOp> scatters;
+    for (LaunchOp launch : body.getOps<LaunchOp>())
+      if (streamOf(launch) == PlanStream::Collectives && launch.getKernel() == "reduce_scatter" &&
+          launch.getPhase() != plan::Phase::Update && launch.getOuts().size() == 1)
+        scatters.push_back(launch);
+    unsigned moved = 0;
+    for (size_t i = 0; i + 1 < scatters.size(); ++i) {
+      LaunchOp scatter = scatters[i], next = scatters[i + 1];
+      if (next.getPhase() != scatter.getPhase())
+        continue;
+      plan::BufferOp share = plan::getUnderlyingBuffer(scatter.getOuts()[0]);
+      SmallVector<Operation *> readers;
+      for (Operation *op = scatter->getNextNode(); op && op != next; op = op->getNextNode())
+        if (touches(op, share))
+          readers.push_back(op);
+      if (readers.size() != 1 || !isa<LaunchOp>(readers[0]))
+        continue;
+      Operation *reader = readers[0];
+      SmallVector<plan::BufferOp> mine;
+      for (Value v : reader->getOperands())
+        if (plan::BufferOp buffer = plan::getUnderlyingBuffer(v))
+          mine.push_back(buffer);
+      bool clear = true;
+      for (Operation *op = reader->getNextNode(); op != next && clear; op = op->getNextNode())
+        clear = !isa<plan::ArenaOp, plan::BufferOp, plan::ViewOp>(op) &&
+                llvm::none_of(mine, [&](plan::BufferOp buffer) { return touches(op, buffer); });
+      if (!clear || reader->getNextNode() == next)
+        continue;
+      reader->moveBefore(next);
+      ++moved;
+    }
+    return moved;
+  }
+
   void scheduleStep(plan::StepOp step) {
     Block &body = step.getBody().front();
     hoistDeclarations(body);
@@ -295,9 +335,11 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
     }
     if (collectives) {
       unsigned prefetchedGathers = prefetchGathers(body);
+      unsigned deferred = deferScatterReaders(body);
       numPrefetchedGathers += prefetchedGathers;
       step.emitRemark() << "schedule: " << collectives << " collectives on the collectives stream; "
-                        << prefetchedGathers << " all-gathers issued one gather ahead";
+                        << prefetchedGathers << " all-gathers issued one gather ahead; " << deferred
+                        << " reduce-scatters read one reduce-scatter later";
     }
     if (!copies && !hostSteps)
       return;
