@@ -93,3 +93,61 @@ bonsai_plan.step @overlap attributes {target = "sm_90"} {
   bonsai_plan.launch "copy_d2h" ins(%d1 : memref<4xf32>) outs(%h1 : memref<4xf32>) {phase = 2 : i32}
   bonsai_plan.launch "tail" ins() outs(%x : memref<4xf32>) {phase = 2 : i32}
 }
+
+// -----
+
+// The exchanges with other ranks (the kernel kinds with the kCollective trait) go on the
+// collectives stream (5). An all-gather of the forward or backward pass moves up to just after
+// the first reader of the all-gather before it, within its phase (one gather ahead); the reader
+// of a reduce-scatter's share moves down to just before the next reduce-scatter of its phase.
+// Without overlap, nothing moves and every launch stays on the compute stream.
+
+// CHECK-LABEL: bonsai_plan.step @collectives
+// CHECK: bonsai_plan.launch "all_gather" ins(%[[S0:.*]] : memref<4xf32>) outs(%[[W0:.*]] : memref<8xf32>) {stream = 5 : i64}
+// CHECK-NEXT: bonsai_plan.launch "layer" ins(%[[W0]] : memref<8xf32>)
+// CHECK-NEXT: bonsai_plan.launch "all_gather" ins(%[[S1:.*]] : memref<4xf32>) outs(%[[W1:.*]] : memref<8xf32>) {stream = 5 : i64}
+// CHECK-NEXT: bonsai_plan.launch "work"
+// CHECK-NEXT: bonsai_plan.launch "layer" ins(%[[W1]], %{{.*}} : memref<8xf32>, memref<8xf32>)
+// CHECK-NEXT: bonsai_plan.launch "reduce_scatter" ins(%{{.*}} : memref<8xf32>) outs(%[[R0:.*]] : memref<4xf32>) {phase = 1 : i32, stream = 5 : i64}
+// CHECK-NEXT: bonsai_plan.launch "grad"
+// CHECK-NEXT: bonsai_plan.launch "accumulate" ins(%[[R0]] : memref<4xf32>)
+// CHECK-NEXT: bonsai_plan.launch "reduce_scatter" {{.*}} {phase = 1 : i32, stream = 5 : i64}
+// CHECK-NEXT: bonsai_plan.launch "accumulate"
+// CHECK-NEXT: bonsai_plan.launch "all_reduce" {{.*}} {phase = 2 : i32, stream = 5 : i64}
+
+// INORDER-LABEL: bonsai_plan.step @collectives
+// INORDER-NOT: stream
+// INORDER: bonsai_plan.launch "work"
+// INORDER-NEXT: bonsai_plan.launch "all_gather"
+// INORDER: bonsai_plan.launch "reduce_scatter"
+// INORDER-NEXT: bonsai_plan.launch "accumulate"
+// expected-remark @+1 {{schedule: 5 collectives on the collectives stream; 1 all-gathers issued one gather ahead; 1 reduce-scatters read one reduce-scatter later}}
+bonsai_plan.step @collectives attributes {target = "sm_90"} {
+  bonsai_plan.arena @w persistent device size 0
+  bonsai_plan.arena @a step device size 0
+  %s0 = bonsai_plan.buffer @w parameter "w0" : memref<4xf32>
+  %s1 = bonsai_plan.buffer @w parameter "w1" : memref<4xf32>
+  %acc0 = bonsai_plan.buffer @w gradient "w0" : memref<4xf32>
+  %acc1 = bonsai_plan.buffer @w gradient "w1" : memref<4xf32>
+  %w0 = bonsai_plan.buffer @a activation "w0.full" : memref<8xf32>
+  %w1 = bonsai_plan.buffer @a activation "w1.full" : memref<8xf32>
+  %x = bonsai_plan.buffer @a activation "x" : memref<8xf32>
+  %y = bonsai_plan.buffer @a activation "y" : memref<8xf32>
+  %z = bonsai_plan.buffer @a activation "z" : memref<8xf32>
+  %g0 = bonsai_plan.buffer @a activation "g0" : memref<8xf32>
+  %g1 = bonsai_plan.buffer @a activation "g1" : memref<8xf32>
+  %r0 = bonsai_plan.buffer @a activation "r0" : memref<4xf32>
+  %r1 = bonsai_plan.buffer @a activation "r1" : memref<4xf32>
+  %n = bonsai_plan.buffer @a activation "norm" : memref<f32>
+  bonsai_plan.launch "all_gather" ins(%s0 : memref<4xf32>) outs(%w0 : memref<8xf32>)
+  bonsai_plan.launch "layer" ins(%w0 : memref<8xf32>) outs(%x : memref<8xf32>)
+  bonsai_plan.launch "work" ins(%x : memref<8xf32>) outs(%y : memref<8xf32>)
+  bonsai_plan.launch "all_gather" ins(%s1 : memref<4xf32>) outs(%w1 : memref<8xf32>)
+  bonsai_plan.launch "layer" ins(%w1, %y : memref<8xf32>, memref<8xf32>) outs(%z : memref<8xf32>)
+  bonsai_plan.launch "reduce_scatter" ins(%g0 : memref<8xf32>) outs(%r0 : memref<4xf32>) {phase = 1 : i32}
+  bonsai_plan.launch "accumulate" ins(%r0 : memref<4xf32>) outs(%acc0 : memref<4xf32>) {phase = 1 : i32}
+  bonsai_plan.launch "grad" ins(%z : memref<8xf32>) outs(%g1 : memref<8xf32>) {phase = 1 : i32}
+  bonsai_plan.launch "reduce_scatter" ins(%g1 : memref<8xf32>) outs(%r1 : memref<4xf32>) {phase = 1 : i32}
+  bonsai_plan.launch "accumulate" ins(%r1 : memref<4xf32>) outs(%acc1 : memref<4xf32>) {phase = 1 : i32}
+  bonsai_plan.launch "all_reduce" ins(%n : memref<f32>) outs(%n : memref<f32>) {phase = 2 : i32}
+}

@@ -40,6 +40,10 @@ for z in none zero1 zero2 zero3 zero3kept; do
   "$C" "$D/plans/llama_124m_2l.mlir" "$D/plans/r_$z.mlir" --target=h200 \
     -o "$D/plans/llama_124m_2l_$z.plan" > "$D/plans/llama_124m_2l_$z.txt" 2>&1
 done
+# The same zero3 plan with every launch in order on the compute stream: what the collectives
+# stream and the prefetch change.
+"$C" "$D/plans/llama_124m_2l.mlir" "$D/plans/r_zero3.mlir" --target=h200 --overlap-copies=false \
+  -o "$D/plans/llama_124m_2l_zero3_inorder.plan" > "$D/plans/llama_124m_2l_zero3_inorder.txt" 2>&1
 # QLoRA: the NF4 base weights shared out by their storage bytes (u8 shares gathered by NCCL).
 q='  bonsai.quantize "nf4" block 64 double_quant 256 targets ["q_proj", "v_proj", "down_proj"]\n  bonsai.lora rank 8 alpha 1.600000e+01 targets ["q_proj", "v_proj", "down_proj"]\n  bonsai.optimizer "adamw" lr 1.000000e-02 {grad_clip = 1.000000e+00 : f64}\n'
 printf "bonsai.recipe @r {\n${q}}\n" > "$D/plans/rq_none.mlir"

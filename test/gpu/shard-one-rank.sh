@@ -25,6 +25,12 @@ print("%s: %d/%d steps, last loss %s vs %s, max rel diff %.3g, %s, tok/s %s vs %
 PY
   done
 done
+echo "== the collectives stream against every launch in order (llama_124m_2l zero3, 3 runs each)"
+for v in zero3 zero3_inorder zero3 zero3_inorder zero3 zero3_inorder; do
+  timeout 300 $B plans/llama_124m_2l_$v.plan --seed 3 --steps 30 --metrics $out/ov_$v.jsonl \
+    > $out/ov_$v.log 2>&1 || echo "$v rc=$?"
+  grep "^time: 30 steps" $out/ov_$v.log | sed "s/^/$v: /"
+done
 echo "== under mpirun -np 1 (Open MPI's launcher, the MPI host communicator)"
 if command -v mpirun > /dev/null; then
   timeout 120 mpirun --allow-run-as-root -np 1 $B plans/tiny_llama_zero3.plan --seed 3 --steps 30 --metrics $out/mpi_zero3.jsonl > $out/mpi.log 2>&1; echo "mpirun rc=$?"; tail -3 $out/mpi.log
