@@ -763,7 +763,8 @@ bonsai.recipe @r {
 
 // -----
 
-// ring: a sequence length that does not split over the ranks.
+// ring: a sequence length that does not split into 2 x ranks zigzag chunks (8 over 3 ranks;
+// 12 over 4 ranks splits over the ranks but not into 8 chunks: the next case).
 func.func @forward(%q: tensor<2x8x2x4xf32>) -> tensor<2x8x2x4xf32> {
   %w = bonsai.param "model.norm.weight" trainable : tensor<4xf32>
   %n = bonsai.rms_norm %q, %w : (tensor<2x8x2x4xf32>, tensor<4xf32>) -> tensor<2x8x2x4xf32>
@@ -771,8 +772,21 @@ func.func @forward(%q: tensor<2x8x2x4xf32>) -> tensor<2x8x2x4xf32> {
   return %o : tensor<2x8x2x4xf32>
 }
 bonsai.recipe @r {
-  // expected-error @+1 {{sequence length 8 does not split evenly over 3 ranks}}
+  // expected-error @+1 {{sequence length 8 does not split into 6 equal chunks (the zigzag layout gives each of the 3 ranks two); use a length that is a multiple of 6}}
   bonsai.ring ranks 3
+}
+
+// -----
+
+func.func @forward(%q: tensor<2x12x2x4xf32>) -> tensor<2x12x2x4xf32> {
+  %w = bonsai.param "model.norm.weight" trainable : tensor<4xf32>
+  %n = bonsai.rms_norm %q, %w : (tensor<2x12x2x4xf32>, tensor<4xf32>) -> tensor<2x12x2x4xf32>
+  %o = bonsai.attention %n, %n, %n {causal, scale = 0.5 : f64} : (tensor<2x12x2x4xf32>, tensor<2x12x2x4xf32>, tensor<2x12x2x4xf32>) -> tensor<2x12x2x4xf32>
+  return %o : tensor<2x12x2x4xf32>
+}
+bonsai.recipe @r {
+  // expected-error @+1 {{sequence length 12 does not split into 8 equal chunks (the zigzag layout gives each of the 4 ranks two); use a length that is a multiple of 8}}
+  bonsai.ring ranks 4
 }
 
 //===----------------------------------------------------------------------===//

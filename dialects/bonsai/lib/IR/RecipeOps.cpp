@@ -343,9 +343,13 @@ LogicalResult RingDirectiveOp::verifyAgainstModel(const ModelSummary &model) {
   int64_t seq = model.getSequenceLength();
   if (seq == 0)
     return emitOpError("ring attention needs a model with attention");
-  if (seq % int64_t(getRanks()) != 0)
-    return emitOpError() << "sequence length " << seq << " does not split evenly over "
-                         << int64_t(getRanks()) << " ranks";
+  // The zigzag layout (issue #26) gives rank r chunks r and 2N - 1 - r of 2N equal chunks, so
+  // that every rank has as much causal work as any other.
+  const int64_t ranks = int64_t(getRanks());
+  if (seq % (2 * ranks) != 0)
+    return emitOpError() << "sequence length " << seq << " does not split into " << 2 * ranks
+                         << " equal chunks (the zigzag layout gives each of the " << ranks
+                         << " ranks two); use a length that is a multiple of " << 2 * ranks;
   return success();
 }
 
