@@ -249,7 +249,7 @@ std::string peftAdapterConfig(const LoadedPlan &plan, const std::string &baseMod
   return json;
 }
 
-WholeParameters::WholeParameters(const Executor &executor, bool adaptersOnly)
+WholeParameters::WholeParameters(const Executor &executor, bool adaptersOnly, int root)
     : plan(executor.plan()), views(executor.views()) {
   std::set<uint32_t> adapterTensors;
   for (const AdapterInfo &a : plan.adapters) {
@@ -264,11 +264,22 @@ WholeParameters::WholeParameters(const Executor &executor, bool adaptersOnly)
     if (t.role != TensorRole::Parameter || !t.sharded() ||
         (adaptersOnly && !adapterTensors.count(i)))
       continue;
-    // Shards are contiguous flat slices in rank order: the gather is the whole tensor (for
-    // the u8 shares of an NF4 weight, its storage).
-    storage_.emplace_back(size_t(t.wholeBytes()));
-    comm.allGather(views[i].data, storage_.back().data(), size_t(t.numel), t.dtype,
-                   "export, all-gather of " + t.name);
+    // Shards are contiguous flat slices in rank order: the pieces in order are the whole
+    // tensor (for the u8 shares of an NF4 weight, its storage). Only the root keeps them.
+    const bool keep = comm.rank() == root;
+    std::vector<unsigned char> scratch(keep ? 0 : size_t(t.bytes));
+    if (keep)
+      storage_.emplace_back(size_t(t.wholeBytes()));
+    for (int r = 0; r < comm.size(); ++r) {
+      unsigned char *piece =
+          keep ? storage_.back().data() + size_t(r) * size_t(t.bytes) : scratch.data();
+      if (r == comm.rank() && t.bytes)
+        std::memcpy(piece, views[i].data, size_t(t.bytes));
+      comm.broadcast(piece, size_t(t.numel), t.dtype, r,
+                     "export, piece " + std::to_string(r) + " of " + t.name);
+    }
+    if (!keep)
+      continue;
     t.dtype = t.wholeDType();
     t.bytes = t.wholeBytes();
     t.numel = 1;

@@ -1288,8 +1288,9 @@ int run(const Options &o) {
   }
 
   // Exports read the trained parameters; nothing after this point changes them. A sharded
-  // plan's run gathers the sharded ones whole on every rank first (a collective), then rank 0
-  // writes, and an error there stops every rank (docs/sharding.md, "Checkpoints and exports").
+  // plan's run gathers the sharded ones whole on rank 0 first (every rank sends its shares),
+  // then rank 0 writes, and an error there stops every rank (docs/sharding.md, "Checkpoints
+  // and exports").
   std::optional<rt::WholeParameters> whole;
   if (exports && std::any_of(plan.tensors.begin(), plan.tensors.end(),
                              [](const rt::TensorInfo &t) { return t.sharded(); }))

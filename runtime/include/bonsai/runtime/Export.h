@@ -127,14 +127,15 @@ HfExportSummary exportHfModel(const std::string &dir, const Executor &executor,
 HfExportSummary exportHfModel(const std::string &dir, const LoadedPlan &plan,
                               const std::vector<TensorView> &views, const HfExportOptions &options);
 
-/// The parameters of a run of several ranks gathered whole (docs/sharding.md, "Exports"):
-/// a copy of the plan whose sharded parameters have their whole shapes and are no longer
-/// sharded, and one host view per plan tensor, the gathered ones into buffers it owns. Every
-/// rank builds it (each sharded parameter is all-gathered in plan order, a collective), so
-/// every rank holds the parameters it gathers whole in host memory: the adapters alone for a
-/// PEFT export (`adaptersOnly`), every parameter for a merged one.
+/// The parameters of a run of several ranks gathered whole on rank `root` (docs/sharding.md,
+/// "Exports"): there, a copy of the plan whose sharded parameters have their whole shapes and
+/// are no longer sharded, and one host view per plan tensor, the gathered ones into buffers it
+/// owns; the adapters alone for a PEFT export (`adaptersOnly`), every parameter for a merged
+/// one. Every rank builds it (each rank's share of each sharded parameter is broadcast in rank
+/// order, in plan order: collectives), but only `root` keeps what it gathers: the others hold
+/// one share at a time, and their `plan` and `views` are the executor's own.
 struct WholeParameters {
-  WholeParameters(const Executor &executor, bool adaptersOnly);
+  WholeParameters(const Executor &executor, bool adaptersOnly, int root = 0);
   LoadedPlan plan;
   std::vector<TensorView> views;
 
