@@ -23,7 +23,7 @@ TIMEOUT = 300
 # (model, recipe, stage): every stage, both models, and each recipe kind once.
 CASES = [("tiny_llama", "adamw", "zero3"), ("tiny_gpt2", "adamw", "zero1"),
          ("tiny_llama", "lora", "zero2"), ("tiny_llama", "qlora", "zero3"),
-         ("tiny_llama", "galore", "zero1")]
+         ("tiny_llama", "qdora", "zero3"), ("tiny_llama", "galore", "zero1")]
 
 failed = False
 
@@ -100,7 +100,7 @@ for model, name, stage in CASES:
             shutil.rmtree(exports[n], ignore_errors=True)
             os.makedirs(exports[n])
             command += ["--export-merged", os.path.join(exports[n], "merged.safetensors")]
-            if name in ("lora", "qlora"):
+            if name in ("lora", "qlora", "qdora"):
                 command += ["--export-adapter", os.path.join(exports[n], "adapter")]
         ok, summary = compare(losses(command, ckpt + ".%d.jsonl" % n), full[10:])
         check(ok, "%s: saved on 4 ranks, resumed on %d rank%s: %s" % (
