@@ -340,7 +340,7 @@ Value buildLlama(ModelBuilder &e, const ModelConfig &c, int64_t B, int64_t S, Va
       k = e.op<RoPEOp>(n + "kr", kv4_t, k, f64(c.ropeTheta));
     }
     Value a = segmentIds ? e.op<AttentionOp>(n + "attn", q4_t, q, k, v, segmentIds,
-                                             /*causal=*/true, scale)
+                                             /*causal=*/true, scale, /*ring_ranks=*/nullptr)
                          : e.op<AttentionOp>(n + "attn", q4_t, q, k, v, /*causal=*/true, scale);
     a = e.op<ReshapeOp>(n + "attn2", {B, S, H * hd}, a);
     Value o = linear("o", a, "self_attn.o_proj", D, H * hd, false);

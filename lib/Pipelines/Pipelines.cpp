@@ -26,6 +26,10 @@ void mlir::bonsai::buildModelPipeline(OpPassManager &pm, const PipelineOptions &
   // bonsai-remat recomputes) and before lowering (NF4 buffers are sized by their layout).
   // Without a bonsai.quantize directive the pass changes nothing.
   pm.addPass(createBonsaiQuantizePass());
+  // The recipe's bonsai.ring: each rank's share of the sequence, before autodiff (whose
+  // backward pass then works on the share) and before the sequence is tiled (the chunks are
+  // the share's). Without a bonsai.ring directive the pass changes nothing.
+  pm.addPass(createBonsaiRingPass());
   // The recipe's bonsai.remat sequence_chunks: the MLPs become chunks of model ops (their
   // adapters and dequantized weights included) before autodiff, whose backward pass then
   // runs chunk by chunk too, and before remat, which recomputes each chunk on its own.
@@ -68,6 +72,9 @@ void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &o
     fp8.target = options.target;
     fp8.perLinearRemarks = false;
     pm.addPass(createBonsaiFp8Pass(fp8));
+    // The ring's ranks sum their gradients once the update phase exists, before the passes
+    // that move or recompute state (a no-op without bonsai.ring).
+    pm.addPass(createBonsaiRingGradientsPass());
     // ZeRO sharding over data-parallel ranks (a no-op without a bonsai.shard directive) once
     // the update phase is complete, so that it shards every update's state; before offload,
     // which then streams the rank's shares, and before remat, whose budget is the rank's.

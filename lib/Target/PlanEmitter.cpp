@@ -147,8 +147,15 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     if (failed(scale))
       return failure();
     bool causal = bool(launch.getParams().get("causal"));
+    uint32_t ringRanks = 0;
+    if (launch.getParams().get("ring_ranks")) {
+      FailureOr<int64_t> ranks = i64("ring_ranks");
+      if (failed(ranks))
+        return failure();
+      ringRanks = uint32_t(*ranks);
+    }
     type = fb::KernelAttrs::AttentionAttrs;
-    attrs = fb::CreateAttentionAttrs(fbb, causal, *scale).Union();
+    attrs = fb::CreateAttentionAttrs(fbb, causal, *scale, ringRanks).Union();
     return success();
   }
   case fb::KernelAttrs::GeLUAttrs: {
@@ -630,12 +637,16 @@ LogicalResult mlir::bonsai::emitPlan(plan::StepOp step, std::string &bytes,
     ranks = uint32_t(attr.getInt());
   if (auto attr = step->getAttrOfType<StringAttr>("bonsai.shard_strategy"))
     shardStrategy = attr.str();
+  // The ring's ranks (bonsai-ring) among them.
+  uint32_t ringRanks = 0;
+  if (auto attr = step->getAttrOfType<IntegerAttr>("bonsai.ring_ranks"))
+    ringRanks = uint32_t(attr.getInt());
   auto root = fb::CreatePlanDirect(
       fbb, kPlanVersion, step.getSymName().str().c_str(), target, &arenas, &tensors, &kernels,
       &inputIndices, *loss, memory, step.getTokensPerStepAttr().getInt(),
       step.getMicroBatchesAttr().getInt(), step.getVocabSizeAttr().getInt(),
       adapters.empty() ? nullptr : &adapters, adapterTargets.empty() ? nullptr : &adapterTargets,
-      generated.get(), ranks, shardStrategy.empty() ? nullptr : shardStrategy.c_str());
+      generated.get(), ranks, shardStrategy.empty() ? nullptr : shardStrategy.c_str(), ringRanks);
   fb::FinishPlanBuffer(fbb, root);
   bytes.assign(reinterpret_cast<const char *>(fbb.GetBufferPointer()), fbb.GetSize());
   return success();

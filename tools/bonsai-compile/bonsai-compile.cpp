@@ -143,7 +143,7 @@ static LogicalResult checkSupportedDirectives(ModuleOp module) {
     for (Operation &op : recipe.getBody().front()) {
       if (isa<TargetDirectiveOp, OptimizerDirectiveOp, RematDirectiveOp, LoraDirectiveOp,
               GaloreDirectiveOp, QuantizeDirectiveOp, FP8DirectiveOp, OffloadDirectiveOp,
-              ShardDirectiveOp>(op))
+              ShardDirectiveOp, RingDirectiveOp>(op))
         continue;
       return op.emitError() << "'" << op.getName()
                             << "' is not carried out by this version of bonsai-compile (the "
@@ -474,12 +474,19 @@ int main(int argc, char **argv) {
     llvm::outs() << "  fitted to the budget by " << fitted->directive()
                  << " (add it to the recipe to keep it; docs/offload.md)\n";
   // A sharded step's plan is each rank's (bonsai-shard): so are its bytes.
-  if (auto ranks = step->getAttrOfType<IntegerAttr>("bonsai.ranks"))
+  // A ring's rank holds its share of the sequence (bonsai-ring): so are its activations.
+  if (auto ranks = step->getAttrOfType<IntegerAttr>("bonsai.ranks")) {
+    auto strategy = step->getAttrOfType<StringAttr>("bonsai.shard_strategy");
+    auto ring = step->getAttrOfType<IntegerAttr>("bonsai.ring_ranks");
     llvm::outs() << "  planned memory per rank ("
-                 << step->getAttrOfType<StringAttr>("bonsai.shard_strategy").getValue() << " over "
-                 << ranks.getInt() << " ranks; every rank runs this plan):\n";
-  else
+                 << (strategy ? strategy.getValue() : StringRef("the sequence split by a ring"))
+                 << " over " << ranks.getInt() << " ranks";
+    if (ring && strategy)
+      llvm::outs() << ", a ring of " << ring.getInt();
+    llvm::outs() << "; every rank runs this plan):\n";
+  } else {
     llvm::outs() << "  planned memory:\n";
+  }
   summarizePlanMemory(step).print(llvm::outs(), step.getDeviceMemoryAttr().getInt(),
                                   profile->linkBandwidthGBs);
   // What each rank's link carries: the profile's link is the host's (PCIe), a floor for

@@ -42,6 +42,50 @@ def BonsaiVerifyModelPass : Pass<"bonsai-verify-model", "::mlir::ModuleOp"> {
   }];
 }
 
+def BonsaiRingPass : Pass<"bonsai-ring", "::mlir::ModuleOp"> {
+  let summary = "Split the sequence over the ranks of a ring (RingAttention, zigzag layout)";
+  let description = [{
+    Carries out the recipe's `bonsai.ring ranks N` (docs/ring-attention.md). The sequence of S
+    tokens is cut into 2N chunks and rank r keeps chunks r and 2N-1-r (zigzag), so that causal
+    attention costs every rank the same. The model's inputs over the tokens ([batch, seq]:
+    ids, labels, positions, segment ids) and every value computed from them become the rank's
+    share [batch, S/N, ...]; RoPE reads each token's position in the whole sequence from the
+    `positions` input (added when the model has none); each `bonsai.attention` gets
+    `ring_ranks = N`: its queries are the rank's, and it reads every rank's keys and values,
+    which pass around the ring in their grouped-query form. The function gets
+    `bonsai.ranks` and `bonsai.ring_ranks`, which the lowering puts on the plan.
+
+    Runs before autodiff, whose backward pass then works on the share too. Errors name the
+    cause: a sequence that does not split into 2N chunks, an op that mixes tokens other than
+    attention (a learned position table, a softmax over the sequence), a model without
+    attention, a recipe that also shards (a data x ring grid is not built yet).
+
+    ```mlir
+    %q = bonsai.rope %q4 {theta = 1.0e+04 : f64} : (tensor<4x64x4x16xf32>) -> tensor<4x64x4x16xf32>
+    %o = bonsai.attention %q, %k, %v {causal, scale = 2.5e-01 : f64} : (...) -> tensor<4x64x4x16xf32>
+    // becomes, with ranks 2 (and %positions : tensor<4x32xi32> a new input):
+    %q = bonsai.rope %q4, %positions {theta = 1.0e+04 : f64} : (tensor<4x32x4x16xf32>, tensor<4x32xi32>) -> tensor<4x32x4x16xf32>
+    %o = bonsai.attention %q, %k, %v {causal, ring_ranks = 2 : i64, scale = 2.5e-01 : f64} : (...) -> tensor<4x32x4x16xf32>
+    ```
+  }];
+}
+
+def BonsaiRingGradientsPass : Pass<"bonsai-ring-gradients", "::mlir::ModuleOp"> {
+  let summary = "Sum the gradients of a ring's ranks before the update";
+  let description = [{
+    The ranks of a ring (bonsai-ring) hold the same parameters and each computes the gradients
+    of its share of the tokens; the runtime seeds each rank's backward pass with its share of
+    the micro-batch's counted tokens. After bonsai-optimizer, each gradient accumulator is
+    all-reduced (`bonsai.all_reduce` "sum") at the start of the update phase, and the norm and
+    the updates read the sum, so every rank takes the same step. A function without
+    `bonsai.ring_ranks`, or without an update, is left as it is. FP8's delayed scaling and
+    updates in the backward pass are refused with the ring (not built yet).
+  }];
+  let statistics = [
+    Statistic<"numReduced", "reduced", "Gradient accumulators all-reduced">,
+  ];
+}
+
 def BonsaiTileSequencePass : Pass<"bonsai-tile-sequence", "::mlir::ModuleOp"> {
   let summary = "Run the MLP blocks over chunks of the sequence, one chunk at a time";
   let description = [{

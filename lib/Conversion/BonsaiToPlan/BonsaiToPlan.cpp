@@ -89,9 +89,9 @@ struct LowerToPlanPass : impl::BonsaiLowerToPlanPassBase<LowerToPlanPass> {
     auto step = plan::StepOp::create(builder, loc, function.getSymName(), target, deviceMemory,
                                      tokens, microBatches, vocab);
     // The adapters bonsai-insert-lora recorded become the plan's adapter metadata.
-    // So do the data-parallel ranks bonsai-shard compiled the step for.
-    for (StringRef name :
-         {"bonsai.adapters", "bonsai.adapter_targets", "bonsai.ranks", "bonsai.shard_strategy"})
+    // So do the data-parallel ranks bonsai-shard compiled the step for, and the ring's.
+    for (StringRef name : {"bonsai.adapters", "bonsai.adapter_targets", "bonsai.ranks",
+                           "bonsai.shard_strategy", "bonsai.ring_ranks"})
       if (Attribute attr = function->getAttr(name))
         step->setAttr(name, attr);
     builder.createBlock(&step.getBody());

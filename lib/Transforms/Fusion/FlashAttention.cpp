@@ -82,7 +82,8 @@ bool isGradientOf(AttentionGradOp grad, AttentionOp attention) {
          sameValue(grad.getKey(), attention.getKey()) &&
          sameValue(grad.getValue(), attention.getValue()) &&
          grad.getSegmentIds() == attention.getSegmentIds() &&
-         grad.getCausal() == attention.getCausal() && grad.getScale() == attention.getScale();
+         grad.getCausal() == attention.getCausal() && grad.getScale() == attention.getScale() &&
+         grad.getRingRanks() == attention.getRingRanks();
 }
 
 /// attention (+ the attention_grads of it) -> flash_attention (+ flash_attention_grads).
@@ -108,8 +109,8 @@ struct FuseFlashAttention : OpRewritePattern<AttentionOp> {
     rewriter.setInsertionPoint(attention);
     auto flash = FlashAttentionOp::create(
         rewriter, attention.getLoc(), attention.getResult().getType(), lseType,
-        attention.getQuery(), attention.getKey(), attention.getValue(),
-        attention.getSegmentIds(), attention.getCausalAttr(), attention.getScaleAttr());
+        attention.getQuery(), attention.getKey(), attention.getValue(), attention.getSegmentIds(),
+        attention.getCausalAttr(), attention.getScaleAttr(), attention.getRingRanksAttr());
     copyAnnotations(attention, flash);
 
     for (AttentionGradOp grad : grads) {
@@ -118,7 +119,7 @@ struct FuseFlashAttention : OpRewritePattern<AttentionOp> {
           rewriter, grad.getLoc(), grad.getQueryGrad().getType(), grad.getKeyGrad().getType(),
           grad.getValueGrad().getType(), grad.getResultGrad(), grad.getQuery(), grad.getKey(),
           grad.getValue(), flash.getOutput(), flash.getLse(), grad.getSegmentIds(),
-          grad.getCausalAttr(), grad.getScaleAttr());
+          grad.getCausalAttr(), grad.getScaleAttr(), grad.getRingRanksAttr());
       copyAnnotations(grad, flashGrad);
       rewriter.replaceOp(grad, flashGrad->getResults());
       options.fused(flashGrad, "attention_grad -> flash_attention_grad");

@@ -58,10 +58,9 @@ static LogicalResult verifyLse(Operation *op, Value lse, Value query) {
                            << " ([batch, heads, seq] of the query), got " << l;
 }
 
-/// Scored (query, key) pairs per batch and head: S² or S(S+1)/2 when causal.
-static int64_t scoredPairs(Value query, bool causal) {
-  int64_t s = tensorType(query).getDimSize(1);
-  return causal ? s * (s + 1) / 2 : s * s;
+/// Scored (query, key) pairs per batch and head (attentionScoredPairs).
+static int64_t scoredPairs(Value query, bool causal, std::optional<int64_t> ringRanks) {
+  return attentionScoredPairs(tensorType(query).getDimSize(1), causal, ringRanks);
 }
 
 //===----------------------------------------------------------------------===//
@@ -72,7 +71,8 @@ LogicalResult FlashAttentionOp::verify() {
   if (failed(verifyAttentionOperands(*this, getQuery(), getKey(), getValue(),
                                      getScale().convertToDouble())) ||
       failed(expectType(*this, "output", getOutput(), getQuery().getType())) ||
-      failed(verifyTokenOperand(*this, "segment_ids", getSegmentIds(), getQuery())))
+      failed(verifyTokenOperand(*this, "segment_ids", getSegmentIds(), getQuery())) ||
+      failed(verifyRingSequence(*this, getRingRanks(), getQuery())))
     return failure();
   return verifyLse(*this, getLse(), getQuery());
 }
@@ -83,7 +83,7 @@ OpCost FlashAttentionOp::getForwardCost() {
   // As bonsai.attention (Q·Kᵀ and P·V over the scored pairs; scale, max, exp, sum and
   // normalise per score), plus one f32 per query row written.
   OpCost cost = streamingBytes(*this);
-  int64_t pairs = scoredPairs(getQuery(), getCausal());
+  int64_t pairs = scoredPairs(getQuery(), getCausal(), getRingRanks());
   cost.matmulFlops = cost.attentionFlops = 4 * batchHeads * q.getDimSize(3) * pairs;
   cost.vectorFlops = 5 * batchHeads * pairs;
   return cost;
@@ -101,7 +101,8 @@ LogicalResult FlashAttentionGradOp::verify() {
       failed(expectType(*this, "query_grad", getQueryGrad(), getQuery().getType())) ||
       failed(expectType(*this, "key_grad", getKeyGrad(), getKey().getType())) ||
       failed(expectType(*this, "value_grad", getValueGrad(), getValue().getType())) ||
-      failed(verifyTokenOperand(*this, "segment_ids", getSegmentIds(), getQuery())))
+      failed(verifyTokenOperand(*this, "segment_ids", getSegmentIds(), getQuery())) ||
+      failed(verifyRingSequence(*this, getRingRanks(), getQuery())))
     return failure();
   return verifyLse(*this, getLse(), getQuery());
 }
@@ -109,7 +110,7 @@ LogicalResult FlashAttentionGradOp::verify() {
 OpCost FlashAttentionGradOp::getForwardCost() {
   RankedTensorType q = tensorType(getQuery());
   int64_t batchHeads = q.getDimSize(0) * q.getDimSize(2);
-  int64_t pairs = scoredPairs(getQuery(), getCausal());
+  int64_t pairs = scoredPairs(getQuery(), getCausal(), getRingRanks());
   // Scores recomputed (Q·Kᵀ) and normalised by the saved lse, then dV = Pᵀ·dO, dP = dO·Vᵀ,
   // dQ = dS·K, dK = dSᵀ·Q; no pass for the softmax statistics.
   OpCost cost = streamingBytes(*this);

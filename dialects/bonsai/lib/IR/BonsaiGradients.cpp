@@ -166,9 +166,9 @@ LogicalResult AttentionOp::buildGradients(OpBuilder &b, ValueRange resultGrads,
   if (!dy)
     return success();
   auto grad = AttentionGradOp::create(b, getLoc(), getQuery().getType(), getKey().getType(),
-                                      getValue().getType(), dy, getQuery(), getKey(),
-                                      getValue(), getResult(), getSegmentIds(), getCausalAttr(),
-                                      getScaleAttr());
+                                      getValue().getType(), dy, getQuery(), getKey(), getValue(),
+                                      getResult(), getSegmentIds(), getCausalAttr(), getScaleAttr(),
+                                      getRingRanksAttr());
   if (needsGradient(getQuery()))
     grads[0] = grad.getQueryGrad();
   if (needsGradient(getKey()))

@@ -413,14 +413,14 @@ LogicalResult AttentionOp::verify() {
     return failure();
   if (!(getScale().convertToDouble() > 0))
     return emitOpError() << "scale must be positive, got " << getScale().convertToDouble();
-  if (failed(verifyTokenOperand(*this, "segment_ids", getSegmentIds(), getQuery())))
+  if (failed(verifyTokenOperand(*this, "segment_ids", getSegmentIds(), getQuery())) ||
+      failed(verifyRingSequence(*this, getRingRanks(), getQuery())))
     return failure();
   return expectSameTypeAsOperand(*this, "query", getQuery());
 }
 
 int64_t AttentionOp::getScoredPairs() {
-  int64_t s = tensorType(getQuery()).getDimSize(1);
-  return getCausal() ? s * (s + 1) / 2 : s * s;
+  return attentionScoredPairs(tensorType(getQuery()).getDimSize(1), getCausal(), getRingRanks());
 }
 
 OpCost AttentionOp::getForwardCost() {

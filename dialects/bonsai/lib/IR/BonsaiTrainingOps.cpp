@@ -180,13 +180,14 @@ LogicalResult AttentionGradOp::verify() {
       q.getDimSize(3) != k.getDimSize(3) || q.getDimSize(1) != k.getDimSize(1))
     return emitOpError() << "query " << q << " and key " << k
                          << " are not [batch, seq, heads, head_dim] with grouped heads";
+  if (failed(verifyRingSequence(*this, getRingRanks(), getQuery())))
+    return failure();
   return verifyTokenOperand(*this, "segment_ids", getSegmentIds(), getQuery());
 }
 
 OpCost AttentionGradOp::getForwardCost() {
   RankedTensorType q = tensorType(getQuery()), k = tensorType(getKey());
-  int64_t s = q.getDimSize(1);
-  int64_t pairs = getCausal() ? s * (s + 1) / 2 : s * s;
+  int64_t pairs = attentionScoredPairs(q.getDimSize(1), getCausal(), getRingRanks());
   int64_t batchHeads = q.getDimSize(0) * q.getDimSize(2);
   // Scores recomputed (Q·Kᵀ), then dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K, dK = dSᵀ·Q.
   OpCost cost = streamingBytes(*this);

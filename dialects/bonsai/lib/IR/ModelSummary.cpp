@@ -43,8 +43,17 @@ ModelSummary::ModelSummary(Operation *function) : function(function) {
         {param, param.getName(), type, param.getTrainable(), param->hasAttr("bonsai.init")});
   });
   function->walk([&](Operation *op) {
-    if (auto attention = dyn_cast<AttentionOp>(op)) {
-      sequenceLength = cast<RankedTensorType>(attention.getQuery().getType()).getDimSize(1);
+    // The attention's sequence, also once bonsai-fuse has made it flash attention; a ring's
+    // rank holds 1/ring_ranks of it (bonsai-ring), and recipes speak of the whole.
+    Value query;
+    std::optional<int64_t> ring;
+    if (auto attention = dyn_cast<AttentionOp>(op))
+      query = attention.getQuery(), ring = attention.getRingRanks();
+    else if (auto flash = dyn_cast<FlashAttentionOp>(op))
+      query = flash.getQuery(), ring = flash.getRingRanks();
+    if (query) {
+      sequenceLength =
+          cast<RankedTensorType>(query.getType()).getDimSize(1) * ring.value_or(int64_t(1));
       return;
     }
     // The LM head is a linear of the model also once bonsai-fuse has made it part of a

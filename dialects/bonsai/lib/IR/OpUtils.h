@@ -99,6 +99,33 @@ inline OpCost elementwiseCost(Operation *op, int64_t flopsPerElement) {
   return cost;
 }
 
+/// Scored (query, key) pairs per batch and head of an attention whose query has `seq` tokens:
+/// S² or S(S+1)/2 when causal. With `ringRanks` N the query is one rank's zigzag share of a
+/// sequence of N·seq tokens (chunks r and 2N-1-r of 2N chunks of C = seq/2): every key of the
+/// sequence unmasked, or when causal (2N-1)·C² + C(C+1), the same on every rank.
+inline int64_t attentionScoredPairs(int64_t seq, bool causal,
+                                    std::optional<int64_t> ringRanks = std::nullopt) {
+  if (!ringRanks)
+    return causal ? seq * (seq + 1) / 2 : seq * seq;
+  if (!causal)
+    return seq * seq * *ringRanks;
+  int64_t chunk = seq / 2;
+  return (2 * *ringRanks - 1) * chunk * chunk + chunk * (chunk + 1);
+}
+
+/// Checks a ring attention's local sequence (`ring_ranks`): two equal chunks of the zigzag
+/// layout, so even.
+inline LogicalResult verifyRingSequence(Operation *op, std::optional<int64_t> ringRanks,
+                                        Value query) {
+  if (!ringRanks)
+    return success();
+  int64_t seq = tensorType(query).getDimSize(1);
+  if (seq % 2 == 0)
+    return success();
+  return op->emitOpError() << "ring_ranks " << *ringRanks << ": the local sequence (" << seq
+                           << " tokens) must be two equal chunks of the zigzag layout";
+}
+
 /// Checks an optional per-token operand of the rope and attention ops (`positions`,
 /// `segment_ids`): absent, or an integer [batch, seq] tensor of the [batch, seq, ...] `of`.
 inline LogicalResult verifyTokenOperand(Operation *op, StringRef what, Value operand, Value of) {

@@ -83,4 +83,9 @@ def Bonsai_ShardingAttr : Bonsai_Attr<"Sharding", "sharding"> {
   }];
 }
 
+/// The ranks a ring attention's sequence is split over (bonsai-ring, docs/ring-attention.md):
+/// the op's tensors are one rank's zigzag share of the sequence, and the key/value blocks pass
+/// around the ring. At least 2.
+def Bonsai_RingRanksAttr : ConfinedAttr<I64Attr, [IntMinValue<2>]>;
+
 #endif // BONSAI_DIALECT_BONSAI_IR_BONSAIATTRS_TD

@@ -19,7 +19,7 @@ def Bonsai_FlashAttentionOp : Bonsai_ModelOp<"flash_attention"> {
     query i reads (natural logarithm; -inf for a query that reads no key, whose output is
     zero), the statistic `bonsai.flash_attention_grad` needs to
     recompute the probabilities p_ij = exp(scale q_i·k_j - lse_i) without a softmax pass.
-    `segment_ids` (optional) masks as in `bonsai.attention`.
+    `segment_ids` (optional) masks and `ring_ranks` splits the sequence as in `bonsai.attention`.
 
     ```mlir
     %o, %lse = bonsai.flash_attention %q, %k, %v {causal, scale = 2.500000e-01 : f64} : (tensor<2x64x4x16xbf16>, tensor<2x64x2x16xbf16>, tensor<2x64x2x16xbf16>) -> (tensor<2x64x4x16xbf16>, tensor<2x4x64xf32>)
@@ -27,7 +27,8 @@ def Bonsai_FlashAttentionOp : Bonsai_ModelOp<"flash_attention"> {
   }];
   let arguments = (ins Bonsai_ComputeTensor:$query, Bonsai_ComputeTensor:$key,
                    Bonsai_ComputeTensor:$value, Optional<Bonsai_IndexTensor>:$segment_ids,
-                   UnitAttr:$causal, F64Attr:$scale);
+                   UnitAttr:$causal, F64Attr:$scale,
+                   OptionalAttr<Bonsai_RingRanksAttr>:$ring_ranks);
   let results = (outs Bonsai_ComputeTensor:$output, Bonsai_TensorOf<[F32]>:$lse);
 }
 
@@ -37,7 +38,7 @@ def Bonsai_FlashAttentionGradOp : Bonsai_ModelOp<"flash_attention_grad"> {
     The gradients of `bonsai.attention_grad` (dq, dk, dv for dO), with the probabilities
     recomputed as exp(scale q_i·k_j - lse_i) from the `lse` that `bonsai.flash_attention`
     returned with `output`: no pass over the keys for the softmax statistics first.
-    `segment_ids` (optional) masks as in `bonsai.attention`.
+    `segment_ids` (optional) masks and `ring_ranks` splits the sequence as in `bonsai.attention`.
     D_i = dO_i·o_i comes from `output` as in `bonsai.attention_grad`.
 
     ```mlir
@@ -47,7 +48,8 @@ def Bonsai_FlashAttentionGradOp : Bonsai_ModelOp<"flash_attention_grad"> {
   let arguments = (ins Bonsai_ComputeTensor:$result_grad, Bonsai_ComputeTensor:$query,
                    Bonsai_ComputeTensor:$key, Bonsai_ComputeTensor:$value,
                    Bonsai_ComputeTensor:$output, Bonsai_TensorOf<[F32]>:$lse,
-                   Optional<Bonsai_IndexTensor>:$segment_ids, UnitAttr:$causal, F64Attr:$scale);
+                   Optional<Bonsai_IndexTensor>:$segment_ids, UnitAttr:$causal, F64Attr:$scale,
+                   OptionalAttr<Bonsai_RingRanksAttr>:$ring_ranks);
   let results = (outs Bonsai_ComputeTensor:$query_grad, Bonsai_ComputeTensor:$key_grad,
                       Bonsai_ComputeTensor:$value_grad);
 }

@@ -240,6 +240,11 @@ def Bonsai_AttentionOp : Bonsai_ModelOp<"attention", [DeclareOpInterfaceMethods<
     rows: query i reads key j only if segment_ids[b, i] == segment_ids[b, j] (and j <= i when
     causal). A query that reads no key gets a zero output.
 
+    `ring_ranks` N (set by bonsai-ring, docs/ring-attention.md): the sequence is split over N
+    ranks in the zigzag layout and q, k, v (and `segment_ids`) are this rank's share of it
+    (chunks r and 2N-1-r of 2N); the op computes the attention of the local queries against
+    every rank's keys, the key/value blocks passed around the ring.
+
     ```mlir
     %o = bonsai.attention %q, %k, %v {causal, scale = 2.500000e-01 : f64} : (tensor<2x64x4x16xf32>, tensor<2x64x2x16xf32>, tensor<2x64x2x16xf32>) -> tensor<2x64x4x16xf32>
     %p = bonsai.attention %q, %k, %v, %segments {causal, scale = 2.500000e-01 : f64} : (tensor<2x64x4x16xf32>, tensor<2x64x2x16xf32>, tensor<2x64x2x16xf32>, tensor<2x64xi32>) -> tensor<2x64x4x16xf32>
@@ -247,13 +252,15 @@ def Bonsai_AttentionOp : Bonsai_ModelOp<"attention", [DeclareOpInterfaceMethods<
   }];
   let arguments = (ins Bonsai_ComputeTensor:$query, Bonsai_ComputeTensor:$key,
                    Bonsai_ComputeTensor:$value, Optional<Bonsai_IndexTensor>:$segment_ids,
-                   UnitAttr:$causal, F64Attr:$scale);
+                   UnitAttr:$causal, F64Attr:$scale,
+                   OptionalAttr<Bonsai_RingRanksAttr>:$ring_ranks);
   let results = (outs Bonsai_ComputeTensor:$result);
   let builders = [
     // No segments: what every unpacked model builds.
     OpBuilder<(ins "::mlir::Type":$result, "::mlir::Value":$query, "::mlir::Value":$key,
                    "::mlir::Value":$value, "bool":$causal, "::llvm::APFloat":$scale), [{
-      build($_builder, $_state, result, query, key, value, ::mlir::Value(), causal, scale);
+      build($_builder, $_state, result, query, key, value, ::mlir::Value(), causal, scale,
+            ::mlir::IntegerAttr());
     }]>
   ];
   let extraClassDeclaration = [{

@@ -135,7 +135,7 @@ def Bonsai_AttentionGradOp : Bonsai_ModelOp<"attention_grad"> {
   let description = [{
     Recomputes the scores from q and k (the attention matrix is never saved); `output` is the
     forward result, used for the softmax backward's row sums (Σ dO·O). `segment_ids` is the
-    forward's (bonsai.attention).
+    forward's (bonsai.attention), and so is `ring_ranks`.
 
     ```mlir
     %dq, %dk, %dv = bonsai.attention_grad %do, %q, %k, %v, %o {causal, scale = 2.5e-01 : f64} : (tensor<2x8x4x16xf32>, tensor<2x8x4x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x4x16xf32>) -> (tensor<2x8x4x16xf32>, tensor<2x8x2x16xf32>, tensor<2x8x2x16xf32>)
@@ -144,7 +144,8 @@ def Bonsai_AttentionGradOp : Bonsai_ModelOp<"attention_grad"> {
   let arguments = (ins Bonsai_ComputeTensor:$result_grad, Bonsai_ComputeTensor:$query,
                    Bonsai_ComputeTensor:$key, Bonsai_ComputeTensor:$value,
                    Bonsai_ComputeTensor:$output, Optional<Bonsai_IndexTensor>:$segment_ids,
-                   UnitAttr:$causal, F64Attr:$scale);
+                   UnitAttr:$causal, F64Attr:$scale,
+                   OptionalAttr<Bonsai_RingRanksAttr>:$ring_ranks);
   let results = (outs Bonsai_ComputeTensor:$query_grad, Bonsai_ComputeTensor:$key_grad,
                       Bonsai_ComputeTensor:$value_grad);
 }

@@ -1,0 +1,216 @@
+//===- Ring.cpp - The sequence split over the ranks of a ring -------------===//
+//
+// The `bonsai-ring` pass (see Passes.td and docs/ring-attention.md). Every rank of the ring
+// runs the same model on its share of each row's tokens: the sequence of S tokens is cut into
+// 2N chunks of C = S/2N and rank r keeps chunks r and 2N-1-r (the zigzag layout), so that
+// every rank has as much causal attention work as any other. Position-wise ops (embeddings,
+// linears, norms, elementwise ops, the loss) run unchanged on the share; RoPE reads each
+// token's position in the whole sequence from the `positions` input; attention reads every
+// rank's keys and values, passed around the ring (`ring_ranks` on bonsai.attention, carried
+// by its gradient and its flash form). What mixes tokens any other way is refused.
+//
+//===----------------------------------------------------------------------===//
+
+#include "bonsai/Analysis/PlanSummary.h"
+#include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
+#include "bonsai/Transforms/Passes.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/DenseSet.h"
+
+namespace mlir::bonsai {
+#define GEN_PASS_DEF_BONSAIRINGPASS
+#include "bonsai/Transforms/Passes.h.inc"
+
+namespace {
+
+/// The share of the sequence every rank holds: the token dimensions [batch, seq] of the
+/// model's rows and seq / ranks.
+struct RingShape {
+  int64_t batch = 0, seq = 0, ranks = 0;
+  int64_t localSeq() const { return seq / ranks; }
+};
+
+/// Whether `type` is a tensor over the rows' tokens: [batch, seq, ...].
+bool hasTokenDims(Type type, const RingShape &shape) {
+  auto tensor = dyn_cast<RankedTensorType>(type);
+  return tensor && tensor.getRank() >= 2 && tensor.getDimSize(0) == shape.batch &&
+         tensor.getDimSize(1) == shape.seq;
+}
+
+/// `type` as the IR prints it, for messages.
+std::string typeString(Type type) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << type;
+  return text;
+}
+
+/// `type` with its sequence dimension cut to one rank's share.
+RankedTensorType localType(Type type, const RingShape &shape) {
+  auto tensor = cast<RankedTensorType>(type);
+  SmallVector<int64_t> dims(tensor.getShape());
+  dims[1] = shape.localSeq();
+  return tensor.clone(dims);
+}
+
+struct RingPass : impl::BonsaiRingPassBase<RingPass> {
+  using Base::Base;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    SmallVector<RingDirectiveOp> directives;
+    module.walk([&](RingDirectiveOp op) { directives.push_back(op); });
+    if (directives.empty())
+      return;
+    if (directives.size() > 1) {
+      directives[1].emitError() << "a recipe splits its sequence once: found " << directives.size()
+                                << " bonsai.ring directives";
+      return signalPassFailure();
+    }
+    RingDirectiveOp directive = directives.front();
+    // A dp x cp grid needs collectives over sub-groups of the ranks (the ring within its row
+    // of the grid, the shards across it): not built yet.
+    bool composes = true;
+    module.walk([&](ShardDirectiveOp shard) {
+      shard.emitError() << "bonsai.shard does not compose with bonsai.ring yet (a data x ring "
+                           "grid of ranks; docs/ring-attention.md): use one of them";
+      composes = false;
+    });
+    if (!composes)
+      return signalPassFailure();
+    for (auto function : llvm::to_vector(module.getOps<func::FuncOp>()))
+      if (!function.isExternal() && !function.getBody().getOps<ParamOp>().empty())
+        if (failed(splitFunction(function, directive)))
+          return signalPassFailure();
+  }
+
+  /// Why `op`, which reads a value over the ring's share of the tokens, cannot run on the
+  /// share as it is (empty when it can): it must compute each token's results from that
+  /// token alone, reading nothing else that varies along the sequence.
+  std::string notPositionWise(Operation *op, const llvm::DenseSet<Value> &split,
+                              const RingShape &shape) {
+    auto readsWhole = [&](Value v) {
+      // A value that is not over the tokens yet varies along the sequence axis of the op's
+      // first operand (a learned position table) would need its rows picked per rank.
+      auto type = dyn_cast<RankedTensorType>(v.getType());
+      return !split.contains(v) && type && type.getRank() >= 2 &&
+             llvm::is_contained(type.getShape(), shape.seq);
+    };
+    if (isa<CrossEntropyOp>(op))
+      return "";
+    for (Value result : op->getResults())
+      if (!hasTokenDims(result.getType(), shape))
+        return "its result " + typeString(result.getType()) + " is not over the rows' tokens [" +
+               std::to_string(shape.batch) + ", " + std::to_string(shape.seq) + ", ...]";
+    if (auto linear = dyn_cast<LinearOp>(op))
+      return split.contains(linear.getWeight()) ? "its weight varies by token" : "";
+    if (isa<EmbeddingOp, NormalizationOpInterface, RoPEOp, AttentionOp, ReshapeOp>(op))
+      return "";
+    if (auto softmax = dyn_cast<SoftmaxOp>(op)) {
+      int64_t rank = cast<RankedTensorType>(softmax.getInput().getType()).getRank();
+      int64_t axis = softmax.getAxis() < 0 ? softmax.getAxis() + rank : softmax.getAxis();
+      return axis >= 2 ? "" : "it normalises along the batch or sequence axis";
+    }
+    if (auto transpose = dyn_cast<TransposeOp>(op)) {
+      ArrayRef<int64_t> perm = transpose.getPermutation();
+      return perm.size() >= 2 && perm[0] == 0 && perm[1] == 1 ? "" : "it moves the sequence axis";
+    }
+    if (auto slice = dyn_cast<SliceOp>(op))
+      return slice.getAxis() >= 2 ? "" : "it slices along the sequence";
+    if (isa<ElementwiseOpInterface>(op)) {
+      for (Value operand : op->getOperands())
+        if (readsWhole(operand))
+          return "its operand " + typeString(operand.getType()) +
+                 " varies along the sequence but is not computed from the tokens (a learned "
+                 "position table: ring attention needs RoPE positions)";
+      return "";
+    }
+    return "it is not known to compute each token from that token alone";
+  }
+
+  LogicalResult splitFunction(func::FuncOp function, RingDirectiveOp directive) {
+    Block &body = function.getBody().front();
+    if (body.getNumArguments() < 2)
+      return function.emitError() << "bonsai-ring expects @" << function.getSymName()
+                                  << "(%ids, %labels, ...), found " << body.getNumArguments()
+                                  << " arguments";
+    auto ids = dyn_cast<RankedTensorType>(body.getArgument(0).getType());
+    if (!ids || ids.getRank() != 2)
+      return function.emitError() << "bonsai-ring expects the ids to be [batch, seq], got "
+                                  << body.getArgument(0).getType();
+    RingShape shape{ids.getDimSize(0), ids.getDimSize(1), int64_t(directive.getRanks())};
+    if (shape.seq % (2 * shape.ranks) != 0)
+      return directive.emitError()
+             << "sequence length " << shape.seq << " does not split into " << 2 * shape.ranks
+             << " equal chunks (the zigzag layout gives each of the " << shape.ranks
+             << " ranks two); use a length that is a multiple of " << 2 * shape.ranks;
+
+    // Every input over the tokens is the rank's share: the loader hands each rank its chunks.
+    llvm::DenseSet<Value> split;
+    for (BlockArgument arg : body.getArguments())
+      if (hasTokenDims(arg.getType(), shape)) {
+        arg.setType(localType(arg.getType(), shape));
+        split.insert(arg);
+      }
+
+    // RoPE needs each token's position in the whole sequence, which a share no longer has
+    // in its index: a model without `positions` gets the input (the loader fills it with
+    // each token's index, or its position in its document for packed rows).
+    Value positions;
+    for (Operation &op : body)
+      if (auto rope = dyn_cast<RoPEOp>(op); rope && rope.getPositions())
+        positions = rope.getPositions();
+    int64_t attentions = 0, ropes = 0;
+    for (Operation &op : llvm::make_early_inc_range(body)) {
+      if (llvm::none_of(op.getOperands(), [&](Value v) { return split.contains(v); }))
+        continue;
+      std::string why = notPositionWise(&op, split, shape);
+      if (!why.empty())
+        return op.emitError() << "bonsai-ring cannot split the sequence through '" << op.getName()
+                              << "': " << why;
+      if (auto rope = dyn_cast<RoPEOp>(op); rope && !rope.getPositions()) {
+        if (!positions) {
+          auto type = RankedTensorType::get({shape.batch, shape.localSeq()},
+                                            IntegerType::get(&getContext(), 32));
+          positions = body.addArgument(type, function.getLoc());
+          split.insert(positions);
+          SmallVector<Type> inputs(body.getArgumentTypes());
+          function.setFunctionType(
+              FunctionType::get(&getContext(), inputs, function.getFunctionType().getResults()));
+        }
+        rope.getPositionsMutable().assign(positions);
+        ++ropes;
+      }
+      if (auto attention = dyn_cast<AttentionOp>(op)) {
+        attention.setRingRanksAttr(
+            IntegerAttr::get(IntegerType::get(&getContext(), 64), shape.ranks));
+        ++attentions;
+      }
+      for (Value result : op.getResults())
+        if (hasTokenDims(result.getType(), shape)) {
+          result.setType(localType(result.getType(), shape));
+          split.insert(result);
+        }
+    }
+    if (attentions == 0)
+      return directive.emitError() << "ring attention needs a model with attention: @"
+                                   << function.getSymName() << " has none";
+    // The function's inputs changed type with their block arguments.
+    function.setFunctionType(FunctionType::get(&getContext(), body.getArgumentTypes(),
+                                               function.getFunctionType().getResults()));
+    OpBuilder builder(&getContext());
+    function->setAttr("bonsai.ranks", builder.getI64IntegerAttr(shape.ranks));
+    function->setAttr("bonsai.ring_ranks", builder.getI64IntegerAttr(shape.ranks));
+    emitRemark(directive.getLoc())
+        << "ring: the sequence of " << shape.seq << " tokens split over " << shape.ranks
+        << " ranks (" << shape.localSeq() << " each, zigzag chunks of "
+        << shape.seq / (2 * shape.ranks) << "); " << attentions
+        << (attentions == 1 ? " attention passes" : " attentions pass")
+        << " key/value blocks around the ring"
+        << (ropes ? "; RoPE reads each token's position from the 'positions' input" : "");
+    return success();
+  }
+};
+
+} // namespace
+} // namespace mlir::bonsai
