@@ -25,13 +25,6 @@ namespace bonsai::rt::cpu {
 
 using namespace detail;
 
-namespace {
-
-/// Multiply-adds per thread below which threading costs more than it saves.
-constexpr int64_t kWorkGrain = 1 << 16;
-
-} // namespace
-
 void detail::rotatePairs(const char *kernel, const char *xName, const TensorView &x,
                          const RoPEAttrs &a, const TensorView *positions, bool transpose,
                          const char *yName, const TensorView &y) {

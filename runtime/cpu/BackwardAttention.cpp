@@ -26,9 +26,6 @@ using namespace detail;
 
 namespace {
 
-/// Multiply-adds per thread below which threading costs more than it saves.
-constexpr int64_t kWorkGrain = 1 << 16;
-
 /// attention_grad's operands as fp32 arrays, and its dimensions and attributes.
 struct AttentionGradArgs {
   const float *dout, *q, *k, *v, *o;

@@ -41,6 +41,10 @@ float *resultBuffer(const TensorView &out, std::initializer_list<const TensorVie
 /// "[1, 4]": the multi-index of flat position `flat` in `shape`.
 std::string formatIndex(int64_t flat, const std::vector<int64_t> &shape);
 
+/// Multiply-adds per thread below which threading costs more than it saves (the attention
+/// kernels' grain).
+constexpr int64_t kWorkGrain = 1 << 16;
+
 /// Runs fn(begin, end) over [0, n) split into contiguous chunks of at least `grain` items, on
 /// up to hardware_concurrency threads. Each item must be independent of the others, so the
 /// result does not depend on the split. Exceptions are rethrown after every thread has joined.

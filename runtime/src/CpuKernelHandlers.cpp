@@ -9,6 +9,7 @@
 
 #include "KernelCall.h"
 #include "KernelParams.h"
+#include "RingAttention.h"
 
 #include "bonsai/runtime/Communicator.h"
 #include "bonsai/runtime/CpuKernels.h"
@@ -73,10 +74,22 @@ void launch(kinds::RoPE, const KernelCall &c) {
   cpu::rope(c.in(In::x), a, c.optionalIn(In::positions), c.out(Out::y));
 }
 
+/// The host communicator of a collective or ring attention: the executor checked its size against
+/// the plan's ranks before any kernel ran.
+Communicator &hostCommunicator(const KernelCall &c) {
+  if (!c.ranks().host)
+    throw Error("internal error: a collective kernel ran without a communicator");
+  return *c.ranks().host;
+}
+
 void launch(kinds::Attention, const KernelCall &c) {
   using In = kinds::Attention::In;
   using Out = kinds::Attention::Out;
   const auto &a = c.attrs<kinds::Attention>();
+  if (a.ringRanks > 1)
+    return cpuRingAttention(hostCommunicator(c), a, c.in(In::q), c.in(In::k), c.in(In::v),
+                            c.optionalIn(In::segment_ids), c.out(Out::o), nullptr,
+                            c.collectiveContext(c.kernel().outputs[Out::o]));
   cpu::attention(c.in(In::q), c.in(In::k), c.in(In::v), a.causal, a.scale, c.out(Out::o),
                  c.optionalIn(In::segment_ids));
 }
@@ -217,6 +230,11 @@ void launch(kinds::AttentionGrad, const KernelCall &c) {
   using In = kinds::AttentionGrad::In;
   using Out = kinds::AttentionGrad::Out;
   const auto &a = c.attrs<kinds::AttentionGrad>();
+  if (a.ringRanks > 1)
+    return cpuRingAttentionGrad(hostCommunicator(c), a, c.in(In::do_), c.in(In::q), c.in(In::k),
+                                c.in(In::v), c.in(In::o), nullptr, c.optionalIn(In::segment_ids),
+                                c.out(Out::dq), c.out(Out::dk), c.out(Out::dv),
+                                c.collectiveContext(c.kernel().outputs[Out::dq]));
   cpu::attentionGrad(c.in(In::do_), c.in(In::q), c.in(In::k), c.in(In::v), c.in(In::o), a.causal,
                      a.scale, c.out(Out::dq), c.out(Out::dk), c.out(Out::dv),
                      c.optionalIn(In::segment_ids));
@@ -226,6 +244,10 @@ void launch(kinds::FlashAttention, const KernelCall &c) {
   using In = kinds::FlashAttention::In;
   using Out = kinds::FlashAttention::Out;
   const auto &a = c.attrs<kinds::FlashAttention>();
+  if (a.ringRanks > 1)
+    return cpuRingAttention(hostCommunicator(c), a, c.in(In::q), c.in(In::k), c.in(In::v),
+                            c.optionalIn(In::segment_ids), c.out(Out::o), &c.out(Out::lse),
+                            c.collectiveContext(c.kernel().outputs[Out::o]));
   cpu::flashAttention(c.in(In::q), c.in(In::k), c.in(In::v), a.causal, a.scale, c.out(Out::o),
                       c.out(Out::lse), c.optionalIn(In::segment_ids));
 }
@@ -234,6 +256,11 @@ void launch(kinds::FlashAttentionGrad, const KernelCall &c) {
   using In = kinds::FlashAttentionGrad::In;
   using Out = kinds::FlashAttentionGrad::Out;
   const auto &a = c.attrs<kinds::FlashAttentionGrad>();
+  if (a.ringRanks > 1)
+    return cpuRingAttentionGrad(hostCommunicator(c), a, c.in(In::do_), c.in(In::q), c.in(In::k),
+                                c.in(In::v), c.in(In::o), &c.in(In::lse),
+                                c.optionalIn(In::segment_ids), c.out(Out::dq), c.out(Out::dk),
+                                c.out(Out::dv), c.collectiveContext(c.kernel().outputs[Out::dq]));
   cpu::flashAttentionGrad(c.in(In::do_), c.in(In::q), c.in(In::k), c.in(In::v), c.in(In::o),
                           c.in(In::lse), a.causal, a.scale, c.out(Out::dq), c.out(Out::dk),
                           c.out(Out::dv), c.optionalIn(In::segment_ids));
@@ -528,14 +555,6 @@ void launch(kinds::FusedElementwise, const KernelCall &c) {
 
 // The collectives (docs/sharding.md) go through the executor's host communicator, whose sums
 // are in rank order in fp32 and therefore the same bits on every rank and in every run.
-
-/// The host communicator of a collective: the executor checked its size against the plan's
-/// ranks before any kernel ran.
-Communicator &hostCommunicator(const KernelCall &c) {
-  if (!c.ranks().host)
-    throw Error("internal error: a collective kernel ran without a communicator");
-  return *c.ranks().host;
-}
 
 void launch(kinds::ShardSlice, const KernelCall &c) {
   using In = kinds::ShardSlice::In;

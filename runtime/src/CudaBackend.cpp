@@ -53,6 +53,13 @@ public:
   CudaBackend(const LoadedPlan &plan, int ordinal, bool useGraphs, bool offloadTiming,
               const RankContext *ranks)
       : plan_(plan), useGraphs_(useGraphs), ranks_(ranks) {
+    // Ring attention's block steps and exchange run on the CPU backend so far
+    // (docs/ring-attention.md); refused before anything is allocated.
+    if (plan_.ringRanks > 1)
+      throw Error("plan '" + plan_.path + "' splits its sequence over a ring of " +
+                  std::to_string(plan_.ringRanks) +
+                  " ranks (bonsai.ring): the CUDA backend's ring attention is not built yet; "
+                  "run it with --backend=cpu");
     int count = 0;
     cudaError_t status = cudaGetDeviceCount(&count);
     if (status != cudaSuccess || count == 0)

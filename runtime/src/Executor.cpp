@@ -11,6 +11,8 @@
 
 #include "bonsai/runtime/Executor.h"
 
+#include "RingAttention.h"
+
 #include "bonsai/runtime/Communicator.h"
 #include "bonsai/runtime/CpuKernels.h"
 #include "bonsai/runtime/Fp8.h"
@@ -204,8 +206,11 @@ void Executor::setUpRanks() {
   const int size = comm->size();
   const std::string ranks = std::to_string(plan_.ranks);
   if (plan_.ranks > 1 && uint32_t(size) != plan_.ranks)
-    throw Error("plan '" + plan_.path + "' was compiled for " + ranks + " ranks (bonsai.shard \"" +
-                plan_.shardStrategy + "\" ranks " + ranks + ")" +
+    throw Error("plan '" + plan_.path + "' was compiled for " + ranks + " ranks (" +
+                (plan_.shardStrategy.empty()
+                     ? "bonsai.ring ranks " + ranks
+                     : "bonsai.shard \"" + plan_.shardStrategy + "\" ranks " + ranks) +
+                ")" +
                 (size > 1 ? ", but this process is rank " + std::to_string(comm->rank()) + " of " +
                                 std::to_string(size)
                           : std::string()) +
@@ -466,7 +471,11 @@ void Executor::overrideLearningRate(double lr) {
   backend_->kernelAttrsChanged();
 }
 
-std::vector<int64_t> Executor::inputShape() const { return plan_.tensors[plan_.inputs[0]].shape; }
+std::vector<int64_t> Executor::inputShape() const {
+  std::vector<int64_t> shape = plan_.tensors[plan_.inputs[0]].shape;
+  shape[1] *= int64_t(plan_.ringRanks);
+  return shape;
+}
 
 namespace {
 
@@ -497,7 +506,78 @@ void writeTokenInput(const char *name, const std::vector<int64_t> &values, const
 
 } // namespace
 
-void Executor::setInputs(const TokenBatch &batch) {
+Executor::RingShare Executor::ringShare(const TokenBatch &batch) const {
+  RingShare result;
+  if (plan_.ringRanks <= 1)
+    return result;
+  // The loss kernel's ignore index (the loader marks unpredicted tokens -100).
+  int64_t ignore = -100;
+  for (const KernelInfo &k : plan_.kernels) {
+    if (const auto *a = std::get_if<CrossEntropyAttrs>(&k.attrs))
+      ignore = a->ignoreIndex;
+    if (const auto *a = std::get_if<LinearCrossEntropyAttrs>(&k.attrs))
+      ignore = a->ignoreIndex;
+  }
+  const int64_t ring = plan_.ringRanks, local = batch.seq / ring;
+  std::vector<int64_t> index = ringTokenIndices(local, ring, rankContext_->rank % ring);
+  int64_t counted = 0, mine = 0;
+  for (int64_t b = 0; b < batch.batch; ++b) {
+    for (int64_t t = 0; t < batch.seq; ++t)
+      counted += batch.labels[size_t(b * batch.seq + t)] != ignore;
+    for (int64_t i : index)
+      mine += batch.labels[size_t(b * batch.seq + i)] != ignore;
+  }
+  result.share =
+      counted ? double(mine) / double(counted) : std::numeric_limits<double>::quiet_NaN();
+  result.seed = counted ? float(result.share) : 0.0f;
+  return result;
+}
+
+TokenBatch Executor::ringShareOf(const TokenBatch &batch) const {
+  const int64_t ring = plan_.ringRanks;
+  const std::vector<int64_t> &shape = plan_.tensors[plan_.inputs[0]].shape;
+  if (batch.batch != shape[0] || batch.seq != shape[1] * ring)
+    throw Error("token batch is [" + std::to_string(batch.batch) + ", " +
+                std::to_string(batch.seq) + "], the plan's ring of " + std::to_string(ring) +
+                " ranks takes rows of " + std::to_string(shape[1] * ring) + " tokens, " +
+                std::to_string(shape[0]) + " of them");
+  std::vector<int64_t> index = ringTokenIndices(shape[1], ring, rankContext_->rank % ring);
+  TokenBatch share;
+  share.batch = batch.batch;
+  share.seq = shape[1];
+  // Without the loader's positions each token's position is its index in the whole row.
+  auto pick = [&](const std::vector<int64_t> &all, std::vector<int64_t> &out, bool positions) {
+    if (all.empty() && !positions)
+      return;
+    out.resize(size_t(share.batch * share.seq));
+    for (int64_t b = 0; b < share.batch; ++b)
+      for (int64_t i = 0; i < share.seq; ++i)
+        out[size_t(b * share.seq + i)] =
+            all.empty() ? index[size_t(i)] : all[size_t(b * batch.seq + index[size_t(i)])];
+  };
+  pick(batch.inputs, share.inputs, false);
+  pick(batch.labels, share.labels, false);
+  pick(batch.positions, share.positions, true);
+  pick(batch.segmentIds, share.segmentIds, false);
+  return share;
+}
+
+float Executor::ringLoss(float part) const {
+  if (plan_.ringRanks <= 1)
+    return part;
+  std::vector<float> all(size_t(rankContext_->size));
+  communicator().allGather(&part, all.data(), 1, DType::F32,
+                           rankContext_->where.empty() ? "the ring's losses"
+                                                       : rankContext_->where + ", losses");
+  double sum = 0;
+  for (float value : all)
+    sum += double(value);
+  return float(sum);
+}
+
+void Executor::setInputs(const TokenBatch &whole) {
+  const TokenBatch share = plan_.ringRanks > 1 ? ringShareOf(whole) : TokenBatch();
+  const TokenBatch &batch = plan_.ringRanks > 1 ? share : whole;
   for (uint32_t input : plan_.inputs)
     beforeHostWrite(input);
   writeTokenBatch(batch, views_[plan_.inputs[0]], views_[plan_.inputs[1]]);
@@ -603,38 +683,48 @@ StepResult Executor::trainStep(TokenLoader &loader, uint64_t firstMicroBatch, ui
     checkedMicroBatches_ = count;
   }
   StepResult result;
-  // With N ranks the step is N * count micro-batches, rank r's the r-th block of `count`
+  // With N data ranks the step is N * count micro-batches, rank r's the r-th block of `count`
   // (docs/sharding.md): the gradient of their mean loss starts each backward pass from
   // d(step loss)/d(micro-batch loss) = 1/(N * count), and the ranks' collectives sum the rest.
+  // The ranks of a ring (docs/ring-attention.md) share their micro-batches: each seeds its
+  // backward pass with its share of the micro-batch's counted tokens on top.
   const int ranks = rankContext_->size, rank = rankContext_->rank;
-  const uint64_t total = uint64_t(count) * uint64_t(ranks);
-  const uint64_t first = firstMicroBatch + uint64_t(rank) * count;
+  const int ring = int(plan_.ringRanks), dataRanks = ranks / ring, dataRank = rank / ring;
+  const uint64_t total = uint64_t(count) * uint64_t(dataRanks);
+  const uint64_t first = firstMicroBatch + uint64_t(dataRank) * count;
   float scale = 1.0f / float(total);
   // Updates in the backward pass (one micro-batch) are guarded by the loss alone: a non-finite
   // loss skips the backward pass, which holds them, and the update phase. Every rank decides
   // from every rank's loss, so that all skip the backward pass's collectives alike.
   const bool guardInBackward = options_.guardNonFinite && plan_.updateInBackward().has_value();
   std::vector<float> local;
-  // The ranks' losses in global order: rank r's micro-batch m is at r * count + m.
+  // The micro-batches' losses in global order: data rank d's micro-batch m is at d * count + m,
+  // the sum of its ring ranks' parts (one rank's loss as it is without a ring).
   auto gather = [&](const std::vector<float> &mine, uint32_t at, std::vector<float> &global) {
     std::vector<float> all(mine.size() * size_t(ranks));
     communicator().allGather(mine.data(), all.data(), mine.size(), DType::F32,
                              rankContext_->where.empty() ? "the step's losses"
                                                          : rankContext_->where + ", losses");
-    for (int r = 0; r < ranks; ++r)
-      for (size_t m = 0; m < mine.size(); ++m)
-        global[size_t(r) * count + at + m] = all[size_t(r) * mine.size() + m];
+    for (int d = 0; d < dataRanks; ++d)
+      for (size_t m = 0; m < mine.size(); ++m) {
+        double sum = 0;
+        for (int r = d * ring; r < (d + 1) * ring; ++r)
+          sum += double(all[size_t(r) * mine.size() + m]);
+        global[size_t(d) * count + at + m] = float(sum);
+      }
   };
   std::vector<float> losses(size_t(total), std::numeric_limits<float>::quiet_NaN());
   bool gathered = false;
   bool lossFinite = true;
   for (uint32_t m = 0; m < count; ++m) {
-    setInputs(loader.batch(first + m));
-    setLossScale(scale);
+    TokenBatch batch = loader.batch(first + m);
+    const RingShare share = ringShare(batch);
+    setInputs(batch);
+    setLossScale(scale * share.seed);
     runPhase(Phase::Forward);
     // Read before Backward: the planner may give the loss's bytes to a backward tensor.
     touch(plan_.loss);
-    float value = loss();
+    float value = share.part(loss());
     local.push_back(value);
     if (guardInBackward) {
       // One micro-batch (updateInBackward's plans have one): its losses are the step's.
@@ -647,12 +737,12 @@ StepResult Executor::trainStep(TokenLoader &loader, uint64_t firstMicroBatch, ui
       // The step's loss (count is 1): as result.loss below takes it.
       bool finite = true;
       double stepSum = 0;
-      for (uint64_t r = 0; r < uint64_t(ranks); ++r) {
-        float v = losses[size_t(r * count + m)];
+      for (uint64_t d = 0; d < uint64_t(dataRanks); ++d) {
+        float v = losses[size_t(d * count + m)];
         finite = finite && std::isfinite(v);
         stepSum += double(v);
       }
-      float stepLoss = ranks == 1 ? value : float(stepSum / double(ranks));
+      float stepLoss = dataRanks == 1 ? losses[m] : float(stepSum / double(dataRanks));
       if (!(finite && stepLoss <= limits.loss)) {
         lossFinite = finite;
         break;
@@ -814,7 +904,8 @@ float Executor::evaluate(TokenLoader &loader, uint64_t count) {
   double sum = 0;
   float first = 0;
   for (uint64_t m = 0; m < count; ++m) {
-    float value = forward(loader.batch(m));
+    TokenBatch batch = loader.batch(m);
+    float value = ringLoss(ringShare(batch).part(forward(batch)));
     if (m == 0)
       first = value;
     sum += double(value);

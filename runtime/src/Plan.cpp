@@ -299,7 +299,8 @@ KernelAttrsInfo readAttrs(const fb::Kernel &k, fb::KernelAttrs table) {
   }
   case fb::KernelAttrs::AttentionAttrs:
     return AttentionAttrs{k.attrs_as_AttentionAttrs()->causal(),
-                          k.attrs_as_AttentionAttrs()->scale()};
+                          k.attrs_as_AttentionAttrs()->scale(),
+                          k.attrs_as_AttentionAttrs()->ring_ranks()};
   case fb::KernelAttrs::GeLUAttrs:
     return GeLUAttrs{k.attrs_as_GeLUAttrs()->tanh()};
   case fb::KernelAttrs::AxisAttrs:
@@ -534,17 +535,24 @@ void PlanReader::readTensors() {
   }
 }
 
-/// Plan.ranks and Plan.shard_strategy: a plan of several ranks says which ZeRO stage made it.
+/// Plan.ranks, Plan.shard_strategy and Plan.ring_ranks: a plan of several ranks says which
+/// ZeRO stage or ring made it.
 void PlanReader::readRanks() {
   plan.ranks = std::max<uint32_t>(root.ranks(), 1);
   plan.shardStrategy = str(root.shard_strategy());
+  plan.ringRanks = std::max<uint32_t>(root.ring_ranks(), 1);
   // Far more than any job; keeps ranks * numel far from overflow.
   constexpr uint32_t kMaxRanks = 1u << 16;
   if (plan.ranks > kMaxRanks)
     fail("ranks " + std::to_string(plan.ranks) + " is above the limit " +
          std::to_string(kMaxRanks));
-  if (plan.ranks > 1 && plan.shardStrategy != "zero1" && plan.shardStrategy != "zero2" &&
-      plan.shardStrategy != "zero3")
+  if (plan.ringRanks > 1 && plan.ranks % plan.ringRanks != 0)
+    fail("ring_ranks " + std::to_string(plan.ringRanks) + " does not divide the plan's " +
+         std::to_string(plan.ranks) + " ranks");
+  // A plan of only a ring shards nothing; any other plan of several ranks is a ZeRO stage's.
+  const bool ringOnly = plan.ringRanks == plan.ranks && plan.shardStrategy.empty();
+  if (plan.ranks > 1 && !ringOnly && plan.shardStrategy != "zero1" &&
+      plan.shardStrategy != "zero2" && plan.shardStrategy != "zero3")
     fail("the plan is for " + std::to_string(plan.ranks) + " ranks but its shard_strategy is '" +
          plan.shardStrategy + "' (expected zero1, zero2 or zero3)");
 }
@@ -866,6 +874,14 @@ void PlanReader::readKernels() {
     if (got != want)
       fail(what + " attributes: expected " + attrsName(want) + ", got " + attrsName(got));
     info.attrs = readAttrs(*k, want);
+    // Every attention of a ring's plan reads the whole sequence around the ring; an attention
+    // of the local share alone would silently see a fraction of the keys.
+    if (const auto *a = std::get_if<AttentionAttrs>(&info.attrs);
+        a && std::max<uint32_t>(a->ringRanks, 1) != plan.ringRanks)
+      fail(what + " has ring_ranks " + std::to_string(a->ringRanks) + ", but the plan's " +
+           (plan.ringRanks > 1
+                ? "sequence is split over a ring of " + std::to_string(plan.ringRanks) + " ranks"
+                : std::string("sequence is not split (no Plan.ring_ranks)")));
     plan.kernels.push_back(std::move(info));
     contract::KernelChecker(plan, i).check();
   }
@@ -925,6 +941,11 @@ void PlanReader::readInputsAndLoss() {
   for (size_t t = 0; t < plan.tensors.size(); ++t)
     if (plan.tensors[t].role == TensorRole::Input && !isPlanInput[t])
       fail(plan.describeTensor(uint32_t(t)) + " has role input but is not one of the plan inputs");
+  // A ring's rank holds two equal zigzag chunks of every row.
+  if (plan.ringRanks > 1 && plan.tensors[plan.inputs[0]].shape[1] % 2 != 0)
+    fail("plan inputs: ids shape " + formatShape(plan.tensors[plan.inputs[0]].shape) +
+         " is not two equal chunks of a row split over a ring of " +
+         std::to_string(plan.ringRanks) + " ranks");
 
   plan.loss = root.loss();
   if (plan.loss >= plan.tensors.size())

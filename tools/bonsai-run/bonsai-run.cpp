@@ -799,6 +799,14 @@ void printProfile(const rt::LoadedPlan &plan, const std::vector<double> &ms) {
 /// of several ranks say which rank they come from.
 int gRank = 0, gRanks = 1;
 
+/// The directive that made a plan of several ranks, for messages: `bonsai.shard "zero3" ranks
+/// 2` or `bonsai.ring ranks 2`.
+std::string rankDirective(const rt::LoadedPlan &plan) {
+  const std::string ranks = std::to_string(plan.ranks);
+  return plan.shardStrategy.empty() ? "bonsai.ring ranks " + ranks
+                                    : "bonsai.shard \"" + plan.shardStrategy + "\" ranks " + ranks;
+}
+
 /// A metric for a message: %.9g, or "nan" / "inf" / "-inf".
 std::string formatValue(float value) {
   char buf[32];
@@ -835,8 +843,8 @@ int run(const Options &o) {
                     "docs/sharding.md); run bonsai-run as one process, or compile the plan for " +
                     std::to_string(launch.size) + " ranks");
   if (plan.ranks > 1 && uint32_t(launch.size) != plan.ranks)
-    throw rt::Error("plan '" + o.plan + "' was compiled for " + planRanks +
-                    " ranks (bonsai.shard \"" + plan.shardStrategy + "\" ranks " + planRanks + ")" +
+    throw rt::Error("plan '" + o.plan + "' was compiled for " + planRanks + " ranks (" +
+                    rankDirective(plan) + ")" +
                     (launch.size > 1 ? ", but it was started as " + std::to_string(launch.size) +
                                            " ranks by " + launch.launcher
                                      : std::string()) +
@@ -849,7 +857,7 @@ int run(const Options &o) {
                        : o.findNonFinite        ? "--find-nonfinite"
                                                 : nullptr;
     if (flag)
-      throw rt::Error(std::string(flag) + ": plan '" + o.plan + "' is sharded over " + planRanks +
+      throw rt::Error(std::string(flag) + ": plan '" + o.plan + "' runs on " + planRanks +
                       " ranks, and generation, gradient dumps and the non-finite search of "
                       "several ranks are not built yet (docs/sharding.md)");
   }
@@ -905,11 +913,20 @@ int run(const Options &o) {
   }
   uint32_t microBatches = uint32_t(o.microBatches.value_or(plan.microBatches));
   const std::vector<int64_t> &inputShape = plan.tensors[plan.inputs[0]].shape;
-  uint64_t tokensPerMicroBatch = uint64_t(inputShape[0] * inputShape[1]);
-  // A step of N ranks takes N blocks of micro-batches (docs/sharding.md).
-  const uint64_t stepMicroBatches = uint64_t(microBatches) * uint64_t(gRanks);
+  // A ring's ranks hold a share of each row (docs/ring-attention.md): a micro-batch is the
+  // whole rows.
+  uint64_t tokensPerMicroBatch = uint64_t(inputShape[0] * inputShape[1]) * plan.ringRanks;
+  // A step of N data ranks takes N blocks of micro-batches (docs/sharding.md); the ranks of a
+  // ring share theirs.
+  const int dataRanks = gRanks / int(plan.ringRanks);
+  const uint64_t stepMicroBatches = uint64_t(microBatches) * uint64_t(dataRanks);
   std::string perStep = std::to_string(tokensPerMicroBatch * stepMicroBatches) + " tokens/step";
-  if (gRanks > 1)
+  if (plan.ringRanks > 1)
+    perStep += " (" + std::to_string(microBatches) + " micro-batch" +
+               (microBatches == 1 ? "" : "es") + " of " + std::to_string(tokensPerMicroBatch) +
+               ", each row's sequence split over a ring of " + std::to_string(plan.ringRanks) +
+               " ranks)";
+  else if (gRanks > 1)
     perStep += " (" + std::to_string(gRanks) + " ranks x " + std::to_string(microBatches) +
                " micro-batch" + (microBatches == 1 ? "" : "es") + " of " +
                std::to_string(tokensPerMicroBatch) + ", " + plan.shardStrategy + ")";

@@ -15,6 +15,7 @@
 #include "bonsai/runtime/KernelAttrs.h"
 #include "bonsai/runtime/Tensor.h"
 
+#include <limits>
 #include <vector>
 
 namespace bonsai::rt::cpu {
@@ -59,6 +60,46 @@ void attention(const TensorView &q, const TensorView &k, const TensorView &v, bo
 void flashAttention(const TensorView &q, const TensorView &k, const TensorView &v, bool causal,
                     double scale, const TensorView &o, const TensorView &lse,
                     const TensorView *segmentIds = nullptr);
+
+/// The shape of one block step of ring attention (docs/ring-attention.md): `queries` local
+/// query rows against `keys` rows of one rank's key/value block, fp32 [batch, rows, heads or
+/// kvHeads, headDim] row-major.
+struct RingBlockShape {
+  int64_t batch = 0, queries = 0, keys = 0, heads = 0, kvHeads = 0, headDim = 0;
+  bool causal = false;
+  double scale = 0;
+};
+/// Which tokens a block step pairs: each query's and key's index in the whole sequence
+/// (causal masking compares them), and optionally their segment ids ([batch, rows]; null:
+/// one segment).
+struct RingBlockTokens {
+  const int64_t *queryIndex = nullptr, *keyIndex = nullptr;
+  const int64_t *querySegments = nullptr, *keySegments = nullptr;
+};
+/// The online-softmax state of every local query row across the block steps, in fp64: max
+/// and sum per [batch, heads, queries] row (start at -inf and 0), acc the unnormalised output
+/// [batch, queries, heads, headDim] (starts at 0).
+struct RingAttentionState {
+  std::vector<double> max, sum, acc;
+  explicit RingAttentionState(const RingBlockShape &s)
+      : max(size_t(s.batch * s.heads * s.queries), -std::numeric_limits<double>::infinity()),
+        sum(size_t(s.batch * s.heads * s.queries), 0.0),
+        acc(size_t(s.batch * s.queries * s.heads * s.headDim), 0.0) {}
+};
+/// Adds one key/value block to `state`: the scores scale q·k of the pairs `tokens` allows.
+void ringAttentionBlock(const RingBlockShape &shape, const RingBlockTokens &tokens, const float *q,
+                        const float *k, const float *v, RingAttentionState &state);
+/// o = acc / sum and lse = max + log(sum) (null: not wanted); a row that read no key gets 0
+/// and -inf, as flashAttention.
+void ringAttentionFinish(const RingBlockShape &shape, const RingAttentionState &state, float *o,
+                         float *lse);
+/// One block step of ring attention's backward pass from the final lse [batch, heads,
+/// queries] and delta = Σ dO·O per row: adds the block's part of dq (fp64, local) and of dk,
+/// dv (fp32, the block's accumulators that travel with it).
+void ringAttentionBlockGrad(const RingBlockShape &shape, const RingBlockTokens &tokens,
+                            const float *dout, const float *q, const float *k, const float *v,
+                            const float *lse, const double *delta, double *dq, float *dk,
+                            float *dv);
 
 void silu(const TensorView &x, const TensorView &y);
 /// tanh = true: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); else 0.5 x (1 + erf(x / sqrt 2)).

@@ -200,9 +200,12 @@ public:
   /// negative or not finite.
   void overrideLearningRate(double lr);
 
-  /// Writes a batch into the plan's ids and labels tensors.
+  /// Writes a batch into the plan's ids and labels tensors (and positions and segment ids when
+  /// it takes them). A ring's rank (docs/ring-attention.md) writes its zigzag share of each
+  /// row, the positions of its tokens in the whole row included.
   void setInputs(const TokenBatch &batch);
-  /// The [batch, seq] shape of the plan's inputs.
+  /// The [batch, seq] shape of the batches the plan takes: its inputs' shape, with a ring's
+  /// whole rows (the inputs hold a rank's share).
   std::vector<int64_t> inputShape() const;
   /// Writes `scale` into the LossScale tensor; does nothing when the plan has none.
   void setLossScale(float scale);
@@ -278,6 +281,25 @@ public:
 private:
   /// Checks the communicator against the plan's ranks and sets rankContext_.
   void setUpRanks();
+  /// A ring rank's part of a micro-batch's mean loss (docs/ring-attention.md): the share of the
+  /// micro-batch's counted tokens (labels other than the loss's ignore index) it holds.
+  struct RingShare {
+    /// What the backward pass's seed is multiplied by: the share (1 without a ring; 0 when
+    /// no token of the micro-batch counts, whose loss is NaN).
+    float seed = 1.0f;
+    /// The share, NaN when no token counts.
+    double share = 1.0;
+    /// The rank's part of the micro-batch's loss: its mean loss times its share (0 for a
+    /// share of no token, whose own mean is NaN).
+    float part(float loss) const {
+      return share == 1.0 ? loss : share == 0.0 ? 0.0f : float(share * double(loss));
+    }
+  };
+  RingShare ringShare(const TokenBatch &batch) const;
+  /// This ring rank's zigzag share of every row of `batch`.
+  TokenBatch ringShareOf(const TokenBatch &batch) const;
+  /// Σ over the ring's ranks of their parts: the micro-batch's loss (`part` without a ring).
+  float ringLoss(float part) const;
   void touch(uint32_t tensor);
   /// Counts every tensor the kernels of `phase` below plan index `end` name as touched: the
   /// measured memory of a step (the backends measure nothing per tensor).

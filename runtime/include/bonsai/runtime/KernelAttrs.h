@@ -77,6 +77,9 @@ inline std::vector<double> ropeInverseFrequencies(const RoPEAttrs &a, int64_t he
 struct AttentionAttrs {
   bool causal = false;
   double scale = 0;
+  /// > 1: q, k, v are this rank's zigzag share of a sequence split over ringRanks ranks, and
+  /// the kernel attends to every rank's keys (docs/ring-attention.md).
+  uint32_t ringRanks = 0;
 };
 /// GeLU and its gradient: the tanh approximation, or erf.
 struct GeLUAttrs {

@@ -229,8 +229,12 @@ struct LoadedPlan {
   /// The data-parallel ranks the step was compiled for (Plan.ranks; 0 in the file reads as 1):
   /// every rank runs this plan on its own micro-batches (docs/sharding.md).
   uint32_t ranks = 1;
-  /// "zero1", "zero2" or "zero3" for a plan of several ranks; empty otherwise.
+  /// "zero1", "zero2" or "zero3" for a sharded plan of several ranks; empty otherwise.
   std::string shardStrategy;
+  /// The ranks each row's sequence is split over (Plan.ring_ranks; 0 in the file reads as
+  /// 1): consecutive groups of ringRanks ranks share each micro-batch, rank r of a group
+  /// holding the zigzag chunks r and 2N-1-r of every row (docs/ring-attention.md).
+  uint32_t ringRanks = 1;
 
   /// "tensor 3 'h.0.ln_1.weight'", for messages.
   std::string describeTensor(uint32_t index) const;
