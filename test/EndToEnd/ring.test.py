@@ -1,0 +1,105 @@
+"""Driver of ring.test: training with the sequence split over a ring of CPU ranks against the
+unsplit plan on one process.
+
+For each case it compiles the model with the recipe and with the recipe plus `bonsai.ring ranks
+N`, runs the first on one process and the second under `mpirun -np N` (the same micro-batch on
+every rank, each taking its zigzag share of every row), and compares the step losses rank 0
+writes. Nothing passes unless every ring run is within 1e-5 relative of the 1-rank losses at
+every step. Then the errors: a sequence the ring cannot split, a model with a learned position
+table, a ring combined with sharding, and a ring plan started on the wrong number of ranks."""
+import json
+import os
+import subprocess
+import sys
+
+from shard_recipes import MPIRUN, RECIPES
+
+compile_tool, run_tool, gen_models, models, out, steps = sys.argv[1:7]
+steps = int(steps)
+TOLERANCE = 1e-5
+TIMEOUT = 300
+# tiny_llama has 4 query heads over 2 key/value heads (GQA); "mha" has as many of each.
+CASES = [("tiny_llama", "adamw", 2), ("tiny_llama", "adamw", 4), ("mha", "adamw", 2),
+         ("tiny_llama", "lora", 4), ("tiny_llama", "qlora", 2)]
+
+
+def model_path(model):
+    if model != "mha":
+        return os.path.join(models, model + ".mlir")
+    path = os.path.join(out, "mha.mlir")
+    with open(path, "w") as f:
+        subprocess.run([sys.executable, gen_models, "--print", "tiny_llama", "--set=kv_heads=4"],
+                       check=True, stdout=f)
+    return path
+
+
+def recipe(path, body, extra=""):
+    with open(path, "w") as f:
+        f.write('bonsai.recipe @train {\n  bonsai.target "cpu"\n' + extra + body + "}\n")
+
+
+def compile_plan(model, recipe_path, plan):
+    return subprocess.run([compile_tool, model_path(model), recipe_path, "-o", plan],
+                          capture_output=True, text=True)
+
+
+def losses(command, metrics):
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    result = subprocess.run(command + ["--metrics", metrics], capture_output=True, text=True,
+                            timeout=TIMEOUT)
+    if result.returncode != 0:
+        sys.exit("FAILED (%d): %s\n%s%s" % (result.returncode, " ".join(command), result.stdout,
+                                           result.stderr))
+    with open(metrics) as f:
+        found = [json.loads(line)["loss"] for line in f]
+    if len(found) != steps:
+        sys.exit("FAILED: %d steps, expected %d: %s" % (len(found), steps, " ".join(command)))
+    return found
+
+
+failed = False
+for model, name, n in CASES:
+    base = os.path.join(out, "%s.%s" % (model, name))
+    recipe(base + ".mlir", RECIPES[name])
+    if compile_plan(model, base + ".mlir", base + ".plan").returncode != 0:
+        sys.exit("FAILED: compile " + base)
+    reference = losses([run_tool, base + ".plan", "--seed", "7", "--steps", str(steps)],
+                       base + ".jsonl")
+    ring = "%s.ring%d" % (base, n)
+    recipe(ring + ".mlir", RECIPES[name], "  bonsai.ring ranks %d\n" % n)
+    compiled = compile_plan(model, ring + ".mlir", ring + ".plan")
+    if compiled.returncode != 0:
+        sys.exit("FAILED: compile %s\n%s" % (ring, compiled.stderr))
+    got = losses(MPIRUN + ["-np", str(n), run_tool, ring + ".plan", "--seed", "7", "--steps",
+                           str(steps)], ring + ".jsonl")
+    worst = max(abs(g - r) / abs(r) for g, r in zip(got, reference))
+    ok = worst <= TOLERANCE
+    failed = failed or not ok
+    print("%s %s ring %d: %d steps, max relative difference %.1e%s" %
+          (model, name, n, steps, worst, "" if ok else " FAILED"))
+
+
+def first_error(stderr):
+    return next((line for line in stderr.splitlines() if "error" in line), stderr.strip())
+
+
+# A sequence of 64 tokens does not split into 2 x 3 zigzag chunks.
+bad = os.path.join(out, "bad")
+recipe(bad + ".ranks3.mlir", RECIPES["adamw"], "  bonsai.ring ranks 3\n")
+print("ranks 3:", first_error(compile_plan("tiny_llama", bad + ".ranks3.mlir",
+                                           bad + ".plan").stderr))
+# GPT-2's learned position table is added to every token by its index.
+recipe(bad + ".gpt2.mlir", RECIPES["adamw"], "  bonsai.ring ranks 2\n")
+print("gpt2:", first_error(compile_plan("tiny_gpt2", bad + ".gpt2.mlir", bad + ".plan").stderr))
+recipe(bad + ".shard.mlir", RECIPES["adamw"],
+       '  bonsai.ring ranks 2\n  bonsai.shard "zero3" ranks 2\n')
+print("shard:", first_error(compile_plan("tiny_llama", bad + ".shard.mlir",
+                                         bad + ".plan").stderr))
+# A ring plan of 2 ranks started as 4.
+result = subprocess.run(MPIRUN + ["-np", "4", run_tool, "%s/tiny_llama.adamw.ring2.plan" % out,
+                                  "--steps", "1"], capture_output=True, text=True,
+                        timeout=TIMEOUT)
+print("np 4: exit %s, %s" % ("non-zero" if result.returncode else "0",
+                             first_error(result.stderr)))
+sys.exit(1 if failed else 0)
