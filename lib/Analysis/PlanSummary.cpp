@@ -204,8 +204,34 @@ void PlanMemorySummary::print(llvm::raw_ostream &os, int64_t budget, double link
 
 PlanCollectiveSummary mlir::bonsai::summarizePlanCollectives(plan::StepOp step) {
   PlanCollectiveSummary summary;
+  // A ring's operands may be views (reshapes): their type says their bytes.
+  auto elementsOf = [](Value operand) {
+    return cast<MemRefType>(operand.getType()).getNumElements();
+  };
+  auto bytesOf = [&](Value operand) -> int64_t {
+    auto type = cast<MemRefType>(operand.getType());
+    return elementsOf(operand) * int64_t(type.getElementTypeBitWidth()) / 8;
+  };
   for (auto launch : step.getBody().getOps<plan::LaunchOp>()) {
     StringRef kernel = launch.getKernel();
+    if (auto ring = launch.getParams().getAs<IntegerAttr>("ring_ranks")) {
+      // q, k, v, [segment ids] of a forward; dO, q, k, v, o, [lse], [segment ids] of a grad.
+      const int64_t n = ring.getInt();
+      const bool grad = kernel.ends_with("_grad"), keepsLse = kernel == "flash_attention_grad";
+      const unsigned k = grad ? 2 : 1, segments = grad ? (keepsLse ? 6 : 5) : 3;
+      auto ins = launch.getIns();
+      int64_t block = bytesOf(ins[k]) + bytesOf(ins[k + 1]);
+      if (ins.size() > segments)
+        block += 8 * elementsOf(ins[segments]); // Segment ids travel as int64.
+      int64_t bytes = (n - 1) * block;
+      if (grad)
+        bytes += n * 4 * (elementsOf(ins[k]) + elementsOf(ins[k + 1])) +
+                 (keepsLse ? 0 : (n - 1) * block);
+      ++summary.ring.launches;
+      summary.ring.bytes += bytes;
+      summary.ringRanks = std::max(summary.ringRanks, n);
+      continue;
+    }
     int kind = kernel == "all_gather"       ? PlanCollectiveSummary::AllGather
                : kernel == "reduce_scatter" ? PlanCollectiveSummary::ReduceScatter
                : kernel == "all_reduce"     ? PlanCollectiveSummary::AllReduce
@@ -231,6 +257,19 @@ PlanCollectiveSummary mlir::bonsai::summarizePlanCollectives(plan::StepOp step) 
 }
 
 void PlanCollectiveSummary::print(llvm::raw_ostream &os, double linkGBs) const {
+  if (ring.launches) {
+    os << "  ring attention per rank (rings of " << ringRanks
+       << "; each rank sends its ring's next rank and receives from the previous):\n"
+       << "    key/value blocks per micro-batch" << llvm::format_decimal(ring.launches, 5)
+       << (ring.launches == 1 ? " launch  " : " launches")
+       << llvm::right_justify(formatBytes(ring.bytes), 12);
+    if (linkGBs > 0)
+      os << llvm::format("  %.4g ms at %.4g GB/s", double(ring.bytes) / (linkGBs * 1e9) * 1e3,
+                         linkGBs);
+    os << "\n";
+  }
+  if (ranks == 0)
+    return;
   static constexpr const char *kNames[NumKinds] = {"all-gather", "reduce-scatter", "all-reduce"};
   os << "  collectives per rank (over " << ranks << (ranks == 1 ? " rank" : " ranks")
      << "; each rank sends and receives " << ranks - 1 << "/" << ranks

@@ -29,7 +29,9 @@ void mlir::bonsai::buildModelPipeline(OpPassManager &pm, const PipelineOptions &
   // The recipe's bonsai.ring: each rank's share of the sequence, before autodiff (whose
   // backward pass then works on the share) and before the sequence is tiled (the chunks are
   // the share's). Without a bonsai.ring directive the pass changes nothing.
-  pm.addPass(createBonsaiRingPass());
+  BonsaiRingPassOptions ring;
+  ring.target = options.profile.empty() ? options.target : options.profile;
+  pm.addPass(createBonsaiRingPass(ring));
   // The recipe's bonsai.remat sequence_chunks: the MLPs become chunks of model ops (their
   // adapters and dequantized weights included) before autodiff, whose backward pass then
   // runs chunk by chunk too, and before remat, which recomputes each chunk on its own.

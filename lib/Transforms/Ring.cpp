@@ -13,9 +13,12 @@
 
 #include "bonsai/Analysis/PlanSummary.h"
 #include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
+#include "bonsai/Target/TargetProfile.h"
 #include "bonsai/Transforms/Passes.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/DenseSet.h"
+
+#include <cmath>
 
 namespace mlir::bonsai {
 #define GEN_PASS_DEF_BONSAIRINGPASS
@@ -68,16 +71,6 @@ struct RingPass : impl::BonsaiRingPassBase<RingPass> {
       return signalPassFailure();
     }
     RingDirectiveOp directive = directives.front();
-    // A dp x cp grid needs collectives over sub-groups of the ranks (the ring within its row
-    // of the grid, the shards across it): not built yet.
-    bool composes = true;
-    module.walk([&](ShardDirectiveOp shard) {
-      shard.emitError() << "bonsai.shard does not compose with bonsai.ring yet (a data x ring "
-                           "grid of ranks; docs/ring-attention.md): use one of them";
-      composes = false;
-    });
-    if (!composes)
-      return signalPassFailure();
     for (auto function : llvm::to_vector(module.getOps<func::FuncOp>()))
       if (!function.isExternal() && !function.getBody().getOps<ParamOp>().empty())
         if (failed(splitFunction(function, directive)))
@@ -161,6 +154,7 @@ struct RingPass : impl::BonsaiRingPassBase<RingPass> {
       if (auto rope = dyn_cast<RoPEOp>(op); rope && rope.getPositions())
         positions = rope.getPositions();
     int64_t attentions = 0, ropes = 0;
+    AttentionOp firstAttention;
     for (Operation &op : llvm::make_early_inc_range(body)) {
       if (llvm::none_of(op.getOperands(), [&](Value v) { return split.contains(v); }))
         continue;
@@ -184,6 +178,8 @@ struct RingPass : impl::BonsaiRingPassBase<RingPass> {
       if (auto attention = dyn_cast<AttentionOp>(op)) {
         attention.setRingRanksAttr(
             IntegerAttr::get(IntegerType::get(&getContext(), 64), shape.ranks));
+        if (!firstAttention)
+          firstAttention = attention;
         ++attentions;
       }
       for (Value result : op.getResults())
@@ -201,14 +197,69 @@ struct RingPass : impl::BonsaiRingPassBase<RingPass> {
     OpBuilder builder(&getContext());
     function->setAttr("bonsai.ranks", builder.getI64IntegerAttr(shape.ranks));
     function->setAttr("bonsai.ring_ranks", builder.getI64IntegerAttr(shape.ranks));
+    std::string overlap = predictOverlap(directive, firstAttention, shape);
     emitRemark(directive.getLoc())
         << "ring: the sequence of " << shape.seq << " tokens split over " << shape.ranks
         << " ranks (" << shape.localSeq() << " each, zigzag chunks of "
         << shape.seq / (2 * shape.ranks) << "); " << attentions
         << (attentions == 1 ? " attention passes" : " attentions pass")
         << " key/value blocks around the ring"
-        << (ropes ? "; RoPE reads each token's position from the 'positions' input" : "");
+        << (ropes ? "; RoPE reads each token's position from the 'positions' input" : "")
+        << overlap;
     return success();
+  }
+
+  /// The overlap condition on the target (docs/ring-attention.md, "Overlap"), as a clause of
+  /// the summary remark; warns when the recipe's tokens per rank are below it.
+  std::string predictOverlap(RingDirectiveOp directive, AttentionOp attention,
+                             const RingShape &shape) {
+    std::optional<TargetProfile> profile = lookupTargetProfile(target);
+    double rate =
+        profile ? (profile->attentionTflops > 0 ? profile->attentionTflops : profile->bf16Tflops)
+                : 0;
+    double link = profile ? profile->linkBandwidthGBs : 0;
+    if (rate <= 0 || link <= 0)
+      return "; the target '" + target +
+             "' has no link bandwidth or attention rate, so the overlap is not predicted";
+    auto q = cast<RankedTensorType>(attention.getQuery().getType());
+    auto k = cast<RankedTensorType>(attention.getKey().getType());
+    const double heads = double(q.getDimSize(2)), kvHeads = double(k.getDimSize(2));
+    const double elementBytes = double(k.getElementTypeBitWidth()) / 8;
+    // Per step and per token of the block, per batch row and head dim: a causal step scores
+    // half of the L x L pairs (zigzag), a full one all of them; 4 FLOPs per pair and head dim
+    // forward, 10 backward. The forward sends the block's k and v, the backward also their
+    // fp32 gradients.
+    const double pairs = attention.getCausal() ? 0.5 : 1.0;
+    const double seconds = 1.0 / (rate * 1e12), perByte = 1.0 / (link * 1e9);
+    auto smallest = [&](double flopsPerPair, double bytesPerElement) {
+      // flops(L) = flopsPerPair * heads * pairs * L^2 * seconds >= 2 * kvHeads * bytes * L.
+      return 2 * kvHeads * bytesPerElement * perByte / (flopsPerPair * heads * pairs * seconds);
+    };
+    const int64_t needed =
+        int64_t(std::ceil(std::max(smallest(4, elementBytes), smallest(10, elementBytes + 4))));
+    std::string figures = "a link of " + formatRate(link) + " GB/s and attention at " +
+                          formatRate(rate) + " TFLOP/s on '" + target + "'";
+    if (shape.localSeq() < needed) {
+      directive.emitWarning() << "ring: " << shape.localSeq()
+                              << " tokens per rank are too few for the key/value "
+                              << "transfer to hide behind the attention: with " << figures
+                              << " each step needs at "
+                              << "least " << needed
+                              << " tokens per rank (fewer ranks or a longer sequence)";
+      return "; the transfer is exposed (" + std::to_string(shape.localSeq()) +
+             " tokens per rank, " + std::to_string(needed) + " needed)";
+    }
+    return "; the transfer hides behind the attention from " + std::to_string(needed) +
+           " tokens per rank with " + figures;
+  }
+
+  /// "64", "317", "4.5".
+  static std::string formatRate(double value) {
+    std::string text = std::to_string(value);
+    text.erase(text.find_last_not_of('0') + 1);
+    if (!text.empty() && text.back() == '.')
+      text.pop_back();
+    return text;
   }
 };
 

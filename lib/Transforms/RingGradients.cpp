@@ -6,7 +6,8 @@
 // counted tokens it holds, so that the sum over the ranks is the gradient of the mean loss
 // over the whole sequence. This pass adds that sum: each gradient accumulator is all-reduced
 // at the start of the update phase, before the norm and the updates read it, so every rank
-// updates the same parameters alike.
+// updates the same parameters alike. With bonsai.shard the shards' reduce-scatters, over every
+// rank of the data x ring grid, sum them instead.
 //
 //===----------------------------------------------------------------------===//
 
@@ -59,6 +60,12 @@ struct RingGradientsPass : impl::BonsaiRingGradientsPassBase<RingGradientsPass> 
       return success();
     if (failed(checkComposition(module)))
       return failure();
+    // With bonsai.shard the ring's ranks are part of the shards' grid, whose reduce-scatters
+    // sum the gradients over every rank, the ring's included.
+    bool sharded = false;
+    module.walk([&](ShardDirectiveOp) { sharded = true; });
+    if (sharded)
+      return success();
     if (norms.size() != 1)
       return function.emitError() << "bonsai-ring-gradients expects one bonsai.grad_norm in "
                                      "the update phase (bonsai-optimizer's), found "

@@ -175,7 +175,11 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
   LogicalResult shardFunction(func::FuncOp function, ShardDirectiveOp directive) {
     MLIRContext *ctx = &getContext();
     Block &body = function.getBody().front();
-    const int64_t ranks = directive.getRanks();
+    // With a ring (bonsai-ring) every rank of each ring is a rank of the grid: the shards
+    // spread over all of them (a data x ring grid, as torchtitan's FSDP over dp x cp), and the
+    // gradients reduce-scattered over all of them are summed over the ring too.
+    const int64_t ringRanks = ringRanksOf(function);
+    const int64_t ranks = directive.getRanks() * ringRanks;
     const Stage stage = directive.getStrategy() == "zero1"   ? Stage::Zero1
                         : directive.getStrategy() == "zero2" ? Stage::Zero2
                                                              : Stage::Zero3;
@@ -377,14 +381,22 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
     return success();
   }
 
+  /// The ranks of the function's ring (bonsai-ring's bonsai.ring_ranks), 1 without one.
+  static int64_t ringRanksOf(func::FuncOp function) {
+    auto ring = function->getAttrOfType<IntegerAttr>("bonsai.ring_ranks");
+    return ring ? ring.getInt() : 1;
+  }
+
   void emitSummary(func::FuncOp function, ShardDirectiveOp directive, const ShardTotals &t) {
-    const int64_t ranks = directive.getRanks();
+    const int64_t ring = ringRanksOf(function), ranks = directive.getRanks() * ring;
     InFlightDiagnostic remark = emitRemark(directive.getLoc())
                                 << "shard: " << directive.getStrategy() << " over " << ranks
-                                << (ranks == 1 ? " rank: " : " ranks: ") << t.tensors
-                                << " tensors of '" << function.getSymName() << "' sharded ("
-                                << formatBytes(t.shardBytes) << " per rank instead of "
-                                << formatBytes(t.wholeBytes) << ")";
+                                << (ranks == 1 ? " rank" : " ranks");
+    if (ring > 1)
+      remark << " (" << directive.getRanks() << " data x a ring of " << ring << ")";
+    remark << ": " << t.tensors << " tensors of '" << function.getSymName() << "' sharded ("
+           << formatBytes(t.shardBytes) << " per rank instead of " << formatBytes(t.wholeBytes)
+           << ")";
     if (t.packed)
       remark << ", " << t.packed
              << (t.packed == 1 ? " of them an NF4 weight shared out by its storage bytes"

@@ -92,13 +92,18 @@ void Communicator::allGather(const void *send, void *recv, size_t sendCount, DTy
 }
 
 void Communicator::ringShift(const void *send, void *recv, size_t count, DType dtype,
-                             const std::string &context) {
+                             const std::string &context, int ringSize) {
   const char *name = "ringShift";
+  if (ringSize == 0)
+    ringSize = size();
+  if (ringSize < 1 || size() % ringSize != 0)
+    throw Error(std::string("communicator ") + name + ": a ring of " + std::to_string(ringSize) +
+                " ranks does not divide the " + std::to_string(size()) + " ranks");
   checkDType(dtype, name);
   size_t bytes = checkedBytes(count, 1, dtype, name);
   checkPointer(send, bytes, name, "send");
   checkPointer(recv, bytes, name, "recv");
-  doRingShift(send, recv, count, dtype, context);
+  doRingShift(send, recv, count, dtype, ringSize, context);
 }
 
 void Communicator::broadcast(void *buffer, size_t count, DType dtype, int root,
@@ -171,7 +176,7 @@ void SingleRankCommunicator::doBroadcast(void *, size_t, DType, int, const std::
 
 // One rank is its own neighbour: the shift is a copy.
 void SingleRankCommunicator::doRingShift(const void *send, void *recv, size_t count, DType dtype,
-                                         const std::string &) {
+                                         int, const std::string &) {
   if (count > 0)
     std::memmove(recv, send, count * dtypeSize(dtype));
 }

@@ -132,7 +132,7 @@ protected:
                    const std::string &context) override;
   void doBroadcast(void *buffer, size_t count, DType dtype, int root,
                    const std::string &context) override;
-  void doRingShift(const void *send, void *recv, size_t count, DType dtype,
+  void doRingShift(const void *send, void *recv, size_t count, DType dtype, int ringSize,
                    const std::string &context) override;
   void doBarrier(const std::string &context) override;
 
@@ -580,10 +580,12 @@ void MpiCommunicator::doBroadcast(void *buffer, size_t count, DType dtype, int r
 }
 
 void MpiCommunicator::doRingShift(const void *send, void *recv, size_t count, DType dtype,
-                                  const std::string &context) {
+                                  int ringSize, const std::string &context) {
   Op op = begin("ringShift", Kind::RingShift, count, dtype, context);
   size_t bytes = count * dtypeSize(dtype);
-  int next = (rank_ + 1) % size_, previous = (rank_ - 1 + size_) % size_;
+  // This rank's ring: the consecutive group of ringSize ranks that holds it.
+  const int first = rank_ - rank_ % ringSize, at = rank_ % ringSize;
+  int next = first + (at + 1) % ringSize, previous = first + (at - 1 + ringSize) % ringSize;
   // [0, bytes): the outgoing copy (send and recv may alias); [bytes, 2 bytes): the incoming.
   char *data = staging(2 * bytes);
   if (bytes)

@@ -520,10 +520,15 @@ void NcclCommunicator::broadcast(const void *send, void *recv, size_t count, DTy
 }
 
 void NcclCommunicator::ringShift(const void *send, void *recv, size_t count, DType dtype,
-                                 CUstream_st *stream, const std::string &context) {
+                                 CUstream_st *stream, const std::string &context, int ringSize) {
   const char *name = "ringShift";
   Checker check{who() + ": NCCL " + name + contextText(context)};
   checkUsable(check.prefix);
+  if (ringSize == 0)
+    ringSize = size_;
+  if (ringSize < 1 || size_ % ringSize != 0)
+    throw Error(check.prefix + ": a ring of " + std::to_string(ringSize) +
+                " ranks does not divide the " + std::to_string(size_) + " ranks");
   check.dtype(dtype);
   size_t bytes = check.bytes(count, 1, dtype);
   check.pointer(send, bytes, "send");
@@ -535,7 +540,9 @@ void NcclCommunicator::ringShift(const void *send, void *recv, size_t count, DTy
   check.aliasing(send, bytes, recv, bytes, false, "none: send and recv are separate buffers");
   std::string what =
       comm::describeCollective(rank_, size_, "NCCL ringShift", count, dtype, context);
-  int next = (rank_ + 1) % size_, previous = (rank_ - 1 + size_) % size_;
+  // This rank's ring: the consecutive group of ringSize ranks that holds it.
+  const int first = rank_ - rank_ % ringSize, at = rank_ % ringSize;
+  int next = first + (at + 1) % ringSize, previous = first + (at - 1 + ringSize) % ringSize;
   // One group, so that every rank's send and receive progress together (a ring of blocking
   // sends would wait on itself).
   enqueue("ncclSend/ncclRecv", what, [&] {

@@ -197,6 +197,21 @@ void Executor::ArenaFree::operator()(void *p) const {
     std::free(p);
 }
 
+namespace {
+
+/// The directives that made a plan of several ranks, for messages: `bonsai.shard "zero3"
+/// ranks 2`, `bonsai.ring ranks 2`, or both (a grid of 4).
+std::string rankDirectives(const LoadedPlan &plan) {
+  const uint32_t ring = plan.ringRanks, data = plan.ranks / ring;
+  std::string shard = "bonsai.shard \"" + plan.shardStrategy + "\" ranks " + std::to_string(data);
+  std::string rings = "bonsai.ring ranks " + std::to_string(ring);
+  if (ring <= 1)
+    return shard;
+  return plan.shardStrategy.empty() ? rings : shard + " x " + rings;
+}
+
+} // namespace
+
 void Executor::setUpRanks() {
   Communicator *comm = options_.communicator;
   if (!comm) {
@@ -207,10 +222,7 @@ void Executor::setUpRanks() {
   const std::string ranks = std::to_string(plan_.ranks);
   if (plan_.ranks > 1 && uint32_t(size) != plan_.ranks)
     throw Error("plan '" + plan_.path + "' was compiled for " + ranks + " ranks (" +
-                (plan_.shardStrategy.empty()
-                     ? "bonsai.ring ranks " + ranks
-                     : "bonsai.shard \"" + plan_.shardStrategy + "\" ranks " + ranks) +
-                ")" +
+                rankDirectives(plan_) + ")" +
                 (size > 1 ? ", but this process is rank " + std::to_string(comm->rank()) + " of " +
                                 std::to_string(size)
                           : std::string()) +
@@ -569,9 +581,11 @@ float Executor::ringLoss(float part) const {
   communicator().allGather(&part, all.data(), 1, DType::F32,
                            rankContext_->where.empty() ? "the ring's losses"
                                                        : rankContext_->where + ", losses");
+  // This rank's ring: the consecutive group of ringRanks ranks that holds it.
+  const int ring = int(plan_.ringRanks), first = rankContext_->rank - rankContext_->rank % ring;
   double sum = 0;
-  for (float value : all)
-    sum += double(value);
+  for (int r = first; r < first + ring; ++r)
+    sum += double(all[size_t(r)]);
   return float(sum);
 }
 

@@ -40,9 +40,10 @@ struct Ring {
       throw Error(std::string(kernel) + " (ring of " + std::to_string(a.ringRanks) +
                   " ranks): " + why);
     };
-    if (int64_t(comm.size()) != int64_t(a.ringRanks))
-      fail("the ring must be every rank of the job (" + std::to_string(comm.size()) +
-           " ranks); a ring within a larger grid is not built yet");
+    if (a.ringRanks < 2 || comm.size() % int(a.ringRanks) != 0)
+      fail("the job's " + std::to_string(comm.size()) +
+           " ranks do not form rings of that many (consecutive groups of " +
+           std::to_string(a.ringRanks) + ")");
     if (q.rank() != 4 || k.rank() != 4 || k.dim(0) != q.dim(0) || k.dim(1) != q.dim(1) ||
         k.dim(3) != q.dim(3) || k.dim(2) <= 0 || q.dim(2) % k.dim(2) != 0)
       fail("q " + formatShape(q.shape) + " and k " + formatShape(k.shape) +
@@ -52,7 +53,7 @@ struct Ring {
            " tokens is not two equal zigzag chunks");
     shape = {q.dim(0), q.dim(1), q.dim(1), q.dim(2), k.dim(2), q.dim(3), a.causal, a.scale};
     ranks = a.ringRanks;
-    rank = comm.rank();
+    rank = comm.rank() % int64_t(a.ringRanks);
     queryIndex = ringTokenIndices(shape.queries, ranks, rank);
     if (segmentIds) {
       if (segmentIds->rank() != 2 || segmentIds->dim(0) != shape.batch ||
@@ -93,13 +94,16 @@ struct Block {
     v.data = vBytes.data();
   }
 
-  /// Passes the block to the next rank and takes the previous rank's.
-  void shift(Communicator &comm, const std::string &context) {
-    comm.ringShift(kBytes.data(), kBytes.data(), size_t(k.numel()), k.dtype, context + ", keys");
-    comm.ringShift(vBytes.data(), vBytes.data(), size_t(v.numel()), v.dtype, context + ", values");
+  /// Passes the block to the next rank of this rank's ring (of `ring` ranks) and takes the
+  /// previous rank's.
+  void shift(Communicator &comm, int ring, const std::string &context) {
+    comm.ringShift(kBytes.data(), kBytes.data(), size_t(k.numel()), k.dtype, context + ", keys",
+                   ring);
+    comm.ringShift(vBytes.data(), vBytes.data(), size_t(v.numel()), v.dtype, context + ", values",
+                   ring);
     if (!segments.empty())
       comm.ringShift(segments.data(), segments.data(), segments.size(), DType::I64,
-                     context + ", segment ids");
+                     context + ", segment ids", ring);
   }
 };
 
@@ -121,7 +125,7 @@ void cpuRingAttention(Communicator &comm, const AttentionAttrs &a, const TensorV
   cpu::RingAttentionState state(ring.shape);
   for (int64_t step = 0; step < ring.ranks; ++step) {
     if (step > 0)
-      block.shift(comm, context);
+      block.shift(comm, int(ring.ranks), context);
     std::vector<int64_t> keyIndex =
         ringTokenIndices(ring.shape.keys, ring.ranks, ring.holder(step));
     std::vector<float> ks = toF32(block.k), vs = toF32(block.v);
@@ -171,9 +175,11 @@ void cpuRingAttentionGrad(Communicator &comm, const AttentionAttrs &a, const Ten
   std::vector<float> dkAcc(size_t(k.numel()), 0.0f), dvAcc(size_t(v.numel()), 0.0f);
   for (int64_t step = 0; step < ring.ranks; ++step) {
     if (step > 0) {
-      block.shift(comm, context);
-      comm.ringShift(dkAcc.data(), dkAcc.data(), dkAcc.size(), DType::F32, context + ", dk");
-      comm.ringShift(dvAcc.data(), dvAcc.data(), dvAcc.size(), DType::F32, context + ", dv");
+      block.shift(comm, int(ring.ranks), context);
+      comm.ringShift(dkAcc.data(), dkAcc.data(), dkAcc.size(), DType::F32, context + ", dk",
+                     int(ring.ranks));
+      comm.ringShift(dvAcc.data(), dvAcc.data(), dvAcc.size(), DType::F32, context + ", dv",
+                     int(ring.ranks));
     }
     std::vector<int64_t> keyIndex = ringTokenIndices(s.keys, ring.ranks, ring.holder(step));
     std::vector<float> ks = toF32(block.k), vs = toF32(block.v);
@@ -182,8 +188,10 @@ void cpuRingAttentionGrad(Communicator &comm, const AttentionAttrs &a, const Ten
                                 dvAcc.data());
   }
   // The last shift brings each block's accumulators back to the rank that owns it.
-  comm.ringShift(dkAcc.data(), dkAcc.data(), dkAcc.size(), DType::F32, context + ", dk");
-  comm.ringShift(dvAcc.data(), dvAcc.data(), dvAcc.size(), DType::F32, context + ", dv");
+  comm.ringShift(dkAcc.data(), dkAcc.data(), dkAcc.size(), DType::F32, context + ", dk",
+                 int(ring.ranks));
+  comm.ringShift(dvAcc.data(), dvAcc.data(), dvAcc.size(), DType::F32, context + ", dv",
+                 int(ring.ranks));
   std::vector<float> dqs(dqAcc.begin(), dqAcc.end());
   storeF32(dqs.data(), dq);
   storeF32(dkAcc.data(), dk);

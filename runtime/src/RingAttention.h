@@ -23,7 +23,8 @@ std::vector<int64_t> ringTokenIndices(int64_t localSeq, int64_t ranks, int64_t r
 
 /// o (and lse, when non-null) of attention of this rank's queries against every rank's keys:
 /// `ranks` block steps, the key/value block (and segment ids) passed to the next rank after
-/// each but the last. The communicator is the ring (its size must be `a.ringRanks`).
+/// each but the last. The rings are the communicator's consecutive groups of `a.ringRanks`
+/// ranks (its size a multiple of them: a data x ring grid).
 void cpuRingAttention(Communicator &comm, const AttentionAttrs &a, const TensorView &q,
                       const TensorView &k, const TensorView &v, const TensorView *segmentIds,
                       const TensorView &o, const TensorView *lse, const std::string &context);

@@ -2,11 +2,13 @@
 unsplit plan on one process.
 
 For each case it compiles the model with the recipe and with the recipe plus `bonsai.ring ranks
-N`, runs the first on one process and the second under `mpirun -np N` (the same micro-batch on
-every rank, each taking its zigzag share of every row), and compares the step losses rank 0
-writes. Nothing passes unless every ring run is within 1e-5 relative of the 1-rank losses at
-every step. Then the errors: a sequence the ring cannot split, a model with a learned position
-table, a ring combined with sharding, and a ring plan started on the wrong number of ranks."""
+N` (and `bonsai.shard "zero3" ranks D`: a grid of D x N ranks, D data ranks each with its ring),
+runs the first on one process with D micro-batches a step and the second under `mpirun -np
+D*N` (the ranks of a ring on the same micro-batch, each taking its zigzag share of every row),
+and compares the step losses rank 0 writes. Nothing passes unless every ring run is within
+1e-5 relative of the 1-rank losses at every step. Then the errors: a sequence the ring cannot
+split, a model with a learned position table, a ring with updates in the backward pass, and a
+ring plan started on the wrong number of ranks."""
 import json
 import os
 import subprocess
@@ -19,8 +21,10 @@ steps = int(steps)
 TOLERANCE = 1e-5
 TIMEOUT = 300
 # tiny_llama has 4 query heads over 2 key/value heads (GQA); "mha" has as many of each.
-CASES = [("tiny_llama", "adamw", 2), ("tiny_llama", "adamw", 4), ("mha", "adamw", 2),
-         ("tiny_llama", "lora", 4), ("tiny_llama", "qlora", 2)]
+# (model, recipe, ring ranks, data ranks of bonsai.shard "zero3" or 0 without it)
+CASES = [("tiny_llama", "adamw", 2, 0), ("tiny_llama", "adamw", 4, 0), ("mha", "adamw", 2, 0),
+         ("tiny_llama", "lora", 4, 0), ("tiny_llama", "qlora", 2, 0),
+         ("tiny_llama", "adamw", 2, 2), ("tiny_llama", "qlora", 2, 2)]
 
 
 def model_path(model):
@@ -59,25 +63,29 @@ def losses(command, metrics):
 
 
 failed = False
-for model, name, n in CASES:
+for model, name, n, data in CASES:
     base = os.path.join(out, "%s.%s" % (model, name))
     recipe(base + ".mlir", RECIPES[name])
     if compile_plan(model, base + ".mlir", base + ".plan").returncode != 0:
         sys.exit("FAILED: compile " + base)
-    reference = losses([run_tool, base + ".plan", "--seed", "7", "--steps", str(steps)],
-                       base + ".jsonl")
-    ring = "%s.ring%d" % (base, n)
-    recipe(ring + ".mlir", RECIPES[name], "  bonsai.ring ranks %d\n" % n)
+    reference = losses([run_tool, base + ".plan", "--seed", "7", "--steps", str(steps),
+                        "--micro-batches", str(max(data, 1))], base + ".jsonl")
+    ring = "%s.ring%d%s" % (base, n, ".zero3x%d" % data if data else "")
+    extra = "  bonsai.ring ranks %d\n" % n
+    if data:
+        extra += '  bonsai.shard "zero3" ranks %d\n' % data
+    recipe(ring + ".mlir", RECIPES[name], extra)
     compiled = compile_plan(model, ring + ".mlir", ring + ".plan")
     if compiled.returncode != 0:
         sys.exit("FAILED: compile %s\n%s" % (ring, compiled.stderr))
-    got = losses(MPIRUN + ["-np", str(n), run_tool, ring + ".plan", "--seed", "7", "--steps",
-                           str(steps)], ring + ".jsonl")
+    got = losses(MPIRUN + ["-np", str(n * max(data, 1)), run_tool, ring + ".plan", "--seed", "7",
+                           "--steps", str(steps)], ring + ".jsonl")
     worst = max(abs(g - r) / abs(r) for g, r in zip(got, reference))
     ok = worst <= TOLERANCE
     failed = failed or not ok
-    print("%s %s ring %d: %d steps, max relative difference %.1e%s" %
-          (model, name, n, steps, worst, "" if ok else " FAILED"))
+    print("%s %s ring %d%s: %d steps, max relative difference %.1e%s" %
+          (model, name, n, " x zero3 %d" % data if data else "", steps, worst,
+           "" if ok else " FAILED"))
 
 
 def first_error(stderr):
@@ -92,10 +100,10 @@ print("ranks 3:", first_error(compile_plan("tiny_llama", bad + ".ranks3.mlir",
 # GPT-2's learned position table is added to every token by its index.
 recipe(bad + ".gpt2.mlir", RECIPES["adamw"], "  bonsai.ring ranks 2\n")
 print("gpt2:", first_error(compile_plan("tiny_gpt2", bad + ".gpt2.mlir", bad + ".plan").stderr))
-recipe(bad + ".shard.mlir", RECIPES["adamw"],
-       '  bonsai.ring ranks 2\n  bonsai.shard "zero3" ranks 2\n')
-print("shard:", first_error(compile_plan("tiny_llama", bad + ".shard.mlir",
-                                         bad + ".plan").stderr))
+recipe(bad + ".inbackward.mlir", '  bonsai.optimizer "adamw" lr 1.000000e-03 '
+       '{update_in_backward = true}\n', "  bonsai.ring ranks 2\n")
+print("update_in_backward:", first_error(compile_plan("tiny_llama", bad + ".inbackward.mlir",
+                                                      bad + ".plan").stderr))
 # A ring plan of 2 ranks started as 4.
 result = subprocess.run(MPIRUN + ["-np", "4", run_tool, "%s/tiny_llama.adamw.ring2.plan" % out,
                                   "--steps", "1"], capture_output=True, text=True,

@@ -315,7 +315,9 @@ protected:
   }
   void doAllGather(const void *, void *, size_t, DType, const std::string &) override { refuse(); }
   void doBroadcast(void *, size_t, DType, int, const std::string &) override { refuse(); }
-  void doRingShift(const void *, void *, size_t, DType, const std::string &) override { refuse(); }
+  void doRingShift(const void *, void *, size_t, DType, int, const std::string &) override {
+    refuse();
+  }
   void doBarrier(const std::string &) override { refuse(); }
 
 private:

@@ -799,12 +799,15 @@ void printProfile(const rt::LoadedPlan &plan, const std::vector<double> &ms) {
 /// of several ranks say which rank they come from.
 int gRank = 0, gRanks = 1;
 
-/// The directive that made a plan of several ranks, for messages: `bonsai.shard "zero3" ranks
-/// 2` or `bonsai.ring ranks 2`.
+/// The directives that made a plan of several ranks, for messages: `bonsai.shard "zero3" ranks
+/// 2`, `bonsai.ring ranks 2`, or both (a grid of 4).
 std::string rankDirective(const rt::LoadedPlan &plan) {
-  const std::string ranks = std::to_string(plan.ranks);
-  return plan.shardStrategy.empty() ? "bonsai.ring ranks " + ranks
-                                    : "bonsai.shard \"" + plan.shardStrategy + "\" ranks " + ranks;
+  const uint32_t ring = plan.ringRanks, data = plan.ranks / ring;
+  std::string shard = "bonsai.shard \"" + plan.shardStrategy + "\" ranks " + std::to_string(data);
+  std::string rings = "bonsai.ring ranks " + std::to_string(ring);
+  if (ring <= 1)
+    return shard;
+  return plan.shardStrategy.empty() ? rings : shard + " x " + rings;
 }
 
 /// A metric for a message: %.9g, or "nan" / "inf" / "-inf".
@@ -922,10 +925,11 @@ int run(const Options &o) {
   const uint64_t stepMicroBatches = uint64_t(microBatches) * uint64_t(dataRanks);
   std::string perStep = std::to_string(tokensPerMicroBatch * stepMicroBatches) + " tokens/step";
   if (plan.ringRanks > 1)
-    perStep += " (" + std::to_string(microBatches) + " micro-batch" +
-               (microBatches == 1 ? "" : "es") + " of " + std::to_string(tokensPerMicroBatch) +
+    perStep += " (" + (dataRanks > 1 ? std::to_string(dataRanks) + " data ranks x " : "") +
+               std::to_string(microBatches) + " micro-batch" + (microBatches == 1 ? "" : "es") +
+               " of " + std::to_string(tokensPerMicroBatch) +
                ", each row's sequence split over a ring of " + std::to_string(plan.ringRanks) +
-               " ranks)";
+               " ranks" + (plan.shardStrategy.empty() ? "" : ", " + plan.shardStrategy) + ")";
   else if (gRanks > 1)
     perStep += " (" + std::to_string(gRanks) + " ranks x " + std::to_string(microBatches) +
                " micro-batch" + (microBatches == 1 ? "" : "es") + " of " +

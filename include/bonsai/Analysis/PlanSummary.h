@@ -85,8 +85,14 @@ struct PlanCollectiveSummary {
   Traffic traffic[NumKinds][2];
   /// The ranks they run over (the largest a launch names; 0 when there is no collective).
   int64_t ranks = 0;
+  /// Ring attention (docs/ring-attention.md), per micro-batch: its launches and the bytes each
+  /// rank sends to the next rank of its ring (and receives from the previous): N - 1 passes of
+  /// the key/value block (and segment ids) per forward, and per backward also N passes of the
+  /// block's fp32 dk/dv accumulators (plus a forward's, for a grad that keeps no lse).
+  Traffic ring;
+  int64_t ringRanks = 0;
 
-  bool empty() const { return ranks == 0; }
+  bool empty() const { return ranks == 0 && ring.launches == 0; }
   /// Prints one line per kind and phase that has launches: their count, the whole tensors'
   /// bytes and, with `linkGBs` > 0 and several ranks, the time on a link of that rate per
   /// direction when each rank sends and receives (N - 1) / N of them (an all-reduce twice).

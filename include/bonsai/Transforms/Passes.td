@@ -58,7 +58,8 @@ def BonsaiRingPass : Pass<"bonsai-ring", "::mlir::ModuleOp"> {
     Runs before autodiff, whose backward pass then works on the share too. Errors name the
     cause: a sequence that does not split into 2N chunks, an op that mixes tokens other than
     attention (a learned position table, a softmax over the sequence), a model without
-    attention, a recipe that also shards (a data x ring grid is not built yet).
+    attention. With `bonsai.shard "..." ranks D` the job is a grid of D x N ranks: consecutive
+    groups of N form the rings, and bonsai-shard spreads the shards over all D x N.
 
     ```mlir
     %q = bonsai.rope %q4 {theta = 1.0e+04 : f64} : (tensor<4x64x4x16xf32>) -> tensor<4x64x4x16xf32>
@@ -67,7 +68,18 @@ def BonsaiRingPass : Pass<"bonsai-ring", "::mlir::ModuleOp"> {
     %q = bonsai.rope %q4, %positions {theta = 1.0e+04 : f64} : (tensor<4x32x4x16xf32>, tensor<4x32xi32>) -> tensor<4x32x4x16xf32>
     %o = bonsai.attention %q, %k, %v {causal, ring_ranks = 2 : i64, scale = 2.5e-01 : f64} : (...) -> tensor<4x32x4x16xf32>
     ```
+
+    The overlap condition (docs/ring-attention.md, "Overlap"): each step's attention of the
+    rank's L = S/N queries against one block must take as long as passing the next block on.
+    From the target profile's link bandwidth and attention rate the pass predicts the
+    smallest L for which it does, forward (the key/value block) and backward (the block and
+    its fp32 dk/dv), says it in its remark, and warns with both figures when the recipe's L is
+    below it. A target without those rates (the CPU, a generic sm_XX) gets no prediction.
   }];
+  let options = [
+    Option<"target", "target", "std::string", /*default=*/"\"cpu\"",
+           "Target profile whose link bandwidth and attention rate predict the overlap">,
+  ];
 }
 
 def BonsaiRingGradientsPass : Pass<"bonsai-ring-gradients", "::mlir::ModuleOp"> {
@@ -78,7 +90,9 @@ def BonsaiRingGradientsPass : Pass<"bonsai-ring-gradients", "::mlir::ModuleOp"> 
     the micro-batch's counted tokens. After bonsai-optimizer, each gradient accumulator is
     all-reduced (`bonsai.all_reduce` "sum") at the start of the update phase, and the norm and
     the updates read the sum, so every rank takes the same step. A function without
-    `bonsai.ring_ranks`, or without an update, is left as it is. FP8's delayed scaling and
+    `bonsai.ring_ranks`, or without an update, is left as it is, and so is a recipe with
+    `bonsai.shard`, whose reduce-scatters over the whole data x ring grid sum the ring's
+    gradients with the rest (bonsai-shard spreads the shards over every rank of the grid). FP8's delayed scaling and
     updates in the backward pass are refused with the ring (not built yet).
   }];
   let statistics = [

@@ -290,6 +290,28 @@ int runCollectives(Communicator &comm) {
     }
   }
 
+  // Rings of 2 consecutive ranks (a data x ring grid, docs/ring-attention.md): each rank
+  // gets its ring partner's buffer, and the rings do not mix.
+  if (n % 2 == 0) {
+    ++seed;
+    std::vector<uint8_t> in = input(seed, me, 1001, DType::F32);
+    std::vector<uint8_t> out(in.size(), 0xEF);
+    comm.ringShift(in.data(), out.data(), 1001, DType::F32, "rings of 2", 2);
+    c.check(out == input(seed, me % 2 == 0 ? me + 1 : me - 1, 1001, DType::F32),
+            "ringShift in rings of 2: not the ring partner's buffer");
+  }
+  // A ring size that does not divide the ranks is refused before anything is sent.
+  {
+    bool refused = false;
+    try {
+      uint8_t byte = 0;
+      comm.ringShift(&byte, &byte, 1, DType::U8, "bad ring", n + 1);
+    } catch (const Error &e) {
+      refused = std::string(e.what()).find("does not divide") != std::string::npos;
+    }
+    c.check(refused, "ringShift with a ring of n + 1 ranks was not refused");
+  }
+
   // Barriers, many in a row (sequence numbers advance; nothing crosses over).
   for (int i = 0; i < 50; ++i)
     comm.barrier("barrier " + std::to_string(i));

@@ -6,8 +6,9 @@
 // and backward, with the log-sum-exp (flash_attention) and without it (attention and
 // attention_grad, which recompute it around the ring). Its rows of o, lse, dq, dk and dv must
 // equal those of cpu::flashAttention and cpu::flashAttentionGrad on the whole sequence within
-// 1e-5 relative: causal and full masks, MHA and GQA, one segment and packed rows. Exits 0 when
-// every case matched on every rank.
+// 1e-5 relative: causal and full masks, MHA and GQA, one segment and packed rows. With 4
+// ranks each case also runs on two rings of 2 (a data x ring grid), each on its own data.
+// Exits 0 when every case matched on every rank.
 //
 //===----------------------------------------------------------------------===//
 
@@ -67,11 +68,12 @@ void compare(int rank, const Case &c, const char *what, const std::vector<float>
   }
 }
 
-void runCase(Communicator &comm, const Case &c) {
-  const int rank = comm.rank(), ranks = comm.size();
+/// Runs `c` on rings of `ranks` consecutive ranks of `comm`; each ring has its own data.
+void runCase(Communicator &comm, const Case &c, int ranks) {
+  const int rank = comm.rank() % ranks, ring = comm.rank() / ranks;
   const int64_t B = c.batch, S = c.seq, H = c.heads, KV = c.kvHeads, D = c.headDim;
   const int64_t local = S / ranks;
-  std::mt19937 gen(1234);
+  std::mt19937 gen(1234 + ring);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   auto fill = [&](int64_t n) {
     std::vector<float> v(static_cast<size_t>(n));
@@ -167,7 +169,11 @@ int main() {
       ++failures;
       continue;
     }
-    runCase(*comm, c);
+    runCase(*comm, c, ranks);
+    // A data x ring grid: rings of 2 consecutive ranks, each on data of its own, must not
+    // see each other's blocks.
+    if (ranks == 4)
+      runCase(*comm, c, 2);
   }
   std::printf("rank %d of %d: %s\n", comm->rank(), ranks, failures ? "FAILED" : "ok");
   return failures ? 1 : 0;

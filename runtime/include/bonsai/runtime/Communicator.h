@@ -112,11 +112,13 @@ public:
   /// Every rank's buffer[0, count) becomes rank `root`'s. Any dtype.
   void broadcast(void *buffer, size_t count, DType dtype, int root,
                  const std::string &context = "");
-  /// recv[0, count) = the send[0, count) of rank (rank() - 1 + size()) % size(): every rank
-  /// passes its buffer to the next one around the ring (RingAttention's K/V blocks, issue #26).
-  /// Any dtype (the elements are copied, not read). `send` and `recv` may alias.
+  /// recv[0, count) = the send[0, count) of the previous rank of this rank's ring: every rank
+  /// passes its buffer to the next one around the ring (RingAttention's K/V blocks,
+  /// docs/ring-attention.md). The rings are the consecutive groups of `ringSize` ranks (0:
+  /// every rank, one ring), so rank r's previous is r - 1 within its group, wrapping. Any
+  /// dtype (the elements are copied, not read). `send` and `recv` may alias.
   void ringShift(const void *send, void *recv, size_t count, DType dtype,
-                 const std::string &context = "");
+                 const std::string &context = "", int ringSize = 0);
   /// Returns when every rank has called barrier (or throws at the deadline naming the ranks
   /// that did not).
   void barrier(const std::string &context = "");
@@ -135,8 +137,8 @@ protected:
   /// broadcast with checked arguments.
   virtual void doBroadcast(void *buffer, size_t count, DType dtype, int root,
                            const std::string &context) = 0;
-  /// ringShift with checked arguments.
-  virtual void doRingShift(const void *send, void *recv, size_t count, DType dtype,
+  /// ringShift with checked arguments: `ringSize` divides size().
+  virtual void doRingShift(const void *send, void *recv, size_t count, DType dtype, int ringSize,
                            const std::string &context) = 0;
   /// barrier.
   virtual void doBarrier(const std::string &context) = 0;
@@ -163,7 +165,7 @@ protected:
                    const std::string &context) override;
   void doBroadcast(void *buffer, size_t count, DType dtype, int root,
                    const std::string &context) override;
-  void doRingShift(const void *send, void *recv, size_t count, DType dtype,
+  void doRingShift(const void *send, void *recv, size_t count, DType dtype, int ringSize,
                    const std::string &context) override;
   void doBarrier(const std::string &context) override;
 

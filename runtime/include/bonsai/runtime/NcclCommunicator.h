@@ -133,12 +133,14 @@ public:
   /// when send == recv; other overlaps are refused. `root` in [0, size()).
   void broadcast(const void *send, void *recv, size_t count, DType dtype, int root,
                  CUstream_st *stream, const std::string &context = "");
-  /// recv[0, count) = the send[0, count) of rank (rank() - 1 + size()) % size(): every rank
+  /// recv[0, count) = the send[0, count) of the previous rank of this rank's ring: every rank
   /// passes its buffer to the next around the ring (ncclSend to the next rank and ncclRecv
-  /// from the previous one, in one group; RingAttention's K/V blocks, issue #26). Any dtype
-  /// (moved as bytes). `send` and `recv` must not overlap: a ring step double-buffers its block.
+  /// from the previous one, in one group; RingAttention's K/V blocks,
+  /// docs/ring-attention.md). The rings are the consecutive groups of `ringSize` ranks (0:
+  /// one ring of every rank), as Communicator::ringShift. Any dtype (moved as bytes). `send`
+  /// and `recv` must not overlap: a ring step double-buffers its block.
   void ringShift(const void *send, void *recv, size_t count, DType dtype, CUstream_st *stream,
-                 const std::string &context = "");
+                 const std::string &context = "", int ringSize = 0);
 
   /// Returns when everything enqueued on `stream` so far has completed, polling the stream
   /// (cudaStreamQuery) and NCCL's asynchronous error. An NCCL error, a CUDA error of the
