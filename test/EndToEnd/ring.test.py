@@ -22,18 +22,46 @@ TOLERANCE = 1e-5
 TIMEOUT = 300
 # tiny_llama has 4 query heads over 2 key/value heads (GQA); "mha" has as many of each.
 # (model, recipe, ring ranks, data ranks of bonsai.shard "zero3" or 0 without it)
+# "packed" is tiny_llama with the positions and segment ids inputs, trained on packed
+# documents with prompt tokens masked (a version-2 token file), so that the ranks' shares of
+# counted tokens differ from step to step; it also evaluates every 10 steps.
 CASES = [("tiny_llama", "adamw", 2, 0), ("tiny_llama", "adamw", 4, 0), ("mha", "adamw", 2, 0),
          ("tiny_llama", "lora", 4, 0), ("tiny_llama", "qlora", 2, 0),
+         ("packed", "adamw", 2, 0), ("packed", "adamw", 4, 0),
          ("tiny_llama", "adamw", 2, 2), ("tiny_llama", "qlora", 2, 2)]
 
 
+def packed_data(path):
+    """A version-2 token file (docs/data-format.md): 300 documents of 3 to 90 tokens over a
+    vocabulary of 256, each with a prompt of a third of its tokens masked out of the loss."""
+    import random
+    import struct
+    rng = random.Random(5)
+    tokens, ends, mask = [], [], []
+    for _ in range(300):
+        n = rng.randint(3, 90)
+        tokens += [rng.randrange(1, 256) for _ in range(n)]
+        mask += [0] * (n // 3) + [1] * (n - n // 3)
+        ends.append(len(tokens))
+    bits = bytearray((len(tokens) + 7) // 8)
+    for i, m in enumerate(mask):
+        bits[i // 8] |= m << (i % 8)
+    with open(path, "wb") as f:
+        f.write(b"BONSAITK" + struct.pack("<IIQ", 2, 2, len(tokens)))
+        f.write(struct.pack("<IIQQ", 256, 0, 0, len(ends)))
+        f.write(struct.pack("<%dH" % len(tokens), *tokens))
+        f.write(struct.pack("<%dQ" % len(ends), *ends))
+        f.write(bytes(bits))
+
+
 def model_path(model):
-    if model != "mha":
+    if model not in ("mha", "packed"):
         return os.path.join(models, model + ".mlir")
-    path = os.path.join(out, "mha.mlir")
+    path = os.path.join(out, model + ".mlir")
+    option = "--set=kv_heads=4" if model == "mha" else "--packed"
     with open(path, "w") as f:
-        subprocess.run([sys.executable, gen_models, "--print", "tiny_llama", "--set=kv_heads=4"],
-                       check=True, stdout=f)
+        subprocess.run([sys.executable, gen_models, "--print", "tiny_llama", option], check=True,
+                       stdout=f)
     return path
 
 
@@ -48,6 +76,7 @@ def compile_plan(model, recipe_path, plan):
 
 
 def losses(command, metrics):
+    """The step losses rank 0 writes, then the evaluation losses (when the run evaluates)."""
     if os.path.exists(metrics):
         os.remove(metrics)
     result = subprocess.run(command + ["--metrics", metrics], capture_output=True, text=True,
@@ -56,20 +85,28 @@ def losses(command, metrics):
         sys.exit("FAILED (%d): %s\n%s%s" % (result.returncode, " ".join(command), result.stdout,
                                            result.stderr))
     with open(metrics) as f:
-        found = [json.loads(line)["loss"] for line in f]
+        lines = [json.loads(line) for line in f]
+    found = [line["loss"] for line in lines if "loss" in line]
+    evals = [line["val_loss"] for line in lines if "val_loss" in line]
     if len(found) != steps:
         sys.exit("FAILED: %d steps, expected %d: %s" % (len(found), steps, " ".join(command)))
-    return found
+    return found + evals
 
 
+data_file = os.path.join(out, "packed.bin")
+packed_data(data_file)
 failed = False
 for model, name, n, data in CASES:
     base = os.path.join(out, "%s.%s" % (model, name))
     recipe(base + ".mlir", RECIPES[name])
     if compile_plan(model, base + ".mlir", base + ".plan").returncode != 0:
         sys.exit("FAILED: compile " + base)
+    options = []
+    if model == "packed":
+        options = ["--data", data_file, "--eval-data", data_file, "--eval-every", "10",
+                   "--eval-batches", "2"]
     reference = losses([run_tool, base + ".plan", "--seed", "7", "--steps", str(steps),
-                        "--micro-batches", str(max(data, 1))], base + ".jsonl")
+                        "--micro-batches", str(max(data, 1))] + options, base + ".jsonl")
     ring = "%s.ring%d%s" % (base, n, ".zero3x%d" % data if data else "")
     extra = "  bonsai.ring ranks %d\n" % n
     if data:
@@ -79,12 +116,15 @@ for model, name, n, data in CASES:
     if compiled.returncode != 0:
         sys.exit("FAILED: compile %s\n%s" % (ring, compiled.stderr))
     got = losses(MPIRUN + ["-np", str(n * max(data, 1)), run_tool, ring + ".plan", "--seed", "7",
-                           "--steps", str(steps)], ring + ".jsonl")
+                           "--steps", str(steps)] + options, ring + ".jsonl")
+    if len(got) != len(reference):
+        sys.exit("FAILED: %d losses, expected %d" % (len(got), len(reference)))
     worst = max(abs(g - r) / abs(r) for g, r in zip(got, reference))
     ok = worst <= TOLERANCE
     failed = failed or not ok
-    print("%s %s ring %d%s: %d steps, max relative difference %.1e%s" %
-          (model, name, n, " x zero3 %d" % data if data else "", steps, worst,
+    print("%s %s ring %d%s: %d steps%s, max relative difference %.1e%s" %
+          (model, name, n, " x zero3 %d" % data if data else "", steps,
+           " and %d evaluations" % (len(got) - steps) if len(got) > steps else "", worst,
            "" if ok else " FAILED"))
 
 

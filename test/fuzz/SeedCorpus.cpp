@@ -56,6 +56,7 @@ void writePlans(const std::string &dir) {
       {"every-kind.plan", test::everyKindPlanSpec()},
       {"every-training-kind.plan", test::everyTrainingKindPlanSpec()},
       {"sharded.plan", test::shardedPlanSpec()},
+      {"ring.plan", test::ringPlanSpec()},
   };
   for (const auto &[name, spec] : plans) {
     std::vector<uint8_t> bytes = test::buildPlan(spec);

@@ -15,6 +15,7 @@
 #include "bonsai/runtime/Communicator.h"
 #include "bonsai/runtime/Executor.h"
 #include "bonsai/runtime/Init.h"
+#include "bonsai/runtime/KernelBackend.h"
 #include "bonsai/runtime/Nf4.h"
 #include "bonsai/runtime/Safetensors.h"
 
@@ -124,6 +125,93 @@ TEST(ShardContract, ShardedTensorsAndPlanRanks) {
   bad = p;
   bad.shardStrategy = "fsdp";
   EXPECT_LOAD_ERROR(bad, "the plan is for 2 ranks but its shard_strategy is 'fsdp'");
+}
+
+/// basePlan(ranks) with one attention over a ring of `ringRanks` (its attribute `kernelRing`)
+/// on [1, seq] rows: q, k, v [1, seq, 2, 4] f32.
+PlanSpec ringPlan(uint32_t ranks, uint32_t ringRanks, uint32_t kernelRing, int64_t seq = 4) {
+  PlanSpec p = basePlan(ranks);
+  p.shardStrategy = ranks > ringRanks ? "zero3" : "";
+  p.ringRanks = ringRanks;
+  // The inputs at 64-byte boundaries have room for up to 16 tokens.
+  for (uint32_t input : p.inputs) {
+    p.tensors[input].shape = {1, seq};
+    p.tensors[input].bytes = -1;
+  }
+  uint32_t q = p.add("q", DType::F32, {1, seq, 2, 4}, TensorRole::Activation, 1);
+  uint32_t o = p.add("o", DType::F32, {1, seq, 2, 4}, TensorRole::Activation, 1);
+  p.kernel(KernelKind::Attention, {q, q, q}, {o}, fb::KernelAttrs::AttentionAttrs,
+           attentionAttrs(true, 0.5, kernelRing));
+  return p;
+}
+
+// Ring attention's plan contract (docs/ring-attention.md, docs/plan-format.md).
+TEST(RingContract, RingRanksAndAttentionKernels) {
+  PlanSpec p = ringPlan(2, 2, 2);
+  ASSERT_EQ(loadError(p), "");
+  LoadedPlan plan = load(p);
+  EXPECT_EQ(plan.ranks, 2u);
+  EXPECT_EQ(plan.ringRanks, 2u);
+  EXPECT_EQ(plan.shardStrategy, "");
+  // A data x ring grid: 4 ranks, rings of 2, sharded.
+  EXPECT_EQ(loadError(ringPlan(4, 2, 2)), "");
+
+  EXPECT_LOAD_ERROR(ringPlan(2, 3, 3), "ring_ranks 3 does not divide the plan's 2 ranks");
+  // Four ranks of rings of 2 with nothing sharded: not a plan bonsai-compile writes.
+  PlanSpec unsharded = ringPlan(4, 2, 2);
+  unsharded.shardStrategy = "";
+  EXPECT_LOAD_ERROR(unsharded, "the plan is for 4 ranks but its shard_strategy is ''");
+  EXPECT_LOAD_ERROR(ringPlan(2, 2, 0), "has ring_ranks 0, but the plan's sequence is split "
+                                       "over a ring of 2 ranks");
+  EXPECT_LOAD_ERROR(ringPlan(2, 2, 4), "has ring_ranks 4, but the plan's sequence is split "
+                                       "over a ring of 2 ranks");
+  PlanSpec noRing = ringPlan(1, 0, 2);
+  EXPECT_LOAD_ERROR(noRing, "has ring_ranks 2, but the plan's sequence is not split (no "
+                            "Plan.ring_ranks)");
+  EXPECT_LOAD_ERROR(ringPlan(2, 2, 2, 5), "ids shape [1, 5] is not two equal chunks of a row "
+                                          "split over a ring of 2 ranks");
+}
+
+TEST(RingContract, TheSeedPlanLoads) {
+  LoadedPlan plan = load(ringPlanSpec());
+  EXPECT_EQ(plan.ringRanks, 2u);
+  ASSERT_TRUE(plan.positionsInput.has_value());
+}
+
+TEST(RingContract, ExecutorNeedsTheRing) {
+  try {
+    Executor executor(load(ringPlan(2, 2, 2)), ExecutorOptions{});
+    FAIL() << "a ring plan ran on one rank";
+  } catch (const Error &e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "was compiled for 2 ranks (bonsai.ring ranks 2): start it as 2 processes"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    Executor executor(load(ringPlan(4, 2, 2)), ExecutorOptions{});
+    FAIL() << "a grid plan ran on one rank";
+  } catch (const Error &e) {
+    EXPECT_NE(std::string(e.what()).find("was compiled for 4 ranks (bonsai.shard \"zero3\" "
+                                         "ranks 2 x bonsai.ring ranks 2)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(RingContract, CudaBackendRefusesARingPlan) {
+  if (!cudaDeviceAvailable())
+    GTEST_SKIP() << "no GPU here";
+  LoadedPlan plan = load(ringPlan(2, 2, 2));
+  try {
+    createCudaBackend(plan, 0, false, false, nullptr);
+    FAIL() << "the CUDA backend took a ring plan";
+  } catch (const Error &e) {
+    EXPECT_NE(std::string(e.what()).find("the CUDA backend's ring attention is not built yet; "
+                                         "run it with --backend=cpu"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(ShardContract, CopyOfShards) {

@@ -113,6 +113,8 @@ struct PlanSpec {
   /// Plan.ranks and Plan.shard_strategy (docs/sharding.md).
   uint32_t ranks = 0;
   std::string shardStrategy;
+  /// Plan.ring_ranks (docs/ring-attention.md).
+  uint32_t ringRanks = 0;
   /// The phase of the kernels `kernel` appends.
   Phase phase = Phase::Forward;
 
@@ -182,9 +184,9 @@ inline auto ropeAttrs(double theta) {
     return bonsai::plan::CreateRoPEAttrs(b, theta).Union();
   };
 }
-inline auto attentionAttrs(bool causal, double scale) {
-  return [causal, scale](flatbuffers::FlatBufferBuilder &b) {
-    return bonsai::plan::CreateAttentionAttrs(b, causal, scale).Union();
+inline auto attentionAttrs(bool causal, double scale, uint32_t ringRanks = 0) {
+  return [causal, scale, ringRanks](flatbuffers::FlatBufferBuilder &b) {
+    return bonsai::plan::CreateAttentionAttrs(b, causal, scale, ringRanks).Union();
   };
 }
 inline auto geluAttrs(bool tanh) {
@@ -312,7 +314,7 @@ inline std::vector<uint8_t> buildPlan(const PlanSpec &spec, const char *identifi
       spec.loss, memory, spec.tokensPerStep, spec.microBatches, spec.vocabSize,
       adapters.empty() ? nullptr : &adapters, targets.empty() ? nullptr : &targets,
       generated.empty() ? nullptr : &generated, spec.ranks,
-      spec.shardStrategy.empty() ? nullptr : spec.shardStrategy.c_str());
+      spec.shardStrategy.empty() ? nullptr : spec.shardStrategy.c_str(), spec.ringRanks);
   b.Finish(plan, identifier);
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }
@@ -351,6 +353,42 @@ inline PlanSpec smallPlanSpec(SmallDims d = {}) {
   p.loss = loss;
   p.tokensPerStep = uint64_t(d.batch * d.seq);
   p.vocabSize = uint64_t(d.vocab);
+  return p;
+}
+
+/// A forward as bonsai-ring makes it over a ring of 2 ranks (docs/ring-attention.md): each
+/// rank's [1, 4] share of 8-token rows, RoPE at the "positions" input, an attention of
+/// ring_ranks 2 over two heads of 4, the LM head and the loss. Loads as rank r of 2.
+inline PlanSpec ringPlanSpec() {
+  PlanSpec p;
+  p.model = "ring";
+  p.ranks = 2;
+  p.ringRanks = 2;
+  p.arenas = {{"weights", Lifetime::Persistent, 0, 256}, {"step", Lifetime::Step, 0, 256}};
+  uint32_t table = p.add("model.embed_tokens.weight", DType::F32, {16, 8}, TensorRole::Parameter, 0);
+  uint32_t head = p.add("lm_head.weight", DType::F32, {16, 8}, TensorRole::Parameter, 0);
+  uint32_t ids = p.add("ids", DType::I32, {1, 4}, TensorRole::Input, 1);
+  uint32_t labels = p.add("labels", DType::I32, {1, 4}, TensorRole::Input, 1);
+  uint32_t positions = p.add("positions", DType::I32, {1, 4}, TensorRole::Input, 1);
+  uint32_t h = p.add("h", DType::F32, {1, 4, 8}, TensorRole::Activation, 1);
+  uint32_t h4 = p.view("h.heads", h, {1, 4, 2, 4});
+  uint32_t q = p.add("q", DType::F32, {1, 4, 2, 4}, TensorRole::Activation, 1);
+  uint32_t o = p.add("o", DType::F32, {1, 4, 2, 4}, TensorRole::Activation, 1);
+  uint32_t o2 = p.view("o.flat", o, {1, 4, 8});
+  uint32_t logits = p.add("logits", DType::F32, {1, 4, 16}, TensorRole::Activation, 1);
+  uint32_t loss = p.add("loss", DType::F32, {}, TensorRole::Loss, 1);
+  p.kernel(KernelKind::Embedding, {table, ids}, {h});
+  p.kernel(KernelKind::RoPE, {h4, positions}, {q}, bonsai::plan::KernelAttrs::RoPEAttrs,
+           ropeAttrs(10000.0));
+  p.kernel(KernelKind::Attention, {q, q, h4}, {o}, bonsai::plan::KernelAttrs::AttentionAttrs,
+           attentionAttrs(true, 0.5, 2));
+  p.kernel(KernelKind::Linear, {o2, head}, {logits});
+  p.kernel(KernelKind::CrossEntropy, {logits, labels}, {loss},
+           bonsai::plan::KernelAttrs::CrossEntropyAttrs, crossEntropyAttrs(-100));
+  p.inputs = {ids, labels, positions};
+  p.loss = loss;
+  p.tokensPerStep = 4;
+  p.vocabSize = 16;
   return p;
 }
 
