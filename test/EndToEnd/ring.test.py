@@ -75,8 +75,10 @@ def compile_plan(model, recipe_path, plan):
                           capture_output=True, text=True)
 
 
-def losses(command, metrics):
-    """The step losses rank 0 writes, then the evaluation losses (when the run evaluates)."""
+def losses(command, metrics, expected=None):
+    """The step losses rank 0 writes (`expected` of them, else `steps`), then the evaluation
+    losses (when the run evaluates)."""
+    expected = expected or steps
     if os.path.exists(metrics):
         os.remove(metrics)
     result = subprocess.run(command + ["--metrics", metrics], capture_output=True, text=True,
@@ -88,8 +90,8 @@ def losses(command, metrics):
         lines = [json.loads(line) for line in f]
     found = [line["loss"] for line in lines if "loss" in line]
     evals = [line["val_loss"] for line in lines if "val_loss" in line]
-    if len(found) != steps:
-        sys.exit("FAILED: %d steps, expected %d: %s" % (len(found), steps, " ".join(command)))
+    if len(found) != expected:
+        sys.exit("FAILED: %d steps, expected %d: %s" % (len(found), expected, " ".join(command)))
     return found + evals
 
 
@@ -126,6 +128,21 @@ for model, name, n, data in CASES:
           (model, name, n, " x zero3 %d" % data if data else "", steps,
            " and %d evaluations" % (len(got) - steps) if len(got) > steps else "", worst,
            "" if ok else " FAILED"))
+
+
+# A checkpoint of the 2 x 2 grid (each rank's shards) resumes on one process, resharded, and
+# continues the grid's losses.
+grid = os.path.join(out, "tiny_llama.adamw.ring2.zero3x2")
+ckpt = os.path.join(out, "ckpt")
+whole = losses(MPIRUN + ["-np", "4", run_tool, grid + ".plan", "--seed", "7", "--steps", "6",
+                         "--save-every", "3", "--ckpt-dir", ckpt], grid + ".ckpt.jsonl", 6)
+resumed = losses([run_tool, os.path.join(out, "tiny_llama.adamw.plan"), "--micro-batches", "2",
+                  "--steps", "3", "--resume", os.path.join(ckpt, "step-00000003")],
+                 grid + ".resumed.jsonl", 3)
+worst = max(abs(g - r) / abs(r) for g, r in zip(resumed, whole[3:]))
+failed = failed or worst > TOLERANCE
+print("checkpoint of the 2 x 2 grid at step 3, resumed on 1 rank: steps 4-6, max relative "
+      "difference %.1e%s" % (worst, "" if worst <= TOLERANCE else " FAILED"))
 
 
 def first_error(stderr):
