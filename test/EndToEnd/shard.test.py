@@ -52,10 +52,17 @@ def losses(command, metrics):
         for line in f:
             raw = line.split('"loss": ')[1].split(",")[0]
             found.append((json.loads(line)["step"], float(raw), raw))
-    if len(found) != steps:
-        sys.exit("FAILED: %d step lines, expected %d: %s\n%s" % (len(found), steps,
+    expected = int(command[command.index("--steps") + 1])
+    if len(found) != expected:
+        sys.exit("FAILED: %d step lines, expected %d: %s\n%s" % (len(found), expected,
                                                                  " ".join(command), result.stdout))
     return found
+
+
+def steps_of(name):
+    """AdamW trains the full `steps` (the sharding issue's acceptance); the adapters and GaLore,
+    which add no collective AdamW lacks but a share of their own, 20 (CI's time)."""
+    return steps if name == "adamw" else min(steps, 20)
 
 
 failed = False
@@ -66,7 +73,7 @@ for model, name in CASES:
     base_plan = os.path.join(out, "%s.%s.plan" % (model, name))
     compile_plan(model, base_recipe, base_plan)
     for n in RANKS:
-        reference = losses([run_tool, base_plan, "--seed", "7", "--steps", str(steps),
+        reference = losses([run_tool, base_plan, "--seed", "7", "--steps", str(steps_of(name)),
                             "--micro-batches", str(n)], base_plan + ".%d.jsonl" % n)
         references[(model, name, n)] = reference
         for stage in ["zero1", "zero2", "zero3"]:
@@ -75,13 +82,13 @@ for model, name in CASES:
             plan = sharded_recipe[:-len(".mlir")] + ".plan"
             compile_plan(model, sharded_recipe, plan)
             got = losses(MPIRUN + ["-np", str(n), run_tool, plan, "--seed", "7", "--steps",
-                                   str(steps), "--micro-batches", "1"], plan + ".jsonl")
+                                   str(steps_of(name)), "--micro-batches", "1"], plan + ".jsonl")
             worst = max(abs(g[1] - r[1]) / abs(r[1]) for g, r in zip(got, reference))
             identical = all(g[2] == r[2] for g, r in zip(got, reference))
             ok = worst <= TOLERANCE
             failed = failed or not ok
             print("%s %s %s ranks %d: %d steps, last loss %s (1 rank: %s), max relative "
-                  "difference %.3g, %s%s" % (model, name, stage, n, steps, got[-1][2],
+                  "difference %.3g, %s%s" % (model, name, stage, n, len(got), got[-1][2],
                                             reference[-1][2], worst,
                                             "bit-identical" if identical else "not bit-identical",
                                             "" if ok else " FAILED"))
@@ -95,14 +102,14 @@ for model, name in [("tiny_llama", "adamw"), ("tiny_llama", "lora")]:
         plan = sharded_recipe[:-len(".mlir")] + ".plan"
         compile_plan(model, sharded_recipe, plan)
         got = losses(MPIRUN + ["-np", str(n), run_tool, plan, "--seed", "7", "--steps",
-                               str(steps), "--micro-batches", "1"], plan + ".jsonl")
+                               str(steps_of(name)), "--micro-batches", "1"], plan + ".jsonl")
         reference = references[(model, name, n)]
         worst = max(abs(g[1] - r[1]) / abs(r[1]) for g, r in zip(got, reference))
         identical = all(g[2] == r[2] for g, r in zip(got, reference))
         ok = worst <= TOLERANCE
         failed = failed or not ok
         print("%s %s zero3 reshard_after_forward false ranks %d: %d steps, max relative "
-              "difference %.3g, %s%s" % (model, name, n, steps, worst,
+              "difference %.3g, %s%s" % (model, name, n, len(got), worst,
                                         "bit-identical" if identical else "not bit-identical",
                                         "" if ok else " FAILED"))
 
