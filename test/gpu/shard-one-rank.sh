@@ -9,7 +9,7 @@ out=${OUT:-/tmp}
 B=bin/bonsai-run
 nvidia-smi -L
 echo "== runtime tests (collective kinds, NCCL, kernel table)"
-timeout 300 bin/bonsai-runtime-tests --gtest_filter='*Collective*:Nccl*:KernelTable*:*Shard*' 2>&1 | tail -15
+timeout 300 bin/bonsai-runtime-tests --gtest_filter='*Collective*:Nccl*:KernelTable*:*Shard*:RingContract*' 2>&1 | tail -15
 for m in tiny_llama llama_124m_2l; do
   steps=30; [ $m = llama_124m_2l ] && steps=20
   timeout 300 $B plans/${m}_none.plan --seed 3 --steps $steps --metrics $out/${m}_none.jsonl > $out/${m}_none.log 2>&1; echo "$m none rc=$?"
