@@ -197,21 +197,6 @@ void Executor::ArenaFree::operator()(void *p) const {
     std::free(p);
 }
 
-namespace {
-
-/// The directives that made a plan of several ranks, for messages: `bonsai.shard "zero3"
-/// ranks 2`, `bonsai.ring ranks 2`, or both (a grid of 4).
-std::string rankDirectives(const LoadedPlan &plan) {
-  const uint32_t ring = plan.ringRanks, data = plan.ranks / ring;
-  std::string shard = "bonsai.shard \"" + plan.shardStrategy + "\" ranks " + std::to_string(data);
-  std::string rings = "bonsai.ring ranks " + std::to_string(ring);
-  if (ring <= 1)
-    return shard;
-  return plan.shardStrategy.empty() ? rings : shard + " x " + rings;
-}
-
-} // namespace
-
 void Executor::setUpRanks() {
   Communicator *comm = options_.communicator;
   if (!comm) {
@@ -222,7 +207,7 @@ void Executor::setUpRanks() {
   const std::string ranks = std::to_string(plan_.ranks);
   if (plan_.ranks > 1 && uint32_t(size) != plan_.ranks)
     throw Error("plan '" + plan_.path + "' was compiled for " + ranks + " ranks (" +
-                rankDirectives(plan_) + ")" +
+                plan_.rankDirectives() + ")" +
                 (size > 1 ? ", but this process is rank " + std::to_string(comm->rank()) + " of " +
                                 std::to_string(size)
                           : std::string()) +
@@ -248,6 +233,7 @@ Executor::Executor(const LoadedPlan &plan, const ExecutorOptions &options)
     : plan_(plan), options_(options) {
   // Before any allocation: refused now, on every rank alike.
   setUpRanks();
+  ringIgnoreIndex_ = plan_.lossIgnoreIndex();
   // Before any allocation: refused now with the figures, not killed halfway by the OOM killer.
   checkHostMemory(plan_, options.backend, availableHostMemory());
   // A GPU backend first: its pinned host arenas are the executor's views of those arenas.
@@ -522,15 +508,7 @@ Executor::RingShare Executor::ringShare(const TokenBatch &batch) const {
   RingShare result;
   if (plan_.ringRanks <= 1)
     return result;
-  // The loss kernel's ignore index (the loader marks unpredicted tokens -100).
-  int64_t ignore = -100;
-  for (const KernelInfo &k : plan_.kernels) {
-    if (const auto *a = std::get_if<CrossEntropyAttrs>(&k.attrs))
-      ignore = a->ignoreIndex;
-    if (const auto *a = std::get_if<LinearCrossEntropyAttrs>(&k.attrs))
-      ignore = a->ignoreIndex;
-  }
-  const int64_t ring = plan_.ringRanks, local = batch.seq / ring;
+  const int64_t ring = plan_.ringRanks, local = batch.seq / ring, ignore = ringIgnoreIndex_;
   std::vector<int64_t> index = ringTokenIndices(local, ring, rankContext_->rank % ring);
   int64_t counted = 0, mine = 0;
   for (int64_t b = 0; b < batch.batch; ++b) {

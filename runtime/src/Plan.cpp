@@ -151,6 +151,25 @@ std::string LoadedPlan::describeTensor(uint32_t index) const {
   return s;
 }
 
+std::string LoadedPlan::rankDirectives() const {
+  const uint32_t data = ranks / ringRanks;
+  std::string shard = "bonsai.shard \"" + shardStrategy + "\" ranks " + std::to_string(data);
+  std::string ring = "bonsai.ring ranks " + std::to_string(ringRanks);
+  if (ringRanks <= 1)
+    return shard;
+  return shardStrategy.empty() ? ring : shard + " x " + ring;
+}
+
+int64_t LoadedPlan::lossIgnoreIndex() const {
+  for (const KernelInfo &k : kernels) {
+    if (const auto *a = std::get_if<CrossEntropyAttrs>(&k.attrs))
+      return a->ignoreIndex;
+    if (const auto *a = std::get_if<LinearCrossEntropyAttrs>(&k.attrs))
+      return a->ignoreIndex;
+  }
+  return -100;
+}
+
 std::string LoadedPlan::describeKernel(size_t index) const {
   std::string s = "kernel " + std::to_string(index);
   if (index < kernels.size()) {

@@ -799,17 +799,6 @@ void printProfile(const rt::LoadedPlan &plan, const std::vector<double> &ms) {
 /// of several ranks say which rank they come from.
 int gRank = 0, gRanks = 1;
 
-/// The directives that made a plan of several ranks, for messages: `bonsai.shard "zero3" ranks
-/// 2`, `bonsai.ring ranks 2`, or both (a grid of 4).
-std::string rankDirective(const rt::LoadedPlan &plan) {
-  const uint32_t ring = plan.ringRanks, data = plan.ranks / ring;
-  std::string shard = "bonsai.shard \"" + plan.shardStrategy + "\" ranks " + std::to_string(data);
-  std::string rings = "bonsai.ring ranks " + std::to_string(ring);
-  if (ring <= 1)
-    return shard;
-  return plan.shardStrategy.empty() ? rings : shard + " x " + rings;
-}
-
 /// A metric for a message: %.9g, or "nan" / "inf" / "-inf".
 std::string formatValue(float value) {
   char buf[32];
@@ -847,7 +836,7 @@ int run(const Options &o) {
                     std::to_string(launch.size) + " ranks");
   if (plan.ranks > 1 && uint32_t(launch.size) != plan.ranks)
     throw rt::Error("plan '" + o.plan + "' was compiled for " + planRanks + " ranks (" +
-                    rankDirective(plan) + ")" +
+                    plan.rankDirectives() + ")" +
                     (launch.size > 1 ? ", but it was started as " + std::to_string(launch.size) +
                                            " ranks by " + launch.launcher
                                      : std::string()) +

@@ -315,6 +315,8 @@ private:
 
   /// The only copy of the plan: the backend reads this one.
   LoadedPlan plan_;
+  /// The loss's ignore index (plan_.lossIgnoreIndex()), which ringShare counts tokens by.
+  int64_t ringIgnoreIndex_ = -100;
   ExecutorOptions options_;
   /// The single-rank communicator, when the options gave none.
   std::unique_ptr<Communicator> ownCommunicator_;

@@ -240,6 +240,12 @@ struct LoadedPlan {
   std::string describeTensor(uint32_t index) const;
   /// "kernel 7 'loc(...)' (Linear)", for messages.
   std::string describeKernel(size_t index) const;
+  /// The directives that made a plan of several ranks, for messages: `bonsai.shard "zero3"
+  /// ranks 2`, `bonsai.ring ranks 2`, or both (`... x ...`, a grid of 4).
+  std::string rankDirectives() const;
+  /// The ignore index of the plan's loss kernel (CrossEntropy or LinearCrossEntropy), -100
+  /// when it has none: the labels that count no token.
+  int64_t lossIgnoreIndex() const;
   /// The vocabulary size (Plan.vocab_size).
   int64_t vocabularySize() const { return int64_t(vocabSize); }
   /// Whether the plan has Update kernels (it trains; otherwise it only computes the loss).
