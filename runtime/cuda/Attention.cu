@@ -38,6 +38,7 @@
 
 #include "bonsai/runtime/CudaKernels.h"
 
+#include "AttentionRows.h"
 #include "CudaCheck.h"
 
 #include <cuda_bf16.h>
@@ -81,26 +82,33 @@ void checkDisjoint(const char *kernel, const char *outName, const TensorView &ou
       fail(kernel, std::string(outName) + " overlaps " + name);
 }
 
-/// The dimensions of an attention problem.
+/// The dimensions of an attention problem: `seq` queries against `seqK` keys (the same but in
+/// ring attention's block steps, whose keys are another rank's).
 struct Dims {
-  int64_t batch, seq, heads, kvHeads, d;
+  int64_t batch, seq, heads, kvHeads, d, seqK;
 };
 
-Dims checkOperands(const char *kn, const TensorView &q, const TensorView &k, const TensorView &v) {
+/// Checks q, k, v and returns their dimensions; k and v must have q's sequence length unless
+/// `keysOfTheirOwn` (a ring block step).
+Dims checkOperands(const char *kn, const TensorView &q, const TensorView &k, const TensorView &v,
+                   bool keysOfTheirOwn = false) {
   checkFloat(kn, "q", q);
   checkFloat(kn, "k", k);
   checkFloat(kn, "v", v);
   if (q.rank() != 4)
     fail(kn, "q shape " + formatShape(q.shape) + " is not [batch, seq, heads, head_dim]");
-  Dims dims{q.dim(0), q.dim(1), q.dim(2), 0, q.dim(3)};
-  if (k.rank() != 4 || k.dim(0) != dims.batch || k.dim(1) != dims.seq || k.dim(3) != dims.d ||
-      k.dim(2) <= 0 || dims.heads % k.dim(2) != 0)
+  Dims dims{q.dim(0), q.dim(1), q.dim(2), 0, q.dim(3), q.dim(1)};
+  if (k.rank() != 4 || k.dim(0) != dims.batch || (!keysOfTheirOwn && k.dim(1) != dims.seq) ||
+      k.dim(3) != dims.d || k.dim(2) <= 0 || dims.heads % k.dim(2) != 0)
     fail(kn, "k shape " + formatShape(k.shape) + " is not [" + std::to_string(dims.batch) + ", " +
-                 std::to_string(dims.seq) + ", kv_heads, " + std::to_string(dims.d) +
+                 (keysOfTheirOwn ? std::string("keys") : std::to_string(dims.seq)) +
+                 ", kv_heads, " + std::to_string(dims.d) +
                  "] with kv_heads dividing the heads of q shape " + formatShape(q.shape));
   checkSameShape(kn, "v", v, "k", k);
   dims.kvHeads = k.dim(2);
+  dims.seqK = k.dim(1);
   if (dims.seq > std::numeric_limits<int32_t>::max() / 2 ||
+      dims.seqK > std::numeric_limits<int32_t>::max() / 2 ||
       dims.batch * dims.heads > std::numeric_limits<int32_t>::max() ||
       dims.d > std::numeric_limits<int32_t>::max() / 64)
     fail(kn, "q shape " + formatShape(q.shape) + " is too large for the CUDA kernels");
@@ -177,14 +185,16 @@ struct Args {
   float *savedLse;
   int qType, kType, vType, oType, doutType, outType, dqType, dkType, dvType;
   int seq, heads, kvHeads, group, d;
+  int seqK; ///< keys (seq but in a ring block step); causal calls have seqK == seq
   int64_t qStride, kvStride; ///< elements from one position to the next
   float scale, scaleLog2;
   int causal;
   /// (batch, head) groups per chunk of tileOf's block order; 0: head by head.
   int orderChunk;
-  /// Segment ids [B, S] of packed rows (null: none), i64 when segmentsI64 else i32. Only the
-  /// generic kernels read them: the launchers send every segmented call there.
-  const void *segments;
+  /// Segment ids [B, S] of packed rows (null: none), i64 when segmentsI64 else i32, and those
+  /// of the keys [B, seqK] (the same array but in a ring block step). Only the generic kernels
+  /// read them: the launchers send every segmented call there.
+  const void *segments, *keySegments;
   int segmentsI64;
   int numTiles; ///< tiles along the sequence per (batch, head) or (batch, kv head)
 };
@@ -198,6 +208,7 @@ Args makeArgs(const Dims &dims, bool causal, double scale) {
   // Tiles of one length need no order, and head by head keeps the blocks in flight on few heads.
   a.orderChunk = causal ? kOrderChunk : 0;
   a.seq = int(dims.seq);
+  a.seqK = int(dims.seqK);
   a.heads = int(dims.heads);
   a.kvHeads = int(dims.kvHeads);
   a.group = int(dims.heads / dims.kvHeads);
@@ -237,12 +248,12 @@ __device__ __forceinline__ void storeElem(void *p, int dtype, int64_t i, float x
 __device__ __forceinline__ bool sameSegment(const Args &a, int b, int i, int j) {
   if (!a.segments)
     return true;
-  int64_t row = int64_t(b) * a.seq;
+  const int64_t qRow = int64_t(b) * a.seq, kRow = int64_t(b) * a.seqK;
   if (a.segmentsI64)
-    return static_cast<const int64_t *>(a.segments)[row + i] ==
-           static_cast<const int64_t *>(a.segments)[row + j];
-  return static_cast<const int32_t *>(a.segments)[row + i] ==
-         static_cast<const int32_t *>(a.segments)[row + j];
+    return static_cast<const int64_t *>(a.segments)[qRow + i] ==
+           static_cast<const int64_t *>(a.keySegments)[kRow + j];
+  return static_cast<const int32_t *>(a.segments)[qRow + i] ==
+         static_cast<const int32_t *>(a.keySegments)[kRow + j];
 }
 
 __device__ __forceinline__ float warpMax(float x) {
@@ -318,25 +329,25 @@ __global__ void __launch_bounds__(kThreads) forwardKernel(const Args a, bool lse
   const int i = tile * kWarps + warp;
   const bool active = i < a.seq;
   const int64_t qRow = ((int64_t(b) * a.seq + i) * a.heads + h) * d;
-  const int64_t kvBase = (int64_t(b) * a.seq * a.kvHeads + g) * d;
+  const int64_t kvBase = (int64_t(b) * a.seqK * a.kvHeads + g) * d;
   float *q = sQ + warp * d, *acc = sAcc + warp * d, *p = sP + warp * kTile;
   for (int e = lane; e < d; e += 32) {
     q[e] = active ? loadElem(a.q, a.qType, qRow + e) : 0.f;
     acc[e] = 0.f;
   }
   float rowMax = -INFINITY, rowSum = 0.f;
-  const int keyEnd = a.causal ? min(a.seq, (tile + 1) * kWarps) : a.seq;
+  const int keyEnd = a.causal ? min(a.seqK, (tile + 1) * kWarps) : a.seqK;
   for (int t0 = 0; t0 < keyEnd; t0 += kTile) {
     __syncthreads(); // the previous tile is consumed
-    loadRows(sK, a.k, a.kType, kvBase, a.kvStride, t0, a.seq, d);
+    loadRows(sK, a.k, a.kType, kvBase, a.kvStride, t0, a.seqK, d);
     if (!lseOnly)
-      loadRows(sV, a.v, a.vType, kvBase, a.kvStride, t0, a.seq, d);
+      loadRows(sV, a.v, a.vType, kvBase, a.kvStride, t0, a.seqK, d);
     __syncthreads();
     if (!active)
       continue;
     const int j = t0 + lane;
     float s = -INFINITY;
-    if (j < a.seq && !(a.causal && j > i) && sameSegment(a, b, i, j)) {
+    if (j < a.seqK && !(a.causal && j > i) && sameSegment(a, b, i, j)) {
       const float *kj = sK + lane * pitch;
       float dot = 0.f;
       for (int e = 0; e < d; ++e)
@@ -394,7 +405,7 @@ __global__ void __launch_bounds__(kThreads) gradQKernel(const Args a) {
   const int i = tile * kWarps + warp;
   const bool active = i < a.seq;
   const int64_t qRow = ((int64_t(b) * a.seq + i) * a.heads + h) * d;
-  const int64_t kvBase = (int64_t(b) * a.seq * a.kvHeads + g) * d;
+  const int64_t kvBase = (int64_t(b) * a.seqK * a.kvHeads + g) * d;
   float *q = sQ + warp * d, *dout = sDo + warp * d, *acc = sAcc + warp * d,
         *ds = sDs + warp * kTile;
   for (int e = lane; e < d; e += 32) {
@@ -404,17 +415,17 @@ __global__ void __launch_bounds__(kThreads) gradQKernel(const Args a) {
   }
   const float lse = active ? a.lse[int64_t(bh) * a.seq + i] : 0.f;
   const float rowDot = active ? a.dsum[int64_t(bh) * a.seq + i] : 0.f;
-  const int keyEnd = a.causal ? min(a.seq, (tile + 1) * kWarps) : a.seq;
+  const int keyEnd = a.causal ? min(a.seqK, (tile + 1) * kWarps) : a.seqK;
   for (int t0 = 0; t0 < keyEnd; t0 += kTile) {
     __syncthreads();
-    loadRows(sK, a.k, a.kType, kvBase, a.kvStride, t0, a.seq, d);
-    loadRows(sV, a.v, a.vType, kvBase, a.kvStride, t0, a.seq, d);
+    loadRows(sK, a.k, a.kType, kvBase, a.kvStride, t0, a.seqK, d);
+    loadRows(sV, a.v, a.vType, kvBase, a.kvStride, t0, a.seqK, d);
     __syncthreads();
     if (!active)
       continue;
     const int j = t0 + lane;
     float dsj = 0.f;
-    if (j < a.seq && !(a.causal && j > i) && sameSegment(a, b, i, j)) {
+    if (j < a.seqK && !(a.causal && j > i) && sameSegment(a, b, i, j)) {
       const float *kj = sK + lane * pitch, *vj = sV + lane * pitch;
       float dot = 0.f, dp = 0.f;
       for (int e = 0; e < d; ++e) {
@@ -455,8 +466,8 @@ __global__ void __launch_bounds__(kThreads) gradKVKernel(const Args a) {
   const int tile = blockIdx.x % a.numTiles, bg = blockIdx.x / a.numTiles;
   const int b = bg / a.kvHeads, g = bg % a.kvHeads;
   const int j = tile * kWarps + warp;
-  const bool active = j < a.seq;
-  const int64_t kvRow = ((int64_t(b) * a.seq + j) * a.kvHeads + g) * d;
+  const bool active = j < a.seqK;
+  const int64_t kvRow = ((int64_t(b) * a.seqK + j) * a.kvHeads + g) * d;
   float *kj = sK + warp * d, *vj = sV + warp * d, *accK = sAccK + warp * d,
         *accV = sAccV + warp * d;
   float *p = sP + warp * kTile, *ds = sDs + warp * kTile;
@@ -713,14 +724,14 @@ __global__ void __launch_bounds__(kThreads, 2) forwardKernel(const Args a) {
   // Causal: the longest tiles (the last queries) first, so the short ones fill the tail.
   const int mBlock = a.causal ? a.numTiles - 1 - tile.rank : tile.rank;
   const int b = bh / a.heads, h = bh % a.heads, g = h / a.group;
-  const int m0 = mBlock * kBlockM, seq = a.seq;
+  const int m0 = mBlock * kBlockM, seq = a.seq, seqK = a.seqK;
   const T *qBase = static_cast<const T *>(a.q) + (int64_t(b) * seq * a.heads + h) * a.d;
-  const T *kBase = static_cast<const T *>(a.k) + (int64_t(b) * seq * a.kvHeads + g) * a.d;
-  const T *vBase = static_cast<const T *>(a.v) + (int64_t(b) * seq * a.kvHeads + g) * a.d;
+  const T *kBase = static_cast<const T *>(a.k) + (int64_t(b) * seqK * a.kvHeads + g) * a.d;
+  const T *vBase = static_cast<const T *>(a.v) + (int64_t(b) * seqK * a.kvHeads + g) * a.d;
 
   loadTile<kBlockM, kD>(sQ, qBase, a.qStride, m0, seq, a.d);
-  loadTile<kBlockN, kD>(sK, kBase, a.kvStride, 0, seq, a.d);
-  loadTile<kBlockN, kD>(sV, vBase, a.kvStride, 0, seq, a.d);
+  loadTile<kBlockN, kD>(sK, kBase, a.kvStride, 0, seqK, a.d);
+  loadTile<kBlockN, kD>(sV, vBase, a.kvStride, 0, seqK, a.d);
   cpAsyncCommit();
 
   float acc[kMT][kDT][4];
@@ -737,15 +748,15 @@ __global__ void __launch_bounds__(kThreads, 2) forwardKernel(const Args a) {
   }
 
   const int warpRow0 = m0 + warp * kWarpRows;
-  const int keyEnd = a.causal ? min(seq, m0 + kBlockM) : seq;
+  const int keyEnd = a.causal ? min(seqK, m0 + kBlockM) : seqK;
   const int tiles = (keyEnd + kBlockN - 1) / kBlockN;
   const T *warpQ = sQ + warp * kWarpRows * kP;
   for (int t = 0; t < tiles; ++t) {
     const int buf = t & 1, n0 = t * kBlockN;
     if (t + 1 < tiles) {
-      loadTile<kBlockN, kD>(sK + (buf ^ 1) * kBlockN * kP, kBase, a.kvStride, n0 + kBlockN, seq,
+      loadTile<kBlockN, kD>(sK + (buf ^ 1) * kBlockN * kP, kBase, a.kvStride, n0 + kBlockN, seqK,
                             a.d);
-      loadTile<kBlockN, kD>(sV + (buf ^ 1) * kBlockN * kP, vBase, a.kvStride, n0 + kBlockN, seq,
+      loadTile<kBlockN, kD>(sV + (buf ^ 1) * kBlockN * kP, vBase, a.kvStride, n0 + kBlockN, seqK,
                             a.d);
       cpAsyncCommit();
       cpAsyncWait<1>();
@@ -783,7 +794,7 @@ __global__ void __launch_bounds__(kThreads, 2) forwardKernel(const Args a) {
     }
 
     // Scale into base 2, mask, and update the running maxima and sums.
-    const bool needMask = n0 + kBlockN > seq || (a.causal && n0 + kBlockN - 1 > warpRow0);
+    const bool needMask = n0 + kBlockN > seqK || (a.causal && n0 + kBlockN - 1 > warpRow0);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -797,7 +808,7 @@ __global__ void __launch_bounds__(kThreads, 2) forwardKernel(const Args a) {
             float x = s[mt][nt][2 * r + c] * a.scaleLog2;
             if (needMask) {
               const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
-              if (j >= seq || (a.causal && j > i))
+              if (j >= seqK || (a.causal && j > i))
                 x = -INFINITY;
             }
             s[mt][nt][2 * r + c] = x;
@@ -918,10 +929,10 @@ __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
   const int bh = tile.group;
   const int mBlock = a.causal ? a.numTiles - 1 - tile.rank : tile.rank;
   const int b = bh / a.heads, h = bh % a.heads, g = h / a.group;
-  const int m0 = mBlock * kBlockM, seq = a.seq;
+  const int m0 = mBlock * kBlockM, seq = a.seq, seqK = a.seqK;
   const int64_t qOffset = (int64_t(b) * seq * a.heads + h) * a.d;
-  const T *kBase = static_cast<const T *>(a.k) + (int64_t(b) * seq * a.kvHeads + g) * a.d;
-  const T *vBase = static_cast<const T *>(a.v) + (int64_t(b) * seq * a.kvHeads + g) * a.d;
+  const T *kBase = static_cast<const T *>(a.k) + (int64_t(b) * seqK * a.kvHeads + g) * a.d;
+  const T *vBase = static_cast<const T *>(a.v) + (int64_t(b) * seqK * a.kvHeads + g) * a.d;
 
   loadTile<kBlockM, kD>(sQ, static_cast<const T *>(a.q) + qOffset, a.qStride, m0, seq, a.d);
   loadTile<kBlockM, kD>(sDo, static_cast<const T *>(a.dout) + qOffset, a.qStride, m0, seq, a.d);
@@ -969,8 +980,8 @@ __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
     }
   __syncthreads(); // the first k and v tiles overwrite the o tile
 
-  loadTile<kBlockN, kD>(sK, kBase, a.kvStride, 0, seq, a.d);
-  loadTile<kBlockN, kD>(sV, vBase, a.kvStride, 0, seq, a.d);
+  loadTile<kBlockN, kD>(sK, kBase, a.kvStride, 0, seqK, a.d);
+  loadTile<kBlockN, kD>(sV, vBase, a.kvStride, 0, seqK, a.d);
   cpAsyncCommit();
 
   float dq[kMT][kDT][4];
@@ -986,15 +997,15 @@ __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
     rowSum[mt][0] = rowSum[mt][1] = 0.f;
   }
 
-  const int keyEnd = a.causal ? min(seq, m0 + kBlockM) : seq;
+  const int keyEnd = a.causal ? min(seqK, m0 + kBlockM) : seqK;
   const int tiles = (keyEnd + kBlockN - 1) / kBlockN;
   const T *warpQ = sQ + warp * kWarpRows * kP, *warpDo = sDo + warp * kWarpRows * kP;
   for (int t = 0; t < tiles; ++t) {
     const int buf = t & 1, n0 = t * kBlockN;
     if (t + 1 < tiles) {
-      loadTile<kBlockN, kD>(sK + (buf ^ 1) * kBlockN * kP, kBase, a.kvStride, n0 + kBlockN, seq,
+      loadTile<kBlockN, kD>(sK + (buf ^ 1) * kBlockN * kP, kBase, a.kvStride, n0 + kBlockN, seqK,
                             a.d);
-      loadTile<kBlockN, kD>(sV + (buf ^ 1) * kBlockN * kP, vBase, a.kvStride, n0 + kBlockN, seq,
+      loadTile<kBlockN, kD>(sV + (buf ^ 1) * kBlockN * kP, vBase, a.kvStride, n0 + kBlockN, seqK,
                             a.d);
       cpAsyncCommit();
       cpAsyncWait<1>();
@@ -1038,7 +1049,7 @@ __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
 
     // Scale into base 2, mask, update the running maxima and sums, and form
     // 2^(x - m) (dp - D) in s; with the saved lse, form p (dp - D) = 2^(x - lse) (dp - D).
-    const bool needMask = n0 + kBlockN > seq || (a.causal && n0 + kBlockN - 1 > warpRow0);
+    const bool needMask = n0 + kBlockN > seqK || (a.causal && n0 + kBlockN - 1 > warpRow0);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -1052,7 +1063,7 @@ __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
               float x = s[mt][nt][2 * r + c] * a.scaleLog2;
               if (needMask) {
                 const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
-                if (j >= seq || (a.causal && j > i))
+                if (j >= seqK || (a.causal && j > i))
                   x = -INFINITY;
               }
               const float p = exp2Approx(x - rowLse[mt][r]);
@@ -1068,7 +1079,7 @@ __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
             float x = s[mt][nt][2 * r + c] * a.scaleLog2;
             if (needMask) {
               const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
-              if (j >= seq || (a.causal && j > i))
+              if (j >= seqK || (a.causal && j > i))
                 x = -INFINITY;
             }
             s[mt][nt][2 * r + c] = x;
@@ -1172,8 +1183,8 @@ __global__ void __launch_bounds__(kThreads, 2) gradKVKernel(const Args a) {
   const Tile tile = tileOf(a);
   const int nBlock = tile.rank, bg = tile.group;
   const int b = bg / a.kvHeads, g = bg % a.kvHeads;
-  const int n0 = nBlock * kBlockN, seq = a.seq;
-  const int64_t kvOffset = (int64_t(b) * seq * a.kvHeads + g) * a.d;
+  const int n0 = nBlock * kBlockN, seq = a.seq, seqK = a.seqK;
+  const int64_t kvOffset = (int64_t(b) * seqK * a.kvHeads + g) * a.d;
 
   // Steps: (query head of the group, query tile), in order. With the causal mask the query
   // tiles before the block's first key see none of its keys.
@@ -1195,8 +1206,8 @@ __global__ void __launch_bounds__(kThreads, 2) gradKVKernel(const Args a) {
   };
   static_assert(kThreads == 2 * kBwdBlock, "one lse or D element per thread");
 
-  loadTile<kBlockN, kD>(sK, static_cast<const T *>(a.k) + kvOffset, a.kvStride, n0, seq, a.d);
-  loadTile<kBlockN, kD>(sV, static_cast<const T *>(a.v) + kvOffset, a.kvStride, n0, seq, a.d);
+  loadTile<kBlockN, kD>(sK, static_cast<const T *>(a.k) + kvOffset, a.kvStride, n0, seqK, a.d);
+  loadTile<kBlockN, kD>(sV, static_cast<const T *>(a.v) + kvOffset, a.kvStride, n0, seqK, a.d);
   loadStep(0, 0);
   cpAsyncCommit();
 
@@ -1295,9 +1306,9 @@ __global__ void __launch_bounds__(kThreads, 2) gradKVKernel(const Args a) {
   fragmentsToShared<kD>(warpDk, dk, a.scale, a.scale, lane);
   fragmentsToShared<kD>(warpDv, dv, 1.f, 1.f, lane);
   __syncwarp();
-  storeRows<16, kD>(static_cast<T *>(a.dk) + kvOffset, a.kvStride, warpDk, warpKey0, seq, a.d,
+  storeRows<16, kD>(static_cast<T *>(a.dk) + kvOffset, a.kvStride, warpDk, warpKey0, seqK, a.d,
                     lane);
-  storeRows<16, kD>(static_cast<T *>(a.dv) + kvOffset, a.kvStride, warpDv, warpKey0, seq, a.d,
+  storeRows<16, kD>(static_cast<T *>(a.dv) + kvOffset, a.kvStride, warpDv, warpKey0, seqK, a.d,
                     lane);
 }
 
@@ -1462,15 +1473,15 @@ __global__ void __launch_bounds__(kThreads, 1) forwardKernel(const Args a) {
   const int bh = tile.group;
   const int mBlock = a.causal ? a.numTiles - 1 - tile.rank : tile.rank;
   const int b = bh / a.heads, h = bh % a.heads, g = h / a.group;
-  const int m0 = mBlock * kBlockM, seq = a.seq;
+  const int m0 = mBlock * kBlockM, seq = a.seq, seqK = a.seqK;
   using T = __nv_bfloat16;
   const T *qBase = static_cast<const T *>(a.q) + (int64_t(b) * seq * a.heads + h) * kD;
-  const T *kBase = static_cast<const T *>(a.k) + (int64_t(b) * seq * a.kvHeads + g) * kD;
-  const T *vBase = static_cast<const T *>(a.v) + (int64_t(b) * seq * a.kvHeads + g) * kD;
+  const T *kBase = static_cast<const T *>(a.k) + (int64_t(b) * seqK * a.kvHeads + g) * kD;
+  const T *vBase = static_cast<const T *>(a.v) + (int64_t(b) * seqK * a.kvHeads + g) * kD;
 
   loadTile<kBlockM>(sQ, qBase, a.qStride, m0, seq);
-  loadTile<kBlockN>(sK, kBase, a.kvStride, 0, seq);
-  loadTile<kBlockN>(sV, vBase, a.kvStride, 0, seq);
+  loadTile<kBlockN>(sK, kBase, a.kvStride, 0, seqK);
+  loadTile<kBlockN>(sV, vBase, a.kvStride, 0, seqK);
   tc::cpAsyncCommit();
 
   float o[64];
@@ -1479,7 +1490,7 @@ __global__ void __launch_bounds__(kThreads, 1) forwardKernel(const Args a) {
     o[e] = 0.f;
   float rowMax[2] = {-INFINITY, -INFINITY}, rowSum[2] = {0.f, 0.f};
   const int warpRow0 = m0 + group * 64 + warp * 16; // rows warpRow0 + lane / 4 (+ 8)
-  const int keyEnd = a.causal ? min(seq, m0 + kBlockM) : seq;
+  const int keyEnd = a.causal ? min(seqK, m0 + kBlockM) : seqK;
   const int tiles = (keyEnd + kBlockN - 1) / kBlockN;
   // This warpgroup's 64 rows in each region of the q tile.
   const uint32_t qAddress = tc::smemAddr(sQ) + group * 64 * kRegionBytes;
@@ -1487,9 +1498,9 @@ __global__ void __launch_bounds__(kThreads, 1) forwardKernel(const Args a) {
     const int buf = t & 1, n0 = t * kBlockN;
     if (t + 1 < tiles) {
       loadTile<kBlockN>(sK + (buf ^ 1) * tileBytes(kBlockN), kBase, a.kvStride, n0 + kBlockN,
-                        seq);
+                        seqK);
       loadTile<kBlockN>(sV + (buf ^ 1) * tileBytes(kBlockN), vBase, a.kvStride, n0 + kBlockN,
-                        seq);
+                        seqK);
       tc::cpAsyncCommit();
       tc::cpAsyncWait<1>();
     } else {
@@ -1518,7 +1529,7 @@ __global__ void __launch_bounds__(kThreads, 1) forwardKernel(const Args a) {
     // Scale into base 2, mask, update the running maxima and sums; p in T pairs, the A
     // fragments of the p v product. Element e of s: row lane / 4 + 8 ((e / 2) % 2), key
     // n0 + 8 (e / 4) + 2 (lane % 4) + e % 2.
-    const bool needMask = n0 + kBlockN > seq || (a.causal && n0 + kBlockN - 1 > warpRow0);
+    const bool needMask = n0 + kBlockN > seqK || (a.causal && n0 + kBlockN - 1 > warpRow0);
     uint32_t p[32];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -1531,7 +1542,7 @@ __global__ void __launch_bounds__(kThreads, 1) forwardKernel(const Args a) {
           float x = s[4 * nt + 2 * r + c] * a.scaleLog2;
           if (needMask) {
             const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
-            if (j >= seq || (a.causal && j > i))
+            if (j >= seqK || (a.causal && j > i))
               x = -INFINITY;
           }
           s[4 * nt + 2 * r + c] = x;
@@ -1624,16 +1635,16 @@ __global__ void __launch_bounds__(kThreads, 1) gradQKernel(const Args a) {
   const int bh = tile.group;
   const int mBlock = a.causal ? a.numTiles - 1 - tile.rank : tile.rank;
   const int b = bh / a.heads, h = bh % a.heads, g = h / a.group;
-  const int m0 = mBlock * kBlockM, seq = a.seq;
+  const int m0 = mBlock * kBlockM, seq = a.seq, seqK = a.seqK;
   using T = __nv_bfloat16;
   const int64_t qOffset = (int64_t(b) * seq * a.heads + h) * kD;
-  const T *kBase = static_cast<const T *>(a.k) + (int64_t(b) * seq * a.kvHeads + g) * kD;
-  const T *vBase = static_cast<const T *>(a.v) + (int64_t(b) * seq * a.kvHeads + g) * kD;
+  const T *kBase = static_cast<const T *>(a.k) + (int64_t(b) * seqK * a.kvHeads + g) * kD;
+  const T *vBase = static_cast<const T *>(a.v) + (int64_t(b) * seqK * a.kvHeads + g) * kD;
 
   loadTile<kBlockM>(sQ, static_cast<const T *>(a.q) + qOffset, a.qStride, m0, seq);
   loadTile<kBlockM>(sDo, static_cast<const T *>(a.dout) + qOffset, a.qStride, m0, seq);
-  loadTile<kBlockN>(sK, kBase, a.kvStride, 0, seq);
-  loadTile<kBlockN>(sV, vBase, a.kvStride, 0, seq);
+  loadTile<kBlockN>(sK, kBase, a.kvStride, 0, seqK);
+  loadTile<kBlockN>(sV, vBase, a.kvStride, 0, seqK);
   tc::cpAsyncCommit();
 
   // D and the base-2 log-sum-exp of the thread's two rows; the four lanes of a quad take a
@@ -1674,7 +1685,7 @@ __global__ void __launch_bounds__(kThreads, 1) gradQKernel(const Args a) {
 #pragma unroll
   for (int e = 0; e < 64; ++e)
     dq[e] = 0.f;
-  const int keyEnd = a.causal ? min(seq, m0 + kBlockM) : seq;
+  const int keyEnd = a.causal ? min(seqK, m0 + kBlockM) : seqK;
   const int tiles = (keyEnd + kBlockN - 1) / kBlockN;
   const uint32_t qAddress = tc::smemAddr(sQ) + group * 64 * kRegionBytes;
   const uint32_t doAddress = tc::smemAddr(sDo) + group * 64 * kRegionBytes;
@@ -1682,9 +1693,9 @@ __global__ void __launch_bounds__(kThreads, 1) gradQKernel(const Args a) {
     const int buf = t & 1, n0 = t * kBlockN;
     if (t + 1 < tiles) {
       loadTile<kBlockN>(sK + (buf ^ 1) * tileBytes(kBlockN), kBase, a.kvStride, n0 + kBlockN,
-                        seq);
+                        seqK);
       loadTile<kBlockN>(sV + (buf ^ 1) * tileBytes(kBlockN), vBase, a.kvStride, n0 + kBlockN,
-                        seq);
+                        seqK);
       tc::cpAsyncCommit();
       tc::cpAsyncWait<1>();
     } else {
@@ -1712,7 +1723,7 @@ __global__ void __launch_bounds__(kThreads, 1) gradQKernel(const Args a) {
 
     // ds = p (dp - D) in T pairs, the A fragments of ds k. Element e: row lane / 4 +
     // 8 ((e / 2) % 2), key n0 + 8 (e / 4) + 2 (lane % 4) + e % 2.
-    const bool needMask = n0 + kBlockN > seq || (a.causal && n0 + kBlockN - 1 > warpRow0);
+    const bool needMask = n0 + kBlockN > seqK || (a.causal && n0 + kBlockN - 1 > warpRow0);
     uint32_t ds[32];
 #pragma unroll
     for (int nt = 0; nt < kBlockN / 8; ++nt)
@@ -1725,7 +1736,7 @@ __global__ void __launch_bounds__(kThreads, 1) gradQKernel(const Args a) {
           float x = s[4 * nt + 2 * r + c] * a.scaleLog2;
           if (needMask) {
             const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
-            if (j >= seq || (a.causal && j > i))
+            if (j >= seqK || (a.causal && j > i))
               x = -INFINITY;
           }
           const float p = tc::exp2Approx(x - rowLse[r]);
@@ -1793,9 +1804,9 @@ __global__ void __launch_bounds__(kThreads, 1) gradKVKernel(const Args a) {
   const tc::Tile tile = tc::tileOf(a);
   const int nBlock = tile.rank, bg = tile.group;
   const int b = bg / a.kvHeads, g = bg % a.kvHeads;
-  const int n0 = nBlock * kKvBlockN, seq = a.seq;
+  const int n0 = nBlock * kKvBlockN, seq = a.seq, seqK = a.seqK;
   using T = __nv_bfloat16;
-  const int64_t kvOffset = (int64_t(b) * seq * a.kvHeads + g) * kD;
+  const int64_t kvOffset = (int64_t(b) * seqK * a.kvHeads + g) * kD;
 
   // Steps: (query head of the group, query tile), in order. With the causal mask the query
   // tiles before the block's first key see none of its keys.
@@ -1818,8 +1829,8 @@ __global__ void __launch_bounds__(kThreads, 1) gradKVKernel(const Args a) {
     }
   };
 
-  loadTile<kKvBlockN>(sK, static_cast<const T *>(a.k) + kvOffset, a.kvStride, n0, seq);
-  loadTile<kKvBlockN>(sV, static_cast<const T *>(a.v) + kvOffset, a.kvStride, n0, seq);
+  loadTile<kKvBlockN>(sK, static_cast<const T *>(a.k) + kvOffset, a.kvStride, n0, seqK);
+  loadTile<kKvBlockN>(sV, static_cast<const T *>(a.v) + kvOffset, a.kvStride, n0, seqK);
   loadStep(0, 0);
   tc::cpAsyncCommit();
 
@@ -1907,7 +1918,7 @@ __global__ void __launch_bounds__(kThreads, 1) gradKVKernel(const Args a) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int j = warpKey0 + (lane >> 2) + r * 8;
-    if (j >= seq)
+    if (j >= seqK)
       continue;
     T *dkRow = dkOut + int64_t(j) * a.kvStride + (lane & 3) * 2;
     T *dvRow = dvOut + int64_t(j) * a.kvStride + (lane & 3) * 2;
@@ -1984,13 +1995,13 @@ void gradTensorCore(const char *kn, Stream stream, Args a, const Dims &dims) {
            stream, a);
   }
   if (std::is_same_v<T, __nv_bfloat16> && kD == wg::kD && a.d == wg::kD && wgmmaUsable(kn)) {
-    a.numTiles = int(ceilDiv(dims.seq, wg::kKvBlockN));
+    a.numTiles = int(ceilDiv(dims.seqK, wg::kKvBlockN));
     launch(kn, "launch of the warpgroup dk/dv kernel", wg::gradKVKernel,
            int64_t(a.numTiles) * dims.batch * dims.kvHeads, wg::kThreads, wg::gradKVSmem(),
            stream, a);
     return;
   }
-  a.numTiles = int(ceilDiv(dims.seq, tc::kBwdBlock));
+  a.numTiles = int(ceilDiv(dims.seqK, tc::kBwdBlock));
   launch(kn, "launch of the dk/dv kernel", tc::gradKVKernel<T, kD>,
          int64_t(a.numTiles) * dims.batch * dims.kvHeads, tc::kThreads, tc::gradKVSmem<kD>(),
          stream, a);
@@ -2044,6 +2055,7 @@ void gradGeneric(const char *kn, Stream stream, Args a, const Dims &dims) {
   launch(kn, "launch of the generic dq kernel", generic::gradQKernel,
          int64_t(a.numTiles) * dims.batch * dims.heads, generic::kThreads, generic::gradQSmem(a.d),
          stream, a);
+  a.numTiles = int(ceilDiv(dims.seqK, generic::kWarps));
   launch(kn, "launch of the generic dk/dv kernel", generic::gradKVKernel,
          int64_t(a.numTiles) * dims.batch * dims.kvHeads, generic::kThreads,
          generic::gradKVSmem(a.d), stream, a);
@@ -2065,27 +2077,54 @@ void checkLse(const char *kn, const TensorView &lse, const Dims &dims) {
     fail(kn, "lse of shape " + formatShape(lse.shape) + " has no data");
 }
 
-/// Checks the optional segment ids (i32 or i64 [B, S]) and points the kernels' arguments at them.
-void setSegments(const char *kn, Args &a, const TensorView *segmentIds, const Dims &dims) {
-  if (!segmentIds)
+/// Checks segment ids `name` (i32 or i64 [B, rows]).
+void checkSegments(const char *kn, const char *name, const TensorView &ids, int64_t batch,
+                   int64_t rows, const char *of) {
+  if (ids.dtype != DType::I32 && ids.dtype != DType::I64)
+    fail(kn, std::string(name) + " must be i32 or i64, not " + dtypeName(ids.dtype));
+  std::vector<int64_t> want = {batch, rows};
+  if (ids.shape != want)
+    fail(kn, std::string(name) + " shape " + formatShape(ids.shape) + " should be " +
+                 formatShape(want) + " ([batch, seq] of " + of + ")");
+  if (!ids.data && ids.numel() != 0)
+    fail(kn, std::string(name) + " of shape " + formatShape(ids.shape) + " has no data");
+}
+
+/// Checks the optional segment ids of the queries and of the keys (both or neither; the same
+/// tensor but in a ring block step) and points the kernels' arguments at them.
+void setSegments(const char *kn, Args &a, const TensorView *segmentIds,
+                 const TensorView *keySegmentIds, const Dims &dims) {
+  if (!segmentIds && !keySegmentIds)
     return;
-  if (segmentIds->dtype != DType::I32 && segmentIds->dtype != DType::I64)
-    fail(kn, std::string("segment_ids must be i32 or i64, not ") + dtypeName(segmentIds->dtype));
-  std::vector<int64_t> want = {dims.batch, dims.seq};
-  if (segmentIds->shape != want)
-    fail(kn, "segment_ids shape " + formatShape(segmentIds->shape) + " should be " +
-                 formatShape(want) + " ([batch, seq] of q)");
-  if (!segmentIds->data && segmentIds->numel() != 0)
-    fail(kn, "segment_ids of shape " + formatShape(segmentIds->shape) + " has no data");
+  if (!segmentIds || !keySegmentIds)
+    fail(kn, "segment ids are given for the queries or the keys but not both");
+  checkSegments(kn, "segment_ids", *segmentIds, dims.batch, dims.seq, "q");
+  if (keySegmentIds != segmentIds) {
+    checkSegments(kn, "key segment_ids", *keySegmentIds, dims.batch, dims.seqK, "k");
+    if (keySegmentIds->dtype != segmentIds->dtype)
+      fail(kn, "the keys' segment ids are not of the queries' type");
+  }
   a.segments = segmentIds->data;
+  a.keySegments = keySegmentIds->data;
   a.segmentsI64 = segmentIds->dtype == DType::I64 ? 1 : 0;
 }
 
-/// attention, and with `lse` flashAttention.
+/// Refuses the causal mask between different numbers of queries and keys (a ring block step
+/// takes it only on its own block, whose chunks are the queries').
+void checkCausalLengths(const char *kn, const Dims &dims, bool causal) {
+  if (causal && dims.seqK != dims.seq)
+    fail(kn, "the causal mask needs as many keys as queries, not " + std::to_string(dims.seqK) +
+                 " keys for " + std::to_string(dims.seq) + " queries");
+}
+
+/// attention, and with `lse` flashAttention; k and v may be another length than q with
+/// `keysOfTheirOwn` (a ring block step, whose key segment ids are `keySegmentIds`).
 void attentionImpl(const char *kn, const Context &ctx, const TensorView &q, const TensorView &k,
                    const TensorView &v, bool causal, double scale, const TensorView &o,
-                   const TensorView *lse, const TensorView *segmentIds) {
-  Dims dims = checkOperands(kn, q, k, v);
+                   const TensorView *lse, const TensorView *segmentIds,
+                   const TensorView *keySegmentIds, bool keysOfTheirOwn) {
+  Dims dims = checkOperands(kn, q, k, v, keysOfTheirOwn);
+  checkCausalLengths(kn, dims, causal);
   checkFloat(kn, "o", o);
   checkSameShape(kn, "o", o, "q", q);
   checkDisjoint(kn, "o", o, {{"q", &q}, {"k", &k}, {"v", &v}});
@@ -2107,7 +2146,7 @@ void attentionImpl(const char *kn, const Context &ctx, const TensorView &q, cons
   a.vType = typeCode(v.dtype);
   a.outType = typeCode(o.dtype);
   a.savedLse = lse ? static_cast<float *>(lse->data) : nullptr;
-  setSegments(kn, a, segmentIds, dims);
+  setSegments(kn, a, segmentIds, keySegmentIds, dims);
   // Segment ids (packed rows) take the generic kernels, the only ones with that mask
   // (docs/cuda.md says what it costs).
   if (!segmentIds && o.numel() != 0 && tensorCorePath(kn, dims, {&q, &k, &v, &o})) {
@@ -2120,13 +2159,15 @@ void attentionImpl(const char *kn, const Context &ctx, const TensorView &q, cons
   }
 }
 
-/// attentionGrad, and with `lse` flashAttentionGrad.
+/// attentionGrad, and with `lse` flashAttentionGrad; k and v as in attentionImpl.
 void attentionGradImpl(const char *kn, const Context &ctx, const TensorView &dout,
                        const TensorView &q, const TensorView &k, const TensorView &v,
                        const TensorView &o, const TensorView *lse, bool causal, double scale,
                        const TensorView &dq, const TensorView &dk, const TensorView &dv,
-                       const TensorView *segmentIds) {
-  Dims dims = checkOperands(kn, q, k, v);
+                       const TensorView *segmentIds, const TensorView *keySegmentIds,
+                       bool keysOfTheirOwn) {
+  Dims dims = checkOperands(kn, q, k, v, keysOfTheirOwn);
+  checkCausalLengths(kn, dims, causal);
   checkFloat(kn, "dout", dout);
   checkFloat(kn, "o", o);
   checkFloat(kn, "dq", dq);
@@ -2180,7 +2221,7 @@ void attentionGradImpl(const char *kn, const Context &ctx, const TensorView &dou
   Scratch scratch(kn, ctx.stream, size_t(2 * rows));
   a.lse = scratch.data();
   a.dsum = scratch.data() + rows;
-  setSegments(kn, a, segmentIds, dims);
+  setSegments(kn, a, segmentIds, keySegmentIds, dims);
   if (!segmentIds && tensorCorePath(kn, dims, {&q, &k, &v, &o, &dout, &dq, &dk, &dv})) {
     if (q.dtype == DType::BF16)
       gradTensorCoreD<__nv_bfloat16>(kn, ctx.stream, a, dims);
@@ -2195,13 +2236,15 @@ void attentionGradImpl(const char *kn, const Context &ctx, const TensorView &dou
 
 void attention(const Context &ctx, const TensorView &q, const TensorView &k, const TensorView &v,
                bool causal, double scale, const TensorView &o, const TensorView *segmentIds) {
-  attentionImpl("attention", ctx, q, k, v, causal, scale, o, nullptr, segmentIds);
+  attentionImpl("attention", ctx, q, k, v, causal, scale, o, nullptr, segmentIds, segmentIds,
+                false);
 }
 
 void flashAttention(const Context &ctx, const TensorView &q, const TensorView &k,
                     const TensorView &v, bool causal, double scale, const TensorView &o,
                     const TensorView &lse, const TensorView *segmentIds) {
-  attentionImpl("flash_attention", ctx, q, k, v, causal, scale, o, &lse, segmentIds);
+  attentionImpl("flash_attention", ctx, q, k, v, causal, scale, o, &lse, segmentIds, segmentIds,
+                false);
 }
 
 void attentionGrad(const Context &ctx, const TensorView &dout, const TensorView &q,
@@ -2209,7 +2252,7 @@ void attentionGrad(const Context &ctx, const TensorView &dout, const TensorView 
                    double scale, const TensorView &dq, const TensorView &dk, const TensorView &dv,
                    const TensorView *segmentIds) {
   attentionGradImpl("attention_grad", ctx, dout, q, k, v, o, nullptr, causal, scale, dq, dk, dv,
-                    segmentIds);
+                    segmentIds, segmentIds, false);
 }
 
 void flashAttentionGrad(const Context &ctx, const TensorView &dout, const TensorView &q,
@@ -2218,7 +2261,27 @@ void flashAttentionGrad(const Context &ctx, const TensorView &dout, const Tensor
                         const TensorView &dk, const TensorView &dv,
                         const TensorView *segmentIds) {
   attentionGradImpl("flash_attention_grad", ctx, dout, q, k, v, o, &lse, causal, scale, dq, dk,
-                    dv, segmentIds);
+                    dv, segmentIds, segmentIds, false);
 }
+
+namespace detail {
+
+void attentionRows(const char *kernel, const Context &ctx, const TensorView &q,
+                   const TensorView &k, const TensorView &v, bool causal, double scale,
+                   const TensorView &o, const TensorView &lse, const TensorView *querySegments,
+                   const TensorView *keySegments) {
+  attentionImpl(kernel, ctx, q, k, v, causal, scale, o, &lse, querySegments, keySegments, true);
+}
+
+void attentionRowsGrad(const char *kernel, const Context &ctx, const TensorView &dout,
+                       const TensorView &q, const TensorView &k, const TensorView &v,
+                       const TensorView &o, const TensorView &lse, bool causal, double scale,
+                       const TensorView &dq, const TensorView &dk, const TensorView &dv,
+                       const TensorView *querySegments, const TensorView *keySegments) {
+  attentionGradImpl(kernel, ctx, dout, q, k, v, o, &lse, causal, scale, dq, dk, dv, querySegments,
+                    keySegments, true);
+}
+
+} // namespace detail
 
 } // namespace bonsai::rt::cuda
