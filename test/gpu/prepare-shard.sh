@@ -5,10 +5,12 @@
 # and a 2-layer Llama-124M (bf16), each unsharded and with bonsai.shard zero1, zero2 and zero3
 # over one rank (zero3 also with reshard_after_forward false), the tiny Llama's QLoRA unsharded
 # and zero3 over one rank (its NF4 weights in u8 shares), and a tiny zero3 plan for two ranks
-# (refused when run alone).
+# (refused when run alone). Also ring attention's CUDA tests and timings on one GPU
+# (test/gpu/ring-one-gpu.sh as ring.sh, with ring_attention_bench).
 #
 #   bash test/gpu/prepare-shard.sh        # -> .gpu-shard/ and .gpu-shard.tar.xz
 #   # on the GPU machine: tar -xJf .gpu-shard.tar.xz && bash .gpu-shard/run.sh
+#   #                     && bash .gpu-shard/ring.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build="${BONSAI_BUILD_DIR:-build}"
@@ -17,15 +19,17 @@ if [ ! -f build-sm90a/build.ninja ]; then
   cmake -G Ninja -S runtime -B build-sm90a -DCMAKE_BUILD_TYPE=Release \
     -DBONSAI_CUDA_ARCHS=90a-real > /dev/null
 fi
-ninja -C build-sm90a bonsai-run bonsai-runtime-tests
+ninja -C build-sm90a bonsai-run bonsai-runtime-tests ring_attention_bench
 D=.gpu-shard
 rm -rf "$D" && mkdir -p "$D/bin" "$D/lib" "$D/plans"
-for tool in bonsai-run bonsai-runtime-tests; do
+for tool in bonsai-run bonsai-runtime-tests ring_attention_bench; do
   strip -o "$D/bin/$tool" "build-sm90a/bin/$tool"
 done
 . bench/gpu_libs.sh
 copy_gpu_libs "$D/lib"
 cp test/gpu/shard-one-rank.sh "$D/run.sh"
+cp test/gpu/ring-one-gpu.sh "$D/ring.sh"
+cp bench/ring_attention_bench.py "$D/"
 C="$build/bin/bonsai-compile"
 python3 scripts/gen_models.py --print llama_124m --set=layers=2 --set=seq=512 --set=batch=2 \
   > "$D/plans/llama_124m_2l.mlir"

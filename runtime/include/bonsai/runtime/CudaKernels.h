@@ -22,6 +22,7 @@
 #include "bonsai/runtime/Tensor.h"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -230,6 +231,73 @@ void flashAttentionGrad(const Context &ctx, const TensorView &dout, const Tensor
                         const TensorView &lse, bool causal, double scale, const TensorView &dq,
                         const TensorView &dk, const TensorView &dv,
                         const TensorView *segmentIds = nullptr);
+
+// Ring attention's block steps (docs/ring-attention.md), the CUDA side of
+// cpu::ringAttentionBlock: this rank's zigzag share of queries against one rank's key/value
+// block. The local sequence S is two chunks of C = S/2 tokens, chunks `rank` and
+// 2·ranks-1-rank of the whole row. With the causal mask a step pairs what the zigzag layout
+// allows: its own block (the first step) causally, an earlier rank's block (holder < rank)
+// every query against the block's first chunk, a later rank's (holder > rank) the second
+// chunk's queries against the whole block; without it every query against every key. Each
+// step runs the flash kernels on those rows (k and v in their grouped-query form).
+
+/// Where a block step stands: this rank, the rank whose block it holds, the ring's size.
+struct RingBlockStep {
+  int64_t ranks = 0, rank = 0, holder = 0;
+};
+
+/// Adds one key/value block to this rank's attention: acc (f32 [B, S, H, D], the normalised
+/// output so far) and lse (f32 [B, H, S], natural log) take the block's output and
+/// log-sum-exp, merged in fp32. The own block (holder == rank) comes first and writes them;
+/// every other block merges into them. `querySegments` and `keySegments` (i32/i64 [B, S],
+/// the block's travelling with it) mask packed rows; both or neither. Finish with
+/// cuda::cast(acc, o).
+void ringAttentionBlock(const Context &ctx, const TensorView &q, const TensorView &k,
+                        const TensorView &v, const TensorView *querySegments,
+                        const TensorView *keySegments, bool causal, double scale,
+                        const RingBlockStep &step, const TensorView &acc, const TensorView &lse);
+/// One block step of the backward pass from the final o and lse (ringAttentionBlock's):
+/// adds the block's part of dq to `dq` (f32 [B, S, H, D]; written by the own block, the first
+/// step) and writes its part of the block's dk and dv into `dkBlock`, `dvBlock` (f32 [B, S,
+/// kvHeads, D], zeros where it pairs no query), which the caller adds to the accumulators
+/// that travel with the block.
+void ringAttentionBlockGrad(const Context &ctx, const TensorView &dout, const TensorView &q,
+                            const TensorView &k, const TensorView &v, const TensorView &o,
+                            const TensorView &lse, const TensorView *querySegments,
+                            const TensorView *keySegments, bool causal, double scale,
+                            const RingBlockStep &step, const TensorView &dq,
+                            const TensorView &dkBlock, const TensorView &dvBlock);
+
+/// How ring attention's key/value blocks travel between the ranks of a ring: `shift` passes
+/// `count` elements of `send` to the next rank and receives the previous rank's into `recv` (a
+/// distinct buffer), enqueued on `stream`, a stream beside the compute stream so that the
+/// transfers overlap the block kernels. On the CUDA backend NCCL's ringShift; in a test, copies
+/// between virtual ranks. `what` names the transfer in errors.
+struct RingTransport {
+  int64_t ranks = 0, rank = 0;
+  Stream stream = nullptr;
+  std::function<void(const void *send, void *recv, size_t count, DType dtype,
+                     const std::string &what)>
+      shift;
+};
+
+/// o (and lse, when non-null) of ring attention of this rank's queries against every rank's
+/// keys: `ring.ranks` block steps (ringAttentionBlock) on ctx.stream, each while the next
+/// block travels on the transport's stream into the other of two buffers; fp32 state, cast
+/// into o at the end.
+void ringAttention(const Context &ctx, const RingTransport &ring, const TensorView &q,
+                   const TensorView &k, const TensorView &v, const TensorView *segmentIds,
+                   bool causal, double scale, const TensorView &o, const TensorView *lse);
+/// dq, dk, dv of ring attention from the forward's o and lse (null: recomputed around the ring
+/// first). The key/value blocks travel as in the forward pass; each block's dk and dv
+/// accumulators (fp32) follow one step behind, their transfer overlapping the next block's
+/// kernels, and are home after `ring.ranks` shifts.
+void ringAttentionGrad(const Context &ctx, const RingTransport &ring, const TensorView &dout,
+                       const TensorView &q, const TensorView &k, const TensorView &v,
+                       const TensorView &o, const TensorView *lse, const TensorView *segmentIds,
+                       bool causal, double scale, const TensorView &dq, const TensorView &dk,
+                       const TensorView &dv);
+
 void siluGrad(const Context &ctx, const TensorView &dy, const TensorView &x,
               const TensorView &dx);
 void geluGrad(const Context &ctx, const TensorView &dy, const TensorView &x, bool tanh,
