@@ -53,13 +53,6 @@ public:
   CudaBackend(const LoadedPlan &plan, int ordinal, bool useGraphs, bool offloadTiming,
               const RankContext *ranks)
       : plan_(plan), useGraphs_(useGraphs), ranks_(ranks) {
-    // Ring attention's block steps and exchange run on the CPU backend so far
-    // (docs/ring-attention.md); refused before anything is allocated.
-    if (plan_.ringRanks > 1)
-      throw Error("plan '" + plan_.path + "' splits its sequence over a ring of " +
-                  std::to_string(plan_.ringRanks) +
-                  " ranks (bonsai.ring): the CUDA backend's ring attention is not built yet; "
-                  "run it with --backend=cpu");
     int count = 0;
     cudaError_t status = cudaGetDeviceCount(&count);
     if (status != cudaSuccess || count == 0)
@@ -144,20 +137,27 @@ public:
       }
     // The collectives' NCCL communicator, started over the executor's host communicator
     // (every rank builds its backend at the same point, so every rank is here at once).
-    if (plan_.hasCollectives()) {
+    // Ring attention (docs/ring-attention.md) passes its blocks through NCCL too, on a stream
+    // of their own beside the compute stream.
+    const bool ring = plan_.ringRanks > 1;
+    if (plan_.hasCollectives() || ring) {
+      const char *what = ring ? "ring attention" : "collectives";
       if (!ranks_ || !ranks_->host)
-        throw Error("internal error: plan '" + plan_.path +
-                    "' has collectives but the CUDA backend was given no communicator");
+        throw Error("internal error: plan '" + plan_.path + "' has " + what +
+                    " but the CUDA backend was given no communicator");
 #ifdef BONSAI_HAVE_NCCL
       NcclCommunicatorOptions options;
       options.device = ordinal;
       nccl_ = NcclCommunicator::create(*ranks_->host, options);
 #else
-      throw Error("plan '" + plan_.path +
-                  "' has collectives, but this build has no NCCL: the CUDA backend cannot run "
-                  "them (rebuild where the CUDA toolkit has NCCL, or use --backend=cpu)");
+      throw Error("plan '" + plan_.path + "' has " + what +
+                  ", but this build has no NCCL: the CUDA backend cannot run it (rebuild where "
+                  "the CUDA toolkit has NCCL, or use --backend=cpu)");
 #endif
     }
+    if (ring)
+      check(cudaStreamCreateWithFlags(&ringStream_, cudaStreamNonBlocking),
+            "cudaStreamCreate(ring stream)");
     // Generated kernels are JIT-compiled now, once per plan: loading is not allowed while a
     // phase is being captured into a graph.
     if (!plan_.generatedKernels.empty())
@@ -172,6 +172,8 @@ public:
     cudaDeviceSynchronize();
     // NCCL is finalized while the arenas its collectives used still exist.
     nccl_.reset();
+    if (ringStream_)
+      cudaStreamDestroy(ringStream_);
     for (cudaEvent_t e : events_)
       cudaEventDestroy(e);
     for (cudaEvent_t e : kernelEvents_)
@@ -849,8 +851,8 @@ private:
     ctx.gemm = gemm_.get();
     ctx.deviceError = deviceError_;
     ctx.kernelIndex = int32_t(index);
-    launchOnCuda(
-        CudaCall(KernelCall(plan_, index, views_, ranks_), ctx, generated_.get(), nccl_.get()));
+    launchOnCuda(CudaCall(KernelCall(plan_, index, views_, ranks_), ctx, generated_.get(),
+                          nccl_.get(), ringStream_));
   }
 
   /// A host kernel's callback argument.
@@ -1045,6 +1047,8 @@ private:
   /// (finalized first in the destructor).
   const RankContext *ranks_ = nullptr;
   std::unique_ptr<NcclCommunicator> nccl_;
+  /// Ring attention's transfers (null but in a plan with bonsai.ring).
+  cudaStream_t ringStream_ = nullptr;
 };
 } // namespace
 

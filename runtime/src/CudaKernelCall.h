@@ -20,8 +20,9 @@ class NcclCommunicator;
 /// A kernel call on the CUDA backend: its operands are device views.
 struct CudaCall : KernelCall {
   CudaCall(const KernelCall &call, const cuda::Context &ctx,
-           const cuda::GeneratedKernels *generated, NcclCommunicator *nccl = nullptr)
-      : KernelCall(call), ctx(ctx), generated(generated), nccl(nccl) {}
+           const cuda::GeneratedKernels *generated, NcclCommunicator *nccl = nullptr,
+           cuda::Stream ringStream = nullptr)
+      : KernelCall(call), ctx(ctx), generated(generated), nccl(nccl), ringStream(ringStream) {}
 
   cuda::Context ctx;
   /// The plan's generated kernels, loaded once (null when it has none).
@@ -29,6 +30,9 @@ struct CudaCall : KernelCall {
   /// The backend's NCCL communicator, started when the plan has collectives (null otherwise,
   /// and in a build without NCCL).
   NcclCommunicator *nccl;
+  /// The stream ring attention's blocks travel on beside ctx.stream (null but in a plan with
+  /// bonsai.ring).
+  cuda::Stream ringStream;
 };
 
 /// Enqueues one kernel on the CUDA backend's stream (CudaKernelHandlers.cpp).

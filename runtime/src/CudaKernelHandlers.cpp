@@ -75,10 +75,39 @@ void launch(kinds::RoPE, const CudaCall &c) {
   cuda::rope(c.ctx, c.in(In::x), a, c.optionalIn(In::positions), c.out(Out::y));
 }
 
+NcclCommunicator &nccl(const CudaCall &c);
+
+/// Ring attention's transport (docs/ring-attention.md): NCCL's ringShift over the consecutive
+/// groups of `ringRanks` ranks, on the backend's ring stream. `context` names the kernel.
+cuda::RingTransport ringTransport(const CudaCall &c, int64_t ringRanks,
+                                  const std::string &context) {
+  NcclCommunicator &comm = nccl(c);
+  if (!c.ringStream)
+    throw Error("internal error: " + context + " runs ring attention without a ring stream");
+  cuda::RingTransport t;
+  t.ranks = ringRanks;
+  t.rank = ringRanks > 0 ? c.ranks().rank % ringRanks : 0;
+  t.stream = c.ringStream;
+#ifdef BONSAI_HAVE_NCCL
+  t.shift = [&comm, &c, ringRanks, context](const void *send, void *recv, size_t count, DType dtype,
+                                            const std::string &what) {
+    comm.ringShift(send, recv, count, dtype, c.ringStream, context + ", " + what, int(ringRanks));
+  };
+#else
+  (void)comm;
+#endif
+  return t;
+}
+
 void launch(kinds::Attention, const CudaCall &c) {
   using In = kinds::Attention::In;
   using Out = kinds::Attention::Out;
   const auto &a = c.attrs<kinds::Attention>();
+  if (a.ringRanks > 1)
+    return cuda::ringAttention(
+        c.ctx, ringTransport(c, a.ringRanks, c.collectiveContext(c.kernel().outputs[Out::o])),
+        c.in(In::q), c.in(In::k), c.in(In::v), c.optionalIn(In::segment_ids), a.causal, a.scale,
+        c.out(Out::o), nullptr);
   cuda::attention(c.ctx, c.in(In::q), c.in(In::k), c.in(In::v), a.causal, a.scale, c.out(Out::o),
                   c.optionalIn(In::segment_ids));
 }
@@ -218,6 +247,12 @@ void launch(kinds::AttentionGrad, const CudaCall &c) {
   using In = kinds::AttentionGrad::In;
   using Out = kinds::AttentionGrad::Out;
   const auto &a = c.attrs<kinds::AttentionGrad>();
+  if (a.ringRanks > 1)
+    return cuda::ringAttentionGrad(
+        c.ctx, ringTransport(c, a.ringRanks, c.collectiveContext(c.kernel().outputs[Out::dq])),
+        c.in(In::do_), c.in(In::q), c.in(In::k), c.in(In::v), c.in(In::o), nullptr,
+        c.optionalIn(In::segment_ids), a.causal, a.scale, c.out(Out::dq), c.out(Out::dk),
+        c.out(Out::dv));
   cuda::attentionGrad(c.ctx, c.in(In::do_), c.in(In::q), c.in(In::k), c.in(In::v), c.in(In::o),
                       a.causal, a.scale, c.out(Out::dq), c.out(Out::dk), c.out(Out::dv),
                       c.optionalIn(In::segment_ids));
@@ -227,6 +262,11 @@ void launch(kinds::FlashAttention, const CudaCall &c) {
   using In = kinds::FlashAttention::In;
   using Out = kinds::FlashAttention::Out;
   const auto &a = c.attrs<kinds::FlashAttention>();
+  if (a.ringRanks > 1)
+    return cuda::ringAttention(
+        c.ctx, ringTransport(c, a.ringRanks, c.collectiveContext(c.kernel().outputs[Out::o])),
+        c.in(In::q), c.in(In::k), c.in(In::v), c.optionalIn(In::segment_ids), a.causal, a.scale,
+        c.out(Out::o), &c.out(Out::lse));
   cuda::flashAttention(c.ctx, c.in(In::q), c.in(In::k), c.in(In::v), a.causal, a.scale,
                        c.out(Out::o), c.out(Out::lse), c.optionalIn(In::segment_ids));
 }
@@ -235,6 +275,12 @@ void launch(kinds::FlashAttentionGrad, const CudaCall &c) {
   using In = kinds::FlashAttentionGrad::In;
   using Out = kinds::FlashAttentionGrad::Out;
   const auto &a = c.attrs<kinds::FlashAttentionGrad>();
+  if (a.ringRanks > 1)
+    return cuda::ringAttentionGrad(
+        c.ctx, ringTransport(c, a.ringRanks, c.collectiveContext(c.kernel().outputs[Out::dq])),
+        c.in(In::do_), c.in(In::q), c.in(In::k), c.in(In::v), c.in(In::o), &c.in(In::lse),
+        c.optionalIn(In::segment_ids), a.causal, a.scale, c.out(Out::dq), c.out(Out::dk),
+        c.out(Out::dv));
   cuda::flashAttentionGrad(c.ctx, c.in(In::do_), c.in(In::q), c.in(In::k), c.in(In::v), c.in(In::o),
                            c.in(In::lse), a.causal, a.scale, c.out(Out::dq), c.out(Out::dk),
                            c.out(Out::dv), c.optionalIn(In::segment_ids));
