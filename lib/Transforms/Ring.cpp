@@ -82,40 +82,34 @@ struct RingPass : impl::BonsaiRingPassBase<RingPass> {
   /// token alone, reading nothing else that varies along the sequence.
   std::string notPositionWise(Operation *op, const llvm::DenseSet<Value> &split,
                               const RingShape &shape) {
-    auto readsWhole = [&](Value v) {
-      // A value that is not over the tokens yet varies along the sequence axis of the op's
-      // first operand (a learned position table) would need its rows picked per rank.
-      auto type = dyn_cast<RankedTensorType>(v.getType());
-      return !split.contains(v) && type && type.getRank() >= 2 &&
-             llvm::is_contained(type.getShape(), shape.seq);
-    };
+    // The loss is a mean over the tokens: each rank's is over its share, and the runtime
+    // weights the shares' means by their counted tokens (docs/ring-attention.md, "Loss").
     if (isa<CrossEntropyOp>(op))
       return "";
     for (Value result : op->getResults())
       if (!hasTokenDims(result.getType(), shape))
         return "its result " + typeString(result.getType()) + " is not over the rows' tokens [" +
                std::to_string(shape.batch) + ", " + std::to_string(shape.seq) + ", ...]";
-    if (auto linear = dyn_cast<LinearOp>(op))
-      return split.contains(linear.getWeight()) ? "its weight varies by token" : "";
-    if (isa<EmbeddingOp, NormalizationOpInterface, RoPEOp, AttentionOp, ReshapeOp>(op))
+    // What this pass rewrites into ring steps.
+    if (isa<AttentionOp>(op))
       return "";
-    if (auto softmax = dyn_cast<SoftmaxOp>(op)) {
-      int64_t rank = cast<RankedTensorType>(softmax.getInput().getType()).getRank();
-      int64_t axis = softmax.getAxis() < 0 ? softmax.getAxis() + rank : softmax.getAxis();
-      return axis >= 2 ? "" : "it normalises along the batch or sequence axis";
-    }
-    if (auto transpose = dyn_cast<TransposeOp>(op)) {
-      ArrayRef<int64_t> perm = transpose.getPermutation();
-      return perm.size() >= 2 && perm[0] == 0 && perm[1] == 1 ? "" : "it moves the sequence axis";
-    }
-    if (auto slice = dyn_cast<SliceOp>(op))
-      return slice.getAxis() >= 2 ? "" : "it slices along the sequence";
+    if (auto tokenwise = dyn_cast<TokenwiseOpInterface>(op))
+      return tokenwise.whyNotTokenwise(
+          [&](unsigned i) { return split.contains(op->getOperand(i)); });
     if (isa<ElementwiseOpInterface>(op)) {
-      for (Value operand : op->getOperands())
-        if (readsWhole(operand))
+      // Operands broadcast over the trailing dimensions: one that is not over the tokens but
+      // has the whole sequence on the axis aligned with the result's (a learned position
+      // table) would need its rows picked per rank.
+      const int64_t rank = cast<RankedTensorType>(op->getResult(0).getType()).getRank();
+      for (Value operand : op->getOperands()) {
+        auto type = dyn_cast<RankedTensorType>(operand.getType());
+        const int64_t seqAxis = type ? 1 - (rank - type.getRank()) : -1;
+        if (!split.contains(operand) && seqAxis >= 0 && type.getDimSize(seqAxis) == shape.seq &&
+            shape.seq > 1)
           return "its operand " + typeString(operand.getType()) +
                  " varies along the sequence but is not computed from the tokens (a learned "
                  "position table: ring attention needs RoPE positions)";
+      }
       return "";
     }
     return "it is not known to compute each token from that token alone";
@@ -158,10 +152,6 @@ struct RingPass : impl::BonsaiRingPassBase<RingPass> {
     for (Operation &op : llvm::make_early_inc_range(body)) {
       if (llvm::none_of(op.getOperands(), [&](Value v) { return split.contains(v); }))
         continue;
-      std::string why = notPositionWise(&op, split, shape);
-      if (!why.empty())
-        return op.emitError() << "bonsai-ring cannot split the sequence through '" << op.getName()
-                              << "': " << why;
       if (auto rope = dyn_cast<RoPEOp>(op); rope && !rope.getPositions()) {
         if (!positions) {
           auto type = RankedTensorType::get({shape.batch, shape.localSeq()},
@@ -175,6 +165,10 @@ struct RingPass : impl::BonsaiRingPassBase<RingPass> {
         rope.getPositionsMutable().assign(positions);
         ++ropes;
       }
+      std::string why = notPositionWise(&op, split, shape);
+      if (!why.empty())
+        return op.emitError() << "bonsai-ring cannot split the sequence through '" << op.getName()
+                              << "': " << why;
       if (auto attention = dyn_cast<AttentionOp>(op)) {
         attention.setRingRanksAttr(
             IntegerAttr::get(IntegerType::get(&getContext(), 64), shape.ranks));

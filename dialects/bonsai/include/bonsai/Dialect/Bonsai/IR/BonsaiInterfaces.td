@@ -311,4 +311,29 @@ def Bonsai_ElementwiseOpInterface : OpInterface<"ElementwiseOpInterface"> {
   ];
 }
 
+def Bonsai_TokenwiseOpInterface : OpInterface<"TokenwiseOpInterface"> {
+  let cppNamespace = "::mlir::bonsai";
+  let description = [{
+    An op that computes each token's results from that token's operands alone: given values
+    over the rows' tokens ([batch, seq, ...]) it computes any share of the tokens from the same
+    share of its operands. bonsai-ring splits the sequence over ranks through such ops
+    (docs/ring-attention.md) and asks each instance why it cannot (an axis argument on the
+    sequence, a weight that varies by token), naming the reason in its error; an op without
+    the interface is refused. Elementwise ops (ElementwiseOpInterface) qualify by their
+    broadcast, which the pass checks; attention, which mixes tokens, is what the pass rewrites.
+  }];
+  let methods = [
+    InterfaceMethod<[{
+        Why this instance cannot compute a share of the tokens from the same share of its
+        operands (empty when it can). `overTokens(i)` says whether operand i is a value over
+        the tokens, split with them; the others are read whole by every share. bonsai-ring
+        asks with those operands already cut to a share and the results not yet: an answer
+        compares no sequence lengths across them.
+      }],
+      "std::string", "whyNotTokenwise",
+      (ins "::llvm::function_ref<bool(unsigned)>":$overTokens), [{}],
+      /*defaultImplementation=*/[{ return ""; }]>,
+  ];
+}
+
 #endif // BONSAI_DIALECT_BONSAI_IR_BONSAIINTERFACES_TD

@@ -60,7 +60,8 @@ def Bonsai_ParamOp : Bonsai_Op<"param", [Pure,
 }
 
 def Bonsai_EmbeddingOp : Bonsai_ModelOp<"embedding",
-    [DeclareOpInterfaceMethods<Bonsai_CostOpInterface, ["getBackwardCost"]>, DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
+    [DeclareOpInterfaceMethods<Bonsai_CostOpInterface, ["getBackwardCost"]>, DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>,
+     Bonsai_TokenwiseOpInterface]> {
   let summary = "row gather from an embedding table";
   let description = [{
     `result[..., :] = table[ids[...], :]`. The table is [vocab, hidden]; the result has the ids'
@@ -75,7 +76,8 @@ def Bonsai_EmbeddingOp : Bonsai_ModelOp<"embedding",
 }
 
 def Bonsai_LinearOp : Bonsai_ModelOp<"linear", [
-    DeclareOpInterfaceMethods<Bonsai_CostOpInterface, ["getBackwardCost"]>, DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
+    DeclareOpInterfaceMethods<Bonsai_CostOpInterface, ["getBackwardCost"]>, DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>,
+    DeclareOpInterfaceMethods<Bonsai_TokenwiseOpInterface, ["whyNotTokenwise"]>]> {
   let summary = "y = x · Wᵀ (+ b), with W in Hugging Face's [out, in] layout";
   let description = [{
     The input is [..., in], the weight [out, in] (as `torch.nn.Linear` stores it), the optional
@@ -157,7 +159,8 @@ def Bonsai_DoraScaleOp : Bonsai_ModelOp<"dora_scale", [
 }
 
 def Bonsai_RMSNormOp : Bonsai_ModelOp<"rms_norm", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>,
-    DeclareOpInterfaceMethods<Bonsai_NormalizationOpInterface, ["buildWithResidualAdd"]>],
+    DeclareOpInterfaceMethods<Bonsai_NormalizationOpInterface, ["buildWithResidualAdd"]>,
+    Bonsai_TokenwiseOpInterface],
     ["getKernelParams"]> {
   let summary = "root-mean-square normalisation over the last dimension, times a weight";
   let description = [{
@@ -174,7 +177,8 @@ def Bonsai_RMSNormOp : Bonsai_ModelOp<"rms_norm", [DeclareOpInterfaceMethods<Bon
 }
 
 def Bonsai_LayerNormOp : Bonsai_ModelOp<"layer_norm", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>,
-    DeclareOpInterfaceMethods<Bonsai_NormalizationOpInterface, ["buildWithResidualAdd"]>],
+    DeclareOpInterfaceMethods<Bonsai_NormalizationOpInterface, ["buildWithResidualAdd"]>,
+    Bonsai_TokenwiseOpInterface],
     ["getKernelParams"]> {
   let summary = "layer normalisation over the last dimension with weight and bias";
   let description = [{
@@ -190,7 +194,8 @@ def Bonsai_LayerNormOp : Bonsai_ModelOp<"layer_norm", [DeclareOpInterfaceMethods
   let results = (outs Bonsai_ComputeTensor:$result);
 }
 
-def Bonsai_RoPEOp : Bonsai_ModelOp<"rope", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>],
+def Bonsai_RoPEOp : Bonsai_ModelOp<"rope", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>,
+    DeclareOpInterfaceMethods<Bonsai_TokenwiseOpInterface, ["whyNotTokenwise"]>],
     ["getKernelParams"]> {
   let summary = "rotary position embedding (Hugging Face's rotate-half convention)";
   let description = [{
@@ -311,7 +316,8 @@ def Bonsai_SwiGLUOp : Bonsai_ModelOp<"swiglu", [DeclareOpInterfaceMethods<Bonsai
   let results = (outs Bonsai_ComputeTensor:$result);
 }
 
-def Bonsai_SoftmaxOp : Bonsai_ModelOp<"softmax", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
+def Bonsai_SoftmaxOp : Bonsai_ModelOp<"softmax", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>,
+    DeclareOpInterfaceMethods<Bonsai_TokenwiseOpInterface, ["whyNotTokenwise"]>]> {
   let summary = "softmax along one axis";
   let description = [{
     ```mlir
@@ -340,7 +346,8 @@ def Bonsai_CrossEntropyOp : Bonsai_ModelOp<"cross_entropy", [DeclareOpInterfaceM
 }
 
 def Bonsai_ReshapeOp : Bonsai_ModelOp<"reshape",
-    [DeclareOpInterfaceMethods<ViewLikeOpInterface>, DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
+    [DeclareOpInterfaceMethods<ViewLikeOpInterface>, DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>,
+     DeclareOpInterfaceMethods<Bonsai_TokenwiseOpInterface, ["whyNotTokenwise"]>]> {
   let summary = "same elements, new static shape";
   let description = [{
     ```mlir
@@ -351,7 +358,8 @@ def Bonsai_ReshapeOp : Bonsai_ModelOp<"reshape",
   let results = (outs Bonsai_Tensor:$result);
 }
 
-def Bonsai_TransposeOp : Bonsai_ModelOp<"transpose", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
+def Bonsai_TransposeOp : Bonsai_ModelOp<"transpose", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>,
+    DeclareOpInterfaceMethods<Bonsai_TokenwiseOpInterface, ["whyNotTokenwise"]>]> {
   let summary = "permutation of dimensions";
   let description = [{
     `result.shape[i] = input.shape[permutation[i]]`.
@@ -364,7 +372,8 @@ def Bonsai_TransposeOp : Bonsai_ModelOp<"transpose", [DeclareOpInterfaceMethods<
   let results = (outs Bonsai_Tensor:$result);
 }
 
-def Bonsai_SliceOp : Bonsai_ModelOp<"slice", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>]> {
+def Bonsai_SliceOp : Bonsai_ModelOp<"slice", [DeclareOpInterfaceMethods<Bonsai_GradientOpInterface>,
+    DeclareOpInterfaceMethods<Bonsai_TokenwiseOpInterface, ["whyNotTokenwise"]>]> {
   let summary = "a contiguous range along one dimension";
   let description = [{
     Takes `size` entries starting at `start` along dimension `axis` (splitting GPT-2's fused
