@@ -35,6 +35,7 @@
 
 #include "bonsai/runtime/CudaKernels.h"
 
+#include "CudaTestUtil.h"
 #include "bonsai/runtime/CpuKernels.h"
 
 #include <cuda_runtime.h>
@@ -54,34 +55,18 @@
 using namespace bonsai::rt;
 namespace cpu = bonsai::rt::cpu;
 namespace cuda = bonsai::rt::cuda;
+using bonsai::test::haveGpu;
+using bonsai::test::numelOf;
 
 namespace {
 
 using Shape = std::vector<int64_t>;
-
-bool haveGpu() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-#define SKIP_WITHOUT_GPU()                                                                         \
-  do {                                                                                             \
-    if (!haveGpu())                                                                                \
-      GTEST_SKIP() << "no GPU here";                                                               \
-  } while (0)
 
 #define CUDA_OK(call)                                                                              \
   do {                                                                                             \
     cudaError_t status_ = (call);                                                                  \
     ASSERT_EQ(status_, cudaSuccess) << #call << ": " << cudaGetErrorString(status_);               \
   } while (0)
-
-int64_t numelOf(const Shape &shape) {
-  int64_t n = 1;
-  for (int64_t d : shape)
-    n *= d;
-  return n;
-}
 
 /// Storage bits of x rounded to `dtype` (to nearest even).
 void encode(DType dtype, float x, uint8_t *p) {
@@ -374,7 +359,7 @@ using AttentionParam = std::tuple<DType, int, int, int, bool>;
 class CudaAttentionTest : public ::testing::TestWithParam<AttentionParam> {};
 
 TEST_P(CudaAttentionTest, MatchesCpu) {
-  SKIP_WITHOUT_GPU();
+  BONSAI_SKIP_WITHOUT_GPU();
   auto [dtype, d, seq, ratio, causal] = GetParam();
   const int64_t batch = 2, heads = 8, kvHeads = heads / ratio;
   uint32_t seed =
@@ -433,7 +418,7 @@ INSTANTIATE_TEST_SUITE_P(GenericHeadDims, CudaAttentionTest,
 //===----------------------------------------------------------------------===//
 
 TEST(CudaAttention, RunsAreBitIdentical) {
-  SKIP_WITHOUT_GPU();
+  BONSAI_SKIP_WITHOUT_GPU();
   for (DType dtype : {DType::BF16, DType::F32}) {
     for (bool causal : {true, false}) {
       Problem p = makeProblem(dtype, 2, 257, 8, 2, dtype == DType::F32 ? 40 : 128, causal, 77);
@@ -567,7 +552,7 @@ constexpr Tol kLseTol{1e-5, 1e-5, 1e-5, 1e-5};
 class CudaAttentionLseTest : public ::testing::TestWithParam<AttentionParam> {};
 
 TEST_P(CudaAttentionLseTest, MatchesCpu) {
-  SKIP_WITHOUT_GPU();
+  BONSAI_SKIP_WITHOUT_GPU();
   auto [dtype, d, seq, ratio, causal] = GetParam();
   const int64_t batch = 2, heads = 8, kvHeads = heads / ratio;
   uint32_t seed =
@@ -605,7 +590,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionLseTest,
 // groups leave a last chunk narrower than the others, which the shapes above (16, 4 and 2 groups)
 // never do. Both the plain and the flash kernels, causal and not.
 TEST(CudaAttention, GroupsBeyondOneOrderChunk) {
-  SKIP_WITHOUT_GPU();
+  BONSAI_SKIP_WITHOUT_GPU();
   for (int64_t kvHeads : {4, 1}) {
     for (bool causal : {true, false}) {
       Problem p = makeProblem(DType::BF16, 3, 257, 4, kvHeads, 64, causal,
@@ -633,7 +618,7 @@ TEST(CudaAttention, GroupsBeyondOneOrderChunk) {
 }
 
 TEST(CudaAttentionLse, RunsAreBitIdentical) {
-  SKIP_WITHOUT_GPU();
+  BONSAI_SKIP_WITHOUT_GPU();
   for (DType dtype : {DType::BF16, DType::F32}) {
     Problem p = makeProblem(dtype, 2, 257, 8, 2, dtype == DType::F32 ? 40 : 128, true, 78);
     FlashReference ref = flashReference(p);
@@ -696,7 +681,7 @@ bool fillRandomBf16(void *device, int64_t n, uint64_t seed) {
 } // namespace
 
 TEST(CudaAttention, TimingB4H32S4096D128) {
-  SKIP_WITHOUT_GPU();
+  BONSAI_SKIP_WITHOUT_GPU();
   const int64_t batch = 4, seq = 4096, heads = 32, d = 128;
   const Shape shape{batch, seq, heads, d};
   DeviceTensor q(DType::BF16, shape), k(DType::BF16, shape), v(DType::BF16, shape),

@@ -25,8 +25,9 @@
 
 #ifdef BONSAI_HAVE_CUDA
 
-#include "bonsai/runtime/CpuKernels.h"
 #include "bonsai/runtime/CudaFp8.h"
+#include "CudaTestUtil.h"
+#include "bonsai/runtime/CpuKernels.h"
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -44,24 +45,13 @@
 using namespace bonsai::rt;
 namespace fp8 = bonsai::rt::fp8;
 namespace cuda = bonsai::rt::cuda;
+using bonsai::test::haveGpu;
 
 namespace {
 
 void cudaOk(cudaError_t status, const char *call) {
   if (status != cudaSuccess)
     throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorString(status));
-}
-
-bool haveGpu() {
-  static const bool have = [] {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return count > 0;
-  }();
-  return have;
 }
 
 /// Device memory freed at scope exit.

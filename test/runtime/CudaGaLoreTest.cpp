@@ -17,6 +17,7 @@
 
 #ifdef BONSAI_HAVE_CUDA
 
+#include "CudaTestUtil.h"
 #include "bonsai/runtime/GaLore.h"
 
 #include <cuda_runtime_api.h>
@@ -33,24 +34,13 @@
 #include <vector>
 
 using namespace bonsai::rt;
+using bonsai::test::haveGpu;
 
 namespace {
 
 void cudaOk(cudaError_t status, const char *call) {
   if (status != cudaSuccess)
     throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorString(status));
-}
-
-bool haveGpu() {
-  static const bool have = [] {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return count > 0;
-  }();
-  return have;
 }
 
 /// A tensor on both sides: host bytes (what the CPU kernel works on) and a device copy.

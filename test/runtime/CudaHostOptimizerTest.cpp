@@ -14,6 +14,7 @@
 
 #ifdef BONSAI_HAVE_CUDA
 
+#include "CudaTestUtil.h"
 #include "bonsai/runtime/CudaKernels.h"
 #include "bonsai/runtime/HostOptimizer.h"
 
@@ -29,6 +30,8 @@
 using namespace bonsai::rt;
 namespace cpu = bonsai::rt::cpu;
 namespace cuda = bonsai::rt::cuda;
+using bonsai::test::haveGpu;
+using bonsai::test::numelOf;
 namespace host = bonsai::rt::host;
 
 namespace {
@@ -38,25 +41,6 @@ using Shape = std::vector<int64_t>;
 void cudaOk(cudaError_t status, const char *call) {
   if (status != cudaSuccess)
     throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorString(status));
-}
-
-bool haveGpu() {
-  static const bool have = [] {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) {
-      cudaGetLastError(); // clear the error of a machine without a driver
-      return false;
-    }
-    return count > 0;
-  }();
-  return have;
-}
-
-int64_t numelOf(const Shape &s) {
-  int64_t n = 1;
-  for (int64_t d : s)
-    n *= d;
-  return n;
 }
 
 /// A tensor on the host and its device copy, the device one `offset` bytes past a 256-byte

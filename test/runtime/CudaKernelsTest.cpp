@@ -19,8 +19,9 @@
 
 #ifdef BONSAI_HAVE_CUDA
 
-#include "bonsai/runtime/CpuKernels.h"
 #include "bonsai/runtime/CudaKernels.h"
+#include "CudaTestUtil.h"
+#include "bonsai/runtime/CpuKernels.h"
 #include "bonsai/runtime/Fusion.h"
 
 #include <cuda_runtime_api.h>
@@ -42,6 +43,8 @@
 using namespace bonsai::rt;
 namespace cpu = bonsai::rt::cpu;
 namespace cuda = bonsai::rt::cuda;
+using bonsai::test::haveGpu;
+using bonsai::test::numelOf;
 
 namespace {
 
@@ -50,25 +53,6 @@ using Shape = std::vector<int64_t>;
 void cudaOk(cudaError_t status, const char *call) {
   if (status != cudaSuccess)
     throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorString(status));
-}
-
-bool haveGpu() {
-  static const bool have = [] {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) {
-      cudaGetLastError(); // clear the error of a machine without a driver
-      return false;
-    }
-    return count > 0;
-  }();
-  return have;
-}
-
-int64_t numelOf(const Shape &shape) {
-  int64_t n = 1;
-  for (int64_t d : shape)
-    n *= d;
-  return n;
 }
 
 /// A host tensor: storage, dtype and shape, with exact encode and decode.
@@ -1516,7 +1500,6 @@ TEST_F(CudaKernelsTest, PerfNormGradReduceAndVocabularyGemms) {
     std::printf("\n");
   }
 }
-
 
 //===----------------------------------------------------------------------===//
 // Fused kernels (docs/fusion.md)

@@ -11,6 +11,7 @@
 
 #ifdef BONSAI_HAVE_CUDA
 
+#include "CudaTestUtil.h"
 #include "bonsai/runtime/CpuKernels.h"
 #include "bonsai/runtime/CudaKernels.h"
 
@@ -27,21 +28,13 @@
 using namespace bonsai::rt;
 namespace cpu = bonsai::rt::cpu;
 namespace cuda = bonsai::rt::cuda;
+using bonsai::test::haveGpu;
 
 namespace {
 
 void cudaOk(cudaError_t status, const char *call) {
   if (status != cudaSuccess)
     throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorString(status));
-}
-
-bool haveGpu() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return count > 0;
 }
 
 /// A host tensor of random values in [lo, hi), as stored in `dtype`.

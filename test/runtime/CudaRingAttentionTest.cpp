@@ -21,6 +21,7 @@
 
 #ifdef BONSAI_HAVE_CUDA
 
+#include "CudaTestUtil.h"
 #include "bonsai/runtime/CpuKernels.h"
 #include "bonsai/runtime/CudaKernels.h"
 
@@ -43,22 +44,12 @@
 using namespace bonsai::rt;
 namespace cpu = bonsai::rt::cpu;
 namespace cuda = bonsai::rt::cuda;
+using bonsai::test::haveGpu;
+using bonsai::test::numelOf;
 
 namespace {
 
 using Shape = std::vector<int64_t>;
-
-bool haveGpu() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-int64_t numelOf(const Shape &s) {
-  int64_t n = 1;
-  for (int64_t d : s)
-    n *= d;
-  return n;
-}
 
 /// Device memory of one tensor, freed on scope exit.
 struct Device {
