@@ -68,6 +68,13 @@ void KernelChecker::verify(kinds::LinearGeLU) {
   }
 }
 
+void KernelChecker::verify(kinds::LinearAdd) {
+  std::vector<int64_t> shape = checkLinearInputs(/*thirdIsBias=*/false);
+  expectInputDType(2, in(0).dtype);
+  expectInputShape(2, shape);
+  expectOutput(shape, in(0).dtype);
+}
+
 void KernelChecker::verify(kinds::LinearGradWeightAccumulate) {
   expectFloat(0);
   expectFloat(1);

@@ -12,7 +12,9 @@
 #include "KernelUtil.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace bonsai::rt::cpu {
 
@@ -27,6 +29,19 @@ void linearGelu(const TensorView &x, const TensorView &w, const TensorView *bias
   // linear checks x, w, bias and pre's shape.
   linear(x, w, bias, pre);
   gelu(pre, /*tanh=*/true, y);
+}
+
+void linearAdd(const TensorView &x, const TensorView &w, const TensorView &addend,
+               const TensorView &y) {
+  const char *k = "linear_add";
+  checkFloat(k, "y", y);
+  checkFloat(k, "addend", addend);
+  checkSameShape(k, "y", y, "addend", addend);
+  // linear checks x, w and the product's shape (y's); add checks the dtypes.
+  std::vector<uint8_t> bytes(size_t(y.numel()) * dtypeSize(y.dtype));
+  TensorView product{bytes.data(), y.dtype, y.shape};
+  linear(x, w, nullptr, product);
+  add(product, addend, y);
 }
 
 void linearGradWeightAccumulate(const TensorView &dy, const TensorView &x,

@@ -387,10 +387,20 @@ void LtEngine::run(const char *kernel, Stream stream, const GemmCall &call) {
   bool stageC = needsCopy(c, cPad, call.cType) ||
                 (call.geluAux && (needsCopy(aux, cPad, call.cType) || aux.ld % 8 != 0));
   bool stageAux = call.geluAux && stageC;
+  // An addend of its own (read as C, laid out as c) is copied into the staged C; unstaged, it
+  // must be as aligned as c for the plan chosen for c's alignment to read it.
+  bool stageAddend = call.addend && call.beta != 0.0f &&
+                     alignmentOf(call.addend, call.strideC, call.batch, call.cType) <
+                         alignmentOf(call.c, call.strideC, call.batch, call.cType);
+  stageC = stageC || stageAddend;
   if (stageC) {
-    cs = staged(kernel, stream, c, cPad.rows, cPad.cols, call.batch, call.cType,
-                call.beta != 0.0f, keep);
+    MatrixSpan in = c;
+    if (call.addend)
+      in.data = call.addend;
+    cs = staged(kernel, stream, in, cPad.rows, cPad.cols, call.batch, call.cType, call.beta != 0.0f,
+                keep);
     aligned.c = const_cast<void *>(cs.data);
+    aligned.addend = nullptr;
     aligned.ldc = cs.ld;
     aligned.strideC = cs.stride;
   } else {
@@ -452,8 +462,9 @@ void LtEngine::runAligned(const char *kernel, Stream stream, const GemmCall &cal
   if (call.geluAux)
     setDesc(kernel, p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &call.geluAux,
             sizeof call.geluAux, "EPILOGUE_AUX_POINTER");
+  const void *cIn = call.addend && call.beta != 0.0f ? call.addend : call.c;
   checkCublas(cublasLtMatmul(handle_, p.desc, &call.alpha, call.b, p.aLayout, call.a, p.bLayout,
-                             &call.beta, call.c, p.cLayout, call.c, p.cLayout, &p.algo, workspace_,
+                             &call.beta, cIn, p.cLayout, call.c, p.cLayout, &p.algo, workspace_,
                              workspaceBytes_, stream),
               "cublasLtMatmul", kernel);
 }

@@ -47,6 +47,9 @@ struct GemmCall {
   float alpha = 1.0f, beta = 0.0f;
   const void *a = nullptr, *b = nullptr;
   void *c = nullptr;
+  /// With beta != 0: the matrix beta scales, laid out as c (cuBLASLt's C, read only), when it
+  /// is not c itself (cuBLASLt's D); null means c.
+  const void *addend = nullptr;
   int64_t strideA = 0, strideB = 0, strideC = 0, batch = 1;
   /// Leading dimensions (elements between rows of the row-major matrices); 0 means dense: A's
   /// is k (m when transA), B's n (k when transB), C's n.

@@ -9,6 +9,7 @@
 //   linear_grad_weight dw[out, in] = dy[rows, out]ᵀ x[rows, in]
 //   linear_gelu        pre = x wᵀ (+ bias), y = gelu_tanh(pre) (fusion family gemm-epilogue)
 //   linear_grad_weight_accumulate  acc += dyᵀ x (beta = 1, fusion family gemm-epilogue)
+//   linear_add         y = addend + x wᵀ (beta = 1, the addend as C; fusion family gemm-epilogue)
 //
 // When A, B and C share a dtype (the usual case) the GEMM writes the output directly, and
 // linear's bias is added by cuBLASLt's CUBLASLT_EPILOGUE_BIAS in fp32 before the single rounding
@@ -279,6 +280,48 @@ void linearGelu(const Context &ctx, const TensorView &x, const TensorView &w,
   call.c = y.data;
   call.bias = bias ? bias->data : nullptr;
   call.geluAux = pre.data;
+  ltEngineOf(k, *ctx.gemm).run(k, ctx.stream, call);
+}
+
+void linearAdd(const Context &ctx, const TensorView &xIn, const TensorView &wIn,
+               const TensorView &addendIn, const TensorView &y) {
+  const char *k = "linear_add";
+  LinearSizes n = checkLinear(k, xIn, wIn, nullptr, y);
+  checkFloat(k, "addend", addendIn);
+  checkShape(k, "addend", addendIn, y.shape,
+             "for x shape " + formatShape(xIn.shape) + " and w shape " + formatShape(wIn.shape));
+  if (!ctx.gemm)
+    fail(k, "the context has no GemmEngine");
+  if (n.rows == 0 || n.out == 0)
+    return;
+  // One storage type for every operand, and a non-empty sum; otherwise the unfused pair (the
+  // product rounded into y first, as the CPU does). An addend that is y itself is C = D.
+  if (!allDType(xIn.dtype, {&wIn, &addendIn, &y}) || n.in == 0) {
+    Scratch bytes(k, ctx.stream, size_t(y.numel()) * dtypeSize(y.dtype));
+    TensorView product{bytes.get(), y.dtype, y.shape};
+    linear(ctx, xIn, wIn, nullptr, product);
+    add(ctx, product, addendIn, y);
+    return;
+  }
+  std::vector<Scratch> keep;
+  auto unaliased = [&](const TensorView &t) {
+    return overlaps(t, y) ? copyToScratch(k, ctx.stream, t, keep) : t;
+  };
+  TensorView x = unaliased(xIn), w = unaliased(wIn);
+  bool inPlace = addendIn.data == y.data;
+  TensorView addend = inPlace ? addendIn : unaliased(addendIn);
+  GemmCall call;
+  call.abType = call.cType = x.dtype;
+  call.transA = false;
+  call.transB = true;
+  call.m = n.rows;
+  call.n = n.out;
+  call.k = n.in;
+  call.a = x.data;
+  call.b = w.data;
+  call.c = y.data;
+  call.addend = inPlace ? nullptr : addend.data;
+  call.beta = 1.0f;
   ltEngineOf(k, *ctx.gemm).run(k, ctx.stream, call);
 }
 

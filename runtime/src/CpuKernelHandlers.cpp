@@ -451,6 +451,12 @@ void launch(kinds::LinearGeLU, const KernelCall &c) {
   cpu::linearGelu(c.in(In::x), c.in(In::w), c.optionalIn(In::bias), c.out(Out::y), c.out(Out::pre));
 }
 
+void launch(kinds::LinearAdd, const KernelCall &c) {
+  using In = kinds::LinearAdd::In;
+  using Out = kinds::LinearAdd::Out;
+  cpu::linearAdd(c.in(In::x), c.in(In::w), c.in(In::addend), c.out(Out::y));
+}
+
 void launch(kinds::LinearGradWeightAccumulate, const KernelCall &c) {
   using In = kinds::LinearGradWeightAccumulate::In;
   using Out = kinds::LinearGradWeightAccumulate::Out;

@@ -475,6 +475,12 @@ void launch(kinds::LinearGeLU, const CudaCall &c) {
                    c.out(Out::pre));
 }
 
+void launch(kinds::LinearAdd, const CudaCall &c) {
+  using In = kinds::LinearAdd::In;
+  using Out = kinds::LinearAdd::Out;
+  cuda::linearAdd(c.ctx, c.in(In::x), c.in(In::w), c.in(In::addend), c.out(Out::y));
+}
+
 void launch(kinds::LinearGradWeightAccumulate, const CudaCall &c) {
   using In = kinds::LinearGradWeightAccumulate::In;
   using Out = kinds::LinearGradWeightAccumulate::Out;

@@ -157,9 +157,10 @@ private:
       fail(outName(j) + " shape: expected " + formatShape(shape) + ", got " +
            formatShape(out(j).shape));
   }
-  /// The forward linear's inputs, y = x · Wᵀ (+ b): x a float tensor [..., K], W [N, K] and the
-  /// optional bias [N] (input 2) of x's dtype. Returns y's shape [..., N].
-  std::vector<int64_t> checkLinearInputs() const {
+  /// The forward linear's inputs, y = x · Wᵀ (+ b): x a float tensor [..., K], W [N, K] and,
+  /// when `thirdIsBias`, the optional bias [N] (input 2) of x's dtype. Returns y's shape
+  /// [..., N].
+  std::vector<int64_t> checkLinearInputs(bool thirdIsBias = true) const {
     expectFloat(0);
     expectRankAtLeast(0, 1);
     expectRank(1, 2);
@@ -168,7 +169,7 @@ private:
     if (in(1).shape[1] != k)
       fail(inName(1) + " shape: expected [out, " + std::to_string(k) +
            "] ([out, in] layout), got " + formatShape(in(1).shape));
-    if (kernel.inputs.size() == 3) {
+    if (thirdIsBias && kernel.inputs.size() == 3) {
       expectInputDType(2, in(0).dtype);
       expectInputShape(2, {n});
     }

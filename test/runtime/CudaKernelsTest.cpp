@@ -1708,6 +1708,46 @@ TEST_F(CudaKernelsTest, LinearGeluMatchesCpu) {
   expectClose("fallback y", y.download(), wantY);
 }
 
+// y = addend + x wᵀ as one GEMM with the addend as cuBLASLt's C, against the CPU (the product
+// rounded first, then the sum: one rounding of the dtype apart for bf16/f16): into another
+// tensor and into the addend itself, output widths that are and are not multiples of 8 (C
+// staged), an addend off the 16-byte alignment of y (staged from the addend), and mixed
+// dtypes (the unfused fallback).
+TEST_F(CudaKernelsTest, LinearAddMatchesCpu) {
+  for (DType dt : kFloatTypes)
+    for (int64_t out : {int64_t(256), int64_t(129)}) {
+      SCOPED_TRACE(std::string(name(dt)) + " out " + std::to_string(out));
+      Host x = randomHost(rng, dt, {3, 37, 64}), w = randomHost(rng, dt, {out, 64});
+      Host addend = randomHost(rng, dt, {3, 37, out});
+      Dev dx(x), dw(w), dadd(addend), inPlace(addend), y = poisonedDev(dt, {3, 37, out});
+      Host want = poisonedHost(dt, {3, 37, out});
+      cuda::linearAdd(ctx, dx.view(), dw.view(), dadd.view(), y.view());
+      cuda::linearAdd(ctx, dx.view(), dw.view(), inPlace.view(), inPlace.view());
+      cpu::linearAdd(x.view(), w.view(), addend.view(), want.view());
+      Host got = y.download();
+      expectClose("y", got, want, std::max(relTol(dt), 1e-4));
+      expectSameBytes("in place", inPlace.download(), got);
+      expectSameBytes("addend kept", dadd.download(), addend);
+    }
+  // An addend starting 2 elements into its buffer: rows 4 bytes off y's alignment.
+  Host x = randomHost(rng, DType::F32, {16, 32}), w = randomHost(rng, DType::F32, {64, 32});
+  Host addend = randomHost(rng, DType::F32, {16 * 64 + 2});
+  Dev dx(x), dw(w), dadd(addend), y = poisonedDev(DType::F32, {16, 64});
+  TensorView shifted{static_cast<char *>(dadd.view().data) + 8, DType::F32, {16, 64}};
+  TensorView hostShifted{static_cast<char *>(addend.view().data) + 8, DType::F32, {16, 64}};
+  Host want = poisonedHost(DType::F32, {16, 64});
+  cuda::linearAdd(ctx, dx.view(), dw.view(), shifted, y.view());
+  cpu::linearAdd(x.view(), w.view(), hostShifted, want.view());
+  expectClose("unaligned addend", y.download(), want, 1e-5);
+  Host xb = randomHost(rng, DType::BF16, {19, 40}), wb = randomHost(rng, DType::BF16, {24, 40});
+  Host af = randomHost(rng, DType::F32, {19, 24});
+  Dev dxb(xb), dwb(wb), daf(af), yb = poisonedDev(DType::BF16, {19, 24});
+  Host wantB = poisonedHost(DType::BF16, {19, 24});
+  cuda::linearAdd(ctx, dxb.view(), dwb.view(), daf.view(), yb.view());
+  cpu::linearAdd(xb.view(), wb.view(), af.view(), wantB.view());
+  expectClose("fallback", yb.download(), wantB);
+}
+
 // acc += dyᵀ x as one GEMM with beta = 1, against the CPU (which forms the product in fp32
 // and adds it once, as the GEMM does): f32 accumulators with every operand dtype, a bf16
 // accumulator (direct for bf16 operands, through a scratch product for f32 ones), and

@@ -393,6 +393,10 @@ void sample(kinds::LinearGeLU, Sample &s) {
 void sample(kinds::LinearGradWeightAccumulate, Sample &s) {
   s.kernel(KernelKind::LinearGradWeightAccumulate, {s.act({2, 3, 5}), s.act(X)}, {s.state({5, 4})});
 }
+void sample(kinds::LinearAdd, Sample &s) {
+  s.kernel(KernelKind::LinearAdd, {s.act(X), s.param({5, 4}), s.act({2, 3, 5})},
+           {s.act({2, 3, 5})});
+}
 void sample(kinds::Fp8Linear, Sample &s) {
   // With its bias, in bf16 as an FP8 recipe trains. (In f32, cuBLASLt finds no FP8 GEMM with
   // a bias epilogue on the H200 and the CUDA backend fails at run time: docs/runtime.md.)

@@ -768,6 +768,26 @@ TEST(OptimizerKernelsTest, LinearGeluIsLinearThenGelu) {
               {"linear_gelu: y shape [2, 3] does not match pre shape [2, 4]"});
 }
 
+// linear_add is linear then add, bit for bit, also into the addend's own storage.
+TEST(OptimizerKernelsTest, LinearAddIsLinearThenAdd) {
+  std::mt19937 rng(45);
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    Buf x = randomBuf(rng, dtype, {3, 5, 24}), w = randomBuf(rng, dtype, {40, 24}),
+        addend = randomBuf(rng, dtype, {3, 5, 40});
+    Buf product(dtype, {3, 5, 40}), y(dtype, {3, 5, 40}), y2(dtype, {3, 5, 40});
+    cpu::linear(x.view(), w.view(), nullptr, product.view());
+    cpu::add(product.view(), addend.view(), y.view());
+    cpu::linearAdd(x.view(), w.view(), addend.view(), y2.view());
+    EXPECT_EQ(y.storage, y2.storage);
+    cpu::linearAdd(x.view(), w.view(), addend.view(), addend.view());
+    EXPECT_EQ(y.storage, addend.storage);
+  }
+  Buf x = randomBuf(rng, DType::F32, {2, 4}), w = randomBuf(rng, DType::F32, {3, 4});
+  Buf y(DType::F32, {2, 3}), addend(DType::F32, {2, 4});
+  expectError([&] { cpu::linearAdd(x.view(), w.view(), addend.view(), y.view()); },
+              {"linear_add: y shape [2, 3] does not match addend shape [2, 4]"});
+}
+
 // acc += dyᵀ x: with f32 operands bitwise linear_grad_weight into a temporary then accumulate;
 // with bf16 operands the unfused pair rounds the product to bf16 first, the fused kernel does
 // not, so they differ by at most that rounding (half a bf16 ulp of the product per element).

@@ -983,7 +983,7 @@ TEST(PlanTrainingTest, OverlapRulesOfTheNewKinds) {
 
 //===----------------------------------------------------------------------===//
 // Fused kinds (docs/fusion.md): MultiTensorAdamWUpdate, MultiTensorSGDUpdate, LinearGeLU,
-// LinearGradWeightAccumulate.
+// LinearGradWeightAccumulate, LinearAdd.
 //===----------------------------------------------------------------------===//
 
 TEST(PlanFusedTest, LoadsTheFusedTrainingPlan) {
@@ -1141,6 +1141,31 @@ TEST(PlanFusedTest, LinearGeLU) {
   bad = spec;
   bad.kernels[linear].outputs[1] = y;
   expectError(bad, {"(LinearGeLU): pre (tensor", "overlaps y (tensor"});
+}
+
+TEST(PlanFusedTest, LinearAdd) {
+  // The small plan's linear (x [2, 4, 8], w [16, 8]) with a third input, the addend.
+  PlanSpec spec = test::smallPlanSpec();
+  size_t linear = kernelOf(spec, KernelKind::Linear);
+  ASSERT_EQ(spec.kernels[linear].inputs.size(), 2u);
+  uint32_t y = spec.kernels[linear].outputs[0];
+  uint32_t addend = spec.add("addend", spec.tensors[y].dtype, spec.tensors[y].shape,
+                             TensorRole::Activation, spec.tensors[y].arena);
+  spec.kernels[linear].kind = KernelKind::LinearAdd;
+  spec.kernels[linear].inputs.push_back(addend);
+  LoadedPlan plan = load(buildPlan(spec));
+  EXPECT_EQ(plan.kernels[linear].inputs.size(), 3u);
+  PlanSpec bad = spec;
+  bad.kernels[linear].inputs.pop_back();
+  expectError(bad, {"(LinearAdd): expected 3 inputs (x, w, addend), got 2"});
+  bad = spec;
+  bad.tensors[addend].shape = {16}; // a bias's shape: the addend is not broadcast
+  bad.tensors[addend].bytes = -1;
+  expectError(bad, {"(LinearAdd): addend (tensor", "shape: expected [2, 4, 16], got [16]"});
+  bad = spec;
+  bad.tensors[addend].dtype = DType::BF16;
+  bad.tensors[addend].bytes = -1;
+  expectError(bad, {"(LinearAdd): addend (tensor", "dtype: expected f32"});
 }
 
 TEST(PlanTrainingTest, MicroBatchRules) {

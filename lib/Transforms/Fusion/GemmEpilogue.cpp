@@ -10,6 +10,10 @@
 //     transpose(linear_grad_weight(dy, x)); that is linear_grad_weight(x, dy), the same GEMM
 //     with its operands swapped, which the accumulation then absorbs (the transpose's kernel
 //     and temporary disappear with it).
+//   - addition: `bonsai.add` of a `bonsai.linear`'s result (no bias, no other reader) and a
+//     value of the same type becomes `bonsai.linear_add`, one GEMM with beta = 1 and the
+//     other term as cuBLASLt's C. LoRA's y = x·Wᵀ + s·(x·Aᵀ)·Bᵀ is such a sum: the base
+//     product and the adapter's are no longer stored apart and added by a third kernel.
 //   - GELU: `bonsai.gelu` (tanh approximation) of a `bonsai.linear` becomes
 //     `bonsai.linear_gelu` (CUBLASLT_EPILOGUE_GELU_AUX_BIAS), which keeps the pre-activation
 //     as its second result for gelu_grad. cuBLASLt's GELU epilogue is the tanh form; an exact
@@ -119,6 +123,61 @@ struct TransposedWeightGradient : OpRewritePattern<TransposeOp> {
   const FusionOptions &options;
 };
 
+/// add(linear(x, w), addend) in either order -> linear_add(x, w, addend).
+struct LinearAdd : OpRewritePattern<AddOp> {
+  LinearAdd(MLIRContext *ctx, const FusionOptions &options)
+      : OpRewritePattern(ctx), options(options) {}
+
+  /// The linear that can take the sum's other term as its addend, or null.
+  static LinearOp fusableLinear(AddOp add, Value term, Value other) {
+    auto linear = term.getDefiningOp<LinearOp>();
+    if (!linear || linear.getBias() || !linear->hasOneUse() ||
+        linear->getBlock() != add->getBlock() ||
+        linear->getAttr("bonsai.phase") != add->getAttr("bonsai.phase"))
+      return nullptr;
+    // No broadcast: the addend is cuBLASLt's C, laid out as the result.
+    Type type = add.getResult().getType();
+    if (linear.getResult().getType() != type || other.getType() != type)
+      return nullptr;
+    Type element = cast<ShapedType>(type).getElementType();
+    if (!isa<Float32Type, Float16Type, BFloat16Type>(element) ||
+        cast<ShapedType>(linear.getInput().getType()).getElementType() != element ||
+        cast<ShapedType>(linear.getWeight().getType()).getElementType() != element)
+      return nullptr;
+    // The fused GEMM runs where the add ran: nothing in between may write what it reads.
+    for (Operation *op = linear->getNextNode(); op != add; op = op->getNextNode())
+      if (fusion::mayWrite(op, linear.getInput()) || fusion::mayWrite(op, linear.getWeight()))
+        return nullptr;
+    return linear;
+  }
+
+  LogicalResult matchAndRewrite(AddOp add, PatternRewriter &rewriter) const override {
+    Value lhs = add.getLhs(), rhs = add.getRhs();
+    LinearOp left = fusableLinear(add, lhs, rhs), right = fusableLinear(add, rhs, lhs);
+    if (!left && !right)
+      return rewriter.notifyMatchFailure(add, "neither term is a linear that can add the other");
+    // Of two linears, the one with the longer sum takes the other as its addend: it is
+    // compute-bound, so reading C is hidden, while the short one (a LoRA adapter's r-wide
+    // product) only writes its result.
+    auto sumLength = [](LinearOp linear) {
+      return cast<ShapedType>(linear.getInput().getType()).getShape().back();
+    };
+    bool takeLeft = left && (!right || sumLength(left) >= sumLength(right));
+    LinearOp linear = takeLeft ? left : right;
+    Value addend = takeLeft ? rhs : lhs;
+    rewriter.setInsertionPoint(add);
+    auto fused = LinearAddOp::create(rewriter, linear.getLoc(), add.getResult().getType(),
+                                     linear.getInput(), linear.getWeight(), addend);
+    copyPhase(add, fused);
+    rewriter.replaceOp(add, fused.getResult());
+    rewriter.eraseOp(linear);
+    options.fused(fused, "linear + add");
+    return success();
+  }
+
+  const FusionOptions &options;
+};
+
 /// gelu_tanh(linear(x, w[, b])) -> linear_gelu(x, w[, b]) (result, pre-activation).
 struct LinearGeLU : OpRewritePattern<GeLUOp> {
   LinearGeLU(MLIRContext *ctx, const FusionOptions &options)
@@ -157,7 +216,8 @@ struct LinearGeLU : OpRewritePattern<GeLUOp> {
 
 void populateGemmEpilogueFusionPatterns(RewritePatternSet &patterns,
                                         const FusionOptions &options) {
-  patterns.add<AccumulateIntoProducer, TransposedWeightGradient, LinearGeLU>(patterns.getContext(), options);
+  patterns.add<AccumulateIntoProducer, TransposedWeightGradient, LinearAdd, LinearGeLU>(
+      patterns.getContext(), options);
 }
 
 } // namespace mlir::bonsai

@@ -80,6 +80,30 @@ func.func @gelu_bias(%x: tensor<4x16xf32>, %w: tensor<32x16xf32>, %b: tensor<16x
 
 // -----
 
+func.func @add_weight(%x: tensor<4x16xf32>, %w: tensor<32x8xf32>, %r: tensor<4x32xf32>) {
+  // expected-error @+1 {{weight shape: expected [out, 16] (Hugging Face [out, in] layout for input features 16), got [32, 8]}}
+  %y = bonsai.linear_add %x, %w, %r : (tensor<4x16xf32>, tensor<32x8xf32>, tensor<4x32xf32>) -> tensor<4x32xf32>
+  return
+}
+
+// -----
+
+func.func @add_addend(%x: tensor<4x16xf32>, %w: tensor<32x16xf32>, %r: tensor<32xf32>) {
+  // expected-error @+1 {{addend type: expected 'tensor<4x32xf32>', got 'tensor<32xf32>'}}
+  %y = bonsai.linear_add %x, %w, %r : (tensor<4x16xf32>, tensor<32x16xf32>, tensor<32xf32>) -> tensor<4x32xf32>
+  return
+}
+
+// -----
+
+func.func @add_result(%x: tensor<4x16xbf16>, %w: tensor<32x16xbf16>, %r: tensor<4x32xbf16>) {
+  // expected-error @+1 {{result type: expected 'tensor<4x32xbf16>', got 'tensor<4x32xf32>'}}
+  %y = bonsai.linear_add %x, %w, %r : (tensor<4x16xbf16>, tensor<32x16xbf16>, tensor<4x32xbf16>) -> tensor<4x32xf32>
+  return
+}
+
+// -----
+
 func.func @accumulate_shape(%dy: tensor<4x32xf32>, %x: tensor<4x16xf32>, %acc: tensor<16x32xf32>) {
   // expected-error @+1 {{accumulator shape: expected [32, 16], got [16, 32]}}
   bonsai.linear_grad_weight_accumulate %dy, %x, %acc : tensor<4x32xf32>, tensor<4x16xf32>, tensor<16x32xf32>

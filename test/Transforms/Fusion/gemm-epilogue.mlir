@@ -114,3 +114,65 @@ func.func @gelu_not_fused(%x: tensor<2x8x16xf32>, %w: tensor<64x16xf32>) -> (ten
   %y2 = bonsai.gelu %pre2 {bonsai.phase = "backward", approximation = #bonsai.gelu_approximation<tanh>} : (tensor<2x8x64xf32>) -> tensor<2x8x64xf32>
   return %y, %y2 : tensor<2x8x64xf32>, tensor<2x8x64xf32>
 }
+
+// -----
+
+// LoRA's adapted output: the base product plus the adapter's. The base GEMM (the longer sum,
+// 16 against the adapter's rank 4) takes the adapter's product as its addend, where the add
+// was; the adapter's GEMMs stay as they are.
+
+// CHECK-LABEL: func.func @lora(
+// CHECK-SAME: %[[X:[^:]*]]: tensor<2x8x16xbf16>, %[[W:[^:]*]]: tensor<32x16xbf16>, %[[A:[^:]*]]: tensor<4x16xbf16>, %[[B:[^:]*]]: tensor<32x4xbf16>
+// CHECK: %[[H:.*]] = bonsai.linear %[[X]], %[[A]]
+// CHECK: %[[D:.*]] = bonsai.linear %[[H]], %[[B]]
+// CHECK: %[[Y:.*]] = bonsai.linear_add %[[X]], %[[W]], %[[D]] : (tensor<2x8x16xbf16>, tensor<32x16xbf16>, tensor<2x8x32xbf16>) -> tensor<2x8x32xbf16>
+// CHECK: return %[[Y]]
+// CHECK-NOT: bonsai.add
+// OFF-LABEL: func.func @lora
+// OFF: bonsai.add %
+func.func @lora(%x: tensor<2x8x16xbf16>, %w: tensor<32x16xbf16>, %a: tensor<4x16xbf16>, %b: tensor<32x4xbf16>) -> tensor<2x8x32xbf16> {
+  %base = bonsai.linear %x, %w : (tensor<2x8x16xbf16>, tensor<32x16xbf16>) -> tensor<2x8x32xbf16>
+  %h = bonsai.linear %x, %a : (tensor<2x8x16xbf16>, tensor<4x16xbf16>) -> tensor<2x8x4xbf16>
+  %d = bonsai.linear %h, %b : (tensor<2x8x4xbf16>, tensor<32x4xbf16>) -> tensor<2x8x32xbf16>
+  %y = bonsai.add %base, %d : (tensor<2x8x32xbf16>, tensor<2x8x32xbf16>) -> tensor<2x8x32xbf16>
+  return %y : tensor<2x8x32xbf16>
+}
+
+// -----
+
+// One linear term: it adds the other term, whichever side of the add it is on (phase kept).
+
+// CHECK-LABEL: func.func @one_linear(
+// CHECK-SAME: %[[X:[^:]*]]: tensor<8x16xf32>, %[[W:[^:]*]]: tensor<32x16xf32>, %[[R:[^:]*]]: tensor<8x32xf32>
+// CHECK: bonsai.linear_add %[[X]], %[[W]], %[[R]] {bonsai.phase = "backward"}
+// CHECK-NOT: bonsai.add
+func.func @one_linear(%x: tensor<8x16xf32>, %w: tensor<32x16xf32>, %r: tensor<8x32xf32>) -> tensor<8x32xf32> {
+  %p = bonsai.linear %x, %w {bonsai.phase = "backward"} : (tensor<8x16xf32>, tensor<32x16xf32>) -> tensor<8x32xf32>
+  %y = bonsai.add %r, %p {bonsai.phase = "backward"} : (tensor<8x32xf32>, tensor<8x32xf32>) -> tensor<8x32xf32>
+  return %y : tensor<8x32xf32>
+}
+
+// -----
+
+// Not fused: a linear with a bias (the bias epilogue and C are not combined), a product with
+// another reader (it must be stored), an addend that broadcasts (C is laid out as the
+// result), a linear of another phase, and one whose operand is written before the add.
+
+// CHECK-LABEL: func.func @add_not_fused
+// CHECK-COUNT-5: bonsai.add
+// CHECK-NOT: linear_add
+func.func @add_not_fused(%x: tensor<8x16xf32>, %w: tensor<32x16xf32>, %b: tensor<32xf32>, %r: tensor<8x32xf32>) -> (tensor<8x32xf32>, tensor<8x32xf32>, tensor<8x32xf32>, tensor<8x32xf32>, tensor<8x32xf32>, tensor<8x32xf32>) {
+  %p0 = bonsai.linear %x, %w, %b : (tensor<8x16xf32>, tensor<32x16xf32>, tensor<32xf32>) -> tensor<8x32xf32>
+  %y0 = bonsai.add %p0, %r : (tensor<8x32xf32>, tensor<8x32xf32>) -> tensor<8x32xf32>
+  %p1 = bonsai.linear %x, %w : (tensor<8x16xf32>, tensor<32x16xf32>) -> tensor<8x32xf32>
+  %y1 = bonsai.add %p1, %r : (tensor<8x32xf32>, tensor<8x32xf32>) -> tensor<8x32xf32>
+  %p2 = bonsai.linear %x, %w : (tensor<8x16xf32>, tensor<32x16xf32>) -> tensor<8x32xf32>
+  %y2 = bonsai.add %p2, %b : (tensor<8x32xf32>, tensor<32xf32>) -> tensor<8x32xf32>
+  %p3 = bonsai.linear %x, %w {bonsai.phase = "backward"} : (tensor<8x16xf32>, tensor<32x16xf32>) -> tensor<8x32xf32>
+  %y3 = bonsai.add %p3, %r : (tensor<8x32xf32>, tensor<8x32xf32>) -> tensor<8x32xf32>
+  %xs = bonsai.state optimizer "x" : tensor<8x16xf32>
+  %p4 = bonsai.linear %xs, %w : (tensor<8x16xf32>, tensor<32x16xf32>) -> tensor<8x32xf32>
+  bonsai.zero %xs : tensor<8x16xf32>
+  %y4 = bonsai.add %p4, %r : (tensor<8x32xf32>, tensor<8x32xf32>) -> tensor<8x32xf32>
+  return %y0, %y1, %p1, %y2, %y3, %y4 : tensor<8x32xf32>, tensor<8x32xf32>, tensor<8x32xf32>, tensor<8x32xf32>, tensor<8x32xf32>, tensor<8x32xf32>
+}

@@ -14,53 +14,88 @@ using namespace mlir::bonsai;
 using namespace mlir::bonsai::detail;
 
 //===----------------------------------------------------------------------===//
-// LinearGeLUOp
+// Forward GEMMs with an epilogue: LinearGeLUOp, LinearAddOp
 //===----------------------------------------------------------------------===//
 
-LogicalResult LinearGeLUOp::verify() {
-  RankedTensorType input = tensorType(getInput()), weight = tensorType(getWeight());
+/// The checks of y = x · Wᵀ shared by the forward GEMMs with an epilogue: input [..., in] and
+/// weight [out, in] of one f32, f16 or bf16 element type (`epilogue` names the op's in the
+/// message). Returns y's type, [..., out] of that element type.
+static FailureOr<RankedTensorType> verifyEpilogueGemm(Operation *op, Value inputValue,
+                                                      Value weightValue, StringRef epilogue) {
+  RankedTensorType input = tensorType(inputValue), weight = tensorType(weightValue);
   if (input.getRank() < 1)
-    return emitOpError("input must have rank at least 1 (its last dimension is the features)");
-  if (failed(expectRank(*this, "weight", weight, 2)))
+    return op->emitOpError("input must have rank at least 1 (its last dimension is the features)");
+  if (failed(expectRank(op, "weight", weight, 2)))
     return failure();
-  int64_t in = input.getShape().back(), out = weight.getDimSize(0);
+  int64_t in = input.getShape().back();
   if (weight.getDimSize(1) != in)
-    return emitOpError() << "weight shape: expected [out, " << in
-                         << "] (Hugging Face [out, in] layout for input features " << in
-                         << "), got " << fmt(weight.getShape());
+    return op->emitOpError() << "weight shape: expected [out, " << in
+                             << "] (Hugging Face [out, in] layout for input features " << in
+                             << "), got " << fmt(weight.getShape());
   Type element = input.getElementType();
   if (!isa<Float32Type, Float16Type, BFloat16Type>(element))
-    return emitOpError() << "element type must be f32, f16 or bf16 (a GEMM with a GELU "
-                            "epilogue), got "
-                         << element;
-  if (failed(expectElementType(*this, "weight", weight.getElementType(), element)))
+    return op->emitOpError() << "element type must be f32, f16 or bf16 (a GEMM " << epilogue
+                             << "), got " << element;
+  if (failed(expectElementType(op, "weight", weight.getElementType(), element)))
     return failure();
-  if (Value bias = getBias()) {
-    RankedTensorType biasType = tensorType(bias);
-    if (failed(expectShape(*this, "bias", biasType.getShape(), {out})) ||
-        failed(expectElementType(*this, "bias", biasType.getElementType(), element)))
-      return failure();
-  }
   SmallVector<int64_t> shape(input.getShape().drop_back());
-  shape.push_back(out);
-  auto expected = RankedTensorType::get(shape, element);
-  for (auto [name, value] : {std::pair<StringRef, Value>{"result", getResult()},
-                             {"pre_activation", getPreActivation()}})
+  shape.push_back(weight.getDimSize(0));
+  return RankedTensorType::get(shape, element);
+}
+
+/// Each named value has type `expected`.
+static LogicalResult expectTypes(Operation *op, RankedTensorType expected,
+                                 ArrayRef<std::pair<StringRef, Value>> values) {
+  for (auto [name, value] : values)
     if (value.getType() != expected)
-      return emitOpError() << name << " type: expected " << expected << ", got "
-                           << value.getType();
+      return op->emitOpError() << name << " type: expected " << expected << ", got "
+                               << value.getType();
   return success();
 }
 
-OpCost LinearGeLUOp::getForwardCost() {
-  RankedTensorType input = tensorType(getInput());
-  int64_t k = input.getShape().back(), n = tensorType(getWeight()).getDimSize(0);
-  int64_t m = getNumElements(input) / k;
-  OpCost cost = streamingBytes(*this);
+/// The cost of y = x · Wᵀ streamed once, with `vectorFlopsPerElement` of y in the epilogue.
+static OpCost epilogueGemmCost(Operation *op, Value input, Value weight,
+                               int64_t vectorFlopsPerElement) {
+  int64_t k = tensorType(input).getShape().back(), n = tensorType(weight).getDimSize(0);
+  int64_t m = getNumElements(tensorType(input)) / k;
+  OpCost cost = streamingBytes(op);
   cost.matmulFlops = 2 * m * k * n;
-  // The bias add and the tanh GELU (8 per element, as bonsai.gelu counts it).
-  cost.vectorFlops = m * n * ((getBias() ? 1 : 0) + 8);
+  cost.vectorFlops = m * n * vectorFlopsPerElement;
   return cost;
+}
+
+LogicalResult LinearGeLUOp::verify() {
+  FailureOr<RankedTensorType> expected =
+      verifyEpilogueGemm(*this, getInput(), getWeight(), "with a GELU epilogue");
+  if (failed(expected))
+    return failure();
+  if (Value bias = getBias()) {
+    RankedTensorType biasType = tensorType(bias);
+    if (failed(expectShape(*this, "bias", biasType.getShape(), {expected->getShape().back()})) ||
+        failed(expectElementType(*this, "bias", biasType.getElementType(),
+                                 expected->getElementType())))
+      return failure();
+  }
+  return expectTypes(*this, *expected,
+                     {{"result", getResult()}, {"pre_activation", getPreActivation()}});
+}
+
+OpCost LinearGeLUOp::getForwardCost() {
+  // The bias add and the tanh GELU (8 per element, as bonsai.gelu counts it).
+  return epilogueGemmCost(*this, getInput(), getWeight(), (getBias() ? 1 : 0) + 8);
+}
+
+LogicalResult LinearAddOp::verify() {
+  FailureOr<RankedTensorType> expected =
+      verifyEpilogueGemm(*this, getInput(), getWeight(), "that adds into its addend");
+  if (failed(expected))
+    return failure();
+  return expectTypes(*this, *expected, {{"addend", getAddend()}, {"result", getResult()}});
+}
+
+OpCost LinearAddOp::getForwardCost() {
+  // The addend, added in the epilogue.
+  return epilogueGemmCost(*this, getInput(), getWeight(), 1);
 }
 
 //===----------------------------------------------------------------------===//

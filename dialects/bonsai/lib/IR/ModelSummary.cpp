@@ -57,9 +57,9 @@ ModelSummary::ModelSummary(Operation *function) : function(function) {
       return;
     }
     // The LM head is a linear of the model also once bonsai-fuse has made it part of a
-    // linear_cross_entropy, and so are a linear fused with its GELU and a linear bonsai-fp8
-    // has made an FP8 GEMM, in each form bonsai-fuse gives it (recipes are verified against the
-    // model after every pass).
+    // linear_cross_entropy, and so are a linear fused with its GELU or with an add, and a
+    // linear bonsai-fp8 has made an FP8 GEMM, in each form bonsai-fuse gives it (recipes are
+    // verified against the model after every pass).
     Value weight;
     if (auto linear = dyn_cast<LinearOp>(op))
       weight = linear.getWeight();
@@ -67,6 +67,8 @@ ModelSummary::ModelSummary(Operation *function) : function(function) {
       weight = head.getWeight();
     else if (auto gelu = dyn_cast<LinearGeLUOp>(op))
       weight = gelu.getWeight();
+    else if (auto sum = dyn_cast<LinearAddOp>(op))
+      weight = sum.getWeight();
     else if (auto fp8 = dyn_cast<Fp8LinearOp>(op))
       weight = fp8.getWeight();
     else if (auto shared = dyn_cast<Fp8LinearSharedInputOp>(op))

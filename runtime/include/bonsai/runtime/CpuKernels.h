@@ -289,6 +289,10 @@ void multiTensorSgdUpdate(const std::vector<TensorView> &grads, const TensorView
 /// y computed from pre as stored (rounded to its dtype).
 void linearGelu(const TensorView &x, const TensorView &w, const TensorView *bias,
                 const TensorView &y, const TensorView &pre);
+/// y = addend + linear(x, w): the unfused pair, the product rounded to y's dtype before the
+/// addition. y may be the addend's storage.
+void linearAdd(const TensorView &x, const TensorView &w, const TensorView &addend,
+               const TensorView &y);
 /// acc += dyᵀ x summed over the leading dimensions: the product is formed in fp32 (as
 /// linearGradWeight forms it) and added to acc in fp32, rounded once into acc. With an f32 acc
 /// this is bitwise linearGradWeight into an f32 tensor followed by accumulate; the unfused

@@ -350,6 +350,11 @@ void multiTensorSgdUpdate(const Context &ctx, const std::vector<TensorView> &gra
 /// for f32, within one rounding for bf16/f16).
 void linearGelu(const Context &ctx, const TensorView &x, const TensorView &w,
                 const TensorView *bias, const TensorView &y, const TensorView &pre);
+/// y = addend + x wᵀ as one cuBLASLt GEMM with beta = 1 and the addend as C: the product and
+/// the sum in fp32, rounded once (the CPU rounds the product first: equal for f32, within one
+/// rounding for bf16/f16). y may be the addend's storage.
+void linearAdd(const Context &ctx, const TensorView &x, const TensorView &w,
+               const TensorView &addend, const TensorView &y);
 /// acc += dyᵀ x as one cuBLASLt GEMM with beta = 1 (fp32 accumulation, one rounding into acc).
 void linearGradWeightAccumulate(const Context &ctx, const TensorView &dy, const TensorView &x,
                                 const TensorView &acc);

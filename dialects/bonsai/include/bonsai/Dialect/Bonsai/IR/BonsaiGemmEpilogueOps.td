@@ -29,6 +29,24 @@ def Bonsai_LinearGeLUOp : Bonsai_ModelOp<"linear_gelu"> {
   }];
 }
 
+def Bonsai_LinearAddOp : Bonsai_ModelOp<"linear_add"> {
+  let summary = "y = addend + x · Wᵀ";
+  let description = [{
+    `bonsai.linear` (without a bias) whose only reader is a `bonsai.add` of another value of
+    the result's shape, as one GEMM with beta = 1 and the addend as cuBLASLt's C: a LoRA
+    adapter's output added to its base linear's (x · Wᵀ + s · (x · Aᵀ) · Bᵀ), or two linears
+    summed. The linear's result is never stored on its own. Operands and result share the
+    element type.
+
+    ```mlir
+    %y = bonsai.linear_add %x, %w, %addend : (tensor<2x8x16xbf16>, tensor<32x16xbf16>, tensor<2x8x32xbf16>) -> tensor<2x8x32xbf16>
+    ```
+  }];
+  let arguments = (ins Bonsai_FloatTensor:$input, Bonsai_FloatTensor:$weight,
+                   Bonsai_FloatTensor:$addend);
+  let results = (outs Bonsai_FloatTensor:$result);
+}
+
 def Bonsai_LinearGradWeightAccumulateOp
     : Bonsai_UpdateOp<"linear_grad_weight_accumulate", [2]> {
   let summary = "acc += dyᵀ · x over all leading dimensions, in place";
