@@ -26,6 +26,7 @@
 #include "bonsai/runtime/CudaFp8.h"
 #include "bonsai/runtime/CudaKernels.h"
 #include "bonsai/runtime/Tensor.h"
+#include "CudaBenchTiming.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -39,15 +40,9 @@
 #include <vector>
 
 using namespace bonsai::rt;
+using bonsai::bench::check;
 
 namespace {
-
-void check(cudaError_t status, const char *call) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "fp8_gemm_bench: %s failed: %s\n", call, cudaGetErrorString(status));
-    std::exit(1);
-  }
-}
 
 /// Median time in microseconds of `reps` runs of f, after warm-up.
 template <typename F> double timeUs(int reps, F &&f) {

@@ -18,6 +18,7 @@
 #include "bonsai/runtime/CudaKernels.h"
 #include "bonsai/runtime/Nf4.h"
 #include "bonsai/runtime/Tensor.h"
+#include "CudaBenchTiming.h"
 
 #include <cuda_runtime_api.h>
 
@@ -31,15 +32,9 @@
 #include <vector>
 
 using namespace bonsai::rt;
+using bonsai::bench::check;
 
 namespace {
-
-void check(cudaError_t status, const char *call) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "nf4_gemm_bench: %s failed: %s\n", call, cudaGetErrorString(status));
-    std::exit(1);
-  }
-}
 
 struct Shape {
   const char *name;

@@ -22,6 +22,8 @@
 #include "bonsai/runtime/CudaKernels.h"
 #include "bonsai/runtime/Tensor.h"
 
+#include "CudaBenchTiming.h"
+
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -33,39 +35,10 @@
 #include <vector>
 
 using namespace bonsai::rt;
+using bonsai::bench::check;
+using bonsai::bench::medianMs;
 
 namespace {
-
-void check(cudaError_t status, const char *call) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "ring_attention_bench: %s failed: %s\n", call, cudaGetErrorString(status));
-    std::exit(1);
-  }
-}
-
-/// Median milliseconds of `fn` over `reps` calls after two warm-up calls.
-template <typename F> double medianMs(F fn, int reps) {
-  fn();
-  fn();
-  check(cudaDeviceSynchronize(), "warm-up");
-  std::vector<cudaEvent_t> events(size_t(2 * reps));
-  for (cudaEvent_t &e : events)
-    check(cudaEventCreate(&e), "cudaEventCreate");
-  for (int r = 0; r < reps; ++r) {
-    check(cudaEventRecord(events[2 * r]), "cudaEventRecord");
-    fn();
-    check(cudaEventRecord(events[2 * r + 1]), "cudaEventRecord");
-  }
-  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  std::vector<float> ms(static_cast<size_t>(reps));
-  for (int r = 0; r < reps; ++r)
-    check(cudaEventElapsedTime(&ms[size_t(r)], events[2 * r], events[2 * r + 1]),
-          "cudaEventElapsedTime");
-  for (cudaEvent_t e : events)
-    cudaEventDestroy(e);
-  std::sort(ms.begin(), ms.end());
-  return double(ms[ms.size() / 2]);
-}
 
 /// Device tensors freed at exit of main's loop body.
 struct Pool {
