@@ -152,7 +152,8 @@ std::pair<const char *, int64_t> PlanMemorySummary::dominant() const {
   return best;
 }
 
-void PlanMemorySummary::print(llvm::raw_ostream &os, int64_t budget, double linkGBs) const {
+void PlanMemorySummary::print(llvm::raw_ostream &os, int64_t budget, double linkGBs,
+                              int64_t hostBudget) const {
   auto row = [&](const char *name, int64_t bytes) {
     os << "    " << llvm::left_justify(name, 17) << llvm::right_justify(formatBytes(bytes), 12)
        << "\n";
@@ -179,6 +180,8 @@ void PlanMemorySummary::print(llvm::raw_ostream &os, int64_t budget, double link
     if (hostStaging)
       row("staging", hostStaging);
     row("peak pinned host", peakHost);
+    if (hostBudget)
+      row("host budget", hostBudget);
     if (hostSteps)
       os << "  updates on the host: " << hostSteps << "\n";
     os << "  PCIe per step:\n";

@@ -94,6 +94,7 @@ void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &o
     BonsaiRematPassOptions remat;
     remat.policy = options.remat;
     remat.deviceMemory = options.deviceMemory;
+    remat.hostMemory = options.hostMemory;
     remat.target = options.target;
     remat.profile = options.profile.empty() ? options.target : options.profile;
     remat.perValueRemarks = false;
@@ -141,6 +142,7 @@ void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &o
   BonsaiLowerToPlanPassOptions lower;
   lower.target = options.target;
   lower.deviceMemory = options.deviceMemory;
+  lower.hostMemory = options.hostMemory;
   lower.microBatches = options.microBatches;
   pm.addPass(createBonsaiLowerToPlanPass(lower));
   // Liveness is defined over the schedule, so the order is fixed before memory is planned

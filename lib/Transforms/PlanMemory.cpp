@@ -115,6 +115,30 @@ struct PlanMemoryPass : impl::BonsaiPlanMemoryPassBase<PlanMemoryPass> {
         return failure();
       }
     }
+    // Pinned host memory is the host's RAM, locked: a plan over its budget would fail at
+    // start-up, or push the machine into swapping, so it is an error here too.
+    if (int64_t hostBudget = step.getHostMemoryAttr().getInt(); hostBudget > 0) {
+      PlanMemorySummary summary = summarizePlanMemory(step);
+      if (summary.peakHost > hostBudget) {
+        InFlightDiagnostic diag = step.emitError()
+                                  << "the plan needs " << formatBytes(summary.peakHost)
+                                  << " of pinned host memory but the host budget is "
+                                  << formatBytes(hostBudget) << " ("
+                                  << formatBytes(summary.peakHost - hostBudget)
+                                  << " more than it allows):";
+        std::pair<const char *, int64_t> classes[] = {
+            {"weights", summary.hostWeights},
+            {"gradients", summary.hostGradients},
+            {"optimizer state", summary.hostOptimizerState},
+            {"staging and offloaded activations", summary.hostStaging}};
+        for (auto [name, bytes] : classes)
+          if (bytes > 0)
+            diag << " " << name << " " << formatBytes(bytes) << ";";
+        diag << " offload less (bonsai.offload), recompute more (bonsai.remat), or raise "
+                "host_memory";
+        return failure();
+      }
+    }
     return success();
   }
 

@@ -340,6 +340,11 @@ struct RematPass : impl::BonsaiRematPassBase<RematPass> {
 
   /// The function being decided offloads its saved activations (for the diagnostics).
   bool offloading = false;
+  /// The pinned host memory budget in bytes (the option, else the recipe target's; 0: none).
+  int64_t hostBudget = 0;
+  /// What the host budget leaves of itself for the offloaded activations of the function
+  /// being decided, when there is a host budget and it offloads.
+  std::optional<int64_t> hostRoom;
 };
 
 /// The greedy on the peak model for one model budget: drops candidates until the model's live
@@ -849,7 +854,11 @@ LogicalResult RematPass::reportInfeasible(func::FuncOp function, const ForwardGr
     tensors += !g.isView.test(i);
   InFlightDiagnostic diag = function.emitError()
                             << "no recomputation fits the budget of " << formatBytes(budget);
-  if (offloading)
+  if (offloading && hostRoom)
+    diag << " with at most " << formatBytes(*hostRoom)
+         << " of saved activations in pinned host memory (what the host budget of "
+         << formatBytes(hostBudget) << " leaves for them)";
+  else if (offloading)
     diag << " with the saved activations in pinned host memory";
   diag << ": ";
   switch (scope) {
@@ -873,6 +882,8 @@ LogicalResult RematPass::reportInfeasible(func::FuncOp function, const ForwardGr
   diag << "; " << dominant << (StringRef(dominant).ends_with("s") ? " take " : " takes ")
        << formatBytes(bytes);
   diag << ": " << overBudgetAdvice(dominant, /*recomputing=*/true);
+  if (offloading && hostRoom)
+    diag << "; or raise the host budget (host_memory on bonsai.target, --host-memory)";
   return failure();
 }
 
@@ -976,8 +987,17 @@ LogicalResult RematPass::rematFunction(func::FuncOp function, StringRef chosen, 
     return getOffloadable(g, recompute, materialized);
   };
   std::optional<int64_t> offloadBytes;
+  // The host budget's room for the offloaded activations: what the plan's other pinned
+  // arenas (offloaded state) leave of it, less the alignment every buffer may round up to.
+  hostRoom.reset();
   if (offload) {
     offloadBytes = getOffloadLinkBudget(g);
+    if (hostBudget > 0) {
+      constexpr int64_t kArenaAlignment = 256;
+      hostRoom = std::max<int64_t>(0, hostBudget - baseSummary->peakHost -
+                                          kArenaAlignment * int64_t(g.size()));
+      offloadBytes = std::min(*offloadBytes, *hostRoom);
+    }
     planner.setOffloadBytes(*offloadBytes);
   }
 
@@ -1141,13 +1161,16 @@ LogicalResult RematPass::rematFunction(func::FuncOp function, StringRef chosen, 
             << withCommas(g.stepFlops);
   }
   if (offloadBytes && *offloadBytes == 0) {
-    summary << "; offloads no saved activation: the budget holds them on the device";
+    summary << (hostRoom && *hostRoom == 0
+                    ? "; offloads no saved activation: the host budget has no room for them"
+                    : "; offloads no saved activation: the budget holds them on the device");
   } else if (offloadBytes) {
     summary << "; offloads saved activations to pinned host memory between the passes, the "
                "longest stays first";
     if (*offloadBytes < INT64_MAX)
       summary << ", up to " << formatBytes(*offloadBytes)
-              << (*offloadBytes == getOffloadLinkBudget(g)
+              << (hostRoom && *offloadBytes == *hostRoom ? " (what the host budget leaves for them)"
+                  : *offloadBytes == getOffloadLinkBudget(g)
                       ? " (what the link moves during the forward pass)"
                       : " (the rest fits on the device)");
   }
@@ -1179,6 +1202,12 @@ void RematPass::runOnOperation() {
     module.walk([&](TargetDirectiveOp target) {
       if (IntegerAttr mib = target.getDeviceMemoryMibAttr())
         budget = mib.getInt() * 1024 * 1024;
+    });
+  hostBudget = hostMemory;
+  if (hostBudget <= 0)
+    module.walk([&](TargetDirectiveOp target) {
+      if (IntegerAttr mib = target.getHostMemoryMibAttr())
+        hostBudget = mib.getInt() * 1024 * 1024;
     });
   if (chosen.empty())
     chosen = budget > 0 ? "auto" : "none";

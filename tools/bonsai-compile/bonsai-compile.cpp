@@ -1,7 +1,8 @@
 //===- bonsai-compile.cpp - Compile a model and recipe into a plan --------===//
 //
 // bonsai-compile model.mlir [recipe.mlir] [-o step.plan] [--target=sm_90]
-//                [--device-memory=24GiB] [--fuse=false] [--fuse-disable=family,...]
+//                [--device-memory=24GiB] [--host-memory=64GiB] [--fuse=false]
+//                [--fuse-disable=family,...]
 //                [--remat-time-limit=60] [--overlap-copies=false] [--fit-offload=false]
 //                [--host-update-rate=4.5]
 //
@@ -68,6 +69,11 @@ static llvm::cl::opt<std::string>
                  llvm::cl::desc("Per-device budget, e.g. 24GiB, 512MiB or bytes (default: the "
                                 "recipe's, else none)"),
                  llvm::cl::cat(bonsaiCategory));
+static llvm::cl::opt<std::string> hostMemoryOption(
+    "host-memory",
+    llvm::cl::desc("Pinned host memory each process may hold (offloaded state and activations), "
+                   "e.g. 64GiB (default: the recipe's, else none)"),
+    llvm::cl::cat(bonsaiCategory));
 
 static llvm::cl::opt<double> rematTimeLimitOption(
     "remat-time-limit",
@@ -319,6 +325,8 @@ int main(int argc, char **argv) {
       options.target = target.getArch().str();
       if (IntegerAttr mib = target.getDeviceMemoryMibAttr())
         options.deviceMemory = mib.getInt() * 1024 * 1024;
+      if (IntegerAttr mib = target.getHostMemoryMibAttr())
+        options.hostMemory = mib.getInt() * 1024 * 1024;
     }
     // An optimizer directive makes this a training step.
     for (auto optimizer : recipe.getBody().getOps<OptimizerDirectiveOp>()) {
@@ -379,6 +387,15 @@ int main(int argc, char **argv) {
       return 1;
     }
     options.deviceMemory = *bytes;
+  }
+  if (!hostMemoryOption.empty()) {
+    std::optional<int64_t> bytes = parseBytes(hostMemoryOption);
+    if (!bytes || *bytes <= 0) {
+      llvm::errs() << "bonsai-compile: error: --host-memory='" << hostMemoryOption
+                   << "' is not a positive size (examples: 64GiB, 512MiB, 1000000)\n";
+      return 1;
+    }
+    options.hostMemory = *bytes;
   }
 
   // One timing report (--mlir-timing) for both pipelines and the plan's emission, printed when
@@ -488,7 +505,7 @@ int main(int argc, char **argv) {
     llvm::outs() << "  planned memory:\n";
   }
   summarizePlanMemory(step).print(llvm::outs(), step.getDeviceMemoryAttr().getInt(),
-                                  profile->linkBandwidthGBs);
+                                  profile->linkBandwidthGBs, step.getHostMemoryAttr().getInt());
   // What each rank's link carries: the profile's link is the host's (PCIe), a floor for
   // NVLink machines, as in the step-time prediction.
   if (PlanCollectiveSummary collectives = summarizePlanCollectives(step); !collectives.empty())

@@ -47,9 +47,11 @@ struct PlanMemorySummary {
   int64_t hostSteps = 0;
 
   /// Prints one line per class of device memory, the device peak and `budget` (0: none),
-  /// then, when there are pinned host arenas, their classes, their peak and the PCIe bytes,
-  /// with the time they take at `linkGBs` per direction (0: unknown, not printed).
-  void print(llvm::raw_ostream &os, int64_t budget = 0, double linkGBs = 0) const;
+  /// then, when there are pinned host arenas, their classes, their peak, `hostBudget` (0:
+  /// none) and the PCIe bytes, with the time they take at `linkGBs` per direction (0:
+  /// unknown, not printed).
+  void print(llvm::raw_ostream &os, int64_t budget = 0, double linkGBs = 0,
+             int64_t hostBudget = 0) const;
   /// The largest class in device memory, by name ("weights", "activations", ...), and its
   /// bytes.
   std::pair<const char *, int64_t> dominant() const;

@@ -44,6 +44,8 @@ def BonsaiLowerToPlanPass : Pass<"bonsai-lower-to-plan", "::mlir::ModuleOp"> {
            "Architecture recorded in the plan (cpu, sm_80, sm_90, ...)">,
     Option<"deviceMemory", "device-memory", "int64_t", /*default=*/"0",
            "Per-device memory budget in bytes (0: none)">,
+    Option<"hostMemory", "host-memory", "int64_t", /*default=*/"0",
+           "Pinned host memory budget per process in bytes (0: none)">,
     Option<"microBatches", "micro-batches", "int64_t", /*default=*/"1",
            "Forward and backward runs per optimizer update (recorded in the plan)">,
   ];

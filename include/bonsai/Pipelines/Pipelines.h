@@ -26,6 +26,10 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
   PassOptions::Option<int64_t> deviceMemory{
       *this, "device-memory", llvm::cl::desc("Per-device memory budget in bytes (0: none)"),
       llvm::cl::init(0)};
+  PassOptions::Option<int64_t> hostMemory{
+      *this, "host-memory",
+      llvm::cl::desc("Pinned host memory budget per process in bytes (0: none)"),
+      llvm::cl::init(0)};
   PassOptions::Option<bool> train{
       *this, "train",
       llvm::cl::desc("Compile a training step: backward pass and the recipe's optimizer"),

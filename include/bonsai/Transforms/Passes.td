@@ -478,6 +478,10 @@ def BonsaiRematPass : Pass<"bonsai-remat", "::mlir::ModuleOp"> {
            "auto when there is a budget, else none)">,
     Option<"deviceMemory", "device-memory", "int64_t", /*default=*/"0",
            "Per-device budget in bytes for auto (0: the recipe target's device_memory)">,
+    Option<"hostMemory", "host-memory", "int64_t", /*default=*/"0",
+           "Pinned host memory budget in bytes: offloaded activations take at most what " #
+           "the plan's other pinned arenas leave of it (0: the recipe target's " #
+           "host_memory, else none)">,
     Option<"target", "target", "std::string", /*default=*/"\"cpu\"",
            "Architecture the trial plans of auto are lowered for">,
     Option<"search", "search", "std::string", /*default=*/"\"greedy\"",

@@ -87,7 +87,7 @@ struct LowerToPlanPass : impl::BonsaiLowerToPlanPassBase<LowerToPlanPass> {
         vocab = cast<ShapedType>(embedding.getTable().getType()).getDimSize(0);
     });
     auto step = plan::StepOp::create(builder, loc, function.getSymName(), target, deviceMemory,
-                                     tokens, microBatches, vocab);
+                                     tokens, microBatches, vocab, hostMemory);
     // The adapters bonsai-insert-lora recorded become the plan's adapter metadata.
     // So do the data-parallel ranks bonsai-shard compiled the step for, and the ring's.
     for (StringRef name : {"bonsai.adapters", "bonsai.adapter_targets", "bonsai.ranks",

@@ -40,6 +40,14 @@ bonsai.recipe @r {
 
 // -----
 
+// target: zero host memory.
+bonsai.recipe @r {
+  // expected-error @+1 {{host memory must be positive, got 0 MiB}}
+  bonsai.target "sm_90" device_memory 24576 MiB host_memory 0 MiB
+}
+
+// -----
+
 // target: negative device memory.
 bonsai.recipe @r {
   // expected-error @+1 {{device memory must be positive, got -1 MiB}}

@@ -23,7 +23,7 @@ func.func @forward(%ids: tensor<2x8xi32>, %labels: tensor<2x8xi32>) -> tensor<f3
 }
 
 // CHECK-LABEL: bonsai.recipe @everything for @forward {
-// CHECK-NEXT:    bonsai.target "sm_90" device_memory 24576 MiB
+// CHECK-NEXT:    bonsai.target "sm_90" device_memory 24576 MiB host_memory 65536 MiB
 // CHECK-NEXT:    bonsai.quantize "nf4" block 64 double_quant 256 targets ["q_proj"]
 // CHECK-NEXT:    bonsai.lora dora rank 8 alpha 1.600000e+01 targets ["q_proj"]
 // CHECK-NEXT:    bonsai.optimizer "adamw" lr 1.000000e-03 {grad_clip = 1.000000e+00 : f64, schedule = "cosine", total_steps = 100 : i64, warmup_steps = 10 : i64}
@@ -35,7 +35,7 @@ func.func @forward(%ids: tensor<2x8xi32>, %labels: tensor<2x8xi32>) -> tensor<f3
 // CHECK-NEXT:    bonsai.remat "auto" sequence_chunks 4
 // CHECK-NEXT:  }
 bonsai.recipe @everything for @forward {
-  bonsai.target "sm_90" device_memory 24576 MiB
+  bonsai.target "sm_90" device_memory 24576 MiB host_memory 65536 MiB
   bonsai.quantize "nf4" block 64 double_quant 256 targets ["q_proj"]
   bonsai.lora dora rank 8 alpha 16.0 targets ["q_proj"]
   bonsai.optimizer "adamw" lr 1.0e-3 {schedule = "cosine", total_steps = 100, warmup_steps = 10, grad_clip = 1.0 : f64}

@@ -93,6 +93,8 @@ LogicalResult TargetDirectiveOp::verify() {
                             "XX >= 70 (sm_80 Ampere, sm_86 A10G, sm_89 Ada, sm_90 Hopper)";
   if (IntegerAttr mib = getDeviceMemoryMibAttr(); mib && mib.getInt() <= 0)
     return emitOpError() << "device memory must be positive, got " << mib.getInt() << " MiB";
+  if (IntegerAttr mib = getHostMemoryMibAttr(); mib && mib.getInt() <= 0)
+    return emitOpError() << "host memory must be positive, got " << mib.getInt() << " MiB";
   return success();
 }
 

@@ -484,17 +484,23 @@ class Bonsai_TargetedDirectiveOp<string mnemonic>
 }
 
 def Bonsai_TargetDirectiveOp : Bonsai_DirectiveOp<"target"> {
-  let summary = "the GPU the recipe compiles for, and its memory budget";
+  let summary = "the GPU the recipe compiles for, and its memory budgets";
   let description = [{
     `arch` is `sm_XX` (sm_80 Ampere, sm_86 A10G, sm_89 Ada, sm_90 Hopper, or another generic
-    compute capability); `device_memory` is the per-GPU budget in MiB.
+    compute capability); `device_memory` is the per-GPU budget in MiB; `host_memory` the
+    pinned host memory each process (each GPU's rank) may hold, in MiB: what offloaded state
+    and activations take (docs/offload.md).
 
     ```mlir
-    bonsai.target "sm_90" device_memory 24576 MiB
+    bonsai.target "sm_90" device_memory 24576 MiB host_memory 65536 MiB
     ```
   }];
-  let arguments = (ins StrAttr:$arch, OptionalAttr<I64Attr>:$device_memory_mib);
-  let assemblyFormat = "$arch (`device_memory` $device_memory_mib^ `MiB`)? attr-dict";
+  let arguments = (ins StrAttr:$arch, OptionalAttr<I64Attr>:$device_memory_mib,
+                   OptionalAttr<I64Attr>:$host_memory_mib);
+  let assemblyFormat = [{
+    $arch (`device_memory` $device_memory_mib^ `MiB`)? (`host_memory` $host_memory_mib^ `MiB`)?
+    attr-dict
+  }];
 }
 
 def Bonsai_QuantizeDirectiveOp : Bonsai_TargetedDirectiveOp<"quantize"> {

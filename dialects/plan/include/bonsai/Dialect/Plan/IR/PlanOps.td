@@ -79,7 +79,8 @@ def Plan_StepOp : Plan_Op<"step", [Symbol, SymbolTable, IsolatedFromAbove, NoTer
     Arenas first, then buffers and launches in schedule order. `target` is the architecture the
     step was compiled for, `device_memory` the budget in bytes (0 = none), `tokens_per_step`
     the batch times sequence length of one micro-batch, `micro_batches` the forward and backward
-    runs per update, `vocab_size` the rows of the token embedding.
+    runs per update, `vocab_size` the rows of the token embedding, `host_memory` the budget of
+    pinned host memory in bytes (0 = none).
 
     ```mlir
     bonsai_plan.step @forward {target = "cpu", tokens_per_step = 256 : i64} {
@@ -94,7 +95,8 @@ def Plan_StepOp : Plan_Op<"step", [Symbol, SymbolTable, IsolatedFromAbove, NoTer
                    DefaultValuedAttr<I64Attr, "0">:$device_memory,
                    DefaultValuedAttr<I64Attr, "0">:$tokens_per_step,
                    DefaultValuedAttr<I64Attr, "1">:$micro_batches,
-                   DefaultValuedAttr<I64Attr, "0">:$vocab_size);
+                   DefaultValuedAttr<I64Attr, "0">:$vocab_size,
+                   DefaultValuedAttr<I64Attr, "0">:$host_memory);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
   let hasRegionVerifier = 1;
