@@ -306,19 +306,22 @@ private:
   void checkGeneratedArity();
   /// NF4 tensors are read by Dequantize only (no other kernel knows the layout) and written
   /// by none (weights are quantized when they are bound) but the AllGather of a sharded
-  /// weight's u8 shares, which are read by that AllGather only.
+  /// weight's u8 shares, which are read by that AllGather only. The copies between device and
+  /// pinned host memory move an NF4 tensor's bytes as they are (a gathered weight that the
+  /// backward pass dequantizes again, offloaded between the passes like an activation).
   void checkNf4Operands() const {
     const bool gather = kernel.kind == KernelKind::AllGather;
+    const bool copy = kernelKindInfo(kernel.kind).has(kernel_traits::kCrossesSpaces);
     for (size_t i = 0; i < kernel.inputs.size(); ++i) {
-      if (in(i).dtype == DType::NF4 && kernel.kind != KernelKind::Dequantize)
-        fail(inName(i) + " is nf4, which only a Dequantize kernel reads");
+      if (in(i).dtype == DType::NF4 && kernel.kind != KernelKind::Dequantize && !copy)
+        fail(inName(i) + " is nf4, which only a Dequantize kernel (or a copy) reads");
       if (in(i).dtype == DType::U8 && !gather)
         fail(inName(i) + " is u8 (a share of nf4 storage), which only an AllGather reads");
     }
     for (size_t j = 0; j < kernel.outputs.size(); ++j) {
-      if (out(j).dtype == DType::NF4 && !gather)
+      if (out(j).dtype == DType::NF4 && !gather && !copy)
         fail(outName(j) + " is nf4: no kernel writes NF4 (weights are quantized when bound) "
-                          "but the AllGather of its shares");
+                          "but the AllGather of its shares (or a copy)");
       if (out(j).dtype == DType::U8)
         fail(outName(j) + " is u8: a share of nf4 storage is bound, not written by a kernel");
     }

@@ -239,7 +239,9 @@ TEST(Nf4Plan, LoadsAndRejectsMalformedTensorsAndKernels) {
   expectError(p.spec, "tensor 1 'model.norm.weight' is f32 but has NF4 block sizes");
   p = nf4PlanSpec();
   p.spec.kernels[3].inputs[1] = p.head; // the linear reads the NF4 bytes itself
-  expectError(p.spec, "w (tensor 2 'lm_head.weight') is nf4, which only a Dequantize kernel reads");
+  expectError(
+      p.spec,
+      "w (tensor 2 'lm_head.weight') is nf4, which only a Dequantize kernel (or a copy) reads");
   p = nf4PlanSpec();
   p.spec.kernels[p.dequantizeKernel].inputs[0] = 1;
   expectError(p.spec, "q (tensor 1 'model.norm.weight') dtype: expected nf4, got f32");
