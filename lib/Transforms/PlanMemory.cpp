@@ -99,45 +99,42 @@ struct PlanMemoryPass : impl::BonsaiPlanMemoryPassBase<PlanMemoryPass> {
     }
 
     int64_t budget = step.getDeviceMemoryAttr().getInt();
-    if (budget > 0) {
-      PlanMemorySummary summary = summarizePlanMemory(step);
-      if (summary.peakDevice > budget) {
-        auto [dominant, bytes] = summary.dominant();
-        InFlightDiagnostic diag = step.emitError()
-                                  << "the plan needs " << formatBytes(summary.peakDevice)
-                                  << " of device memory but the budget is "
-                                  << formatBytes(budget) << " (" << kOverBudget
-                                  << formatBytes(summary.peakDevice - budget) << "); "
-                                  << dominant
-                                  << (StringRef(dominant).ends_with("s") ? " take " : " takes ")
-                                  << formatBytes(bytes);
-        diag << ": " << overBudgetAdvice(dominant, /*recomputing=*/false);
-        return failure();
-      }
+    int64_t hostBudget = step.getHostMemoryAttr().getInt();
+    if (budget <= 0 && hostBudget <= 0)
+      return success();
+    PlanMemorySummary summary = summarizePlanMemory(step);
+    if (budget > 0 && summary.peakDevice > budget) {
+      auto [dominant, bytes] = summary.dominant();
+      InFlightDiagnostic diag = step.emitError()
+                                << "the plan needs " << formatBytes(summary.peakDevice)
+                                << " of device memory but the budget is " << formatBytes(budget)
+                                << " (" << kOverBudget << formatBytes(summary.peakDevice - budget)
+                                << "); " << dominant
+                                << (StringRef(dominant).ends_with("s") ? " take " : " takes ")
+                                << formatBytes(bytes);
+      diag << ": " << overBudgetAdvice(dominant, /*recomputing=*/false);
+      return failure();
     }
     // Pinned host memory is the host's RAM, locked: a plan over its budget would fail at
     // start-up, or push the machine into swapping, so it is an error here too.
-    if (int64_t hostBudget = step.getHostMemoryAttr().getInt(); hostBudget > 0) {
-      PlanMemorySummary summary = summarizePlanMemory(step);
-      if (summary.peakHost > hostBudget) {
-        InFlightDiagnostic diag = step.emitError()
-                                  << "the plan needs " << formatBytes(summary.peakHost)
-                                  << " of pinned host memory but the host budget is "
-                                  << formatBytes(hostBudget) << " ("
-                                  << formatBytes(summary.peakHost - hostBudget)
-                                  << " more than it allows):";
-        std::pair<const char *, int64_t> classes[] = {
-            {"weights", summary.hostWeights},
-            {"gradients", summary.hostGradients},
-            {"optimizer state", summary.hostOptimizerState},
-            {"staging and offloaded activations", summary.hostStaging}};
-        for (auto [name, bytes] : classes)
-          if (bytes > 0)
-            diag << " " << name << " " << formatBytes(bytes) << ";";
-        diag << " offload less (bonsai.offload), recompute more (bonsai.remat), or raise "
-                "host_memory";
-        return failure();
-      }
+    if (hostBudget > 0 && summary.peakHost > hostBudget) {
+      InFlightDiagnostic diag = step.emitError()
+                                << "the plan needs " << formatBytes(summary.peakHost)
+                                << " of pinned host memory but the host budget is "
+                                << formatBytes(hostBudget) << " ("
+                                << formatBytes(summary.peakHost - hostBudget)
+                                << " more than it allows):";
+      std::pair<const char *, int64_t> classes[] = {
+          {"weights", summary.hostWeights},
+          {"gradients", summary.hostGradients},
+          {"optimizer state", summary.hostOptimizerState},
+          {"staging and offloaded activations", summary.hostStaging}};
+      for (auto [name, bytes] : classes)
+        if (bytes > 0)
+          diag << " " << name << " " << formatBytes(bytes) << ";";
+      diag << " offload less (bonsai.offload), recompute more (bonsai.remat), or raise "
+              "host_memory";
+      return failure();
     }
     return success();
   }

@@ -23,6 +23,7 @@
 #include "bonsai/runtime/Tensor.h"
 
 #ifdef BONSAI_HAVE_CUDA
+#include "CudaTestUtil.h"
 #include "bonsai/runtime/CudaKernels.h"
 #include <cuda_runtime_api.h>
 #endif
@@ -334,18 +335,6 @@ TEST(Nf4Plan, InitBindAndForwardEqualTheDequantizedF32Plan) {
 
 #ifdef BONSAI_HAVE_CUDA
 
-bool haveGpu() {
-  static const bool have = [] {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return count > 0;
-  }();
-  return have;
-}
-
 void ok(cudaError_t status, const char *call) {
   ASSERT_EQ(status, cudaSuccess) << call << ": " << cudaGetErrorString(status);
 }
@@ -385,8 +374,7 @@ void checkCuda(int64_t numel, uint32_t b, uint32_t d, DType dtype, size_t misali
 }
 
 TEST(CudaNf4, MatchesCpuBitForBit) {
-  if (!haveGpu())
-    GTEST_SKIP() << "no GPU here";
+  BONSAI_SKIP_WITHOUT_GPU();
   uint32_t seed = 10;
   for (DType dtype : {DType::BF16, DType::F32, DType::F16}) {
     checkCuda(176 * 64, 64, 256, dtype, 0, seed++);      // tiny_llama's MLP
@@ -402,8 +390,7 @@ TEST(CudaNf4, MatchesCpuBitForBit) {
 /// past the last full tile), several K steps. Tolerance: bf16 rounding of the output (2^-8
 /// relative) plus fp32 accumulation, against the largest output.
 TEST(CudaNf4, FusedGemmMatchesCpu) {
-  if (!haveGpu())
-    GTEST_SKIP() << "no GPU here";
+  BONSAI_SKIP_WITHOUT_GPU();
   const int64_t m = 200, n = 256, k = 320;
   std::vector<float> xf = randomNormal(size_t(m * k), 21), w = randomNormal(size_t(n * k), 22, 0.02f);
   std::vector<uint16_t> x(xf.size());
@@ -452,8 +439,7 @@ TEST(CudaNf4, FusedGemmMatchesCpu) {
 }
 
 TEST(CudaNf4, PerfDequantize) {
-  if (!haveGpu())
-    GTEST_SKIP() << "no GPU here";
+  BONSAI_SKIP_WITHOUT_GPU();
   // Llama-2-7B's MLP weight (11008 x 4096) to bf16, as every QLoRA step does per layer.
   const int64_t numel = 11008LL * 4096;
   std::vector<float> x = randomNormal(size_t(numel), 7, 0.02f);
