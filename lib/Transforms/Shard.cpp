@@ -165,6 +165,8 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
                                         sharding.getRanks());
       if (phase != "forward")
         gather->setAttr("bonsai.phase", builder.getStringAttr(phase));
+      else if (keepGathered)
+        gather.setKept(true);
       for (OpOperand *use : *uses)
         use->set(gather.getResult());
       totals.gatheredPerMicroBatch += getStorageBytes(wholeType);

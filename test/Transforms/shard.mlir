@@ -122,11 +122,12 @@ bonsai.recipe @r {
 // zero3 with reshard_after_forward false: a parameter the forward pass reads is gathered once,
 // before its first forward use, and its backward uses read the same gathered value (one
 // all-gather per micro-batch instead of two; the gathered weights live from the forward to the
-// backward pass). The frozen embedding has no backward use: gathered once either way.
+// backward pass). The frozen embedding has no backward use: gathered once either way. The
+// gathers are `kept`: bonsai-remat does not gather them again for what it recomputes.
 
 // CHECK-LABEL: func.func @zero3_kept
 // CHECK: %[[LM:.*]] = bonsai.param "lm" trainable sharding <ranks = 2, shape = [16, 8]> : tensor<64xbf16>
-// CHECK-NEXT: %[[LMF:.*]] = bonsai.all_gather %[[LM]] {ranks = 2 : i64} : (tensor<64xbf16>) -> tensor<16x8xbf16>
+// CHECK-NEXT: %[[LMF:.*]] = bonsai.all_gather %[[LM]] {kept, ranks = 2 : i64} : (tensor<64xbf16>) -> tensor<16x8xbf16>
 // CHECK-NEXT: bonsai.linear %{{.*}}, %[[LMF]]
 // CHECK: bonsai.cross_entropy_grad
 // CHECK-NOT: bonsai.all_gather

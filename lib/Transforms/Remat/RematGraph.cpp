@@ -106,13 +106,18 @@ ForwardGraph analyzeForwardGraph(func::FuncOp function) {
   for (unsigned i = 0; i < n; ++i)
     if (g.isView.test(i) && pinned.test(i) && g.viewRoot[i] >= 0)
       pinned.set(g.viewRoot[i]);
-  for (auto [i, op] : llvm::enumerate(g.ops))
+  // An op RecomputeOpInterface always recomputes may have memory effects (a gather of a
+  // parameter's share): the interface vouches that running it again gives the same result.
+  auto alwaysRecomputed = [](Operation *op) {
+    auto recompute = dyn_cast<RecomputeOpInterface>(op);
+    return recompute && recompute.isAlwaysRecomputed();
+  };
+  for (auto [i, op] : llvm::enumerate(g.ops)) {
     g.candidate[i] = !g.isView.test(i) && !pinned.test(i) && isa<CostOpInterface>(op) &&
                      isa<KernelOpInterface>(op) && op->getNumRegions() == 0 &&
-                     isMemoryEffectFree(op);
-  for (auto [i, op] : llvm::enumerate(g.ops))
-    if (auto recompute = dyn_cast<RecomputeOpInterface>(op))
-      g.alwaysRecomputed[i] = g.candidate[i] && recompute.isAlwaysRecomputed();
+                     (isMemoryEffectFree(op) || alwaysRecomputed(op));
+    g.alwaysRecomputed[i] = g.candidate[i] && alwaysRecomputed(op);
+  }
 
   for (Operation &op : function.getBody().front()) {
     g.hasBackward |= isBackward(&op);
@@ -223,6 +228,44 @@ SmallVector<Operation *> applyRecompute(ArrayRef<Operation *> forward, const Bit
       result.replaceUsesWithIf(mapping.lookup(result), [](OpOperand &use) {
         return isBackward(use.getOwner()) && !use.getOwner()->hasAttr(kRecomputedAttr);
       });
+
+  // A clone that reads and writes memory (a gather of a parameter's share) may repeat what a
+  // backward op already computes from the same operands: bonsai-shard gathers a parameter
+  // again for its backward readers, and a recomputed forward op of the same weight would
+  // gather it a second time. Running one of the two is enough; the earlier one stays, so that
+  // both sets of readers follow it. The clone is what stays, moved up if the other came
+  // first: as a recomputed op, bonsai-fuse knows it for the forward value it repeats and drops
+  // it if fusion leaves it unread. (Pure duplicates are not merged: nothing here creates them
+  // beyond what the unrecomputed step has.)
+  auto repeats = [ctx](Operation *clone, Operation *op) {
+    if (op == clone || op->getName() != clone->getName() || !isBackward(op) ||
+        op->getNumRegions() != 0 || !llvm::equal(op->getOperands(), clone->getOperands()) ||
+        op->getResultTypes() != clone->getResultTypes() ||
+        op->getPropertiesAsAttribute() != clone->getPropertiesAsAttribute())
+      return false;
+    NamedAttrList cloneAttrs(clone->getDiscardableAttrDictionary());
+    cloneAttrs.erase(kRecomputedAttr);
+    NamedAttrList opAttrs(op->getDiscardableAttrDictionary());
+    opAttrs.erase(kRecomputedAttr);
+    return cloneAttrs.getDictionary(ctx) == opAttrs.getDictionary(ctx);
+  };
+  for (Operation *clone : clones) {
+    if (isMemoryEffectFree(clone) || clone->getNumOperands() == 0)
+      continue;
+    Operation *twin = nullptr;
+    for (Operation *user : clone->getOperand(0).getUsers())
+      if (repeats(clone, user)) {
+        twin = user;
+        break;
+      }
+    if (!twin)
+      continue;
+    // The operands precede both (the twin reads them), so the clone may move up to the twin.
+    if (twin->isBeforeInBlock(clone))
+      clone->moveBefore(twin);
+    twin->replaceAllUsesWith(clone);
+    twin->erase();
+  }
   return clones;
 }
 

@@ -65,6 +65,12 @@ LogicalResult AllGatherOp::verify() {
   return verifyShardOf(*this, getRanks(), getShard(), getFull());
 }
 OpCost AllGatherOp::getForwardCost() { return collectiveCost(*this); }
+/// A parameter's share is resident for the whole step, so gathering it again before the
+/// backward pass costs the link's time, where keeping the gathered tensor from the forward
+/// pass would keep every layer's whole weight alive at once (what ZeRO-3 is for not to do).
+bool AllGatherOp::isAlwaysRecomputed() {
+  return !getKept() && getShard().getDefiningOp<ParamOp>() != nullptr;
+}
 
 LogicalResult AllGatherIntoOp::verify() {
   return verifyShardOf(*this, getRanks(), getShard(), getFull());

@@ -5,16 +5,20 @@
 // the ranks. Shards are flat: one rank's contiguous share of the row-major elements of a
 // tensor (#bonsai.sharding). Every rank must run the same collectives in the same order, so
 // they are never removed, merged or reordered by a generic pass: they read and write memory.
+// The one exception is bonsai-remat gathering a parameter's share again in the backward pass
+// (all_gather's RecomputeOpInterface): every rank compiles the same step, so every rank's plan
+// has the same clones in the same places.
 //
 //===----------------------------------------------------------------------===//
 
 #ifndef BONSAI_DIALECT_BONSAI_IR_BONSAICOLLECTIVEOPS_TD
 #define BONSAI_DIALECT_BONSAI_IR_BONSAICOLLECTIVEOPS_TD
 
-class Bonsai_CollectiveOp<string mnemonic, list<string> kernelOverrides = []>
-    : Bonsai_Op<mnemonic, [MemoryEffects<[MemRead, MemWrite]>,
+class Bonsai_CollectiveOp<string mnemonic, list<string> kernelOverrides = [],
+                          list<Trait> traits = []>
+    : Bonsai_Op<mnemonic, !listconcat([MemoryEffects<[MemRead, MemWrite]>,
           DeclareOpInterfaceMethods<Bonsai_CostOpInterface>,
-          DeclareOpInterfaceMethods<Bonsai_KernelOpInterface, kernelOverrides>]> {
+          DeclareOpInterfaceMethods<Bonsai_KernelOpInterface, kernelOverrides>], traits)> {
   let hasVerifier = 1;
   let assemblyFormat = "operands attr-dict `:` functional-type(operands, results)";
 }
@@ -47,17 +51,22 @@ def Bonsai_ReduceScatterOp : Bonsai_CollectiveOp<"reduce_scatter"> {
   let results = (outs Bonsai_ComputeTensor:$shard);
 }
 
-def Bonsai_AllGatherOp : Bonsai_CollectiveOp<"all_gather"> {
+def Bonsai_AllGatherOp : Bonsai_CollectiveOp<"all_gather", [],
+    [DeclareOpInterfaceMethods<Bonsai_RecomputeOpInterface, ["isAlwaysRecomputed"]>]> {
   let summary = "every rank's flat share, concatenated in rank order into the whole tensor";
   let description = [{
     ZeRO-3: a parameter stored as shards, gathered whole before its uses in the forward pass
     and again before those in the backward pass; the gathered tensor lives until its last use.
+    What the backward pass computes from a gathered parameter without reading the parameter
+    itself (a dequantized NF4 weight, which bonsai-remat dequantizes again) is gathered again
+    too: a gather of a parameter's share is always recomputed (RecomputeOpInterface), unless
+    `kept` (reshard_after_forward false), when the forward pass's gather serves both passes.
 
     ```mlir
     %w = bonsai.all_gather %ws {ranks = 2 : i64} : (tensor<2048xf32>) -> tensor<64x64xf32>
     ```
   }];
-  let arguments = (ins Bonsai_Tensor:$shard, I64Attr:$ranks);
+  let arguments = (ins Bonsai_Tensor:$shard, I64Attr:$ranks, UnitAttr:$kept);
   let results = (outs Bonsai_Tensor:$full);
 }
 
