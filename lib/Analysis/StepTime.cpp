@@ -94,24 +94,18 @@ double mlir::bonsai::estimateLaunchSeconds(Operation *op, const StepRates &rates
   // A collective over N ranks sends and receives (N - 1) / N of the whole tensor over the link
   // between the GPUs (twice for an all-reduce: a reduce-scatter and an all-gather); the
   // profile's link is the one consumer GPUs share with the host (PCIe), a floor for NVLink.
-  auto overPeers = [&](Value whole, int64_t ranks, double passes) {
+  if (auto collective = dyn_cast<LinkOpInterface>(op)) {
     double link = rates.offload.linkBytesPerSecond;
+    int64_t ranks = collective.getLinkRanks();
     if (ranks <= 1)
       return estimateOpSeconds(op, rates) + rates.kernelLatencySeconds;
     if (!(link > 0))
       return -1.0;
-    return passes * double(getStorageBytes(whole.getType())) * double(ranks - 1) / double(ranks) /
-               link +
+    return double(collective.getLinkPasses()) *
+               double(getStorageBytes(collective.getWholeTensor().getType())) * double(ranks - 1) /
+               double(ranks) / link +
            kCopyLatencySeconds;
-  };
-  if (auto scatter = dyn_cast<ReduceScatterOp>(op))
-    return overPeers(scatter.getFull(), scatter.getRanks(), 1);
-  if (auto gather = dyn_cast<AllGatherOp>(op))
-    return overPeers(gather.getFull(), gather.getRanks(), 1);
-  if (auto gather = dyn_cast<AllGatherIntoOp>(op))
-    return overPeers(gather.getFull(), gather.getRanks(), 1);
-  if (auto reduce = dyn_cast<AllReduceOp>(op))
-    return overPeers(reduce.getInput(), reduce.getRanks(), 2);
+  }
   // An update whose operands bonsai-offload copied to the host runs there.
   if (auto update = dyn_cast<OptimizerStateOpInterface>(op);
       update && llvm::any_of(op->getOperands(), [](Value operand) {

@@ -93,6 +93,9 @@ LogicalResult AllReduceOp::verify() {
   return success();
 }
 OpCost AllReduceOp::getForwardCost() { return collectiveCost(*this); }
+Value AllReduceOp::getWholeTensor() { return getInput(); }
+/// A reduce-scatter, then an all-gather of the reduced shares.
+unsigned AllReduceOp::getLinkPasses() { return 2; }
 DictionaryAttr AllReduceOp::getKernelParams() {
   Builder builder(getContext());
   return builder.getDictionaryAttr({builder.getNamedAttr("ranks", getRanksAttr()),

@@ -37,7 +37,8 @@ def Bonsai_ShardSliceOp : Bonsai_CollectiveOp<"shard_slice"> {
   let results = (outs Bonsai_Tensor:$shard);
 }
 
-def Bonsai_ReduceScatterOp : Bonsai_CollectiveOp<"reduce_scatter"> {
+def Bonsai_ReduceScatterOp : Bonsai_CollectiveOp<"reduce_scatter", [],
+    [Bonsai_LinkOpInterface]> {
   let summary = "the sum over ranks of a tensor, each rank keeping its flat share";
   let description = [{
     A weight gradient summed over the ranks' micro-batches, of which each rank keeps the
@@ -52,7 +53,8 @@ def Bonsai_ReduceScatterOp : Bonsai_CollectiveOp<"reduce_scatter"> {
 }
 
 def Bonsai_AllGatherOp : Bonsai_CollectiveOp<"all_gather", [],
-    [DeclareOpInterfaceMethods<Bonsai_RecomputeOpInterface, ["isAlwaysRecomputed"]>]> {
+    [Bonsai_LinkOpInterface,
+     DeclareOpInterfaceMethods<Bonsai_RecomputeOpInterface, ["isAlwaysRecomputed"]>]> {
   let summary = "every rank's flat share, concatenated in rank order into the whole tensor";
   let description = [{
     ZeRO-3: a parameter stored as shards, gathered whole before its uses in the forward pass
@@ -71,7 +73,7 @@ def Bonsai_AllGatherOp : Bonsai_CollectiveOp<"all_gather", [],
 }
 
 def Bonsai_AllGatherIntoOp : Bonsai_CollectiveOp<"all_gather_into",
-    ["getKernelName", "getInPlaceOperands"]> {
+    ["getKernelName", "getInPlaceOperands"], [Bonsai_LinkOpInterface]> {
   let summary = "every rank's flat share, gathered in place into a whole tensor";
   let description = [{
     ZeRO-1 and ZeRO-2: the updated shares of a parameter kept whole on every rank, written
@@ -84,7 +86,8 @@ def Bonsai_AllGatherIntoOp : Bonsai_CollectiveOp<"all_gather_into",
   let arguments = (ins Bonsai_Tensor:$shard, Bonsai_Tensor:$full, I64Attr:$ranks);
 }
 
-def Bonsai_AllReduceOp : Bonsai_CollectiveOp<"all_reduce", ["getKernelParams"]> {
+def Bonsai_AllReduceOp : Bonsai_CollectiveOp<"all_reduce", ["getKernelParams"],
+    [DeclareOpInterfaceMethods<Bonsai_LinkOpInterface, ["getWholeTensor", "getLinkPasses"]>]> {
   let summary = "the ranks' values combined, every rank keeping the result";
   let description = [{
     `reduction` is `sum` (the sum over ranks) or `l2` (the square root of the sum of the

@@ -136,6 +136,30 @@ def Bonsai_RecomputeOpInterface : OpInterface<"RecomputeOpInterface"> {
   ];
 }
 
+def Bonsai_LinkOpInterface : OpInterface<"LinkOpInterface"> {
+  let cppNamespace = "::mlir::bonsai";
+  let description = [{
+    A collective whose bytes cross the link between the ranks: over N ranks each rank sends
+    and receives (N - 1) / N of the whole tensor, once per pass (an all-reduce makes two: a
+    reduce-scatter and an all-gather). The step-time estimate asks this interface. (A local
+    copy of a rank's share, `bonsai.shard_slice`, crosses nothing and does not implement it.)
+  }];
+  let methods = [
+    InterfaceMethod<"The ranks the collective spans.",
+      "int64_t", "getLinkRanks", (ins), [{}], [{
+        return $_op.getRanks();
+      }]>,
+    InterfaceMethod<"The whole tensor, of which each rank sends and receives its part.",
+      "::mlir::Value", "getWholeTensor", (ins), [{}], [{
+        return $_op.getFull();
+      }]>,
+    InterfaceMethod<"How many times the whole tensor's share crosses the link.",
+      "unsigned", "getLinkPasses", (ins), [{}], [{
+        return 1;
+      }]>,
+  ];
+}
+
 def Bonsai_RecipeDirectiveOpInterface : OpInterface<"RecipeDirectiveOpInterface"> {
   let cppNamespace = "::mlir::bonsai";
   let description = [{
