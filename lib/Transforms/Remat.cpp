@@ -1181,9 +1181,13 @@ LogicalResult RematPass::rematFunction(func::FuncOp function, StringRef chosen, 
           << formatBytes(chosenTrial.peak);
   if (!how.empty())
     summary << " (" << how << ")";
+  if (unsigned replaced = applyRecompute(g.ops, chosenTrial.recompute))
+    summary << "; " << replaced
+            << (replaced == 1 ? " recomputed gather replaces"
+                              : " of the recomputed gathers replace")
+            << " the backward pass's own (each parameter is still gathered once per pass)";
   summary.report();
 
-  applyRecompute(g.ops, chosenTrial.recompute);
   numRecomputed += count;
   recomputedFlops += chosenTrial.flops;
   return success();

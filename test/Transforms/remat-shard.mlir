@@ -1,4 +1,5 @@
 // RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer --bonsai-shard --bonsai-remat %s -split-input-file 2>/dev/null | FileCheck %s
+// RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer --bonsai-shard --bonsai-remat %s -split-input-file 2>&1 >/dev/null | FileCheck %s --check-prefix=REMARK
 
 // bonsai-remat on a ZeRO-3 step (policy full). A gather of a parameter's share is always
 // recomputed (all_gather's RecomputeOpInterface): the backward pass gathers the NF4 weight
@@ -6,6 +7,8 @@
 // bytes from one pass to the other. The recomputed gather of 'w' stands in for the one
 // bonsai-shard placed before w's backward reader: the recomputed linear and linear_grad_input
 // read the same gather, and w is gathered twice per micro-batch, not three times.
+
+// REMARK: remark: bonsai-remat (policy 'full'): recomputes 7 tensors (3 all_gather, 1 embedding, 1 dequantize, 2 linear) {{.*}}; 1 recomputed gather replaces the backward pass's own (each parameter is still gathered once per pass)
 
 // CHECK-LABEL: func.func @regather
 // CHECK: %[[E:.*]] = bonsai.param "e"
@@ -47,6 +50,10 @@ bonsai.recipe @r {
 // With reshard_after_forward false the recipe keeps each gathered parameter from the forward
 // pass to the backward pass (`kept`): nothing is gathered in the backward pass, and the
 // recomputed dequantize reads the forward pass's gathered NF4 bytes.
+
+// No gather is recomputed, so none replaces one: the remark ends with the planned peak.
+// REMARK: remark: bonsai-remat (policy 'full'): recomputes 4 tensors (1 embedding, 1 dequantize, 2 linear)
+// REMARK-SAME: KiB{{$}}
 
 // CHECK-LABEL: func.func @kept
 // CHECK: %[[Q:.*]] = bonsai.param "q" frozen sharding

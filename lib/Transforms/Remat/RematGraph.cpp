@@ -186,9 +186,9 @@ int64_t ForwardGraph::getFlops(const BitVector &recompute) const {
 /// Clones the ops of `recompute` (positions in `forward`) into the backward pass, each right
 /// before the first backward op or clone that reads it, in forward order where several go
 /// before the same op; backward ops then read the clones. Returns the clones.
-SmallVector<Operation *> applyRecompute(ArrayRef<Operation *> forward, const BitVector &recompute) {
+unsigned applyRecompute(ArrayRef<Operation *> forward, const BitVector &recompute) {
   if (recompute.none())
-    return {};
+    return 0;
   MLIRContext *ctx = forward.front()->getContext();
   // Where each clone goes, from the last recomputed op to the first: a clone must precede
   // its backward readers and the clones that read it.
@@ -249,6 +249,7 @@ SmallVector<Operation *> applyRecompute(ArrayRef<Operation *> forward, const Bit
     opAttrs.erase(kRecomputedAttr);
     return cloneAttrs.getDictionary(ctx) == opAttrs.getDictionary(ctx);
   };
+  unsigned replaced = 0;
   for (Operation *clone : clones) {
     if (isMemoryEffectFree(clone) || clone->getNumOperands() == 0)
       continue;
@@ -265,8 +266,9 @@ SmallVector<Operation *> applyRecompute(ArrayRef<Operation *> forward, const Bit
       clone->moveBefore(twin);
     twin->replaceAllUsesWith(clone);
     twin->erase();
+    ++replaced;
   }
-  return clones;
+  return replaced;
 }
 
 /// The candidates grouped by kind: same op, operand and result types and attributes, which

@@ -88,9 +88,9 @@ ForwardGraph analyzeForwardGraph(func::FuncOp function);
 /// before the first backward op or clone that reads it, in forward order where several go
 /// before the same op; backward ops then read the clones. A clone with memory effects that
 /// repeats a backward op (a parameter's share gathered again, which bonsai-shard already
-/// gathers for the backward pass) replaces it, at the earlier of the two places. Returns the
-/// clones.
-SmallVector<Operation *> applyRecompute(ArrayRef<Operation *> forward, const BitVector &recompute);
+/// gathers for the backward pass) replaces it, at the earlier of the two places. Returns how
+/// many backward ops clones replaced.
+unsigned applyRecompute(ArrayRef<Operation *> forward, const BitVector &recompute);
 
 /// The candidates grouped by kind: same op, operand and result types and attributes, which
 /// the same op of every repeated layer shares. Each group in forward order; groups in the
