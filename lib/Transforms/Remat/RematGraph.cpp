@@ -185,7 +185,8 @@ int64_t ForwardGraph::getFlops(const BitVector &recompute) const {
 
 /// Clones the ops of `recompute` (positions in `forward`) into the backward pass, each right
 /// before the first backward op or clone that reads it, in forward order where several go
-/// before the same op; backward ops then read the clones. Returns the clones.
+/// before the same op; backward ops then read the clones, and a clone that repeats a backward
+/// op replaces it. Returns how many backward ops clones replaced.
 unsigned applyRecompute(ArrayRef<Operation *> forward, const BitVector &recompute) {
   if (recompute.none())
     return 0;
@@ -229,25 +230,19 @@ unsigned applyRecompute(ArrayRef<Operation *> forward, const BitVector &recomput
         return isBackward(use.getOwner()) && !use.getOwner()->hasAttr(kRecomputedAttr);
       });
 
-  // A clone that reads and writes memory (a gather of a parameter's share) may repeat what a
-  // backward op already computes from the same operands: bonsai-shard gathers a parameter
-  // again for its backward readers, and a recomputed forward op of the same weight would
-  // gather it a second time. Running one of the two is enough; the earlier one stays, so that
-  // both sets of readers follow it. The clone is what stays, moved up if the other came
-  // first: as a recomputed op, bonsai-fuse knows it for the forward value it repeats and drops
-  // it if fusion leaves it unread. (Pure duplicates are not merged: nothing here creates them
-  // beyond what the unrecomputed step has.)
-  auto repeats = [ctx](Operation *clone, Operation *op) {
-    if (op == clone || op->getName() != clone->getName() || !isBackward(op) ||
-        op->getNumRegions() != 0 || !llvm::equal(op->getOperands(), clone->getOperands()) ||
-        op->getResultTypes() != clone->getResultTypes() ||
-        op->getPropertiesAsAttribute() != clone->getPropertiesAsAttribute())
-      return false;
-    NamedAttrList cloneAttrs(clone->getDiscardableAttrDictionary());
-    cloneAttrs.erase(kRecomputedAttr);
-    NamedAttrList opAttrs(op->getDiscardableAttrDictionary());
-    opAttrs.erase(kRecomputedAttr);
-    return cloneAttrs.getDictionary(ctx) == opAttrs.getDictionary(ctx);
+  // A clone that reads and writes memory (a gather of a parameter's share) may repeat a
+  // backward op on the same operands: bonsai-shard gathers a parameter again for its backward
+  // readers, and a recomputed forward op of the same weight would gather it a second time. One
+  // of the two is enough: the clone stays, at the earlier of the two places, so that as a
+  // recomputed op bonsai-fuse knows it for the forward value it repeats and drops it if fusion
+  // leaves it unread. Both are backward ops, so their discardable attributes (the phase, the
+  // clone's mark) say nothing more. (Pure clones repeat nothing the unrecomputed step has.)
+  auto repeats = [](Operation *clone, Operation *op) {
+    return op != clone && isBackward(op) &&
+           OperationEquivalence::isEquivalentTo(clone, op, OperationEquivalence::exactValueMatch,
+                                                /*markEquivalent=*/nullptr,
+                                                OperationEquivalence::IgnoreLocations |
+                                                    OperationEquivalence::IgnoreDiscardableAttrs);
   };
   unsigned replaced = 0;
   for (Operation *clone : clones) {
