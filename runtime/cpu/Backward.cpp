@@ -239,9 +239,9 @@ void linearGradWeight(const TensorView &dy, const TensorView &x, const TensorVie
   const float *dyp = loadFloats(dy, dys);
   const float *xp = loadFloats(x, xs);
   float *dwp = resultBuffer(dw, {&dy, &x}, dws);
-  // dw [out, in] = dyᵀ [out, rows] x [rows, in]. OpenBLAS threads a GEMM over M and N, never over
-  // K (the rows here), so each element's sum has one order whatever the number of threads.
-  sgemm(k, /*transA=*/true, /*transB=*/false, out, in, rows, dyp, xp, dwp);
+  // dw [out, in] = dyᵀ [out, rows] x [rows, in] in an order that does not depend on the
+  // machine or on which operand comes first (weightGradient).
+  weightGradient(dyp, xp, rows, out, in, /*accumulate=*/false, dwp);
   if (dwp != dw.data)
     storeF32(dwp, dw);
 }

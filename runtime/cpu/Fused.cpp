@@ -170,7 +170,8 @@ void linearCrossEntropy(const TensorView &x, const TensorView &w, const TensorVi
     const float *g = logits.data();
     gemm(k, false, false, n, hidden, vocab, g, wp, 0.0f, dxp + r0 * hidden);
     if (dwp)
-      gemm(k, true, false, vocab, hidden, n, g, xp + r0 * hidden, r0 == 0 ? 0.0f : 1.0f, dwp);
+      // As linear_grad_weight computes it (one chunk: the same bits), the chunks added in order.
+      weightGradient(g, xp + r0 * hidden, n, vocab, hidden, /*accumulate=*/r0 != 0, dwp);
   }
 
   double total = 0.0;

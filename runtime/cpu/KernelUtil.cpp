@@ -12,6 +12,7 @@
 #include <cstring>
 #include <exception>
 #include <thread>
+#include <vector>
 
 namespace bonsai::rt::cpu::detail {
 
@@ -50,6 +51,42 @@ std::string formatIndex(int64_t flat, const std::vector<int64_t> &shape) {
     flat = shape[i] ? flat / shape[i] : 0;
   }
   return formatShape(index);
+}
+
+namespace {
+/// The dot product of a[0, n) and b[0, n) in one fixed order, the same for (a, b) and (b, a).
+float orderedDot(const float *a, const float *b, int64_t n) {
+  float sums[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t r = 0;
+  for (; r + 8 <= n; r += 8)
+    for (int l = 0; l < 8; ++l)
+      sums[l] += a[r + l] * b[r + l];
+  float total =
+      ((sums[0] + sums[1]) + (sums[2] + sums[3])) + ((sums[4] + sums[5]) + (sums[6] + sums[7]));
+  for (; r < n; ++r)
+    total += a[r] * b[r];
+  return total;
+}
+} // namespace
+
+void weightGradient(const float *a, const float *b, int64_t rows, int64_t out, int64_t in,
+                    bool accumulate, float *dw) {
+  // Columns as contiguous rows, so that each dot product streams two arrays.
+  std::vector<float> at(size_t(out) * size_t(rows)), bt(size_t(in) * size_t(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t o = 0; o < out; ++o)
+      at[size_t(o * rows + r)] = a[r * out + o];
+    for (int64_t i = 0; i < in; ++i)
+      bt[size_t(i * rows + r)] = b[r * in + i];
+  }
+  parallelFor(out, std::max<int64_t>(1, kWorkGrain / std::max<int64_t>(1, in * rows)),
+              [&](int64_t o0, int64_t o1) {
+                for (int64_t o = o0; o < o1; ++o)
+                  for (int64_t i = 0; i < in; ++i) {
+                    float dot = orderedDot(at.data() + o * rows, bt.data() + i * rows, rows);
+                    dw[o * in + i] = accumulate ? dw[o * in + i] + dot : dot;
+                  }
+              });
 }
 
 void parallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)> &fn) {

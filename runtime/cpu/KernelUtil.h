@@ -50,6 +50,16 @@ constexpr int64_t kWorkGrain = 1 << 16;
 /// result does not depend on the split. Exceptions are rethrown after every thread has joined.
 void parallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)> &fn);
 
+/// dw [out, in] = aᵀ b (or dw += aᵀ b with `accumulate`) for a [rows, out] and b [rows, in]:
+/// each element a dot product of a column of a and a column of b in one fixed order (eight
+/// running sums, element r into sum r % 8, combined pairwise, then the tail). Not OpenBLAS,
+/// whose kernels sum an element in an order that depends on where it falls in their tiles, so
+/// that aᵀb and the transpose of bᵀa differed in the last bits on some CPUs (an AMD EPYC with
+/// AVX2): GPT-2's transposed weight gradients, which the gemm-epilogue fusion computes the other
+/// way round. Here both are the same on every machine and for any number of threads.
+void weightGradient(const float *a, const float *b, int64_t rows, int64_t out, int64_t in,
+                    bool accumulate, float *dw);
+
 /// y = x [batch, seq, heads, head_dim] with each pair (i, i + head_dim / 2) rotated by RoPE's
 /// angle s theta^(-2i / head_dim) at position s, or by its transpose (`transpose`: rope's
 /// gradient). The body of cpu::rope and cpu::ropeGrad (runtime/cpu/Attention.cpp); `kernel`,
