@@ -70,6 +70,30 @@ void Communicator::allReduceSum(const void *send, void *recv, size_t count, DTyp
   doAllReduceSum(send, recv, count, dtype, context);
 }
 
+void Communicator::allReduceMax(const void *send, void *recv, size_t count, DType dtype,
+                                const std::string &context) {
+  const char *name = "allReduceMax";
+  checkDType(dtype, name);
+  if (dtype != DType::F32)
+    throw Error(std::string(name) + ": the maximum is of f32 values, not " + dtypeName(dtype));
+  size_t bytes = checkedBytes(count, size_t(size()), dtype, name) / size_t(size());
+  checkPointer(send, bytes, name, "send");
+  checkPointer(recv, bytes, name, "recv");
+  if (count == 0)
+    return;
+  std::vector<float> all(count * size_t(size()));
+  doAllGather(send, all.data(), count, dtype, context);
+  auto *out = static_cast<float *>(recv);
+  for (size_t i = 0; i < count; ++i) {
+    float m = all[i];
+    for (size_t r = 1; r < size_t(size()) && !std::isnan(m); ++r) {
+      float v = all[r * count + i];
+      m = std::isnan(v) || v > m ? v : m;
+    }
+    out[i] = m;
+  }
+}
+
 void Communicator::reduceScatterSum(const void *send, void *recv, size_t recvCount, DType dtype,
                                     const std::string &context) {
   const char *name = "reduceScatterSum";

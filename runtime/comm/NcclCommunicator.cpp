@@ -420,13 +420,16 @@ void NcclCommunicator::enqueue(const char *ncclCall, const std::string &what, Is
   lastIssued_ = what;
 }
 
-void NcclCommunicator::allReduceSum(const void *send, void *recv, size_t count, DType dtype,
-                                    CUstream_st *stream, const std::string &context) {
-  const char *name = "allReduceSum";
+void NcclCommunicator::allReduce(bool max, const void *send, void *recv, size_t count, DType dtype,
+                                 CUstream_st *stream, const std::string &context) {
+  const char *name = max ? "allReduceMax" : "allReduceSum";
   Checker check{who() + ": NCCL " + name + contextText(context)};
   checkUsable(check.prefix);
   check.dtype(dtype);
-  check.summable(dtype);
+  if (!max)
+    check.summable(dtype);
+  else if (dtype != DType::F32)
+    throw Error(check.prefix + ": the maximum is of f32 values, not " + dtypeName(dtype));
   size_t bytes = check.bytes(count, 1, dtype);
   check.pointer(send, bytes, "send");
   check.pointer(recv, bytes, "recv");
@@ -435,11 +438,22 @@ void NcclCommunicator::allReduceSum(const void *send, void *recv, size_t count, 
   checkDevicePointer(send, name, "send", context);
   checkDevicePointer(recv, name, "recv", context);
   check.aliasing(send, bytes, recv, bytes, send == recv, "send == recv");
-  std::string what =
-      comm::describeCollective(rank_, size_, "NCCL allReduceSum", count, dtype, context);
+  std::string what = comm::describeCollective(
+      rank_, size_, max ? "NCCL allReduceMax" : "NCCL allReduceSum", count, dtype, context);
   enqueue("ncclAllReduce", what, [&] {
-    return int(ncclAllReduce(send, recv, count, sumType(dtype), ncclSum, comm_, stream));
+    return int(
+        ncclAllReduce(send, recv, count, sumType(dtype), max ? ncclMax : ncclSum, comm_, stream));
   });
+}
+
+void NcclCommunicator::allReduceSum(const void *send, void *recv, size_t count, DType dtype,
+                                    CUstream_st *stream, const std::string &context) {
+  allReduce(/*max=*/false, send, recv, count, dtype, stream, context);
+}
+
+void NcclCommunicator::allReduceMax(const void *send, void *recv, size_t count, DType dtype,
+                                    CUstream_st *stream, const std::string &context) {
+  allReduce(/*max=*/true, send, recv, count, dtype, stream, context);
 }
 
 void NcclCommunicator::reduceScatterSum(const void *send, void *recv, size_t recvCount, DType dtype,

@@ -17,7 +17,15 @@ namespace bonsai::rt::contract {
 namespace {
 
 const char *reductionName(CollectiveReduction r) {
-  return r == CollectiveReduction::Sum ? "Sum" : "L2Norm";
+  switch (r) {
+  case CollectiveReduction::Sum:
+    return "Sum";
+  case CollectiveReduction::L2Norm:
+    return "L2Norm";
+  case CollectiveReduction::Max:
+    return "Max";
+  }
+  return "an unknown reduction";
 }
 
 } // namespace
@@ -29,6 +37,9 @@ void KernelChecker::checkCollectiveAttrs(bool takesReduction) {
   if (a.ranks != plan.ranks)
     fail("attrs.ranks is " + std::to_string(a.ranks) + ", but the plan is for " +
          std::to_string(plan.ranks) + " ranks (Plan.ranks)");
+  if (uint8_t(a.reduction) > uint8_t(CollectiveReduction::Max))
+    fail("reduction " + std::to_string(int(a.reduction)) +
+         " is not a reduction (Sum, L2Norm or Max)");
   if (!takesReduction && a.reduction != CollectiveReduction::Sum)
     fail(std::string("reduction ") + reductionName(a.reduction) +
          " applies to AllReduce only (expected Sum)");
@@ -85,10 +96,12 @@ void KernelChecker::verify(kinds::AllGather) {
 void KernelChecker::verify(kinds::AllReduce) {
   checkCollectiveAttrs(/*takesReduction=*/true);
   expectFloat(0);
-  if (attrs<kinds::AllReduce>().reduction == CollectiveReduction::L2Norm &&
-      in(0).dtype != DType::F32)
-    fail(inName(0) + " dtype: an L2Norm all-reduce takes f32 (norms), got " +
-         dtypeName(in(0).dtype));
+  CollectiveReduction reduction = attrs<kinds::AllReduce>().reduction;
+  if (reduction != CollectiveReduction::Sum && in(0).dtype != DType::F32)
+    fail(inName(0) + " dtype: " +
+         (reduction == CollectiveReduction::L2Norm ? "an L2Norm all-reduce takes f32 (norms)"
+                                                   : "a Max all-reduce takes f32 (amaxes)") +
+         ", got " + dtypeName(in(0).dtype));
   expectOutputLike(0);
 }
 

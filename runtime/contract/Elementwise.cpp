@@ -93,6 +93,12 @@ void KernelChecker::verify(kinds::Accumulate) {
   expectFloatOutput(0, in(0).shape);
 }
 
+void KernelChecker::verify(kinds::AccumulateMax) {
+  if (in(0).dtype != DType::F32)
+    fail(inName(0) + " dtype: expected f32 (FP8 statistics), got " + dtypeName(in(0).dtype));
+  expectOutputLike(0);
+}
+
 void KernelChecker::verify(kinds::Zero) {
   if (!isFloatStorage(out().dtype) && !isIndexType(out().dtype))
     fail(outName() + " dtype: expected f32, f16, bf16, i32 or i64, got " + dtypeName(out().dtype));

@@ -358,6 +358,16 @@ void accumulate(const TensorView &g, const TensorView &acc) {
   });
 }
 
+void accumulateMax(const TensorView &x, const TensorView &acc) {
+  const char *k = "accumulate_max";
+  checkF32(k, "x", x, x.shape);
+  checkF32(k, "acc", acc, x.shape);
+  const auto *in = static_cast<const float *>(x.data);
+  auto *out = static_cast<float *>(acc.data);
+  for (int64_t i = 0; i < acc.numel(); ++i)
+    out[i] = std::isnan(in[i]) || in[i] > out[i] ? in[i] : out[i];
+}
+
 void zero(const TensorView &x) {
   checkView("zero", "x", x);
   // All-zero bytes are 0 in every dtype.

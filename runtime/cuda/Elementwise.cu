@@ -624,6 +624,29 @@ void cast(const Context &ctx, const TensorView &x, const TensorView &y) {
   castOnDevice(k, ctx.stream, src, y);
 }
 
+/// acc = max(acc, x), NaN propagating as the CPU reference does: a few FP8 statistics a
+/// launch, so one thread per element.
+__global__ void __launch_bounds__(kThreads) accumulateMaxKernel(const float *x, float *acc,
+                                                                int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float v = x[i], a = acc[i];
+    acc[i] = isnan(v) || v > a ? v : a;
+  }
+}
+
+void accumulateMax(const Context &ctx, const TensorView &x, const TensorView &acc) {
+  const char *k = "accumulate_max";
+  checkF32(k, "x", x, x.shape);
+  checkF32(k, "acc", acc, x.shape);
+  int64_t n = acc.numel();
+  if (n == 0)
+    return;
+  accumulateMaxKernel<<<gridFor(k, n, kThreads), kThreads, 0, ctx.stream>>>(
+      static_cast<const float *>(x.data), static_cast<float *>(acc.data), n);
+  checkLaunch(k, "accumulateMaxKernel");
+}
+
 void accumulate(const Context &ctx, const TensorView &g, const TensorView &acc) {
   const char *k = "accumulate";
   checkFloat(k, "g", g);

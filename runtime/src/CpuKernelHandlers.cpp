@@ -370,6 +370,12 @@ void launch(kinds::Accumulate, const KernelCall &c) {
   cpu::accumulate(c.in(In::g), c.out(Out::acc));
 }
 
+void launch(kinds::AccumulateMax, const KernelCall &c) {
+  using In = kinds::AccumulateMax::In;
+  using Out = kinds::AccumulateMax::Out;
+  cpu::accumulateMax(c.in(In::x), c.out(Out::acc));
+}
+
 void launch(kinds::Zero, const KernelCall &c) {
   using Out = kinds::Zero::Out;
   cpu::zero(c.out(Out::x));
@@ -594,8 +600,13 @@ void launch(kinds::AllReduce, const KernelCall &c) {
   const TensorView &x = c.in(In::x), &y = c.out(Out::y);
   std::string context = c.collectiveContext(c.kernel().outputs[Out::y]);
   Communicator &comm = hostCommunicator(c);
-  if (c.attrs<kinds::AllReduce>().reduction == CollectiveReduction::Sum) {
+  CollectiveReduction reduction = c.attrs<kinds::AllReduce>().reduction;
+  if (reduction == CollectiveReduction::Sum) {
     comm.allReduceSum(x.data, y.data, size_t(x.numel()), x.dtype, context);
+    return;
+  }
+  if (reduction == CollectiveReduction::Max) {
+    comm.allReduceMax(x.data, y.data, size_t(x.numel()), x.dtype, context);
     return;
   }
   // L2Norm (f32): y = sqrt(sum over ranks of x^2), the squares and their rank-order sum in f32.

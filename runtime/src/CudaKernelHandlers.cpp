@@ -393,6 +393,12 @@ void launch(kinds::Accumulate, const CudaCall &c) {
   cuda::accumulate(c.ctx, c.in(In::g), c.out(Out::acc));
 }
 
+void launch(kinds::AccumulateMax, const CudaCall &c) {
+  using In = kinds::AccumulateMax::In;
+  using Out = kinds::AccumulateMax::Out;
+  cuda::accumulateMax(c.ctx, c.in(In::x), c.out(Out::acc));
+}
+
 void launch(kinds::Zero, const CudaCall &c) {
   using Out = kinds::Zero::Out;
   cuda::zero(c.ctx, c.out(Out::x));
@@ -637,8 +643,13 @@ void launch(kinds::AllReduce, const CudaCall &c) {
   using Out = kinds::AllReduce::Out;
   const TensorView &x = c.in(In::x), &y = c.out(Out::y);
   std::string context = c.collectiveContext(c.kernel().outputs[Out::y]);
-  if (c.attrs<kinds::AllReduce>().reduction == CollectiveReduction::Sum) {
+  CollectiveReduction reduction = c.attrs<kinds::AllReduce>().reduction;
+  if (reduction == CollectiveReduction::Sum) {
     nccl(c).allReduceSum(x.data, y.data, size_t(x.numel()), x.dtype, c.ctx.stream, context);
+    return;
+  }
+  if (reduction == CollectiveReduction::Max) {
+    nccl(c).allReduceMax(x.data, y.data, size_t(x.numel()), x.dtype, c.ctx.stream, context);
     return;
   }
   // L2Norm (f32): the squares in y, their sum over ranks in place, then the root.

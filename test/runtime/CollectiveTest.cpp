@@ -262,6 +262,19 @@ TEST(ShardContract, CollectiveKinds) {
   EXPECT_LOAD_ERROR(plan(KernelKind::AllGather, DType::F32, {6}, DType::F32, {12}, 2,
                          CollectiveReduction::L2Norm),
                     "reduction L2Norm applies to AllReduce only");
+  // Max (FP8's cast statistics) takes f32; a reduction byte outside the enum is refused.
+  EXPECT_EQ(loadError(plan(KernelKind::AllReduce, DType::F32, {2, 4}, DType::F32, {2, 4}, 2,
+                           CollectiveReduction::Max)),
+            "");
+  EXPECT_LOAD_ERROR(
+      plan(KernelKind::AllReduce, DType::BF16, {5}, DType::BF16, {5}, 2, CollectiveReduction::Max),
+      "a Max all-reduce takes f32 (amaxes), got bf16");
+  EXPECT_LOAD_ERROR(
+      plan(KernelKind::AllReduce, DType::F32, {5}, DType::F32, {5}, 2, CollectiveReduction(7)),
+      "reduction 7 is not a reduction (Sum, L2Norm or Max)");
+  EXPECT_LOAD_ERROR(
+      plan(KernelKind::ShardSlice, DType::F32, {12}, DType::F32, {6}, 2, CollectiveReduction::Max),
+      "reduction Max applies to AllReduce only");
   EXPECT_LOAD_ERROR(plan(KernelKind::AllReduce, DType::F32, {5}, DType::F32, {6}),
                     "y (tensor 4 'y') shape: expected [5], got [6]");
 }

@@ -102,6 +102,28 @@ TEST(SingleRankCommunicator, AllReduceAndReduceScatterCopyEveryBit) {
   }
 }
 
+// allReduceMax (FP8's amax statistics) gathers and keeps the largest: on one rank every bit of
+// the input, in place or not, NaNs included; it takes f32 only.
+TEST(SingleRankCommunicator, AllReduceMaxCopiesEveryBitOfF32) {
+  SingleRankCommunicator comm;
+  std::vector<float> in = awkwardFloats();
+  std::vector<float> out(in.size(), 7.0f);
+  comm.allReduceMax(in.data(), out.data(), in.size(), DType::F32, "step 1");
+  for (size_t i = 0; i < in.size(); ++i)
+    EXPECT_EQ(bitsOf(out[i]), bitsOf(in[i])) << "element " << i;
+  std::vector<float> inPlace = in;
+  comm.allReduceMax(inPlace.data(), inPlace.data(), inPlace.size(), DType::F32);
+  for (size_t i = 0; i < in.size(); ++i)
+    EXPECT_EQ(bitsOf(inPlace[i]), bitsOf(in[i])) << "element " << i;
+  std::vector<uint16_t> half(4, 0);
+  try {
+    comm.allReduceMax(half.data(), half.data(), half.size(), DType::BF16);
+    ADD_FAILURE() << "allReduceMax of bf16 was accepted";
+  } catch (const Error &e) {
+    EXPECT_STREQ(e.what(), "allReduceMax: the maximum is of f32 values, not bf16");
+  }
+}
+
 TEST(SingleRankCommunicator, AllGatherBroadcastAndRingShift) {
   SingleRankCommunicator comm;
   std::vector<int64_t> in = {1, -2, 3, INT64_MAX, INT64_MIN};

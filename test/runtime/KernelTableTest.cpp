@@ -309,6 +309,9 @@ void sample(kinds::Accumulate, Sample &s) {
   s.kernel(KernelKind::Accumulate, {s.act(X)}, {s.state(X)});
 }
 void sample(kinds::Zero, Sample &s) { s.kernel(KernelKind::Zero, {}, {s.act(X)}); }
+void sample(kinds::AccumulateMax, Sample &s) {
+  s.kernel(KernelKind::AccumulateMax, {s.act(X)}, {s.state(X)});
+}
 void sample(kinds::Dequantize, Sample &s) {
   // 128 elements in two NF4 blocks of 64, one block per double-quantization group.
   uint32_t q = s.param({16, 8});

@@ -260,6 +260,33 @@ TEST_F(NcclCollectivesTest, AllReduceSumIsTheInput) {
               });
 }
 
+// allReduceMax (FP8's amax statistics) takes f32 only: on one rank a copy, in place or not.
+TEST_F(NcclCollectivesTest, AllReduceMaxIsTheInput) {
+  for (size_t count : kCounts) {
+    std::string what = "allReduceMax f32 x " + std::to_string(count);
+    size_t bytes = count * sizeof(float);
+    std::vector<uint8_t> input = randomElements(DType::F32, count, uint32_t(count * 5 + 2));
+    DeviceBuffer send(bytes), recv(bytes);
+    send.fill(input, stream_);
+    recv.fill({}, stream_);
+    nccl_->allReduceMax(send.data, recv.data, count, DType::F32, stream_, what);
+    nccl_->allReduceMax(send.data, send.data, count, DType::F32, stream_, what + " in place");
+    nccl_->synchronize(stream_, what);
+    expectBytes(recv.download(), input, what + " out of place");
+    expectBytes(send.download(), input, what + " in place");
+  }
+  DeviceBuffer buffer(64);
+  try {
+    nccl_->allReduceMax(buffer.data, buffer.data, 32, DType::BF16, stream_, "bf16");
+    ADD_FAILURE() << "allReduceMax of bf16 was accepted";
+  } catch (const Error &e) {
+    EXPECT_NE(std::string(e.what()).find("the maximum is of f32 values, not bf16"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(nccl_->failed());
+}
+
 TEST_F(NcclCollectivesTest, ReduceScatterSumIsTheInput) {
   checkCopies("reduceScatterSum",
               [&](void *send, void *recv, size_t count, DType dtype, const std::string &context) {

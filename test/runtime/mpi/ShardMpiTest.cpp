@@ -230,6 +230,20 @@ int main(int argc, char **argv) {
     cases.push_back({"all_reduce sum in place f32", e, e, sum});
     cases.push_back({"all_reduce l2norm f32", f, yf, squares});
   }
+  // AllReduce Max (f32, FP8's amax statistics): every rank gets the largest.
+  uint32_t g = p.add("amaxes", DType::F32, {6}, TensorRole::Activation, 1);
+  uint32_t yg = p.add("global_amaxes", DType::F32, {6}, TensorRole::Activation, 1);
+  p.kernel(KernelKind::AllReduce, {g}, {yg}, fb::KernelAttrs::CollectiveAttrs,
+           attrs(CollectiveReduction::Max));
+  {
+    std::vector<float> largest = inputOf(0, g, 6, DType::F32);
+    for (int r = 1; r < ranks; ++r) {
+      std::vector<float> x = inputOf(r, g, 6, DType::F32);
+      for (size_t i = 0; i < 6; ++i)
+        largest[i] = std::max(largest[i], x[i]);
+    }
+    cases.push_back({"all_reduce max f32", g, yg, largest});
+  }
 
   std::vector<uint8_t> bytes = buildPlan(p);
   LoadedPlan plan = loadPlanBuffer(bytes.data(), bytes.size(), "shard-kinds.plan");

@@ -100,6 +100,12 @@ public:
   /// for i in [0, count), on every rank. `dtype` F32, BF16 or F16 (summed in fp32, rounded once).
   void allReduceSum(const void *send, void *recv, size_t count, DType dtype,
                     const std::string &context = "");
+  /// recv[i] = the largest of the ranks' send[i], for i in [0, count), on every rank (NaN
+  /// when any rank's is NaN). `dtype` F32: FP8's amax statistics (docs/fp8.md), a few values
+  /// a step, so it gathers every rank's values and takes their maximum; `send` and `recv` may
+  /// alias.
+  void allReduceMax(const void *send, void *recv, size_t count, DType dtype,
+                    const std::string &context = "");
   /// recv[i] = the rank-order sum of rank r's send[rank() * recvCount + i], for i in
   /// [0, recvCount): `send` holds size() equal shards, rank r keeps the sum of shard r. `dtype`
   /// F32, BF16 or F16. The bits are allReduceSum's on the same shard.

@@ -235,6 +235,9 @@ void stepIncrement(const TensorView &step);
 void accumulate(const TensorView &g, const TensorView &acc);
 /// x = 0.
 void zero(const TensorView &x);
+/// acc = max(acc, x) elementwise (f32, same shape; NaN when either is NaN): a step's FP8 cast
+/// statistics from its micro-batches' (AccumulateMax, docs/fp8.md).
+void accumulateMax(const TensorView &x, const TensorView &acc);
 
 /// DoRA's row scale (docs/lora.md): y[o] = m[o] / n[o], n[o] = ||w[o, :] + scale (b a)[o, :]||_2
 /// for m [out], w [out, in], a [r, in], b [out, r]. Each row's square sum is accumulated in

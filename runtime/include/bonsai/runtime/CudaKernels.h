@@ -327,6 +327,7 @@ void sgdUpdate(const Context &ctx, const TensorView &grad, const TensorView &lr,
 void stepIncrement(const Context &ctx, const TensorView &step);
 void accumulate(const Context &ctx, const TensorView &g, const TensorView &acc);
 void zero(const Context &ctx, const TensorView &x);
+void accumulateMax(const Context &ctx, const TensorView &x, const TensorView &acc);
 
 // Fused kernels (docs/fusion.md; semantics in CpuKernels.h).
 /// AdamW of every parameter in one launch (multi-tensor apply): a table of the tensors'

@@ -172,8 +172,9 @@ struct Fp8Attrs {
 
 /// How AllReduce combines the ranks' values (plan.fbs CollectiveReduction).
 enum class CollectiveReduction : uint8_t {
-  Sum = 0,   ///< The sum over ranks.
-  L2Norm = 1 ///< sqrt of the sum over ranks of the squares (f32): a global norm from local ones.
+  Sum = 0,    ///< The sum over ranks.
+  L2Norm = 1, ///< sqrt of the sum over ranks of the squares (f32): a global norm from local ones.
+  Max = 2     ///< The largest over ranks (f32): FP8 amax statistics (docs/fp8.md).
 };
 /// The collectives and ShardSlice (docs/sharding.md): the ranks they span (the plan's) and,
 /// for AllReduce, how values combine.

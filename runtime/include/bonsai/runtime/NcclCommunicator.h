@@ -118,6 +118,11 @@ public:
   /// other overlaps are refused.
   void allReduceSum(const void *send, void *recv, size_t count, DType dtype, CUstream_st *stream,
                     const std::string &context = "");
+  /// recv[i] = the largest of the ranks' send[i], for i in [0, count), on every rank
+  /// (ncclAllReduce, ncclMax). `dtype` F32 (FP8's amax statistics). In place when send ==
+  /// recv; other overlaps are refused.
+  void allReduceMax(const void *send, void *recv, size_t count, DType dtype, CUstream_st *stream,
+                    const std::string &context = "");
   /// recv[i] = the sum over ranks r of rank r's send[rank() * recvCount + i], for i in
   /// [0, recvCount): `send` holds size() equal shards (ncclReduceScatter). `dtype` F32, BF16 or
   /// F16. In place when recv == send + rank() * recvCount elements; other overlaps are refused.
@@ -155,6 +160,10 @@ private:
   /// the deadline. `issue` makes the NCCL call and returns its ncclResult_t as an int.
   template <typename Issue>
   void enqueue(const char *ncclCall, const std::string &what, Issue &&issue);
+  /// allReduceSum (`max` false) and allReduceMax: the same checks, then ncclAllReduce with
+  /// ncclSum or ncclMax.
+  void allReduce(bool max, const void *send, void *recv, size_t count, DType dtype,
+                 CUstream_st *stream, const std::string &context);
   /// Checks that `p` (when non-null) is memory this communicator's device can access.
   void checkDevicePointer(const void *p, const char *name, const char *which,
                           const std::string &context) const;
