@@ -310,6 +310,8 @@ LogicalResult packAttrs(flatbuffers::FlatBufferBuilder &fbb, plan::LaunchOp laun
     if (auto name = launch.getParams().getAs<StringAttr>("reduction")) {
       if (name.getValue() == "l2")
         reduction = fb::CollectiveReduction::L2Norm;
+      else if (name.getValue() == "max")
+        reduction = fb::CollectiveReduction::Max;
       else if (name.getValue() != "sum")
         return launch.emitError() << "unknown reduction '" << name.getValue() << "'";
     }

@@ -240,7 +240,54 @@ struct Fp8Pass : impl::BonsaiFp8PassBase<Fp8Pass> {
                                             forward.getStats(), backwardStats, state, current,
                                             margin);
     update->setAttr(kPhaseAttr, builder.getStringAttr("update"));
+    StringRef weight = group.weight->name;
+    Operation *declared = foldOverMicroBatches(update.getForwardStatsMutable(), "forward_stats",
+                                               state.getDefiningOp(), weight, update);
+    if (backwardStats)
+      foldOverMicroBatches(update.getBackwardStatsMutable()[0], "backward_stats", declared, weight,
+                           update);
     return getNumElements(stateType) * 4;
+  }
+
+  /// The update reads the step's statistics rather than its last micro-batch's: each
+  /// micro-batch's are folded into an accumulator (`<weight>.fp8.<name>`, the largest amax,
+  /// underflow and saturation so far) that the update phase clears after the update. The amax
+  /// history then records the step's largest value however many micro-batches the step is
+  /// run in (bonsai-run --micro-batches), as one micro-batch of all its tokens would; and a
+  /// sharded step, whose ranks' statistics bonsai-shard all-reduces the same way, is the
+  /// one-rank step over every rank's micro-batches bit for bit. With one micro-batch the
+  /// fold changes no bit: the statistics are never negative.
+  /// The accumulator is declared after `declareAfter` (the scaling state, then the forward
+  /// statistics' accumulator); returns its declaration.
+  Operation *foldOverMicroBatches(OpOperand &statistics, StringRef name, Operation *declareAfter,
+                                  StringRef weight, Fp8UpdateScalesOp update) {
+    OpBuilder builder(declareAfter->getContext());
+    Value stats = statistics.get();
+    builder.setInsertionPointAfter(declareAfter);
+    auto accumulator =
+        StateOp::create(builder, declareAfter->getLoc(), stats.getType(), StateKind::Gradient,
+                        (weight + ".fp8." + name).str(), StringAttr());
+    // After the producer's results are read in its phase (a weight gradient's accumulation):
+    // the gemm-epilogue fusion, which puts the GEMM where the accumulation is, needs the
+    // statistics' readers after it.
+    Operation *producer = stats.getDefiningOp();
+    Operation *after = producer;
+    Attribute phase = producer->getAttr(kPhaseAttr);
+    for (Value result : producer->getResults())
+      for (Operation *user : result.getUsers())
+        if (user->getBlock() == after->getBlock() && user->getAttr(kPhaseAttr) == phase &&
+            after->isBeforeInBlock(user))
+          after = user;
+    builder.setInsertionPointAfter(after);
+    auto fold =
+        AccumulateMaxOp::create(builder, producer->getLoc(), stats, accumulator.getResult());
+    if (phase)
+      fold->setAttr(kPhaseAttr, phase);
+    statistics.set(accumulator.getResult());
+    builder.setInsertionPointAfter(update);
+    auto clear = ZeroOp::create(builder, update.getLoc(), accumulator.getResult());
+    clear->setAttr(kPhaseAttr, builder.getStringAttr("update"));
+    return accumulator;
   }
 
   LogicalResult run(func::FuncOp function, FP8DirectiveOp directive,

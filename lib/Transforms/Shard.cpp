@@ -58,7 +58,16 @@ struct ShardTotals {
   /// Zero3 with reshard_after_forward false: parameters gathered once per micro-batch for
   /// both passes, and the gathered bytes kept from the forward to the backward pass.
   int64_t keptGathered = 0, keptGatheredBytes = 0;
+  /// FP8 cast statistics all-reduced (max) once per step, and their bytes.
+  int64_t fp8Statistics = 0, fp8StatisticsBytes = 0;
 };
+
+/// Whether `state` is bonsai-fp8's accumulator of a linear's cast statistics over
+/// micro-batches (read by bonsai.accumulate_max), which every rank keeps whole.
+bool isFp8Statistics(StateOp state) {
+  return llvm::any_of(state->getUsers(),
+                      [](Operation *user) { return isa<AccumulateMaxOp>(user); });
+}
 
 struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
   using Base::Base;
@@ -90,11 +99,6 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
   /// producing a step whose ranks drift apart.
   LogicalResult checkComposition(ModuleOp module, ShardDirectiveOp directive) {
     LogicalResult result = success();
-    module.walk([&](FP8DirectiveOp op) {
-      op.emitError() << "bonsai.shard does not compose with bonsai.fp8 yet: each rank's delayed "
-                        "scales would follow its own amax history (docs/sharding.md)";
-      result = failure();
-    });
     module.walk([&](OptimizerDirectiveOp op) {
       if (op.getUpdateInBackward()) {
         op.emitError() << "bonsai.shard does not compose with update_in_backward yet: the "
@@ -314,7 +318,8 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
     // whole for the update, which every rank then computes alike.
     llvm::StringSet<> wholeParams;
     for (auto gradient : body.getOps<StateOp>()) {
-      if (gradient.getKind() != StateKind::Gradient || handledGradients.contains(gradient))
+      if (gradient.getKind() != StateKind::Gradient || handledGradients.contains(gradient) ||
+          isFp8Statistics(gradient))
         continue;
       auto type = cast<RankedTensorType>(gradient.getResult().getType());
       int64_t numel = getNumElements(type);
@@ -368,6 +373,26 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
         if (packed)
           ++totals.packed;
       }
+
+    // FP8's delayed scales are training state every rank keeps whole, updated from each
+    // step's cast statistics: the largest over the ranks, so that every rank's amax history,
+    // and so its scales and its casts, stay those of the one-rank step over all the ranks'
+    // micro-batches (bonsai-fp8 folds a rank's micro-batches the same way).
+    for (auto update : body.getOps<Fp8UpdateScalesOp>()) {
+      SmallVector<OpOperand *, 2> statistics = {&update.getForwardStatsMutable()};
+      if (update.getBackwardStats())
+        statistics.push_back(&update.getBackwardStatsMutable()[0]);
+      for (OpOperand *operand : statistics) {
+        builder.setInsertionPoint(update);
+        Value local = operand->get();
+        auto largest = AllReduceOp::create(builder, update.getLoc(), local.getType(), local, ranks,
+                                           builder.getStringAttr("max"));
+        largest->setAttr("bonsai.phase", updatePhase);
+        operand->set(largest.getResult());
+        ++totals.fp8Statistics;
+        totals.fp8StatisticsBytes += getStorageBytes(local.getType());
+      }
+    }
 
     // The norm of every rank's shares, combined: the norm of the whole gradient.
     builder.setInsertionPointAfter(norm);
@@ -429,6 +454,11 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
     traffic("per step", t.gatheredPerStep, t.scatteredPerStep);
     remark << " (whole tensors; each rank sends and receives " << ranks - 1 << "/" << ranks
            << " of them)";
+    if (t.fp8Statistics)
+      remark << "; " << t.fp8Statistics << " FP8 cast statistics ("
+             << formatBytes(t.fp8StatisticsBytes)
+             << ") all-reduced to their largest once per step, so that every rank's delayed "
+                "scales stay equal";
   }
 };
 

@@ -82,12 +82,16 @@ bonsai.recipe @r {
 // The input needs no gradient (a frozen embedding) and two weights of one shape read it: which
 // linear_grad_weight is whose cannot be told from the GEMMs, so both stay. A third linear with
 // a frozen weight has no backward GEMM at all: its forward runs in FP8 and only the forward
-// statistics update its state.
+// statistics update its state (folded over the micro-batches into one accumulator, which the
+// update phase clears after the update).
 // CHECK-LABEL: func.func @ambiguous
 // CHECK: %[[S:.*]] = bonsai.state optimizer "blk.frozen_proj.weight.fp8" : tensor<3x20xf32>
+// CHECK-NEXT: %[[FSA:.*]] = bonsai.state gradient "blk.frozen_proj.weight.fp8.forward_stats" : tensor<2x4xf32>
 // CHECK: %{{.*}}, %[[FS:.*]], %{{.*}} = bonsai.fp8_linear %{{.*}}, %{{.*}}, %[[S]]
+// CHECK: bonsai.accumulate_max %[[FS]], %[[FSA]] : tensor<2x4xf32>, tensor<2x4xf32>
 // CHECK-NOT: bonsai.fp8_linear_grad
-// CHECK: bonsai.fp8_update_scales %{{.*}}, %[[FS]], %[[S]] {bonsai.phase = "update", current = false, margin = 0 : i64} : tensor<i64>, tensor<2x4xf32>, tensor<3x20xf32>
+// CHECK: bonsai.fp8_update_scales %{{.*}}, %[[FSA]], %[[S]] {bonsai.phase = "update", current = false, margin = 0 : i64} : tensor<i64>, tensor<2x4xf32>, tensor<3x20xf32>
+// CHECK-NEXT: bonsai.zero %[[FSA]] {bonsai.phase = "update"}
 // CHECK-NEXT: bonsai.step_increment
 func.func @ambiguous(%ids: tensor<1x16xi32>, %labels: tensor<1x16xi32>) -> tensor<f32> {
   %emb = bonsai.param "e" frozen : tensor<64x16xf32>
@@ -123,6 +127,7 @@ bonsai.recipe @r {
 // CHECK: bonsai.fp8_linear_grad_weight %{{.*}}, %{{.*}}, %[[ST]]
 // CHECK-NOT: bonsai.fp8_linear_grad
 // CHECK: bonsai.fp8_update_scales %{{.*}}, %{{.*}}, %[[SF]] {
+// CHECK-NEXT: bonsai.zero
 // CHECK-NEXT: bonsai.fp8_update_scales %{{.*}}, %{{.*}}, %{{.*}}, %[[ST]] {
 func.func @frozen_neighbour(%ids: tensor<1x16xi32>, %labels: tensor<1x16xi32>) -> tensor<f32> {
   %emb = bonsai.param "e" frozen : tensor<64x16xf32>

@@ -8,11 +8,13 @@
 // RUN: bonsai-opt --bonsai-autodiff --bonsai-optimizer '--bonsai-fp8=target=sm_90' '--bonsai-remat=policy=full per-value-remarks=false' %s 2>&1 | FileCheck %s --check-prefix=REMAT
 
 // Under remat policy `full` the FP8 GEMMs are recomputed like the linears they replace: the
-// scale update reads the forward's statistics, the backward a recomputed copy's result.
+// scale update reads the forward's statistics (folded into their accumulator), the backward a
+// recomputed copy's result.
 // REMAT: %[[RU:.*]], %[[RUS:.*]], %{{.*}} = bonsai.fp8_linear %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {current = false, margin = 0 : i64}
+// REMAT: bonsai.accumulate_max %[[RUS]], %[[RUSA:[0-9]+]] :
 // REMAT: %[[RU2:.*]], %{{.*}}, %{{.*}} = bonsai.fp8_linear %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {bonsai.phase = "backward", bonsai.recomputed, current = false, margin = 0 : i64}
 // REMAT: bonsai.fp8_linear_grad_weight %{{.*}}, %[[RU2]],
-// REMAT: bonsai.fp8_update_scales %{{.*}}, %[[RUS]],
+// REMAT: bonsai.fp8_update_scales %{{.*}}, %[[RUSA]],
 
 // One recipe, two targets. `targets []` is FP8's default set: every linear but the LM head
 // (its result is the cross-entropy's logits) and the tied embedding's; here q_proj (bf16,
@@ -30,16 +32,26 @@
 // SM90-LABEL: func.func @fp8
 // SM90: %[[WQ:.*]] = bonsai.param "model.layers.0.self_attn.q_proj.weight" trainable : tensor<16x16xbf16>
 // SM90-NEXT: %[[SQ:.*]] = bonsai.state optimizer "model.layers.0.self_attn.q_proj.weight.fp8" : tensor<3x20xf32>
+// The accumulators of its statistics over micro-batches (gradient role: zero between steps).
+// SM90-NEXT: %[[QSA:.*]] = bonsai.state gradient "model.layers.0.self_attn.q_proj.weight.fp8.forward_stats" : tensor<2x4xf32>
+// SM90-NEXT: %[[QDSA:.*]] = bonsai.state gradient "model.layers.0.self_attn.q_proj.weight.fp8.backward_stats" : tensor<2x4xf32>
 // SM90: %[[XQ:.*]] = bonsai.cast
 // SM90-NEXT: %[[Q:.*]], %[[QS:.*]], %{{.*}} = bonsai.fp8_linear %[[XQ]], %[[WQ]], %[[SQ]] {current = false, margin = 0 : i64} : (tensor<1x16x16xbf16>, tensor<16x16xbf16>, tensor<3x20xf32>) -> (tensor<1x16x16xbf16>, tensor<2x4xf32>, tensor<192xf32>)
 // SM90: %[[WU:.*]] = bonsai.param "model.layers.0.mlp.up_proj.weight" trainable : tensor<32x16xf32>
 // SM90-NEXT: %[[SU:.*]] = bonsai.state optimizer "model.layers.0.mlp.up_proj.weight.fp8" : tensor<3x20xf32>
+// SM90-NEXT: %[[USA:.*]] = bonsai.state gradient
+// SM90-NEXT: %[[UDSA:.*]] = bonsai.state gradient
 // SM90: %[[BU:.*]] = bonsai.param "model.layers.0.mlp.up_proj.bias"
 // SM90-NEXT: %[[U:.*]], %[[US:.*]], %{{.*}} = bonsai.fp8_linear %{{.*}}, %[[WU]], %[[SU]], %[[BU]] {current = false, margin = 0 : i64}
 // SM90: %[[SD:.*]] = bonsai.state optimizer "model.layers.0.mlp.down_proj.weight.fp8" : tensor<3x20xf32>
+// SM90-NEXT: %[[DSA:.*]] = bonsai.state gradient
+// SM90-NEXT: %[[DDSA:.*]] = bonsai.state gradient
 // SM90-NEXT: %{{.*}}, %[[DS:.*]], %{{.*}} = bonsai.fp8_linear %[[U]], %{{.*}}, %[[SD]]
+// Each micro-batch's statistics are folded in once the GEMM's result has been read.
+// SM90: bonsai.accumulate_max %[[US]], %[[USA]] : tensor<2x4xf32>, tensor<2x4xf32>
 // The LM head stays a linear.
 // SM90: %[[LOGITS:.*]] = bonsai.linear
+// SM90-NEXT: bonsai.accumulate_max %[[DS]], %[[DSA]] : tensor<2x4xf32>, tensor<2x4xf32>
 // SM90-NEXT: bonsai.cross_entropy %[[LOGITS]]
 // SM90: %[[DYD:.*]], %[[DDS:.*]], %{{.*}} = bonsai.fp8_linear_grad_input %{{.*}}, %{{.*}}, %[[SD]] {bonsai.phase = "backward", current = false, margin = 0 : i64} : (tensor<1x16x16xf32>, tensor<16x32xf32>, tensor<3x20xf32>) -> (tensor<1x16x32xf32>, tensor<2x4xf32>, tensor<256xf32>)
 // SM90-NEXT: bonsai.fp8_linear_grad_weight %{{.*}}, %[[U]], %[[SD]] {bonsai.phase = "backward", current = false, margin = 0 : i64} : (tensor<1x16x16xf32>, tensor<1x16x32xf32>, tensor<3x20xf32>) -> (tensor<16x32xf32>, tensor<2x4xf32>, tensor<256xf32>)
@@ -47,13 +59,20 @@
 // SM90-NEXT: bonsai.fp8_linear_grad_weight %[[DYD]], %{{.*}}, %[[SU]]
 // The bias gradient is unchanged.
 // SM90-NEXT: bonsai.reduce_to %[[DYD]]
+// SM90-NEXT: bonsai.accumulate_max %[[DDS]], %[[DDSA]] {bonsai.phase = "backward"}
 // SM90: %{{.*}}, %[[QDS:.*]], %{{.*}} = bonsai.fp8_linear_grad_input %{{.*}}, %[[WQ]], %[[SQ]]
 // SM90-NEXT: %[[DWQ:.*]], %{{.*}}, %{{.*}} = bonsai.fp8_linear_grad_weight %{{.*}}, %[[XQ]], %[[SQ]] {{.*}} -> (tensor<16x16xbf16>, tensor<2x4xf32>, tensor<192xf32>)
 // SM90: bonsai.accumulate %[[DWQ]]
 // SM90: %[[STEP:.*]] = bonsai.state optimizer "optimizer.step" : tensor<i64>
-// SM90: bonsai.fp8_update_scales %[[STEP]], %[[QS]], %[[QDS]], %[[SQ]] {bonsai.phase = "update", current = false, margin = 0 : i64} : tensor<i64>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<3x20xf32>
-// SM90-NEXT: bonsai.fp8_update_scales %[[STEP]], %[[US]], %[[UDS]], %[[SU]]
-// SM90-NEXT: bonsai.fp8_update_scales %[[STEP]], %[[DS]], %[[DDS]], %[[SD]]
+// SM90: bonsai.fp8_update_scales %[[STEP]], %[[QSA]], %[[QDSA]], %[[SQ]] {bonsai.phase = "update", current = false, margin = 0 : i64} : tensor<i64>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<3x20xf32>
+// SM90-NEXT: bonsai.zero %[[QDSA]] {bonsai.phase = "update"} : tensor<2x4xf32>
+// SM90-NEXT: bonsai.zero %[[QSA]] {bonsai.phase = "update"} : tensor<2x4xf32>
+// SM90-NEXT: bonsai.fp8_update_scales %[[STEP]], %[[USA]], %[[UDSA]], %[[SU]]
+// SM90-NEXT: bonsai.zero
+// SM90-NEXT: bonsai.zero
+// SM90-NEXT: bonsai.fp8_update_scales %[[STEP]], %[[DSA]], %[[DDSA]], %[[SD]]
+// SM90-NEXT: bonsai.zero
+// SM90-NEXT: bonsai.zero
 // SM90-NEXT: bonsai.step_increment %[[STEP]]
 // SM90-NOT: bonsai.linear_grad_
 // SM90-NOT: bonsai.fp8_

@@ -56,6 +56,19 @@ for z in none zero3; do
   "$C" examples/models/tiny_llama.mlir "$D/plans/rq_$z.mlir" --target=h200 \
     -o "$D/plans/tiny_llama_qlora_$z.plan" > "$D/plans/tiny_llama_qlora_$z.txt" 2>&1
 done
+# FP8 (delayed scaling): the step's cast statistics folded over micro-batches, and all-reduced to
+# their largest (a copy on one rank) before the scale updates of the sharded plans.
+f='  bonsai.fp8 "delayed" amax_history 4 margin 0 targets []\n  bonsai.optimizer "adamw" lr 1.000000e-03 {grad_clip = 1.000000e+00 : f64}\n'
+for z in none zero1 zero3; do
+  shard=""
+  [ "$z" = none ] || shard="  bonsai.shard \"$z\" ranks 1\n"
+  printf "bonsai.recipe @r {\n${shard}${f}}\n" > "$D/plans/rf_$z.mlir"
+  for m in tiny_llama llama_124m_2l; do
+    src=examples/models/$m.mlir; [ $m = llama_124m_2l ] && src="$D/plans/llama_124m_2l.mlir"
+    "$C" "$src" "$D/plans/rf_$z.mlir" --target=h200 \
+      -o "$D/plans/${m}_fp8_$z.plan" > "$D/plans/${m}_fp8_$z.txt" 2>&1
+  done
+done
 printf 'bonsai.recipe @r {\n  bonsai.shard "zero3" ranks 2\n  bonsai.optimizer "adamw" lr 1.000000e-03\n}\n' \
   > "$D/plans/r2.mlir"
 "$C" examples/models/tiny_llama.mlir "$D/plans/r2.mlir" --target=h200 \

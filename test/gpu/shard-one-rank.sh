@@ -25,6 +25,25 @@ print("%s: %d/%d steps, last loss %s vs %s, max rel diff %.3g, %s, tok/s %s vs %
 PY
   done
 done
+echo "== FP8 sharded over one rank: the statistics all-reduced (max) before the scale updates"
+for m in tiny_llama llama_124m_2l; do
+  for z in none zero1 zero3; do
+    timeout 300 $B plans/${m}_fp8_$z.plan --seed 3 --steps 20 --micro-batches 2 \
+      --metrics $out/${m}_fp8_$z.jsonl > $out/${m}_fp8_$z.log 2>&1; echo "$m fp8 $z rc=$?"
+  done
+  python3 - "$out" "$m" <<'PY'
+import json, sys
+out, m = sys.argv[1:3]
+a = [json.loads(l) for l in open("%s/%s_fp8_none.jsonl" % (out, m))]
+for z in ["zero1", "zero3"]:
+    b = [json.loads(l) for l in open("%s/%s_fp8_%s.jsonl" % (out, m, z))]
+    same = len(a) == len(b) == 20 and all(x["loss"] == y["loss"] and x["grad_norm"] == y["grad_norm"]
+                                          for x, y in zip(a, b))
+    print("%s fp8 %s vs none (2 micro-batches): %d/%d steps, last loss %s vs %s, %s" % (
+        m, z, len(b), len(a), b[-1]["loss"] if b else None, a[-1]["loss"] if a else None,
+        "identical" if same else "differ"))
+PY
+done
 echo "== the collectives stream against every launch in order (llama_124m_2l zero3, 3 runs each)"
 for v in zero3 zero3_inorder zero3 zero3_inorder zero3 zero3_inorder; do
   timeout 300 $B plans/llama_124m_2l_$v.plan --seed 3 --steps 30 --metrics $out/ov_$v.jsonl \

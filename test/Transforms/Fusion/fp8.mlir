@@ -29,6 +29,9 @@
 // CHECK-NOT: bonsai.fp8_linear_grad_weight
 // CHECK: %{{[a-z0-9_]+}}, %[[DXS:[a-z0-9_]+]], %{{[a-z0-9_]+}}, %{{[a-z0-9_]+}} = bonsai.fp8_linear_backward {{.*}} : (tensor<1x16x64xf32>, tensor<64x16xf32>, tensor<1x16x16xf32>, tensor<3x20xf32>, tensor<64x16xf32>) -> (tensor<1x16x16xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<{{[0-9]+}}xf32>)
 // CHECK: bonsai.fp8_linear_backward
+// The statistics the scale update reads are folded over micro-batches into an accumulator once
+// the input gradient has been read.
+// CHECK: bonsai.accumulate_max %[[DXS]], %[[DXSACC:[0-9]+]] {bonsai.phase = "backward"}
 // CHECK: bonsai.fp8_linear_backward
 // CHECK-NOT: bonsai.fp8_linear_grad_input
 // CHECK-NOT: bonsai.fp8_linear_grad_weight
@@ -39,7 +42,7 @@
 // statistics.
 // CHECK: bonsai.fp8_update_scales
 // CHECK: bonsai.fp8_update_scales
-// CHECK: bonsai.fp8_update_scales %{{.*}}, %{{.*}}, %[[DXS]], %{{.*}} {bonsai.phase = "update"
+// CHECK: bonsai.fp8_update_scales %{{.*}}, %{{.*}}, %[[DXSACC]], %{{.*}} {bonsai.phase = "update"
 
 // Without fp8-backward each weight gradient is still added into its accumulator by its GEMM.
 // ACC-LABEL: func.func @mlp
@@ -89,7 +92,8 @@ bonsai.recipe @r {
 // CHECK-LABEL: func.func @frozen_input
 // CHECK: %[[STATS:[a-z0-9_]+]], %{{[a-z0-9_]+}} = bonsai.fp8_linear_grad_weight_accumulate
 // CHECK-NOT: bonsai.fp8_linear_grad_weight {{.*}}:
-// CHECK: bonsai.fp8_update_scales %{{.*}}, %{{.*}}, %[[STATS]], %{{.*}} {bonsai.phase = "update", current = false, margin = 0 : i64}
+// CHECK: bonsai.accumulate_max %[[STATS]], %[[STATSACC:[0-9]+]] {bonsai.phase = "backward"}
+// CHECK: bonsai.fp8_update_scales %{{.*}}, %{{.*}}, %[[STATSACC]], %{{.*}} {bonsai.phase = "update", current = false, margin = 0 : i64}
 func.func @frozen_input(%ids: tensor<1x16xi32>, %labels: tensor<1x16xi32>) -> tensor<f32> {
   %emb = bonsai.param "transformer.wte.weight" frozen : tensor<64x16xf32>
   %h = bonsai.embedding %emb, %ids : (tensor<64x16xf32>, tensor<1x16xi32>) -> tensor<1x16x16xf32>

@@ -85,11 +85,13 @@ LogicalResult AllReduceOp::verify() {
   if (getInput().getType() != getResult().getType())
     return emitOpError() << "result type " << getResult().getType() << " differs from the input's "
                          << getInput().getType();
-  if (getReduction() != "sum" && getReduction() != "l2")
-    return emitOpError() << "reduction must be \"sum\" or \"l2\", got \"" << getReduction() << "\"";
-  if (getReduction() == "l2" &&
+  if (getReduction() != "sum" && getReduction() != "l2" && getReduction() != "max")
+    return emitOpError() << "reduction must be \"sum\", \"l2\" or \"max\", got \"" << getReduction()
+                         << "\"";
+  if (getReduction() != "sum" &&
       !cast<RankedTensorType>(getInput().getType()).getElementType().isF32())
-    return emitOpError() << "reduction \"l2\" needs f32, got " << getInput().getType();
+    return emitOpError() << "reduction \"" << getReduction() << "\" needs f32, got "
+                         << getInput().getType();
   return success();
 }
 OpCost AllReduceOp::getForwardCost() { return collectiveCost(*this); }

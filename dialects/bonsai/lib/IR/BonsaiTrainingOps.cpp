@@ -387,6 +387,20 @@ OpCost AccumulateOp::getForwardCost() {
   return {0, getNumElements(tensorType(getGradient())), g + acc, acc};
 }
 
+LogicalResult AccumulateMaxOp::verify() {
+  if (getStatistics().getType() != getAccumulator().getType())
+    return emitOpError() << "statistics " << getStatistics().getType()
+                         << " do not match accumulator " << getAccumulator().getType();
+  if (!tensorType(getStatistics()).getElementType().isF32())
+    return emitOpError() << "takes f32 statistics, got " << getStatistics().getType();
+  return success();
+}
+
+OpCost AccumulateMaxOp::getForwardCost() {
+  int64_t bytes = getStorageBytes(getAccumulator().getType());
+  return {0, getNumElements(tensorType(getStatistics())), 2 * bytes, bytes};
+}
+
 LogicalResult ZeroOp::verify() { return success(); }
 OpCost ZeroOp::getForwardCost() { return {0, 0, 0, getStorageBytes(getTarget().getType())}; }
 

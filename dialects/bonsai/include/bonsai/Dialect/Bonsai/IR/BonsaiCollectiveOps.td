@@ -90,8 +90,10 @@ def Bonsai_AllReduceOp : Bonsai_CollectiveOp<"all_reduce", ["getKernelParams"],
     [DeclareOpInterfaceMethods<Bonsai_LinkOpInterface, ["getWholeTensor", "getLinkPasses"]>]> {
   let summary = "the ranks' values combined, every rank keeping the result";
   let description = [{
-    `reduction` is `sum` (the sum over ranks) or `l2` (the square root of the sum of the
-    squares, f32: the global gradient norm from each rank's norm of its gradient shares).
+    `reduction` is `sum` (the sum over ranks), `l2` (the square root of the sum of the
+    squares, f32: the global gradient norm from each rank's norm of its gradient shares) or
+    `max` (the largest, f32: FP8's amax statistics, the same on every rank so that the ranks'
+    delayed scales stay equal).
 
     ```mlir
     %norm = bonsai.all_reduce %local {ranks = 2 : i64, reduction = "l2"} : (tensor<f32>) -> tensor<f32>

@@ -176,6 +176,21 @@ def Bonsai_AccumulateOp : Bonsai_UpdateOp<"accumulate", [1]> {
   let arguments = (ins Bonsai_ComputeTensor:$gradient, Bonsai_ComputeTensor:$accumulator);
 }
 
+def Bonsai_AccumulateMaxOp : Bonsai_UpdateOp<"accumulate_max", [1]> {
+  let summary = "acc = max(acc, statistics), in place (FP8 statistics over micro-batches)";
+  let description = [{
+    Folds one micro-batch's FP8 cast statistics (the f32 [2, 4] `stats` of an FP8 GEMM:
+    amax, underflow and saturation fractions, scale) into the step's, which
+    `bonsai.fp8_update_scales` reads and `bonsai.zero` clears after it (bonsai-fp8 with
+    several micro-batches, docs/fp8.md): the step's amax is the largest of its micro-batches'.
+
+    ```mlir
+    bonsai.accumulate_max %stats, %acc : tensor<2x4xf32>, tensor<2x4xf32>
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$statistics, Bonsai_ComputeTensor:$accumulator);
+}
+
 def Bonsai_ZeroOp : Bonsai_UpdateOp<"zero", [0]> {
   let summary = "set a piece of state to zero, in place";
   let description = [{
