@@ -147,8 +147,11 @@ void mlir::bonsai::buildStepPipeline(OpPassManager &pm, const PipelineOptions &o
   pm.addPass(createBonsaiLowerToPlanPass(lower));
   // Liveness is defined over the schedule, so the order is fixed before memory is planned
   // (and the prefetched copies' buffers live from where they are issued).
+  // The all-gathers' prefetch distance is weighed on the step time, where the ops are timed.
   BonsaiSchedulePassOptions schedule;
   schedule.overlap = options.overlapCopies;
+  schedule.target = options.profile.empty() ? options.target : options.profile;
+  schedule.prefetchDistance = options.prefetchDistance;
   pm.addPass(createBonsaiSchedulePass(schedule));
   pm.addPass(createBonsaiPlanMemoryPass());
   // The step time on the target: the scheduled step on its streams, with the waits the memory

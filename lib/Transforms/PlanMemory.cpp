@@ -5,12 +5,10 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "bonsai/Analysis/MemoryPlanner.h"
 #include "bonsai/Analysis/PlanSummary.h"
 #include "bonsai/Dialect/Plan/IR/PlanDialect.h"
 #include "bonsai/Transforms/Passes.h"
-#include "llvm/ADT/DenseMap.h"
-#include "llvm/ADT/MapVector.h"
+#include "bonsai/Transforms/PlannedStep.h"
 
 namespace mlir::bonsai {
 #define GEN_PASS_DEF_BONSAIPLANMEMORYPASS
@@ -23,80 +21,8 @@ struct PlanMemoryPass : impl::BonsaiPlanMemoryPassBase<PlanMemoryPass> {
   using Base::Base;
 
   LogicalResult planStep(plan::StepOp step) {
-    Block &body = step.getBody().front();
-    llvm::StringMap<plan::ArenaOp> arenas;
-    for (auto arena : body.getOps<plan::ArenaOp>())
-      arenas[arena.getSymName()] = arena;
-
-    // Live interval of every buffer: the positions of the ops that touch it, through views.
-    // Position 0 is before the first op (inputs), `end` after the last (the loss).
-    llvm::MapVector<Operation *, BufferInterval> live;
-    for (auto buffer : body.getOps<BufferOp>()) {
-      BufferInterval interval{buffer.getSizeInBytes(), INT64_MAX, INT64_MIN};
-      // The runtime writes inputs and the loss scale before the first op.
-      if (buffer.getRole() == plan::BufferRole::Input ||
-          buffer.getRole() == plan::BufferRole::LossScale)
-        interval.firstUse = 0;
-      live[buffer] = interval;
-    }
-    int64_t position = 1;
-    for (Operation &op : body) {
-      if (isa<plan::ArenaOp, BufferOp, plan::ViewOp>(op))
-        continue;
-      for (Value operand : op.getOperands())
-        if (BufferOp buffer = plan::getUnderlyingBuffer(operand)) {
-          BufferInterval &interval = live[buffer];
-          interval.firstUse = std::min(interval.firstUse, position);
-          interval.lastUse = std::max(interval.lastUse, position);
-        }
-      ++position;
-    }
-    for (auto &[op, interval] : live) {
-      // The runtime reads the loss and the metrics after the last op; inputs and the loss
-      // scale, which the runtime writes, are never reused within a step (they are small, and
-      // the runtime may read them back, to report or to generate).
-      plan::BufferRole role = cast<BufferOp>(op).getRole();
-      if (role == plan::BufferRole::Loss || role == plan::BufferRole::Metric ||
-          role == plan::BufferRole::Input || role == plan::BufferRole::LossScale)
-        interval.lastUse = position;
-      if (interval.firstUse == INT64_MAX) // Never used: give it a slot of its own moment.
-        interval.firstUse = interval.lastUse = 0;
-      interval.lastUse = std::max(interval.lastUse, interval.firstUse);
-    }
-
-    for (auto &[name, arena] : arenas) {
-      int64_t alignment = arena.getAlignmentAttr().getInt();
-      SmallVector<BufferOp> buffers;
-      std::vector<BufferInterval> intervals;
-      for (auto &[op, interval] : live) {
-        auto buffer = cast<BufferOp>(op);
-        if (buffer.getArena() != name)
-          continue;
-        buffers.push_back(buffer);
-        intervals.push_back(interval);
-      }
-      MemoryPlan memoryPlan;
-      if (arena.getLifetime() == plan::Lifetime::Persistent) {
-        // Persistent state is live for the whole run: one after another.
-        int64_t offset = 0;
-        for (const BufferInterval &b : intervals) {
-          memoryPlan.offsets.push_back(offset);
-          offset = alignTo(offset + b.size, alignment);
-        }
-        memoryPlan.peak = offset;
-      } else {
-        memoryPlan = planGreedyBySize(intervals, alignment);
-        int64_t withoutReuse = 0;
-        for (const BufferInterval &b : intervals)
-          withoutReuse += alignTo(b.size, alignment);
-        bytesSaved += withoutReuse - memoryPlan.peak;
-      }
-      OpBuilder builder(arena);
-      for (auto [buffer, offset] : llvm::zip(buffers, memoryPlan.offsets))
-        buffer.setOffsetAttr(builder.getI64IntegerAttr(offset));
-      arena.setSize(memoryPlan.peak);
-      numBuffers += buffers.size();
-    }
+    bytesSaved += planStepBuffers(step);
+    numBuffers += llvm::range_size(step.getBody().front().getOps<BufferOp>());
 
     int64_t budget = step.getDeviceMemoryAttr().getInt();
     int64_t hostBudget = step.getHostMemoryAttr().getInt();

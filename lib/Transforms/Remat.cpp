@@ -129,6 +129,8 @@ public:
     BonsaiLowerToPlanPassOptions lower;
     lower.target = target.str();
     pm.addPass(createBonsaiLowerToPlanPass(lower));
+    // One gather ahead (no target to weigh a deeper prefetch on): the pipeline's schedule
+    // takes a deeper one only where it fits the budget these trials hold the step to.
     pm.addPass(createBonsaiSchedulePass());
     pm.addPass(createBonsaiPlanMemoryPass());
     if (offload) {

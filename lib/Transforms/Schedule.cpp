@@ -6,12 +6,18 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "bonsai/Analysis/PlanSummary.h"
 #include "bonsai/Dialect/Plan/IR/PlanDialect.h"
+#include "bonsai/Target/TargetProfile.h"
 #include "bonsai/Transforms/Passes.h"
+#include "bonsai/Transforms/PlannedStep.h"
 #include "bonsai/runtime/KernelKinds.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/StringSet.h"
+#include "llvm/Support/Format.h"
+
+#include <limits>
 
 namespace mlir::bonsai {
 #define GEN_PASS_DEF_BONSAISCHEDULEPASS
@@ -39,6 +45,12 @@ bool isCollective(StringRef kernel) {
   }();
   return names.contains(kernel);
 }
+
+/// The prefetch distances of the all-gathers bonsai-schedule weighs, in gathers.
+constexpr unsigned kDistances[] = {1, 2, 3, 4, 6, 8, 12, 16};
+/// A deeper prefetch is taken only if no shallower one comes this close to the fastest
+/// predicted step: the simulation's own error is larger than the differences below it.
+constexpr double kWorthwhile = 0.005;
 
 struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
   using Base::Base;
@@ -107,7 +119,7 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
   /// runtime derives every wait from the bytes (orderStreams), so this order is a
   /// performance choice only.
   /// Returns the groups moved and the sources retained.
-  std::pair<unsigned, unsigned> overlapCopies(Block &body) {
+  static std::pair<unsigned, unsigned> overlapCopies(Block &body) {
     unsigned prefetched = 0, retainedSources = 0;
     // Groups of host-to-device copies by the first op that reads their result.
     SmallVector<std::pair<Operation *, SmallVector<LaunchOp>>> groups;
@@ -217,53 +229,78 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
     return {prefetched, retainedSources};
   }
 
-  /// The all-gathers of the forward and backward passes are issued one gather ahead: each
-  /// moves up, within its phase, to just after the first reader of the gather before it, so
-  /// that the collectives stream brings in a layer's weights while the compute stream works on
-  /// the layer before (FSDP's forward and backward prefetch of one module). The memory planner
-  /// runs after this pass, so each gathered buffer lives from where it is issued. Returns the
-  /// gathers moved.
-  unsigned prefetchGathers(Block &body) {
+  /// The all-gathers of the forward and backward passes are issued `distance` gathers ahead:
+  /// each moves up, within its phase, to just after the first reader of the gather `distance`
+  /// before it (or just after the gather before it, if that one is later still), so that the
+  /// collectives stream brings in the next parameters' weights while the compute stream works
+  /// on the layer before (FSDP's forward and backward prefetch). The memory planner runs after
+  /// this pass, so each gathered buffer lives from where it is issued. Returns the gathers
+  /// moved.
+  static unsigned prefetchGathers(Block &body, unsigned distance) {
     unsigned moved = 0;
-    // Positions in the order before any move: a move takes a gather up to just after an
-    // earlier reader, which keeps the order of every other pair, so the positions answer
-    // "is the previous reader before this gather" without Operation::isBeforeInBlock, whose
-    // order each move invalidates (an O(ops) renumbering per gather: minutes for a 70B step's
-    // remat trials).
+    // Positions in the order before any move. A move takes a gather up to just after an
+    // earlier op, behind the gathers placed there before it, which keeps the order of every
+    // other pair; so a gather's place is the position of the op it follows and its rank among
+    // the gathers placed after that op, and "is the anchor before this gather" needs no
+    // Operation::isBeforeInBlock, whose order each move invalidates (an O(ops) renumbering per
+    // gather: minutes for a 70B step's remat trials).
     llvm::DenseMap<Operation *, size_t> position;
     for (Operation &op : body)
       position[&op] = position.size();
-    Operation *previousReader = nullptr;
-    std::optional<plan::Phase> previousPhase;
+    using Place = std::pair<size_t, size_t>;
+    SmallVector<Operation *> readers; // Of the gathers so far in the current phase.
+    std::optional<plan::Phase> phase;
+    LaunchOp previousGather;
+    Place previousPlace;
     for (LaunchOp gather : llvm::to_vector(body.getOps<LaunchOp>())) {
       if (streamOf(gather) != PlanStream::Collectives || gather.getKernel() != "all_gather" ||
           gather.getPhase() == plan::Phase::Update || gather.getOuts().size() != 1)
         continue;
+      if (phase != gather.getPhase()) {
+        readers.clear();
+        previousGather = nullptr;
+      }
+      phase = gather.getPhase();
       plan::BufferOp gathered = plan::getUnderlyingBuffer(gather.getOuts()[0]);
       Operation *reader = nullptr;
       for (Operation *op = gather->getNextNode(); op && !reader; op = op->getNextNode())
         if (phaseOf(op) == gather.getPhase() && touches(op, gathered))
           reader = op;
-      if (previousReader && previousPhase == gather.getPhase() &&
-          position.lookup(previousReader) < position.lookup(gather) &&
-          previousReader->getNextNode() != gather &&
-          !llvm::any_of(gather.getIns(), [&](Value in) {
-            // Nothing between may write the share (the update does, in another phase).
-            plan::BufferOp share = plan::getUnderlyingBuffer(in);
-            for (Operation *op = previousReader->getNextNode(); op != gather;
-                 op = op->getNextNode())
-              if (auto launch = dyn_cast<LaunchOp>(op);
-                  launch && llvm::any_of(launch.getOuts(), [&](Value out) {
-                    return plan::getUnderlyingBuffer(out) == share;
-                  }))
-                return true;
-            return false;
-          })) {
-        gather->moveAfter(previousReader);
-        ++moved;
+      Place place{position.lookup(gather), 0};
+      Operation *anchor = readers.size() >= distance ? readers[readers.size() - distance] : nullptr;
+      if (anchor && position.lookup(anchor) < place.first) {
+        Place anchorPlace{position.lookup(anchor), 0};
+        // Behind the gather before, if that one is issued later: the collectives stream
+        // keeps the gathers in their order.
+        if (previousGather && previousPlace >= anchorPlace) {
+          anchor = previousGather;
+          anchorPlace = {previousPlace.first, previousPlace.second + 1};
+        } else {
+          anchorPlace.second = 1;
+        }
+        auto writesShare = [&](Operation *op) {
+          auto launch = dyn_cast<LaunchOp>(op);
+          return launch && llvm::any_of(gather.getIns(), [&](Value in) {
+                   plan::BufferOp share = plan::getUnderlyingBuffer(in);
+                   return llvm::any_of(launch.getOuts(), [&](Value out) {
+                     return plan::getUnderlyingBuffer(out) == share;
+                   });
+                 });
+        };
+        // Nothing between may write the share (the update does, in another phase).
+        bool blocked = anchor->getNextNode() == gather;
+        for (Operation *op = anchor->getNextNode(); op != gather && !blocked;
+             op = op->getNextNode())
+          blocked = writesShare(op);
+        if (!blocked) {
+          gather->moveAfter(anchor);
+          place = anchorPlace;
+          ++moved;
+        }
       }
-      previousReader = reader;
-      previousPhase = gather.getPhase();
+      readers.push_back(reader);
+      previousGather = gather;
+      previousPlace = place;
     }
     return moved;
   }
@@ -273,7 +310,7 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
   /// layer's backward while the collectives stream reduces this layer's gradient, instead of
   /// waiting for it at once. A reader moves only past ops that touch none of its buffers.
   /// Returns the readers moved.
-  unsigned deferScatterReaders(Block &body) {
+  static unsigned deferScatterReaders(Block &body) {
     SmallVector<LaunchOp> scatters;
     for (LaunchOp launch : body.getOps<LaunchOp>())
       if (streamOf(launch) == PlanStream::Collectives && launch.getKernel() == "reduce_scatter" &&
@@ -308,6 +345,103 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
     return moved;
   }
 
+  /// What the overlap moved.
+  struct Moves {
+    unsigned prefetchedGathers = 0, deferredScatters = 0;
+    std::pair<unsigned, unsigned> copies{0, 0}; // overlapCopies' result
+  };
+
+  /// Orders the collectives (the all-gathers `distance` ahead, the reduce-scatters' readers
+  /// deferred) and, with `copies`, the host-offload copies, in a step whose launches have
+  /// their streams.
+  static Moves overlapLaunches(Block &body, unsigned distance, bool collectives, bool copies) {
+    Moves moves;
+    if (collectives) {
+      moves.prefetchedGathers = prefetchGathers(body, distance);
+      moves.deferredScatters = deferScatterReaders(body);
+    }
+    if (copies)
+      moves.copies = overlapCopies(body);
+    return moves;
+  }
+
+  /// A copy of a step scheduled with its all-gathers `distance` ahead, planned and simulated.
+  struct Trial {
+    unsigned distance = 1;
+    double seconds = 0;
+    int64_t peak = 0;
+  };
+
+  static std::optional<Trial> tryDistance(plan::StepOp step, unsigned distance, bool copies,
+                                          const SimMachine &machine) {
+    OwningOpRef<plan::StepOp> trial(cast<plan::StepOp>(step->clone()));
+    overlapLaunches(trial->getBody().front(), distance, /*collectives=*/true, copies);
+    planStepBuffers(*trial);
+    std::optional<std::vector<SimLaunch>> launches = collectSimLaunches(*trial);
+    if (!launches)
+      return std::nullopt;
+    SimulatedStep simulated = simulateStep(*launches, trial->getMicroBatches(), machine);
+    return Trial{distance, simulated.stepSeconds, summarizePlanMemory(*trial).peakDevice};
+  }
+
+  /// The prefetch distance of the all-gathers: `prefetch-distance` when it names one; else
+  /// the smallest of kDistances whose predicted step (the scheduled copy planned and
+  /// simulated as bonsai-predict-step will) is within kWorthwhile of the fastest that fits the
+  /// step's device budget. A deeper prefetch keeps more gathered weights live at once, so
+  /// the smallest that reaches the link's or the compute's limit is taken. Without a step
+  /// time for the target (no rates, or no `target`), one gather ahead. `why` says which.
+  unsigned chooseDistance(plan::StepOp step, bool copies, unsigned gathers,
+                          llvm::raw_string_ostream &why) {
+    if (prefetchDistance > 0) {
+      why << "asked for";
+      return prefetchDistance;
+    }
+    std::optional<TargetProfile> profile =
+        target.empty() ? std::nullopt : lookupTargetProfile(target);
+    if (!profile) {
+      why << "no step time to weigh a deeper prefetch on";
+      return 1;
+    }
+    SimMachine machine = runtimeMachine(*profile);
+    SmallVector<Trial> trials;
+    for (unsigned distance : kDistances) {
+      if (distance > 1 && distance >= gathers)
+        break;
+      std::optional<Trial> trial = tryDistance(step, distance, copies, machine);
+      if (!trial) {
+        why << "no step time to weigh a deeper prefetch on";
+        return 1;
+      }
+      trials.push_back(*trial);
+    }
+    int64_t budget = step.getDeviceMemoryAttr().getInt();
+    auto fits = [&](const Trial &trial) {
+      return trial.distance == 1 || budget <= 0 || trial.peak <= budget;
+    };
+    double fastest = std::numeric_limits<double>::infinity();
+    for (const Trial &trial : trials)
+      if (fits(trial))
+        fastest = std::min(fastest, trial.seconds);
+    unsigned chosen = 1;
+    for (const Trial &trial : trials)
+      if (fits(trial) && trial.seconds <= fastest * (1 + kWorthwhile)) {
+        chosen = trial.distance;
+        break;
+      }
+    why << "predicted step";
+    for (const Trial &trial : trials) {
+      why << (trial.distance == 1 ? " " : ", ") << trial.distance << " ahead "
+          << llvm::format("%.2f", trial.seconds * 1e3) << " ms at "
+          << (trial.distance == 1 ? "a " : "") << formatBytes(trial.peak)
+          << (trial.distance == 1 ? " peak" : "");
+      if (!fits(trial))
+        why << " over the " << formatBytes(budget) << " budget";
+    }
+    why << ": the shallowest within " << llvm::format("%.1f", kWorthwhile * 100)
+        << "% of the fastest";
+    return chosen;
+  }
+
   void scheduleStep(plan::StepOp step) {
     Block &body = step.getBody().front();
     hoistDeclarations(body);
@@ -315,6 +449,8 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
     for (auto arena : body.getOps<plan::ArenaOp>())
       spaces[arena.getSymName()] = arena.getSpace();
     unsigned copies = 0, hostSteps = 0, copiesAfterHostSteps = 0, collectives = 0;
+    // The most all-gathers of one phase: the deepest prefetch that can move one.
+    unsigned gathers[3] = {0, 0, 0};
     // The buffers the host updates write.
     llvm::DenseSet<Operation *> writtenOnHost;
     for (LaunchOp launch : body.getOps<LaunchOp>()) {
@@ -341,19 +477,28 @@ struct SchedulePass : impl::BonsaiSchedulePassBase<SchedulePass> {
       launch.setStream(int64_t(stream));
       copies += stream == PlanStream::HostToDevice || stream == PlanStream::DeviceToHost;
       collectives += stream == PlanStream::Collectives;
+      if (stream == PlanStream::Collectives && launch.getKernel() == "all_gather")
+        ++gathers[unsigned(launch.getPhase()) % 3];
     }
+    bool overlapCopiesToo = overlap && (copies || hostSteps);
+    std::string why;
+    llvm::raw_string_ostream whyStream(why);
+    unsigned distance = collectives ? chooseDistance(step, overlapCopiesToo,
+                                                     std::max(gathers[0], gathers[1]), whyStream)
+                                    : 1;
+    Moves moves = overlapLaunches(body, distance, collectives != 0, overlapCopiesToo);
     if (collectives) {
-      unsigned prefetchedGathers = prefetchGathers(body);
-      unsigned deferred = deferScatterReaders(body);
-      numPrefetchedGathers += prefetchedGathers;
+      numPrefetchedGathers += moves.prefetchedGathers;
       step.emitRemark() << "schedule: " << collectives << " collectives on the collectives stream; "
-                        << prefetchedGathers << " all-gathers issued one gather ahead; " << deferred
+                        << "all-gathers issued " << distance << " ahead, "
+                        << moves.prefetchedGathers << " of them moved (" << why << "); "
+                        << moves.deferredScatters
                         << " reduce-scatters read one reduce-scatter later";
     }
     if (!copies && !hostSteps)
       return;
     copies += copiesAfterHostSteps;
-    auto [prefetched, retainedSources] = overlap ? overlapCopies(body) : std::pair(0u, 0u);
+    auto [prefetched, retainedSources] = moves.copies;
     numPrefetched += prefetched;
     numRetained += retainedSources;
     InFlightDiagnostic remark = step.emitRemark() << "schedule: ";

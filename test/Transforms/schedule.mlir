@@ -98,7 +98,8 @@ bonsai_plan.step @overlap attributes {target = "sm_90"} {
 
 // The exchanges with other ranks (the kernel kinds with the kCollective trait) go on the
 // collectives stream (5). An all-gather of the forward or backward pass moves up to just after
-// the first reader of the all-gather before it, within its phase (one gather ahead); the reader
+// the first reader of the all-gather before it, within its phase (one gather ahead, without a
+// target to weigh a deeper prefetch on: schedule-prefetch.mlir); the reader
 // of a reduce-scatter's share moves down to just before the next reduce-scatter of its phase.
 // Without overlap, nothing moves and every launch stays on the compute stream.
 
@@ -121,7 +122,7 @@ bonsai_plan.step @overlap attributes {target = "sm_90"} {
 // INORDER-NEXT: bonsai_plan.launch "all_gather"
 // INORDER: bonsai_plan.launch "reduce_scatter"
 // INORDER-NEXT: bonsai_plan.launch "accumulate"
-// expected-remark @+1 {{schedule: 5 collectives on the collectives stream; 1 all-gathers issued one gather ahead; 1 reduce-scatters read one reduce-scatter later}}
+// expected-remark @+1 {{schedule: 5 collectives on the collectives stream; all-gathers issued 1 ahead, 1 of them moved (no step time to weigh a deeper prefetch on); 1 reduce-scatters read one reduce-scatter later}}
 bonsai_plan.step @collectives attributes {target = "sm_90"} {
   bonsai_plan.arena @w persistent device size 0
   bonsai_plan.arena @a step device size 0

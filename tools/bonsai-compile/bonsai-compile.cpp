@@ -4,7 +4,7 @@
 //                [--device-memory=24GiB] [--host-memory=64GiB] [--fuse=false]
 //                [--fuse-disable=family,...]
 //                [--remat-time-limit=60] [--overlap-copies=false] [--fit-offload=false]
-//                [--host-update-rate=4.5]
+//                [--gathers-ahead=2] [--host-update-rate=4.5]
 //
 // Parses the model (and the recipe, if given, into the same module), runs the standard
 // pipeline (with the backward pass, the optimizer and activation recomputation when the
@@ -93,6 +93,13 @@ static llvm::cl::opt<bool> overlapCopiesOption(
                    "compute (default true; --overlap-copies=false keeps them in order on the "
                    "compute stream; docs/offload.md)"),
     llvm::cl::init(true), llvm::cl::cat(bonsaiCategory));
+static llvm::cl::opt<unsigned> prefetchDistanceOption(
+    "gathers-ahead",
+    llvm::cl::desc("How many all-gathers ahead of its reader each is issued on the collectives "
+                   "stream (default 0: the distance whose predicted step on the target "
+                   "profile is shortest within the device budget, one ahead where the target "
+                   "has no rates; docs/sharding.md)"),
+    llvm::cl::init(0), llvm::cl::cat(bonsaiCategory));
 static llvm::cl::opt<double> hostUpdateRateOption(
     "host-update-rate",
     llvm::cl::desc("The host's optimizer rate in G parameters/s, which bonsai.offload's update "
@@ -361,6 +368,7 @@ int main(int argc, char **argv) {
   options.hostUpdateRate = hostUpdateRateOption;
   options.fuse = fuseOption;
   options.overlapCopies = overlapCopiesOption;
+  options.prefetchDistance = prefetchDistanceOption;
   options.fuseDisable = llvm::to_vector(fuseDisableOption);
   if (!targetOption.empty())
     options.target = targetOption;

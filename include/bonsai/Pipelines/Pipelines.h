@@ -57,6 +57,11 @@ struct PipelineOptions : public PassPipelineOptions<PipelineOptions> {
                      "(bonsai-schedule's overlap); false keeps them in order on the compute "
                      "stream"),
       llvm::cl::init(true)};
+  PassOptions::Option<unsigned> prefetchDistance{
+      *this, "gathers-ahead",
+      llvm::cl::desc("How many all-gathers ahead of its reader each is issued (bonsai-schedule's "
+                     "prefetch-distance); 0 weighs it on the target profile's step time"),
+      llvm::cl::init(0)};
   PassOptions::Option<double> hostUpdateRate{
       *this, "host-update-rate",
       llvm::cl::desc("The host's optimizer rate in G parameters/s for bonsai.offload's update "

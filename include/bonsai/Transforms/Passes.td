@@ -644,8 +644,8 @@ def BonsaiSchedulePass : Pass<"bonsai-schedule", "::mlir::ModuleOp"> {
     (3), everything else on the compute stream (0). With `overlap`, the exchanges with other
     ranks (bonsai-shard's all-gathers, reduce-scatters and all-reduces) run on the
     collectives stream (5), each forward and backward all-gather moved up to just after the
-    first reader of the gather before it (one gather ahead: the next layer's weights arrive
-    while the compute stream works on this one); and the copy back to the
+    first reader of the all-gather `prefetch-distance` gathers before it (the next layers'
+    weights arrive while the compute stream works on this one); and the copy back to the
     device of what a host update wrote gets a stream of its own (4): on the copy stream it
     would hold up every copy issued after it (the streamed updates' state) until the CPU is
     done, and on the host stream the next host update.
@@ -660,6 +660,14 @@ def BonsaiSchedulePass : Pass<"bonsai-schedule", "::mlir::ModuleOp"> {
     "Overlap"), so this order is a performance choice, not a correctness one. Without
     `overlap`, every launch but the host updates stays in order on the compute stream.
 
+    The prefetch distance (`prefetch-distance`, 0 by default: from the cost model) is chosen
+    per step where the launches carry bonsai-time-ops' seconds and `target` names a profile:
+    a copy of the step is scheduled with each distance of 1, 2, 3, 4, 6, 8, 12 and 16 gathers,
+    planned and simulated as bonsai-plan-memory and bonsai-predict-step will, and the smallest
+    distance whose predicted step is within 0.5% of the fastest that fits the step's device
+    budget is taken (a deeper prefetch keeps more gathered weights live). Otherwise one
+    gather ahead. The remark lists what was weighed.
+
     ```mlir
     bonsai_plan.launch "adamw_update" ... {phase = 2 : i32}
     bonsai_plan.launch "copy_h2d" ins(%m1) outs(%m1_dev) {phase = 2 : i32, stream = 1 : i64}
@@ -671,7 +679,12 @@ def BonsaiSchedulePass : Pass<"bonsai-schedule", "::mlir::ModuleOp"> {
   let options = [
     Option<"overlap", "overlap", "bool", /*default=*/"true",
            "issue the host-offload copies on copy streams, one update ahead, and the "
-           "collectives on a stream of their own, one all-gather ahead">,
+           "collectives on a stream of their own, the all-gathers ahead of their readers">,
+    Option<"prefetchDistance", "prefetch-distance", "unsigned", /*default=*/"0",
+           "how many all-gathers ahead each is issued (0: the distance whose predicted step "
+           "is shortest, weighed on `target`; one ahead where the step is not timed)">,
+    Option<"target", "target", "std::string", /*default=*/"\"\"",
+           "target profile whose step time weighs the prefetch distance (none: one ahead)">,
   ];
   let statistics = [
     Statistic<"numPrefetched", "num-prefetched",
@@ -679,7 +692,7 @@ def BonsaiSchedulePass : Pass<"bonsai-schedule", "::mlir::ModuleOp"> {
     Statistic<"numRetained", "num-retained",
               "device-to-host copy sources kept from reuse while the copy may read them">,
     Statistic<"numPrefetchedGathers", "num-prefetched-gathers",
-              "all-gathers issued one gather ahead of their reader">,
+              "all-gathers issued ahead of their reader">,
   ];
   let dependentDialects = ["::mlir::bonsai::plan::PlanDialect"];
 }
