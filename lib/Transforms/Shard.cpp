@@ -189,7 +189,7 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
     const Stage stage = directive.getStrategy() == "zero1"   ? Stage::Zero1
                         : directive.getStrategy() == "zero2" ? Stage::Zero2
                                                              : Stage::Zero3;
-    const bool keepGathered = !directive.getReshardAfterForward();
+    const bool keepGathered = directive.keepsGathered();
     SmallVector<Operation *> updates;
     SmallVector<GradNormOp> norms;
     for (Operation &op : body) {
@@ -437,6 +437,10 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
       remark << ", " << t.keptGathered << " parameters (" << formatBytes(t.keptGatheredBytes)
              << ") gathered once per micro-batch and kept from the forward to the backward "
                 "pass (reshard_after_forward false)";
+    if (directive.choosesReshard())
+      remark << ", each parameter gathered again for the backward pass (reshard_after_forward "
+                "\"auto\" is bonsai-compile's choice, which compiles the step both ways; this "
+                "pass alone frees)";
     if (t.replicated)
       remark << ", " << t.replicated
              << (t.replicated == 1 ? " trainable parameter" : " trainable parameters")

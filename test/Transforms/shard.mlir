@@ -154,6 +154,31 @@ bonsai.recipe @r {
 
 // -----
 
+// reshard_after_forward "auto" is bonsai-compile's choice (it compiles the step both ways); the
+// pass alone frees the gathered weights after the forward pass and says so.
+
+// CHECK-LABEL: func.func @zero3_auto
+// CHECK-COUNT-2: bonsai.all_gather %{{.*}} {ranks = 2 : i64} : (tensor<64xbf16>) -> tensor<16x8xbf16>
+func.func @zero3_auto(%ids: tensor<1x4xi32>, %labels: tensor<1x4xi32>) -> tensor<f32> {
+  %emb = bonsai.param "e" frozen : tensor<16x8xbf16>
+  %h = bonsai.embedding %emb, %ids : (tensor<16x8xbf16>, tensor<1x4xi32>) -> tensor<1x4x8xbf16>
+  %nw = bonsai.param "n" trainable : tensor<8xf32>
+  %hf = bonsai.cast %h : (tensor<1x4x8xbf16>) -> tensor<1x4x8xf32>
+  %n = bonsai.rms_norm %hf, %nw : (tensor<1x4x8xf32>, tensor<8xf32>) -> tensor<1x4x8xf32>
+  %nb = bonsai.cast %n : (tensor<1x4x8xf32>) -> tensor<1x4x8xbf16>
+  %lm = bonsai.param "lm" trainable : tensor<16x8xbf16>
+  %logits = bonsai.linear %nb, %lm : (tensor<1x4x8xbf16>, tensor<16x8xbf16>) -> tensor<1x4x16xbf16>
+  %loss = bonsai.cross_entropy %logits, %labels : (tensor<1x4x16xbf16>, tensor<1x4xi32>) -> tensor<f32>
+  return %loss : tensor<f32>
+}
+bonsai.recipe @r {
+  // expected-remark @+1 {{shard: zero3 over 2 ranks: 10 tensors of 'zero3_auto' sharded (1.31 KiB per rank instead of 2.62 KiB), each parameter gathered again for the backward pass (reshard_after_forward "auto" is bonsai-compile's choice, which compiles the step both ways; this pass alone frees)}}
+  bonsai.shard "zero3" ranks 2 reshard_after_forward "auto"
+  bonsai.optimizer "adamw" lr 1.0e-3 {grad_clip = 1.0 : f64}
+}
+
+// -----
+
 // One rank: the same rewrite, whose collectives are copies (the runtime's single-rank path).
 
 // CHECK-LABEL: func.func @one_rank

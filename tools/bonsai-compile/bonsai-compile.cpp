@@ -14,7 +14,8 @@
 // budget whose recipe has no bonsai.offload is compiled again with the offload choices below,
 // the least taken off the device first, and the first that fits is taken and printed; when
 // none fits (or with --fit-offload=false) it is an error that says by how much and what
-// dominates.
+// dominates. A recipe with `bonsai.shard "zero3" ... reshard_after_forward "auto"` is compiled
+// with the gathered weights freed and kept, and the one chooseReshard prefers is taken.
 //
 //===----------------------------------------------------------------------===//
 
@@ -34,6 +35,7 @@
 #include "mlir/Support/Timing.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Format.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/SourceMgr.h"
@@ -217,16 +219,21 @@ struct Attempt {
 };
 
 /// Runs the model pipeline (whose result the cost report reads) and the step pipeline on a
-/// copy of `source`, with `choice` added to its recipe when given. Diagnostics are kept, not
-/// printed, so that a failed attempt the caller retries leaves no error behind.
+/// copy of `source`, with `choice` added to its recipe when given and, given `reshard`, the
+/// shard directive's reshard_after_forward set to it. Diagnostics are kept, not printed, so
+/// that a failed attempt the caller retries leaves no error behind.
 static Attempt compileAttempt(ModuleOp source, const PipelineOptions &options,
-                              const OffloadChoice *choice, llvm::SourceMgr &sourceMgr,
-                              TimingScope &timing) {
+                              const OffloadChoice *choice, std::optional<bool> reshard,
+                              llvm::SourceMgr &sourceMgr, TimingScope &timing) {
   Attempt attempt;
   attempt.module = source.clone();
   MLIRContext *context = source.getContext();
   llvm::raw_string_ostream os(attempt.diagnostics);
   SourceMgrDiagnosticHandler handler(sourceMgr, context, os);
+  if (reshard)
+    for (auto recipe : attempt.module->getOps<RecipeOp>())
+      for (auto shard : recipe.getBody().getOps<ShardDirectiveOp>())
+        shard.setReshardAfterForwardAttr(BoolAttr::get(context, *reshard));
   if (choice) {
     for (auto recipe : attempt.module->getOps<RecipeOp>()) {
       OpBuilder builder = OpBuilder::atBlockEnd(&recipe.getBody().front());
@@ -253,6 +260,75 @@ static Attempt compileAttempt(ModuleOp source, const PipelineOptions &options,
       attempt.costs.push_back(computeModelCost(function));
   attempt.succeeded = runPipeline("step pipeline", buildStepPipeline);
   return attempt;
+}
+
+/// The first error of an attempt's diagnostics, without its location: why it does not serve.
+static std::string firstError(const Attempt &attempt) {
+  SmallVector<StringRef> lines;
+  StringRef(attempt.diagnostics).split(lines, '\n');
+  for (StringRef line : lines)
+    if (size_t at = line.find("error: "); at != StringRef::npos)
+      return line.drop_front(at).trim().str();
+  return "failed";
+}
+
+/// A successful attempt's predicted step seconds (none without the target's rates) and its
+/// planned device peak.
+static std::pair<std::optional<double>, int64_t> stepFigures(Attempt &attempt) {
+  for (auto step : attempt.module->getOps<plan::StepOp>()) {
+    std::optional<double> seconds;
+    if (auto predicted = step->getAttrOfType<FloatAttr>("bonsai.predicted_step_seconds"))
+      seconds = predicted.getValueAsDouble();
+    return {seconds, summarizePlanMemory(step).peakDevice};
+  }
+  return {std::nullopt, 0};
+}
+
+/// A recipe's `reshard_after_forward "auto"`: compiles the step with the gathered weights
+/// freed after the forward pass and kept to the backward pass, and takes the kept one where
+/// it compiles (fits the budget) and its predicted step is shorter by more than the
+/// simulation's error; else the freed one, which needs less memory. Prints which and why;
+/// returns the choice (true: reshard) and its attempt.
+static std::pair<bool, Attempt> chooseReshard(ModuleOp source, const PipelineOptions &options,
+                                              llvm::SourceMgr &sourceMgr, TimingScope &timing) {
+  constexpr double kWorthwhile = 0.005;
+  llvm::errs() << "bonsai-compile: reshard_after_forward \"auto\": compiling the step with the "
+                  "gathered weights freed after the forward pass, then kept to the backward "
+                  "pass\n";
+  Attempt freed = compileAttempt(source, options, nullptr, true, sourceMgr, timing);
+  Attempt kept = compileAttempt(source, options, nullptr, false, sourceMgr, timing);
+  std::string why;
+  llvm::raw_string_ostream os(why);
+  bool keep = false;
+  if (!kept.succeeded) {
+    os << "keeping them does not compile: " << firstError(kept);
+  } else if (!freed.succeeded) {
+    keep = true;
+    os << "freeing them does not compile: " << firstError(freed);
+  } else {
+    auto [freedSeconds, freedPeak] = stepFigures(freed);
+    auto [keptSeconds, keptPeak] = stepFigures(kept);
+    if (!freedSeconds || !keptSeconds) {
+      os << "no step time on this target to weigh the second all-gather by (a profile with "
+            "rates, e.g. --target=h100, has one); freeing needs "
+         << formatBytes(freedPeak) << " against " << formatBytes(keptPeak);
+    } else {
+      keep = *keptSeconds < *freedSeconds * (1 - kWorthwhile);
+      os << "predicted step " << llvm::format("%.2f", *keptSeconds * 1e3) << " ms kept against "
+         << llvm::format("%.2f", *freedSeconds * 1e3) << " ms freed, peak " << formatBytes(keptPeak)
+         << " against " << formatBytes(freedPeak) << "; ";
+      if (keep)
+        os << "the link does not hide the second all-gather";
+      else
+        os << "keeping saves less than " << llvm::format("%.1f", kWorthwhile * 100)
+           << "% of the step";
+    }
+  }
+  llvm::errs() << "bonsai-compile: reshard_after_forward \"auto\": "
+               << (keep ? "false, the gathered weights kept to the backward pass"
+                        : "true, the gathered weights freed after the forward pass")
+               << " (" << why << ")\n";
+  return {!keep, std::move(keep ? kept : freed)};
 }
 
 /// Registers MLIR's pass-manager, timing, context and IR-printing flags, and hides every flag
@@ -414,7 +490,20 @@ int main(int argc, char **argv) {
 
   // The cost report comes from the model as the recipe rewrote it (adapters, NF4 weights),
   // before it is lowered.
-  Attempt attempt = compileAttempt(*module, options, nullptr, sourceMgr, rootTiming);
+  // A recipe that leaves reshard_after_forward to the compiler is compiled both ways.
+  std::optional<bool> reshard;
+  Attempt attempt;
+  bool choosesReshard = false;
+  for (auto recipe : module->getOps<RecipeOp>())
+    for (auto shard : recipe.getBody().getOps<ShardDirectiveOp>())
+      choosesReshard |= shard.choosesReshard();
+  if (choosesReshard) {
+    auto [chosen, chosenAttempt] = chooseReshard(*module, options, sourceMgr, rootTiming);
+    reshard = chosen;
+    attempt = std::move(chosenAttempt);
+  } else {
+    attempt = compileAttempt(*module, options, nullptr, std::nullopt, sourceMgr, rootTiming);
+  }
   // Over the budget, a training step whose recipe leaves offload out tries the offload
   // choices; the first that fits is the plan.
   std::optional<OffloadChoice> fitted;
@@ -430,19 +519,14 @@ int main(int argc, char **argv) {
     std::string tried;
     for (const OffloadChoice &choice : offloadChoices(*profile)) {
       llvm::errs() << "bonsai-compile:   with " << choice.directive() << "\n";
-      Attempt retry = compileAttempt(*module, options, &choice, sourceMgr, rootTiming);
+      Attempt retry = compileAttempt(*module, options, &choice, reshard, sourceMgr, rootTiming);
       if (retry.succeeded) {
         attempt = std::move(retry);
         fitted = choice;
         break;
       }
       // Each choice's first error says why it does not serve (remarks may come before it).
-      SmallVector<StringRef> lines;
-      StringRef(retry.diagnostics).split(lines, '\n');
-      const StringRef *error =
-          llvm::find_if(lines, [](StringRef line) { return line.contains("error: "); });
-      tried += "  " + choice.directive() + ": " +
-               (error != lines.end() ? error->trim().str() : std::string("failed")) + "\n";
+      tried += "  " + choice.directive() + ": " + firstError(retry) + "\n";
     }
     if (!fitted) {
       llvm::errs() << attempt.diagnostics;

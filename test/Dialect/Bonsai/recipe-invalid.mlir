@@ -482,6 +482,27 @@ bonsai.recipe @r {
 
 // -----
 
+bonsai.recipe @r {
+  // expected-error @+1 {{reshard_after_forward "auto" applies to "zero3", whose parameters are gathered for each use; "zero1" keeps every parameter whole on every rank}}
+  bonsai.shard "zero1" ranks 2 reshard_after_forward "auto"
+}
+
+// -----
+
+bonsai.recipe @r {
+  // expected-error @+1 {{reshard_after_forward is true, false or "auto", got "sometimes"}}
+  bonsai.shard "zero3" ranks 2 reshard_after_forward "sometimes"
+}
+
+// -----
+
+bonsai.recipe @r {
+  // expected-error @+1 {{attribute 'reshard_after_forward' failed to satisfy constraint: bool attribute or string attribute}}
+  bonsai.shard "zero3" ranks 2 reshard_after_forward 1
+}
+
+// -----
+
 // offload: empty class list.
 bonsai.recipe @r {
   // expected-error @+1 {{needs at least one state class to offload}}

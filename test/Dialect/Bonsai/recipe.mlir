@@ -81,14 +81,25 @@ bonsai.recipe @cpu {
   bonsai.target "cpu"
 }
 
-// bonsai.shard's reshard_after_forward: `true` is the default and is not printed; `false` is.
+// bonsai.shard's reshard_after_forward: left out (the default, true), true, false or "auto"
+// (bonsai-compile's choice), each printed as written.
 // CHECK-LABEL: bonsai.recipe @reshard_default
 // CHECK-NEXT:    bonsai.shard "zero3" ranks 4{{$}}
+// CHECK-LABEL: bonsai.recipe @reshard_freed
+// CHECK-NEXT:    bonsai.shard "zero3" ranks 4 reshard_after_forward true
 // CHECK-LABEL: bonsai.recipe @reshard_kept
 // CHECK-NEXT:    bonsai.shard "zero3" ranks 4 reshard_after_forward false
+// CHECK-LABEL: bonsai.recipe @reshard_auto
+// CHECK-NEXT:    bonsai.shard "zero3" ranks 4 reshard_after_forward "auto"
 bonsai.recipe @reshard_default {
+  bonsai.shard "zero3" ranks 4
+}
+bonsai.recipe @reshard_freed {
   bonsai.shard "zero3" ranks 4 reshard_after_forward true
 }
 bonsai.recipe @reshard_kept {
   bonsai.shard "zero3" ranks 4 reshard_after_forward false
+}
+bonsai.recipe @reshard_auto {
+  bonsai.shard "zero3" ranks 4 reshard_after_forward "auto"
 }

@@ -297,9 +297,13 @@ LogicalResult ShardDirectiveOp::verify() {
     return failure();
   if (int64_t(getRanks()) < 1)
     return emitOpError() << "ranks must be at least 1, got " << int64_t(getRanks());
-  if (!getReshardAfterForward() && getStrategy() != "zero3")
-    return emitOpError() << "reshard_after_forward false applies to \"zero3\", whose "
-                            "parameters are gathered for each use; \""
+  if (auto choice = dyn_cast_or_null<StringAttr>(getReshardAfterForwardAttr());
+      choice && choice.getValue() != "auto")
+    return emitOpError() << "reshard_after_forward is true, false or \"auto\", got \""
+                         << choice.getValue() << "\"";
+  if ((keepsGathered() || choosesReshard()) && getStrategy() != "zero3")
+    return emitOpError() << "reshard_after_forward " << (keepsGathered() ? "false" : "\"auto\"")
+                         << " applies to \"zero3\", whose parameters are gathered for each use; \""
                          << getStrategy() << "\" keeps every parameter whole on every rank";
   return success();
 }

@@ -632,17 +632,32 @@ def Bonsai_ShardDirectiveOp : Bonsai_DirectiveOp<"shard"> {
     same name) says whether a parameter gathered for the forward pass is freed after its
     forward uses and gathered again for the backward pass (`true`, the default: the least
     memory) or kept from its forward to its backward uses (`false`: one all-gather per
-    micro-batch instead of two, for the memory of the gathered weights between them).
+    micro-batch instead of two, for the memory of the gathered weights between them), or
+    `"auto"`: bonsai-compile compiles the step both ways and keeps the gathered weights where
+    that fits the device budget and the predicted step is shorter, saying which and why.
 
     ```mlir
     bonsai.shard "zero3" ranks 2
     bonsai.shard "zero3" ranks 4 reshard_after_forward false
+    bonsai.shard "zero3" ranks 8 reshard_after_forward "auto"
     ```
   }];
   let arguments = (ins StrAttr:$strategy, I64Attr:$ranks,
-                   DefaultValuedAttr<BoolAttr, "true">:$reshard_after_forward);
+                   OptionalAttr<AnyAttrOf<[BoolAttr, StrAttr]>>:$reshard_after_forward);
   let assemblyFormat = [{
     $strategy `ranks` $ranks (`reshard_after_forward` $reshard_after_forward^)? attr-dict
+  }];
+  let extraClassDeclaration = [{
+    /// Whether zero3 keeps each gathered parameter from its forward to its backward uses
+    /// (`reshard_after_forward false`); "auto" keeps none until bonsai-compile chooses.
+    bool keepsGathered() {
+      auto flag = ::llvm::dyn_cast_or_null<::mlir::BoolAttr>(getReshardAfterForwardAttr());
+      return flag && !flag.getValue();
+    }
+    /// Whether the recipe leaves reshard_after_forward to the compiler (`"auto"`).
+    bool choosesReshard() {
+      return ::llvm::isa_and_nonnull<::mlir::StringAttr>(getReshardAfterForwardAttr());
+    }
   }];
 }
 
