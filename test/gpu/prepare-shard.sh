@@ -3,7 +3,8 @@
 # a GPU machine (docs/sharding.md, "On the H200"): the sm_90a bonsai-run and
 # bonsai-runtime-tests, their libraries, and plans compiled for the H200: the tiny Llama (f32)
 # and a 2-layer Llama-124M (bf16), each unsharded and with bonsai.shard zero1, zero2 and zero3
-# over one rank (zero3 also with reshard_after_forward false), the tiny Llama's QLoRA unsharded
+# over one rank (zero3 also with reshard_after_forward false and "auto", and with
+# --gathers-ahead=3), the tiny Llama's QLoRA unsharded
 # and zero3 over one rank (its NF4 weights in u8 shares), and a tiny zero3 plan for two ranks
 # (refused when run alone). Also ring attention's CUDA tests and timings on one GPU
 # (test/gpu/ring-one-gpu.sh as ring.sh, with ring_attention_bench).
@@ -33,15 +34,23 @@ cp bench/ring_attention_bench.py "$D/"
 C="$build/bin/bonsai-compile"
 python3 scripts/gen_models.py --print llama_124m --set=layers=2 --set=seq=512 --set=batch=2 \
   > "$D/plans/llama_124m_2l.mlir"
-for z in none zero1 zero2 zero3 zero3kept; do
-  shard=""
-  [ "$z" = none ] || shard="  bonsai.shard \"${z%kept}\" ranks 1\n"
-  [ "$z" = zero3kept ] && shard="  bonsai.shard \"zero3\" ranks 1 reshard_after_forward false\n"
+# zero3auto: reshard_after_forward "auto" (bonsai-compile compiles both ways and chooses);
+# zero3ahead3: each all-gather issued three gathers ahead (--gathers-ahead=3). The zero3 plans
+# for --target=h200 take the prefetch distance the compiler weighs.
+for z in none zero1 zero2 zero3 zero3kept zero3auto zero3ahead3; do
+  shard="" flags=""
+  case $z in
+    none) ;;
+    zero3kept) shard="  bonsai.shard \"zero3\" ranks 1 reshard_after_forward false\n" ;;
+    zero3auto) shard="  bonsai.shard \"zero3\" ranks 1 reshard_after_forward \"auto\"\n" ;;
+    zero3ahead3) shard="  bonsai.shard \"zero3\" ranks 1\n" flags="--gathers-ahead=3" ;;
+    *) shard="  bonsai.shard \"$z\" ranks 1\n" ;;
+  esac
   printf "bonsai.recipe @r {\n${shard}  bonsai.optimizer \"adamw\" lr 1.000000e-03 {grad_clip = 1.000000e+00 : f64, weight_decay = 1.000000e-02 : f64}\n}\n" \
     > "$D/plans/r_$z.mlir"
-  "$C" examples/models/tiny_llama.mlir "$D/plans/r_$z.mlir" --target=h200 \
+  "$C" examples/models/tiny_llama.mlir "$D/plans/r_$z.mlir" --target=h200 $flags \
     -o "$D/plans/tiny_llama_$z.plan" > "$D/plans/tiny_llama_$z.txt" 2>&1
-  "$C" "$D/plans/llama_124m_2l.mlir" "$D/plans/r_$z.mlir" --target=h200 \
+  "$C" "$D/plans/llama_124m_2l.mlir" "$D/plans/r_$z.mlir" --target=h200 $flags \
     -o "$D/plans/llama_124m_2l_$z.plan" > "$D/plans/llama_124m_2l_$z.txt" 2>&1
 done
 # The same zero3 plan with every launch in order on the compute stream: what the collectives

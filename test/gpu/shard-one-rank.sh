@@ -13,7 +13,7 @@ timeout 300 bin/bonsai-runtime-tests --gtest_filter='*Collective*:Nccl*:KernelTa
 for m in tiny_llama llama_124m_2l; do
   steps=30; [ $m = llama_124m_2l ] && steps=20
   timeout 300 $B plans/${m}_none.plan --seed 3 --steps $steps --metrics $out/${m}_none.jsonl > $out/${m}_none.log 2>&1; echo "$m none rc=$?"
-  for z in zero1 zero2 zero3 zero3kept; do
+  for z in zero1 zero2 zero3 zero3kept zero3auto zero3ahead3; do
     timeout 300 $B plans/${m}_$z.plan --seed 3 --steps $steps --metrics $out/${m}_$z.jsonl > $out/${m}_$z.log 2>&1; echo "$m $z rc=$?"
     python3 - "$out/${m}_none.jsonl" "$out/${m}_$z.jsonl" "$m $z" <<'PY'
 import json, sys
