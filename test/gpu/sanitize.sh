@@ -22,7 +22,10 @@
 # Every process must end within BONSAI_SANITIZE_SECONDS (default 540) of the start: one that
 # cannot is stopped (exit 124) or not started, and counts as a failure. BONSAI_SANITIZE_SHARDS
 # sets the gtest shards per tool (default: 14 processes' worth shared among the tools), and
-# BONSAI_SANITIZE_SHARD_RANGE=A-B runs shards A..B of them only.
+# BONSAI_SANITIZE_SHARD_RANGE=A-B runs shards A..B of them only, BONSAI_SANITIZE_JOBS (default 14)
+# processes at a time. BONSAI_SANITIZE_TEST_GROUPS=FILE
+# runs one process per line of FILE instead, each line a gtest filter: the tests an earlier run
+# did not finish, as test/gpu/rest-of-tests.py groups them from its logs.
 # Writes sanitize-summary.txt (one line per process: errors, exit status, wall time) and
 # sanitize-logs.tar.xz (every process's output, the tools' reports in it after the test that
 # caused them) under $OUT. Exits non-zero when any tool reports an error or a run fails.
@@ -54,7 +57,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu
 # correctness tests check, at sizes that take the tools hours.
 all_tests='*Cuda*:*OnTheGpu*:*Gpu*-*.Perf*:*.Timing*'
 kernel_tests='Cuda*-*.Perf*:*.Timing*'
-jobs=14
+jobs="${BONSAI_SANITIZE_JOBS:-14}"
 logs=/tmp/bonsai-sanitize
 rm -rf "$logs" && mkdir -p "$logs"
 tools=(memcheck racecheck synccheck initcheck)
@@ -142,10 +145,35 @@ run() {
     >> "$logs/summary.txt"
 }
 
+# racecheck keeps about 35 GiB of host memory per bonsai-run process over the example plans
+# (measured on the H100 machine: 16 at once ran its 125 GiB out and the kernel killed 7 of
+# them): with plans under racecheck, as many processes at a time as 40 GiB each allows.
+if [[ " ${tools[*]} " == *" racecheck "* ]] && [ ${#plans[@]} -gt 0 ]; then
+  mem_gib=$(awk '/^MemTotal:/ { print int($2 / 1048576) }' /proc/meminfo)
+  fit=$((mem_gib / 40 > 0 ? mem_gib / 40 : 1))
+  if [ "$fit" -lt "$jobs" ]; then
+    echo "sanitize: racecheck over plans: at most $fit at a time (${mem_gib} GiB of host memory)"
+    jobs=$fit
+  fi
+fi
+
 # One line per sanitized process: NAME TOOL COMMAND...; at most $jobs at a time (each tool
 # process also works on the host: 16 cores here).
 list="$logs/jobs.txt"
 : > "$list"
+groups="${BONSAI_SANITIZE_TEST_GROUPS:-}"
+if [ -n "$groups" ]; then
+  [ -f "$groups" ] || { echo "sanitize: BONSAI_SANITIZE_TEST_GROUPS: no file '$groups'" >&2; exit 2; }
+  n=0
+  while read -r filter; do
+    [ -n "$filter" ] || continue
+    for tool in "${tools[@]}"; do
+      echo "tests-$tool-group$n $tool $bin/bonsai-runtime-tests --gtest_filter=$filter" >> "$list"
+    done
+    n=$((n + 1))
+  done < "$groups"
+  tests="" # the groups replace the shards
+fi
 for ((s = first_shard; s <= last_shard && ${#tests} > 0; s++)); do
   for tool in "${tools[@]}"; do
     echo "tests-$tool-$s $tool GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$s" \
@@ -164,8 +192,12 @@ for plan in ${plans[@]+"${plans[@]}"}; do
   done
   first=0
 done
-echo "== compute-sanitizer ($mode): ${tools[*]}; tests '${tests:-none}' in $shards shards" \
-  "(running $first_shard-$last_shard);" \
+if [ -n "$groups" ]; then
+  what="tests in the $n groups of $groups"
+else
+  what="tests '${tests:-none}' in $shards shards (running $first_shard-$last_shard)"
+fi
+echo "== compute-sanitizer ($mode): ${tools[*]}; $what;" \
   "${#plans[@]} plan(s); $(wc -l < "$list") processes, $jobs at a time =="
 : > "$logs/summary.txt"
 export -f run options errors
