@@ -13,8 +13,6 @@
 
 #include "KernelUtil.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -43,31 +41,6 @@ template <typename F> void forChunks(int64_t n, F fn) {
       fn(offset, std::min(kChunk, n - offset));
     }
   });
-}
-
-blasint toBlas(const char *kernel, int64_t v, const char *what) {
-  // Debian's OpenBLAS takes 32-bit dimensions; a silent truncation would read out of bounds.
-  if (v > int64_t(std::numeric_limits<blasint>::max()))
-    fail(kernel, std::string(what) + " " + std::to_string(v) +
-                     " exceeds the largest dimension OpenBLAS accepts");
-  return blasint(v);
-}
-
-/// c[m, n] = sum_k op(a)[m, k] * op(b)[k, n], row-major and dense; op(a) is a [m, k] matrix
-/// (stored [k, m] when transA) and op(b) a [k, n] one (stored [n, k] when transB).
-void sgemm(const char *kernel, bool transA, bool transB, int64_t m, int64_t n, int64_t k,
-           const float *a, const float *b, float *c) {
-  if (m == 0 || n == 0)
-    return;
-  if (k == 0) {
-    // An empty sum; sgemm would also reject the zero leading dimension.
-    std::fill(c, c + m * n, 0.0f);
-    return;
-  }
-  cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
-              toBlas(kernel, m, "M"), toBlas(kernel, n, "N"), toBlas(kernel, k, "K"), 1.0f, a,
-              toBlas(kernel, transA ? m : k, "leading dimension"), b,
-              toBlas(kernel, transB ? k : n, "leading dimension"), 0.0f, c, toBlas(kernel, n, "N"));
 }
 
 /// `x` itself, or when it overlaps `y`, a view of a copy of it held by `keep`.
@@ -226,7 +199,7 @@ void linearGradInput(const TensorView &dy, const TensorView &w, const TensorView
   const float *wp = loadFloats(w, ws);
   float *dxp = resultBuffer(dx, {&dy, &w}, dxs);
   // dx [rows, in] = dy [rows, out] w [out, in].
-  sgemm(k, /*transA=*/false, /*transB=*/false, rows, in, out, dyp, wp, dxp);
+  gemm(k, /*transA=*/false, /*transB=*/false, rows, in, out, 1.0f, dyp, wp, 0.0f, dxp);
   if (dxp != dx.data)
     storeF32(dxp, dx);
 }

@@ -21,8 +21,6 @@
 
 #include "KernelUtil.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -34,25 +32,6 @@ namespace bonsai::rt::cpu {
 using namespace detail;
 
 namespace {
-
-/// c[m, n] = beta c + op(a) op(b), row-major, through OpenBLAS (sizes checked by the caller
-/// against the plan's verified shapes; OpenBLAS takes 32-bit dimensions).
-void gemm(const char *kernel, bool transA, bool transB, int64_t m, int64_t n, int64_t k,
-          const float *a, const float *b, float beta, float *c) {
-  if (m == 0 || n == 0)
-    return;
-  if (k == 0) {
-    if (beta == 0.0f)
-      std::fill(c, c + m * n, 0.0f);
-    return;
-  }
-  constexpr int64_t kMax = std::numeric_limits<blasint>::max();
-  if (m > kMax || n > kMax || k > kMax)
-    fail(kernel, "a GEMM dimension exceeds the largest OpenBLAS accepts");
-  cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
-              blasint(m), blasint(n), blasint(k), 1.0f, a, blasint(transA ? m : k), b,
-              blasint(transB ? k : n), beta, c, blasint(n));
-}
 
 /// A view of `count` elements of `dtype` at element offset `offset` of f32 storage `base`
 /// reinterpreted (the workspace holds data of W's dtype in f32 slots).
@@ -139,7 +118,7 @@ void linearCrossEntropy(const TensorView &x, const TensorView &w, const TensorVi
     const int64_t n = std::min(chunk, rows - r0);
     TensorView stored = workspaceView(workspace, layout.logits, x.dtype, {n, vocab});
     // logits = x_c wᵀ, rounded into W's dtype as the linear kernel stores them.
-    gemm(k, false, true, n, vocab, hidden, xp + r0 * hidden, wp, 0.0f, logits.data());
+    gemm(k, false, true, n, vocab, hidden, 1.0f, xp + r0 * hidden, wp, 0.0f, logits.data());
     storeF32(logits.data(), stored);
     loadF32(stored, logits.data());
     int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, vocab));
@@ -168,7 +147,7 @@ void linearCrossEntropy(const TensorView &x, const TensorView &w, const TensorVi
     if (x.dtype != DType::F32)
       loadF32(stored, logits.data());
     const float *g = logits.data();
-    gemm(k, false, false, n, hidden, vocab, g, wp, 0.0f, dxp + r0 * hidden);
+    gemm(k, false, false, n, hidden, vocab, 1.0f, g, wp, 0.0f, dxp + r0 * hidden);
     if (dwp)
       // As linear_grad_weight computes it (one chunk: the same bits), the chunks added in order.
       weightGradient(g, xp + r0 * hidden, n, vocab, hidden, /*accumulate=*/r0 != 0, dwp);

@@ -1,8 +1,9 @@
 //===- Gemm.cpp - linear and matmul through OpenBLAS sgemm ----------------===//
 //
-// The two GEMM kernels of the CPU backend. Operands are converted to fp32 (F32 operands are used
-// in place), multiplied by OpenBLAS's row-major cblas_sgemm, which threads internally, and the
-// result is rounded once into the output's dtype.
+// The CPU backend's GEMM (cpu::gemm, which every CPU kernel and export multiplies with) and its
+// two GEMM kernels. Operands are converted to fp32 (F32 operands are used in place), multiplied
+// by OpenBLAS's row-major cblas_sgemm on one thread per fixed block of rows, and the result is
+// rounded once into the output's dtype.
 //
 //===----------------------------------------------------------------------===//
 
@@ -12,8 +13,12 @@
 
 #include <cblas.h>
 
+// OpenBLAS's thread count (libopenblas is what is linked; not every cblas.h declares it).
+extern "C" void openblas_set_num_threads(int threads);
+
 #include <algorithm>
 #include <limits>
+#include <mutex>
 #include <string>
 
 namespace bonsai::rt::cpu {
@@ -30,23 +35,49 @@ blasint toBlas(const char *kernel, int64_t v, const char *what) {
   return blasint(v);
 }
 
-/// c[m, n] = sum_k a[m, k] * (transB ? b[n, k] : b[k, n]), all row-major and dense.
-void sgemm(const char *kernel, bool transB, int64_t m, int64_t n, int64_t k, const float *a,
-           const float *b, float *c) {
+/// The rows of c one sgemm call computes. Fixed, not derived from the thread count: OpenBLAS's
+/// result for an element can depend on the rows of the call it is computed in (splitting the
+/// tiny models' GEMMs in two row halves changed the last bits of their losses), so only a fixed
+/// split keeps the bits independent of the threads.
+constexpr int64_t kGemmBlockRows = 64;
+/// Multiply-adds below which blocks are not worth a thread of their own.
+constexpr int64_t kGemmGrain = int64_t(1) << 18;
+
+} // namespace
+
+void gemm(const char *kernel, bool transA, bool transB, int64_t m, int64_t n, int64_t k,
+          float alpha, const float *a, const float *b, float beta, float *c) {
   if (m == 0 || n == 0)
     return;
   if (k == 0) {
-    // An empty sum; sgemm would also reject the zero leading dimension of `a`.
-    std::fill(c, c + m * n, 0.0f);
+    // An empty sum (sgemm would also reject the zero leading dimension).
+    if (beta == 0.0f)
+      std::fill(c, c + m * n, 0.0f);
+    else if (beta != 1.0f)
+      for (int64_t i = 0; i < m * n; ++i)
+        c[i] *= beta;
     return;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, transB ? CblasTrans : CblasNoTrans,
-              toBlas(kernel, m, "M"), toBlas(kernel, n, "N"), toBlas(kernel, k, "K"), 1.0f, a,
-              toBlas(kernel, k, "K"), b, toBlas(kernel, transB ? k : n, "leading dimension"), 0.0f,
-              c, toBlas(kernel, n, "N"));
+  // OpenBLAS computes each block on the calling thread: the threads are parallelFor's.
+  static std::once_flag oneThread;
+  std::call_once(oneThread, [] { openblas_set_num_threads(1); });
+  blasint lda = toBlas(kernel, transA ? m : k, "leading dimension");
+  blasint ldb = toBlas(kernel, transB ? k : n, "leading dimension");
+  blasint ldc = toBlas(kernel, n, "N");
+  blasint kk = toBlas(kernel, k, "K");
+  toBlas(kernel, m, "M");
+  int64_t blocks = (m + kGemmBlockRows - 1) / kGemmBlockRows;
+  int64_t grain = std::max<int64_t>(1, kGemmGrain / std::max<int64_t>(1, kGemmBlockRows * n * k));
+  parallelFor(blocks, grain, [&](int64_t first, int64_t last) {
+    for (int64_t block = first; block < last; ++block) {
+      // Rows r0..r1 of op(a): rows of a, or columns of a stored transposed.
+      int64_t r0 = block * kGemmBlockRows, r1 = std::min(m, r0 + kGemmBlockRows);
+      cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans,
+                  transB ? CblasTrans : CblasNoTrans, blasint(r1 - r0), ldc, kk, alpha,
+                  transA ? a + r0 : a + r0 * k, lda, b, ldb, beta, c + r0 * n, ldc);
+    }
+  });
 }
-
-} // namespace
 
 void linear(const TensorView &x, const TensorView &w, const TensorView *bias, const TensorView &y) {
   const char *k = "linear";
@@ -56,7 +87,7 @@ void linear(const TensorView &x, const TensorView &w, const TensorView *bias, co
   const float *xp = loadFloats(x, xs);
   const float *wp = loadFloats(w, ws);
   float *yp = resultBuffer(y, {&x, &w, bias}, ys);
-  sgemm(k, /*transB=*/true, rows, out, in, xp, wp, yp);
+  gemm(k, /*transA=*/false, /*transB=*/true, rows, out, in, 1.0f, xp, wp, 0.0f, yp);
   if (bias) {
     const float *bp = loadFloats(*bias, bs);
     for (int64_t r = 0; r < rows; ++r)
@@ -91,7 +122,8 @@ void matmul(const TensorView &a, const TensorView &b, const TensorView &c) {
   const float *bp = loadFloats(b, bs);
   float *cp = resultBuffer(c, {&a, &b}, cs);
   for (int64_t i = 0; i < batch; ++i)
-    sgemm(k, /*transB=*/false, m, n, kk, ap + i * m * kk, bp + i * kk * n, cp + i * m * n);
+    gemm(k, /*transA=*/false, /*transB=*/false, m, n, kk, 1.0f, ap + i * m * kk, bp + i * kk * n,
+         0.0f, cp + i * m * n);
   if (cp != c.data)
     storeF32(cp, c);
 }

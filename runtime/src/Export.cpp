@@ -13,12 +13,11 @@
 #include "bonsai/runtime/Export.h"
 
 #include "bonsai/runtime/Communicator.h"
+#include "bonsai/runtime/CpuKernels.h"
 #include "bonsai/runtime/Executor.h"
 #include "bonsai/runtime/Json.h"
 #include "bonsai/runtime/Nf4.h"
 #include "bonsai/runtime/Safetensors.h"
-
-#include <cblas.h>
 
 #include <cerrno>
 #include <cmath>
@@ -353,9 +352,8 @@ void mergeAdapter(const TensorView &base, const TensorView &loraA, const TensorV
   out = toFloats(base);
   std::vector<float> a = toFloats(loraA), b = toFloats(loraB);
   // out += s · B[rows, rank] · A[rank, cols]
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(rows), int(cols), int(rank),
-              float(scale), b.data(), int(rank), a.data(), int(cols), 1.0f, out.data(),
-              int(cols));
+  cpu::gemm("merge_adapter", /*transA=*/false, /*transB=*/false, rows, cols, rank, float(scale),
+            b.data(), a.data(), 1.0f, out.data());
   if (!magnitude)
     return;
   std::vector<float> m = toFloats(*magnitude);

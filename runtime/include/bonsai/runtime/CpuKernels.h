@@ -20,6 +20,17 @@
 
 namespace bonsai::rt::cpu {
 
+/// c[m, n] = alpha op(a) op(b) + beta c, f32, row-major and dense: op(a) is [m, k] (stored
+/// [k, m] when transA), op(b) [k, n] (stored [n, k] when transB). Every GEMM of the CPU backend
+/// and of the exports goes through it: OpenBLAS's sgemm, single-threaded, over fixed blocks of
+/// 64 rows of c, the blocks spread over the host threads (HostThreads.h), so that each element
+/// is computed the same way whatever the number of threads. (OpenBLAS's own threading changed
+/// the last bits of the tiny models' gradients between 1 and 2 threads, which made a rank's
+/// results depend on how many ranks shared its host.) `kernel` names the caller in errors (a
+/// dimension beyond OpenBLAS's 32-bit range).
+void gemm(const char *kernel, bool transA, bool transB, int64_t m, int64_t n, int64_t k,
+          float alpha, const float *a, const float *b, float beta, float *c);
+
 /// out[..., :] = table[ids[...], :]. Throws if an id is outside [0, vocab).
 void embedding(const TensorView &table, const TensorView &ids, const TensorView &out);
 
