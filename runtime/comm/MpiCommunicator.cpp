@@ -120,6 +120,7 @@ public:
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int localRank() const override { return localRank_; }
+  int localSize() const override { return localSize_; }
   double timeoutSeconds() const override { return timeout_; }
   const char *backendName() const override { return "mpi"; }
 
@@ -163,7 +164,7 @@ private:
   void checkUsable(const std::string &what) const;
   char *staging(size_t bytes);
 
-  int rank_ = 0, size_ = 1, localRank_ = 0;
+  int rank_ = 0, size_ = 1, localRank_ = 0, localSize_ = 1;
   double timeout_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   bool ownsMpi_ = false;
@@ -287,6 +288,11 @@ void MpiCommunicator::initExchange(const LaunchInfo &launch) {
            std::to_string(h.launchRank) + " (" + launch.launcher +
            " environment): the launcher's and MPI's ranks must agree");
   }
+  // The ranks on this host, counted by host name whatever the launcher says.
+  localSize_ = 0;
+  for (const Hello &h : all)
+    if (std::strcmp(h.host, mine.host) == 0)
+      ++localSize_;
   if (launch.localRank >= 0) {
     localRank_ = launch.localRank;
   } else {

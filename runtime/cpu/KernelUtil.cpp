@@ -8,6 +8,8 @@
 
 #include "KernelUtil.h"
 
+#include "bonsai/runtime/HostThreads.h"
+
 #include <algorithm>
 #include <cstring>
 #include <exception>
@@ -92,7 +94,7 @@ void weightGradient(const float *a, const float *b, int64_t rows, int64_t out, i
 void parallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)> &fn) {
   if (n <= 0)
     return;
-  int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  int64_t hw = int64_t(hostThreads());
   int64_t threads = std::min<int64_t>(hw, std::max<int64_t>(1, n / std::max<int64_t>(1, grain)));
   if (threads == 1) {
     fn(0, n);

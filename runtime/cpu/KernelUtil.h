@@ -46,7 +46,7 @@ std::string formatIndex(int64_t flat, const std::vector<int64_t> &shape);
 constexpr int64_t kWorkGrain = 1 << 16;
 
 /// Runs fn(begin, end) over [0, n) split into contiguous chunks of at least `grain` items, on
-/// up to hardware_concurrency threads. Each item must be independent of the others, so the
+/// up to hostThreads() threads (HostThreads.h). Each item must be independent of the others, so the
 /// result does not depend on the split. Exceptions are rethrown after every thread has joined.
 void parallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)> &fn);
 

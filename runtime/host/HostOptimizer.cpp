@@ -14,6 +14,8 @@
 
 #include "bonsai/runtime/HostOptimizer.h"
 
+#include "bonsai/runtime/HostThreads.h"
+
 #include "OperandChecks.h"
 
 #include <algorithm>
@@ -80,7 +82,7 @@ struct ThreadPool::Impl {
 
 ThreadPool::ThreadPool(int threads) : impl_(std::make_unique<Impl>()) {
   if (threads <= 0)
-    threads = std::max(1, int(std::thread::hardware_concurrency()));
+    threads = int(hostThreads());
   impl_->errors.resize(size_t(threads));
   impl_->threads.reserve(size_t(threads - 1));
   for (int w = 1; w < threads; ++w)

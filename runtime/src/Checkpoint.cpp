@@ -14,6 +14,7 @@
 
 #include "bonsai/runtime/Communicator.h"
 #include "bonsai/runtime/Executor.h"
+#include "bonsai/runtime/HostThreads.h"
 #include "bonsai/runtime/Json.h"
 #include "bonsai/runtime/Safetensors.h"
 #include "bonsai/runtime/Sha256.h"
@@ -360,7 +361,7 @@ BaseIdentity baseIdentity(const Executor &executor) {
     }
     digests[k] = toHex(h.digest());
   }
-  unsigned threads = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
+  unsigned threads = std::min(8u, hostThreads());
   std::atomic<size_t> next{0};
   auto work = [&]() {
     for (size_t k = next++; k < frozen.size(); k = next++) {

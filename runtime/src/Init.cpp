@@ -7,7 +7,7 @@
 
 #include "bonsai/runtime/Init.h"
 #include "bonsai/runtime/Communicator.h"
-
+#include "bonsai/runtime/HostThreads.h"
 #include "bonsai/runtime/Nf4.h"
 #include "bonsai/runtime/Random.h"
 
@@ -112,7 +112,7 @@ void initParameters(const LoadedPlan &plan, const std::vector<TensorView> &views
       }
     }
   };
-  unsigned threads = std::min<unsigned>(std::max(1u, std::thread::hardware_concurrency()), 32);
+  unsigned threads = std::min(hostThreads(), 32u);
   threads = unsigned(std::min<size_t>(threads, pending.size()));
   std::vector<std::thread> pool;
   for (unsigned i = 1; i < threads; ++i)

@@ -405,6 +405,7 @@ public:
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int localRank() const override { return rank_; }
+  int localSize() const override { return size_; }
   double timeoutSeconds() const override { return 1; }
   const char *backendName() const override { return "fake"; }
 

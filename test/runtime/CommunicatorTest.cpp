@@ -7,11 +7,13 @@
 // variable; the deadline comes from the caller, else BONSAI_COLLECTIVE_TIMEOUT, else 600 s;
 // makeCommunicator picks the single-rank communicator for one rank and, in this program (which
 // links bonsai_comm, without MPI), refuses several ranks saying why. The MPI communicator is
-// tested under mpirun by test/runtime/mpi (bonsai-comm-tests).
+// tested under mpirun by test/runtime/mpi (bonsai-comm-tests). The host thread budget
+// (HostThreads.h): a rank's share of its host's cores, set and restored.
 //
 //===----------------------------------------------------------------------===//
 
 #include "bonsai/runtime/Communicator.h"
+#include "bonsai/runtime/HostThreads.h"
 
 #include <gtest/gtest.h>
 
@@ -346,6 +348,32 @@ TEST(MakeCommunicator, SeveralRanksWithoutMpiSayWhy) {
             std::string::npos)
       << msg;
   EXPECT_NE(msg.find(", or run one rank"), std::string::npos) << msg;
+}
+
+// A single rank is alone on its host.
+TEST(HostThreadsTest, SingleRankIsAloneOnItsHost) {
+  SingleRankCommunicator comm;
+  EXPECT_EQ(comm.localSize(), 1);
+}
+
+// Ranks on one host divide its cores evenly, each keeping at least one thread.
+TEST(HostThreadsTest, RanksShareTheHostsCores) {
+  EXPECT_EQ(hostThreadsPerRank(16, 1), 16u);
+  EXPECT_EQ(hostThreadsPerRank(16, 4), 4u);
+  EXPECT_EQ(hostThreadsPerRank(16, 3), 5u);
+  EXPECT_EQ(hostThreadsPerRank(2, 4), 1u) << "more ranks than cores";
+  EXPECT_EQ(hostThreadsPerRank(8, 0), 8u) << "no count is one rank";
+}
+
+// The budget is the machine's cores until set, what was set after, and the default again
+// after setHostThreads(0).
+TEST(HostThreadsTest, SetAndRestored) {
+  unsigned cores = hostThreads();
+  EXPECT_GE(cores, 1u);
+  setHostThreads(3);
+  EXPECT_EQ(hostThreads(), 3u);
+  setHostThreads(0);
+  EXPECT_EQ(hostThreads(), cores);
 }
 
 } // namespace

@@ -55,6 +55,7 @@
 #include "bonsai/runtime/Data.h"
 #include "bonsai/runtime/Executor.h"
 #include "bonsai/runtime/Export.h"
+#include "bonsai/runtime/HostThreads.h"
 #include "bonsai/runtime/Metrics.h"
 #include "bonsai/runtime/Plan.h"
 #include "bonsai/runtime/PlanPrinter.h"
@@ -877,6 +878,15 @@ int run(const Options &o) {
     // One GPU per rank: the rank's place on its host, unless --device says otherwise.
     if (!o.deviceGiven)
       executorOptions.device = communicator->localRank();
+    // The ranks on one host share its cores (HostThreads.h): each takes its part for the CPU
+    // kernels, OpenBLAS, the host optimizer and checkpoint hashing.
+    int local = communicator->localSize();
+    if (local > 1) {
+      unsigned cores = rt::hostThreads();
+      rt::setHostThreads(rt::hostThreadsPerRank(cores, unsigned(local)));
+      std::printf("host: %d ranks share this host's %u cores: %u thread%s each\n", local, cores,
+                  rt::hostThreads(), rt::hostThreads() == 1 ? "" : "s");
+    }
   }
   executorOptions.communicator = communicator.get();
   // An export that cannot happen is reported before the steps, not after them.

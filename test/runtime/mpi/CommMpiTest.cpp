@@ -363,15 +363,20 @@ int runCollectives(Communicator &comm) {
     c.check(total == float(n), "allReduceSum after bad arguments: " + std::to_string(total));
   }
 
+  // The ranks on this host: mpirun here starts them all on one machine.
+  c.check(comm.localSize() >= 1 && comm.localSize() <= n && comm.localRank() < comm.localSize(),
+          "local rank " + std::to_string(comm.localRank()) + " of " +
+              std::to_string(comm.localSize()) + " ranks on this host, of " + std::to_string(n));
+
   // Every rank learns how many checks failed anywhere, so that all exit alike.
   float failures = float(c.failures()), allFailures = 0;
   comm.allReduceSum(&failures, &allFailures, 1, DType::F32, "failure count");
   if (me == 0) {
     std::printf("DIGEST %016" PRIx64 "\n", c.digest());
-    std::printf("%d ranks (%s, local rank %d, deadline %g s): %d checks per rank, %d failed on "
-                "all ranks, %.2f s\n",
-                n, comm.backendName(), comm.localRank(), comm.timeoutSeconds(), c.checks(),
-                int(allFailures), secondsSince(t0));
+    std::printf("%d ranks (%s, local rank %d of %d, deadline %g s): %d checks per rank, %d "
+                "failed on all ranks, %.2f s\n",
+                n, comm.backendName(), comm.localRank(), comm.localSize(), comm.timeoutSeconds(),
+                c.checks(), int(allFailures), secondsSince(t0));
   }
   return allFailures == 0 ? 0 : 1;
 }

@@ -91,6 +91,8 @@ public:
   virtual int size() const = 0;
   /// This process's rank among the ranks on its host.
   virtual int localRank() const = 0;
+  /// The number of ranks on this process's host, this one included (what shares its cores).
+  virtual int localSize() const = 0;
   /// The deadline of each collective, in seconds.
   virtual double timeoutSeconds() const = 0;
   /// "single-rank" or "mpi".
@@ -159,6 +161,7 @@ public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
   int localRank() const override { return 0; }
+  int localSize() const override { return 1; }
   double timeoutSeconds() const override { return timeoutSeconds_; }
   const char *backendName() const override { return "single-rank"; }
 

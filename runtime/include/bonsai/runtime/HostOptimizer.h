@@ -37,7 +37,7 @@ namespace bonsai::rt::host {
 class ThreadPool {
 public:
   /// A pool of `threads` workers, the calling thread counted as worker 0 (threads - 1 are
-  /// started); 0 takes std::thread::hardware_concurrency().
+  /// started); 0 takes hostThreads() (HostThreads.h).
   explicit ThreadPool(int threads = 0);
   ~ThreadPool();
   ThreadPool(const ThreadPool &) = delete;
