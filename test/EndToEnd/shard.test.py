@@ -173,24 +173,38 @@ if os.path.exists(plan):
 
 # A rank killed (SIGKILL) during training: mpirun ends the job, non-zero, long before its steps
 # would; under --enable-recovery, which lets the survivor run on, the survivor ends at the
-# collective deadline with an error naming the rank and the step.
+# collective deadline with an error naming the rank and the step. Rank 1 is killed once rank 0
+# has logged its first step, so that the kill lands in training however loaded the machine is
+# (a kill at a fixed 4 s came before the first step on a busy machine, and the survivor's error
+# then named no step).
 killer = os.path.join(out, "kill-rank-1.sh")
+progress = os.path.join(out, "kill-rank-0.log")
 with open(killer, "w") as f:
-    f.write('#!/bin/sh\nif [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exec timeout -s KILL 4 "$@"; fi\n'
-            'exec "$@"\n')
+    f.write('#!/bin/sh\n'
+            'if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then exec "$@" > "%s"; fi\n'
+            '"$@" &\n'
+            'pid=$!\n'
+            'tries=0\n'
+            'until grep -q "^step 1 " "%s" 2>/dev/null || [ $tries -ge 600 ]; do\n'
+            '  tries=$((tries + 1)); sleep 0.1\n'
+            'done\n'
+            'kill -KILL $pid\n'
+            'wait $pid\n' % (progress, progress))
 os.chmod(killer, 0o755)
 plan = os.path.join(out, "tiny_llama.adamw.zero3.2.plan")
 env = dict(os.environ, BONSAI_COLLECTIVE_TIMEOUT="10")
 for recovery in [[], ["--enable-recovery"]]:
     command = MPIRUN + recovery + ["-x", "BONSAI_COLLECTIVE_TIMEOUT", "-np", "2", killer,
                                    run_tool, plan, "--steps", "1000000"]
+    if os.path.exists(progress):
+        os.remove(progress)
     start = time.monotonic()
     result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env)
     seconds = time.monotonic() - start
     errors = [l for l in result.stderr.splitlines() if "bonsai-run: error" in l]
     if not recovery:
         ok = result.returncode != 0 and seconds < 60
-        print("kill: rank 1 killed after 4 s: exit %s after %s s%s" % (
+        print("kill: rank 1 killed after step 1: exit %s after %s s%s" % (
             "non-zero" if result.returncode else "0", "under 60" if seconds < 60 else "%.0f" % seconds,
             "" if ok else " FAILED"))
     else:
