@@ -13,13 +13,13 @@
 
 #include <cblas.h>
 
-// OpenBLAS's thread count (libopenblas is what is linked; not every cblas.h declares it).
-extern "C" void openblas_set_num_threads(int threads);
-
 #include <algorithm>
 #include <limits>
 #include <mutex>
 #include <string>
+
+// OpenBLAS's thread count (libopenblas is what is linked; not every cblas.h declares it).
+extern "C" void openblas_set_num_threads(int threads);
 
 namespace bonsai::rt::cpu {
 

@@ -163,7 +163,10 @@ list="$logs/jobs.txt"
 : > "$list"
 groups="${BONSAI_SANITIZE_TEST_GROUPS:-}"
 if [ -n "$groups" ]; then
-  [ -f "$groups" ] || { echo "sanitize: BONSAI_SANITIZE_TEST_GROUPS: no file '$groups'" >&2; exit 2; }
+  if [ ! -f "$groups" ]; then
+    echo "sanitize: BONSAI_SANITIZE_TEST_GROUPS: no file '$groups'" >&2
+    exit 2
+  fi
   n=0
   while read -r filter; do
     [ -n "$filter" ] || continue
