@@ -9,6 +9,8 @@
 #   ... [TARGET...]               only these targets (plan, safetensors, safetensors-index,
 #                                 token-file, checkpoint-manifest, bonsai-ir, hf-config)
 #
+# The targets run BONSAI_JOBS at a time (default: one per core), each for its own budget.
+#
 # Builds with clang-22 in build-fuzz/ (or $BONSAI_FUZZ_BUILD_DIR): the whole project configured
 # with BONSAI_BUILD_FUZZERS, of which only the fuzzers and what they link are built. The seed
 # corpus is generated (bonsai-fuzz-seeds, the HF test's config writer) and the examples' and
@@ -29,7 +31,10 @@ fi
 if [ ! -f "$build/build.ninja" ]; then
   # -O1 with assertions on (no NDEBUG): an assert is a finding too. The CUDA backend is left
   # out, as in the ASan build: nvcc does not take the sanitizer flags.
+  # No precompiled headers (cmake/PrecompiledHeaders.cmake): this build also checks that the
+  # dialects and the importer include what they use.
   cmake -G Ninja -S . -B "$build" -DBONSAI_BUILD_FUZZERS=ON -DBONSAI_ENABLE_CUDA=OFF \
+    -DBONSAI_PRECOMPILED_HEADERS=OFF \
     -DCMAKE_C_COMPILER=clang-22 -DCMAKE_CXX_COMPILER=clang++-22 \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
@@ -83,24 +88,22 @@ export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 artifacts="$build/fuzz-artifacts"
 mkdir -p "$artifacts"
-status=0
-for entry in "${targets[@]}"; do
-  target="${entry%%:*}"
-  maxlen="${entry##*:}"
-  fuzzer="$build/bin/bonsai-fuzz-$target"
-  corpus="$build/fuzz-corpus/$target"
-  regressions="$src/test/fuzz/regressions/$target"
-  log="$build/fuzz-$target.log"
+
+# fuzz TARGET MAXLEN: replays the target's regression inputs, then fuzzes; prints one line.
+fuzz() {
+  local target="$1" maxlen="$2"
+  local fuzzer="$build/bin/bonsai-fuzz-$target" corpus="$build/fuzz-corpus/$target"
+  local regressions="$src/test/fuzz/regressions/$target" log="$build/fuzz-$target.log"
+  local start stats budget
   mkdir -p "$corpus"
-  common=(-max_len="$maxlen" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
-          -artifact_prefix="$artifacts/$target-")
+  local common=(-max_len="$maxlen" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+                -artifact_prefix="$artifacts/$target-")
   # Every input that once crashed must still pass, before any fuzzing.
   if [ -d "$regressions" ] && [ -n "$(ls -A "$regressions")" ]; then
     if ! "$fuzzer" "${common[@]}" -runs=0 "$regressions" > "$log.replay" 2>&1; then
-      echo "test-fuzz: $target: a regression input fails again (see $log.replay)" >&2
-      tail -30 "$log.replay" >&2
-      status=1
-      continue
+      echo "test-fuzz: $target: a regression input fails again (see $log.replay)"
+      tail -30 "$log.replay"
+      return 1
     fi
   fi
   if [ "$mode" = long ]; then
@@ -114,9 +117,30 @@ for entry in "${targets[@]}"; do
     stats=$(grep -E '^#[0-9]+' "$log" | tail -1)
     echo "test-fuzz: $target: $(( $(date +%s) - start )) s: $stats"
   else
-    echo "test-fuzz: $target: FAILED (log: $log; input in $artifacts/)" >&2
-    grep -E 'ERROR|SUMMARY|Test unit written' "$log" >&2 || tail -30 "$log" >&2
-    status=1
+    echo "test-fuzz: $target: FAILED (log: $log; input in $artifacts/)"
+    grep -E 'ERROR|SUMMARY|Test unit written' "$log" || tail -30 "$log"
+    return 1
   fi
+}
+
+# The targets run $jobs at a time (libFuzzer runs one thread a target), each for its own
+# time, and report in the order listed.
+status=0
+for ((first = 0; first < ${#targets[@]}; first += jobs)); do
+  batch=("${targets[@]:first:jobs}")
+  pids=()
+  for entry in "${batch[@]}"; do
+    fuzz "${entry%%:*}" "${entry##*:}" > "$build/fuzz-${entry%%:*}.result" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!batch[@]}"; do
+    result="$build/fuzz-${batch[i]%%:*}.result"
+    if wait "${pids[i]}"; then
+      cat "$result"
+    else
+      cat "$result" >&2
+      status=1
+    fi
+  done
 done
 exit "$status"
