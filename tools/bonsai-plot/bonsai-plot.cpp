@@ -16,6 +16,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "bonsai/runtime/CrashReport.h"
 #include "bonsai/runtime/Json.h"
 #include "bonsai/runtime/Tensor.h"
 
@@ -434,6 +435,7 @@ int run(const Options &o) {
 } // namespace
 
 int main(int argc, char **argv) {
+  rt::installCrashReport("bonsai-plot");
   try {
     Options options = parseOptions(argc, argv);
     if (options.help) {

@@ -52,6 +52,7 @@
 
 #include "bonsai/runtime/Checkpoint.h"
 #include "bonsai/runtime/Communicator.h"
+#include "bonsai/runtime/CrashReport.h"
 #include "bonsai/runtime/Data.h"
 #include "bonsai/runtime/Executor.h"
 #include "bonsai/runtime/Export.h"
@@ -1510,6 +1511,7 @@ int run(const Options &o) {
 }
 
 int main(int argc, char **argv) {
+  rt::installCrashReport("bonsai-run");
   try {
     Options options = parseOptions(argc, argv);
     if (options.help) {

@@ -22,6 +22,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "bonsai/runtime/CrashReport.h"
 #include "bonsai/runtime/Data.h"
 #include "bonsai/runtime/Json.h"
 #include "bonsai/runtime/Tensor.h"
@@ -833,6 +834,7 @@ int runDecode(const Options &o) {
 } // namespace
 
 int main(int argc, char **argv) {
+  rt::installCrashReport("bonsai-tokenize");
   try {
     Options options = parseOptions(argc, argv);
     if (options.help) {
