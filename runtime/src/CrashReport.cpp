@@ -1,7 +1,7 @@
 //===- CrashReport.cpp - What a process prints when it crashes -----------===//
 //
 // The handler runs after memory may have been corrupted: it calls only what POSIX lists as
-// async-signal-safe (write, signal, raise), plus glibc's backtrace and backtrace_symbols_fd,
+// async-signal-safe (write, getpid, raise), plus glibc's backtrace and backtrace_symbols_fd,
 // which are safe once backtrace has run once (its first call loads libgcc_s, which allocates:
 // installCrashReport makes that call).
 //
@@ -49,7 +49,7 @@ void writeText(const char *text) {
   }
 }
 
-/// Writes `value` in decimal without the C library's formatting (not async-signal-safe).
+/// Writes `value` in decimal: printf and its kin are not async-signal-safe.
 void writeNumber(long value) {
   char digits[24];
   int at = sizeof digits;
@@ -88,7 +88,6 @@ extern "C" void onCrashSignal(int number) {
   int count = ::backtrace(frames, 64);
   ::backtrace_symbols_fd(frames, count, STDERR_FILENO);
   // SA_RESETHAND has put the default action back: end as the signal ends a process by default.
-  std::signal(number, SIG_DFL);
   std::raise(number);
 }
 
