@@ -25,7 +25,7 @@
 // (wgmma) kernels (namespace wg) for the forward, the dk/dv kernel and, from the saved
 // log-sum-exp, the dq kernel: the mma.sync kernels' softmax arithmetic on the same fragment
 // layout, over 128-key tiles, with the operands read by the tensor cores straight from swizzled
-// shared memory.
+// shared memory, loaded there by TMA from a producer warpgroup (FlashAttention-3's design).
 // Segment ids (packed rows, query i reads key j only within its segment) are masked by the
 // generic kernels only: a call with them runs there whatever its types.
 // Causal tiles differ in length, so the tensor-core kernels start their blocks longest first
@@ -41,6 +41,8 @@
 #include "AttentionRows.h"
 #include "CudaCheck.h"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -1315,14 +1317,21 @@ __global__ void __launch_bounds__(kThreads, 2) gradKVKernel(const Args a) {
 } // namespace tc
 
 //===----------------------------------------------------------------------===//
-// Hopper path: warpgroup MMA (wgmma, sm_90a) for the bf16 forward at head dim 128
+// Hopper path: warp-specialised warpgroup-MMA kernels (sm_90a), bf16 at head dim 128
 //===----------------------------------------------------------------------===//
 
-// wgmma reads its shared-memory operands itself (no ldmatrix through registers) and one
-// instruction covers a 64 x 128 x 16 product of four warps, so a 64-row warpgroup reads each K
-// and V tile once where four mma.sync warps read it four times. The instructions exist only in
-// the arch-specific sm_90a target; other targets compile these kernels to traps, and the host
-// takes this path only where CMake built sm_90a code and the device is an sm_90 (wgmmaUsable).
+// FlashAttention-3's design. wgmma reads its shared-memory operands itself (no ldmatrix through
+// registers) and one instruction covers a 64 x 128 x 16 product of four warps, so a 64-row
+// warpgroup reads each tile once where four mma.sync warps read it four times. A block has one
+// producer warpgroup, which loads tiles with the Tensor Memory Accelerator (TMA) into rings of
+// shared-memory stages and signals mbarriers as their bytes land, and two consumer warpgroups,
+// which wait on those barriers, multiply, and release a stage as soon as their last product
+// that reads it is done. The consumers meet at no block barrier, so one's softmax runs while the
+// other's products do; the producer gives up registers (setmaxnreg) for them, as each consumer
+// thread holds 160 to 224 accumulator and fragment values.
+// The instructions exist only in the arch-specific sm_90a target; other targets compile these
+// kernels to traps, and the host takes this path only where CMake built sm_90a code and the
+// device is an sm_90 (wgmmaUsable).
 namespace wg {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1331,20 +1340,25 @@ namespace wg {
 #define BONSAI_ATTENTION_WGMMA 0
 #endif
 
-constexpr int kGroups = 2;                  ///< warpgroups per block, 64 query rows each
-constexpr int kThreads = kGroups * 128;
-constexpr int kBlockM = 64 * kGroups;       ///< queries per block
-constexpr int kBlockN = 128;                ///< keys per tile
-constexpr int kD = 128;                     ///< the head dim this path takes
+constexpr int kConsumers = 2;                    ///< consumer warpgroups per block
+constexpr int kThreads = (1 + kConsumers) * 128; ///< the producer warpgroup, then the consumers
+constexpr int kBlockM = 64 * kConsumers;         ///< queries per forward and dq block
+constexpr int kBlockN = 128;                     ///< keys per forward and dq tile
+constexpr int kD = 128;                          ///< the head dim this path takes
+// Stages of each kernel's ring (H100, docs/benchmarks.md: the forward measured the same with 3,
+// the dk/dv kernel best with 3 of 2, 3 and 4).
+constexpr int kForwardStages = 2;
+constexpr int kGradQStages = 2;
+constexpr int kGradKVStages = 3;
 
 /// Bytes of a [rows][128] bf16 tile stored as two [rows][64] regions, each row 128 bytes with
 /// the 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), regions 1024-aligned.
 constexpr int tileBytes(int rows) { return rows * kD * 2; }
-/// The q tile, two k and two v tiles, and slack to align the dynamic shared memory to 1024.
-constexpr size_t forwardSmem() { return 1024 + tileBytes(kBlockM) + 4 * tileBytes(kBlockN); }
 
 #if BONSAI_ATTENTION_WGMMA
-constexpr int kRegionBytes = 128; ///< a row of one 64-column region of a tile
+constexpr int kRegionBytes = 128;       ///< a row of one 64-column region of a tile
+constexpr int kProducerRegisters = 24;  ///< per producer thread after setmaxnreg
+constexpr int kConsumerRegisters = 240; ///< per consumer thread after setmaxnreg
 
 /// A shared-memory matrix descriptor for wgmma with the 128-byte swizzle: start address,
 /// leading- and stride-dimension byte offsets. K-major operands (q, k: 64 columns of k per
@@ -1361,13 +1375,6 @@ __device__ __forceinline__ uint64_t descriptor(uint32_t address, uint32_t leadin
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void waitAll() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
-/// Makes this thread's cp.async and st.shared writes visible to wgmma's (async-proxy) reads.
-__device__ __forceinline__ void proxyFence() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 /// d (+)= a · bᵀ for a 64 x 128 tile, both operands in shared memory (descriptors), f32
 /// accumulators in the wgmma fragment layout; d is overwritten when `accumulate` is 0.
@@ -1436,83 +1443,175 @@ __device__ __forceinline__ void mmaRS128(float (&d)[64], const uint32_t (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
-/// Starts copying rows [row0, row0 + kRows) of a [.., 128] operand (row r at base + r * stride)
-/// into a swizzled tile; rows past `seq` become zeros.
-template <int kRows>
-__device__ __forceinline__ void loadTile(uint8_t *tile, const __nv_bfloat16 *base, int64_t stride,
-                                         int row0, int seq) {
-  constexpr int kRowStep = kThreads / 16; // 16 chunks of 16 bytes per row
-  static_assert(kRows % kRowStep == 0, "whole rows per pass");
-  const int chunk = threadIdx.x % 16, r0 = threadIdx.x / 16;
-  // r0 + k kRowStep has r0's residue mod 8, so the swizzled chunk is the same on every pass.
-  uint8_t *dst = tile + (chunk / 8) * kRows * kRegionBytes + r0 * kRegionBytes +
-                 (((chunk % 8) ^ (r0 & 7)) << 4);
-  const __nv_bfloat16 *src = base + int64_t(row0 + r0) * stride + chunk * 8;
-#pragma unroll
-  for (int k = 0; k < kRows / kRowStep; ++k) {
-    const bool valid = row0 + r0 + k * kRowStep < seq;
-    tc::cpAsync16(dst + k * kRowStep * kRegionBytes, valid ? src + k * kRowStep * stride : base,
-                  valid);
-  }
-}
 #endif // BONSAI_ATTENTION_WGMMA
 
-/// Forward over one tile of 128 queries of one (batch, head), as tc::forwardKernel but on
-/// warpgroup MMA: warpgroup w owns queries 64w..64w+63, s = q kᵀ is one chain of eight
-/// m64n128k16 products from shared memory, the online softmax runs on the fragments (each warp
-/// 16 rows, the mma.sync C layout), and o += p v takes p from registers.
-__global__ void __launch_bounds__(kThreads, 1) forwardKernel(const Args a) {
+constexpr int kKvBlockN = 128; ///< keys per dk/dv block, 64 per warpgroup
+constexpr int kKvBlockM = 64;  ///< queries per dk/dv step
+
+/// The forward's mbarriers: q loaded, the k and v of each stage loaded, and each released (k
+/// once its scores are formed, v once its product is: with the products overlapped, v is held
+/// half a tile longer than k).
+struct ForwardBarriers {
+  uint64_t q, kFull[kForwardStages], vFull[kForwardStages], kEmpty[kForwardStages],
+      vEmpty[kForwardStages];
+};
+
+/// q, the k and v stages, the barriers, and the alignment slack (TMA's 128-byte swizzle wants
+/// each region 1024-aligned).
+constexpr size_t forwardSmem() {
+  return 1024 + tileBytes(kBlockM) + 2 * kForwardStages * tileBytes(kBlockN) +
+         sizeof(ForwardBarriers);
+}
+
 #if BONSAI_ATTENTION_WGMMA
+__device__ __forceinline__ void mbarrierInit(uint64_t *bar, int arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(tc::smemAddr(bar)),
+               "r"(arrivals)
+               : "memory");
+}
+
+/// Arrives on `bar` and adds `bytes` to the transfer count its phase waits for.
+__device__ __forceinline__ void mbarrierExpectBytes(uint64_t *bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                   tc::smemAddr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbarrierArrive(uint64_t *bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(tc::smemAddr(bar)) : "memory");
+}
+
+/// Waits until the phase of `bar` with parity `parity` has completed.
+__device__ __forceinline__ void mbarrierWait(uint64_t *bar, uint32_t parity) {
+  asm volatile("{\n.reg .pred done;\nWAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+               "@!done bra WAIT;\n}\n" ::"r"(tc::smemAddr(bar)),
+               "r"(parity)
+               : "memory");
+}
+
+/// Loads box (column c, head h, rows from r, batch b) of `map` into shared memory at `dst`,
+/// completing its bytes on `bar`.
+__device__ __forceinline__ void tmaLoad(void *dst, const CUtensorMap &map, uint64_t *bar, int c,
+                                        int h, int r, int b) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(tc::smemAddr(dst)),
+               "l"(reinterpret_cast<uint64_t>(&map)), "r"(tc::smemAddr(bar)), "r"(c), "r"(h),
+               "r"(r), "r"(b)
+               : "memory");
+}
+
+/// Loads rows [row0, row0 + kRows) of head h, batch b as a [kRows][128] tile: two boxes of 64
+/// columns, one per 1024-aligned swizzled region. Rows past the tensor's end come in as zeros.
+template <int kRows>
+__device__ __forceinline__ void tmaLoadTile(uint8_t *tile, const CUtensorMap &map, uint64_t *bar,
+                                            int h, int row0, int b) {
+  tmaLoad(tile, map, bar, 0, h, row0, b);
+  tmaLoad(tile + kRows * kRegionBytes, map, bar, 64, h, row0, b);
+}
+
+/// Waits until at most kWait of the warpgroup's committed wgmma groups are still running.
+template <int kWait> __device__ __forceinline__ void waitGroup() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kWait) : "memory");
+}
+
+/// Keeps the compiler from moving reads or writes of registers an asynchronous wgmma owns across
+/// the point where this is placed (CUTLASS's warpgroup_fence_operand).
+template <int N> __device__ __forceinline__ void fenceRegisters(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+    asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N> __device__ __forceinline__ void fenceRegisters(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+    asm volatile("" : "+r"(r[i])::"memory");
+}
+
+#endif // BONSAI_ATTENTION_WGMMA
+
+/// Forward over one tile of 128 queries of one (batch, head): consumer c owns queries
+/// 64c..64c+63; s = q kᵀ is one chain of eight m64n128k16 products from shared memory, the online
+/// softmax runs on the fragments (each warp 16 rows, the mma.sync C layout), and o += p v takes p
+/// from registers. Per key tile t the consumer issues s_t with o += p_{t-1} v_{t-1} behind it
+/// and runs the softmax of s_t while the second product is still on the tensor cores (FA3's
+/// intra-warpgroup overlap): k_t is released once s_t is formed, v_{t-1} once its product is.
+__global__ void __launch_bounds__(kThreads, 1)
+    forwardKernel(const __grid_constant__ CUtensorMap qMap,
+                  const __grid_constant__ CUtensorMap kMap,
+                  const __grid_constant__ CUtensorMap vMap, const Args a) {
+#if BONSAI_ATTENTION_WGMMA
+  constexpr int kStages = kForwardStages;
   extern __shared__ unsigned char smemRaw[];
   uint8_t *sQ = reinterpret_cast<uint8_t *>((reinterpret_cast<uintptr_t>(smemRaw) + 1023) &
                                             ~uintptr_t(1023));
-  uint8_t *sK = sQ + tileBytes(kBlockM); // two buffers
-  uint8_t *sV = sK + 2 * tileBytes(kBlockN); // two buffers
-  const int lane = threadIdx.x & 31, group = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32;
+  uint8_t *sK = sQ + tileBytes(kBlockM);           // kStages buffers
+  uint8_t *sV = sK + kStages * tileBytes(kBlockN); // kStages buffers
+  auto *bars = reinterpret_cast<ForwardBarriers *>(sV + kStages * tileBytes(kBlockN));
+  const int lane = threadIdx.x & 31, role = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32;
   const tc::Tile tile = tc::tileOf(a);
   const int bh = tile.group;
+  // Causal: the longest tiles (the last queries) first, so the short ones fill the tail.
   const int mBlock = a.causal ? a.numTiles - 1 - tile.rank : tile.rank;
   const int b = bh / a.heads, h = bh % a.heads, g = h / a.group;
   const int m0 = mBlock * kBlockM, seq = a.seq, seqK = a.seqK;
+  const int keyEnd = a.causal ? min(seqK, m0 + kBlockM) : seqK;
+  const int tiles = (keyEnd + kBlockN - 1) / kBlockN;
+
+  if (threadIdx.x == 0) {
+    mbarrierInit(&bars->q, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbarrierInit(&bars->kFull[s], 1);
+      mbarrierInit(&bars->vFull[s], 1);
+      mbarrierInit(&bars->kEmpty[s], kConsumers * 128); // every consumer thread releases
+      mbarrierInit(&bars->vEmpty[s], kConsumers * 128);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (role == 0) {
+    // The producer: one thread issues every load.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
+    if (warp == 0 && lane == 0) {
+      mbarrierExpectBytes(&bars->q, tileBytes(kBlockM));
+      tmaLoadTile<kBlockM>(sQ, qMap, &bars->q, h, m0, b);
+      for (int t = 0; t < tiles; ++t) {
+        const int stage = t % kStages;
+        const uint32_t released = (t / kStages - 1) & 1;
+        if (t >= kStages)
+          mbarrierWait(&bars->kEmpty[stage], released);
+        mbarrierExpectBytes(&bars->kFull[stage], tileBytes(kBlockN));
+        tmaLoadTile<kBlockN>(sK + stage * tileBytes(kBlockN), kMap, &bars->kFull[stage], g,
+                             t * kBlockN, b);
+        if (t >= kStages)
+          mbarrierWait(&bars->vEmpty[stage], released);
+        mbarrierExpectBytes(&bars->vFull[stage], tileBytes(kBlockN));
+        tmaLoadTile<kBlockN>(sV + stage * tileBytes(kBlockN), vMap, &bars->vFull[stage], g,
+                             t * kBlockN, b);
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
   using T = __nv_bfloat16;
-  const T *qBase = static_cast<const T *>(a.q) + (int64_t(b) * seq * a.heads + h) * kD;
-  const T *kBase = static_cast<const T *>(a.k) + (int64_t(b) * seqK * a.kvHeads + g) * kD;
-  const T *vBase = static_cast<const T *>(a.v) + (int64_t(b) * seqK * a.kvHeads + g) * kD;
+  const int consumer = role - 1;
+  const int warpRow0 = m0 + consumer * 64 + warp * 16; // rows warpRow0 + lane / 4 (+ 8)
+  // This consumer's 64 rows in each region of the q tile.
+  const uint32_t qAddress = tc::smemAddr(sQ) + consumer * 64 * kRegionBytes;
 
-  loadTile<kBlockM>(sQ, qBase, a.qStride, m0, seq);
-  loadTile<kBlockN>(sK, kBase, a.kvStride, 0, seqK);
-  loadTile<kBlockN>(sV, vBase, a.kvStride, 0, seqK);
-  tc::cpAsyncCommit();
-
-  float o[64];
+  float o[64], s[64];
+  uint32_t p[32];
 #pragma unroll
   for (int e = 0; e < 64; ++e)
     o[e] = 0.f;
-  float rowMax[2] = {-INFINITY, -INFINITY}, rowSum[2] = {0.f, 0.f};
-  const int warpRow0 = m0 + group * 64 + warp * 16; // rows warpRow0 + lane / 4 (+ 8)
-  const int keyEnd = a.causal ? min(seqK, m0 + kBlockM) : seqK;
-  const int tiles = (keyEnd + kBlockN - 1) / kBlockN;
-  // This warpgroup's 64 rows in each region of the q tile.
-  const uint32_t qAddress = tc::smemAddr(sQ) + group * 64 * kRegionBytes;
-  for (int t = 0; t < tiles; ++t) {
-    const int buf = t & 1, n0 = t * kBlockN;
-    if (t + 1 < tiles) {
-      loadTile<kBlockN>(sK + (buf ^ 1) * tileBytes(kBlockN), kBase, a.kvStride, n0 + kBlockN,
-                        seqK);
-      loadTile<kBlockN>(sV + (buf ^ 1) * tileBytes(kBlockN), vBase, a.kvStride, n0 + kBlockN,
-                        seqK);
-      tc::cpAsyncCommit();
-      tc::cpAsyncWait<1>();
-    } else {
-      tc::cpAsyncWait<0>();
-    }
-    proxyFence();
-    __syncthreads();
-    const uint32_t kAddress = tc::smemAddr(sK + buf * tileBytes(kBlockN));
-    const uint32_t vAddress = tc::smemAddr(sV + buf * tileBytes(kBlockN));
+  float rowMax[2] = {-INFINITY, -INFINITY}, rowSum[2] = {0.f, 0.f}, correction[2];
 
-    // s = q kᵀ: eight k-steps of 16, four per 64-column region.
-    float s[64];
+  // s = q kᵀ for the k tile of `stage`: eight k-steps of 16, four per 64-column region.
+  auto issueScores = [&](int stage) {
+    const uint32_t kAddress = tc::smemAddr(sK + stage * tileBytes(kBlockN));
     fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
@@ -1524,13 +1623,25 @@ __global__ void __launch_bounds__(kThreads, 1) forwardKernel(const Args a) {
       mmaSS128(s, qd, kd, kk > 0);
     }
     commit();
-    waitAll();
-
-    // Scale into base 2, mask, update the running maxima and sums; p in T pairs, the A
-    // fragments of the p v product. Element e of s: row lane / 4 + 8 ((e / 2) % 2), key
-    // n0 + 8 (e / 4) + 2 (lane % 4) + e % 2.
+  };
+  // o += p v for the v tile of `stage`: eight 16-key steps, v read with the head dim contiguous.
+  auto issueValues = [&](int stage) {
+    const uint32_t vAddress = tc::smemAddr(sV + stage * tileBytes(kBlockN));
+    fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t pa[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+      const uint64_t vd =
+          descriptor(vAddress + kk * 16 * kRegionBytes, kBlockN * kRegionBytes, 1024);
+      mmaRS128(o, pa, vd);
+    }
+    commit();
+  };
+  // The online softmax of the scores of keys n0..n0 + 127, in base 2: s becomes 2^(x - max),
+  // the running maxima and sums are updated, and `correction` is what o must be scaled by.
+  // Element e of s: row lane / 4 + 8 ((e / 2) % 2), key n0 + 8 (e / 4) + 2 (lane % 4) + e % 2.
+  auto softmax = [&](int n0) {
     const bool needMask = n0 + kBlockN > seqK || (a.causal && n0 + kBlockN - 1 > warpRow0);
-    uint32_t p[32];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int i = warpRow0 + (lane >> 2) + r * 8;
@@ -1553,37 +1664,69 @@ __global__ void __launch_bounds__(kThreads, 1) forwardKernel(const Args a) {
       const float newMax = fmaxf(rowMax[r], tileMax);
       // A row with every key so far masked keeps max -inf; subtract 0 then, not -inf.
       const float base = newMax == -INFINITY ? 0.f : newMax;
-      const float correction = tc::exp2Approx(rowMax[r] - base);
+      correction[r] = tc::exp2Approx(rowMax[r] - base);
       rowMax[r] = newMax;
       float sum = 0.f;
 #pragma unroll
-      for (int nt = 0; nt < kBlockN / 8; ++nt) {
-        const float p0 = tc::exp2Approx(s[4 * nt + 2 * r] - base);
-        const float p1 = tc::exp2Approx(s[4 * nt + 2 * r + 1] - base);
-        sum += p0;
-        sum += p1;
-        p[2 * nt + r] = tc::pack(T(), p0, p1);
-      }
-      rowSum[r] = rowSum[r] * correction + sum;
+      for (int nt = 0; nt < kBlockN / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float e = tc::exp2Approx(s[4 * nt + 2 * r + c] - base);
+          s[4 * nt + 2 * r + c] = e;
+          sum += e;
+        }
+      rowSum[r] = rowSum[r] * correction[r] + sum;
+    }
+  };
+  // Scales o by the corrections and packs s into p, the A fragments of the next p v.
+  auto rescaleAndPack = [&]() {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
 #pragma unroll
       for (int nt = 0; nt < kD / 8; ++nt) {
-        o[4 * nt + 2 * r] *= correction;
-        o[4 * nt + 2 * r + 1] *= correction;
+        o[4 * nt + 2 * r] *= correction[r];
+        o[4 * nt + 2 * r + 1] *= correction[r];
       }
-    }
-
-    // o += p v: eight 16-key steps, v read with the head dim contiguous.
-    fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t pa[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-      const uint64_t vd = descriptor(vAddress + kk * 16 * kRegionBytes,
-                                     kBlockN * kRegionBytes, 1024);
-      mmaRS128(o, pa, vd);
+      for (int nt = 0; nt < kBlockN / 8; ++nt)
+        p[2 * nt + r] = tc::pack(T(), s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]);
     }
-    commit();
-    waitAll();
-    __syncthreads(); // this buffer is refilled by the next iteration's prefetch
+  };
+
+  mbarrierWait(&bars->q, 0);
+  if (tiles > 0) {
+    // Tile 0's scores alone; then per tile t, s_t and p_{t-1} v_{t-1} together; then the last
+    // tile's p v alone.
+    mbarrierWait(&bars->kFull[0], 0);
+    issueScores(0);
+    waitGroup<0>();
+    fenceRegisters(s);
+    mbarrierArrive(&bars->kEmpty[0]);
+    softmax(0);
+    rescaleAndPack();
+    for (int t = 1; t < tiles; ++t) {
+      const int stage = t % kStages, previous = (t - 1) % kStages;
+      mbarrierWait(&bars->kFull[stage], (t / kStages) & 1);
+      issueScores(stage);
+      mbarrierWait(&bars->vFull[previous], ((t - 1) / kStages) & 1);
+      issueValues(previous);
+      waitGroup<1>(); // s_t formed; p_{t-1} v_{t-1} may still run
+      fenceRegisters(s);
+      mbarrierArrive(&bars->kEmpty[stage]);
+      softmax(t * kBlockN);
+      waitGroup<0>();
+      fenceRegisters(o);
+      fenceRegisters(p); // the product read p from registers until here
+      mbarrierArrive(&bars->vEmpty[previous]);
+      rescaleAndPack();
+    }
+    const int last = (tiles - 1) % kStages;
+    mbarrierWait(&bars->vFull[last], ((tiles - 1) / kStages) & 1);
+    issueValues(last);
+    waitGroup<0>();
+    fenceRegisters(o);
+    fenceRegisters(p);
+    mbarrierArrive(&bars->vEmpty[last]);
   }
 
   // The four lanes of a quad hold partial sums of the same rows.
@@ -1611,45 +1754,91 @@ __global__ void __launch_bounds__(kThreads, 1) forwardKernel(const Args a) {
 #endif
 }
 
+/// The dq kernel's mbarriers: q and dO loaded; the k and v of each stage loaded and released.
+struct GradQBarriers {
+  uint64_t qdo, kFull[kGradQStages], vFull[kGradQStages], kEmpty[kGradQStages],
+      vEmpty[kGradQStages];
+};
 
-/// Bytes of the dq kernel's shared memory: the q and dO tiles, two k and two v tiles, and the
-/// alignment slack.
-constexpr size_t gradQSmem() { return 1024 + 2 * tileBytes(kBlockM) + 4 * tileBytes(kBlockN); }
+constexpr size_t gradQSmem() {
+  return 1024 + 2 * tileBytes(kBlockM) + 2 * kGradQStages * tileBytes(kBlockN) +
+         sizeof(GradQBarriers);
+}
 
 /// dq from the saved log-sum-exp (flashAttentionGrad) over one tile of 128 queries of one
-/// (batch, head), as tc::gradQKernel<..., true> but on warpgroup MMA: per key tile, s = q kᵀ and
+/// (batch, head), as tc::gradQKernel<..., true> computes it: per key tile, s = q kᵀ and
 /// dp = dO vᵀ from shared memory, p = 2^(s scale log2(e) - lse log2(e)) and ds = p (dp - D) on
 /// the fragments, dq += ds k with ds from registers (k read with the head dim contiguous). Also
 /// writes the rows the dk/dv kernel reads: D = dO . o (summed as tc::gradQKernel sums it, so
-/// that kernel's results do not change) and the base-2 log-sum-exp.
-__global__ void __launch_bounds__(kThreads, 1) gradQKernel(const Args a) {
+/// that kernel's results do not change) and the base-2 log-sum-exp. The producer loads q and dO
+/// once and the k and v tiles into a ring; v is released once dp is formed, k once dq += ds k is.
+__global__ void __launch_bounds__(kThreads, 1)
+    gradQKernel(const __grid_constant__ CUtensorMap qMap,
+                  const __grid_constant__ CUtensorMap doMap,
+                  const __grid_constant__ CUtensorMap kMap,
+                  const __grid_constant__ CUtensorMap vMap, const Args a) {
 #if BONSAI_ATTENTION_WGMMA
+  constexpr int kStages = kGradQStages;
   extern __shared__ unsigned char smemRaw[];
   uint8_t *sQ = reinterpret_cast<uint8_t *>((reinterpret_cast<uintptr_t>(smemRaw) + 1023) &
                                             ~uintptr_t(1023));
   uint8_t *sDo = sQ + tileBytes(kBlockM);
-  uint8_t *sK = sDo + tileBytes(kBlockM);    // two buffers
-  uint8_t *sV = sK + 2 * tileBytes(kBlockN); // two buffers
-  const int lane = threadIdx.x & 31, group = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32;
+  uint8_t *sK = sDo + tileBytes(kBlockM);             // kStages buffers
+  uint8_t *sV = sK + kStages * tileBytes(kBlockN);    // kStages buffers
+  auto *bars = reinterpret_cast<GradQBarriers *>(sV + kStages * tileBytes(kBlockN));
+  const int lane = threadIdx.x & 31, role = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32;
   const tc::Tile tile = tc::tileOf(a);
   const int bh = tile.group;
   const int mBlock = a.causal ? a.numTiles - 1 - tile.rank : tile.rank;
   const int b = bh / a.heads, h = bh % a.heads, g = h / a.group;
   const int m0 = mBlock * kBlockM, seq = a.seq, seqK = a.seqK;
+  const int keyEnd = a.causal ? min(seqK, m0 + kBlockM) : seqK;
+  const int tiles = (keyEnd + kBlockN - 1) / kBlockN;
+
+  if (threadIdx.x == 0) {
+    mbarrierInit(&bars->qdo, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbarrierInit(&bars->kFull[s], 1);
+      mbarrierInit(&bars->vFull[s], 1);
+      mbarrierInit(&bars->kEmpty[s], 256);
+      mbarrierInit(&bars->vEmpty[s], 256);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (role == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
+    if (warp == 0 && lane == 0) {
+      mbarrierExpectBytes(&bars->qdo, 2 * tileBytes(kBlockM));
+      tmaLoadTile<kBlockM>(sQ, qMap, &bars->qdo, h, m0, b);
+      tmaLoadTile<kBlockM>(sDo, doMap, &bars->qdo, h, m0, b);
+      for (int t = 0; t < tiles; ++t) {
+        const int stage = t % kStages;
+        const uint32_t released = (t / kStages - 1) & 1;
+        if (t >= kStages)
+          mbarrierWait(&bars->vEmpty[stage], released);
+        mbarrierExpectBytes(&bars->vFull[stage], tileBytes(kBlockN));
+        tmaLoadTile<kBlockN>(sV + stage * tileBytes(kBlockN), vMap, &bars->vFull[stage], g,
+                             t * kBlockN, b);
+        if (t >= kStages)
+          mbarrierWait(&bars->kEmpty[stage], released);
+        mbarrierExpectBytes(&bars->kFull[stage], tileBytes(kBlockN));
+        tmaLoadTile<kBlockN>(sK + stage * tileBytes(kBlockN), kMap, &bars->kFull[stage], g,
+                             t * kBlockN, b);
+      }
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
   using T = __nv_bfloat16;
+  const int consumer = role - 1;
   const int64_t qOffset = (int64_t(b) * seq * a.heads + h) * kD;
-  const T *kBase = static_cast<const T *>(a.k) + (int64_t(b) * seqK * a.kvHeads + g) * kD;
-  const T *vBase = static_cast<const T *>(a.v) + (int64_t(b) * seqK * a.kvHeads + g) * kD;
-
-  loadTile<kBlockM>(sQ, static_cast<const T *>(a.q) + qOffset, a.qStride, m0, seq);
-  loadTile<kBlockM>(sDo, static_cast<const T *>(a.dout) + qOffset, a.qStride, m0, seq);
-  loadTile<kBlockN>(sK, kBase, a.kvStride, 0, seqK);
-  loadTile<kBlockN>(sV, vBase, a.kvStride, 0, seqK);
-  tc::cpAsyncCommit();
-
   // D and the base-2 log-sum-exp of the thread's two rows; the four lanes of a quad take a
-  // quarter of the head dim each, in order, as tc::gradQKernel does.
-  const int warpRow0 = m0 + group * 64 + warp * 16; // rows warpRow0 + lane / 4 (+ 8)
+  // quarter of the head dim each, in order, as tc::gradQKernel does (so the dk/dv kernel's inputs
+  // are the same bits).
+  const int warpRow0 = m0 + consumer * 64 + warp * 16; // rows warpRow0 + lane / 4 (+ 8)
   float rowDot[2], rowLse[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -1685,26 +1874,16 @@ __global__ void __launch_bounds__(kThreads, 1) gradQKernel(const Args a) {
 #pragma unroll
   for (int e = 0; e < 64; ++e)
     dq[e] = 0.f;
-  const int keyEnd = a.causal ? min(seqK, m0 + kBlockM) : seqK;
-  const int tiles = (keyEnd + kBlockN - 1) / kBlockN;
-  const uint32_t qAddress = tc::smemAddr(sQ) + group * 64 * kRegionBytes;
-  const uint32_t doAddress = tc::smemAddr(sDo) + group * 64 * kRegionBytes;
+  const uint32_t qAddress = tc::smemAddr(sQ) + consumer * 64 * kRegionBytes;
+  const uint32_t doAddress = tc::smemAddr(sDo) + consumer * 64 * kRegionBytes;
+  mbarrierWait(&bars->qdo, 0);
   for (int t = 0; t < tiles; ++t) {
-    const int buf = t & 1, n0 = t * kBlockN;
-    if (t + 1 < tiles) {
-      loadTile<kBlockN>(sK + (buf ^ 1) * tileBytes(kBlockN), kBase, a.kvStride, n0 + kBlockN,
-                        seqK);
-      loadTile<kBlockN>(sV + (buf ^ 1) * tileBytes(kBlockN), vBase, a.kvStride, n0 + kBlockN,
-                        seqK);
-      tc::cpAsyncCommit();
-      tc::cpAsyncWait<1>();
-    } else {
-      tc::cpAsyncWait<0>();
-    }
-    proxyFence();
-    __syncthreads();
-    const uint32_t kAddress = tc::smemAddr(sK + buf * tileBytes(kBlockN));
-    const uint32_t vAddress = tc::smemAddr(sV + buf * tileBytes(kBlockN));
+    const int stage = t % kStages, n0 = t * kBlockN;
+    const uint32_t parity = (t / kStages) & 1;
+    const uint32_t kAddress = tc::smemAddr(sK + stage * tileBytes(kBlockN));
+    const uint32_t vAddress = tc::smemAddr(sV + stage * tileBytes(kBlockN));
+    mbarrierWait(&bars->kFull[stage], parity);
+    mbarrierWait(&bars->vFull[stage], parity);
 
     // s = q kᵀ and dp = dO vᵀ, both chains in flight together.
     float s[64], dp[64];
@@ -1719,7 +1898,10 @@ __global__ void __launch_bounds__(kThreads, 1) gradQKernel(const Args a) {
                descriptor(vAddress + keyStep, 16, 1024), kk > 0);
     }
     commit();
-    waitAll();
+    waitGroup<0>();
+    fenceRegisters(s);
+    fenceRegisters(dp);
+    mbarrierArrive(&bars->vEmpty[stage]);
 
     // ds = p (dp - D) in T pairs, the A fragments of ds k. Element e: row lane / 4 +
     // 8 ((e / 2) % 2), key n0 + 8 (e / 4) + 2 (lane % 4) + e % 2.
@@ -1753,8 +1935,10 @@ __global__ void __launch_bounds__(kThreads, 1) gradQKernel(const Args a) {
       mmaRS128(dq, da, descriptor(kAddress + kk * 16 * kRegionBytes, kBlockN * kRegionBytes, 1024));
     }
     commit();
-    waitAll();
-    __syncthreads(); // this buffer is refilled by the next iteration's prefetch
+    waitGroup<0>();
+    fenceRegisters(dq);
+    fenceRegisters(ds);
+    mbarrierArrive(&bars->kEmpty[stage]);
   }
 
   T *out = static_cast<T *>(a.dq) + qOffset;
@@ -1774,88 +1958,117 @@ __global__ void __launch_bounds__(kThreads, 1) gradQKernel(const Args a) {
 #endif
 }
 
-constexpr int kKvBlockN = 128; ///< keys per dk/dv block, 64 per warpgroup
-constexpr int kKvBlockM = 64;  ///< queries per dk/dv step
+/// The dk/dv kernel's mbarriers: k and v loaded; each stage's q, dO, lse and D loaded (the TMA
+/// bytes and the 32 lanes that copy lse and D) and released.
+struct GradKVBarriers {
+  uint64_t kv, full[kGradKVStages], empty[kGradKVStages];
+};
 
-/// Bytes of the dk/dv kernel's shared memory: the k and v tiles, two q and two dO tiles, two
-/// rows each of the base-2 log-sum-exp and D, and the alignment slack.
+/// k, v, the stages (q, dO, and the rows of lse and D) and the barriers.
 constexpr size_t gradKVSmem() {
-  return 1024 + 2 * tileBytes(kKvBlockN) + 4 * tileBytes(kKvBlockM) + 4 * kKvBlockM * sizeof(float);
+  return 1024 + 2 * tileBytes(kKvBlockN) +
+         kGradKVStages * (2 * tileBytes(kKvBlockM) + 2 * kKvBlockM * sizeof(float)) +
+         sizeof(GradKVBarriers);
 }
 
-/// dk and dv over one tile of 128 keys of one (batch, kv head), as tc::gradKVKernel but on
-/// warpgroup MMA: warpgroup w owns keys 64w..64w+63 and loops over the query heads that read
-/// them and their 64-query tiles; per step sᵀ = k qᵀ and dpᵀ = v dOᵀ from shared memory (two
-/// chains in flight), pᵀ = 2^(sᵀ scale log2(e) - lse) and dsᵀ = pᵀ (dpᵀ - D) on the fragments,
-/// then dv += pᵀ dO and dk += dsᵀ q with pᵀ and dsᵀ from registers (dO and q read with the head
-/// dim contiguous). Reads the rows of lse and D the dq kernel wrote.
-__global__ void __launch_bounds__(kThreads, 1) gradKVKernel(const Args a) {
+/// dk and dv over one tile of 128 keys of one (batch, kv head), as tc::gradKVKernel computes
+/// them: consumer c owns keys 64c..64c+63 and loops over the query heads that read them and
+/// their 64-query tiles; per step sᵀ = k qᵀ and dpᵀ = v dOᵀ from shared memory (two chains in
+/// flight), pᵀ = 2^(sᵀ scale log2(e) - lse) and dsᵀ = pᵀ (dpᵀ - D) on the fragments, then
+/// dv += pᵀ dO and dk += dsᵀ q with pᵀ and dsᵀ from registers (dO and q read with the head dim
+/// contiguous). Reads the rows of lse and D the dq kernel wrote. The producer's first warp loads
+/// k and v once and each step's q and dO tiles into a ring; its second warp copies the step's
+/// rows of lse and D (zeros past the sequence).
+__global__ void __launch_bounds__(kThreads, 1)
+    gradKVKernel(const __grid_constant__ CUtensorMap qMap,
+                   const __grid_constant__ CUtensorMap doMap,
+                   const __grid_constant__ CUtensorMap kMap,
+                   const __grid_constant__ CUtensorMap vMap, const Args a) {
 #if BONSAI_ATTENTION_WGMMA
+  constexpr int kStages = kGradKVStages;
   extern __shared__ unsigned char smemRaw[];
   uint8_t *sK = reinterpret_cast<uint8_t *>((reinterpret_cast<uintptr_t>(smemRaw) + 1023) &
                                             ~uintptr_t(1023));
   uint8_t *sV = sK + tileBytes(kKvBlockN);
-  uint8_t *sQ = sV + tileBytes(kKvBlockN);   // two buffers
-  uint8_t *sDo = sQ + 2 * tileBytes(kKvBlockM); // two buffers
-  float *sLse = reinterpret_cast<float *>(sDo + 2 * tileBytes(kKvBlockM)); // two buffers
-  float *sRowDot = sLse + 2 * kKvBlockM;                                   // two buffers
-  const int lane = threadIdx.x & 31, group = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32;
-  // Key block 0 reaches the most query tiles: rank 0 is the longest.
+  uint8_t *sQ = sV + tileBytes(kKvBlockN);           // kStages buffers
+  uint8_t *sDo = sQ + kStages * tileBytes(kKvBlockM); // kStages buffers
+  float *sLse = reinterpret_cast<float *>(sDo + kStages * tileBytes(kKvBlockM)); // kStages rows
+  float *sRowDot = sLse + kStages * kKvBlockM;                                  // kStages rows
+  auto *bars = reinterpret_cast<GradKVBarriers *>(sRowDot + kStages * kKvBlockM);
+  const int lane = threadIdx.x & 31, role = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32;
   const tc::Tile tile = tc::tileOf(a);
   const int nBlock = tile.rank, bg = tile.group;
   const int b = bg / a.kvHeads, g = bg % a.kvHeads;
   const int n0 = nBlock * kKvBlockN, seq = a.seq, seqK = a.seqK;
-  using T = __nv_bfloat16;
-  const int64_t kvOffset = (int64_t(b) * seqK * a.kvHeads + g) * kD;
-
   // Steps: (query head of the group, query tile), in order. With the causal mask the query
   // tiles before the block's first key see none of its keys.
   const int mStart = a.causal ? n0 / kKvBlockM : 0;
   const int perHead = (seq + kKvBlockM - 1) / kKvBlockM - mStart;
   const int steps = a.group * perHead;
-  auto loadStep = [&](int u, int buf) {
-    const int h = g * a.group + u / perHead, i0 = (mStart + u % perHead) * kKvBlockM;
-    const int64_t qOffset = (int64_t(b) * seq * a.heads + h) * kD;
-    loadTile<kKvBlockM>(sQ + buf * tileBytes(kKvBlockM), static_cast<const T *>(a.q) + qOffset,
-                        a.qStride, i0, seq);
-    loadTile<kKvBlockM>(sDo + buf * tileBytes(kKvBlockM),
-                        static_cast<const T *>(a.dout) + qOffset, a.qStride, i0, seq);
-    if (threadIdx.x < 2 * kKvBlockM) {
-      const int64_t rowBase = (int64_t(b) * a.heads + h) * seq;
-      const int x = threadIdx.x % kKvBlockM, i = i0 + x;
-      const float *src = threadIdx.x < kKvBlockM ? a.lse : a.dsum;
-      float *dst = (threadIdx.x < kKvBlockM ? sLse : sRowDot) + buf * kKvBlockM + x;
-      tc::cpAsync4(dst, i < seq ? src + rowBase + i : src, i < seq);
+
+  if (threadIdx.x == 0) {
+    mbarrierInit(&bars->kv, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbarrierInit(&bars->full[s], 1 + 32);
+      mbarrierInit(&bars->empty[s], 256);
     }
-  };
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
 
-  loadTile<kKvBlockN>(sK, static_cast<const T *>(a.k) + kvOffset, a.kvStride, n0, seqK);
-  loadTile<kKvBlockN>(sV, static_cast<const T *>(a.v) + kvOffset, a.kvStride, n0, seqK);
-  loadStep(0, 0);
-  tc::cpAsyncCommit();
+  if (role == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
+    if (warp == 0 && lane == 0) {
+      mbarrierExpectBytes(&bars->kv, 2 * tileBytes(kKvBlockN));
+      tmaLoadTile<kKvBlockN>(sK, kMap, &bars->kv, g, n0, b);
+      tmaLoadTile<kKvBlockN>(sV, vMap, &bars->kv, g, n0, b);
+      for (int u = 0; u < steps; ++u) {
+        const int stage = u % kStages;
+        const int h = g * a.group + u / perHead, i0 = (mStart + u % perHead) * kKvBlockM;
+        if (u >= kStages)
+          mbarrierWait(&bars->empty[stage], (u / kStages - 1) & 1);
+        mbarrierExpectBytes(&bars->full[stage], 2 * tileBytes(kKvBlockM));
+        tmaLoadTile<kKvBlockM>(sQ + stage * tileBytes(kKvBlockM), qMap, &bars->full[stage], h,
+                               i0, b);
+        tmaLoadTile<kKvBlockM>(sDo + stage * tileBytes(kKvBlockM), doMap, &bars->full[stage], h,
+                               i0, b);
+      }
+    } else if (warp == 1) {
+      for (int u = 0; u < steps; ++u) {
+        const int stage = u % kStages;
+        const int h = g * a.group + u / perHead, i0 = (mStart + u % perHead) * kKvBlockM;
+        const int64_t rowBase = (int64_t(b) * a.heads + h) * seq;
+        if (u >= kStages)
+          mbarrierWait(&bars->empty[stage], (u / kStages - 1) & 1);
+#pragma unroll
+        for (int x = lane; x < kKvBlockM; x += 32) {
+          const int i = i0 + x;
+          sLse[stage * kKvBlockM + x] = i < seq ? a.lse[rowBase + i] : 0.f;
+          sRowDot[stage * kKvBlockM + x] = i < seq ? a.dsum[rowBase + i] : 0.f;
+        }
+        mbarrierArrive(&bars->full[stage]);
+      }
+    }
+    return;
+  }
 
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
+  using T = __nv_bfloat16;
+  const int consumer = role - 1;
   float dk[64], dv[64];
 #pragma unroll
   for (int e = 0; e < 64; ++e)
     dk[e] = dv[e] = 0.f;
-  const int warpKey0 = n0 + group * 64 + warp * 16; // keys warpKey0 + lane / 4 (+ 8)
-  // This warpgroup's 64 keys in each region of the k and v tiles.
-  const uint32_t kAddress = tc::smemAddr(sK) + group * 64 * kRegionBytes;
-  const uint32_t vAddress = tc::smemAddr(sV) + group * 64 * kRegionBytes;
+  const int warpKey0 = n0 + consumer * 64 + warp * 16; // keys warpKey0 + lane / 4 (+ 8)
+  const uint32_t kAddress = tc::smemAddr(sK) + consumer * 64 * kRegionBytes;
+  const uint32_t vAddress = tc::smemAddr(sV) + consumer * 64 * kRegionBytes;
+  mbarrierWait(&bars->kv, 0);
   for (int u = 0; u < steps; ++u) {
-    const int buf = u & 1, i0 = (mStart + u % perHead) * kKvBlockM;
-    if (u + 1 < steps) {
-      loadStep(u + 1, buf ^ 1);
-      tc::cpAsyncCommit();
-      tc::cpAsyncWait<1>();
-    } else {
-      tc::cpAsyncWait<0>();
-    }
-    proxyFence();
-    __syncthreads();
-    const uint32_t qAddress = tc::smemAddr(sQ + buf * tileBytes(kKvBlockM));
-    const uint32_t doAddress = tc::smemAddr(sDo + buf * tileBytes(kKvBlockM));
-    const float *tLse = sLse + buf * kKvBlockM, *tRowDot = sRowDot + buf * kKvBlockM;
+    const int stage = u % kStages, i0 = (mStart + u % perHead) * kKvBlockM;
+    mbarrierWait(&bars->full[stage], (u / kStages) & 1);
+    const uint32_t qAddress = tc::smemAddr(sQ + stage * tileBytes(kKvBlockM));
+    const uint32_t doAddress = tc::smemAddr(sDo + stage * tileBytes(kKvBlockM));
+    const float *tLse = sLse + stage * kKvBlockM, *tRowDot = sRowDot + stage * kKvBlockM;
 
     // sᵀ = k qᵀ and dpᵀ = v dOᵀ: eight k-steps of 16 over the head dim.
     float st[32], dpt[32];
@@ -1870,7 +2083,9 @@ __global__ void __launch_bounds__(kThreads, 1) gradKVKernel(const Args a) {
               descriptor(doAddress + queryStep, 16, 1024), kk > 0);
     }
     commit();
-    waitAll();
+    waitGroup<0>();
+    fenceRegisters(st);
+    fenceRegisters(dpt);
 
     // pᵀ and dsᵀ in T pairs, the A fragments of the dv and dk products. Element e: key
     // warpKey0 + lane / 4 + 8 ((e / 2) % 2), query i0 + 8 (e / 4) + 2 (lane % 4) + e % 2.
@@ -1898,8 +2113,7 @@ __global__ void __launch_bounds__(kThreads, 1) gradKVKernel(const Args a) {
         sa[2 * nt + r] = tc::pack(T(), ds[0], ds[1]);
       }
 
-    // dv += pᵀ dO and dk += dsᵀ q: four 16-query steps, dO and q read with the head dim
-    // contiguous.
+    // dv += pᵀ dO and dk += dsᵀ q: four 16-query steps.
     fence();
 #pragma unroll
     for (int kk = 0; kk < kKvBlockM / 16; ++kk) {
@@ -1910,10 +2124,15 @@ __global__ void __launch_bounds__(kThreads, 1) gradKVKernel(const Args a) {
       mmaRS128(dk, sk, descriptor(qAddress + rows, region, 1024));
     }
     commit();
-    waitAll();
-    __syncthreads(); // this buffer is refilled by the next iteration's prefetch
+    waitGroup<0>();
+    fenceRegisters(dk);
+    fenceRegisters(dv);
+    fenceRegisters(pa);
+    fenceRegisters(sa);
+    mbarrierArrive(&bars->empty[stage]);
   }
 
+  const int64_t kvOffset = (int64_t(b) * seqK * a.kvHeads + g) * kD;
   T *dkOut = static_cast<T *>(a.dk) + kvOffset, *dvOut = static_cast<T *>(a.dv) + kvOffset;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -1968,6 +2187,51 @@ bool wgmmaUsable(const char *kn) {
 #endif
 }
 
+/// cuTensorMapEncodeTiled, found through the runtime so that nothing links the driver library.
+PFN_cuTensorMapEncodeTiled_v12000 tensorMapEncoder(const char *kn) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [kn] {
+    void *fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    checkCuda(kn,
+              cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                               cudaEnableDefault, &found),
+              "cudaGetDriverEntryPointByVersion");
+    if (found != cudaDriverEntryPointSuccess || !fn)
+      fail(kn, "the CUDA driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+/// The TMA map of a [batch, rows, heads, 128] bf16 operand whose rows are `rowStride` elements
+/// apart: boxes of 64 columns by `boxRows` rows of one head, in the 128-byte swizzle the
+/// warpgroup kernels' descriptors read.
+CUtensorMap tileMap(const char *kn, const void *base, int64_t batch, int64_t rows, int64_t heads,
+                    int64_t rowStride, int boxRows) {
+  CUtensorMap map;
+  const cuuint64_t sizes[4] = {cuuint64_t(wg::kD), cuuint64_t(heads), cuuint64_t(rows),
+                               cuuint64_t(batch)};
+  const cuuint64_t strides[3] = {cuuint64_t(wg::kD) * 2, cuuint64_t(rowStride) * 2,
+                                 cuuint64_t(rows * rowStride) * 2};
+  const cuuint32_t box[4] = {64, 1, cuuint32_t(boxRows), 1};
+  const cuuint32_t elementStrides[4] = {1, 1, 1, 1};
+  const CUresult result = tensorMapEncoder(kn)(
+      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void *>(base), sizes, strides, box,
+      elementStrides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS)
+    fail(kn, "cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(result)) + ")");
+  return map;
+}
+
+/// Whether the Hopper kernels (namespace wg) take a call of storage type T: bf16 at head dim
+/// 128, where CMake built sm_90a code and the device is an sm_90, with rows to load on both sides
+/// (a TMA map has no empty dimension).
+template <typename T> bool warpGroupPath(const char *kn, const Dims &dims) {
+  return std::is_same_v<T, __nv_bfloat16> && dims.d == wg::kD && dims.seq > 0 && dims.seqK > 0 &&
+         wgmmaUsable(kn);
+}
+
 template <typename T, int kD>
 void forwardTensorCore(const char *kn, Stream stream, Args a, const Dims &dims) {
   a.numTiles = int(ceilDiv(dims.seq, tc::kFwdBlockM));
@@ -1981,24 +2245,30 @@ void gradTensorCore(const char *kn, Stream stream, Args a, const Dims &dims) {
   // The dq kernel writes the rows of D and log-sum-exp the dk/dv kernel reads (from the saved
   // log-sum-exp when there is one).
   a.numTiles = int(ceilDiv(dims.seq, tc::kDqBlockM));
-  if (std::is_same_v<T, __nv_bfloat16> && kD == wg::kD && a.d == wg::kD && a.savedLse &&
-      wgmmaUsable(kn)) {
-    // bf16 at head dim 128 on Hopper, from the saved log-sum-exp: warpgroup MMA.
+  const bool hopper = kD == wg::kD && warpGroupPath<T>(kn, dims);
+  if (hopper && a.savedLse) {
+    // From the saved log-sum-exp on Hopper: the warp-specialised dq kernel.
     static_assert(wg::kBlockM == tc::kDqBlockM, "both dq kernels write the same row blocks");
     launch(kn, "launch of the warpgroup dq kernel", wg::gradQKernel,
            int64_t(a.numTiles) * dims.batch * dims.heads, wg::kThreads, wg::gradQSmem(), stream,
-           a);
+           tileMap(kn, a.q, dims.batch, dims.seq, dims.heads, a.qStride, wg::kBlockM),
+           tileMap(kn, a.dout, dims.batch, dims.seq, dims.heads, a.qStride, wg::kBlockM),
+           tileMap(kn, a.k, dims.batch, dims.seqK, dims.kvHeads, a.kvStride, wg::kBlockN),
+           tileMap(kn, a.v, dims.batch, dims.seqK, dims.kvHeads, a.kvStride, wg::kBlockN), a);
   } else {
     auto *dqKernel = a.savedLse ? tc::gradQKernel<T, kD, true> : tc::gradQKernel<T, kD, false>;
     launch(kn, "launch of the dq kernel", dqKernel,
            int64_t(a.numTiles) * dims.batch * dims.heads, tc::kThreads, tc::gradQSmem<kD>(),
            stream, a);
   }
-  if (std::is_same_v<T, __nv_bfloat16> && kD == wg::kD && a.d == wg::kD && wgmmaUsable(kn)) {
+  if (hopper) {
     a.numTiles = int(ceilDiv(dims.seqK, wg::kKvBlockN));
     launch(kn, "launch of the warpgroup dk/dv kernel", wg::gradKVKernel,
            int64_t(a.numTiles) * dims.batch * dims.kvHeads, wg::kThreads, wg::gradKVSmem(),
-           stream, a);
+           stream, tileMap(kn, a.q, dims.batch, dims.seq, dims.heads, a.qStride, wg::kKvBlockM),
+           tileMap(kn, a.dout, dims.batch, dims.seq, dims.heads, a.qStride, wg::kKvBlockM),
+           tileMap(kn, a.k, dims.batch, dims.seqK, dims.kvHeads, a.kvStride, wg::kKvBlockN),
+           tileMap(kn, a.v, dims.batch, dims.seqK, dims.kvHeads, a.kvStride, wg::kKvBlockN), a);
     return;
   }
   a.numTiles = int(ceilDiv(dims.seqK, tc::kBwdBlock));
@@ -2011,13 +2281,15 @@ void forwardWarpGroup(const char *kn, Stream stream, Args a, const Dims &dims) {
   a.numTiles = int(ceilDiv(dims.seq, wg::kBlockM));
   launch(kn, "launch of the warpgroup forward kernel", wg::forwardKernel,
          int64_t(a.numTiles) * dims.batch * dims.heads, wg::kThreads, wg::forwardSmem(), stream,
-         a);
+         tileMap(kn, a.q, dims.batch, dims.seq, dims.heads, a.qStride, wg::kBlockM),
+         tileMap(kn, a.k, dims.batch, dims.seqK, dims.kvHeads, a.kvStride, wg::kBlockN),
+         tileMap(kn, a.v, dims.batch, dims.seqK, dims.kvHeads, a.kvStride, wg::kBlockN), a);
 }
 
 template <typename T>
 void forwardTensorCoreD(const char *kn, Stream stream, const Args &a, const Dims &dims) {
-  // bf16 at head dim 128 on Hopper: warpgroup MMA.
-  if (std::is_same_v<T, __nv_bfloat16> && dims.d == wg::kD && wgmmaUsable(kn)) {
+  // bf16 at head dim 128 on Hopper: the warp-specialised warpgroup-MMA kernel.
+  if (warpGroupPath<T>(kn, dims)) {
     forwardWarpGroup(kn, stream, a, dims);
     return;
   }
