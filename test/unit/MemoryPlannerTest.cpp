@@ -127,8 +127,10 @@ TEST(MemoryPlanner, FindOverlapCatchesPlantedOverlaps) {
   // Buffer 2 onto buffer 0 is fine: they are never live together.
   MemoryPlan fine = plan;
   fine.offsets[2] = fine.offsets[0];
-  if (findOverlap(buffers, fine).first != -1)
+  // Braced: EXPECT_NE expands to an if/else of its own (-Wdangling-else).
+  if (findOverlap(buffers, fine).first != -1) {
     EXPECT_NE(fine.offsets[2], fine.offsets[1]) << "overlap only with buffer 1 is allowed";
+  }
   // A buffer past the peak is caught too.
   MemoryPlan outside = plan;
   outside.offsets[2] = plan.peak;
