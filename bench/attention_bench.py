@@ -21,11 +21,14 @@ import statistics
 import subprocess
 import sys
 
-# (name, B, S, H, KVH, D): issue #8's bar (16k tokens per batch) and a GQA row.
+# (name, B, S, H, KVH, D): issue #8's bar (16k tokens per batch), a GQA row, and head dim 64:
+# the same 16k tokens and the 124M models' attention (B16 S1024, 12 heads).
 SHAPES = [
     ("B4 S4096", 4, 4096, 32, 32, 128),
     ("B1 S16384", 1, 16384, 32, 32, 128),
     ("B4 S4096 GQA 32/8", 4, 4096, 32, 8, 128),
+    ("B4 S4096 D64", 4, 4096, 32, 32, 64),
+    ("B16 S1024 H12 D64", 16, 1024, 12, 12, 64),
 ]
 
 

@@ -21,13 +21,13 @@
 // flashAttentionGrad runs the same kernels with the saved log-sum-exp: the dq kernel forms
 // p = 2^(x - lse log2(e)) directly, with no running maximum, sum or rescaling of dq (and hands the
 // base-2 lse on to the dk/dv kernel), and the generic path skips its log-sum-exp pass.
-// On Hopper (a build with sm_90a code, an sm_90 device), bf16 at head dim 128 takes warpgroup MMA
-// (wgmma) kernels (namespace wg) for the forward, the dk/dv kernel and, from the saved
-// log-sum-exp, the dq kernel: the mma.sync kernels' softmax arithmetic on the same fragment
-// layout, over 128-key tiles, with the operands read by the tensor cores straight from swizzled
-// shared memory, loaded there by TMA from a producer warpgroup (FlashAttention-3's design).
-// Segment ids (packed rows, query i reads key j only within its segment) are masked by the
-// generic kernels only: a call with them runs there whatever its types.
+// On Hopper (a build with sm_90a code, an sm_90 device), bf16 at head dim 64 or 128 takes
+// warpgroup MMA (wgmma) kernels (namespace wg) for the forward (with a positive scale), the dk/dv
+// kernel and, from the saved log-sum-exp, the dq kernel: the mma.sync kernels' softmax arithmetic
+// on the same fragment layout, over 128-key tiles, with the operands read by the tensor cores
+// straight from swizzled shared memory, loaded there by TMA from a producer warpgroup
+// (FlashAttention-3's design). Segment ids (packed rows, query i reads key j only within its
+// segment) are masked by the generic kernels only: a call with them runs there whatever its types.
 // Causal tiles differ in length, so the tensor-core kernels start their blocks longest first
 // across groups of heads, not head by head (tileOf), which keeps the last wave from running a
 // few long tiles alone. Scratch (D and the log-sum-exp) comes from cudaMallocAsync on ctx.stream,
@@ -1317,18 +1317,19 @@ __global__ void __launch_bounds__(kThreads, 2) gradKVKernel(const Args a) {
 } // namespace tc
 
 //===----------------------------------------------------------------------===//
-// Hopper path: warp-specialised warpgroup-MMA kernels (sm_90a), bf16 at head dim 128
+// Hopper path: warp-specialised warpgroup-MMA kernels (sm_90a), bf16 at head dims 64 and 128
 //===----------------------------------------------------------------------===//
 
 // FlashAttention-3's design. wgmma reads its shared-memory operands itself (no ldmatrix through
-// registers) and one instruction covers a 64 x 128 x 16 product of four warps, so a 64-row
-// warpgroup reads each tile once where four mma.sync warps read it four times. A block has one
-// producer warpgroup, which loads tiles with the Tensor Memory Accelerator (TMA) into rings of
+// registers) and one instruction covers a 64 x 128 x 16 (or 64 x 64 x 16) product of four warps, so
+// a 64-row warpgroup reads each tile once where four mma.sync warps read it four times. A block has
+// one producer warpgroup, which loads tiles with the Tensor Memory Accelerator (TMA) into rings of
 // shared-memory stages and signals mbarriers as their bytes land, and two consumer warpgroups,
 // which wait on those barriers, multiply, and release a stage as soon as their last product
 // that reads it is done. The consumers meet at no block barrier, so one's softmax runs while the
 // other's products do; the producer gives up registers (setmaxnreg) for them, as each consumer
-// thread holds 160 to 224 accumulator and fragment values.
+// thread holds 160 to 224 accumulator and fragment values at head dim 128. The kernels are
+// templates on the head dim kD (64 or 128): a tile is kD / 64 regions of 64 columns.
 // The instructions exist only in the arch-specific sm_90a target; other targets compile these
 // kernels to traps, and the host takes this path only where CMake built sm_90a code and the
 // device is an sm_90 (wgmmaUsable).
@@ -1344,16 +1345,19 @@ constexpr int kConsumers = 2;                    ///< consumer warpgroups per bl
 constexpr int kThreads = (1 + kConsumers) * 128; ///< the producer warpgroup, then the consumers
 constexpr int kBlockM = 64 * kConsumers;         ///< queries per forward and dq block
 constexpr int kBlockN = 128;                     ///< keys per forward and dq tile
-constexpr int kD = 128;                          ///< the head dim this path takes
 // Stages of each kernel's ring (H100, docs/benchmarks.md: the forward measured the same with 3,
 // the dk/dv kernel best with 3 of 2, 3 and 4).
 constexpr int kForwardStages = 2;
 constexpr int kGradQStages = 2;
 constexpr int kGradKVStages = 3;
 
-/// Bytes of a [rows][128] bf16 tile stored as two [rows][64] regions, each row 128 bytes with
-/// the 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), regions 1024-aligned.
-constexpr int tileBytes(int rows) { return rows * kD * 2; }
+/// Whether this path takes head dim d.
+constexpr bool takesHeadDim(int64_t d) { return d == 64 || d == 128; }
+
+/// Bytes of a [rows][kD] bf16 tile stored as kD / 64 [rows][64] regions, each row 128 bytes
+/// with the 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), regions
+/// 1024-aligned.
+template <int kD> constexpr int tileBytes(int rows) { return rows * kD * 2; }
 
 #if BONSAI_ATTENTION_WGMMA
 constexpr int kRegionBytes = 128;       ///< a row of one 64-column region of a tile
@@ -1420,7 +1424,7 @@ __device__ __forceinline__ void mmaSS64(float (&d)[32], uint64_t a, uint64_t b, 
 
 /// d += a · b for a 64 x 128 tile: a (64 x 16) in registers in the mma.sync A-fragment layout,
 /// b (16 x 128) in shared memory with N contiguous (the descriptor's "MN-major", transposed).
-__device__ __forceinline__ void mmaRS128(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+__device__ __forceinline__ void mmaRS(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
@@ -1443,6 +1447,22 @@ __device__ __forceinline__ void mmaRS128(float (&d)[64], const uint32_t (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
+/// mmaRS for a 64 x 64 tile.
+__device__ __forceinline__ void mmaRS(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+               "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                 "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+                 "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
+                 "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+                 "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
+                 "+f"(d[31])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
 #endif // BONSAI_ATTENTION_WGMMA
 
 constexpr int kKvBlockN = 128; ///< keys per dk/dv block, 64 per warpgroup
@@ -1458,8 +1478,8 @@ struct ForwardBarriers {
 
 /// q, the k and v stages, the barriers, and the alignment slack (TMA's 128-byte swizzle wants
 /// each region 1024-aligned).
-constexpr size_t forwardSmem() {
-  return 1024 + tileBytes(kBlockM) + 2 * kForwardStages * tileBytes(kBlockN) +
+template <int kD> constexpr size_t forwardSmem() {
+  return 1024 + tileBytes<kD>(kBlockM) + 2 * kForwardStages * tileBytes<kD>(kBlockN) +
          sizeof(ForwardBarriers);
 }
 
@@ -1502,13 +1522,43 @@ __device__ __forceinline__ void tmaLoad(void *dst, const CUtensorMap &map, uint6
                : "memory");
 }
 
-/// Loads rows [row0, row0 + kRows) of head h, batch b as a [kRows][128] tile: two boxes of 64
-/// columns, one per 1024-aligned swizzled region. Rows past the tensor's end come in as zeros.
-template <int kRows>
+/// Loads rows [row0, row0 + kRows) of head h, batch b as a [kRows][kD] tile: kD / 64 boxes of
+/// 64 columns, one per 1024-aligned swizzled region. Rows past the tensor's end come in as zeros.
+template <int kRows, int kD>
 __device__ __forceinline__ void tmaLoadTile(uint8_t *tile, const CUtensorMap &map, uint64_t *bar,
                                             int h, int row0, int b) {
-  tmaLoad(tile, map, bar, 0, h, row0, b);
-  tmaLoad(tile + kRows * kRegionBytes, map, bar, 64, h, row0, b);
+#pragma unroll
+  for (int region = 0; region < kD / 64; ++region)
+    tmaLoad(tile + region * kRows * kRegionBytes, map, bar, region * 64, h, row0, b);
+}
+
+/// One operand of a ring of key tiles: its kStages tiles in shared memory, its TMA map, and the
+/// barriers of each stage (loaded; released by every consumer thread).
+struct KeyTileRing {
+  uint8_t *tiles;
+  const CUtensorMap *map;
+  uint64_t *full, *empty;
+};
+
+/// The producer's loop of the forward and dq kernels: for each tile t < `tiles` of 128 keys of
+/// kv head g, batch b, loads `first`'s tile and then `second`'s into stage t % kStages, each
+/// once the consumers have released that operand's previous tile there.
+template <int kD, int kStages>
+__device__ __forceinline__ void produceKeyTiles(const KeyTileRing &first, const KeyTileRing &second,
+                                                int tiles, int g, int b) {
+  for (int t = 0; t < tiles; ++t) {
+    const int stage = t % kStages;
+    const uint32_t released = (t / kStages - 1) & 1;
+#pragma unroll
+    for (int operand = 0; operand < 2; ++operand) {
+      const KeyTileRing &ring = operand == 0 ? first : second;
+      if (t >= kStages)
+        mbarrierWait(&ring.empty[stage], released);
+      mbarrierExpectBytes(&ring.full[stage], tileBytes<kD>(kBlockN));
+      tmaLoadTile<kBlockN, kD>(ring.tiles + stage * tileBytes<kD>(kBlockN), *ring.map,
+                               &ring.full[stage], g, t * kBlockN, b);
+    }
+  }
 }
 
 /// Waits until at most kWait of the warpgroup's committed wgmma groups are still running.
@@ -1532,11 +1582,12 @@ template <int N> __device__ __forceinline__ void fenceRegisters(uint32_t (&r)[N]
 #endif // BONSAI_ATTENTION_WGMMA
 
 /// Forward over one tile of 128 queries of one (batch, head): consumer c owns queries
-/// 64c..64c+63; s = q kᵀ is one chain of eight m64n128k16 products from shared memory, the online
+/// 64c..64c+63; s = q kᵀ is one chain of kD / 16 m64n128k16 products from shared memory, the online
 /// softmax runs on the fragments (each warp 16 rows, the mma.sync C layout), and o += p v takes p
 /// from registers. Per key tile t the consumer issues s_t with o += p_{t-1} v_{t-1} behind it
 /// and runs the softmax of s_t while the second product is still on the tensor cores (FA3's
 /// intra-warpgroup overlap): k_t is released once s_t is formed, v_{t-1} once its product is.
+template <int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     forwardKernel(const __grid_constant__ CUtensorMap qMap,
                   const __grid_constant__ CUtensorMap kMap,
@@ -1546,9 +1597,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ unsigned char smemRaw[];
   uint8_t *sQ = reinterpret_cast<uint8_t *>((reinterpret_cast<uintptr_t>(smemRaw) + 1023) &
                                             ~uintptr_t(1023));
-  uint8_t *sK = sQ + tileBytes(kBlockM);           // kStages buffers
-  uint8_t *sV = sK + kStages * tileBytes(kBlockN); // kStages buffers
-  auto *bars = reinterpret_cast<ForwardBarriers *>(sV + kStages * tileBytes(kBlockN));
+  uint8_t *sK = sQ + tileBytes<kD>(kBlockM);           // kStages buffers
+  uint8_t *sV = sK + kStages * tileBytes<kD>(kBlockN); // kStages buffers
+  auto *bars = reinterpret_cast<ForwardBarriers *>(sV + kStages * tileBytes<kD>(kBlockN));
   const int lane = threadIdx.x & 31, role = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32;
   const tc::Tile tile = tc::tileOf(a);
   const int bh = tile.group;
@@ -1575,22 +1626,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The producer: one thread issues every load.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     if (warp == 0 && lane == 0) {
-      mbarrierExpectBytes(&bars->q, tileBytes(kBlockM));
-      tmaLoadTile<kBlockM>(sQ, qMap, &bars->q, h, m0, b);
-      for (int t = 0; t < tiles; ++t) {
-        const int stage = t % kStages;
-        const uint32_t released = (t / kStages - 1) & 1;
-        if (t >= kStages)
-          mbarrierWait(&bars->kEmpty[stage], released);
-        mbarrierExpectBytes(&bars->kFull[stage], tileBytes(kBlockN));
-        tmaLoadTile<kBlockN>(sK + stage * tileBytes(kBlockN), kMap, &bars->kFull[stage], g,
-                             t * kBlockN, b);
-        if (t >= kStages)
-          mbarrierWait(&bars->vEmpty[stage], released);
-        mbarrierExpectBytes(&bars->vFull[stage], tileBytes(kBlockN));
-        tmaLoadTile<kBlockN>(sV + stage * tileBytes(kBlockN), vMap, &bars->vFull[stage], g,
-                             t * kBlockN, b);
-      }
+      mbarrierExpectBytes(&bars->q, tileBytes<kD>(kBlockM));
+      tmaLoadTile<kBlockM, kD>(sQ, qMap, &bars->q, h, m0, b);
+      produceKeyTiles<kD, kStages>({sK, &kMap, bars->kFull, bars->kEmpty},
+                                   {sV, &vMap, bars->vFull, bars->vEmpty}, tiles, g, b);
     }
     return;
   }
@@ -1602,16 +1641,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   // This consumer's 64 rows in each region of the q tile.
   const uint32_t qAddress = tc::smemAddr(sQ) + consumer * 64 * kRegionBytes;
 
-  float o[64], s[64];
+  float o[kD / 2], s[64];
   uint32_t p[32];
 #pragma unroll
-  for (int e = 0; e < 64; ++e)
+  for (int e = 0; e < kD / 2; ++e)
     o[e] = 0.f;
   float rowMax[2] = {-INFINITY, -INFINITY}, rowSum[2] = {0.f, 0.f}, correction[2];
 
-  // s = q kᵀ for the k tile of `stage`: eight k-steps of 16, four per 64-column region.
+  // s = q kᵀ for the k tile of `stage`: kD / 16 k-steps of 16, four per 64-column region.
   auto issueScores = [&](int stage) {
-    const uint32_t kAddress = tc::smemAddr(sK + stage * tileBytes(kBlockN));
+    const uint32_t kAddress = tc::smemAddr(sK + stage * tileBytes<kD>(kBlockN));
     fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
@@ -1626,19 +1665,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   // o += p v for the v tile of `stage`: eight 16-key steps, v read with the head dim contiguous.
   auto issueValues = [&](int stage) {
-    const uint32_t vAddress = tc::smemAddr(sV + stage * tileBytes(kBlockN));
+    const uint32_t vAddress = tc::smemAddr(sV + stage * tileBytes<kD>(kBlockN));
     fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       const uint32_t pa[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
       const uint64_t vd =
           descriptor(vAddress + kk * 16 * kRegionBytes, kBlockN * kRegionBytes, 1024);
-      mmaRS128(o, pa, vd);
+      mmaRS(o, pa, vd);
     }
     commit();
   };
-  // The online softmax of the scores of keys n0..n0 + 127, in base 2: s becomes 2^(x - max),
-  // the running maxima and sums are updated, and `correction` is what o must be scaled by.
+  // The online softmax of the scores of keys n0..n0 + 127, in base 2: s becomes
+  // 2^(s scale log2(e) - max), the running maxima and sums are updated, and `correction` is
+  // what o must be scaled by. The maxima are taken over the unscaled scores (the host takes
+  // this kernel only with a positive scale, which keeps their order), so each score costs one
+  // FFMA before its exponential. rowMax holds scaled maxima.
   // Element e of s: row lane / 4 + 8 ((e / 2) % 2), key n0 + 8 (e / 4) + 2 (lane % 4) + e % 2.
   auto softmax = [&](int n0) {
     const bool needMask = n0 + kBlockN > seqK || (a.causal && n0 + kBlockN - 1 > warpRow0);
@@ -1650,18 +1692,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int nt = 0; nt < kBlockN / 8; ++nt)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          float x = s[4 * nt + 2 * r + c] * a.scaleLog2;
+          float &x = s[4 * nt + 2 * r + c];
           if (needMask) {
             const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
             if (j >= seqK || (a.causal && j > i))
               x = -INFINITY;
           }
-          s[4 * nt + 2 * r + c] = x;
           tileMax = fmaxf(tileMax, x);
         }
       tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 1));
       tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 2));
-      const float newMax = fmaxf(rowMax[r], tileMax);
+      const float newMax = fmaxf(rowMax[r], tileMax * a.scaleLog2);
       // A row with every key so far masked keeps max -inf; subtract 0 then, not -inf.
       const float base = newMax == -INFINITY ? 0.f : newMax;
       correction[r] = tc::exp2Approx(rowMax[r] - base);
@@ -1671,7 +1712,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int nt = 0; nt < kBlockN / 8; ++nt)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const float e = tc::exp2Approx(s[4 * nt + 2 * r + c] - base);
+          const float e = tc::exp2Approx(fmaf(s[4 * nt + 2 * r + c], a.scaleLog2, -base));
           s[4 * nt + 2 * r + c] = e;
           sum += e;
         }
@@ -1760,8 +1801,8 @@ struct GradQBarriers {
       vEmpty[kGradQStages];
 };
 
-constexpr size_t gradQSmem() {
-  return 1024 + 2 * tileBytes(kBlockM) + 2 * kGradQStages * tileBytes(kBlockN) +
+template <int kD> constexpr size_t gradQSmem() {
+  return 1024 + 2 * tileBytes<kD>(kBlockM) + 2 * kGradQStages * tileBytes<kD>(kBlockN) +
          sizeof(GradQBarriers);
 }
 
@@ -1772,20 +1813,20 @@ constexpr size_t gradQSmem() {
 /// writes the rows the dk/dv kernel reads: D = dO . o (summed as tc::gradQKernel sums it, so
 /// that kernel's results do not change) and the base-2 log-sum-exp. The producer loads q and dO
 /// once and the k and v tiles into a ring; v is released once dp is formed, k once dq += ds k is.
+template <int kD>
 __global__ void __launch_bounds__(kThreads, 1)
-    gradQKernel(const __grid_constant__ CUtensorMap qMap,
-                  const __grid_constant__ CUtensorMap doMap,
-                  const __grid_constant__ CUtensorMap kMap,
-                  const __grid_constant__ CUtensorMap vMap, const Args a) {
+    gradQKernel(const __grid_constant__ CUtensorMap qMap, const __grid_constant__ CUtensorMap doMap,
+                const __grid_constant__ CUtensorMap kMap, const __grid_constant__ CUtensorMap vMap,
+                const Args a) {
 #if BONSAI_ATTENTION_WGMMA
   constexpr int kStages = kGradQStages;
   extern __shared__ unsigned char smemRaw[];
   uint8_t *sQ = reinterpret_cast<uint8_t *>((reinterpret_cast<uintptr_t>(smemRaw) + 1023) &
                                             ~uintptr_t(1023));
-  uint8_t *sDo = sQ + tileBytes(kBlockM);
-  uint8_t *sK = sDo + tileBytes(kBlockM);             // kStages buffers
-  uint8_t *sV = sK + kStages * tileBytes(kBlockN);    // kStages buffers
-  auto *bars = reinterpret_cast<GradQBarriers *>(sV + kStages * tileBytes(kBlockN));
+  uint8_t *sDo = sQ + tileBytes<kD>(kBlockM);
+  uint8_t *sK = sDo + tileBytes<kD>(kBlockM);          // kStages buffers
+  uint8_t *sV = sK + kStages * tileBytes<kD>(kBlockN); // kStages buffers
+  auto *bars = reinterpret_cast<GradQBarriers *>(sV + kStages * tileBytes<kD>(kBlockN));
   const int lane = threadIdx.x & 31, role = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32;
   const tc::Tile tile = tc::tileOf(a);
   const int bh = tile.group;
@@ -1810,23 +1851,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (role == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     if (warp == 0 && lane == 0) {
-      mbarrierExpectBytes(&bars->qdo, 2 * tileBytes(kBlockM));
-      tmaLoadTile<kBlockM>(sQ, qMap, &bars->qdo, h, m0, b);
-      tmaLoadTile<kBlockM>(sDo, doMap, &bars->qdo, h, m0, b);
-      for (int t = 0; t < tiles; ++t) {
-        const int stage = t % kStages;
-        const uint32_t released = (t / kStages - 1) & 1;
-        if (t >= kStages)
-          mbarrierWait(&bars->vEmpty[stage], released);
-        mbarrierExpectBytes(&bars->vFull[stage], tileBytes(kBlockN));
-        tmaLoadTile<kBlockN>(sV + stage * tileBytes(kBlockN), vMap, &bars->vFull[stage], g,
-                             t * kBlockN, b);
-        if (t >= kStages)
-          mbarrierWait(&bars->kEmpty[stage], released);
-        mbarrierExpectBytes(&bars->kFull[stage], tileBytes(kBlockN));
-        tmaLoadTile<kBlockN>(sK + stage * tileBytes(kBlockN), kMap, &bars->kFull[stage], g,
-                             t * kBlockN, b);
-      }
+      mbarrierExpectBytes(&bars->qdo, 2 * tileBytes<kD>(kBlockM));
+      tmaLoadTile<kBlockM, kD>(sQ, qMap, &bars->qdo, h, m0, b);
+      tmaLoadTile<kBlockM, kD>(sDo, doMap, &bars->qdo, h, m0,
+                               b); // v first: the consumers release it first (once dp is formed).
+      produceKeyTiles<kD, kStages>({sV, &vMap, bars->vFull, bars->vEmpty},
+                                   {sK, &kMap, bars->kFull, bars->kEmpty}, tiles, g, b);
     }
     return;
   }
@@ -1870,9 +1900,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
-  float dq[64];
+  float dq[kD / 2];
 #pragma unroll
-  for (int e = 0; e < 64; ++e)
+  for (int e = 0; e < kD / 2; ++e)
     dq[e] = 0.f;
   const uint32_t qAddress = tc::smemAddr(sQ) + consumer * 64 * kRegionBytes;
   const uint32_t doAddress = tc::smemAddr(sDo) + consumer * 64 * kRegionBytes;
@@ -1880,8 +1910,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int t = 0; t < tiles; ++t) {
     const int stage = t % kStages, n0 = t * kBlockN;
     const uint32_t parity = (t / kStages) & 1;
-    const uint32_t kAddress = tc::smemAddr(sK + stage * tileBytes(kBlockN));
-    const uint32_t vAddress = tc::smemAddr(sV + stage * tileBytes(kBlockN));
+    const uint32_t kAddress = tc::smemAddr(sK + stage * tileBytes<kD>(kBlockN));
+    const uint32_t vAddress = tc::smemAddr(sV + stage * tileBytes<kD>(kBlockN));
     mbarrierWait(&bars->kFull[stage], parity);
     mbarrierWait(&bars->vFull[stage], parity);
 
@@ -1932,7 +1962,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       const uint32_t da[4] = {ds[4 * kk], ds[4 * kk + 1], ds[4 * kk + 2], ds[4 * kk + 3]};
-      mmaRS128(dq, da, descriptor(kAddress + kk * 16 * kRegionBytes, kBlockN * kRegionBytes, 1024));
+      mmaRS(dq, da, descriptor(kAddress + kk * 16 * kRegionBytes, kBlockN * kRegionBytes, 1024));
     }
     commit();
     waitGroup<0>();
@@ -1965,9 +1995,9 @@ struct GradKVBarriers {
 };
 
 /// k, v, the stages (q, dO, and the rows of lse and D) and the barriers.
-constexpr size_t gradKVSmem() {
-  return 1024 + 2 * tileBytes(kKvBlockN) +
-         kGradKVStages * (2 * tileBytes(kKvBlockM) + 2 * kKvBlockM * sizeof(float)) +
+template <int kD> constexpr size_t gradKVSmem() {
+  return 1024 + 2 * tileBytes<kD>(kKvBlockN) +
+         kGradKVStages * (2 * tileBytes<kD>(kKvBlockM) + 2 * kKvBlockM * sizeof(float)) +
          sizeof(GradKVBarriers);
 }
 
@@ -1979,20 +2009,21 @@ constexpr size_t gradKVSmem() {
 /// contiguous). Reads the rows of lse and D the dq kernel wrote. The producer's first warp loads
 /// k and v once and each step's q and dO tiles into a ring; its second warp copies the step's
 /// rows of lse and D (zeros past the sequence).
+template <int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     gradKVKernel(const __grid_constant__ CUtensorMap qMap,
-                   const __grid_constant__ CUtensorMap doMap,
-                   const __grid_constant__ CUtensorMap kMap,
-                   const __grid_constant__ CUtensorMap vMap, const Args a) {
+                 const __grid_constant__ CUtensorMap doMap,
+                 const __grid_constant__ CUtensorMap kMap, const __grid_constant__ CUtensorMap vMap,
+                 const Args a) {
 #if BONSAI_ATTENTION_WGMMA
   constexpr int kStages = kGradKVStages;
   extern __shared__ unsigned char smemRaw[];
   uint8_t *sK = reinterpret_cast<uint8_t *>((reinterpret_cast<uintptr_t>(smemRaw) + 1023) &
                                             ~uintptr_t(1023));
-  uint8_t *sV = sK + tileBytes(kKvBlockN);
-  uint8_t *sQ = sV + tileBytes(kKvBlockN);           // kStages buffers
-  uint8_t *sDo = sQ + kStages * tileBytes(kKvBlockM); // kStages buffers
-  float *sLse = reinterpret_cast<float *>(sDo + kStages * tileBytes(kKvBlockM)); // kStages rows
+  uint8_t *sV = sK + tileBytes<kD>(kKvBlockN);
+  uint8_t *sQ = sV + tileBytes<kD>(kKvBlockN);            // kStages buffers
+  uint8_t *sDo = sQ + kStages * tileBytes<kD>(kKvBlockM); // kStages buffers
+  float *sLse = reinterpret_cast<float *>(sDo + kStages * tileBytes<kD>(kKvBlockM)); // kStages rows
   float *sRowDot = sLse + kStages * kKvBlockM;                                  // kStages rows
   auto *bars = reinterpret_cast<GradKVBarriers *>(sRowDot + kStages * kKvBlockM);
   const int lane = threadIdx.x & 31, role = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32;
@@ -2019,19 +2050,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (role == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     if (warp == 0 && lane == 0) {
-      mbarrierExpectBytes(&bars->kv, 2 * tileBytes(kKvBlockN));
-      tmaLoadTile<kKvBlockN>(sK, kMap, &bars->kv, g, n0, b);
-      tmaLoadTile<kKvBlockN>(sV, vMap, &bars->kv, g, n0, b);
+      mbarrierExpectBytes(&bars->kv, 2 * tileBytes<kD>(kKvBlockN));
+      tmaLoadTile<kKvBlockN, kD>(sK, kMap, &bars->kv, g, n0, b);
+      tmaLoadTile<kKvBlockN, kD>(sV, vMap, &bars->kv, g, n0, b);
       for (int u = 0; u < steps; ++u) {
         const int stage = u % kStages;
         const int h = g * a.group + u / perHead, i0 = (mStart + u % perHead) * kKvBlockM;
         if (u >= kStages)
           mbarrierWait(&bars->empty[stage], (u / kStages - 1) & 1);
-        mbarrierExpectBytes(&bars->full[stage], 2 * tileBytes(kKvBlockM));
-        tmaLoadTile<kKvBlockM>(sQ + stage * tileBytes(kKvBlockM), qMap, &bars->full[stage], h,
-                               i0, b);
-        tmaLoadTile<kKvBlockM>(sDo + stage * tileBytes(kKvBlockM), doMap, &bars->full[stage], h,
-                               i0, b);
+        mbarrierExpectBytes(&bars->full[stage], 2 * tileBytes<kD>(kKvBlockM));
+        tmaLoadTile<kKvBlockM, kD>(sQ + stage * tileBytes<kD>(kKvBlockM), qMap, &bars->full[stage],
+                                   h, i0, b);
+        tmaLoadTile<kKvBlockM, kD>(sDo + stage * tileBytes<kD>(kKvBlockM), doMap,
+                                   &bars->full[stage], h, i0, b);
       }
     } else if (warp == 1) {
       for (int u = 0; u < steps; ++u) {
@@ -2055,9 +2086,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
   using T = __nv_bfloat16;
   const int consumer = role - 1;
-  float dk[64], dv[64];
+  float dk[kD / 2], dv[kD / 2];
 #pragma unroll
-  for (int e = 0; e < 64; ++e)
+  for (int e = 0; e < kD / 2; ++e)
     dk[e] = dv[e] = 0.f;
   const int warpKey0 = n0 + consumer * 64 + warp * 16; // keys warpKey0 + lane / 4 (+ 8)
   const uint32_t kAddress = tc::smemAddr(sK) + consumer * 64 * kRegionBytes;
@@ -2066,11 +2097,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int u = 0; u < steps; ++u) {
     const int stage = u % kStages, i0 = (mStart + u % perHead) * kKvBlockM;
     mbarrierWait(&bars->full[stage], (u / kStages) & 1);
-    const uint32_t qAddress = tc::smemAddr(sQ + stage * tileBytes(kKvBlockM));
-    const uint32_t doAddress = tc::smemAddr(sDo + stage * tileBytes(kKvBlockM));
+    const uint32_t qAddress = tc::smemAddr(sQ + stage * tileBytes<kD>(kKvBlockM));
+    const uint32_t doAddress = tc::smemAddr(sDo + stage * tileBytes<kD>(kKvBlockM));
     const float *tLse = sLse + stage * kKvBlockM, *tRowDot = sRowDot + stage * kKvBlockM;
 
-    // sᵀ = k qᵀ and dpᵀ = v dOᵀ: eight k-steps of 16 over the head dim.
+    // sᵀ = k qᵀ and dpᵀ = v dOᵀ: kD / 16 k-steps of 16 over the head dim.
     float st[32], dpt[32];
     fence();
 #pragma unroll
@@ -2120,8 +2151,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint32_t pk[4] = {pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3]};
       const uint32_t sk[4] = {sa[4 * kk], sa[4 * kk + 1], sa[4 * kk + 2], sa[4 * kk + 3]};
       const uint32_t rows = kk * 16 * kRegionBytes, region = kKvBlockM * kRegionBytes;
-      mmaRS128(dv, pk, descriptor(doAddress + rows, region, 1024));
-      mmaRS128(dk, sk, descriptor(qAddress + rows, region, 1024));
+      mmaRS(dv, pk, descriptor(doAddress + rows, region, 1024));
+      mmaRS(dk, sk, descriptor(qAddress + rows, region, 1024));
     }
     commit();
     waitGroup<0>();
@@ -2203,15 +2234,15 @@ PFN_cuTensorMapEncodeTiled_v12000 tensorMapEncoder(const char *kn) {
   return encode;
 }
 
-/// The TMA map of a [batch, rows, heads, 128] bf16 operand whose rows are `rowStride` elements
-/// apart: boxes of 64 columns by `boxRows` rows of one head, in the 128-byte swizzle the
-/// warpgroup kernels' descriptors read.
+/// The TMA map of a [batch, rows, heads, headDim] bf16 operand whose rows are `rowStride`
+/// elements apart: boxes of 64 columns by `boxRows` rows of one head, in the 128-byte swizzle
+/// the warpgroup kernels' descriptors read.
 CUtensorMap tileMap(const char *kn, const void *base, int64_t batch, int64_t rows, int64_t heads,
-                    int64_t rowStride, int boxRows) {
+                    int64_t headDim, int64_t rowStride, int boxRows) {
   CUtensorMap map;
-  const cuuint64_t sizes[4] = {cuuint64_t(wg::kD), cuuint64_t(heads), cuuint64_t(rows),
+  const cuuint64_t sizes[4] = {cuuint64_t(headDim), cuuint64_t(heads), cuuint64_t(rows),
                                cuuint64_t(batch)};
-  const cuuint64_t strides[3] = {cuuint64_t(wg::kD) * 2, cuuint64_t(rowStride) * 2,
+  const cuuint64_t strides[3] = {cuuint64_t(headDim) * 2, cuuint64_t(rowStride) * 2,
                                  cuuint64_t(rows * rowStride) * 2};
   const cuuint32_t box[4] = {64, 1, cuuint32_t(boxRows), 1};
   const cuuint32_t elementStrides[4] = {1, 1, 1, 1};
@@ -2225,11 +2256,11 @@ CUtensorMap tileMap(const char *kn, const void *base, int64_t batch, int64_t row
 }
 
 /// Whether the Hopper kernels (namespace wg) take a call of storage type T: bf16 at head dim
-/// 128, where CMake built sm_90a code and the device is an sm_90, with rows to load on both sides
-/// (a TMA map has no empty dimension).
+/// 64 or 128, where CMake built sm_90a code and the device is an sm_90, with rows to load on
+/// both sides (a TMA map has no empty dimension).
 template <typename T> bool warpGroupPath(const char *kn, const Dims &dims) {
-  return std::is_same_v<T, __nv_bfloat16> && dims.d == wg::kD && dims.seq > 0 && dims.seqK > 0 &&
-         wgmmaUsable(kn);
+  return std::is_same_v<T, __nv_bfloat16> && wg::takesHeadDim(dims.d) && dims.seq > 0 &&
+         dims.seqK > 0 && wgmmaUsable(kn);
 }
 
 template <typename T, int kD>
@@ -2245,16 +2276,16 @@ void gradTensorCore(const char *kn, Stream stream, Args a, const Dims &dims) {
   // The dq kernel writes the rows of D and log-sum-exp the dk/dv kernel reads (from the saved
   // log-sum-exp when there is one).
   a.numTiles = int(ceilDiv(dims.seq, tc::kDqBlockM));
-  const bool hopper = kD == wg::kD && warpGroupPath<T>(kn, dims);
+  const bool hopper = dims.d == kD && warpGroupPath<T>(kn, dims);
   if (hopper && a.savedLse) {
     // From the saved log-sum-exp on Hopper: the warp-specialised dq kernel.
     static_assert(wg::kBlockM == tc::kDqBlockM, "both dq kernels write the same row blocks");
-    launch(kn, "launch of the warpgroup dq kernel", wg::gradQKernel,
-           int64_t(a.numTiles) * dims.batch * dims.heads, wg::kThreads, wg::gradQSmem(), stream,
-           tileMap(kn, a.q, dims.batch, dims.seq, dims.heads, a.qStride, wg::kBlockM),
-           tileMap(kn, a.dout, dims.batch, dims.seq, dims.heads, a.qStride, wg::kBlockM),
-           tileMap(kn, a.k, dims.batch, dims.seqK, dims.kvHeads, a.kvStride, wg::kBlockN),
-           tileMap(kn, a.v, dims.batch, dims.seqK, dims.kvHeads, a.kvStride, wg::kBlockN), a);
+    launch(kn, "launch of the warpgroup dq kernel", wg::gradQKernel<kD>,
+           int64_t(a.numTiles) * dims.batch * dims.heads, wg::kThreads, wg::gradQSmem<kD>(), stream,
+           tileMap(kn, a.q, dims.batch, dims.seq, dims.heads, kD, a.qStride, wg::kBlockM),
+           tileMap(kn, a.dout, dims.batch, dims.seq, dims.heads, kD, a.qStride, wg::kBlockM),
+           tileMap(kn, a.k, dims.batch, dims.seqK, dims.kvHeads, kD, a.kvStride, wg::kBlockN),
+           tileMap(kn, a.v, dims.batch, dims.seqK, dims.kvHeads, kD, a.kvStride, wg::kBlockN), a);
   } else {
     auto *dqKernel = a.savedLse ? tc::gradQKernel<T, kD, true> : tc::gradQKernel<T, kD, false>;
     launch(kn, "launch of the dq kernel", dqKernel,
@@ -2263,12 +2294,12 @@ void gradTensorCore(const char *kn, Stream stream, Args a, const Dims &dims) {
   }
   if (hopper) {
     a.numTiles = int(ceilDiv(dims.seqK, wg::kKvBlockN));
-    launch(kn, "launch of the warpgroup dk/dv kernel", wg::gradKVKernel,
-           int64_t(a.numTiles) * dims.batch * dims.kvHeads, wg::kThreads, wg::gradKVSmem(),
-           stream, tileMap(kn, a.q, dims.batch, dims.seq, dims.heads, a.qStride, wg::kKvBlockM),
-           tileMap(kn, a.dout, dims.batch, dims.seq, dims.heads, a.qStride, wg::kKvBlockM),
-           tileMap(kn, a.k, dims.batch, dims.seqK, dims.kvHeads, a.kvStride, wg::kKvBlockN),
-           tileMap(kn, a.v, dims.batch, dims.seqK, dims.kvHeads, a.kvStride, wg::kKvBlockN), a);
+    launch(kn, "launch of the warpgroup dk/dv kernel", wg::gradKVKernel<kD>,
+           int64_t(a.numTiles) * dims.batch * dims.kvHeads, wg::kThreads, wg::gradKVSmem<kD>(),
+           stream, tileMap(kn, a.q, dims.batch, dims.seq, dims.heads, kD, a.qStride, wg::kKvBlockM),
+           tileMap(kn, a.dout, dims.batch, dims.seq, dims.heads, kD, a.qStride, wg::kKvBlockM),
+           tileMap(kn, a.k, dims.batch, dims.seqK, dims.kvHeads, kD, a.kvStride, wg::kKvBlockN),
+           tileMap(kn, a.v, dims.batch, dims.seqK, dims.kvHeads, kD, a.kvStride, wg::kKvBlockN), a);
     return;
   }
   a.numTiles = int(ceilDiv(dims.seqK, tc::kBwdBlock));
@@ -2277,20 +2308,24 @@ void gradTensorCore(const char *kn, Stream stream, Args a, const Dims &dims) {
          stream, a);
 }
 
-void forwardWarpGroup(const char *kn, Stream stream, Args a, const Dims &dims) {
+template <int kD> void forwardWarpGroup(const char *kn, Stream stream, Args a, const Dims &dims) {
   a.numTiles = int(ceilDiv(dims.seq, wg::kBlockM));
-  launch(kn, "launch of the warpgroup forward kernel", wg::forwardKernel,
-         int64_t(a.numTiles) * dims.batch * dims.heads, wg::kThreads, wg::forwardSmem(), stream,
-         tileMap(kn, a.q, dims.batch, dims.seq, dims.heads, a.qStride, wg::kBlockM),
-         tileMap(kn, a.k, dims.batch, dims.seqK, dims.kvHeads, a.kvStride, wg::kBlockN),
-         tileMap(kn, a.v, dims.batch, dims.seqK, dims.kvHeads, a.kvStride, wg::kBlockN), a);
+  launch(kn, "launch of the warpgroup forward kernel", wg::forwardKernel<kD>,
+         int64_t(a.numTiles) * dims.batch * dims.heads, wg::kThreads, wg::forwardSmem<kD>(), stream,
+         tileMap(kn, a.q, dims.batch, dims.seq, dims.heads, kD, a.qStride, wg::kBlockM),
+         tileMap(kn, a.k, dims.batch, dims.seqK, dims.kvHeads, kD, a.kvStride, wg::kBlockN),
+         tileMap(kn, a.v, dims.batch, dims.seqK, dims.kvHeads, kD, a.kvStride, wg::kBlockN), a);
 }
 
 template <typename T>
 void forwardTensorCoreD(const char *kn, Stream stream, const Args &a, const Dims &dims) {
-  // bf16 at head dim 128 on Hopper: the warp-specialised warpgroup-MMA kernel.
-  if (warpGroupPath<T>(kn, dims)) {
-    forwardWarpGroup(kn, stream, a, dims);
+  // bf16 at head dim 64 or 128 on Hopper with a positive scale (its softmax takes the maximum
+  // over the unscaled scores): the warp-specialised warpgroup-MMA kernel.
+  if (a.scale > 0 && warpGroupPath<T>(kn, dims)) {
+    if (dims.d == 64)
+      forwardWarpGroup<64>(kn, stream, a, dims);
+    else
+      forwardWarpGroup<128>(kn, stream, a, dims);
     return;
   }
   if (dims.d <= 64)
