@@ -1853,8 +1853,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (warp == 0 && lane == 0) {
       mbarrierExpectBytes(&bars->qdo, 2 * tileBytes<kD>(kBlockM));
       tmaLoadTile<kBlockM, kD>(sQ, qMap, &bars->qdo, h, m0, b);
-      tmaLoadTile<kBlockM, kD>(sDo, doMap, &bars->qdo, h, m0,
-                               b); // v first: the consumers release it first (once dp is formed).
+      tmaLoadTile<kBlockM, kD>(sDo, doMap, &bars->qdo, h, m0, b);
+      // v first: the consumers release it first (once dp is formed).
       produceKeyTiles<kD, kStages>({sV, &vMap, bars->vFull, bars->vEmpty},
                                    {sK, &kMap, bars->kFull, bars->kEmpty}, tiles, g, b);
     }
