@@ -19,6 +19,8 @@
 #                                           sm_90 (FP8 both) within 2e-3 relative, FP8 against
 #                                           bf16 within 1e-2 (docs/fp8.md's 1%).
 # Writes logs and targets-summary.txt under $OUT; exits non-zero on any failure.
+# BONSAI_TARGETS_STAGES picks the stages (default "tests parity losses"), so that each can have
+# a device call of its own: the driver compiles each build's PTX again in a fresh machine.
 set -uo pipefail
 dir="${1:-.gpu-check}"
 out="${OUT:-/tmp/bonsai-out}"
@@ -32,6 +34,14 @@ root="$(cat "$dir/build_root.txt")"
 summary="$out/targets-summary.txt"
 : > "$summary"
 failures=0
+stages=" ${BONSAI_TARGETS_STAGES:-tests parity losses} "
+for stage in $stages; do
+  case $stage in
+    tests | parity | losses) ;;
+    *) echo "targets: unknown stage '$stage' in BONSAI_TARGETS_STAGES (tests, parity, losses)" >&2
+       exit 2 ;;
+  esac
+done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 
 # The GPU training tests of each build run bonsai-run from that build's directory.
@@ -45,6 +55,7 @@ if [ "$root" != "$PWD" ]; then
 fi
 
 for build in ptx80 ptx89; do
+  [[ $stages == *" tests "* ]] || break
   echo "== $build: CUDA tests =="
   start=$(date +%s)
   "$dir/bin-$build/bonsai-runtime-tests" --gtest_filter='*Cuda*:*OnTheGpu*:*Gpu*' \
@@ -58,6 +69,7 @@ for build in ptx80 ptx89; do
 done
 
 for pair in ptx80:sm_80 ptx89:sm_89 sm90a:sm_90; do
+  [[ $stages == *" parity "* ]] || break
   build="${pair%%:*}" arch="${pair#*:}"
   echo "== $build: Hugging Face parity, plans for $arch =="
   python3 test/gpu/hf_parity.py --bonsai-run "$dir/bin-$build/bonsai-run" \
@@ -68,14 +80,20 @@ for pair in ptx80:sm_80 ptx89:sm_89 sm90a:sm_90; do
   [ $rc = 0 ] || failures=$((failures + 1))
 done
 
+if [[ $stages != *" losses "* ]]; then
+  cat "$summary"
+  echo "targets: $failures failure(s)"
+  exit $((failures > 0))
+fi
 echo "== one recipe, four targets: 20 steps each =="
 for family in tiny_llama llama3_small_fp8; do
   for pair in sm_80:ptx80 sm_86:ptx80 sm_89:ptx89 sm_90:sm90a; do
-    arch="${pair%%:*}" build="${pair#*:}"
+    arch="${pair%%:*}" build="${pair#*:}" start=$(date +%s)
     "$dir/bin-$build/bonsai-run" "$dir/plans/targets/$family-$arch.plan" --backend cuda \
       --steps 20 --metrics "$out/$family-$arch.jsonl" > "$out/$family-$arch.log" 2>&1 ||
       { echo "$family $arch: bonsai-run failed"; tail -3 "$out/$family-$arch.log";
         failures=$((failures + 1)); }
+    echo "$family $arch ($build build): $(( $(date +%s) - start )) s"
   done
 done
 python3 - "$out" >> "$summary" <<'EOF' || failures=$((failures + 1))
