@@ -464,6 +464,65 @@ TEST_F(TrainingTest, ResumeOnTheGpuContinuesBitForBit) {
 #endif
 
 //===----------------------------------------------------------------------===//
+// Profiling (bonsai-run --profile): every kernel of a step timed, training unchanged.
+//===----------------------------------------------------------------------===//
+
+/// Four steps of `plan` with `options` and the state after them; with `profiledStep` >= 0 that
+/// step (0-based) runs with profiling on and `ms` receives its kernels' times.
+std::map<std::string, std::vector<uint8_t>>
+trainProfiled(const LoadedPlan &plan, const ExecutorOptions &options, const std::string &data,
+              int profiledStep, std::vector<float> &losses, std::vector<double> &ms) {
+  Executor e(plan, options);
+  e.initWeights(3);
+  TokenLoader loader(data, 2, 4, 16, 3);
+  TrainingPosition pos;
+  for (int s = 0; s < 4; ++s) {
+    e.setProfiling(s == profiledStep);
+    train(e, loader, pos, 2, 1, losses);
+    if (s == profiledStep)
+      ms = e.kernelMilliseconds();
+  }
+  return test::stateOf(e);
+}
+
+/// A profiled step times every kernel the step ran (the forward, backward and update phases of
+/// the plan, all of them here) and trains exactly as an unprofiled one: the same losses and
+/// state bit for bit, also in the steps after it.
+void expectProfilingTimesEveryKernel(const ExecutorOptions &options, const std::string &dir) {
+  LoadedPlan plan = loadSpec(test::fusedTrainingPlanSpec({2, 4, 16, 8, true, 2}), "profile.plan");
+  std::string data = cyclicTokens(dir + "/tokens.bin", 611, 16);
+  std::vector<float> plainLosses, profiledLosses;
+  std::vector<double> unused, ms;
+  auto plain = trainProfiled(plan, options, data, -1, plainLosses, unused);
+  auto profiled = trainProfiled(plan, options, data, 1, profiledLosses, ms);
+  ASSERT_EQ(profiledLosses.size(), plainLosses.size());
+  for (size_t i = 0; i < plainLosses.size(); ++i)
+    EXPECT_EQ(std::memcmp(&profiledLosses[i], &plainLosses[i], 4), 0)
+        << "step " << i + 1 << ": " << profiledLosses[i] << " vs " << plainLosses[i];
+  EXPECT_EQ(profiled, plain);
+  ASSERT_EQ(ms.size(), plan.kernels.size());
+  for (size_t i = 0; i < ms.size(); ++i)
+    EXPECT_GT(ms[i], 0.0) << plan.describeKernel(i);
+}
+
+TEST_F(TrainingTest, ProfilingTimesEveryKernelAndTrainsBitForBit) {
+  expectProfilingTimesEveryKernel({}, dir);
+}
+
+#ifdef BONSAI_HAVE_CUDA
+// On the GPU a profiled step runs its phases kernel by kernel between CUDA events instead of
+// replaying their graphs: the same kernels, so the same bits, in both modes.
+TEST_F(TrainingTest, ProfilingOnTheGpuTimesEveryKernelAndTrainsBitForBit) {
+  if (!gpuPresent())
+    GTEST_SKIP() << "no GPU here";
+  for (const ExecutorOptions &gpu : gpuModes()) {
+    SCOPED_TRACE(describe(gpu));
+    expectProfilingTimesEveryKernel(gpu, dir);
+  }
+}
+#endif
+
+//===----------------------------------------------------------------------===//
 // Evaluation on held-out data: the Forward phase alone, training unchanged.
 //===----------------------------------------------------------------------===//
 

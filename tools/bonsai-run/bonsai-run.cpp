@@ -760,8 +760,8 @@ std::string generateText(rt::Executor &executor, const bonsai::tok::Tokenizer &t
 }
 
 /// Where the profiled step's time went (`ms`, per plan kernel): by kernel kind and phase, then
-/// the slowest kernels.
-void printProfile(const rt::LoadedPlan &plan, const std::vector<double> &ms) {
+/// the slowest kernels. `onGpu`: timed between CUDA events, without the phases' graphs.
+void printProfile(const rt::LoadedPlan &plan, const std::vector<double> &ms, bool onGpu) {
   double total = 0;
   for (double t : ms)
     total += t;
@@ -777,14 +777,14 @@ void printProfile(const rt::LoadedPlan &plan, const std::vector<double> &ms) {
   std::vector<std::pair<double, std::string>> rows;
   for (auto &[key, value] : byKind) {
     char line[160];
-    std::snprintf(line, sizeof line, "profile: %-18s %-8s %6d kernels %9.3f ms %5.1f%%",
+    std::snprintf(line, sizeof line, "profile: %-26s %-8s %6d kernels %9.3f ms %5.1f%%",
                   key.first.c_str(), phases[key.second], value.second, value.first,
                   100.0 * value.first / total);
     rows.push_back({value.first, line});
   }
   std::sort(rows.rbegin(), rows.rend());
-  std::printf("profile: one step, %.3f ms in kernels (timed one by one, without CUDA Graphs)\n",
-              total);
+  std::printf("profile: one step, %.3f ms in kernels (timed one by one%s)\n", total,
+              onGpu ? ", without CUDA Graphs" : "");
   for (auto &row : rows)
     std::printf("%s\n", row.second.c_str());
   std::vector<size_t> order(ms.size());
@@ -1369,7 +1369,7 @@ int run(const Options &o) {
     std::fflush(stdout);
   }
   if (o.profile && steps > 0)
-    printProfile(plan, profiled);
+    printProfile(plan, profiled, executorOptions.backend == rt::Backend::Cuda);
   if (o.generate) {
     std::string text;
     if (tokenizer) {
