@@ -27,7 +27,10 @@
 // on the same fragment layout, over 128-key tiles, with the operands read by the tensor cores
 // straight from swizzled shared memory, loaded there by TMA from a producer warpgroup
 // (FlashAttention-3's design). Segment ids (packed rows, query i reads key j only within its
-// segment) are masked by the generic kernels only: a call with them runs there whatever its types.
+// segment) are masked by the generic and the mma.sync kernels (a segmented call leaves the
+// warpgroup kernels for the mma.sync ones); each tensor-core block first reads the ids to find
+// the tiles that hold its rows' documents (SegmentWindow), visits only those, and masks only the
+// tiles that straddle a document's edge.
 // Causal tiles differ in length, so the tensor-core kernels start their blocks longest first
 // across groups of heads, not head by head (tileOf), which keeps the last wave from running a
 // few long tiles alone. Scratch (D and the log-sum-exp) comes from cudaMallocAsync on ctx.stream,
@@ -193,9 +196,9 @@ struct Args {
   int causal;
   /// (batch, head) groups per chunk of tileOf's block order; 0: head by head.
   int orderChunk;
-  /// Segment ids [B, S] of packed rows (null: none), i64 when segmentsI64 else i32, and those
-  /// of the keys [B, seqK] (the same array but in a ring block step). Only the generic kernels
-  /// read them: the launchers send every segmented call there.
+  /// Segment ids [B, S] of packed rows (null: none), i64 when segmentsI64 else i32, and those of
+  /// the keys [B, seqK] (the same array but in a ring block step). The generic and mma.sync kernels
+  /// read them; the launchers keep segmented calls off the warpgroup kernels.
   const void *segments, *keySegments;
   int segmentsI64;
   int numTiles; ///< tiles along the sequence per (batch, head) or (batch, kv head)
@@ -256,6 +259,17 @@ __device__ __forceinline__ bool sameSegment(const Args &a, int b, int i, int j) 
            static_cast<const int64_t *>(a.keySegments)[kRow + j];
   return static_cast<const int32_t *>(a.segments)[qRow + i] ==
          static_cast<const int32_t *>(a.keySegments)[kRow + j];
+}
+
+/// Segment id `index` of `ids` (i64 when i64, else i32), widened.
+__device__ __forceinline__ int64_t segmentAt(const void *ids, int i64, int64_t index) {
+  return i64 ? static_cast<const int64_t *>(ids)[index]
+             : int64_t(static_cast<const int32_t *>(ids)[index]);
+}
+
+/// Segment ids from element `offset` of `ids` on (a batch row's ids).
+__device__ __forceinline__ const void *segmentRow(const void *ids, int i64, int64_t offset) {
+  return static_cast<const char *>(ids) + offset * (i64 ? 8 : 4);
 }
 
 __device__ __forceinline__ float warpMax(float x) {
@@ -703,6 +717,70 @@ __device__ __forceinline__ Tile tileOf(const Args &a) {
   return {within / width, chunk * chunkGroups + within % width};
 }
 
+/// Which rows of the other side a block's rows can read under segment ids (packed rows), found by
+/// reading the ids, so that it holds for any ids: rows [begin, end) of the other side hold every
+/// row whose segment is among the block's, and with `uniform` every row in that range is in the one
+/// segment all the block's rows share, so no pair in it needs the segment mask. Packed rows keep a
+/// document's tokens together, so the range covers the block's few documents and the tiles outside
+/// it are skipped: the FLOPs that packing saves are saved.
+struct SegmentWindow {
+  int begin, end;
+  bool uniform;
+};
+
+/// The block-wide minimum of `lo`, maximum of `hi` and sum of `count`, in every thread.
+__device__ __forceinline__ void blockReduce(int64_t &lo, int64_t &hi, int64_t &count) {
+  __shared__ int64_t partial[3][kWarps];
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, offset));
+    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, offset));
+    count += __shfl_xor_sync(0xffffffffu, count, offset);
+  }
+  const int warp = threadIdx.x / 32;
+  if ((threadIdx.x & 31) == 0) {
+    partial[0][warp] = lo;
+    partial[1][warp] = hi;
+    partial[2][warp] = count;
+  }
+  __syncthreads();
+  lo = partial[0][0];
+  hi = partial[1][0];
+  count = partial[2][0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) {
+    lo = min(lo, partial[0][w]);
+    hi = max(hi, partial[1][w]);
+    count += partial[2][w];
+  }
+  __syncthreads(); // partial is reused by the next call
+}
+
+/// The window of rows [otherBegin, otherEnd) of `other` (ids of one batch row) that the block's
+/// rows [ownBegin, ownEnd) of `own` can read. Every thread of the block calls it.
+__device__ SegmentWindow segmentWindow(int i64, const void *own, int ownBegin, int ownEnd,
+                                       const void *other, int otherBegin, int otherEnd) {
+  int64_t lo = INT64_MAX, hi = INT64_MIN, unused = 0;
+  for (int i = ownBegin + int(threadIdx.x); i < ownEnd; i += kThreads) {
+    const int64_t id = segmentAt(own, i64, i);
+    lo = min(lo, id);
+    hi = max(hi, id);
+  }
+  blockReduce(lo, hi, unused);
+  int64_t first = INT64_MAX, last = INT64_MIN, count = 0;
+  for (int j = otherBegin + int(threadIdx.x); j < otherEnd; j += kThreads) {
+    const int64_t id = segmentAt(other, i64, j);
+    if (id >= lo && id <= hi) {
+      first = min(first, int64_t(j));
+      last = max(last, int64_t(j));
+      ++count;
+    }
+  }
+  blockReduce(first, last, count);
+  if (count == 0)
+    return {otherBegin, otherBegin, false};
+  return {int(first), int(last) + 1, lo == hi && count == last - first + 1};
+}
+
 constexpr int kFwdBlockM = 128; ///< queries per forward block (32 per warp)
 constexpr int kFwdBlockN = 64;  ///< keys per forward tile
 
@@ -710,8 +788,9 @@ template <int kD> constexpr size_t forwardSmem() {
   return sizeof(uint16_t) * kPitch<kD> * (kFwdBlockM + 4 * kFwdBlockN);
 }
 
-/// Forward over one tile of 128 queries of one (batch, head).
-template <typename T, int kD>
+/// Forward over one tile of 128 queries of one (batch, head); with kSegments, under the segment ids
+/// (a template parameter, so that calls without them keep every register for the products).
+template <typename T, int kD, bool kSegments>
 __global__ void __launch_bounds__(kThreads, 2) forwardKernel(const Args a) {
   constexpr int kBlockM = kFwdBlockM, kBlockN = kFwdBlockN, kP = kPitch<kD>;
   constexpr int kMT = kBlockM / (16 * kWarps), kNT = kBlockN / 8, kDT = kD / 8;
@@ -731,10 +810,27 @@ __global__ void __launch_bounds__(kThreads, 2) forwardKernel(const Args a) {
   const T *kBase = static_cast<const T *>(a.k) + (int64_t(b) * seqK * a.kvHeads + g) * a.d;
   const T *vBase = static_cast<const T *>(a.v) + (int64_t(b) * seqK * a.kvHeads + g) * a.d;
 
+  // Segment ids: the key tiles that hold the block's documents, and the rows' ids.
+  const void *qSeg = nullptr, *kSeg = nullptr;
+  SegmentWindow window{0, 0, true};
+  if (kSegments) {
+    qSeg = segmentRow(a.segments, a.segmentsI64, int64_t(b) * seq);
+    kSeg = segmentRow(a.keySegments, a.segmentsI64, int64_t(b) * seqK);
+    window = segmentWindow(a.segmentsI64, qSeg, m0, min(seq, m0 + kBlockM), kSeg, 0,
+                           a.causal ? min(seqK, m0 + kBlockM) : seqK);
+  }
+
   loadTile<kBlockM, kD>(sQ, qBase, a.qStride, m0, seq, a.d);
-  loadTile<kBlockN, kD>(sK, kBase, a.kvStride, 0, seqK, a.d);
-  loadTile<kBlockN, kD>(sV, vBase, a.kvStride, 0, seqK, a.d);
+  if (!kSegments || window.begin < window.end) {
+    const int n0 = window.begin / kBlockN * kBlockN;
+    loadTile<kBlockN, kD>(sK, kBase, a.kvStride, n0, seqK, a.d);
+    loadTile<kBlockN, kD>(sV, vBase, a.kvStride, n0, seqK, a.d);
+  }
   cpAsyncCommit();
+  if (kSegments && window.begin == window.end) { // no key: q must land before o is staged there
+    cpAsyncWait<0>();
+    __syncthreads();
+  }
 
   float acc[kMT][kDT][4];
   float rowMax[kMT][2], rowSum[kMT][2];
@@ -751,11 +847,21 @@ __global__ void __launch_bounds__(kThreads, 2) forwardKernel(const Args a) {
 
   const int warpRow0 = m0 + warp * kWarpRows;
   const int keyEnd = a.causal ? min(seqK, m0 + kBlockM) : seqK;
-  const int tiles = (keyEnd + kBlockN - 1) / kBlockN;
+  const int tileBegin = kSegments ? window.begin / kBlockN : 0;
+  const int tileEnd = ((kSegments ? window.end : keyEnd) + kBlockN - 1) / kBlockN;
+  int64_t rowSegment[kMT][2] = {};
+  if (kSegments)
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = warpRow0 + mt * 16 + (lane >> 2) + r * 8;
+        rowSegment[mt][r] = i < seq ? segmentAt(qSeg, a.segmentsI64, i) : -1;
+      }
   const T *warpQ = sQ + warp * kWarpRows * kP;
-  for (int t = 0; t < tiles; ++t) {
-    const int buf = t & 1, n0 = t * kBlockN;
-    if (t + 1 < tiles) {
+  for (int t = tileBegin; t < tileEnd; ++t) {
+    const int buf = (t - tileBegin) & 1, n0 = t * kBlockN;
+    if (t + 1 < tileEnd) {
       loadTile<kBlockN, kD>(sK + (buf ^ 1) * kBlockN * kP, kBase, a.kvStride, n0 + kBlockN, seqK,
                             a.d);
       loadTile<kBlockN, kD>(sV + (buf ^ 1) * kBlockN * kP, vBase, a.kvStride, n0 + kBlockN, seqK,
@@ -796,7 +902,9 @@ __global__ void __launch_bounds__(kThreads, 2) forwardKernel(const Args a) {
     }
 
     // Scale into base 2, mask, and update the running maxima and sums.
-    const bool needMask = n0 + kBlockN > seqK || (a.causal && n0 + kBlockN - 1 > warpRow0);
+    const bool maskSegments = !window.uniform || n0 < window.begin || n0 + kBlockN > window.end;
+    const bool needMask = n0 + kBlockN > seqK || (a.causal && n0 + kBlockN - 1 > warpRow0) ||
+                          (kSegments && maskSegments);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -810,7 +918,8 @@ __global__ void __launch_bounds__(kThreads, 2) forwardKernel(const Args a) {
             float x = s[mt][nt][2 * r + c] * a.scaleLog2;
             if (needMask) {
               const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
-              if (j >= seqK || (a.causal && j > i))
+              if (j >= seqK || (a.causal && j > i) ||
+                  (kSegments && segmentAt(kSeg, a.segmentsI64, j) != rowSegment[mt][r]))
                 x = -INFINITY;
             }
             s[mt][nt][2 * r + c] = x;
@@ -914,7 +1023,7 @@ template <int kD> constexpr size_t gradQSmem() {
 /// kernel reads the forward's log-sum-exp, forms p = 2^(x - lse log2(e)) and ds = p (dp - D)
 /// directly (no running maximum or sum, no rescaling of dq~), and writes the base-2 lse rows the
 /// dk/dv kernel reads.
-template <typename T, int kD, bool kSavedLse>
+template <typename T, int kD, bool kSavedLse, bool kSegments>
 __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
   constexpr int kBlockM = kDqBlockM, kBlockN = kDqBlockN, kP = kPitch<kD>;
   constexpr int kMT = kBlockM / (16 * kWarps), kNT = kBlockN / 8, kDT = kD / 8;
@@ -974,16 +1083,38 @@ __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
       if constexpr (kSavedLse) {
         const int i = warpRow0 + mt * 16 + (lane >> 2) + r * 8;
         if (i < seq) {
-          rowLse[mt][r] = a.savedLse[int64_t(bh) * seq + i] * 1.4426950408889634f;
+          // A row that read no key (segment ids) has lse -inf; +inf makes its p 0, not NaN.
+          const float lse = a.savedLse[int64_t(bh) * seq + i];
+          rowLse[mt][r] = kSegments && lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
           if ((lane & 3) == 0)
             a.lse[int64_t(bh) * seq + i] = rowLse[mt][r];
         }
       }
     }
+  // Segment ids: the key tiles that hold the block's documents, and the rows' ids.
+  const void *qSeg = nullptr, *kSeg = nullptr;
+  SegmentWindow window{0, 0, true};
+  int64_t rowSegment[kMT][2] = {};
+  if (kSegments) {
+    qSeg = segmentRow(a.segments, a.segmentsI64, int64_t(b) * seq);
+    kSeg = segmentRow(a.keySegments, a.segmentsI64, int64_t(b) * seqK);
+    window = segmentWindow(a.segmentsI64, qSeg, m0, min(seq, m0 + kBlockM), kSeg, 0,
+                           a.causal ? min(seqK, m0 + kBlockM) : seqK);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = warpRow0 + mt * 16 + (lane >> 2) + r * 8;
+        rowSegment[mt][r] = i < seq ? segmentAt(qSeg, a.segmentsI64, i) : -1;
+      }
+  }
   __syncthreads(); // the first k and v tiles overwrite the o tile
 
-  loadTile<kBlockN, kD>(sK, kBase, a.kvStride, 0, seqK, a.d);
-  loadTile<kBlockN, kD>(sV, vBase, a.kvStride, 0, seqK, a.d);
+  if (!kSegments || window.begin < window.end) {
+    const int n0 = window.begin / kBlockN * kBlockN;
+    loadTile<kBlockN, kD>(sK, kBase, a.kvStride, n0, seqK, a.d);
+    loadTile<kBlockN, kD>(sV, vBase, a.kvStride, n0, seqK, a.d);
+  }
   cpAsyncCommit();
 
   float dq[kMT][kDT][4];
@@ -1000,11 +1131,12 @@ __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
   }
 
   const int keyEnd = a.causal ? min(seqK, m0 + kBlockM) : seqK;
-  const int tiles = (keyEnd + kBlockN - 1) / kBlockN;
+  const int tileBegin = kSegments ? window.begin / kBlockN : 0;
+  const int tileEnd = ((kSegments ? window.end : keyEnd) + kBlockN - 1) / kBlockN;
   const T *warpQ = sQ + warp * kWarpRows * kP, *warpDo = sDo + warp * kWarpRows * kP;
-  for (int t = 0; t < tiles; ++t) {
-    const int buf = t & 1, n0 = t * kBlockN;
-    if (t + 1 < tiles) {
+  for (int t = tileBegin; t < tileEnd; ++t) {
+    const int buf = (t - tileBegin) & 1, n0 = t * kBlockN;
+    if (t + 1 < tileEnd) {
       loadTile<kBlockN, kD>(sK + (buf ^ 1) * kBlockN * kP, kBase, a.kvStride, n0 + kBlockN, seqK,
                             a.d);
       loadTile<kBlockN, kD>(sV + (buf ^ 1) * kBlockN * kP, vBase, a.kvStride, n0 + kBlockN, seqK,
@@ -1051,7 +1183,9 @@ __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
 
     // Scale into base 2, mask, update the running maxima and sums, and form
     // 2^(x - m) (dp - D) in s; with the saved lse, form p (dp - D) = 2^(x - lse) (dp - D).
-    const bool needMask = n0 + kBlockN > seqK || (a.causal && n0 + kBlockN - 1 > warpRow0);
+    const bool maskSegments = !window.uniform || n0 < window.begin || n0 + kBlockN > window.end;
+    const bool needMask = n0 + kBlockN > seqK || (a.causal && n0 + kBlockN - 1 > warpRow0) ||
+                          (kSegments && maskSegments);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -1065,7 +1199,8 @@ __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
               float x = s[mt][nt][2 * r + c] * a.scaleLog2;
               if (needMask) {
                 const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
-                if (j >= seqK || (a.causal && j > i))
+                if (j >= seqK || (a.causal && j > i) ||
+                    (kSegments && segmentAt(kSeg, a.segmentsI64, j) != rowSegment[mt][r]))
                   x = -INFINITY;
               }
               const float p = exp2Approx(x - rowLse[mt][r]);
@@ -1081,7 +1216,8 @@ __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
             float x = s[mt][nt][2 * r + c] * a.scaleLog2;
             if (needMask) {
               const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
-              if (j >= seqK || (a.causal && j > i))
+              if (j >= seqK || (a.causal && j > i) ||
+                  (kSegments && segmentAt(kSeg, a.segmentsI64, j) != rowSegment[mt][r]))
                 x = -INFINITY;
             }
             s[mt][nt][2 * r + c] = x;
@@ -1150,8 +1286,10 @@ __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const int i = warpRow0 + mt * 16 + (lane >> 2) + r * 8;
+      // A row that read no key (segment ids): +inf, so that the dk/dv kernel's p is 0 for it.
       if ((lane & 3) == 0 && i < seq)
-        a.lse[int64_t(bh) * seq + i] = rowMax[mt][r] + __log2f(sum);
+        a.lse[int64_t(bh) * seq + i] =
+            kSegments && !(sum > 0.f) ? INFINITY : rowMax[mt][r] + __log2f(sum);
       factor[r] = sum > 0.f ? a.scale / sum : 0.f;
     }
     fragmentsToShared<kD>(warpOut + mt * 16 * kP, dq[mt], factor[0], factor[1], lane);
@@ -1168,8 +1306,8 @@ template <int kD> constexpr size_t gradKVSmem() {
 /// dk and dv over one tile of 64 keys of one (batch, kv head), looping over the query heads that
 /// read it and their query tiles. Each warp owns 16 keys and works on transposed tiles:
 /// sᵀ = k qᵀ, pᵀ = 2^(sᵀ scale log2(e) - lse), dv += pᵀ dO, dpᵀ = v dOᵀ, dsᵀ = pᵀ (dpᵀ - D),
-/// dk += scale dsᵀ q.
-template <typename T, int kD>
+/// dk += scale dsᵀ q. kSegments as in forwardKernel.
+template <typename T, int kD, bool kSegments>
 __global__ void __launch_bounds__(kThreads, 2) gradKVKernel(const Args a) {
   constexpr int kBlockM = kBwdBlock, kBlockN = kBwdBlock, kP = kPitch<kD>;
   constexpr int kMT = kBlockM / 8, kDT = kD / 8; // kMT: 8-wide query tiles of a step
@@ -1191,10 +1329,20 @@ __global__ void __launch_bounds__(kThreads, 2) gradKVKernel(const Args a) {
   // Steps: (query head of the group, query tile), in order. With the causal mask the query
   // tiles before the block's first key see none of its keys.
   const int mStart = a.causal ? n0 / kBlockM : 0;
-  const int perHead = (seq + kBlockM - 1) / kBlockM - mStart;
+  // Segment ids: the query tiles that hold the block's documents, and the keys' ids.
+  const void *qSeg = nullptr, *kSeg = nullptr;
+  SegmentWindow window{mStart * kBlockM, seq, true};
+  if (kSegments) {
+    qSeg = segmentRow(a.segments, a.segmentsI64, int64_t(b) * seq);
+    kSeg = segmentRow(a.keySegments, a.segmentsI64, int64_t(b) * seqK);
+    window = segmentWindow(a.segmentsI64, kSeg, n0, min(seqK, n0 + kBlockN), qSeg, mStart * kBlockM,
+                           seq);
+  }
+  const int mBegin = window.begin / kBlockM;
+  const int perHead = (window.end + kBlockM - 1) / kBlockM - mBegin;
   const int steps = a.group * perHead;
   auto loadStep = [&](int u, int buf) {
-    const int h = g * a.group + u / perHead, i0 = (mStart + u % perHead) * kBlockM;
+    const int h = g * a.group + u / perHead, i0 = (mBegin + u % perHead) * kBlockM;
     const int64_t qOffset = (int64_t(b) * seq * a.heads + h) * a.d;
     loadTile<kBlockM, kD>(sQ + buf * kBlockM * kP, static_cast<const T *>(a.q) + qOffset, a.qStride,
                           i0, seq, a.d);
@@ -1210,8 +1358,13 @@ __global__ void __launch_bounds__(kThreads, 2) gradKVKernel(const Args a) {
 
   loadTile<kBlockN, kD>(sK, static_cast<const T *>(a.k) + kvOffset, a.kvStride, n0, seqK, a.d);
   loadTile<kBlockN, kD>(sV, static_cast<const T *>(a.v) + kvOffset, a.kvStride, n0, seqK, a.d);
-  loadStep(0, 0);
+  if (!kSegments || steps > 0)
+    loadStep(0, 0);
   cpAsyncCommit();
+  if (kSegments && steps == 0) { // no query reads these keys: dk, dv are 0, staged over k, v
+    cpAsyncWait<0>();
+    __syncthreads();
+  }
 
   float dk[kDT][4], dv[kDT][4];
 #pragma unroll
@@ -1221,9 +1374,16 @@ __global__ void __launch_bounds__(kThreads, 2) gradKVKernel(const Args a) {
       dk[dt][e] = dv[dt][e] = 0.f;
 
   const int warpKey0 = n0 + warp * 16;
+  int64_t keySegment[2] = {};
+  if (kSegments)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int j = warpKey0 + (lane >> 2) + r * 8;
+      keySegment[r] = j < seqK ? segmentAt(kSeg, a.segmentsI64, j) : -1;
+    }
   const T *warpK = sK + warp * 16 * kP, *warpV = sV + warp * 16 * kP;
   for (int u = 0; u < steps; ++u) {
-    const int buf = u & 1, i0 = (mStart + u % perHead) * kBlockM;
+    const int buf = u & 1, i0 = (mBegin + u % perHead) * kBlockM;
     if (u + 1 < steps) {
       loadStep(u + 1, buf ^ 1);
       cpAsyncCommit();
@@ -1261,7 +1421,9 @@ __global__ void __launch_bounds__(kThreads, 2) gradKVKernel(const Args a) {
 
     // pᵀ into st, dsᵀ into dpt. Element e of tile mt: key row (lane >> 2) + 8 (e >> 1),
     // query column mt * 8 + 2 (lane & 3) + (e & 1).
-    const bool needMask = i0 + kBlockM > seq || (a.causal && warpKey0 + 15 > i0);
+    const bool maskSegments = !window.uniform || i0 < window.begin || i0 + kBlockM > window.end;
+    const bool needMask =
+        i0 + kBlockM > seq || (a.causal && warpKey0 + 15 > i0) || (kSegments && maskSegments);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -1270,7 +1432,8 @@ __global__ void __launch_bounds__(kThreads, 2) gradKVKernel(const Args a) {
         float p = exp2Approx(st[mt][e] * a.scaleLog2 - tLse[col]);
         if (needMask) {
           const int i = i0 + col, j = warpKey0 + (lane >> 2) + (e >> 1) * 8;
-          if (i >= seq || (a.causal && j > i))
+          if (i >= seq || (a.causal && j > i) ||
+              (kSegments && segmentAt(qSeg, a.segmentsI64, i) != keySegment[e >> 1]))
             p = 0.f;
         }
         st[mt][e] = p;
@@ -2266,7 +2429,8 @@ template <typename T> bool warpGroupPath(const char *kn, const Dims &dims) {
 template <typename T, int kD>
 void forwardTensorCore(const char *kn, Stream stream, Args a, const Dims &dims) {
   a.numTiles = int(ceilDiv(dims.seq, tc::kFwdBlockM));
-  launch(kn, "launch of the forward kernel", tc::forwardKernel<T, kD>,
+  launch(kn, "launch of the forward kernel",
+         a.segments ? tc::forwardKernel<T, kD, true> : tc::forwardKernel<T, kD, false>,
          int64_t(a.numTiles) * dims.batch * dims.heads, tc::kThreads, tc::forwardSmem<kD>(), stream,
          a);
 }
@@ -2276,7 +2440,7 @@ void gradTensorCore(const char *kn, Stream stream, Args a, const Dims &dims) {
   // The dq kernel writes the rows of D and log-sum-exp the dk/dv kernel reads (from the saved
   // log-sum-exp when there is one).
   a.numTiles = int(ceilDiv(dims.seq, tc::kDqBlockM));
-  const bool hopper = dims.d == kD && warpGroupPath<T>(kn, dims);
+  const bool hopper = dims.d == kD && !a.segments && warpGroupPath<T>(kn, dims);
   if (hopper && a.savedLse) {
     // From the saved log-sum-exp on Hopper: the warp-specialised dq kernel.
     static_assert(wg::kBlockM == tc::kDqBlockM, "both dq kernels write the same row blocks");
@@ -2287,7 +2451,10 @@ void gradTensorCore(const char *kn, Stream stream, Args a, const Dims &dims) {
            tileMap(kn, a.k, dims.batch, dims.seqK, dims.kvHeads, kD, a.kvStride, wg::kBlockN),
            tileMap(kn, a.v, dims.batch, dims.seqK, dims.kvHeads, kD, a.kvStride, wg::kBlockN), a);
   } else {
-    auto *dqKernel = a.savedLse ? tc::gradQKernel<T, kD, true> : tc::gradQKernel<T, kD, false>;
+    auto *dqKernel = a.segments ? (a.savedLse ? tc::gradQKernel<T, kD, true, true>
+                                              : tc::gradQKernel<T, kD, false, true>)
+                                : (a.savedLse ? tc::gradQKernel<T, kD, true, false>
+                                              : tc::gradQKernel<T, kD, false, false>);
     launch(kn, "launch of the dq kernel", dqKernel,
            int64_t(a.numTiles) * dims.batch * dims.heads, tc::kThreads, tc::gradQSmem<kD>(),
            stream, a);
@@ -2303,7 +2470,8 @@ void gradTensorCore(const char *kn, Stream stream, Args a, const Dims &dims) {
     return;
   }
   a.numTiles = int(ceilDiv(dims.seqK, tc::kBwdBlock));
-  launch(kn, "launch of the dk/dv kernel", tc::gradKVKernel<T, kD>,
+  launch(kn, "launch of the dk/dv kernel",
+         a.segments ? tc::gradKVKernel<T, kD, true> : tc::gradKVKernel<T, kD, false>,
          int64_t(a.numTiles) * dims.batch * dims.kvHeads, tc::kThreads, tc::gradKVSmem<kD>(),
          stream, a);
 }
@@ -2319,9 +2487,9 @@ template <int kD> void forwardWarpGroup(const char *kn, Stream stream, Args a, c
 
 template <typename T>
 void forwardTensorCoreD(const char *kn, Stream stream, const Args &a, const Dims &dims) {
-  // bf16 at head dim 64 or 128 on Hopper with a positive scale (its softmax takes the maximum
-  // over the unscaled scores): the warp-specialised warpgroup-MMA kernel.
-  if (a.scale > 0 && warpGroupPath<T>(kn, dims)) {
+  // bf16 at head dim 64 or 128 on Hopper with a positive scale (its softmax takes the maximum over
+  // the unscaled scores) and no segment ids: the warp-specialised warpgroup-MMA kernel.
+  if (a.scale > 0 && !a.segments && warpGroupPath<T>(kn, dims)) {
     if (dims.d == 64)
       forwardWarpGroup<64>(kn, stream, a, dims);
     else
@@ -2454,9 +2622,7 @@ void attentionImpl(const char *kn, const Context &ctx, const TensorView &q, cons
   a.outType = typeCode(o.dtype);
   a.savedLse = lse ? static_cast<float *>(lse->data) : nullptr;
   setSegments(kn, a, segmentIds, keySegmentIds, dims);
-  // Segment ids (packed rows) take the generic kernels, the only ones with that mask
-  // (docs/cuda.md says what it costs).
-  if (!segmentIds && o.numel() != 0 && tensorCorePath(kn, dims, {&q, &k, &v, &o})) {
+  if (o.numel() != 0 && tensorCorePath(kn, dims, {&q, &k, &v, &o})) {
     if (q.dtype == DType::BF16)
       forwardTensorCoreD<__nv_bfloat16>(kn, ctx.stream, a, dims);
     else
@@ -2529,7 +2695,7 @@ void attentionGradImpl(const char *kn, const Context &ctx, const TensorView &dou
   a.lse = scratch.data();
   a.dsum = scratch.data() + rows;
   setSegments(kn, a, segmentIds, keySegmentIds, dims);
-  if (!segmentIds && tensorCorePath(kn, dims, {&q, &k, &v, &o, &dout, &dq, &dk, &dv})) {
+  if (tensorCorePath(kn, dims, {&q, &k, &v, &o, &dout, &dq, &dk, &dv})) {
     if (q.dtype == DType::BF16)
       gradTensorCoreD<__nv_bfloat16>(kn, ctx.stream, a, dims);
     else

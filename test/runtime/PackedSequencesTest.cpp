@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -415,18 +416,15 @@ void expectClose(const std::vector<float> &got, const std::vector<float> &want, 
         << what << " element " << i << ": " << got[i] << " against " << want[i];
 }
 
-TEST(PackedSequencesTest, CudaAttentionWithSegmentsMatchesCpu) {
-  if (!haveGpu())
-    GTEST_SKIP() << "no GPU here";
-  // Head dim 128 and a sequence over one 128-row tile: the shape the tensor-core kernels would
-  // take without segment ids.
-  const int64_t B = 2, S = 160, H = 4, KV = 2, D = 128;
+/// One shape of attention with segment ids on the GPU against the CPU: flashAttention and its
+/// gradient, attention and attentionGrad, causal and not, for each storage type in `dtypes`; the
+/// GPU reads the ids as i64 when `ids64`, else as i32.
+void expectSegmentedAttentionMatchesCpu(int64_t B, int64_t S, int64_t H, int64_t KV, int64_t D,
+                                        const std::vector<int64_t> &segments, bool ids64,
+                                        std::initializer_list<DType> dtypes) {
   Shape qShape = {B, S, H, D}, kvShape = {B, S, KV, D}, lseShape = {B, H, S};
-  const std::vector<Doc> docs = {{0, 0, 37}, {0, 37, 100}, {0, 137, 23}, {1, 0, 1}, {1, 1, 159}};
-  std::vector<int64_t> segments, positions;
-  packedIds(docs, B, S, segments, positions);
   std::vector<int32_t> seg32(segments.begin(), segments.end());
-  for (DType dtype : {DType::F32, DType::BF16}) {
+  for (DType dtype : dtypes) {
     SCOPED_TRACE(dtypeName(dtype));
     // Inputs rounded to the storage type, so the CPU sees what the GPU reads.
     auto rounded = [&](std::vector<float> x) {
@@ -442,7 +440,7 @@ TEST(PackedSequencesTest, CudaAttentionWithSegmentsMatchesCpu) {
     double scale = 1.0 / std::sqrt(double(D));
     for (bool causal : {true, false}) {
       SCOPED_TRACE(causal ? "causal" : "not causal");
-      TensorView segCpu{segments.data(), DType::I64, {B, S}};
+      TensorView segCpu{const_cast<int64_t *>(segments.data()), DType::I64, {B, S}};
       std::vector<float> o(q.size()), lse(size_t(B * H * S)), dq(q.size()), dk(k.size()),
           dv(v.size());
       cpu::flashAttention(f32(q, qShape), f32(k, kvShape), f32(v, kvShape), causal, scale,
@@ -455,12 +453,14 @@ TEST(PackedSequencesTest, CudaAttentionWithSegmentsMatchesCpu) {
                            dob = encode(dout, dtype), ob = encode(o, dtype);
       Device dQ(qb.data(), qb.size()), dK(kb.data(), kb.size()), dV(vb.data(), vb.size()),
           dDo(dob.data(), dob.size()), dOref(ob.data(), ob.size());
-      Device dSeg(seg32.data(), seg32.size() * 4), dLse(lse.data(), lse.size() * 4);
+      Device dSeg(ids64 ? static_cast<const void *>(segments.data()) : seg32.data(),
+                  segments.size() * (ids64 ? 8 : 4));
+      Device dLse(lse.data(), lse.size() * 4);
       Device dO(nullptr, qb.size()), dLseOut(nullptr, lse.size() * 4);
       Device dDq(nullptr, qb.size()), dDk(nullptr, kb.size()), dDv(nullptr, vb.size());
       for (Device *d : {&dO, &dLseOut, &dDq, &dDk, &dDv})
         d->poison();
-      TensorView segGpu{dSeg.data, DType::I32, {B, S}};
+      TensorView segGpu{dSeg.data, ids64 ? DType::I64 : DType::I32, {B, S}};
       cuda::Context ctx;
       cuda::flashAttention(ctx, {dQ.data, dtype, qShape}, {dK.data, dtype, kvShape},
                            {dV.data, dtype, kvShape}, causal, scale, {dO.data, dtype, qShape},
@@ -495,6 +495,49 @@ TEST(PackedSequencesTest, CudaAttentionWithSegmentsMatchesCpu) {
       expectClose(download(dDv, dtype, kvShape), dv, abs, rel, "attention_grad dv");
     }
   }
+}
+
+TEST(PackedSequencesTest, CudaAttentionWithSegmentsMatchesCpu) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU here";
+  // Head dim 128 and a sequence over one 128-row tile: f32 takes the generic kernels, bf16 the
+  // tensor-core ones (mma.sync, which read the segment ids; never the warpgroup kernels).
+  const std::vector<Doc> docs = {{0, 0, 37}, {0, 37, 100}, {0, 137, 23}, {1, 0, 1}, {1, 1, 159}};
+  std::vector<int64_t> segments, positions;
+  packedIds(docs, 2, 160, segments, positions);
+  expectSegmentedAttentionMatchesCpu(2, 160, 4, 2, 128, segments, /*ids64=*/false,
+                                     {DType::F32, DType::BF16});
+}
+
+TEST(PackedSequencesTest, CudaTensorCoreAttentionSkipsOtherDocuments) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU here";
+  // Documents over several 64- and 128-row tiles, one-token documents at a tile's edge and a
+  // document longer than two tiles, at head dims 64 and 128, GQA 4:1, ids as i64: the tensor-core
+  // kernels visit only the tiles of the block's documents and mask those that straddle an edge.
+  const int64_t S = 700;
+  const std::vector<Doc> docs = {{0, 0, 1},     {0, 1, 127},   {0, 128, 1},  {0, 129, 64},
+                                 {0, 193, 300}, {0, 493, 207}, {1, 0, 37},   {1, 37, 1},
+                                 {1, 38, 1},    {1, 39, 400},  {1, 439, 261}};
+  std::vector<int64_t> segments, positions;
+  packedIds(docs, 2, S, segments, positions);
+  for (int64_t d : {64, 128}) {
+    SCOPED_TRACE("head dim " + std::to_string(d));
+    expectSegmentedAttentionMatchesCpu(2, S, 4, 1, d, segments, /*ids64=*/true, {DType::BF16});
+  }
+}
+
+TEST(PackedSequencesTest, CudaTensorCoreAttentionTakesAnySegmentIds) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU here";
+  // Ids that do not keep a segment's tokens together (runs of 7 tokens cycling through three
+  // segments, as no packer writes them): every tile then holds several segments, and the kernels'
+  // windows must still cover every key of a row's segment.
+  const int64_t S = 300;
+  std::vector<int64_t> segments(static_cast<size_t>(S));
+  for (int64_t t = 0; t < S; ++t)
+    segments[size_t(t)] = (t / 7) % 3;
+  expectSegmentedAttentionMatchesCpu(1, S, 2, 2, 128, segments, /*ids64=*/false, {DType::BF16});
 }
 
 TEST(PackedSequencesTest, CudaRopeWithPositionsAndLlama3MatchesCpu) {
