@@ -15,7 +15,12 @@
 // FLOPs are left to the Python side, which uses FlashAttention's convention for all three
 // implementations alike: forward 4 B H S^2 D (halved when causal), backward 2.5 times that.
 //
-//   build-attn/bin/attention_bench [--reps N] [--causal 0|1] B S H KVH D [B S H KVH D ...]
+//   build-attn/bin/attention_bench [--reps N] [--causal 0|1] [--document L]
+//                                  B S H KVH D [B S H KVH D ...]
+//
+// --document L packs each row with documents of L tokens (the last one shorter when L does not
+// divide S): i32 segment ids t / L, given to every call (bench/packed_attention_bench.py), and
+// the shape line ends with "document L".
 //
 // Built with the runtime when CUDA is on; not run in CI (it needs a GPU).
 //
@@ -59,18 +64,21 @@ void *randomBf16(size_t count, std::mt19937 &rng) {
 int main(int argc, char **argv) {
   int reps = 20;
   bool causal = true;
+  int64_t document = 0;
   std::vector<int64_t> dims;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
       reps = std::max(1, std::atoi(argv[++i]));
     else if (std::strcmp(argv[i], "--causal") == 0 && i + 1 < argc)
       causal = std::atoi(argv[++i]) != 0;
+    else if (std::strcmp(argv[i], "--document") == 0 && i + 1 < argc)
+      document = std::max<int64_t>(0, std::atoll(argv[++i]));
     else
       dims.push_back(std::atoll(argv[i]));
   }
   if (dims.empty() || dims.size() % 5 != 0) {
-    std::fprintf(stderr,
-                 "usage: attention_bench [--reps N] [--causal 0|1] B S H KVH D [B S H KVH D ...]\n");
+    std::fprintf(stderr, "usage: attention_bench [--reps N] [--causal 0|1] [--document L] "
+                         "B S H KVH D [B S H KVH D ...]\n");
     return 2;
   }
   int count = 0;
@@ -100,16 +108,30 @@ int main(int argc, char **argv) {
     // (Also what pulls Tensor.cpp's helpers, which the CUDA library needs, into the link.)
     std::printf("# q %s, k and v %s, %s, %.1f MiB each\n", formatShape(qShape).c_str(),
                 formatShape(kvShape).c_str(), dtypeName(qv.dtype), double(qv.bytes()) / (1 << 20));
+    // Packed rows: documents of `document` tokens, segment id t / document.
+    void *ids = nullptr;
+    if (document > 0) {
+      std::vector<int32_t> host(size_t(b * seq));
+      for (size_t t = 0; t < host.size(); ++t)
+        host[t] = int32_t(int64_t(t) % seq / document);
+      check(cudaMalloc(&ids, host.size() * 4), "cudaMalloc");
+      check(cudaMemcpy(ids, host.data(), host.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+    }
+    TensorView idsView{ids, DType::I32, {b, seq}};
+    const TensorView *segments = ids ? &idsView : nullptr;
     const double scale = 1.0 / std::sqrt(double(d));
-    auto forward = [&] { cuda::attention(ctx, qv, kv, vv, causal, scale, ov); };
+    auto forward = [&] { cuda::attention(ctx, qv, kv, vv, causal, scale, ov, segments); };
     auto step = [&] {
       forward();
-      cuda::attentionGrad(ctx, dov, qv, kv, vv, ov, causal, scale, dqv, dkv, dvv);
+      cuda::attentionGrad(ctx, dov, qv, kv, vv, ov, causal, scale, dqv, dkv, dvv, segments);
     };
-    auto flashForward = [&] { cuda::flashAttention(ctx, qv, kv, vv, causal, scale, ov, lsev); };
+    auto flashForward = [&] {
+      cuda::flashAttention(ctx, qv, kv, vv, causal, scale, ov, lsev, segments);
+    };
     auto flashStep = [&] {
       flashForward();
-      cuda::flashAttentionGrad(ctx, dov, qv, kv, vv, ov, lsev, causal, scale, dqv, dkv, dvv);
+      cuda::flashAttentionGrad(ctx, dov, qv, kv, vv, ov, lsev, causal, scale, dqv, dkv, dvv,
+                               segments);
     };
     const double fwdMs = medianMs(forward, reps);
     const double stepMs = medianMs(step, reps);
@@ -117,11 +139,14 @@ int main(int argc, char **argv) {
     const double flashStepMs = medianMs(flashStep, reps);
     check(cudaGetLastError(), "the kernels");
     std::printf("shape %lld %lld %lld %lld %lld causal %d fwd_ms %.4f fwdbwd_ms %.4f "
-                "flash_fwd_ms %.4f flash_fwdbwd_ms %.4f\n",
+                "flash_fwd_ms %.4f flash_fwdbwd_ms %.4f",
                 (long long)b, (long long)seq, (long long)h, (long long)kvh, (long long)d,
                 causal ? 1 : 0, fwdMs, stepMs, flashFwdMs, flashStepMs);
+    if (document > 0)
+      std::printf(" document %lld", (long long)document);
+    std::printf("\n");
     std::fflush(stdout);
-    for (void *p : {q, k, v, dout, o, dq, dk, dv, lse})
+    for (void *p : {q, k, v, dout, o, dq, dk, dv, lse, ids})
       check(cudaFree(p), "cudaFree");
   }
   return 0;
