@@ -27,10 +27,10 @@
 // on the same fragment layout, over 128-key tiles, with the operands read by the tensor cores
 // straight from swizzled shared memory, loaded there by TMA from a producer warpgroup
 // (FlashAttention-3's design). Segment ids (packed rows, query i reads key j only within its
-// segment) are masked by the generic and the mma.sync kernels (a segmented call leaves the
-// warpgroup kernels for the mma.sync ones); each tensor-core block first reads the ids to find
-// the tiles that hold its rows' documents (SegmentWindow), visits only those, and masks only the
-// tiles that straddle a document's edge.
+// segment) are masked by every kernel; each tensor-core block (mma.sync or warpgroup) first reads
+// the ids to find the tiles that hold its rows' documents (SegmentWindow), visits only those, and
+// masks only the tiles that straddle a document's edge. The segmented tensor-core kernels are
+// instances of their own (kSegments), so that those without segment ids do not change.
 // Causal tiles differ in length, so the tensor-core kernels start their blocks longest first
 // across groups of heads, not head by head (tileOf), which keeps the last wave from running a
 // few long tiles alone. Scratch (D and the log-sum-exp) comes from cudaMallocAsync on ctx.stream,
@@ -197,8 +197,8 @@ struct Args {
   /// (batch, head) groups per chunk of tileOf's block order; 0: head by head.
   int orderChunk;
   /// Segment ids [B, S] of packed rows (null: none), i64 when segmentsI64 else i32, and those of
-  /// the keys [B, seqK] (the same array but in a ring block step). The generic and mma.sync kernels
-  /// read them; the launchers keep segmented calls off the warpgroup kernels.
+  /// the keys [B, seqK] (the same array but in a ring block step). Read by the generic kernels
+  /// and by the tensor-core kernels' kSegments instances.
   const void *segments, *keySegments;
   int segmentsI64;
   int numTiles; ///< tiles along the sequence per (batch, head) or (batch, kv head)
@@ -728,9 +728,12 @@ struct SegmentWindow {
   bool uniform;
 };
 
-/// The block-wide minimum of `lo`, maximum of `hi` and sum of `count`, in every thread.
+/// The block-wide minimum of `lo`, maximum of `hi` and sum of `count`, in every thread of a block
+/// of kBlockThreads.
+template <int kBlockThreads>
 __device__ __forceinline__ void blockReduce(int64_t &lo, int64_t &hi, int64_t &count) {
-  __shared__ int64_t partial[3][kWarps];
+  constexpr int kBlockWarps = kBlockThreads / 32;
+  __shared__ int64_t partial[3][kBlockWarps];
   for (int offset = 16; offset > 0; offset >>= 1) {
     lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, offset));
     hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, offset));
@@ -747,7 +750,7 @@ __device__ __forceinline__ void blockReduce(int64_t &lo, int64_t &hi, int64_t &c
   hi = partial[1][0];
   count = partial[2][0];
 #pragma unroll
-  for (int w = 1; w < kWarps; ++w) {
+  for (int w = 1; w < kBlockWarps; ++w) {
     lo = min(lo, partial[0][w]);
     hi = max(hi, partial[1][w]);
     count += partial[2][w];
@@ -756,18 +759,19 @@ __device__ __forceinline__ void blockReduce(int64_t &lo, int64_t &hi, int64_t &c
 }
 
 /// The window of rows [otherBegin, otherEnd) of `other` (ids of one batch row) that the block's
-/// rows [ownBegin, ownEnd) of `own` can read. Every thread of the block calls it.
+/// rows [ownBegin, ownEnd) of `own` can read. Every thread of the block (kBlockThreads) calls it.
+template <int kBlockThreads>
 __device__ SegmentWindow segmentWindow(int i64, const void *own, int ownBegin, int ownEnd,
                                        const void *other, int otherBegin, int otherEnd) {
   int64_t lo = INT64_MAX, hi = INT64_MIN, unused = 0;
-  for (int i = ownBegin + int(threadIdx.x); i < ownEnd; i += kThreads) {
+  for (int i = ownBegin + int(threadIdx.x); i < ownEnd; i += kBlockThreads) {
     const int64_t id = segmentAt(own, i64, i);
     lo = min(lo, id);
     hi = max(hi, id);
   }
-  blockReduce(lo, hi, unused);
+  blockReduce<kBlockThreads>(lo, hi, unused);
   int64_t first = INT64_MAX, last = INT64_MIN, count = 0;
-  for (int j = otherBegin + int(threadIdx.x); j < otherEnd; j += kThreads) {
+  for (int j = otherBegin + int(threadIdx.x); j < otherEnd; j += kBlockThreads) {
     const int64_t id = segmentAt(other, i64, j);
     if (id >= lo && id <= hi) {
       first = min(first, int64_t(j));
@@ -775,7 +779,7 @@ __device__ SegmentWindow segmentWindow(int i64, const void *own, int ownBegin, i
       ++count;
     }
   }
-  blockReduce(first, last, count);
+  blockReduce<kBlockThreads>(first, last, count);
   if (count == 0)
     return {otherBegin, otherBegin, false};
   return {int(first), int(last) + 1, lo == hi && count == last - first + 1};
@@ -816,8 +820,8 @@ __global__ void __launch_bounds__(kThreads, 2) forwardKernel(const Args a) {
   if (kSegments) {
     qSeg = segmentRow(a.segments, a.segmentsI64, int64_t(b) * seq);
     kSeg = segmentRow(a.keySegments, a.segmentsI64, int64_t(b) * seqK);
-    window = segmentWindow(a.segmentsI64, qSeg, m0, min(seq, m0 + kBlockM), kSeg, 0,
-                           a.causal ? min(seqK, m0 + kBlockM) : seqK);
+    window = segmentWindow<kThreads>(a.segmentsI64, qSeg, m0, min(seq, m0 + kBlockM), kSeg, 0,
+                                     a.causal ? min(seqK, m0 + kBlockM) : seqK);
   }
 
   loadTile<kBlockM, kD>(sQ, qBase, a.qStride, m0, seq, a.d);
@@ -1098,8 +1102,8 @@ __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
   if (kSegments) {
     qSeg = segmentRow(a.segments, a.segmentsI64, int64_t(b) * seq);
     kSeg = segmentRow(a.keySegments, a.segmentsI64, int64_t(b) * seqK);
-    window = segmentWindow(a.segmentsI64, qSeg, m0, min(seq, m0 + kBlockM), kSeg, 0,
-                           a.causal ? min(seqK, m0 + kBlockM) : seqK);
+    window = segmentWindow<kThreads>(a.segmentsI64, qSeg, m0, min(seq, m0 + kBlockM), kSeg, 0,
+                                     a.causal ? min(seqK, m0 + kBlockM) : seqK);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -1335,8 +1339,8 @@ __global__ void __launch_bounds__(kThreads, 2) gradKVKernel(const Args a) {
   if (kSegments) {
     qSeg = segmentRow(a.segments, a.segmentsI64, int64_t(b) * seq);
     kSeg = segmentRow(a.keySegments, a.segmentsI64, int64_t(b) * seqK);
-    window = segmentWindow(a.segmentsI64, kSeg, n0, min(seqK, n0 + kBlockN), qSeg, mStart * kBlockM,
-                           seq);
+    window = segmentWindow<kThreads>(a.segmentsI64, kSeg, n0, min(seqK, n0 + kBlockN), qSeg,
+                                     mStart * kBlockM, seq);
   }
   const int mBegin = window.begin / kBlockM;
   const int perHead = (window.end + kBlockM - 1) / kBlockM - mBegin;
@@ -1703,12 +1707,13 @@ struct KeyTileRing {
   uint64_t *full, *empty;
 };
 
-/// The producer's loop of the forward and dq kernels: for each tile t < `tiles` of 128 keys of
-/// kv head g, batch b, loads `first`'s tile and then `second`'s into stage t % kStages, each
-/// once the consumers have released that operand's previous tile there.
+/// The producer's loop of the forward and dq kernels: for each of `tiles` tiles of 128 keys of
+/// kv head g, batch b, from tile `firstTile` on, loads `first`'s tile and then `second`'s into
+/// stage t % kStages (t counting from 0), each once the consumers have released that operand's
+/// previous tile there.
 template <int kD, int kStages>
 __device__ __forceinline__ void produceKeyTiles(const KeyTileRing &first, const KeyTileRing &second,
-                                                int tiles, int g, int b) {
+                                                int firstTile, int tiles, int g, int b) {
   for (int t = 0; t < tiles; ++t) {
     const int stage = t % kStages;
     const uint32_t released = (t / kStages - 1) & 1;
@@ -1719,7 +1724,7 @@ __device__ __forceinline__ void produceKeyTiles(const KeyTileRing &first, const 
         mbarrierWait(&ring.empty[stage], released);
       mbarrierExpectBytes(&ring.full[stage], tileBytes<kD>(kBlockN));
       tmaLoadTile<kBlockN, kD>(ring.tiles + stage * tileBytes<kD>(kBlockN), *ring.map,
-                               &ring.full[stage], g, t * kBlockN, b);
+                               &ring.full[stage], g, (firstTile + t) * kBlockN, b);
     }
   }
 }
@@ -1750,7 +1755,9 @@ template <int N> __device__ __forceinline__ void fenceRegisters(uint32_t (&r)[N]
 /// from registers. Per key tile t the consumer issues s_t with o += p_{t-1} v_{t-1} behind it
 /// and runs the softmax of s_t while the second product is still on the tensor cores (FA3's
 /// intra-warpgroup overlap): k_t is released once s_t is formed, v_{t-1} once its product is.
-template <int kD>
+/// With kSegments, under the segment ids as tc::forwardKernel: only the key tiles of the block's
+/// documents are loaded and multiplied.
+template <int kD, bool kSegments>
 __global__ void __launch_bounds__(kThreads, 1)
     forwardKernel(const __grid_constant__ CUtensorMap qMap,
                   const __grid_constant__ CUtensorMap kMap,
@@ -1771,7 +1778,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int b = bh / a.heads, h = bh % a.heads, g = h / a.group;
   const int m0 = mBlock * kBlockM, seq = a.seq, seqK = a.seqK;
   const int keyEnd = a.causal ? min(seqK, m0 + kBlockM) : seqK;
-  const int tiles = (keyEnd + kBlockN - 1) / kBlockN;
+  int firstTile = 0, tiles = (keyEnd + kBlockN - 1) / kBlockN;
+  // Segment ids: the key tiles that hold the block's documents (every thread reads the ids).
+  const void *qSeg = nullptr, *kSeg = nullptr;
+  tc::SegmentWindow window{0, 0, true};
+  if (kSegments) {
+    qSeg = segmentRow(a.segments, a.segmentsI64, int64_t(b) * seq);
+    kSeg = segmentRow(a.keySegments, a.segmentsI64, int64_t(b) * seqK);
+    window = tc::segmentWindow<kThreads>(a.segmentsI64, qSeg, m0, min(seq, m0 + kBlockM), kSeg, 0,
+                                         keyEnd);
+    firstTile = window.begin / kBlockN;
+    tiles = (window.end + kBlockN - 1) / kBlockN - firstTile;
+  }
 
   if (threadIdx.x == 0) {
     mbarrierInit(&bars->q, 1);
@@ -1792,7 +1810,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbarrierExpectBytes(&bars->q, tileBytes<kD>(kBlockM));
       tmaLoadTile<kBlockM, kD>(sQ, qMap, &bars->q, h, m0, b);
       produceKeyTiles<kD, kStages>({sK, &kMap, bars->kFull, bars->kEmpty},
-                                   {sV, &vMap, bars->vFull, bars->vEmpty}, tiles, g, b);
+                                   {sV, &vMap, bars->vFull, bars->vEmpty}, firstTile, tiles, g, b);
     }
     return;
   }
@@ -1803,6 +1821,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warpRow0 = m0 + consumer * 64 + warp * 16; // rows warpRow0 + lane / 4 (+ 8)
   // This consumer's 64 rows in each region of the q tile.
   const uint32_t qAddress = tc::smemAddr(sQ) + consumer * 64 * kRegionBytes;
+  int64_t rowSegment[2] = {};
+  if (kSegments)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = warpRow0 + (lane >> 2) + r * 8;
+      rowSegment[r] = i < seq ? segmentAt(qSeg, a.segmentsI64, i) : -1;
+    }
 
   float o[kD / 2], s[64];
   uint32_t p[32];
@@ -1846,7 +1871,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // FFMA before its exponential. rowMax holds scaled maxima.
   // Element e of s: row lane / 4 + 8 ((e / 2) % 2), key n0 + 8 (e / 4) + 2 (lane % 4) + e % 2.
   auto softmax = [&](int n0) {
-    const bool needMask = n0 + kBlockN > seqK || (a.causal && n0 + kBlockN - 1 > warpRow0);
+    const bool maskSegments = !window.uniform || n0 < window.begin || n0 + kBlockN > window.end;
+    const bool needMask = n0 + kBlockN > seqK || (a.causal && n0 + kBlockN - 1 > warpRow0) ||
+                          (kSegments && maskSegments);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int i = warpRow0 + (lane >> 2) + r * 8;
@@ -1858,7 +1885,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           float &x = s[4 * nt + 2 * r + c];
           if (needMask) {
             const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
-            if (j >= seqK || (a.causal && j > i))
+            if (j >= seqK || (a.causal && j > i) ||
+                (kSegments && segmentAt(kSeg, a.segmentsI64, j) != rowSegment[r]))
               x = -INFINITY;
           }
           tileMax = fmaxf(tileMax, x);
@@ -1906,7 +1934,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     waitGroup<0>();
     fenceRegisters(s);
     mbarrierArrive(&bars->kEmpty[0]);
-    softmax(0);
+    softmax(firstTile * kBlockN);
     rescaleAndPack();
     for (int t = 1; t < tiles; ++t) {
       const int stage = t % kStages, previous = (t - 1) % kStages;
@@ -1917,7 +1945,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       waitGroup<1>(); // s_t formed; p_{t-1} v_{t-1} may still run
       fenceRegisters(s);
       mbarrierArrive(&bars->kEmpty[stage]);
-      softmax(t * kBlockN);
+      softmax((firstTile + t) * kBlockN);
       waitGroup<0>();
       fenceRegisters(o);
       fenceRegisters(p); // the product read p from registers until here
@@ -1976,7 +2004,8 @@ template <int kD> constexpr size_t gradQSmem() {
 /// writes the rows the dk/dv kernel reads: D = dO . o (summed as tc::gradQKernel sums it, so
 /// that kernel's results do not change) and the base-2 log-sum-exp. The producer loads q and dO
 /// once and the k and v tiles into a ring; v is released once dp is formed, k once dq += ds k is.
-template <int kD>
+/// kSegments as in forwardKernel.
+template <int kD, bool kSegments>
 __global__ void __launch_bounds__(kThreads, 1)
     gradQKernel(const __grid_constant__ CUtensorMap qMap, const __grid_constant__ CUtensorMap doMap,
                 const __grid_constant__ CUtensorMap kMap, const __grid_constant__ CUtensorMap vMap,
@@ -1997,7 +2026,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int b = bh / a.heads, h = bh % a.heads, g = h / a.group;
   const int m0 = mBlock * kBlockM, seq = a.seq, seqK = a.seqK;
   const int keyEnd = a.causal ? min(seqK, m0 + kBlockM) : seqK;
-  const int tiles = (keyEnd + kBlockN - 1) / kBlockN;
+  int firstTile = 0, tiles = (keyEnd + kBlockN - 1) / kBlockN;
+  // Segment ids: the key tiles that hold the block's documents (every thread reads the ids).
+  const void *qSeg = nullptr, *kSeg = nullptr;
+  tc::SegmentWindow window{0, 0, true};
+  if (kSegments) {
+    qSeg = segmentRow(a.segments, a.segmentsI64, int64_t(b) * seq);
+    kSeg = segmentRow(a.keySegments, a.segmentsI64, int64_t(b) * seqK);
+    window = tc::segmentWindow<kThreads>(a.segmentsI64, qSeg, m0, min(seq, m0 + kBlockM), kSeg, 0,
+                                         keyEnd);
+    firstTile = window.begin / kBlockN;
+    tiles = (window.end + kBlockN - 1) / kBlockN - firstTile;
+  }
 
   if (threadIdx.x == 0) {
     mbarrierInit(&bars->qdo, 1);
@@ -2019,7 +2059,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       tmaLoadTile<kBlockM, kD>(sDo, doMap, &bars->qdo, h, m0, b);
       // v first: the consumers release it first (once dp is formed).
       produceKeyTiles<kD, kStages>({sV, &vMap, bars->vFull, bars->vEmpty},
-                                   {sK, &kMap, bars->kFull, bars->kEmpty}, tiles, g, b);
+                                   {sK, &kMap, bars->kFull, bars->kEmpty}, firstTile, tiles, g, b);
     }
     return;
   }
@@ -2055,7 +2095,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     rowDot[r] = dot;
     rowLse[r] = 0.f;
     if (i < seq) {
-      rowLse[r] = a.savedLse[int64_t(bh) * seq + i] * 1.4426950408889634f;
+      // A row that read no key (segment ids) has lse -inf; +inf makes its p 0, not NaN.
+      const float lse = a.savedLse[int64_t(bh) * seq + i];
+      rowLse[r] = kSegments && lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
       if ((lane & 3) == 0) {
         a.dsum[int64_t(bh) * seq + i] = dot;
         a.lse[int64_t(bh) * seq + i] = rowLse[r];
@@ -2063,6 +2105,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
+  int64_t rowSegment[2] = {};
+  if (kSegments)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = warpRow0 + (lane >> 2) + r * 8;
+      rowSegment[r] = i < seq ? segmentAt(qSeg, a.segmentsI64, i) : -1;
+    }
   float dq[kD / 2];
 #pragma unroll
   for (int e = 0; e < kD / 2; ++e)
@@ -2071,7 +2120,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t doAddress = tc::smemAddr(sDo) + consumer * 64 * kRegionBytes;
   mbarrierWait(&bars->qdo, 0);
   for (int t = 0; t < tiles; ++t) {
-    const int stage = t % kStages, n0 = t * kBlockN;
+    const int stage = t % kStages, n0 = (firstTile + t) * kBlockN;
     const uint32_t parity = (t / kStages) & 1;
     const uint32_t kAddress = tc::smemAddr(sK + stage * tileBytes<kD>(kBlockN));
     const uint32_t vAddress = tc::smemAddr(sV + stage * tileBytes<kD>(kBlockN));
@@ -2098,7 +2147,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // ds = p (dp - D) in T pairs, the A fragments of ds k. Element e: row lane / 4 +
     // 8 ((e / 2) % 2), key n0 + 8 (e / 4) + 2 (lane % 4) + e % 2.
-    const bool needMask = n0 + kBlockN > seqK || (a.causal && n0 + kBlockN - 1 > warpRow0);
+    const bool maskSegments = !window.uniform || n0 < window.begin || n0 + kBlockN > window.end;
+    const bool needMask = n0 + kBlockN > seqK || (a.causal && n0 + kBlockN - 1 > warpRow0) ||
+                          (kSegments && maskSegments);
     uint32_t ds[32];
 #pragma unroll
     for (int nt = 0; nt < kBlockN / 8; ++nt)
@@ -2111,7 +2162,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           float x = s[4 * nt + 2 * r + c] * a.scaleLog2;
           if (needMask) {
             const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
-            if (j >= seqK || (a.causal && j > i))
+            if (j >= seqK || (a.causal && j > i) ||
+                (kSegments && segmentAt(kSeg, a.segmentsI64, j) != rowSegment[r]))
               x = -INFINITY;
           }
           const float p = tc::exp2Approx(x - rowLse[r]);
@@ -2171,8 +2223,9 @@ template <int kD> constexpr size_t gradKVSmem() {
 /// dv += pᵀ dO and dk += dsᵀ q with pᵀ and dsᵀ from registers (dO and q read with the head dim
 /// contiguous). Reads the rows of lse and D the dq kernel wrote. The producer's first warp loads
 /// k and v once and each step's q and dO tiles into a ring; its second warp copies the step's
-/// rows of lse and D (zeros past the sequence).
-template <int kD>
+/// rows of lse and D (zeros past the sequence). kSegments as in forwardKernel: only the query
+/// tiles of the block's documents are loaded and multiplied.
+template <int kD, bool kSegments>
 __global__ void __launch_bounds__(kThreads, 1)
     gradKVKernel(const __grid_constant__ CUtensorMap qMap,
                  const __grid_constant__ CUtensorMap doMap,
@@ -2197,7 +2250,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Steps: (query head of the group, query tile), in order. With the causal mask the query
   // tiles before the block's first key see none of its keys.
   const int mStart = a.causal ? n0 / kKvBlockM : 0;
-  const int perHead = (seq + kKvBlockM - 1) / kKvBlockM - mStart;
+  int mBegin = mStart, perHead = (seq + kKvBlockM - 1) / kKvBlockM - mStart;
+  // Segment ids: the query tiles that hold the block's documents (every thread reads the ids).
+  const void *qSeg = nullptr, *kSeg = nullptr;
+  tc::SegmentWindow window{0, 0, true};
+  if (kSegments) {
+    qSeg = segmentRow(a.segments, a.segmentsI64, int64_t(b) * seq);
+    kSeg = segmentRow(a.keySegments, a.segmentsI64, int64_t(b) * seqK);
+    window = tc::segmentWindow<kThreads>(a.segmentsI64, kSeg, n0, min(seqK, n0 + kKvBlockN), qSeg,
+                                         mStart * kKvBlockM, seq);
+    mBegin = window.begin / kKvBlockM;
+    perHead = (window.end + kKvBlockM - 1) / kKvBlockM - mBegin;
+  }
   const int steps = a.group * perHead;
 
   if (threadIdx.x == 0) {
@@ -2218,7 +2282,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       tmaLoadTile<kKvBlockN, kD>(sV, vMap, &bars->kv, g, n0, b);
       for (int u = 0; u < steps; ++u) {
         const int stage = u % kStages;
-        const int h = g * a.group + u / perHead, i0 = (mStart + u % perHead) * kKvBlockM;
+        const int h = g * a.group + u / perHead, i0 = (mBegin + u % perHead) * kKvBlockM;
         if (u >= kStages)
           mbarrierWait(&bars->empty[stage], (u / kStages - 1) & 1);
         mbarrierExpectBytes(&bars->full[stage], 2 * tileBytes<kD>(kKvBlockM));
@@ -2230,7 +2294,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else if (warp == 1) {
       for (int u = 0; u < steps; ++u) {
         const int stage = u % kStages;
-        const int h = g * a.group + u / perHead, i0 = (mStart + u % perHead) * kKvBlockM;
+        const int h = g * a.group + u / perHead, i0 = (mBegin + u % perHead) * kKvBlockM;
         const int64_t rowBase = (int64_t(b) * a.heads + h) * seq;
         if (u >= kStages)
           mbarrierWait(&bars->empty[stage], (u / kStages - 1) & 1);
@@ -2254,11 +2318,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int e = 0; e < kD / 2; ++e)
     dk[e] = dv[e] = 0.f;
   const int warpKey0 = n0 + consumer * 64 + warp * 16; // keys warpKey0 + lane / 4 (+ 8)
+  int64_t keySegment[2] = {};
+  if (kSegments)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int j = warpKey0 + (lane >> 2) + r * 8;
+      keySegment[r] = j < seqK ? segmentAt(kSeg, a.segmentsI64, j) : -1;
+    }
   const uint32_t kAddress = tc::smemAddr(sK) + consumer * 64 * kRegionBytes;
   const uint32_t vAddress = tc::smemAddr(sV) + consumer * 64 * kRegionBytes;
   mbarrierWait(&bars->kv, 0);
   for (int u = 0; u < steps; ++u) {
-    const int stage = u % kStages, i0 = (mStart + u % perHead) * kKvBlockM;
+    const int stage = u % kStages, i0 = (mBegin + u % perHead) * kKvBlockM;
     mbarrierWait(&bars->full[stage], (u / kStages) & 1);
     const uint32_t qAddress = tc::smemAddr(sQ + stage * tileBytes<kD>(kKvBlockM));
     const uint32_t doAddress = tc::smemAddr(sDo + stage * tileBytes<kD>(kKvBlockM));
@@ -2283,7 +2354,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // pᵀ and dsᵀ in T pairs, the A fragments of the dv and dk products. Element e: key
     // warpKey0 + lane / 4 + 8 ((e / 2) % 2), query i0 + 8 (e / 4) + 2 (lane % 4) + e % 2.
-    const bool needMask = i0 + kKvBlockM > seq || (a.causal && warpKey0 + 15 > i0);
+    const bool maskSegments = !window.uniform || i0 < window.begin || i0 + kKvBlockM > window.end;
+    const bool needMask =
+        i0 + kKvBlockM > seq || (a.causal && warpKey0 + 15 > i0) || (kSegments && maskSegments);
     uint32_t pa[16], sa[16];
 #pragma unroll
     for (int nt = 0; nt < kKvBlockM / 8; ++nt)
@@ -2297,7 +2370,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           float pv = tc::exp2Approx(st[4 * nt + 2 * r + c] * a.scaleLog2 - tLse[col]);
           if (needMask) {
             const int i = i0 + col;
-            if (i >= seq || (a.causal && j > i))
+            if (i >= seq || (a.causal && j > i) ||
+                (kSegments && segmentAt(qSeg, a.segmentsI64, i) != keySegment[r]))
               pv = 0.f;
           }
           p[c] = pv;
@@ -2440,11 +2514,12 @@ void gradTensorCore(const char *kn, Stream stream, Args a, const Dims &dims) {
   // The dq kernel writes the rows of D and log-sum-exp the dk/dv kernel reads (from the saved
   // log-sum-exp when there is one).
   a.numTiles = int(ceilDiv(dims.seq, tc::kDqBlockM));
-  const bool hopper = dims.d == kD && !a.segments && warpGroupPath<T>(kn, dims);
+  const bool hopper = dims.d == kD && warpGroupPath<T>(kn, dims);
   if (hopper && a.savedLse) {
     // From the saved log-sum-exp on Hopper: the warp-specialised dq kernel.
     static_assert(wg::kBlockM == tc::kDqBlockM, "both dq kernels write the same row blocks");
-    launch(kn, "launch of the warpgroup dq kernel", wg::gradQKernel<kD>,
+    launch(kn, "launch of the warpgroup dq kernel",
+           a.segments ? wg::gradQKernel<kD, true> : wg::gradQKernel<kD, false>,
            int64_t(a.numTiles) * dims.batch * dims.heads, wg::kThreads, wg::gradQSmem<kD>(), stream,
            tileMap(kn, a.q, dims.batch, dims.seq, dims.heads, kD, a.qStride, wg::kBlockM),
            tileMap(kn, a.dout, dims.batch, dims.seq, dims.heads, kD, a.qStride, wg::kBlockM),
@@ -2461,7 +2536,8 @@ void gradTensorCore(const char *kn, Stream stream, Args a, const Dims &dims) {
   }
   if (hopper) {
     a.numTiles = int(ceilDiv(dims.seqK, wg::kKvBlockN));
-    launch(kn, "launch of the warpgroup dk/dv kernel", wg::gradKVKernel<kD>,
+    launch(kn, "launch of the warpgroup dk/dv kernel",
+           a.segments ? wg::gradKVKernel<kD, true> : wg::gradKVKernel<kD, false>,
            int64_t(a.numTiles) * dims.batch * dims.kvHeads, wg::kThreads, wg::gradKVSmem<kD>(),
            stream, tileMap(kn, a.q, dims.batch, dims.seq, dims.heads, kD, a.qStride, wg::kKvBlockM),
            tileMap(kn, a.dout, dims.batch, dims.seq, dims.heads, kD, a.qStride, wg::kKvBlockM),
@@ -2478,7 +2554,8 @@ void gradTensorCore(const char *kn, Stream stream, Args a, const Dims &dims) {
 
 template <int kD> void forwardWarpGroup(const char *kn, Stream stream, Args a, const Dims &dims) {
   a.numTiles = int(ceilDiv(dims.seq, wg::kBlockM));
-  launch(kn, "launch of the warpgroup forward kernel", wg::forwardKernel<kD>,
+  launch(kn, "launch of the warpgroup forward kernel",
+         a.segments ? wg::forwardKernel<kD, true> : wg::forwardKernel<kD, false>,
          int64_t(a.numTiles) * dims.batch * dims.heads, wg::kThreads, wg::forwardSmem<kD>(), stream,
          tileMap(kn, a.q, dims.batch, dims.seq, dims.heads, kD, a.qStride, wg::kBlockM),
          tileMap(kn, a.k, dims.batch, dims.seqK, dims.kvHeads, kD, a.kvStride, wg::kBlockN),
@@ -2487,9 +2564,9 @@ template <int kD> void forwardWarpGroup(const char *kn, Stream stream, Args a, c
 
 template <typename T>
 void forwardTensorCoreD(const char *kn, Stream stream, const Args &a, const Dims &dims) {
-  // bf16 at head dim 64 or 128 on Hopper with a positive scale (its softmax takes the maximum over
-  // the unscaled scores) and no segment ids: the warp-specialised warpgroup-MMA kernel.
-  if (a.scale > 0 && !a.segments && warpGroupPath<T>(kn, dims)) {
+  // bf16 at head dim 64 or 128 on Hopper with a positive scale (its softmax takes the maximum
+  // over the unscaled scores): the warp-specialised warpgroup-MMA kernel.
+  if (a.scale > 0 && warpGroupPath<T>(kn, dims)) {
     if (dims.d == 64)
       forwardWarpGroup<64>(kn, stream, a, dims);
     else

@@ -378,14 +378,14 @@ struct Device {
   void poison() { cudaMemset(data, 0xff, bytes); }
 };
 
-/// A [.., ..] tensor's values in `dtype` storage (f32 or bf16), and back as f32.
+/// A [.., ..] tensor's values in `dtype` storage (f32, bf16 or f16), and back as f32.
 std::vector<uint8_t> encode(const std::vector<float> &x, DType dtype) {
   std::vector<uint8_t> out(x.size() * dtypeSize(dtype));
   for (size_t i = 0; i < x.size(); ++i) {
     if (dtype == DType::F32) {
       std::memcpy(&out[i * 4], &x[i], 4);
     } else {
-      uint16_t h = f32ToBf16(x[i]);
+      uint16_t h = dtype == DType::F16 ? f32ToF16(x[i]) : f32ToBf16(x[i]);
       std::memcpy(&out[i * 2], &h, 2);
     }
   }
@@ -501,12 +501,12 @@ TEST(PackedSequencesTest, CudaAttentionWithSegmentsMatchesCpu) {
   if (!haveGpu())
     GTEST_SKIP() << "no GPU here";
   // Head dim 128 and a sequence over one 128-row tile: f32 takes the generic kernels, bf16 the
-  // tensor-core ones (mma.sync, which read the segment ids; never the warpgroup kernels).
+  // tensor-core ones (on Hopper the warpgroup kernels), f16 the mma.sync ones everywhere.
   const std::vector<Doc> docs = {{0, 0, 37}, {0, 37, 100}, {0, 137, 23}, {1, 0, 1}, {1, 1, 159}};
   std::vector<int64_t> segments, positions;
   packedIds(docs, 2, 160, segments, positions);
   expectSegmentedAttentionMatchesCpu(2, 160, 4, 2, 128, segments, /*ids64=*/false,
-                                     {DType::F32, DType::BF16});
+                                     {DType::F32, DType::BF16, DType::F16});
 }
 
 TEST(PackedSequencesTest, CudaTensorCoreAttentionSkipsOtherDocuments) {
@@ -514,7 +514,8 @@ TEST(PackedSequencesTest, CudaTensorCoreAttentionSkipsOtherDocuments) {
     GTEST_SKIP() << "no GPU here";
   // Documents over several 64- and 128-row tiles, one-token documents at a tile's edge and a
   // document longer than two tiles, at head dims 64 and 128, GQA 4:1, ids as i64: the tensor-core
-  // kernels visit only the tiles of the block's documents and mask those that straddle an edge.
+  // kernels visit only the tiles of the block's documents and mask those that straddle an edge
+  // (bf16: the warpgroup kernels on Hopper, mma.sync elsewhere; f16: mma.sync).
   const int64_t S = 700;
   const std::vector<Doc> docs = {{0, 0, 1},     {0, 1, 127},   {0, 128, 1},  {0, 129, 64},
                                  {0, 193, 300}, {0, 493, 207}, {1, 0, 37},   {1, 37, 1},
@@ -523,7 +524,8 @@ TEST(PackedSequencesTest, CudaTensorCoreAttentionSkipsOtherDocuments) {
   packedIds(docs, 2, S, segments, positions);
   for (int64_t d : {64, 128}) {
     SCOPED_TRACE("head dim " + std::to_string(d));
-    expectSegmentedAttentionMatchesCpu(2, S, 4, 1, d, segments, /*ids64=*/true, {DType::BF16});
+    expectSegmentedAttentionMatchesCpu(2, S, 4, 1, d, segments, /*ids64=*/true,
+                                       {DType::BF16, DType::F16});
   }
 }
 
@@ -537,7 +539,8 @@ TEST(PackedSequencesTest, CudaTensorCoreAttentionTakesAnySegmentIds) {
   std::vector<int64_t> segments(static_cast<size_t>(S));
   for (int64_t t = 0; t < S; ++t)
     segments[size_t(t)] = (t / 7) % 3;
-  expectSegmentedAttentionMatchesCpu(1, S, 2, 2, 128, segments, /*ids64=*/false, {DType::BF16});
+  expectSegmentedAttentionMatchesCpu(1, S, 2, 2, 128, segments, /*ids64=*/false,
+                                     {DType::BF16, DType::F16});
 }
 
 TEST(PackedSequencesTest, CudaRopeWithPositionsAndLlama3MatchesCpu) {
