@@ -785,11 +785,48 @@ __device__ SegmentWindow segmentWindow(int i64, const void *own, int ownBegin, i
   return {int(first), int(last) + 1, lo == hi && count == last - first + 1};
 }
 
+/// Batch row b's segment ids of the queries and of the keys, and the window of the other side's
+/// rows a block can read.
+struct BlockSegments {
+  const void *queries, *keys;
+  SegmentWindow window;
+};
+
+/// The segments of a block of queries [ownBegin, ownEnd) reading keys [otherBegin, otherEnd)
+/// (ownQueries), or of a block of keys [ownBegin, ownEnd) read by queries [otherBegin,
+/// otherEnd). Every thread of the block (kBlockThreads) calls it.
+template <int kBlockThreads>
+__device__ BlockSegments blockSegments(const Args &a, int b, bool ownQueries, int ownBegin,
+                                       int ownEnd, int otherBegin, int otherEnd) {
+  BlockSegments s;
+  s.queries = segmentRow(a.segments, a.segmentsI64, int64_t(b) * a.seq);
+  s.keys = segmentRow(a.keySegments, a.segmentsI64, int64_t(b) * a.seqK);
+  s.window =
+      segmentWindow<kBlockThreads>(a.segmentsI64, ownQueries ? s.queries : s.keys, ownBegin, ownEnd,
+                                   ownQueries ? s.keys : s.queries, otherBegin, otherEnd);
+  return s;
+}
+
 constexpr int kFwdBlockM = 128; ///< queries per forward block (32 per warp)
 constexpr int kFwdBlockN = 64;  ///< keys per forward tile
 
 template <int kD> constexpr size_t forwardSmem() {
   return sizeof(uint16_t) * kPitch<kD> * (kFwdBlockM + 4 * kFwdBlockN);
+}
+
+/// The segment ids of the rows a thread holds in mma fragments, rows row0 + 16 mt + lane / 4
+/// (+ 8) for the kMT 16-row tiles (-1 past `rows`, which no store reads).
+template <int kMT>
+__device__ __forceinline__ void fragmentRowSegments(int64_t (&ids)[kMT][2], const void *segments,
+                                                    int i64, int row0, int rows) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = row0 + mt * 16 + (lane >> 2) + r * 8;
+      ids[mt][r] = i < rows ? segmentAt(segments, i64, i) : -1;
+    }
 }
 
 /// Forward over one tile of 128 queries of one (batch, head); with kSegments, under the segment ids
@@ -815,23 +852,20 @@ __global__ void __launch_bounds__(kThreads, 2) forwardKernel(const Args a) {
   const T *vBase = static_cast<const T *>(a.v) + (int64_t(b) * seqK * a.kvHeads + g) * a.d;
 
   // Segment ids: the key tiles that hold the block's documents, and the rows' ids.
-  const void *qSeg = nullptr, *kSeg = nullptr;
-  SegmentWindow window{0, 0, true};
-  if (kSegments) {
-    qSeg = segmentRow(a.segments, a.segmentsI64, int64_t(b) * seq);
-    kSeg = segmentRow(a.keySegments, a.segmentsI64, int64_t(b) * seqK);
-    window = segmentWindow<kThreads>(a.segmentsI64, qSeg, m0, min(seq, m0 + kBlockM), kSeg, 0,
-                                     a.causal ? min(seqK, m0 + kBlockM) : seqK);
-  }
+  BlockSegments seg{nullptr, nullptr, {0, 0, true}};
+  if (kSegments)
+    seg = blockSegments<kThreads>(a, b, true, m0, min(seq, m0 + kBlockM), 0,
+                                  a.causal ? min(seqK, m0 + kBlockM) : seqK);
 
   loadTile<kBlockM, kD>(sQ, qBase, a.qStride, m0, seq, a.d);
-  if (!kSegments || window.begin < window.end) {
-    const int n0 = window.begin / kBlockN * kBlockN;
+  if (!kSegments || seg.window.begin < seg.window.end) {
+    const int n0 = seg.window.begin / kBlockN * kBlockN;
     loadTile<kBlockN, kD>(sK, kBase, a.kvStride, n0, seqK, a.d);
     loadTile<kBlockN, kD>(sV, vBase, a.kvStride, n0, seqK, a.d);
   }
   cpAsyncCommit();
-  if (kSegments && window.begin == window.end) { // no key: q must land before o is staged there
+  if (kSegments &&
+      seg.window.begin == seg.window.end) { // no key: q must land before o is staged there
     cpAsyncWait<0>();
     __syncthreads();
   }
@@ -851,17 +885,11 @@ __global__ void __launch_bounds__(kThreads, 2) forwardKernel(const Args a) {
 
   const int warpRow0 = m0 + warp * kWarpRows;
   const int keyEnd = a.causal ? min(seqK, m0 + kBlockM) : seqK;
-  const int tileBegin = kSegments ? window.begin / kBlockN : 0;
-  const int tileEnd = ((kSegments ? window.end : keyEnd) + kBlockN - 1) / kBlockN;
+  const int tileBegin = kSegments ? seg.window.begin / kBlockN : 0;
+  const int tileEnd = ((kSegments ? seg.window.end : keyEnd) + kBlockN - 1) / kBlockN;
   int64_t rowSegment[kMT][2] = {};
   if (kSegments)
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int i = warpRow0 + mt * 16 + (lane >> 2) + r * 8;
-        rowSegment[mt][r] = i < seq ? segmentAt(qSeg, a.segmentsI64, i) : -1;
-      }
+    fragmentRowSegments<kMT>(rowSegment, seg.queries, a.segmentsI64, warpRow0, seq);
   const T *warpQ = sQ + warp * kWarpRows * kP;
   for (int t = tileBegin; t < tileEnd; ++t) {
     const int buf = (t - tileBegin) & 1, n0 = t * kBlockN;
@@ -906,7 +934,8 @@ __global__ void __launch_bounds__(kThreads, 2) forwardKernel(const Args a) {
     }
 
     // Scale into base 2, mask, and update the running maxima and sums.
-    const bool maskSegments = !window.uniform || n0 < window.begin || n0 + kBlockN > window.end;
+    const bool maskSegments =
+        !seg.window.uniform || n0 < seg.window.begin || n0 + kBlockN > seg.window.end;
     const bool needMask = n0 + kBlockN > seqK || (a.causal && n0 + kBlockN - 1 > warpRow0) ||
                           (kSegments && maskSegments);
 #pragma unroll
@@ -923,7 +952,7 @@ __global__ void __launch_bounds__(kThreads, 2) forwardKernel(const Args a) {
             if (needMask) {
               const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
               if (j >= seqK || (a.causal && j > i) ||
-                  (kSegments && segmentAt(kSeg, a.segmentsI64, j) != rowSegment[mt][r]))
+                  (kSegments && segmentAt(seg.keys, a.segmentsI64, j) != rowSegment[mt][r]))
                 x = -INFINITY;
             }
             s[mt][nt][2 * r + c] = x;
@@ -1096,26 +1125,17 @@ __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
       }
     }
   // Segment ids: the key tiles that hold the block's documents, and the rows' ids.
-  const void *qSeg = nullptr, *kSeg = nullptr;
-  SegmentWindow window{0, 0, true};
+  BlockSegments seg{nullptr, nullptr, {0, 0, true}};
   int64_t rowSegment[kMT][2] = {};
   if (kSegments) {
-    qSeg = segmentRow(a.segments, a.segmentsI64, int64_t(b) * seq);
-    kSeg = segmentRow(a.keySegments, a.segmentsI64, int64_t(b) * seqK);
-    window = segmentWindow<kThreads>(a.segmentsI64, qSeg, m0, min(seq, m0 + kBlockM), kSeg, 0,
-                                     a.causal ? min(seqK, m0 + kBlockM) : seqK);
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int i = warpRow0 + mt * 16 + (lane >> 2) + r * 8;
-        rowSegment[mt][r] = i < seq ? segmentAt(qSeg, a.segmentsI64, i) : -1;
-      }
+    seg = blockSegments<kThreads>(a, b, true, m0, min(seq, m0 + kBlockM), 0,
+                                  a.causal ? min(seqK, m0 + kBlockM) : seqK);
+    fragmentRowSegments<kMT>(rowSegment, seg.queries, a.segmentsI64, warpRow0, seq);
   }
   __syncthreads(); // the first k and v tiles overwrite the o tile
 
-  if (!kSegments || window.begin < window.end) {
-    const int n0 = window.begin / kBlockN * kBlockN;
+  if (!kSegments || seg.window.begin < seg.window.end) {
+    const int n0 = seg.window.begin / kBlockN * kBlockN;
     loadTile<kBlockN, kD>(sK, kBase, a.kvStride, n0, seqK, a.d);
     loadTile<kBlockN, kD>(sV, vBase, a.kvStride, n0, seqK, a.d);
   }
@@ -1135,8 +1155,8 @@ __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
   }
 
   const int keyEnd = a.causal ? min(seqK, m0 + kBlockM) : seqK;
-  const int tileBegin = kSegments ? window.begin / kBlockN : 0;
-  const int tileEnd = ((kSegments ? window.end : keyEnd) + kBlockN - 1) / kBlockN;
+  const int tileBegin = kSegments ? seg.window.begin / kBlockN : 0;
+  const int tileEnd = ((kSegments ? seg.window.end : keyEnd) + kBlockN - 1) / kBlockN;
   const T *warpQ = sQ + warp * kWarpRows * kP, *warpDo = sDo + warp * kWarpRows * kP;
   for (int t = tileBegin; t < tileEnd; ++t) {
     const int buf = (t - tileBegin) & 1, n0 = t * kBlockN;
@@ -1187,7 +1207,8 @@ __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
 
     // Scale into base 2, mask, update the running maxima and sums, and form
     // 2^(x - m) (dp - D) in s; with the saved lse, form p (dp - D) = 2^(x - lse) (dp - D).
-    const bool maskSegments = !window.uniform || n0 < window.begin || n0 + kBlockN > window.end;
+    const bool maskSegments =
+        !seg.window.uniform || n0 < seg.window.begin || n0 + kBlockN > seg.window.end;
     const bool needMask = n0 + kBlockN > seqK || (a.causal && n0 + kBlockN - 1 > warpRow0) ||
                           (kSegments && maskSegments);
 #pragma unroll
@@ -1204,7 +1225,7 @@ __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
               if (needMask) {
                 const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
                 if (j >= seqK || (a.causal && j > i) ||
-                    (kSegments && segmentAt(kSeg, a.segmentsI64, j) != rowSegment[mt][r]))
+                    (kSegments && segmentAt(seg.keys, a.segmentsI64, j) != rowSegment[mt][r]))
                   x = -INFINITY;
               }
               const float p = exp2Approx(x - rowLse[mt][r]);
@@ -1221,7 +1242,7 @@ __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
             if (needMask) {
               const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
               if (j >= seqK || (a.causal && j > i) ||
-                  (kSegments && segmentAt(kSeg, a.segmentsI64, j) != rowSegment[mt][r]))
+                  (kSegments && segmentAt(seg.keys, a.segmentsI64, j) != rowSegment[mt][r]))
                 x = -INFINITY;
             }
             s[mt][nt][2 * r + c] = x;
@@ -1334,16 +1355,11 @@ __global__ void __launch_bounds__(kThreads, 2) gradKVKernel(const Args a) {
   // tiles before the block's first key see none of its keys.
   const int mStart = a.causal ? n0 / kBlockM : 0;
   // Segment ids: the query tiles that hold the block's documents, and the keys' ids.
-  const void *qSeg = nullptr, *kSeg = nullptr;
-  SegmentWindow window{mStart * kBlockM, seq, true};
-  if (kSegments) {
-    qSeg = segmentRow(a.segments, a.segmentsI64, int64_t(b) * seq);
-    kSeg = segmentRow(a.keySegments, a.segmentsI64, int64_t(b) * seqK);
-    window = segmentWindow<kThreads>(a.segmentsI64, kSeg, n0, min(seqK, n0 + kBlockN), qSeg,
-                                     mStart * kBlockM, seq);
-  }
-  const int mBegin = window.begin / kBlockM;
-  const int perHead = (window.end + kBlockM - 1) / kBlockM - mBegin;
+  BlockSegments seg{nullptr, nullptr, {mStart * kBlockM, seq, true}};
+  if (kSegments)
+    seg = blockSegments<kThreads>(a, b, false, n0, min(seqK, n0 + kBlockN), mStart * kBlockM, seq);
+  const int mBegin = seg.window.begin / kBlockM;
+  const int perHead = (seg.window.end + kBlockM - 1) / kBlockM - mBegin;
   const int steps = a.group * perHead;
   auto loadStep = [&](int u, int buf) {
     const int h = g * a.group + u / perHead, i0 = (mBegin + u % perHead) * kBlockM;
@@ -1378,13 +1394,9 @@ __global__ void __launch_bounds__(kThreads, 2) gradKVKernel(const Args a) {
       dk[dt][e] = dv[dt][e] = 0.f;
 
   const int warpKey0 = n0 + warp * 16;
-  int64_t keySegment[2] = {};
+  int64_t keySegment[1][2] = {};
   if (kSegments)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int j = warpKey0 + (lane >> 2) + r * 8;
-      keySegment[r] = j < seqK ? segmentAt(kSeg, a.segmentsI64, j) : -1;
-    }
+    fragmentRowSegments<1>(keySegment, seg.keys, a.segmentsI64, warpKey0, seqK);
   const T *warpK = sK + warp * 16 * kP, *warpV = sV + warp * 16 * kP;
   for (int u = 0; u < steps; ++u) {
     const int buf = u & 1, i0 = (mBegin + u % perHead) * kBlockM;
@@ -1425,7 +1437,8 @@ __global__ void __launch_bounds__(kThreads, 2) gradKVKernel(const Args a) {
 
     // pᵀ into st, dsᵀ into dpt. Element e of tile mt: key row (lane >> 2) + 8 (e >> 1),
     // query column mt * 8 + 2 (lane & 3) + (e & 1).
-    const bool maskSegments = !window.uniform || i0 < window.begin || i0 + kBlockM > window.end;
+    const bool maskSegments =
+        !seg.window.uniform || i0 < seg.window.begin || i0 + kBlockM > seg.window.end;
     const bool needMask =
         i0 + kBlockM > seq || (a.causal && warpKey0 + 15 > i0) || (kSegments && maskSegments);
 #pragma unroll
@@ -1437,7 +1450,7 @@ __global__ void __launch_bounds__(kThreads, 2) gradKVKernel(const Args a) {
         if (needMask) {
           const int i = i0 + col, j = warpKey0 + (lane >> 2) + (e >> 1) * 8;
           if (i >= seq || (a.causal && j > i) ||
-              (kSegments && segmentAt(qSeg, a.segmentsI64, i) != keySegment[e >> 1]))
+              (kSegments && segmentAt(seg.queries, a.segmentsI64, i) != keySegment[0][e >> 1]))
             p = 0.f;
         }
         st[mt][e] = p;
@@ -1729,6 +1742,27 @@ __device__ __forceinline__ void produceKeyTiles(const KeyTileRing &first, const 
   }
 }
 
+/// The key tiles a forward or dq block of queries m0.. of batch row b visits, [first, first +
+/// count), and with kSegments the segments they were found from (every thread of the block
+/// calls it then: the segment window reads the ids with all of them).
+struct KeyTiles {
+  tc::BlockSegments segments;
+  int first, count;
+};
+
+template <bool kSegments>
+__device__ __forceinline__ KeyTiles keyTilesOf(const Args &a, int b, int m0) {
+  const int keyEnd = a.causal ? min(a.seqK, m0 + kBlockM) : a.seqK;
+  KeyTiles tiles{{nullptr, nullptr, {0, 0, true}}, 0, (keyEnd + kBlockN - 1) / kBlockN};
+  if (kSegments) {
+    tiles.segments =
+        tc::blockSegments<kThreads>(a, b, true, m0, min(a.seq, m0 + kBlockM), 0, keyEnd);
+    tiles.first = tiles.segments.window.begin / kBlockN;
+    tiles.count = (tiles.segments.window.end + kBlockN - 1) / kBlockN - tiles.first;
+  }
+  return tiles;
+}
+
 /// Waits until at most kWait of the warpgroup's committed wgmma groups are still running.
 template <int kWait> __device__ __forceinline__ void waitGroup() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kWait) : "memory");
@@ -1777,19 +1811,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int mBlock = a.causal ? a.numTiles - 1 - tile.rank : tile.rank;
   const int b = bh / a.heads, h = bh % a.heads, g = h / a.group;
   const int m0 = mBlock * kBlockM, seq = a.seq, seqK = a.seqK;
-  const int keyEnd = a.causal ? min(seqK, m0 + kBlockM) : seqK;
-  int firstTile = 0, tiles = (keyEnd + kBlockN - 1) / kBlockN;
-  // Segment ids: the key tiles that hold the block's documents (every thread reads the ids).
-  const void *qSeg = nullptr, *kSeg = nullptr;
-  tc::SegmentWindow window{0, 0, true};
-  if (kSegments) {
-    qSeg = segmentRow(a.segments, a.segmentsI64, int64_t(b) * seq);
-    kSeg = segmentRow(a.keySegments, a.segmentsI64, int64_t(b) * seqK);
-    window = tc::segmentWindow<kThreads>(a.segmentsI64, qSeg, m0, min(seq, m0 + kBlockM), kSeg, 0,
-                                         keyEnd);
-    firstTile = window.begin / kBlockN;
-    tiles = (window.end + kBlockN - 1) / kBlockN - firstTile;
-  }
+  const KeyTiles keyTiles = keyTilesOf<kSegments>(a, b, m0);
+  const tc::BlockSegments &seg = keyTiles.segments;
+  const int firstTile = keyTiles.first, tiles = keyTiles.count;
 
   if (threadIdx.x == 0) {
     mbarrierInit(&bars->q, 1);
@@ -1821,13 +1845,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warpRow0 = m0 + consumer * 64 + warp * 16; // rows warpRow0 + lane / 4 (+ 8)
   // This consumer's 64 rows in each region of the q tile.
   const uint32_t qAddress = tc::smemAddr(sQ) + consumer * 64 * kRegionBytes;
-  int64_t rowSegment[2] = {};
+  int64_t rowSegment[1][2] = {};
   if (kSegments)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int i = warpRow0 + (lane >> 2) + r * 8;
-      rowSegment[r] = i < seq ? segmentAt(qSeg, a.segmentsI64, i) : -1;
-    }
+    tc::fragmentRowSegments<1>(rowSegment, seg.queries, a.segmentsI64, warpRow0, seq);
 
   float o[kD / 2], s[64];
   uint32_t p[32];
@@ -1871,7 +1891,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // FFMA before its exponential. rowMax holds scaled maxima.
   // Element e of s: row lane / 4 + 8 ((e / 2) % 2), key n0 + 8 (e / 4) + 2 (lane % 4) + e % 2.
   auto softmax = [&](int n0) {
-    const bool maskSegments = !window.uniform || n0 < window.begin || n0 + kBlockN > window.end;
+    const bool maskSegments =
+        !seg.window.uniform || n0 < seg.window.begin || n0 + kBlockN > seg.window.end;
     const bool needMask = n0 + kBlockN > seqK || (a.causal && n0 + kBlockN - 1 > warpRow0) ||
                           (kSegments && maskSegments);
 #pragma unroll
@@ -1886,7 +1907,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (needMask) {
             const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
             if (j >= seqK || (a.causal && j > i) ||
-                (kSegments && segmentAt(kSeg, a.segmentsI64, j) != rowSegment[r]))
+                (kSegments && segmentAt(seg.keys, a.segmentsI64, j) != rowSegment[0][r]))
               x = -INFINITY;
           }
           tileMax = fmaxf(tileMax, x);
@@ -2025,19 +2046,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int mBlock = a.causal ? a.numTiles - 1 - tile.rank : tile.rank;
   const int b = bh / a.heads, h = bh % a.heads, g = h / a.group;
   const int m0 = mBlock * kBlockM, seq = a.seq, seqK = a.seqK;
-  const int keyEnd = a.causal ? min(seqK, m0 + kBlockM) : seqK;
-  int firstTile = 0, tiles = (keyEnd + kBlockN - 1) / kBlockN;
-  // Segment ids: the key tiles that hold the block's documents (every thread reads the ids).
-  const void *qSeg = nullptr, *kSeg = nullptr;
-  tc::SegmentWindow window{0, 0, true};
-  if (kSegments) {
-    qSeg = segmentRow(a.segments, a.segmentsI64, int64_t(b) * seq);
-    kSeg = segmentRow(a.keySegments, a.segmentsI64, int64_t(b) * seqK);
-    window = tc::segmentWindow<kThreads>(a.segmentsI64, qSeg, m0, min(seq, m0 + kBlockM), kSeg, 0,
-                                         keyEnd);
-    firstTile = window.begin / kBlockN;
-    tiles = (window.end + kBlockN - 1) / kBlockN - firstTile;
-  }
+  const KeyTiles keyTiles = keyTilesOf<kSegments>(a, b, m0);
+  const tc::BlockSegments &seg = keyTiles.segments;
+  const int firstTile = keyTiles.first, tiles = keyTiles.count;
 
   if (threadIdx.x == 0) {
     mbarrierInit(&bars->qdo, 1);
@@ -2105,13 +2116,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
-  int64_t rowSegment[2] = {};
+  int64_t rowSegment[1][2] = {};
   if (kSegments)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int i = warpRow0 + (lane >> 2) + r * 8;
-      rowSegment[r] = i < seq ? segmentAt(qSeg, a.segmentsI64, i) : -1;
-    }
+    tc::fragmentRowSegments<1>(rowSegment, seg.queries, a.segmentsI64, warpRow0, seq);
   float dq[kD / 2];
 #pragma unroll
   for (int e = 0; e < kD / 2; ++e)
@@ -2147,7 +2154,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // ds = p (dp - D) in T pairs, the A fragments of ds k. Element e: row lane / 4 +
     // 8 ((e / 2) % 2), key n0 + 8 (e / 4) + 2 (lane % 4) + e % 2.
-    const bool maskSegments = !window.uniform || n0 < window.begin || n0 + kBlockN > window.end;
+    const bool maskSegments =
+        !seg.window.uniform || n0 < seg.window.begin || n0 + kBlockN > seg.window.end;
     const bool needMask = n0 + kBlockN > seqK || (a.causal && n0 + kBlockN - 1 > warpRow0) ||
                           (kSegments && maskSegments);
     uint32_t ds[32];
@@ -2163,7 +2171,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (needMask) {
             const int j = n0 + nt * 8 + (lane & 3) * 2 + c;
             if (j >= seqK || (a.causal && j > i) ||
-                (kSegments && segmentAt(kSeg, a.segmentsI64, j) != rowSegment[r]))
+                (kSegments && segmentAt(seg.keys, a.segmentsI64, j) != rowSegment[0][r]))
               x = -INFINITY;
           }
           const float p = tc::exp2Approx(x - rowLse[r]);
@@ -2252,15 +2260,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int mStart = a.causal ? n0 / kKvBlockM : 0;
   int mBegin = mStart, perHead = (seq + kKvBlockM - 1) / kKvBlockM - mStart;
   // Segment ids: the query tiles that hold the block's documents (every thread reads the ids).
-  const void *qSeg = nullptr, *kSeg = nullptr;
-  tc::SegmentWindow window{0, 0, true};
+  tc::BlockSegments seg{nullptr, nullptr, {0, 0, true}};
   if (kSegments) {
-    qSeg = segmentRow(a.segments, a.segmentsI64, int64_t(b) * seq);
-    kSeg = segmentRow(a.keySegments, a.segmentsI64, int64_t(b) * seqK);
-    window = tc::segmentWindow<kThreads>(a.segmentsI64, kSeg, n0, min(seqK, n0 + kKvBlockN), qSeg,
-                                         mStart * kKvBlockM, seq);
-    mBegin = window.begin / kKvBlockM;
-    perHead = (window.end + kKvBlockM - 1) / kKvBlockM - mBegin;
+    seg = tc::blockSegments<kThreads>(a, b, false, n0, min(seqK, n0 + kKvBlockN),
+                                      mStart * kKvBlockM, seq);
+    mBegin = seg.window.begin / kKvBlockM;
+    perHead = (seg.window.end + kKvBlockM - 1) / kKvBlockM - mBegin;
   }
   const int steps = a.group * perHead;
 
@@ -2318,13 +2323,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int e = 0; e < kD / 2; ++e)
     dk[e] = dv[e] = 0.f;
   const int warpKey0 = n0 + consumer * 64 + warp * 16; // keys warpKey0 + lane / 4 (+ 8)
-  int64_t keySegment[2] = {};
+  int64_t keySegment[1][2] = {};
   if (kSegments)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int j = warpKey0 + (lane >> 2) + r * 8;
-      keySegment[r] = j < seqK ? segmentAt(kSeg, a.segmentsI64, j) : -1;
-    }
+    tc::fragmentRowSegments<1>(keySegment, seg.keys, a.segmentsI64, warpKey0, seqK);
   const uint32_t kAddress = tc::smemAddr(sK) + consumer * 64 * kRegionBytes;
   const uint32_t vAddress = tc::smemAddr(sV) + consumer * 64 * kRegionBytes;
   mbarrierWait(&bars->kv, 0);
@@ -2354,7 +2355,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // pᵀ and dsᵀ in T pairs, the A fragments of the dv and dk products. Element e: key
     // warpKey0 + lane / 4 + 8 ((e / 2) % 2), query i0 + 8 (e / 4) + 2 (lane % 4) + e % 2.
-    const bool maskSegments = !window.uniform || i0 < window.begin || i0 + kKvBlockM > window.end;
+    const bool maskSegments =
+        !seg.window.uniform || i0 < seg.window.begin || i0 + kKvBlockM > seg.window.end;
     const bool needMask =
         i0 + kKvBlockM > seq || (a.causal && warpKey0 + 15 > i0) || (kSegments && maskSegments);
     uint32_t pa[16], sa[16];
@@ -2371,7 +2373,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (needMask) {
             const int i = i0 + col;
             if (i >= seq || (a.causal && j > i) ||
-                (kSegments && segmentAt(qSeg, a.segmentsI64, i) != keySegment[r]))
+                (kSegments && segmentAt(seg.queries, a.segmentsI64, i) != keySegment[0][r]))
               pv = 0.f;
           }
           p[c] = pv;
