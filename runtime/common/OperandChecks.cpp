@@ -201,6 +201,34 @@ int64_t checkNormGrad(const char *b, const char *k, const TensorView &dy, const 
   return d;
 }
 
+int64_t checkDoraGrad(const char *b, const char *k, const TensorView &dy, const TensorView &y,
+                      const TensorView &scale, const TensorView &magnitude, const TensorView &dx,
+                      const TensorView &dmagnitude) {
+  checkFloat(b, k, "dy", dy);
+  checkFloat(b, k, "y", y);
+  checkFloat(b, k, "scale", scale);
+  checkFloat(b, k, "magnitude", magnitude);
+  checkFloat(b, k, "dx", dx);
+  checkFloat(b, k, "dmagnitude", dmagnitude);
+  if (dy.rank() < 1)
+    fail(b, k, "dy must have at least one dimension, got shape " + formatShape(dy.shape));
+  checkSameShape(b, k, "y", y, "dy", dy);
+  checkSameShape(b, k, "dx", dx, "dy", dy);
+  int64_t d = dy.dim(-1);
+  std::string context = "for dy shape " + formatShape(dy.shape);
+  checkShape(b, k, "scale", scale, {d}, context);
+  checkShape(b, k, "magnitude", magnitude, {d}, context);
+  checkShape(b, k, "dmagnitude", dmagnitude, {d}, context);
+  for (auto [name, t] :
+       {std::pair("y", &y), std::pair("scale", &scale), std::pair("magnitude", &magnitude),
+        std::pair("dx", &dx), std::pair("dmagnitude", &dmagnitude)})
+    if (t->dtype != dy.dtype)
+      fail(b, k,
+           std::string(name) + " dtype " + dtypeName(t->dtype) + " differs from dy's " +
+               dtypeName(dy.dtype));
+  return d;
+}
+
 void checkStep(const char *b, const char *k, const TensorView &step) {
   checkView(b, k, "step", step);
   if (step.dtype != DType::I64)

@@ -76,6 +76,12 @@ int64_t checkNorm(const char *backend, const char *kernel, const TensorView &x,
 int64_t checkNormGrad(const char *backend, const char *kernel, const TensorView &dy,
                       const TensorView &x, const TensorView &w, const TensorView &dx);
 
+/// Checks dy [..., D], y like dy, scale and magnitude [D], dx like dy and dmagnitude like
+/// magnitude, all of dy's float dtype (dora_grad); returns D.
+int64_t checkDoraGrad(const char *backend, const char *kernel, const TensorView &dy,
+                      const TensorView &y, const TensorView &scale, const TensorView &magnitude,
+                      const TensorView &dx, const TensorView &dmagnitude);
+
 /// Checks that `step` is the i64 scalar step counter.
 void checkStep(const char *backend, const char *kernel, const TensorView &step);
 /// Checks that `t` is an f32 tensor of `shape` (optimizer state, GaLore's projections).
@@ -140,6 +146,12 @@ std::pair<int64_t, int64_t> checkGaloreSide(const char *backend, const char *ker
   inline int64_t checkNormGrad(const char *kernel, const TensorView &dy, const TensorView &x,      \
                                const TensorView &w, const TensorView &dx) {                        \
     return ::bonsai::rt::checks::checkNormGrad(Backend, kernel, dy, x, w, dx);                     \
+  }                                                                                                \
+  inline int64_t checkDoraGrad(const char *kernel, const TensorView &dy, const TensorView &y,      \
+                               const TensorView &scale, const TensorView &magnitude,               \
+                               const TensorView &dx, const TensorView &dmagnitude) {               \
+    return ::bonsai::rt::checks::checkDoraGrad(Backend, kernel, dy, y, scale, magnitude, dx,       \
+                                               dmagnitude);                                        \
   }                                                                                                \
   inline void checkStep(const char *kernel, const TensorView &step) {                              \
     ::bonsai::rt::checks::checkStep(Backend, kernel, step);                                        \

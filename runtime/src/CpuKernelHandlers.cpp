@@ -389,6 +389,13 @@ void launch(kinds::DoraScale, const KernelCall &c) {
                  c.out(Out::y));
 }
 
+void launch(kinds::DoraGrad, const KernelCall &c) {
+  using In = kinds::DoraGrad::In;
+  using Out = kinds::DoraGrad::Out;
+  cpu::doraGrad(c.in(In::dy), c.in(In::y), c.in(In::scale), c.in(In::magnitude), c.out(Out::dx),
+                c.out(Out::dmagnitude));
+}
+
 void launch(kinds::Dequantize, const KernelCall &c) {
   using In = kinds::Dequantize::In;
   using Out = kinds::Dequantize::Out;

@@ -378,6 +378,10 @@ public:
     if (error.code == cuda::kZeroNorm)
       throw Error(kernel + ": row " + std::to_string(error.index) +
                   " of w + scale·lora_b·lora_a has norm 0: its direction is undefined");
+    if (error.code == cuda::kZeroMagnitude)
+      throw Error(kernel + ": magnitude[" + std::to_string(error.index) +
+                  "] is 0: the row's pre-scale output cannot be recovered from y to form its "
+                  "gradient (compile with --fuse-disable=dora to keep it instead)");
     throw Error(kernel + ": " + what + " out of range: element " + std::to_string(error.index) +
                 " is " + std::to_string(error.value));
   }

@@ -412,6 +412,13 @@ void launch(kinds::DoraScale, const CudaCall &c) {
                   a.scale, c.out(Out::y));
 }
 
+void launch(kinds::DoraGrad, const CudaCall &c) {
+  using In = kinds::DoraGrad::In;
+  using Out = kinds::DoraGrad::Out;
+  cuda::doraGrad(c.ctx, c.in(In::dy), c.in(In::y), c.in(In::scale), c.in(In::magnitude),
+                 c.out(Out::dx), c.out(Out::dmagnitude));
+}
+
 void launch(kinds::Dequantize, const CudaCall &c) {
   using In = kinds::Dequantize::In;
   using Out = kinds::Dequantize::Out;

@@ -4,7 +4,9 @@
 // float dtype and ragged shapes (odd sizes, rank 1 to 64, a 4096 x 4096 weight): every output
 // element within a tolerance of the dtype (the kernels sum in a different order, then round the
 // norm to the dtype, so bf16 results may differ by one bf16 ulp of the norm); two runs agree bit
-// for bit; a row of norm 0 lands in the DeviceError record as kZeroNorm. Built only with the
+// for bit; a row of norm 0 lands in the DeviceError record as kZeroNorm. cuda::doraGrad against
+// cpu::doraGrad: dx bit for bit, dm within the sums' order; vector and scalar paths, dx in place
+// of dy; a zero magnitude lands as kZeroMagnitude. Built only with the
 // CUDA backend; every test skips without a GPU.
 //
 //===----------------------------------------------------------------------===//
@@ -165,6 +167,71 @@ TEST_F(CudaLoraTest, ZeroRowIsADeviceError) {
   EXPECT_EQ(e.code, cuda::kZeroNorm);
   EXPECT_EQ(e.kernel, 3);
   EXPECT_EQ(e.index, 2);
+}
+
+TEST_F(CudaLoraTest, DoraGradMatchesCpu) {
+  // Rows x columns: one element; odd columns (the scalar path); the vector path with a partial
+  // tile; TinyLlama's k/v and q/o/down shapes of a 8192-token step.
+  const std::vector<std::vector<int64_t>> shapes = {
+      {1, 1}, {3, 29, 37}, {2, 700, 264}, {8192, 256}, {4, 2048, 2048}};
+  for (DType dt : {DType::F32, DType::F16, DType::BF16})
+    for (const std::vector<int64_t> &shape : shapes) {
+      int64_t cols = shape.back();
+      SCOPED_TRACE(std::string(dtypeName(dt)) + " dy " + std::to_string(shape.size()) + "-D, " +
+                   std::to_string(cols) + " columns");
+      Host dy = randomHost(rng, dt, shape, -1.0f, 1.0f);
+      Host y = randomHost(rng, dt, shape, -2.0f, 2.0f);
+      Host scale = randomHost(rng, dt, {cols}, 0.5f, 2.0f);
+      Host m = randomHost(rng, dt, {cols}, 0.5f, 2.0f);
+      Host wantDx(dt, shape), wantDm(dt, {cols}), dx(dt, shape), dmag(dt, {cols});
+      cpu::doraGrad(dy.view(), y.view(), scale.view(), m.view(), wantDx.view(), wantDm.view());
+      Dev ddy(dy), dyy(y), dscale(scale), dmm(m), ddx(dx), ddm(dmag);
+      cuda::doraGrad(ctx, ddy.view(), dyy.view(), dscale.view(), dmm.view(), ddx.view(),
+                     ddm.view());
+      Host gotDx = ddx.download(), gotDm = ddm.download();
+      EXPECT_EQ(std::memcmp(gotDx.bytes.data(), wantDx.bytes.data(), gotDx.bytes.size()), 0);
+      // fp32 partial sums against the CPU's fp64: the terms' magnitudes bound the difference.
+      std::vector<float> g = gotDm.values(), r = wantDm.values(), dys = dy.values(),
+                         ys = y.values(), ms = m.values();
+      int64_t rows = dy.view().numel() / cols;
+      double ulp = dt == DType::F32 ? 0.0 : dt == DType::F16 ? 1e-3 : 8e-3;
+      for (int64_t c = 0; c < cols; ++c) {
+        double magnitude = 0;
+        for (int64_t t = 0; t < rows; ++t)
+          magnitude += std::fabs(double(dys[size_t(t * cols + c)]) * ys[size_t(t * cols + c)]);
+        magnitude /= std::fabs(ms[size_t(c)]);
+        ASSERT_NEAR(g[size_t(c)], r[size_t(c)], 1e-5 * magnitude + ulp * std::fabs(r[size_t(c)]))
+            << "column " << c;
+      }
+      // Run to run, the same bits; and dx written over dy gives the same dx.
+      Dev ddx2(dx), ddm2(dmag);
+      cuda::doraGrad(ctx, ddy.view(), dyy.view(), dscale.view(), dmm.view(), ddx2.view(),
+                     ddm2.view());
+      Host againDm = ddm2.download();
+      EXPECT_EQ(std::memcmp(againDm.bytes.data(), gotDm.bytes.data(), gotDm.bytes.size()), 0);
+      cuda::doraGrad(ctx, ddy.view(), dyy.view(), dscale.view(), dmm.view(), ddy.view(),
+                     ddm2.view());
+      Host inPlace = ddy.download();
+      EXPECT_EQ(std::memcmp(inPlace.bytes.data(), wantDx.bytes.data(), inPlace.bytes.size()), 0);
+    }
+  EXPECT_EQ(deviceError().code, 0);
+}
+
+TEST_F(CudaLoraTest, ZeroMagnitudeIsADeviceError) {
+  Host dy = randomHost(rng, DType::BF16, {16, 64}, -1, 1);
+  Host y = randomHost(rng, DType::BF16, {16, 64}, -1, 1);
+  Host scale = randomHost(rng, DType::BF16, {64}, 1, 2);
+  Host m = randomHost(rng, DType::BF16, {64}, 1, 2);
+  std::vector<float> mv = m.values();
+  mv[41] = 0.0f;
+  storeF32(mv.data(), m.view());
+  Host dx(DType::BF16, {16, 64}), dmag(DType::BF16, {64});
+  Dev ddy(dy), dyy(y), dscale(scale), dmm(m), ddx(dx), ddm(dmag);
+  cuda::doraGrad(ctx, ddy.view(), dyy.view(), dscale.view(), dmm.view(), ddx.view(), ddm.view());
+  cuda::DeviceError e = deviceError();
+  EXPECT_EQ(e.code, cuda::kZeroMagnitude);
+  EXPECT_EQ(e.kernel, 3);
+  EXPECT_EQ(e.index, 41);
 }
 
 } // namespace

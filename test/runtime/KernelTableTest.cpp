@@ -326,6 +326,12 @@ void sample(kinds::DoraScale, Sample &s) {
   s.kernel(KernelKind::DoraScale, {s.param({4}), s.param({4, 6}), s.param({2, 6}), s.param({4, 2})},
            {s.act({4})}, fb::KernelAttrs::DoraScaleAttrs, doraScaleAttrs(2.0));
 }
+void sample(kinds::DoraGrad, Sample &s) {
+  uint32_t magnitude = s.act({4}); // non-zero: dm divides by it
+  s.positive.insert(magnitude);
+  s.kernel(KernelKind::DoraGrad, {s.act(X), s.act(X), s.act({4}), magnitude},
+           {s.act(X), s.act({4})});
+}
 void sample(kinds::GaloreRefresh, Sample &s) {
   // A gradient [64, 32] projected on its right (smaller) side at rank 8.
   s.kernel(KernelKind::GaloreRefresh, {s.act({64, 32}), s.state({}, DType::I64)},

@@ -1,6 +1,8 @@
 //===- LoraTest.cpp - Adapters in the runtime: kernel, initializers, plans -===//
 //
 // docs/lora.md: the CPU dora_scale kernel against a direct fp64 evaluation on random data;
+// dora_grad against the unfused chain it replaces (mul, mul, reduce_to, dora_scale) and an fp64
+// evaluation from the pre-scale output, and its messages (a zero magnitude, shapes);
 // the step-0 identity (B = 0 and a RowNorm magnitude give a scale of exactly 1, f32 and bf16);
 // the KaimingUniform and RowNorm initializers; the plan verifier's adapter checks (each bad
 // index, shape, role and initializer named); and the executor's binding rules (an adapter the
@@ -17,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <random>
 
 using namespace bonsai::rt;
@@ -148,6 +151,86 @@ TEST(LoraKernel, DoraScaleRejectsBadShapesAndZeroRows) {
   }
 }
 
+// dora_grad's dx is the unfused mul's, bit for bit; its dm (from the scaled output y and the
+// magnitude) is the detached-norm gradient Σ dy · x / n, which the fp64 evaluation from the
+// pre-scale x gives: within the rounding of y (one ulp of the dtype) plus the dtype's rounding
+// of dm. The unfused chain rounds the product and the sum to the dtype too, so it is compared
+// with the same tolerance.
+TEST(LoraKernel, DoraGradMatchesTheUnfusedChain) {
+  std::mt19937 rng(13);
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtypeName(dt));
+    const int64_t tokens = 3 * 29, out = 37, in = 53, r = 5;
+    HostTensor m = randomTensor(rng, dt, {out}, 0.5f, 2.0f);
+    HostTensor w = randomTensor(rng, dt, {out, in}, -1.0f, 1.0f);
+    HostTensor a = randomTensor(rng, dt, {r, in}, -0.5f, 0.5f);
+    HostTensor b = randomTensor(rng, dt, {out, r}, -0.5f, 0.5f);
+    HostTensor x = randomTensor(rng, dt, {3, 29, out}, -2.0f, 2.0f);
+    HostTensor dy = randomTensor(rng, dt, {3, 29, out}, -1.0f, 1.0f);
+    HostTensor scale = emptyTensor(dt, {out}), y = emptyTensor(dt, {3, 29, out});
+    cpu::doraScale(m.view(), w.view(), a.view(), b.view(), 1.5, scale.view());
+    cpu::mul(x.view(), scale.view(), y.view());
+
+    HostTensor dx = emptyTensor(dt, {3, 29, out}), dm = emptyTensor(dt, {out});
+    cpu::doraGrad(dy.view(), y.view(), scale.view(), m.view(), dx.view(), dm.view());
+    // The unfused chain: dx = dy · scale; dscale = reduce_to(dy · x); dm = dora_scale(dscale).
+    HostTensor wantDx = emptyTensor(dt, {3, 29, out}), product = emptyTensor(dt, {3, 29, out});
+    HostTensor dscale = emptyTensor(dt, {out}), chainDm = emptyTensor(dt, {out});
+    cpu::mul(dy.view(), scale.view(), wantDx.view());
+    cpu::mul(dy.view(), x.view(), product.view());
+    cpu::reduceTo(product.view(), dscale.view());
+    cpu::doraScale(dscale.view(), w.view(), a.view(), b.view(), 1.5, chainDm.view());
+    EXPECT_EQ(read(dx), read(wantDx));
+
+    std::vector<float> got = read(dm), chain = read(chainDm), xs = read(x), dys = read(dy);
+    std::vector<float> ms = read(m), ss = read(scale);
+    double ulp = dt == DType::F32 ? 1e-6 : dt == DType::F16 ? 2e-3 : 1.6e-2;
+    for (int64_t o = 0; o < out; ++o) {
+      // n = m / scale as the kernels see it; Σ|dy · x| / n bounds the sum's rounding.
+      double norm = double(ms[size_t(o)]) / ss[size_t(o)], sum = 0, magnitude = 0;
+      for (int64_t t = 0; t < tokens; ++t) {
+        double term = double(dys[size_t(t * out + o)]) * xs[size_t(t * out + o)];
+        sum += term;
+        magnitude += std::fabs(term);
+      }
+      double want = sum / norm, tol = 2 * ulp * (magnitude / norm) + 1e-7;
+      EXPECT_NEAR(got[size_t(o)], want, tol) << "column " << o;
+      EXPECT_NEAR(chain[size_t(o)], want, tol) << "column " << o << " (unfused chain)";
+    }
+  }
+}
+
+TEST(LoraKernel, DoraGradRejectsAZeroMagnitudeAndBadShapes) {
+  std::mt19937 rng(17);
+  HostTensor dy = randomTensor(rng, DType::F32, {2, 4}, -1, 1);
+  HostTensor y = randomTensor(rng, DType::F32, {2, 4}, -1, 1);
+  HostTensor scale = randomTensor(rng, DType::F32, {4}, 1, 2);
+  HostTensor m = randomTensor(rng, DType::F32, {4}, 1, 2);
+  HostTensor dx = emptyTensor(DType::F32, {2, 4}), dm = emptyTensor(DType::F32, {4});
+  HostTensor shortM = randomTensor(rng, DType::F32, {3}, 1, 2);
+  auto expectError = [](const std::function<void()> &run, const std::string &text) {
+    try {
+      run();
+      ADD_FAILURE() << "no error; expected " << text;
+    } catch (const Error &e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  expectError(
+      [&] {
+        cpu::doraGrad(dy.view(), y.view(), scale.view(), shortM.view(), dx.view(), dm.view());
+      },
+      "magnitude shape [3] should be [4]");
+  HostTensor bf = randomTensor(rng, DType::BF16, {2, 4}, -1, 1);
+  expectError(
+      [&] { cpu::doraGrad(dy.view(), bf.view(), scale.view(), m.view(), dx.view(), dm.view()); },
+      "y dtype bf16 differs from dy's f32");
+  m.values[2] = 0.0f;
+  expectError(
+      [&] { cpu::doraGrad(dy.view(), y.view(), scale.view(), m.view(), dx.view(), dm.view()); },
+      "magnitude[2] is 0");
+}
+
 TEST(LoraInit, KaimingUniformIsBoundedSpreadAndDeterministic) {
   std::vector<float> x(64 * 100), y(64 * 100), z(64 * 100);
   initKaimingUniform("m.lora_A.weight", 5, TensorView{x.data(), DType::F32, {64, 100}});
@@ -266,6 +349,43 @@ TEST(LoraPlan, RejectsBadAdapters) {
     p.spec.adapters[0].alpha = 0;
     expectError(p.spec, "adapter 0 'lm_head' alpha must be positive and finite, got 0");
   }
+}
+
+// The loader's contract of DoraGrad (runtime/contract/Lora.cpp): a well-formed kernel loads;
+// each bad operand is named with the tensor and what was expected.
+TEST(LoraPlan, DoraGradContract) {
+  struct Ids {
+    uint32_t dy, y, scale, m, dx, dm;
+  };
+  auto plan = [](Ids &ids) {
+    PlanSpec spec = smallPlanSpec();
+    ids.dy = spec.add("dy", DType::F32, {2, 4, 16}, TensorRole::Activation, 1);
+    ids.y = spec.add("y", DType::F32, {2, 4, 16}, TensorRole::Activation, 1);
+    ids.scale = spec.add("scale", DType::F32, {16}, TensorRole::Activation, 1);
+    ids.m = spec.add("m", DType::F32, {16}, TensorRole::Parameter, 0);
+    ids.dx = spec.add("dx", DType::F32, {2, 4, 16}, TensorRole::Activation, 1);
+    ids.dm = spec.add("dm", DType::F32, {16}, TensorRole::Activation, 1);
+    spec.kernel(KernelKind::DoraGrad, {ids.dy, ids.y, ids.scale, ids.m}, {ids.dx, ids.dm});
+    return spec;
+  };
+  Ids ids{};
+  EXPECT_EQ(loadError(plan(ids)), "");
+  auto reshaped = [&](uint32_t Ids::*which, std::vector<int64_t> shape, DType dtype) {
+    PlanSpec spec = plan(ids);
+    spec.tensors[ids.*which].shape = std::move(shape);
+    spec.tensors[ids.*which].dtype = dtype;
+    spec.tensors[ids.*which].bytes = -1;
+    return spec;
+  };
+  expectError(reshaped(&Ids::y, {2, 4, 8}, DType::F32),
+              "'y') shape: expected [2, 4, 16], got [2, 4, 8]");
+  expectError(reshaped(&Ids::scale, {8}, DType::F32), "'scale') shape: expected [16], got [8]");
+  expectError(reshaped(&Ids::m, {16}, DType::BF16), "'m') dtype: expected f32 (as dy), got bf16");
+  expectError(reshaped(&Ids::dm, {16}, DType::BF16),
+              "'dm'): expected [16] f32 (as magnitude (tensor");
+  PlanSpec wrongArity = plan(ids);
+  wrongArity.kernels.back().inputs.pop_back();
+  expectError(wrongArity, "expected 4 inputs (dy, y, scale, magnitude), got 3");
 }
 
 TEST(LoraPlan, RejectsBadInitializers) {

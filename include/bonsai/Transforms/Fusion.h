@@ -57,6 +57,9 @@ void populateLinearCrossEntropyFusionPatterns(RewritePatternSet &patterns,
 /// the sum (forward) and to the norm gradient whose input gradient they sum (backward).
 void populateResidualNormFusionPatterns(RewritePatternSet &patterns,
                                         const FusionOptions &options);
+/// Family `dora` (Fusion/Dora.cpp): a DoRA output's backward muls, reduce_to and magnitude
+/// dora_scale -> one dora_grad reading the rescaled output instead of the pre-scale one.
+LogicalResult fuseDoraGradients(FunctionOpInterface function, const FusionOptions &options);
 /// Family `optimizer` (Fusion/Optimizer.cpp): groups of update-phase optimizer updates ->
 /// one multi-tensor update each.
 LogicalResult fuseOptimizerUpdates(FunctionOpInterface function, const FusionOptions &options);

@@ -55,3 +55,27 @@ func.func @scale(%m: tensor<64xf32>, %w: tensor<64x32xf32>, %a: tensor<8x32xf32>
   %s = bonsai.dora_scale %m, %w, %a, %b {scale = 0x7FF0000000000000 : f64} : (tensor<64xf32>, tensor<64x32xf32>, tensor<8x32xf32>, tensor<64x8xf32>) -> tensor<64xf32>
   return
 }
+
+// -----
+
+func.func @dora_grad_output(%dy: tensor<2x8x64xf32>, %y: tensor<2x8x32xf32>, %s: tensor<64xf32>, %m: tensor<64xf32>) {
+  // expected-error @+1 {{output type: expected 'tensor<2x8x64xf32>', got 'tensor<2x8x32xf32>'}}
+  %dx, %dm = bonsai.dora_grad %dy, %y, %s, %m : (tensor<2x8x64xf32>, tensor<2x8x32xf32>, tensor<64xf32>, tensor<64xf32>) -> (tensor<2x8x64xf32>, tensor<64xf32>)
+  return
+}
+
+// -----
+
+func.func @dora_grad_magnitude(%dy: tensor<2x8x64xf32>, %y: tensor<2x8x64xf32>, %s: tensor<64xf32>, %m: tensor<64xbf16>) {
+  // expected-error @+1 {{magnitude type: expected 'tensor<64xf32>', got 'tensor<64xbf16>'}}
+  %dx, %dm = bonsai.dora_grad %dy, %y, %s, %m : (tensor<2x8x64xf32>, tensor<2x8x64xf32>, tensor<64xf32>, tensor<64xbf16>) -> (tensor<2x8x64xf32>, tensor<64xbf16>)
+  return
+}
+
+// -----
+
+func.func @dora_grad_scalar(%dy: tensor<f32>, %y: tensor<f32>, %s: tensor<1xf32>, %m: tensor<1xf32>) {
+  // expected-error @+1 {{result_grad must have rank at least 1}}
+  %dx, %dm = bonsai.dora_grad %dy, %y, %s, %m : (tensor<f32>, tensor<f32>, tensor<1xf32>, tensor<1xf32>) -> (tensor<f32>, tensor<1xf32>)
+  return
+}

@@ -218,6 +218,30 @@ DictionaryAttr LayerNormGradAddOp::getKernelParams() {
 }
 
 //===----------------------------------------------------------------------===//
+// DoraGradOp
+//===----------------------------------------------------------------------===//
+
+LogicalResult DoraGradOp::verify() {
+  RankedTensorType dy = tensorType(getResultGrad());
+  if (dy.getRank() < 1)
+    return emitOpError("result_grad must have rank at least 1");
+  auto row = RankedTensorType::get({dy.getShape().back()}, dy.getElementType());
+  if (failed(expectTypeOf(*this, "output", getOutput(), dy)) ||
+      failed(expectTypeOf(*this, "scale", getScale(), row)) ||
+      failed(expectTypeOf(*this, "magnitude", getMagnitude(), row)) ||
+      failed(expectTypeOf(*this, "input_grad", getInputGrad(), dy)) ||
+      failed(expectTypeOf(*this, "magnitude_grad", getMagnitudeGrad(), row)))
+    return failure();
+  return success();
+}
+OpCost DoraGradOp::getForwardCost() {
+  // A multiply for dx, a multiply-add for the sum per element.
+  OpCost cost = streamingBytes(*this);
+  cost.vectorFlops = 3 * getNumElements(tensorType(getResultGrad()));
+  return cost;
+}
+
+//===----------------------------------------------------------------------===//
 // The normalisation interfaces' fused variants
 //===----------------------------------------------------------------------===//
 

@@ -256,6 +256,13 @@ void accumulateMax(const TensorView &x, const TensorView &acc);
 /// y's dtype before the division, so that n equals the RowNorm initializer at b = 0.
 void doraScale(const TensorView &m, const TensorView &w, const TensorView &a, const TensorView &b,
                double scale, const TensorView &y);
+/// The gradients of DoRA's rescaled output y = x ⊙ scale, scale = m / n as doraScale computes
+/// it with the norm n detached (docs/lora.md): dx = dy ⊙ scale (rounded once to dx's dtype, as
+/// `mul` rounds), and dm[o] = Σ_t dy[t, o] · y[t, o] / m[o], which equals Σ_t dy · x / n without
+/// the pre-scale x. Each column's sum is fp64 in row order. A zero m[o] is an error: x is not
+/// recoverable from y there.
+void doraGrad(const TensorView &dy, const TensorView &y, const TensorView &scale,
+              const TensorView &m, const TensorView &dx, const TensorView &dm);
 
 //===----------------------------------------------------------------------===//
 // Fused kernels (bonsai-fuse; docs/fusion.md). Each computes exactly what the chain of

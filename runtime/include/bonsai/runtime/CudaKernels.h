@@ -39,6 +39,7 @@ enum DeviceErrorCode : int32_t {
   kIdOutOfRange = 1,    ///< embedding: ids[index] = value is not below the vocabulary size
   kLabelOutOfRange = 2, ///< cross-entropy: labels[index] = value is neither ignored nor valid
   kZeroNorm = 3,        ///< dora_scale: row `index` of w + s·b·a has norm 0
+  kZeroMagnitude = 4,   ///< dora_grad: magnitude[index] is 0
 };
 
 /// A device-side error record: the executor zeroes it, kernels fill it, the executor reads it
@@ -363,6 +364,12 @@ void linearGradWeightAccumulate(const Context &ctx, const TensorView &dy, const 
 // LoRA / DoRA (docs/lora.md).
 void doraScale(const Context &ctx, const TensorView &m, const TensorView &w, const TensorView &a,
                const TensorView &b, double scale, const TensorView &y);
+/// cpu::doraGrad's dx and dm: one pass over dy and y writing dx and fp32 partial column sums of
+/// dy · y per chunk of rows, then the chunks added in order and divided by m (no atomics). A
+/// zero m[o] is recorded as a device error (kZeroMagnitude) and dm[o] left at 0.
+void doraGrad(const Context &ctx, const TensorView &dy, const TensorView &y,
+              const TensorView &scale, const TensorView &m, const TensorView &dx,
+              const TensorView &dm);
 
 //===----------------------------------------------------------------------===//
 // Fused kernels (bonsai-fuse; docs/fusion.md): the CPU kernels of the same names say what

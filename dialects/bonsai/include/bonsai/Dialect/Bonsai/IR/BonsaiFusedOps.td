@@ -141,4 +141,26 @@ def Bonsai_LayerNormGradAddOp : Bonsai_ModelOp<"layer_norm_grad_add", [],
                       Bonsai_ComputeTensor:$bias_grad);
 }
 
+def Bonsai_DoraGradOp : Bonsai_ModelOp<"dora_grad"> {
+  let summary = "the gradients of DoRA's rescaled output, from the output itself";
+  let description = [{
+    For DoRA's `y = x ⊙ scale` with `scale = bonsai.dora_scale(magnitude, w, a, b)` (the norm n
+    detached, so `scale = magnitude / n`): `input_grad = result_grad ⊙ scale`, what
+    `bonsai.mul`'s gradient gives, and `magnitude_grad[o] = Σ_t result_grad[t, o] · y[t, o] /
+    magnitude[o]`, which equals the unfused chain's `dora_scale(reduce_to(result_grad ⊙ x))`
+    (Σ_t dy · x / n) without reading the pre-scale x: the backward pass keeps y, which the
+    next op often keeps anyway, instead of x. Sums are fp32 or wider; a zero magnitude is a
+    runtime error (x cannot be recovered from y there). bonsai-fuse's `dora` family forms it.
+    All operands and results share the element type; `output` and `result_grad` have one
+    shape [..., out], `scale` and `magnitude` are [out].
+
+    ```mlir
+    %dx, %dm = bonsai.dora_grad %dy, %y, %scale, %m : (tensor<2x8x32xbf16>, tensor<2x8x32xbf16>, tensor<32xbf16>, tensor<32xbf16>) -> (tensor<2x8x32xbf16>, tensor<32xbf16>)
+    ```
+  }];
+  let arguments = (ins Bonsai_ComputeTensor:$result_grad, Bonsai_ComputeTensor:$output,
+                   Bonsai_ComputeTensor:$scale, Bonsai_ComputeTensor:$magnitude);
+  let results = (outs Bonsai_ComputeTensor:$input_grad, Bonsai_ComputeTensor:$magnitude_grad);
+}
+
 #endif // BONSAI_DIALECT_BONSAI_IR_BONSAIFUSEDOPS_TD
