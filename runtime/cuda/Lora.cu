@@ -1,11 +1,12 @@
 //===- Lora.cu - DoRA's row scale and its output's gradients on CUDA ------===//
 //
-// dora_scale: y[o] = m[o] / ||W[o, :] + s·(B·A)[o, :]||, one block per output row. The block
-// stages B's row (r values, zero-padded to a multiple of 4: the compiled loop over k may load
-// up to 3 values past r, which compute-sanitizer's memcheck reported) in shared memory; each thread
-// walks the columns i = t, t + T, ... (coalesced reads of W's row and of A's column i across the r
-// rows of A), forms W[o, i] + s·Σ_k B[o, k]·A[k, i] and adds its square to an fp64 sum; the block's
-// sums are added in a fixed tree order, so the result is the same run to run. The [out, in] product
+// dora_scale: y[o] = m[o] / ||W[o, :] + s·(B·A)[o, :]||, one block per 8 output rows. The block
+// stages their rows of B (r values each, zero-padded to a multiple of 4: the compiled loop over k
+// may load up to 3 values past r, which compute-sanitizer's memcheck reported) in shared memory;
+// each thread walks the columns i = t, t + T, ..., reads A's column i (r values) once for the 8
+// rows, forms W[o, i] + s·Σ_k B[o, k]·A[k, i] for each and adds its square to the row's fp64 sum;
+// each row's sums are added by warp shuffles and then across warps in a fixed order, so the result
+// is the same run to run. The [out, in] product
 // B·A is never stored. As on the CPU (runtime/cpu/Lora.cpp), the norm is rounded to y's dtype
 // before the division, so that at B = 0 a magnitude initialized to ||W|| gives a scale of 1; a row
 // of norm 0 is recorded as a device error (kZeroNorm) and its scale left at 0.
@@ -13,8 +14,8 @@
 // dora_grad: dx = dy ⊙ scale and dm = Σ_t dy ⊙ y / m over [rows, cols] in two kernels, as
 // reduce_to's column sums (Reduce.cu): a block per (32-vector column tile, chunk of rows) writes
 // dx for its tile and the chunk's fp32 partial sums of dy ⊙ y, row groups over 16-byte vectors;
-// then one thread per column adds the chunks' partial rows in chunk order and divides by m. No
-// atomics, so the result is the same run to run. A zero m[o] is recorded as a device error
+// then row groups of a second kernel add the chunks' partial rows in a fixed order and divide by
+// m. No atomics, so the result is the same run to run. A zero m[o] is recorded as a device error
 // (kZeroMagnitude) and dm[o] left at 0.
 //
 //===----------------------------------------------------------------------===//
@@ -45,36 +46,62 @@ constexpr int64_t kDoraGradMinRows = 64;
 /// The floats of B's row the kernel stages: rank rounded up to a multiple of 4.
 __host__ __device__ constexpr int64_t stagedRank(int64_t rank) { return (rank + 3) / 4 * 4; }
 
+/// Output rows per doraScaleKernel block: each column of A is read once for this many rows
+/// (one row per block read A whole per row: 30 GB of L2 traffic per TinyLlama step).
+constexpr int kDoraScaleRows = 8;
+
 template <typename T>
-__global__ void doraScaleKernel(const T *m, const T *w, const T *a, const T *b, int64_t in,
-                                int64_t rank, float scale, T *y, DeviceError *error,
+__global__ void doraScaleKernel(const T *m, const T *w, const T *a, const T *b, int64_t out,
+                                int64_t in, int64_t rank, float scale, T *y, DeviceError *error,
                                 int32_t kernelIndex) {
-  extern __shared__ float brow[]; // B[o, :], stagedRank(rank) floats, zeros after rank
-  __shared__ double partial[kThreads];
-  const int64_t o = blockIdx.x;
-  for (int64_t k = threadIdx.x; k < stagedRank(rank); k += blockDim.x)
-    brow[k] = k < rank ? toFloat(b[o * rank + k]) : 0.0f;
+  // B's rows o0 .. o0 + kDoraScaleRows - 1, stagedRank(rank) floats each, zeros past rank and
+  // past the last row.
+  extern __shared__ float brows[];
+  __shared__ double partial[kDoraScaleRows][kThreads / 32];
+  const int64_t o0 = int64_t(blockIdx.x) * kDoraScaleRows;
+  const int rows = out - o0 < kDoraScaleRows ? int(out - o0) : kDoraScaleRows;
+  const int64_t staged = stagedRank(rank);
+  for (int64_t t = threadIdx.x; t < kDoraScaleRows * staged; t += blockDim.x) {
+    int64_t j = t / staged, k = t % staged;
+    brows[t] = j < rows && k < rank ? toFloat(b[(o0 + j) * rank + k]) : 0.0f;
+  }
   __syncthreads();
-  const T *wrow = w + o * in;
-  double sum = 0.0;
+  double sum[kDoraScaleRows] = {};
   for (int64_t i = threadIdx.x; i < in; i += blockDim.x) {
-    float lora = 0.0f;
-    for (int64_t k = 0; k < rank; ++k)
-      lora = fmaf(brow[k], toFloat(a[k * in + i]), lora);
-    double v = double(toFloat(wrow[i])) + double(scale) * double(lora);
-    sum += v * v;
+    float lora[kDoraScaleRows] = {};
+    for (int64_t k = 0; k < rank; ++k) {
+      float ak = toFloat(a[k * in + i]);
+#pragma unroll
+      for (int j = 0; j < kDoraScaleRows; ++j)
+        lora[j] = fmaf(brows[j * staged + k], ak, lora[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < kDoraScaleRows; ++j)
+      if (j < rows) {
+        double v = double(toFloat(w[(o0 + j) * in + i])) + double(scale) * double(lora[j]);
+        sum[j] += v * v;
+      }
   }
-  partial[threadIdx.x] = sum;
+  // Each row's sum: the warps' (shuffles in a fixed pattern), then the warps' in order.
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int j = 0; j < kDoraScaleRows; ++j) {
+    double v = sum[j];
+    for (int offset = 16; offset > 0; offset >>= 1)
+      v += __shfl_xor_sync(0xffffffffu, v, offset);
+    if (lane == 0)
+      partial[j][warp] = v;
+  }
   __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride >>= 1) {
-    if (threadIdx.x < stride)
-      partial[threadIdx.x] += partial[threadIdx.x + stride];
-    __syncthreads();
-  }
-  if (threadIdx.x != 0)
+  if (threadIdx.x >= rows)
     return;
+  const int j = threadIdx.x;
+  const int64_t o = o0 + j;
+  double total = partial[j][0];
+  for (int g = 1; g < kThreads / 32; ++g)
+    total += partial[j][g];
   // The norm as y's dtype holds it, then the quotient (see the file comment).
-  float norm = toFloat(fromFloat<T>(float(sqrt(partial[0]))));
+  float norm = toFloat(fromFloat<T>(float(sqrt(total))));
   if (!(norm > 0.0f)) {
     recordError(error, kernelIndex, kZeroNorm, o, 0);
     y[o] = fromFloat<T>(0.0f);
@@ -127,16 +154,29 @@ __global__ void doraGradPartialKernel(const T *dy, const T *y, const T *scale, i
   }
 }
 
-/// dm[c] = (Σ over chunks b = 0, 1, ... of partial[b, c]) / m[c], one thread per column.
+/// dm[c] = (Σ over chunks b = 0, 1, ... of partial[b, c]) / m[c] for the 32 columns of block
+/// blockIdx.x: as sumPartialRowsKernel (DeviceUtil.cuh), row group threadIdx.y adds the chunks
+/// y, y + kPartialGroups, ... (many loads in flight, not one chunk after another), and the
+/// groups' sums are added in group order.
 template <typename T>
 __global__ void doraGradFinishKernel(const float *partial, int64_t chunks, int64_t cols, const T *m,
                                      T *dm, DeviceError *error, int32_t kernelIndex) {
-  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= cols)
-    return;
+  __shared__ float sums[kPartialGroups][32];
+  const int64_t c = int64_t(blockIdx.x) * 32 + threadIdx.x;
   float sum = 0.0f;
-  for (int64_t b = 0; b < chunks; ++b)
-    sum += partial[b * cols + c];
+  if (c < cols) {
+#pragma unroll 8
+    for (int64_t b = threadIdx.y; b < chunks; b += kPartialGroups)
+      sum += partial[b * cols + c];
+  }
+  sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols)
+    return;
+  sum = sums[0][threadIdx.x];
+#pragma unroll
+  for (int g = 1; g < kPartialGroups; ++g)
+    sum += sums[g][threadIdx.x];
   float magnitude = toFloat(m[c]);
   if (!(magnitude != 0.0f)) {
     recordError(error, kernelIndex, kZeroMagnitude, c, 0);
@@ -171,17 +211,20 @@ void doraScale(const Context &ctx, const TensorView &m, const TensorView &w, con
                        ", got " + dtypeName(t->dtype));
   if (out == 0)
     return;
-  // 48 KiB of shared memory per block without opting in, 2 KiB of it the static partial sums.
-  constexpr int64_t kMaxRank = (48 * 1024 - kThreads * int64_t(sizeof(double))) / 4 / 4 * 4;
+  // 48 KiB of shared memory per block without opting in, less the static partial sums.
+  constexpr int64_t kMaxRank =
+      (48 * 1024 - kDoraScaleRows * (kThreads / 32) * int64_t(sizeof(double))) / 4 /
+      kDoraScaleRows / 4 * 4;
   if (rank > kMaxRank)
     fail(kernel, "rank " + std::to_string(rank) + " exceeds the " + std::to_string(kMaxRank) +
                      " this kernel stages");
-  size_t shared = size_t(stagedRank(rank)) * sizeof(float);
+  size_t shared = size_t(kDoraScaleRows * stagedRank(rank)) * sizeof(float);
+  unsigned blocks = unsigned((out + kDoraScaleRows - 1) / kDoraScaleRows);
   dispatchFloat(w.dtype, [&](auto tag) {
     using T = decltype(tag);
-    doraScaleKernel<T><<<unsigned(out), kThreads, shared, ctx.stream>>>(
+    doraScaleKernel<T><<<blocks, kThreads, shared, ctx.stream>>>(
         static_cast<const T *>(m.data), static_cast<const T *>(w.data),
-        static_cast<const T *>(a.data), static_cast<const T *>(b.data), in, rank, float(scale),
+        static_cast<const T *>(a.data), static_cast<const T *>(b.data), out, in, rank, float(scale),
         static_cast<T *>(y.data), ctx.deviceError, ctx.kernelIndex);
   });
   checkLaunch(kernel, "doraScaleKernel");
@@ -232,8 +275,9 @@ void doraGrad(const Context &ctx, const TensorView &dyIn, const TensorView &yIn,
       doraGradPartialKernel<T, 1><<<grid, block, 0, ctx.stream>>>(
           dyp, yp, sp, rows, cols, rowsPerChunk, dxp, partial.as<float>());
     checkLaunch(kernel, "doraGradPartialKernel");
-    doraGradFinishKernel<T><<<unsigned((cols + 255) / 256), 256, 0, ctx.stream>>>(
-        partial.as<float>(), chunks, cols, mp, dmp, ctx.deviceError, ctx.kernelIndex);
+    doraGradFinishKernel<T>
+        <<<unsigned((cols + 31) / 32), dim3(32, kPartialGroups), 0, ctx.stream>>>(
+            partial.as<float>(), chunks, cols, mp, dmp, ctx.deviceError, ctx.kernelIndex);
     checkLaunch(kernel, "doraGradFinishKernel");
   });
 }

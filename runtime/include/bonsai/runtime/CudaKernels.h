@@ -365,8 +365,8 @@ void linearGradWeightAccumulate(const Context &ctx, const TensorView &dy, const 
 void doraScale(const Context &ctx, const TensorView &m, const TensorView &w, const TensorView &a,
                const TensorView &b, double scale, const TensorView &y);
 /// cpu::doraGrad's dx and dm: one pass over dy and y writing dx and fp32 partial column sums of
-/// dy · y per chunk of rows, then the chunks added in order and divided by m (no atomics). A
-/// zero m[o] is recorded as a device error (kZeroMagnitude) and dm[o] left at 0.
+/// dy · y per chunk of rows, then the chunks added in a fixed order and divided by m (no
+/// atomics). A zero m[o] is recorded as a device error (kZeroMagnitude) and dm[o] left at 0.
 void doraGrad(const Context &ctx, const TensorView &dy, const TensorView &y,
               const TensorView &scale, const TensorView &m, const TensorView &dx,
               const TensorView &dm);
