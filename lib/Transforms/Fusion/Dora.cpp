@@ -21,9 +21,10 @@
 // The match starts at each backward dora_scale whose magnitude operand is a reduce_to of a
 // mul read by nothing else. The mul's operands are dy and x; the forward mul y = x ⊙ s it
 // differentiates is found through the forward dora_scale with the same adapters, scale and
-// weight (a recomputed dequantization of the weight counts as the same), and the backward
-// mul dy ⊙ s through dy's users. y is the forward mul's result, or a recomputed clone of it
-// placed before the fused op; the fused op goes where the first of the two backward muls was.
+// weight (values computed again for the backward pass count as the same: the NF4 weight
+// dequantized, a ZeRO-3 adapter gathered), and the backward mul dy ⊙ s through dy's users. y is the
+// forward mul's result, or a recomputed clone of it placed before the fused op; the fused op goes
+// where the first of the two backward muls was.
 //
 //===----------------------------------------------------------------------===//
 
@@ -31,7 +32,6 @@
 #include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
 #include "bonsai/Transforms/Fusion.h"
 #include "mlir/IR/PatternMatch.h"
-#include "llvm/ADT/DenseMap.h"
 
 #include <optional>
 
@@ -48,9 +48,9 @@ struct RescaledOutput {
 };
 
 /// The forward (neither backward nor recomputed) muls of `block` that rescale by a dora_scale
-/// result, by the dora_scale's lora_a operand (each adapter's own parameter).
-llvm::DenseMap<Value, SmallVector<RescaledOutput>> findRescaledOutputs(Block &block) {
-  llvm::DenseMap<Value, SmallVector<RescaledOutput>> outputs;
+/// result.
+SmallVector<RescaledOutput> findRescaledOutputs(Block &block) {
+  SmallVector<RescaledOutput> outputs;
   for (auto mul : block.getOps<MulOp>()) {
     if (!getPhase(mul).empty() || mul->hasAttr(kRecomputedAttr))
       continue;
@@ -59,19 +59,55 @@ llvm::DenseMap<Value, SmallVector<RescaledOutput>> findRescaledOutputs(Block &bl
       auto scale = scaleSide.getDefiningOp<DoraScaleOp>();
       if (!scale || other.getType() != mul.getResult().getType())
         continue;
-      outputs[scale.getLoraA()].push_back({mul, other, scale});
+      outputs.push_back({mul, other, scale});
       break;
     }
   }
   return outputs;
 }
 
+/// The attributes of `op` without the discardable bonsai.* annotations (phase, recomputed).
+SmallVector<NamedAttribute> inherentAttrs(Operation *op) {
+  SmallVector<NamedAttribute> attrs;
+  for (NamedAttribute attr : op->getAttrs())
+    if (!attr.getName().getValue().starts_with("bonsai."))
+      attrs.push_back(attr);
+  return attrs;
+}
+
+/// Whether `a` and `b` hold the same values: isSameValue (`b` is `a` or a recomputed clone of
+/// it), or both are results of ops of one kind that the backward pass computes again rather
+/// than keep (RecomputeOpInterface: bonsai-shard gathers a ZeRO-3 parameter again for the
+/// backward pass without marking the gather a clone), with equal attributes and operands that
+/// hold the same values.
+bool holdSameValues(Value a, Value b) {
+  if (isSameValue(a, b))
+    return true;
+  auto ra = dyn_cast<OpResult>(a), rb = dyn_cast<OpResult>(b);
+  if (!ra || !rb || ra.getResultNumber() != rb.getResultNumber())
+    return false;
+  Operation *x = ra.getOwner(), *y = rb.getOwner();
+  auto recompute = dyn_cast<RecomputeOpInterface>(x);
+  if (!recompute || !recompute.isAlwaysRecomputed() || x->getName() != y->getName() ||
+      x->getNumOperands() != y->getNumOperands() || x->getNumRegions() != 0 ||
+      inherentAttrs(x) != inherentAttrs(y))
+    return false;
+  for (auto [p, q] : llvm::zip(x->getOperands(), y->getOperands()))
+    if (!holdSameValues(p, q))
+      return false;
+  return true;
+}
+
 /// Whether `forward` computes the scale whose magnitude gradient `grad` computes: the same
-/// adapters and scale factor, and the same weight (or a recomputed clone of it).
+/// scale factor, adapters and weight (holdSameValues: the NF4 weight dequantized, or a ZeRO-3
+/// adapter gathered, again for the backward pass).
 bool sameAdapter(DoraScaleOp forward, DoraScaleOp grad) {
-  return forward.getLoraA() == grad.getLoraA() && forward.getLoraB() == grad.getLoraB() &&
-         forward.getScaleAttr() == grad.getScaleAttr() &&
-         isSameValue(forward.getWeight(), grad.getWeight());
+  return forward.getScaleAttr() == grad.getScaleAttr() &&
+         forward.getLoraA().getType() == grad.getLoraA().getType() &&
+         forward.getWeight().getType() == grad.getWeight().getType() &&
+         holdSameValues(forward.getLoraA(), grad.getLoraA()) &&
+         holdSameValues(forward.getLoraB(), grad.getLoraB()) &&
+         holdSameValues(forward.getWeight(), grad.getWeight());
 }
 
 /// The value to read as the forward mul's result before `before`: a recomputed clone of it
@@ -90,7 +126,7 @@ Value outputBefore(MulOp forward, Operation *before) {
 }
 
 void fuseBlock(Block &block, const FusionOptions &options) {
-  llvm::DenseMap<Value, SmallVector<RescaledOutput>> outputs = findRescaledOutputs(block);
+  SmallVector<RescaledOutput> outputs = findRescaledOutputs(block);
   if (outputs.empty())
     return;
   SmallVector<DoraScaleOp> grads;
@@ -106,18 +142,15 @@ void fuseBlock(Block &block, const FusionOptions &options) {
     auto product = reduce.getInput().getDefiningOp<MulOp>();
     if (!product || !product->hasOneUse() || !sameSchedule(product, grad))
       continue;
-    auto found = outputs.find(grad.getLoraA());
-    if (found == outputs.end())
-      continue;
     // The forward mul this product differentiates: dy ⊙ x, x its pre-scale operand.
     std::optional<RescaledOutput> output;
     Value dy;
-    for (const RescaledOutput &candidate : found->second) {
+    for (const RescaledOutput &candidate : outputs) {
       if (!sameAdapter(candidate.scale, grad))
         continue;
-      if (isSameValue(candidate.preScale, product.getRhs()))
+      if (holdSameValues(candidate.preScale, product.getRhs()))
         dy = product.getLhs();
-      else if (isSameValue(candidate.preScale, product.getLhs()))
+      else if (holdSameValues(candidate.preScale, product.getLhs()))
         dy = product.getRhs();
       else
         continue;
@@ -134,7 +167,7 @@ void fuseBlock(Block &block, const FusionOptions &options) {
       if (!mul || mul == product || mul->getBlock() != &block || !sameSchedule(mul, grad))
         continue;
       Value other = mul.getLhs() == dy ? mul.getRhs() : mul.getLhs();
-      if (isSameValue(output->scale.getResult(), other)) {
+      if (holdSameValues(output->scale.getResult(), other)) {
         inputGrad = mul;
         scale = other;
         break;
