@@ -18,7 +18,10 @@ namespace mlir::bonsai {
 #include "bonsai/Transforms/Passes.h.inc"
 
 ArrayRef<FusionFamily> getFusionFamilies() {
-  // The order is a priority: a family applies to what the families before it left. The LM
+  // The order is a priority: a family applies to what the families before it left. `dora`
+  // comes first: it matches recomputed clones against the forward ops they copy
+  // (isSameValue), which the other families rewrite differently in the two passes (a
+  // recomputed norm stays a norm while the forward one joins its residual add). The LM
   // head's chunked loss and the flash attention pair replace the most work, so they come
   // before the GEMM epilogues (which would otherwise take the head's weight-gradient GEMM); the
   // FP8 backward pairs come after the accumulation they include (and before the sharing of
@@ -26,6 +29,9 @@ ArrayRef<FusionFamily> getFusionFamilies() {
   // which takes shared ones), and the generated kernels
   // take whatever elementwise ops remain at the end.
   static const std::vector<FusionFamily> families = {
+      {"dora",
+       "a DoRA output's gradients from the rescaled output: no pre-scale output kept, one pass",
+       nullptr, fuseDoraGradients},
       {"linear-cross-entropy", "LM head + cross-entropy + their gradients, chunked over positions",
        populateLinearCrossEntropyFusionPatterns},
       {"flash-attention",
@@ -33,9 +39,6 @@ ArrayRef<FusionFamily> getFusionFamilies() {
        populateFlashAttentionFusionPatterns},
       {"residual-norm", "residual add + RMSNorm/LayerNorm, and norm gradient + gradient add",
        populateResidualNormFusionPatterns},
-      {"dora",
-       "a DoRA output's gradients from the rescaled output: no pre-scale output kept, one pass",
-       nullptr, fuseDoraGradients},
       {"gemm-epilogue",
        "accumulation and GELU in the epilogues of the GEMMs that produce their inputs",
        populateGemmEpilogueFusionPatterns, nullptr},
