@@ -66,15 +66,6 @@ SmallVector<RescaledOutput> findRescaledOutputs(Block &block) {
   return outputs;
 }
 
-/// The attributes of `op` without the discardable bonsai.* annotations (phase, recomputed).
-SmallVector<NamedAttribute> inherentAttrs(Operation *op) {
-  SmallVector<NamedAttribute> attrs;
-  for (NamedAttribute attr : op->getAttrs())
-    if (!attr.getName().getValue().starts_with("bonsai."))
-      attrs.push_back(attr);
-  return attrs;
-}
-
 /// Whether `a` and `b` hold the same values: isSameValue (`b` is `a` or a recomputed clone of
 /// it), or both are results of ops of one kind that the backward pass computes again rather
 /// than keep (RecomputeOpInterface: bonsai-shard gathers a ZeRO-3 parameter again for the
@@ -90,7 +81,7 @@ bool holdSameValues(Value a, Value b) {
   auto recompute = dyn_cast<RecomputeOpInterface>(x);
   if (!recompute || !recompute.isAlwaysRecomputed() || x->getName() != y->getName() ||
       x->getNumOperands() != y->getNumOperands() || x->getNumRegions() != 0 ||
-      inherentAttrs(x) != inherentAttrs(y))
+      getInherentAttrs(x) != getInherentAttrs(y))
     return false;
   for (auto [p, q] : llvm::zip(x->getOperands(), y->getOperands()))
     if (!holdSameValues(p, q))

@@ -21,6 +21,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "FusionUtils.h"
 #include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
 #include "bonsai/Transforms/Fusion.h"
 #include "mlir/IR/PatternMatch.h"
@@ -36,19 +37,8 @@ void copyAnnotations(Operation *from, Operation *to) {
       to->setAttr(attr.getName(), attr.getValue());
 }
 
-/// The mark bonsai-remat puts on the clones it recomputes in the backward pass.
-constexpr StringLiteral kRecomputedAttr = "bonsai.recomputed";
 /// How deep sameValue follows a chain of clones (remat clones a few ops in front of attention).
 constexpr unsigned kMaxCloneDepth = 16;
-
-/// The attributes of `op` that say what it computes (not the bonsai.* annotations).
-SmallVector<NamedAttribute> semanticAttrs(Operation *op) {
-  SmallVector<NamedAttribute> attrs;
-  for (NamedAttribute attr : op->getAttrs())
-    if (!attr.getName().getValue().starts_with("bonsai."))
-      attrs.push_back(attr);
-  return attrs;
-}
 
 /// Whether `a` and `b` hold the same values: the same SSA value, or the same result of two
 /// pure ops of which one is a recomputed clone (bonsai-remat's) of the other, with the same
@@ -61,11 +51,11 @@ bool sameValue(Value a, Value b, unsigned depth = 0) {
   if (!ra || !rb || ra.getResultNumber() != rb.getResultNumber() || depth >= kMaxCloneDepth)
     return false;
   Operation *x = ra.getOwner(), *y = rb.getOwner();
-  if (!x->hasAttr(kRecomputedAttr) && !y->hasAttr(kRecomputedAttr))
+  if (!x->hasAttr(fusion::kRecomputedAttr) && !y->hasAttr(fusion::kRecomputedAttr))
     return false;
   if (x->getName() != y->getName() || x->getNumOperands() != y->getNumOperands() ||
       x->getNumRegions() != 0 || y->getNumRegions() != 0 || !isPure(x) ||
-      semanticAttrs(x) != semanticAttrs(y))
+      fusion::getInherentAttrs(x) != fusion::getInherentAttrs(y))
     return false;
   for (auto [u, v] : llvm::zip_equal(x->getOperands(), y->getOperands()))
     if (!sameValue(u, v, depth + 1))

@@ -14,8 +14,7 @@
 
 namespace mlir::bonsai::fusion {
 
-/// The op's attributes without the discardable bonsai.* annotations.
-static SmallVector<NamedAttribute> getInherentAttrs(Operation *op) {
+SmallVector<NamedAttribute> getInherentAttrs(Operation *op) {
   SmallVector<NamedAttribute> attrs;
   for (NamedAttribute attr : op->getAttrs())
     if (!attr.getName().getValue().starts_with("bonsai."))

@@ -19,6 +19,10 @@ constexpr StringLiteral kRecomputedAttr = "bonsai.recomputed";
 /// The attribute autodiff and the optimizer set on backward and update ops.
 constexpr StringLiteral kPhaseAttr = "bonsai.phase";
 
+/// The attributes of `op` that say what it computes: all but the discardable bonsai.*
+/// annotations (phase, recomputed).
+SmallVector<NamedAttribute> getInherentAttrs(Operation *op);
+
 /// Whether `candidate` computes the same value as `original`: it is `original`, or the result
 /// (same number) of a recomputed clone of `original`'s defining op (same op, same inherent
 /// attributes) whose operands compute the same values as the original's.
