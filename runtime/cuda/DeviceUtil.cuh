@@ -200,14 +200,14 @@ template <int N> __device__ __forceinline__ void groupReduceSum(float (&v)[N], f
 /// Row groups of sumPartialRowsKernel's blocks (blockDim = (32, kPartialGroups)).
 constexpr int kPartialGroups = 16;
 
-/// The second stage of a deterministic column sum: out[c] = the sum over rows b = 0, 1, ...,
-/// count - 1 of partial[b, c] ([count, cols] fp32), as TY, into out0[c] for c < split and
-/// out1[c - split] for the rest (a weight and a bias gradient from one buffer). Each block
-/// takes 32 columns; its row group y adds the rows y, y + kPartialGroups, ... in that order, and
-/// the groups' sums are added in group order, so the result depends only on count and cols.
-template <typename TY>
+/// The second stage of a deterministic column sum: store(c, sum) for every column c < cols, sum
+/// the sum over rows b = 0, 1, ..., count - 1 of partial[b, c] ([count, cols] fp32). Each block
+/// takes 32 columns; its row group y adds the rows y, y + kPartialGroups, ... in that order (many
+/// loads in flight), and the groups' sums are added in group order, so the result depends only
+/// on count and cols. `Store` is a functor with `__device__ void operator()(int64_t, float)`.
+template <typename Store>
 __global__ void sumPartialRowsKernel(const float *partial, int64_t count, int64_t cols,
-                                     TY *out0, int64_t split, TY *out1) {
+                                     Store store) {
   __shared__ float sums[kPartialGroups][32];
   const int64_t c = int64_t(blockIdx.x) * 32 + threadIdx.x;
   float sum = 0.0f;
@@ -224,20 +224,39 @@ __global__ void sumPartialRowsKernel(const float *partial, int64_t count, int64_
 #pragma unroll
   for (int g = 1; g < kPartialGroups; ++g)
     sum += sums[g][threadIdx.x];
-  if (c < split)
-    out0[c] = fromFloat<TY>(sum);
-  else
-    out1[c - split] = fromFloat<TY>(sum);
+  store(c, sum);
 }
 
-/// Enqueues sumPartialRowsKernel over `cols` columns.
+/// Stores a column sum as TY into out0[c] for c < split and out1[c - split] for the rest (a
+/// weight and a bias gradient from one buffer).
+template <typename TY> struct SplitColumnStore {
+  TY *out0;
+  int64_t split;
+  TY *out1;
+  __device__ void operator()(int64_t c, float sum) const {
+    if (c < split)
+      out0[c] = fromFloat<TY>(sum);
+    else
+      out1[c - split] = fromFloat<TY>(sum);
+  }
+};
+
+/// Enqueues sumPartialRowsKernel over `cols` columns with `store`.
+template <typename Store>
+void sumPartialRowsWith(const char *kernel, Stream stream, const float *partial, int64_t count,
+                        int64_t cols, Store store) {
+  dim3 grid(unsigned((cols + 31) / 32));
+  sumPartialRowsKernel<Store>
+      <<<grid, dim3(32, kPartialGroups), 0, stream>>>(partial, count, cols, store);
+  checkLaunch(kernel, "sumPartialRowsKernel");
+}
+
+/// Enqueues sumPartialRowsKernel over `cols` columns storing into out0 and out1 as
+/// SplitColumnStore does.
 template <typename TY>
 void sumPartialRows(const char *kernel, Stream stream, const float *partial, int64_t count,
                     int64_t cols, TY *out0, int64_t split, TY *out1) {
-  dim3 grid(unsigned((cols + 31) / 32));
-  sumPartialRowsKernel<TY><<<grid, dim3(32, kPartialGroups), 0, stream>>>(partial, count, cols,
-                                                                          out0, split, out1);
-  checkLaunch(kernel, "sumPartialRowsKernel");
+  sumPartialRowsWith(kernel, stream, partial, count, cols, SplitColumnStore<TY>{out0, split, out1});
 }
 
 /// An online softmax accumulator: the running maximum `m` (scaled by log2 e) and the sum of

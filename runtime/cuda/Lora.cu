@@ -14,9 +14,9 @@
 // dora_grad: dx = dy ⊙ scale and dm = Σ_t dy ⊙ y / m over [rows, cols] in two kernels, as
 // reduce_to's column sums (Reduce.cu): a block per (32-vector column tile, chunk of rows) writes
 // dx for its tile and the chunk's fp32 partial sums of dy ⊙ y, row groups over 16-byte vectors;
-// then row groups of a second kernel add the chunks' partial rows in a fixed order and divide by
-// m. No atomics, so the result is the same run to run. A zero m[o] is recorded as a device error
-// (kZeroMagnitude) and dm[o] left at 0.
+// then sumPartialRowsKernel (DeviceUtil.cuh) adds the chunks' partial rows in a fixed order and
+// divides by m. No atomics, so the result is the same run to run. A zero m[o] is recorded as a
+// device error (kZeroMagnitude) and dm[o] left at 0.
 //
 //===----------------------------------------------------------------------===//
 
@@ -54,9 +54,9 @@ template <typename T>
 __global__ void doraScaleKernel(const T *m, const T *w, const T *a, const T *b, int64_t out,
                                 int64_t in, int64_t rank, float scale, T *y, DeviceError *error,
                                 int32_t kernelIndex) {
-  // B's rows o0 .. o0 + kDoraScaleRows - 1, stagedRank(rank) floats each, zeros past rank and
-  // past the last row.
-  extern __shared__ float brows[];
+  // B's rows o0 .. o0 + kDoraScaleRows - 1, stagedRank(rank) floats each (16-byte aligned rows),
+  // zeros past rank and past the last row.
+  extern __shared__ __align__(16) float brows[];
   __shared__ double partial[kDoraScaleRows][kThreads / 32];
   const int64_t o0 = int64_t(blockIdx.x) * kDoraScaleRows;
   const int rows = out - o0 < kDoraScaleRows ? int(out - o0) : kDoraScaleRows;
@@ -68,12 +68,22 @@ __global__ void doraScaleKernel(const T *m, const T *w, const T *a, const T *b, 
   __syncthreads();
   double sum[kDoraScaleRows] = {};
   for (int64_t i = threadIdx.x; i < in; i += blockDim.x) {
+    // Four ranks at a time: one 16-byte shared load of each staged row of B per four (the
+    // padding past r is zero, and A is not read there).
     float lora[kDoraScaleRows] = {};
-    for (int64_t k = 0; k < rank; ++k) {
-      float ak = toFloat(a[k * in + i]);
+    for (int64_t k = 0; k < staged; k += 4) {
+      float ak[4];
 #pragma unroll
-      for (int j = 0; j < kDoraScaleRows; ++j)
-        lora[j] = fmaf(brows[j * staged + k], ak, lora[j]);
+      for (int e = 0; e < 4; ++e)
+        ak[e] = k + e < rank ? toFloat(a[(k + e) * in + i]) : 0.0f;
+#pragma unroll
+      for (int j = 0; j < kDoraScaleRows; ++j) {
+        float4 bk = *reinterpret_cast<const float4 *>(brows + j * staged + k);
+        lora[j] = fmaf(bk.x, ak[0], lora[j]);
+        lora[j] = fmaf(bk.y, ak[1], lora[j]);
+        lora[j] = fmaf(bk.z, ak[2], lora[j]);
+        lora[j] = fmaf(bk.w, ak[3], lora[j]);
+      }
     }
 #pragma unroll
     for (int j = 0; j < kDoraScaleRows; ++j)
@@ -154,37 +164,22 @@ __global__ void doraGradPartialKernel(const T *dy, const T *y, const T *scale, i
   }
 }
 
-/// dm[c] = (Σ over chunks b = 0, 1, ... of partial[b, c]) / m[c] for the 32 columns of block
-/// blockIdx.x: as sumPartialRowsKernel (DeviceUtil.cuh), row group threadIdx.y adds the chunks
-/// y, y + kPartialGroups, ... (many loads in flight, not one chunk after another), and the
-/// groups' sums are added in group order.
-template <typename T>
-__global__ void doraGradFinishKernel(const float *partial, int64_t chunks, int64_t cols, const T *m,
-                                     T *dm, DeviceError *error, int32_t kernelIndex) {
-  __shared__ float sums[kPartialGroups][32];
-  const int64_t c = int64_t(blockIdx.x) * 32 + threadIdx.x;
-  float sum = 0.0f;
-  if (c < cols) {
-#pragma unroll 8
-    for (int64_t b = threadIdx.y; b < chunks; b += kPartialGroups)
-      sum += partial[b * cols + c];
+/// Stores dm[c] = (the column's sum) / m[c]; a zero m[c] is a device error, dm[c] then 0.
+template <typename T> struct DivideByMagnitude {
+  const T *m;
+  T *dm;
+  DeviceError *error;
+  int32_t kernelIndex;
+  __device__ void operator()(int64_t c, float sum) const {
+    float magnitude = toFloat(m[c]);
+    if (!(magnitude != 0.0f)) {
+      recordError(error, kernelIndex, kZeroMagnitude, c, 0);
+      dm[c] = fromFloat<T>(0.0f);
+      return;
+    }
+    dm[c] = fromFloat<T>(sum / magnitude);
   }
-  sums[threadIdx.y][threadIdx.x] = sum;
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= cols)
-    return;
-  sum = sums[0][threadIdx.x];
-#pragma unroll
-  for (int g = 1; g < kPartialGroups; ++g)
-    sum += sums[g][threadIdx.x];
-  float magnitude = toFloat(m[c]);
-  if (!(magnitude != 0.0f)) {
-    recordError(error, kernelIndex, kZeroMagnitude, c, 0);
-    dm[c] = fromFloat<T>(0.0f);
-    return;
-  }
-  dm[c] = fromFloat<T>(sum / magnitude);
-}
+};
 
 } // namespace
 
@@ -275,10 +270,8 @@ void doraGrad(const Context &ctx, const TensorView &dyIn, const TensorView &yIn,
       doraGradPartialKernel<T, 1><<<grid, block, 0, ctx.stream>>>(
           dyp, yp, sp, rows, cols, rowsPerChunk, dxp, partial.as<float>());
     checkLaunch(kernel, "doraGradPartialKernel");
-    doraGradFinishKernel<T>
-        <<<unsigned((cols + 31) / 32), dim3(32, kPartialGroups), 0, ctx.stream>>>(
-            partial.as<float>(), chunks, cols, mp, dmp, ctx.deviceError, ctx.kernelIndex);
-    checkLaunch(kernel, "doraGradFinishKernel");
+    sumPartialRowsWith(kernel, ctx.stream, partial.as<float>(), chunks, cols,
+                       DivideByMagnitude<T>{mp, dmp, ctx.deviceError, ctx.kernelIndex});
   });
 }
 
