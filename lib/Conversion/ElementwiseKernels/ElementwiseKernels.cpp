@@ -364,6 +364,14 @@ FailureOr<std::string> mlir::bonsai::generateElementwisePTX(FusedElementwiseOp o
   ConvertGpuOpsToNVVMOpsOptions nvvm;
   // One pointer per buffer rather than a memref descriptor: the runtime passes raw pointers.
   nvvm.useBarePtrCallConv = true;
+  // 32-bit indices when every index fits with room for the grid stride (the runtime launches
+  // at most a few thousand blocks of 256): a broadcast input's `i mod size` is then one 32-bit
+  // multiply-high instead of an emulated 64-bit one, and the address arithmetic halves.
+  int64_t numElements = 1;
+  for (int64_t dim : op.getIterationShape())
+    numElements *= dim;
+  if (numElements <= (int64_t(1) << 30))
+    nvvm.indexBitwidth = 32;
   pm.addNestedPass<gpu::GPUModuleOp>(createConvertGpuOpsToNVVMOps(nvvm));
   pm.addPass(createReconcileUnrealizedCastsPass());
   GpuModuleToBinaryPassOptions binary;
