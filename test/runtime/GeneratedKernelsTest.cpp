@@ -90,21 +90,25 @@ std::string readFixture() {
   return text.str();
 }
 
-/// Host storage for a tensor and a device copy.
+/// Host storage for a tensor and a device copy, `offset` elements into its allocation (an
+/// offset of one leaves a 16-bit tensor 2-byte aligned: the generated kernel's scalar loop).
 struct Pair {
   std::vector<uint8_t> host;
+  void *allocation = nullptr;
   void *device = nullptr;
   TensorView hostView, deviceView;
 
-  Pair(DType dtype, std::vector<int64_t> shape) {
+  Pair(DType dtype, std::vector<int64_t> shape, int64_t offset = 0) {
     hostView.dtype = deviceView.dtype = dtype;
     hostView.shape = deviceView.shape = shape;
     host.resize(size_t(hostView.numel()) * dtypeSize(dtype));
     hostView.data = host.data();
-    cudaOk(cudaMalloc(&device, host.size()), "cudaMalloc");
+    size_t skip = size_t(offset) * dtypeSize(dtype);
+    cudaOk(cudaMalloc(&allocation, host.size() + skip), "cudaMalloc");
+    device = static_cast<uint8_t *>(allocation) + skip;
     deviceView.data = device;
   }
-  ~Pair() { cudaFree(device); }
+  ~Pair() { cudaFree(allocation); }
   void upload() { cudaOk(cudaMemcpy(device, host.data(), host.size(), cudaMemcpyHostToDevice), "upload"); }
   std::vector<uint8_t> download() const {
     std::vector<uint8_t> bytes(host.size());
@@ -132,13 +136,14 @@ float ulp(float x, DType dtype) {
 }
 
 /// Runs `info` through cuda::GeneratedKernels (eagerly, then captured in a graph) against
-/// cpu::fusedElementwise on the same data.
-void expectMatchesCpu(const GeneratedKernelInfo &info) {
+/// cpu::fusedElementwise on the same data; `offset` places the output y0 that many elements
+/// into its allocation.
+void expectMatchesCpu(const GeneratedKernelInfo &info, int64_t offset = 0) {
   cuda::GeneratedKernels kernels({info});
 
   const std::vector<int64_t> shape = {64, 1000};
   Pair x(DType::BF16, shape), b(DType::BF16, {1000}), g(DType::F32, shape);
-  Pair y0(DType::BF16, shape), y1(DType::F16, shape);
+  Pair y0(DType::BF16, shape, offset), y1(DType::F16, shape);
   fillRandom(x, 11, 4.0f);
   fillRandom(b, 12, 1.0f);
   fillRandom(g, 13, 6.0f);
@@ -197,6 +202,19 @@ TEST(GeneratedKernelsTest, FixturePtxMatchesTheInterpreter) {
   info.ptx = readFixture();
   info.arch = "sm_90";
   expectMatchesCpu(info);
+}
+
+// The kernel's vector loop needs every buffer 16-byte aligned; one output 2-byte aligned sends
+// the whole launch through its scalar loop, which must give the same values.
+TEST(GeneratedKernelsTest, FixturePtxTakesTheScalarLoopOnUnalignedBuffers) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU here";
+  GeneratedKernelInfo info;
+  info.name = "fused_elementwise_0";
+  info.program = fixtureProgram();
+  info.ptx = readFixture();
+  info.arch = "sm_90";
+  expectMatchesCpu(info, /*offset=*/1);
 }
 
 // A plan compiled for the CPU has no PTX: its programs run on the device interpreter.

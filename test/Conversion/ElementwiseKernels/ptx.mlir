@@ -19,6 +19,9 @@
 // PTX: fma.rn.f32
 // PTX: cvt.rn.bf16.f32
 // PTX: st.global.b16
+// The vector loop (aligned buffers): 8 bf16 per load and per store.
+// PTX: ld.global.v4.b32
+// PTX: st.global.v4.b32
 // PTX-NOT: call
 // PTX-NOT: __nv_
 // PTX-NOT: // PTX of fused_elementwise_1
