@@ -1,15 +1,19 @@
 //===- Lora.cu - DoRA's row scale and its output's gradients on CUDA ------===//
 //
-// dora_scale: y[o] = m[o] / ||W[o, :] + s·(B·A)[o, :]||, one block per 8 output rows. The block
-// stages their rows of B (r values each, zero-padded to a multiple of 4: the compiled loop over k
-// may load up to 3 values past r, which compute-sanitizer's memcheck reported) in shared memory;
-// each thread walks the columns i = t, t + T, ..., reads A's column i (r values) once for the 8
-// rows, forms W[o, i] + s·Σ_k B[o, k]·A[k, i] for each and adds its square to the row's fp64 sum;
-// each row's sums are added by warp shuffles and then across warps in a fixed order, so the result
-// is the same run to run. The [out, in] product
-// B·A is never stored. As on the CPU (runtime/cpu/Lora.cpp), the norm is rounded to y's dtype
-// before the division, so that at B = 0 a magnitude initialized to ||W|| gives a scale of 1; a row
-// of norm 0 is recorded as a device error (kZeroNorm) and its scale left at 0.
+// dora_scale: y[o] = m[o] / ||W[o, :] + s·(B·A)[o, :]|| in two kernels. A block per (8 output
+// rows, chunk of 1024 columns) stages its rows of B (r values each, zero-padded to a multiple of
+// 4: the loop over k may load up to 3 values past r, which compute-sanitizer's memcheck
+// reported) in shared memory; each thread takes 4 columns 256 apart, reads A's four ranks at a
+// time at all of them before using any (many loads in flight: one column per thread, rank by
+// rank and one block per 8 rows, TinyLlama's 154 launches took 6.2 ms on an H100 where reading
+// the weights once takes 0.6), forms W[o, i] + s·Σ_k B[o,
+// k]·A[k, i] for the 8 rows and adds its square to the row's fp32 sum; rows are summed by warp
+// shuffles and then across warps in a fixed order into the chunk's partial; sumPartialRowsKernel
+// (DeviceUtil.cuh) adds the chunks in order. No atomics, so the result is the same run to run.
+// The [out, in] product B·A is never stored. As on the CPU (runtime/cpu/Lora.cpp), the norm is
+// rounded to y's dtype before the division, so that at B = 0 a magnitude initialized to ||W||
+// gives a scale of 1; a row of norm 0 is recorded as a device error (kZeroNorm) and its scale
+// left at 0.
 //
 // dora_grad: dx = dy ⊙ scale and dm = Σ_t dy ⊙ y / m over [rows, cols] in two kernels, as
 // reduce_to's column sums (Reduce.cu): a block per (32-vector column tile, chunk of rows) writes
@@ -46,18 +50,23 @@ constexpr int64_t kDoraGradMinRows = 64;
 /// The floats of B's row the kernel stages: rank rounded up to a multiple of 4.
 __host__ __device__ constexpr int64_t stagedRank(int64_t rank) { return (rank + 3) / 4 * 4; }
 
-/// Output rows per doraScaleKernel block: each column of A is read once for this many rows
-/// (one row per block read A whole per row: 30 GB of L2 traffic per TinyLlama step).
+/// Output rows per doraScalePartialKernel block: each column of A it reads serves this many rows.
 constexpr int kDoraScaleRows = 8;
+/// Columns per thread of a doraScalePartialKernel block, kThreads apart: their loads are
+/// independent, so that many are in flight per thread.
+constexpr int kDoraScaleColumns = 4;
+/// Columns per doraScalePartialKernel block.
+constexpr int64_t kDoraScaleChunk = int64_t(kThreads) * kDoraScaleColumns;
 
+/// partial[blockIdx.y, o] = Σ_i (W[o, i] + s·Σ_k B[o, k]·A[k, i])² over the kDoraScaleChunk
+/// columns of chunk blockIdx.y, for the kDoraScaleRows rows o of row group blockIdx.x.
 template <typename T>
-__global__ void doraScaleKernel(const T *m, const T *w, const T *a, const T *b, int64_t out,
-                                int64_t in, int64_t rank, float scale, T *y, DeviceError *error,
-                                int32_t kernelIndex) {
+__global__ void doraScalePartialKernel(const T *w, const T *a, const T *b, int64_t out, int64_t in,
+                                       int64_t rank, float scale, float *partial) {
   // B's rows o0 .. o0 + kDoraScaleRows - 1, stagedRank(rank) floats each (16-byte aligned rows),
   // zeros past rank and past the last row.
   extern __shared__ __align__(16) float brows[];
-  __shared__ double partial[kDoraScaleRows][kThreads / 32];
+  __shared__ float sums[kDoraScaleRows][kThreads / 32];
   const int64_t o0 = int64_t(blockIdx.x) * kDoraScaleRows;
   const int rows = out - o0 < kDoraScaleRows ? int(out - o0) : kDoraScaleRows;
   const int64_t staged = stagedRank(rank);
@@ -66,59 +75,81 @@ __global__ void doraScaleKernel(const T *m, const T *w, const T *a, const T *b, 
     brows[t] = j < rows && k < rank ? toFloat(b[(o0 + j) * rank + k]) : 0.0f;
   }
   __syncthreads();
-  double sum[kDoraScaleRows] = {};
-  for (int64_t i = threadIdx.x; i < in; i += blockDim.x) {
-    // Four ranks at a time: one 16-byte shared load of each staged row of B per four (the
-    // padding past r is zero, and A is not read there).
-    float lora[kDoraScaleRows] = {};
-    for (int64_t k = 0; k < staged; k += 4) {
-      float ak[4];
+  const int64_t i0 = int64_t(blockIdx.y) * kDoraScaleChunk + threadIdx.x;
+  float lora[kDoraScaleRows][kDoraScaleColumns] = {};
+  for (int64_t k = 0; k < staged; k += 4) {
+    // A's four ranks k .. k + 3 at the thread's columns, all loads issued before any use; one
+    // 16-byte shared load of each staged row of B per four ranks (zero past r, where A is not
+    // read).
+    float ak[4][kDoraScaleColumns];
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        ak[e] = k + e < rank ? toFloat(a[(k + e) * in + i]) : 0.0f;
+    for (int e = 0; e < 4; ++e)
 #pragma unroll
-      for (int j = 0; j < kDoraScaleRows; ++j) {
-        float4 bk = *reinterpret_cast<const float4 *>(brows + j * staged + k);
-        lora[j] = fmaf(bk.x, ak[0], lora[j]);
-        lora[j] = fmaf(bk.y, ak[1], lora[j]);
-        lora[j] = fmaf(bk.z, ak[2], lora[j]);
-        lora[j] = fmaf(bk.w, ak[3], lora[j]);
+      for (int c = 0; c < kDoraScaleColumns; ++c) {
+        int64_t i = i0 + int64_t(c) * kThreads;
+        ak[e][c] = k + e < rank && i < in ? toFloat(a[(k + e) * in + i]) : 0.0f;
+      }
+#pragma unroll
+    for (int j = 0; j < kDoraScaleRows; ++j) {
+      float4 bk = *reinterpret_cast<const float4 *>(brows + j * staged + k);
+#pragma unroll
+      for (int c = 0; c < kDoraScaleColumns; ++c) {
+        lora[j][c] = fmaf(bk.x, ak[0][c], lora[j][c]);
+        lora[j][c] = fmaf(bk.y, ak[1][c], lora[j][c]);
+        lora[j][c] = fmaf(bk.z, ak[2][c], lora[j][c]);
+        lora[j][c] = fmaf(bk.w, ak[3][c], lora[j][c]);
       }
     }
-#pragma unroll
-    for (int j = 0; j < kDoraScaleRows; ++j)
-      if (j < rows) {
-        double v = double(toFloat(w[(o0 + j) * in + i])) + double(scale) * double(lora[j]);
-        sum[j] += v * v;
-      }
   }
+  float sum[kDoraScaleRows] = {};
+#pragma unroll
+  for (int j = 0; j < kDoraScaleRows; ++j)
+#pragma unroll
+    for (int c = 0; c < kDoraScaleColumns; ++c) {
+      int64_t i = i0 + int64_t(c) * kThreads;
+      if (j < rows && i < in) {
+        float v = fmaf(scale, lora[j][c], toFloat(w[(o0 + j) * in + i]));
+        sum[j] = fmaf(v, v, sum[j]);
+      }
+    }
   // Each row's sum: the warps' (shuffles in a fixed pattern), then the warps' in order.
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
   for (int j = 0; j < kDoraScaleRows; ++j) {
-    double v = sum[j];
+    float v = sum[j];
     for (int offset = 16; offset > 0; offset >>= 1)
       v += __shfl_xor_sync(0xffffffffu, v, offset);
     if (lane == 0)
-      partial[j][warp] = v;
+      sums[j][warp] = v;
   }
   __syncthreads();
   if (threadIdx.x >= rows)
     return;
   const int j = threadIdx.x;
-  const int64_t o = o0 + j;
-  double total = partial[j][0];
+  float total = sums[j][0];
+#pragma unroll
   for (int g = 1; g < kThreads / 32; ++g)
-    total += partial[j][g];
-  // The norm as y's dtype holds it, then the quotient (see the file comment).
-  float norm = toFloat(fromFloat<T>(float(sqrt(total))));
-  if (!(norm > 0.0f)) {
-    recordError(error, kernelIndex, kZeroNorm, o, 0);
-    y[o] = fromFloat<T>(0.0f);
-    return;
-  }
-  y[o] = fromFloat<T>(float(double(toFloat(m[o])) / double(norm)));
+    total += sums[j][g];
+  partial[int64_t(blockIdx.y) * out + o0 + j] = total;
 }
+
+/// Stores y[o] = m[o] / ||row o||, the norm rounded to T first (see the file comment); a zero
+/// norm is a device error, y[o] then 0.
+template <typename T> struct MagnitudeOverNorm {
+  const T *m;
+  T *y;
+  DeviceError *error;
+  int32_t kernelIndex;
+  __device__ void operator()(int64_t o, float squares) const {
+    float norm = toFloat(fromFloat<T>(sqrtf(squares)));
+    if (!(norm > 0.0f)) {
+      recordError(error, kernelIndex, kZeroNorm, o, 0);
+      y[o] = fromFloat<T>(0.0f);
+      return;
+    }
+    y[o] = fromFloat<T>(float(double(toFloat(m[o])) / double(norm)));
+  }
+};
 
 /// dx[r, c] = dy[r, c] · scale[c] for the rows of chunk blockIdx.y (rowsPerChunk rows) and the
 /// 32 VW columns of tile blockIdx.x, and partial[chunk, c] = Σ dy[r, c] · y[r, c] over them: row
@@ -206,23 +237,31 @@ void doraScale(const Context &ctx, const TensorView &m, const TensorView &w, con
                        ", got " + dtypeName(t->dtype));
   if (out == 0)
     return;
-  // 48 KiB of shared memory per block without opting in, less the static partial sums.
+  // 48 KiB of shared memory per block without opting in, less the static row sums.
   constexpr int64_t kMaxRank =
-      (48 * 1024 - kDoraScaleRows * (kThreads / 32) * int64_t(sizeof(double))) / 4 /
-      kDoraScaleRows / 4 * 4;
+      (48 * 1024 - kDoraScaleRows * (kThreads / 32) * int64_t(sizeof(float))) / 4 / kDoraScaleRows /
+      4 * 4;
   if (rank > kMaxRank)
     fail(kernel, "rank " + std::to_string(rank) + " exceeds the " + std::to_string(kMaxRank) +
                      " this kernel stages");
   size_t shared = size_t(kDoraScaleRows * stagedRank(rank)) * sizeof(float);
-  unsigned blocks = unsigned((out + kDoraScaleRows - 1) / kDoraScaleRows);
+  int64_t groups = (out + kDoraScaleRows - 1) / kDoraScaleRows;
+  int64_t chunks = std::max<int64_t>(1, (in + kDoraScaleChunk - 1) / kDoraScaleChunk);
+  if (groups > INT32_MAX || chunks > 65535)
+    fail(kernel, "w shape " + formatShape(w.shape) + " is too large");
+  Scratch partial(kernel, ctx.stream, size_t(chunks * out) * sizeof(float));
   dispatchFloat(w.dtype, [&](auto tag) {
     using T = decltype(tag);
-    doraScaleKernel<T><<<blocks, kThreads, shared, ctx.stream>>>(
-        static_cast<const T *>(m.data), static_cast<const T *>(w.data),
-        static_cast<const T *>(a.data), static_cast<const T *>(b.data), out, in, rank, float(scale),
-        static_cast<T *>(y.data), ctx.deviceError, ctx.kernelIndex);
+    doraScalePartialKernel<T>
+        <<<dim3(unsigned(groups), unsigned(chunks)), kThreads, shared, ctx.stream>>>(
+            static_cast<const T *>(w.data), static_cast<const T *>(a.data),
+            static_cast<const T *>(b.data), out, in, rank, float(scale), partial.as<float>());
+    checkLaunch(kernel, "doraScalePartialKernel");
+    sumPartialRowsWith(kernel, ctx.stream, partial.as<float>(), chunks, out,
+                       MagnitudeOverNorm<T>{static_cast<const T *>(m.data),
+                                            static_cast<T *>(y.data), ctx.deviceError,
+                                            ctx.kernelIndex});
   });
-  checkLaunch(kernel, "doraScaleKernel");
 }
 
 void doraGrad(const Context &ctx, const TensorView &dyIn, const TensorView &yIn,
