@@ -21,7 +21,8 @@ ArrayRef<FusionFamily> getFusionFamilies() {
   // The order is a priority: a family applies to what the families before it left. `dora`
   // comes first: it matches recomputed clones against the forward ops they copy
   // (isSameValue), which the other families rewrite differently in the two passes (a
-  // recomputed norm stays a norm while the forward one joins its residual add). The LM
+  // recomputed norm stays a norm while the forward one joins its residual add); `dora-weight`
+  // follows it, since it needs the pre-scale sum that `dora` leaves unread. The LM
   // head's chunked loss and the flash attention pair replace the most work, so they come
   // before the GEMM epilogues (which would otherwise take the head's weight-gradient GEMM); the
   // FP8 backward pairs come after the accumulation they include (and before the sharing of
@@ -32,6 +33,9 @@ ArrayRef<FusionFamily> getFusionFamilies() {
       {"dora",
        "a DoRA output's gradients from the rescaled output: no pre-scale output kept, one pass",
        nullptr, fuseDoraGradients},
+      {"dora-weight",
+       "a DoRA output's row scale on the weight and lora_b rows: no [tokens, out] rescale pass",
+       nullptr, scaleDoraWeights},
       {"linear-cross-entropy", "LM head + cross-entropy + their gradients, chunked over positions",
        populateLinearCrossEntropyFusionPatterns},
       {"flash-attention",

@@ -60,6 +60,10 @@ void populateResidualNormFusionPatterns(RewritePatternSet &patterns,
 /// Family `dora` (Fusion/Dora.cpp): a DoRA output's backward muls, reduce_to and magnitude
 /// dora_scale -> one dora_grad reading the rescaled output instead of the pre-scale one.
 LogicalResult fuseDoraGradients(FunctionOpInterface function, const FusionOptions &options);
+
+/// Family `dora-weight` (Fusion/DoraWeightScale.cpp): a DoRA output's forward rescale
+/// s ⊙ (x·Wᵀ + u·Bᵀ) -> x·(s ⊙ W)ᵀ + u·(s ⊙ B)ᵀ, the scale applied to weight rows.
+LogicalResult scaleDoraWeights(FunctionOpInterface function, const FusionOptions &options);
 /// Family `optimizer` (Fusion/Optimizer.cpp): groups of update-phase optimizer updates ->
 /// one multi-tensor update each.
 LogicalResult fuseOptimizerUpdates(FunctionOpInterface function, const FusionOptions &options);

@@ -17,11 +17,16 @@ using namespace mlir::bonsai;
 
 /// The parameter a value is a view of: follows single-operand ops (transpose, reshape, cast,
 /// dequantize) back to a `bonsai.param`, so that GPT-2's transposed Conv1D weights and QLoRA's
-/// dequantized weights are still attributed to their checkpoint tensor.
+/// dequantized weights are still attributed to their checkpoint tensor; and a mul's left-hand
+/// side of the result's shape, a weight whose rows bonsai-fuse's `dora-weight` rescales.
 static ParamOp getUnderlyingParam(Value value) {
   while (Operation *def = value.getDefiningOp()) {
     if (auto param = dyn_cast<ParamOp>(def))
       return param;
+    if (auto mul = dyn_cast<MulOp>(def); mul && mul.getLhs().getType() == mul.getType()) {
+      value = mul.getLhs();
+      continue;
+    }
     if (def->getNumOperands() != 1)
       return nullptr;
     value = def->getOperand(0);
