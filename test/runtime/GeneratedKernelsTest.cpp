@@ -193,15 +193,20 @@ void expectMatchesCpu(const GeneratedKernelInfo &info, int64_t offset = 0) {
   cudaStreamDestroy(stream);
 }
 
-TEST(GeneratedKernelsTest, FixturePtxMatchesTheInterpreter) {
-  if (!haveGpu())
-    GTEST_SKIP() << "no GPU here";
+/// The fixture's kernel as a plan for sm_90 carries it: its program and its PTX.
+GeneratedKernelInfo fixtureKernel() {
   GeneratedKernelInfo info;
   info.name = "fused_elementwise_0";
   info.program = fixtureProgram();
   info.ptx = readFixture();
   info.arch = "sm_90";
-  expectMatchesCpu(info);
+  return info;
+}
+
+TEST(GeneratedKernelsTest, FixturePtxMatchesTheInterpreter) {
+  if (!haveGpu())
+    GTEST_SKIP() << "no GPU here";
+  expectMatchesCpu(fixtureKernel());
 }
 
 // The kernel's vector loop needs every buffer 16-byte aligned; one output 2-byte aligned sends
@@ -209,12 +214,7 @@ TEST(GeneratedKernelsTest, FixturePtxMatchesTheInterpreter) {
 TEST(GeneratedKernelsTest, FixturePtxTakesTheScalarLoopOnUnalignedBuffers) {
   if (!haveGpu())
     GTEST_SKIP() << "no GPU here";
-  GeneratedKernelInfo info;
-  info.name = "fused_elementwise_0";
-  info.program = fixtureProgram();
-  info.ptx = readFixture();
-  info.arch = "sm_90";
-  expectMatchesCpu(info, /*offset=*/1);
+  expectMatchesCpu(fixtureKernel(), /*offset=*/1);
 }
 
 // A plan compiled for the CPU has no PTX: its programs run on the device interpreter.
