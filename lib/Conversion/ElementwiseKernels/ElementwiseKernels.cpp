@@ -256,6 +256,14 @@ void mlir::bonsai::registerElementwiseCodegenDialects(DialectRegistry &registry)
 
 namespace {
 
+/// Elements of `op`'s iteration space.
+int64_t getIterationElements(FusedElementwiseOp op) {
+  int64_t numElements = 1;
+  for (int64_t dim : op.getIterationShape())
+    numElements *= dim;
+  return numElements;
+}
+
 /// Elements a thread takes per iteration of the vector loop: 16 bytes of bf16 or f16.
 constexpr int64_t kVectorWidth = 8;
 /// The alignment every buffer must have for that loop: one 16-byte load or store per
@@ -374,9 +382,7 @@ void buildKernel(FusedElementwiseOp op, ModuleOp module, StringRef name, StringR
       gpu::GPUModuleOp::create(builder, loc, name, builder.getArrayAttr({target}));
   builder.setInsertionPointToStart(gpuModule.getBody());
 
-  int64_t numElements = 1;
-  for (int64_t dim : op.getIterationShape())
-    numElements *= dim;
+  int64_t numElements = getIterationElements(op);
   SmallVector<Type> params;
   SmallVector<int64_t> inputSizes;
   for (Value input : op.getInputs()) {
@@ -415,8 +421,7 @@ void buildKernel(FusedElementwiseOp op, ModuleOp module, StringRef name, StringR
     Value misaligned = arith::RemUIOp::create(builder, loc, count, width);
     Value mask = arith::ConstantIndexOp::create(builder, loc, kVectorAlignment - 1);
     for (BlockArgument buffer : entry.getArguments().drop_back()) {
-      if (isa<MemRefType>(buffer.getType()) &&
-          cast<MemRefType>(buffer.getType()).getNumElements() == 1)
+      if (cast<MemRefType>(buffer.getType()).getNumElements() == 1)
         continue; // read one element at a time in both loops
       Value address = memref::ExtractAlignedPointerAsIndexOp::create(builder, loc, buffer);
       misaligned = arith::OrIOp::create(builder, loc, misaligned,
@@ -484,10 +489,7 @@ FailureOr<std::string> mlir::bonsai::generateElementwisePTX(FusedElementwiseOp o
   // 32-bit indices when every index fits with room for the grid stride (the runtime launches
   // at most a few thousand blocks of 256): a broadcast input's `i mod size` is then one 32-bit
   // multiply-high instead of an emulated 64-bit one, and the address arithmetic halves.
-  int64_t numElements = 1;
-  for (int64_t dim : op.getIterationShape())
-    numElements *= dim;
-  if (numElements <= (int64_t(1) << 30))
+  if (getIterationElements(op) <= (int64_t(1) << 30))
     nvvm.indexBitwidth = 32;
   pm.addNestedPass<gpu::GPUModuleOp>(createConvertGpuOpsToNVVMOps(nvvm));
   pm.addPass(createReconcileUnrealizedCastsPass());
