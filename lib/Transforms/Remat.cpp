@@ -960,6 +960,9 @@ LogicalResult RematPass::rematFunction(func::FuncOp function, StringRef chosen, 
                               "is none: give device-memory, or a recipe target with "
                               "device_memory");
 
+  // Before the trial copies are made: the search's plans and the final step are fused alike.
+  if (chosen == "auto")
+    function->setAttr(kRematSearchedAttr, UnitAttr::get(function.getContext()));
   TrialPlanner planner(function, target, profile.empty() ? target : profile, fuse, fuseDisable,
                        offload);
   // The baseline keeps everything it may: only what is always recomputed is. Auto's peak

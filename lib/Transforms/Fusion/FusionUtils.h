@@ -16,6 +16,9 @@ namespace mlir::bonsai::fusion {
 
 /// The attribute bonsai-remat sets on recomputed clones.
 constexpr StringLiteral kRecomputedAttr = "bonsai.recomputed";
+/// The attribute bonsai-remat sets on a function whose recompute set policy "auto" searches
+/// for (and on the trial copies it plans).
+constexpr StringLiteral kRematSearchedAttr = "bonsai.remat_searched";
 /// The attribute autodiff and the optimizer set on backward and update ops.
 constexpr StringLiteral kPhaseAttr = "bonsai.phase";
 

@@ -22,6 +22,9 @@ namespace mlir::bonsai::remat {
 constexpr StringLiteral kPhaseAttr = "bonsai.phase";
 /// The attribute of the clones applyRecompute makes.
 constexpr StringLiteral kRecomputedAttr = "bonsai.recomputed";
+/// The attribute of a function whose recompute set policy "auto" searches for, and of its
+/// trial copies: fusion families whose rewrite a recompute set would undo leave it alone.
+constexpr StringLiteral kRematSearchedAttr = "bonsai.remat_searched";
 
 /// Whether `op` belongs to the backward pass.
 bool isBackward(Operation *op);

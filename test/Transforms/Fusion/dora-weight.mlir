@@ -5,6 +5,12 @@
 // RUN:   --bonsai-fuse="only=dora-weight" %s 2> /dev/null | FileCheck %s --check-prefix=NODORA
 // RUN: bonsai-opt --bonsai-insert-lora --bonsai-autodiff --bonsai-optimizer \
 // RUN:   --bonsai-fuse="disable=dora-weight,elementwise" %s 2> /dev/null | FileCheck %s --check-prefix=OFF
+// Under remat "auto" the recompute set would decide where the rewrite applies, while the
+// search's peak model reads what one set's plan materialises: bonsai-remat marks the function
+// it searches for (its trial copies too) and the family leaves it alone.
+// RUN: bonsai-opt --bonsai-insert-lora --bonsai-autodiff --bonsai-optimizer \
+// RUN:   --bonsai-remat="policy=auto device-memory=1000000000" \
+// RUN:   --bonsai-fuse="only=dora,dora-weight" %s 2> /dev/null | FileCheck %s --check-prefix=SEARCHED
 
 // The dora-weight family (lib/Transforms/Fusion/DoraWeightScale.cpp) on DoRA adapters on both
 // linears of an MLP: each forward s ⊙ (x·Wᵀ + u·Bᵀ) becomes x·(s ⊙ W)ᵀ + u·(s ⊙ B)ᵀ, and the
@@ -43,6 +49,12 @@
 // OFF:       %[[S:.*]] = bonsai.dora_scale
 // OFF-NEXT:  bonsai.mul %{{.*}}, %[[S]] : (tensor<2x8x128xf32>, tensor<128xf32>)
 // OFF:       bonsai.dora_grad
+// SEARCHED-LABEL: func.func @forward
+// SEARCHED-SAME:  bonsai.remat_searched
+// SEARCHED:       %[[S:.*]] = bonsai.dora_scale
+// SEARCHED-NEXT:  bonsai.mul %{{.*}}, %[[S]] : (tensor<2x8x128xf32>, tensor<128xf32>)
+// SEARCHED-NOT:   bonsai.reshape
+// SEARCHED:       bonsai.dora_grad
 func.func @forward(%ids: tensor<2x8xi32>, %labels: tensor<2x8xi32>) -> tensor<f32> {
   %emb = bonsai.param "model.embed_tokens.weight" trainable : tensor<64x64xf32>
   %h = bonsai.embedding %emb, %ids : (tensor<64x64xf32>, tensor<2x8xi32>) -> tensor<2x8x64xf32>
