@@ -197,6 +197,9 @@ PeakModel::PeakModel(func::FuncOp function, const ForwardGraph &g, const Materia
       }
       value.lastRead = std::max({value.lastRead, value.lastForwardRead, value.lastBackwardRead});
     }
+  for (auto [v, value] : llvm::enumerate(values))
+    if (value.bytes != 0)
+      materialized.push_back(v);
 }
 
 SmallVector<unsigned> PeakModel::getAnchors(const BitVector &recompute) const {
@@ -278,8 +281,9 @@ void PeakModel::getProfile(const BitVector &recompute, SmallVectorImpl<int64_t> 
   // go out and come back, for the schedule's retains and prefetches.
   SmallVector<unsigned> firstRead(values.size(), numPositions);
   SmallVector<unsigned> outs, backs;
-  for (auto [v, value] : llvm::enumerate(values)) {
-    if (value.bytes == 0 || !chosen.test(value.op))
+  for (unsigned v : materialized) {
+    const ForwardValue &value = values[v];
+    if (!chosen.test(value.op))
       continue;
     unsigned first = getFirstBackwardRead(value, recompute, anchor);
     if (first >= numPositions)
@@ -292,9 +296,8 @@ void PeakModel::getProfile(const BitVector &recompute, SmallVectorImpl<int64_t> 
   llvm::sort(backs);
 
   live.assign(fixed.begin(), fixed.end());
-  for (auto [v, value] : llvm::enumerate(values)) {
-    if (value.bytes == 0)
-      continue;
+  for (unsigned v : materialized) {
+    const ForwardValue &value = values[v];
     unsigned def = position[value.op];
     if (recompute.test(value.op)) {
       addInterval(live, def, value.lastForwardRead, value.bytes);

@@ -118,6 +118,9 @@ private:
     unsigned firstBackwardRead;
   };
   SmallVector<ForwardValue> values;
+  /// The values with a buffer in the calibration plan (bytes > 0): the only ones a profile
+  /// counts, a fraction of all on fused plans.
+  SmallVector<unsigned> materialized;
   /// Per forward op, the values it owns.
   SmallVector<SmallVector<unsigned, 1>> valuesOf;
   std::function<BitVector(const BitVector &)> offloadCandidates;
