@@ -21,7 +21,7 @@ namespace {
 struct PhaseMarker : public OpBuilder::Listener {
   explicit PhaseMarker(StringAttr phase) : phase(phase) {}
   void notifyOperationInserted(Operation *op, OpBuilder::InsertPoint) override {
-    op->setAttr("bonsai.phase", phase);
+    op->setAttr(BonsaiDialect::getPhaseAttrName(), phase);
     ++count;
   }
   StringAttr phase;

@@ -23,8 +23,6 @@ namespace mlir::bonsai {
 
 namespace {
 
-constexpr StringLiteral kPhaseAttr = "bonsai.phase";
-
 /// The value `value` is a view or conversion of: follows views and single-operand casts back
 /// to the tensor they read (GPT-2's transposed weights, a reshaped LM head output).
 Value getViewedValue(Value value) {
@@ -239,7 +237,7 @@ struct Fp8Pass : impl::BonsaiFp8PassBase<Fp8Pass> {
     auto update = Fp8UpdateScalesOp::create(builder, forward.getLoc(), increment.getStep(),
                                             forward.getStats(), backwardStats, state, current,
                                             margin);
-    update->setAttr(kPhaseAttr, builder.getStringAttr("update"));
+    update->setAttr(BonsaiDialect::getPhaseAttrName(), builder.getStringAttr("update"));
     StringRef weight = group.weight->name;
     Operation *declared = foldOverMicroBatches(update.getForwardStatsMutable(), "forward_stats",
                                                state.getDefiningOp(), weight, update);
@@ -272,21 +270,22 @@ struct Fp8Pass : impl::BonsaiFp8PassBase<Fp8Pass> {
     // statistics' readers after it.
     Operation *producer = stats.getDefiningOp();
     Operation *after = producer;
-    Attribute phase = producer->getAttr(kPhaseAttr);
+    Attribute phase = producer->getAttr(BonsaiDialect::getPhaseAttrName());
     for (Value result : producer->getResults())
       for (Operation *user : result.getUsers())
-        if (user->getBlock() == after->getBlock() && user->getAttr(kPhaseAttr) == phase &&
+        if (user->getBlock() == after->getBlock() &&
+            user->getAttr(BonsaiDialect::getPhaseAttrName()) == phase &&
             after->isBeforeInBlock(user))
           after = user;
     builder.setInsertionPointAfter(after);
     auto fold =
         AccumulateMaxOp::create(builder, producer->getLoc(), stats, accumulator.getResult());
     if (phase)
-      fold->setAttr(kPhaseAttr, phase);
+      fold->setAttr(BonsaiDialect::getPhaseAttrName(), phase);
     statistics.set(accumulator.getResult());
     builder.setInsertionPointAfter(update);
     auto clear = ZeroOp::create(builder, update.getLoc(), accumulator.getResult());
-    clear->setAttr(kPhaseAttr, builder.getStringAttr("update"));
+    clear->setAttr(BonsaiDialect::getPhaseAttrName(), builder.getStringAttr("update"));
     return accumulator;
   }
 

@@ -116,7 +116,7 @@ struct GaLorePass : impl::BonsaiGaLorePassBase<GaLorePass> {
       Location loc = param.getLoc();
       // The rewrite runs where the update did: the update phase, or the backward pass right
       // where the gradient is complete when the optimizer has update_in_backward.
-      Attribute phase = adamw->getAttr("bonsai.phase");
+      Attribute phase = adamw->getAttr(BonsaiDialect::getPhaseAttrName());
       builder.setInsertionPoint(adamw);
       auto state = [&](StringRef suffix, RankedTensorType stateType) {
         return StateOp::create(builder, loc, stateType, StateKind::Optimizer,
@@ -134,21 +134,21 @@ struct GaLorePass : impl::BonsaiGaLorePassBase<GaLorePass> {
                                              adamw.getStep(), projector, status.getResult(), rank,
                                              gap, offset, slot, left, kind, powerIterations, seed);
       if (phase)
-        refresh->setAttr("bonsai.phase", phase);
+        refresh->setAttr(BonsaiDialect::getPhaseAttrName(), phase);
       // A half-precision weight's projections run on bf16 operands (tensor cores); the
       // rounding is part of the update's semantics, so both backends do it.
       bool bf16 = !type.getElementType().isF32();
       auto project = GaloreProjectOp::create(builder, loc, reducedType, adamw.getGradient(),
                                              projector, left, bf16);
       if (phase)
-        project->setAttr("bonsai.phase", phase);
+        project->setAttr(BonsaiDialect::getPhaseAttrName(), phase);
       auto galore = GaloreAdamWUpdateOp::create(
           builder, loc, project.getResult(), adamw.getStep(), adamw.getLr(), adamw.getGradNorm(),
           projector, param.getResult(), expAvg, expAvgSq, adamw.getMaster(), adamw.getBeta1Attr(),
           adamw.getBeta2Attr(), adamw.getEpsAttr(), adamw.getWeightDecayAttr(),
           adamw.getGradClipAttr(), directive.getScaleAttr(), builder.getBoolAttr(left));
       if (phase)
-        galore->setAttr("bonsai.phase", phase);
+        galore->setAttr(BonsaiDialect::getPhaseAttrName(), phase);
 
       // The full-size moments go with the update that used them.
       Value oldAvg = adamw.getExpAvg(), oldAvgSq = adamw.getExpAvgSq();

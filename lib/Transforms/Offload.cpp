@@ -212,7 +212,8 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
   LogicalResult offload(func::FuncOp function, const OffloadRequest &request) {
     if (request.activations && !function
                                     .walk([](Operation *op) {
-                                      auto phase = op->getAttrOfType<StringAttr>("bonsai.phase");
+                                      auto phase = op->getAttrOfType<StringAttr>(
+                                          BonsaiDialect::getPhaseAttrName());
                                       return phase && phase.getValue() == "backward"
                                                  ? WalkResult::interrupt()
                                                  : WalkResult::advance();
@@ -409,13 +410,13 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
     auto pinned = MemorySpaceAttr::get(&getContext(), MemorySpace::PinnedHost);
     Operation *update = rewrite.update;
     OpBuilder builder(update);
-    Attribute phase = update->getAttr("bonsai.phase");
+    Attribute phase = update->getAttr(BonsaiDialect::getPhaseAttrName());
     SmallVector<std::pair<Value, Value>> copies; // (device copy, host state)
     for (auto [index, state] : llvm::zip(rewrite.streamedOperands, rewrite.states)) {
       state.setPlacementAttr(pinned);
       auto copy = CopyH2DOp::create(builder, update->getLoc(), state.getType(), state);
       if (phase)
-        copy->setAttr("bonsai.phase", phase);
+        copy->setAttr(BonsaiDialect::getPhaseAttrName(), phase);
       update->setOperand(index, copy.getResult());
       copies.push_back({copy.getResult(), state.getResult()});
       int64_t size = getStorageBytes(state.getType());
@@ -432,7 +433,7 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
     for (auto [device, host] : copies) {
       auto back = CopyD2HOp::create(builder, update->getLoc(), device, host);
       if (phase)
-        back->setAttr("bonsai.phase", phase);
+        back->setAttr(BonsaiDialect::getPhaseAttrName(), phase);
     }
     ++totals.streamedUpdates;
   }
@@ -485,10 +486,10 @@ struct OffloadPass : impl::BonsaiOffloadPassBase<OffloadPass> {
   void runOnHost(UpdateRewrite &rewrite, OffloadTotals &totals) {
     auto pinned = MemorySpaceAttr::get(&getContext(), MemorySpace::PinnedHost);
     Operation *update = rewrite.update;
-    Attribute phase = update->getAttr("bonsai.phase");
+    Attribute phase = update->getAttr(BonsaiDialect::getPhaseAttrName());
     auto inPhase = [&](Operation *op) {
       if (phase)
-        op->setAttr("bonsai.phase", phase);
+        op->setAttr(BonsaiDialect::getPhaseAttrName(), phase);
     };
     for (StateOp state : rewrite.states) {
       state.setPlacementAttr(pinned);

@@ -55,7 +55,7 @@ struct OptimizerPass : impl::BonsaiOptimizerPassBase<OptimizerPass> {
     StringAttr update = StringAttr::get(ctx, "update");
     StringAttr backward = StringAttr::get(ctx, "backward");
     auto mark = [&](Operation *op, StringAttr phase) {
-      op->setAttr("bonsai.phase", phase);
+      op->setAttr(BonsaiDialect::getPhaseAttrName(), phase);
       return op;
     };
     auto f32Scalar = RankedTensorType::get({}, builder.getF32Type());

@@ -79,12 +79,12 @@ struct RingGradientsPass : impl::BonsaiRingGradientsPassBase<RingGradientsPass> 
         continue;
       auto reduced = AllReduceOp::create(builder, gradient.getLoc(), gradient.getResult().getType(),
                                          gradient.getResult(), ranks, builder.getStringAttr("sum"));
-      reduced->setAttr("bonsai.phase", updatePhase);
+      reduced->setAttr(BonsaiDialect::getPhaseAttrName(), updatePhase);
       // The update phase reads the sum; the backward pass accumulates and the zeroing clears
       // the rank's own accumulator.
       for (OpOperand &use : llvm::make_early_inc_range(gradient.getResult().getUses())) {
         Operation *user = use.getOwner();
-        auto phase = user->getAttrOfType<StringAttr>("bonsai.phase");
+        auto phase = user->getAttrOfType<StringAttr>(BonsaiDialect::getPhaseAttrName());
         if (user == reduced.getOperation() || isa<ZeroOp>(user) || !phase ||
             phase.getValue() != "update")
           continue;

@@ -35,7 +35,7 @@ enum class Stage { Zero1 = 1, Zero2 = 2, Zero3 = 3 };
 
 /// The phase an op runs in (bonsai.phase; the forward pass when unmarked).
 StringRef phaseOf(Operation *op) {
-  auto phase = op->getAttrOfType<StringAttr>("bonsai.phase");
+  auto phase = op->getAttrOfType<StringAttr>(BonsaiDialect::getPhaseAttrName());
   return phase ? phase.getValue() : StringRef("forward");
 }
 
@@ -168,7 +168,7 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
       auto gather = AllGatherOp::create(builder, param.getLoc(), wholeType, param.getResult(),
                                         sharding.getRanks());
       if (phase != "forward")
-        gather->setAttr("bonsai.phase", builder.getStringAttr(phase));
+        gather->setAttr(BonsaiDialect::getPhaseAttrName(), builder.getStringAttr(phase));
       else if (keepGathered)
         gather.setKept(true);
       for (OpOperand *use : *uses)
@@ -262,7 +262,7 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
         auto reduced =
             ReduceScatterOp::create(builder, update->getLoc(), shardType(gradient.getResult()),
                                     gradient.getResult(), ranks);
-        reduced->setAttr("bonsai.phase", updatePhase);
+        reduced->setAttr(BonsaiDialect::getPhaseAttrName(), updatePhase);
         update->setOperand(gradientIndex, reduced.getResult());
         for (OpOperand &operand : norm->getOpOperands())
           if (operand.get() == gradient.getResult())
@@ -277,8 +277,8 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
             Value produced = accumulate.getGradient();
             auto reduced = ReduceScatterOp::create(builder, accumulate.getLoc(),
                                                    shardType(produced), produced, ranks);
-            if (auto phase = accumulate->getAttr("bonsai.phase"))
-              reduced->setAttr("bonsai.phase", phase);
+            if (auto phase = accumulate->getAttr(BonsaiDialect::getPhaseAttrName()))
+              reduced->setAttr(BonsaiDialect::getPhaseAttrName(), phase);
             accumulate.getGradientMutable().assign(reduced.getResult());
             totals.scatteredPerMicroBatch += getStorageBytes(produced.getType());
             continue;
@@ -298,12 +298,12 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
         builder.setInsertionPoint(update);
         auto slice = ShardSliceOp::create(builder, update->getLoc(), shardType(param.getResult()),
                                           param.getResult(), ranks);
-        slice->setAttr("bonsai.phase", updatePhase);
+        slice->setAttr(BonsaiDialect::getPhaseAttrName(), updatePhase);
         update->setOperand(paramIndex, slice.getResult());
         builder.setInsertionPointAfter(update);
         auto gather = AllGatherIntoOp::create(builder, update->getLoc(), slice.getResult(),
                                               param.getResult(), ranks);
-        gather->setAttr("bonsai.phase", updatePhase);
+        gather->setAttr(BonsaiDialect::getPhaseAttrName(), updatePhase);
         totals.gatheredPerStep += getStorageBytes(type);
       } else if (failed(shardParameter(body, param, sharding, update, keepGathered, totals))) {
         return failure();
@@ -333,10 +333,10 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
           builder, gradient.getLoc(),
           ShardingAttr::get(ctx, ranks, type.getShape()).getShardType(type.getElementType()),
           gradient.getResult(), ranks);
-      reduced->setAttr("bonsai.phase", updatePhase);
+      reduced->setAttr(BonsaiDialect::getPhaseAttrName(), updatePhase);
       auto whole =
           AllGatherOp::create(builder, gradient.getLoc(), type, reduced.getResult(), ranks);
-      whole->setAttr("bonsai.phase", updatePhase);
+      whole->setAttr(BonsaiDialect::getPhaseAttrName(), updatePhase);
       for (OpOperand &use : llvm::make_early_inc_range(gradient.getResult().getUses())) {
         Operation *user = use.getOwner();
         if (user == reduced.getOperation() || isa<ZeroOp>(user) || phaseOf(user) != "update")
@@ -387,7 +387,7 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
         Value local = operand->get();
         auto largest = AllReduceOp::create(builder, update.getLoc(), local.getType(), local, ranks,
                                            builder.getStringAttr("max"));
-        largest->setAttr("bonsai.phase", updatePhase);
+        largest->setAttr(BonsaiDialect::getPhaseAttrName(), updatePhase);
         operand->set(largest.getResult());
         ++totals.fp8Statistics;
         totals.fp8StatisticsBytes += getStorageBytes(local.getType());
@@ -398,7 +398,7 @@ struct ShardPass : impl::BonsaiShardPassBase<ShardPass> {
     builder.setInsertionPointAfter(norm);
     auto global = AllReduceOp::create(builder, norm.getLoc(), norm.getResult().getType(),
                                       norm.getResult(), ranks, builder.getStringAttr("l2"));
-    global->setAttr("bonsai.phase", updatePhase);
+    global->setAttr(BonsaiDialect::getPhaseAttrName(), updatePhase);
     norm.getResult().replaceAllUsesExcept(global.getResult(), global);
 
     function->setAttr("bonsai.ranks", builder.getI64IntegerAttr(ranks));

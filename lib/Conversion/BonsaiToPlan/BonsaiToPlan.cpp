@@ -229,7 +229,7 @@ struct LowerToPlanPass : impl::BonsaiLowerToPlanPassBase<LowerToPlanPass> {
           ins.push_back(mapping.lookup(operand));
       }
       plan::Phase phase = plan::Phase::Forward;
-      if (auto attr = op.getAttrOfType<StringAttr>("bonsai.phase")) {
+      if (auto attr = op.getAttrOfType<StringAttr>(BonsaiDialect::getPhaseAttrName())) {
         std::optional<plan::Phase> parsed = plan::symbolizePhase(attr.getValue());
         if (!parsed)
           return op.emitError() << "unknown phase '" << attr.getValue() << "'";

@@ -16,6 +16,8 @@
 
 #include "bonsai/Transforms/Fusion.h"
 
+#include "FusionUtils.h"
+
 #include "bonsai/Dialect/Bonsai/IR/BonsaiOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
@@ -30,7 +32,8 @@
 namespace mlir::bonsai {
 namespace {
 
-constexpr StringLiteral kPhaseAttr = "bonsai.phase";
+using fusion::getPhase;
+using fusion::kPhaseAttr;
 
 /// Whether an input of shape `input` is read at the element index modulo its size in an
 /// iteration space of shape `space` (the fused op's rule: a trailing part, after leading 1s).
@@ -81,13 +84,6 @@ bool hasScalarForm(ElementwiseOpInterface op) {
   while (!scratch.empty())
     scratch.back().erase();
   return ok;
-}
-
-/// The phase `op` runs in ("" when it has none: a forward-only function).
-StringRef getPhase(Operation *op) {
-  if (auto phase = op->getAttrOfType<StringAttr>(kPhaseAttr))
-    return phase.getValue();
-  return "";
 }
 
 class ElementwiseFusion {

@@ -9,18 +9,16 @@
 #ifndef BONSAI_LIB_TRANSFORMS_FUSION_FUSIONUTILS_H
 #define BONSAI_LIB_TRANSFORMS_FUSION_FUSIONUTILS_H
 
+#include "bonsai/Dialect/Bonsai/IR/BonsaiDialect.h"
 #include "mlir/IR/Operation.h"
 #include "mlir/IR/PatternMatch.h"
 
 namespace mlir::bonsai::fusion {
 
-/// The attribute bonsai-remat sets on recomputed clones.
-constexpr StringLiteral kRecomputedAttr = "bonsai.recomputed";
-/// The attribute bonsai-remat sets on a function whose recompute set policy "auto" searches
-/// for (and on the trial copies it plans).
-constexpr StringLiteral kRematSearchedAttr = "bonsai.remat_searched";
-/// The attribute autodiff and the optimizer set on backward and update ops.
-constexpr StringLiteral kPhaseAttr = "bonsai.phase";
+/// The dialect's discardable attributes (BonsaiDialect.td says what each marks).
+constexpr StringLiteral kPhaseAttr = BonsaiDialect::getPhaseAttrName();
+constexpr StringLiteral kRecomputedAttr = BonsaiDialect::getRecomputedAttrName();
+constexpr StringLiteral kRematSearchedAttr = BonsaiDialect::getRematSearchedAttrName();
 
 /// The attributes of `op` that say what it computes: all but the discardable bonsai.*
 /// annotations (phase, recomputed).

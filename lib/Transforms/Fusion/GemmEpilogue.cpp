@@ -32,8 +32,8 @@ namespace {
 
 /// Copies `from`'s bonsai.phase annotation (the phase the fused op runs in) onto `to`.
 void copyPhase(Operation *from, Operation *to) {
-  if (Attribute phase = from->getAttr("bonsai.phase"))
-    to->setAttr("bonsai.phase", phase);
+  if (Attribute phase = from->getAttr(BonsaiDialect::getPhaseAttrName()))
+    to->setAttr(BonsaiDialect::getPhaseAttrName(), phase);
 }
 
 /// accumulate(producer(...), acc) -> producer's accumulating form, in place on acc.
@@ -107,7 +107,8 @@ struct TransposedWeightGradient : OpRewritePattern<TransposeOp> {
       return rewriter.notifyMatchFailure(transpose, "the input is not a linear_grad_weight");
     if (!grad->hasOneUse())
       return rewriter.notifyMatchFailure(transpose, "the untransposed gradient has other uses");
-    if (grad->getAttr("bonsai.phase") != transpose->getAttr("bonsai.phase"))
+    if (grad->getAttr(BonsaiDialect::getPhaseAttrName()) !=
+        transpose->getAttr(BonsaiDialect::getPhaseAttrName()))
       return rewriter.notifyMatchFailure(transpose, "different phases");
     rewriter.setInsertionPoint(transpose);
     auto swapped = LinearGradWeightOp::create(rewriter, grad.getLoc(),
@@ -133,7 +134,8 @@ struct LinearAdd : OpRewritePattern<AddOp> {
     auto linear = term.getDefiningOp<LinearOp>();
     if (!linear || linear.getBias() || !linear->hasOneUse() ||
         linear->getBlock() != add->getBlock() ||
-        linear->getAttr("bonsai.phase") != add->getAttr("bonsai.phase"))
+        linear->getAttr(BonsaiDialect::getPhaseAttrName()) !=
+            add->getAttr(BonsaiDialect::getPhaseAttrName()))
       return nullptr;
     // No broadcast: the addend is cuBLASLt's C, laid out as the result.
     Type type = add.getResult().getType();
@@ -192,7 +194,8 @@ struct LinearGeLU : OpRewritePattern<GeLUOp> {
       return rewriter.notifyMatchFailure(gelu, "the input is not a bonsai.linear");
     if (linear->getBlock() != gelu->getBlock())
       return rewriter.notifyMatchFailure(gelu, "linear in another block");
-    if (linear->getAttr("bonsai.phase") != gelu->getAttr("bonsai.phase"))
+    if (linear->getAttr(BonsaiDialect::getPhaseAttrName()) !=
+        gelu->getAttr(BonsaiDialect::getPhaseAttrName()))
       return rewriter.notifyMatchFailure(gelu, "linear and gelu run in different phases");
     Type element = linear.getResult().getType().getElementType();
     if (!isa<Float32Type, Float16Type, BFloat16Type>(element))

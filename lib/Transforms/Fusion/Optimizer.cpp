@@ -105,7 +105,7 @@ void fuseBlock(Block &block, const FusionOptions &options) {
   SmallVector<std::pair<GroupKey, SmallVector<MultiTensorUpdateOpInterface>>> groups;
   for (Operation &op : block) {
     auto update = dyn_cast<MultiTensorUpdateOpInterface>(op);
-    if (!update || op.getAttrOfType<StringAttr>("bonsai.phase") != updatePhase)
+    if (!update || op.getAttrOfType<StringAttr>(BonsaiDialect::getPhaseAttrName()) != updatePhase)
       continue;
     GroupKey key = keyOf(update);
     auto found = llvm::find_if(groups, [&](const auto &g) { return g.first == key; });
@@ -137,7 +137,7 @@ void fuseBlock(Block &block, const FusionOptions &options) {
 
     OpBuilder builder(anchor);
     Operation *fused = updates.front().buildMultiTensorUpdate(builder, members);
-    fused->setAttr("bonsai.phase", updatePhase);
+    fused->setAttr(BonsaiDialect::getPhaseAttrName(), updatePhase);
     for (Operation *member : members)
       member->erase();
     options.fused(fused, (Twine("multi-tensor ") + key.name.stripDialect() + " (" +

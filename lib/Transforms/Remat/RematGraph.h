@@ -10,6 +10,7 @@
 #ifndef BONSAI_LIB_TRANSFORMS_REMAT_REMATGRAPH_H
 #define BONSAI_LIB_TRANSFORMS_REMAT_REMATGRAPH_H
 
+#include "bonsai/Dialect/Bonsai/IR/BonsaiDialect.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/BitVector.h"
 #include "llvm/ADT/SmallVector.h"
@@ -18,13 +19,10 @@
 
 namespace mlir::bonsai::remat {
 
-/// The phase annotation of backward and update ops (forward ops have none).
-constexpr StringLiteral kPhaseAttr = "bonsai.phase";
-/// The attribute of the clones applyRecompute makes.
-constexpr StringLiteral kRecomputedAttr = "bonsai.recomputed";
-/// The attribute of a function whose recompute set policy "auto" searches for, and of its
-/// trial copies: fusion families whose rewrite a recompute set would undo leave it alone.
-constexpr StringLiteral kRematSearchedAttr = "bonsai.remat_searched";
+/// The dialect's discardable attributes (BonsaiDialect.td says what each marks).
+constexpr StringLiteral kPhaseAttr = BonsaiDialect::getPhaseAttrName();
+constexpr StringLiteral kRecomputedAttr = BonsaiDialect::getRecomputedAttrName();
+constexpr StringLiteral kRematSearchedAttr = BonsaiDialect::getRematSearchedAttrName();
 
 /// Whether `op` belongs to the backward pass.
 bool isBackward(Operation *op);

@@ -27,6 +27,23 @@ def Bonsai_Dialect : Dialect {
   // Fused elementwise regions (bonsai.fused_elementwise) are written in arith and math.
   let dependentDialects = ["::mlir::func::FuncDialect", "::mlir::arith::ArithDialect",
                            "::mlir::math::MathDialect"];
+  let extraClassDeclaration = [{
+    /// `bonsai.phase`: "backward" on the ops of the backward pass (bonsai-autodiff),
+    /// "update" on those of the optimizer step (bonsai-optimizer); a pass that replaces such
+    /// an op gives its replacement the same phase. Forward ops have none.
+    static constexpr ::llvm::StringLiteral getPhaseAttrName() { return "bonsai.phase"; }
+    /// `bonsai.recomputed`: on the clones of forward ops that bonsai-remat makes for the
+    /// backward pass.
+    static constexpr ::llvm::StringLiteral getRecomputedAttrName() {
+      return "bonsai.recomputed";
+    }
+    /// `bonsai.remat_searched`: on a function whose recompute set bonsai-remat's policy
+    /// "auto" searches for, and on its trial copies; fusion families whose rewrite a
+    /// recompute set would undo leave such a function alone.
+    static constexpr ::llvm::StringLiteral getRematSearchedAttrName() {
+      return "bonsai.remat_searched";
+    }
+  }];
 }
 
 class Bonsai_Op<string mnemonic, list<Trait> traits = []>
