@@ -43,6 +43,7 @@
 
 #include "AttentionRows.h"
 #include "CudaCheck.h"
+#include "MmaSync.cuh"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -560,72 +561,15 @@ constexpr int kThreads = kWarps * 32;
 // start 4 banks apart and cover all 32.
 template <int kD> constexpr int kPitch = kD + 8;
 
-__device__ __forceinline__ uint32_t smemAddr(const void *p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-/// 16-byte global -> shared copy; with valid false, writes zeros and reads nothing.
-__device__ __forceinline__ void cpAsync16(void *dst, const void *src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smemAddr(dst)), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
-
-/// 4-byte global -> shared copy; with valid false, writes zeros and reads nothing.
-__device__ __forceinline__ void cpAsync4(void *dst, const void *src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smemAddr(dst)), "l"(src),
-               "r"(valid ? 4 : 0)
-               : "memory");
-}
-
-__device__ __forceinline__ void cpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int kPending> __device__ __forceinline__ void cpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-__device__ __forceinline__ void ldsm(uint32_t (&r)[4], const void *p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smemAddr(p))
-               : "memory");
-}
-
-__device__ __forceinline__ void ldsmTrans(uint32_t (&r)[4], const void *p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smemAddr(p))
-               : "memory");
-}
-
-__device__ __forceinline__ void mma(__nv_bfloat16, float (&c)[4], const uint32_t (&a)[4],
-                                    uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void mma(__half, float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/// Two floats as one register of two 16-bit values, `lo` in the low half.
-__device__ __forceinline__ uint32_t pack(__nv_bfloat16, float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t *>(&v);
-}
-
-__device__ __forceinline__ uint32_t pack(__half, float lo, float hi) {
-  __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t *>(&v);
-}
+using mma::cpAsync16;
+using mma::cpAsync4;
+using mma::cpAsyncCommit;
+using mma::cpAsyncWait;
+using mma::ldsm;
+using mma::ldsmTrans;
+using mma::mma; // `mma(...)` is the function; `mma::` still names the namespace
+using mma::pack;
+using mma::smemAddr;
 
 __device__ __forceinline__ float exp2Approx(float x) {
   float y;

@@ -18,6 +18,7 @@
 #include "bonsai/runtime/Nf4.h"
 
 #include "CudaCheck.h"
+#include "MmaSync.cuh"
 
 #include <cuda_bf16.h>
 
@@ -50,32 +51,10 @@ struct GemmArgs {
   int32_t doubleBlock;
 };
 
-__device__ __forceinline__ uint32_t smemAddress(const void *p) {
-  return uint32_t(__cvta_generic_to_shared(p));
-}
-
-/// 16 bytes global -> shared, asynchronously; `valid` false fills zeros (rows past M).
-__device__ __forceinline__ void cpAsync16(void *dst, const void *src, bool valid) {
-  int bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smemAddress(dst)),
-               "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void cpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cpAsyncWaitAll() { asm volatile("cp.async.wait_group 0;\n" ::); }
-
-__device__ __forceinline__ void ldmatrixX4(uint32_t (&r)[4], const void *p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smemAddress(p)));
-}
-
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-               "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using mma::cpAsync16;
+using mma::cpAsyncCommit;
+using mma::cpAsyncWait;
+using mma::ldsm;
 
 /// The x tile [kBM, kBK] of step `k0` into `as`: 1024 16-byte chunks, 4 per thread.
 __device__ __forceinline__ void loadX(const GemmArgs &g, int64_t m0, int64_t k0,
@@ -156,7 +135,7 @@ __global__ void __launch_bounds__(kThreads)
   loadX(g, m0, 0, xTile(0));
   cpAsyncCommit();
   storeW(fetchW(g, n0, 0, offset), levels, wTile(0));
-  cpAsyncWaitAll();
+  cpAsyncWait<0>();
   __syncthreads();
 
   for (int step = 0; step < steps; ++step) {
@@ -174,21 +153,22 @@ __global__ void __launch_bounds__(kThreads)
       uint32_t af[4][4];
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi)
-        ldmatrixX4(af[mi], a + (wm * 64 + mi * 16 + lane % 16) * kPitch + kk + (lane / 16) * 8);
+        ldsm(af[mi], a + (wm * 64 + mi * 16 + lane % 16) * kPitch + kk + (lane / 16) * 8);
       uint32_t bf[2][4];
 #pragma unroll
       for (int nj = 0; nj < 2; ++nj)
-        ldmatrixX4(bf[nj], b + (wn * 32 + nj * 16 + lane % 8 + (lane / 16) * 8) * kPitch + kk +
-                               ((lane / 8) % 2) * 8);
+        ldsm(bf[nj], b + (wn * 32 + nj * 16 + lane % 8 + (lane / 16) * 8) * kPitch + kk +
+                         ((lane / 8) % 2) * 8);
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
         for (int ni = 0; ni < 4; ++ni)
-          mma16816(acc[mi][ni], af[mi], bf[ni / 2][(ni % 2) * 2], bf[ni / 2][(ni % 2) * 2 + 1]);
+          mma::mma(__nv_bfloat16(), acc[mi][ni], af[mi], bf[ni / 2][(ni % 2) * 2],
+                   bf[ni / 2][(ni % 2) * 2 + 1]);
     }
     if (more)
       storeW(next, levels, wTile(nxt));
-    cpAsyncWaitAll();
+    cpAsyncWait<0>();
     __syncthreads();
   }
 
