@@ -10,7 +10,10 @@
 //
 // Broadcasting collapses the shapes to at most kMaxDims alternating groups (broadcast or not)
 // and walks them with a mixed-radix counter that each thread advances by the grid stride, so
-// the loop does no division.
+// the loop does no division. The counter's 64-bit arithmetic costs more than a 16-byte vector
+// takes to move, though: the common shapes, which collapse to [rows, cols] with rhs one value
+// per row (DoRA's row scales of a weight) or one row (a bias), take a kernel with 32-bit
+// indices instead (matrixBroadcastKernel).
 //
 //===----------------------------------------------------------------------===//
 
@@ -22,6 +25,8 @@
 #include <array>
 #include <cmath>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 namespace bonsai::rt::cuda {
 
@@ -314,6 +319,74 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+/// How rhs spreads over lhs viewed as [rows, cols] (row-major).
+enum class MatrixBroadcast {
+  PerRow,    ///< rhs[i / cols]: one value per row (a scalar rhs is the one-row case)
+  PerColumn, ///< rhs[i % cols]: one row, repeated
+};
+
+/// out = op(lhs, rhs) over n = rows x cols elements, VW consecutive ones per thread per
+/// iteration (cols a multiple of VW, so a vector never straddles two rows). n < 2^30, so the
+/// 32-bit index plus the grid stride cannot wrap.
+template <typename T, int VW, MatrixBroadcast B, typename Op>
+__global__ void __launch_bounds__(kThreads)
+    matrixBroadcastKernel(const T *lhs, const T *rhs, T *out, uint32_t n, uint32_t cols, Op op) {
+  const uint32_t stride = gridDim.x * blockDim.x * VW;
+  for (uint32_t i = (blockIdx.x * blockDim.x + threadIdx.x) * VW; i < n; i += stride) {
+    float a[VW], b[VW];
+    loadF<VW>(lhs + i, a);
+    if constexpr (B == MatrixBroadcast::PerRow) {
+      float v = toFloat(rhs[i / cols]);
+#pragma unroll
+      for (int e = 0; e < VW; ++e)
+        b[e] = v;
+    } else {
+      loadF<VW>(rhs + i % cols, b);
+    }
+    float r[VW];
+#pragma unroll
+    for (int e = 0; e < VW; ++e) {
+      float x[2] = {a[e], b[e]}, y[1];
+      op(x, y);
+      r[e] = y[0];
+    }
+    storeF<VW>(out + i, r);
+  }
+}
+
+/// Launches matrixBroadcastKernel over the collapsed groups `sizes` / `broadcast` when they
+/// form one of its two patterns and n is small enough for 32-bit indices; false otherwise.
+template <typename T, typename Op>
+bool launchMatrixBroadcast(const char *kernel, const Context &ctx, const T *lhs, const T *rhs,
+                           T *out, int64_t n, const std::vector<int64_t> &sizes,
+                           const std::vector<bool> &broadcast, Op op) {
+  if (n >= (int64_t(1) << 30) || sizes.empty() || sizes.size() > 2)
+    return false;
+  // One group is all broadcast (rhs a scalar: one row of n columns); two alternate.
+  bool perRow = broadcast.back();
+  if (sizes.size() == 1 && !perRow)
+    return false; // rhs as large as lhs: the map kernel's case
+  uint32_t cols = uint32_t(sizes.back());
+  constexpr int VW = kVec<T>;
+  bool vector = aligned16(lhs) && aligned16(out) && cols % VW == 0 && (perRow || aligned16(rhs));
+  int width = vector ? VW : 1;
+  unsigned grid = gridFor(kernel, n / width, kThreads);
+  auto launch = [&](auto widthTag, auto patternTag) {
+    matrixBroadcastKernel<T, decltype(widthTag)::value, decltype(patternTag)::value>
+        <<<grid, kThreads, 0, ctx.stream>>>(lhs, rhs, out, uint32_t(n), cols, op);
+  };
+  using Row = std::integral_constant<MatrixBroadcast, MatrixBroadcast::PerRow>;
+  using Column = std::integral_constant<MatrixBroadcast, MatrixBroadcast::PerColumn>;
+  if (vector)
+    perRow ? launch(std::integral_constant<int, VW>(), Row())
+           : launch(std::integral_constant<int, VW>(), Column());
+  else
+    perRow ? launch(std::integral_constant<int, 1>(), Row())
+           : launch(std::integral_constant<int, 1>(), Column());
+  checkLaunch(kernel, "matrixBroadcastKernel");
+  return true;
+}
+
 template <typename Op>
 void binary(const char *kernel, const Context &ctx, const TensorView &lhs, const TensorView &rhs,
             const TensorView &out, Op op) {
@@ -388,6 +461,10 @@ void binary(const char *kernel, const Context &ctx, const TensorView &lhs, const
   }
   dispatchFloat(o.dtype, [&](auto tag) {
     using T = decltype(tag);
+    if (launchMatrixBroadcast(kernel, ctx, static_cast<const T *>(l.data),
+                              static_cast<const T *>(r.data), static_cast<T *>(o.data), n, sizes,
+                              broadcast, op))
+      return;
     constexpr int VW = kVec<T>;
     bool vector = aligned16(l.data) && aligned16(r.data) && aligned16(o.data) &&
                   g.size[kMaxDims - 1] % VW == 0;

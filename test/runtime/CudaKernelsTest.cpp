@@ -341,10 +341,20 @@ TEST_F(CudaKernelsTest, AddMulBroadcastMatchCpu) {
   struct Case {
     Shape lhs, rhs;
   };
-  const Case cases[] = {{{37, 129}, {37, 129}},       {{4, 33, 64}, {64}},
-                        {{4, 33, 64}, {1}},           {{6, 5, 7}, {5, 1}},
-                        {{3, 1, 8, 16}, {1, 8, 1}},   {{1000003}, {1000003}},
-                        {{2, 9, 5, 3}, {9, 1, 3}},    {{5, 128}, {1, 128}}};
+  const Case cases[] = {{{37, 129}, {37, 129}},
+                        {{4, 33, 64}, {64}},
+                        {{4, 33, 64}, {1}},
+                        {{6, 5, 7}, {5, 1}},
+                        {{3, 1, 8, 16}, {1, 8, 1}},
+                        {{1000003}, {1000003}},
+                        {{2, 9, 5, 3}, {9, 1, 3}},
+                        {{5, 128}, {1, 128}},
+                        // One value per row, as DoRA scales a weight: rows of whole vectors
+                        // and rows that are not.
+                        {{64, 256}, {64, 1}},
+                        {{37, 24}, {37, 1}},
+                        {{9, 7}, {9, 1}},
+                        {{2, 3, 40}, {2, 3, 1}}};
   for (DType dt : kFloatTypes)
     for (const Case &c : cases)
       for (size_t offset : {size_t(0), dtypeSize(dt)}) {
