@@ -122,7 +122,13 @@ TEST_F(CudaLoraTest, DoraScaleMatchesCpu) {
   struct Case {
     int64_t out, in, rank;
   };
-  const Case cases[] = {{1, 1, 1}, {37, 53, 5}, {64, 176, 8}, {300, 1001, 64}, {4096, 4096, 16}};
+  // 16-bit types take the tensor-core kernel when `in` is a multiple of 8 and the rank at
+  // most 128: partial chunks of columns (176, 1000), rows past a block (37, 300, 70), ranks
+  // that are not multiples of 16 (5, 8, 40) and the largest (128); the rest, and f32, the
+  // CUDA-core kernel.
+  const Case cases[] = {{1, 1, 1},       {37, 53, 5},      {64, 176, 8},
+                        {300, 1001, 64}, {4096, 4096, 16}, {300, 1000, 40},
+                        {70, 256, 128},  {37, 136, 5},     {33, 64, 130}};
   for (DType dt : {DType::F32, DType::F16, DType::BF16})
     for (const Case &c : cases) {
       SCOPED_TRACE(std::string(dtypeName(dt)) + " out " + std::to_string(c.out) + " in " +
