@@ -268,6 +268,20 @@ struct Broadcast {
   int64_t step[kMaxDims];
 };
 
+/// out[0 .. VW) = op(a[e], b[e]) lane by lane, each result rounded once into T.
+template <int VW, typename T, typename Op>
+__device__ __forceinline__ void storeBinary(T *out, const float (&a)[VW], const float (&b)[VW],
+                                            Op op) {
+  float r[VW];
+#pragma unroll
+  for (int e = 0; e < VW; ++e) {
+    float x[2] = {a[e], b[e]}, y[1];
+    op(x, y);
+    r[e] = y[0];
+  }
+  storeF<VW>(out, r);
+}
+
 template <typename T, int VW, typename Op>
 __global__ void __launch_bounds__(kThreads)
     broadcastKernel(const T *lhs, const T *rhs, T *out, int64_t n, Broadcast g, Op op) {
@@ -299,14 +313,7 @@ __global__ void __launch_bounds__(kThreads)
     } else {
       loadF<VW>(rhs + offset, b);
     }
-    float r[VW];
-#pragma unroll
-    for (int e = 0; e < VW; ++e) {
-      float x[2] = {a[e], b[e]}, y[1];
-      op(x, y);
-      r[e] = y[0];
-    }
-    storeF<VW>(out + i, r);
+    storeBinary<VW>(out + i, a, b, op);
     // Advance the counter by the grid stride; the top group takes the final carry.
     int64_t carry = 0;
 #pragma unroll
@@ -343,14 +350,7 @@ __global__ void __launch_bounds__(kThreads)
     } else {
       loadF<VW>(rhs + i % cols, b);
     }
-    float r[VW];
-#pragma unroll
-    for (int e = 0; e < VW; ++e) {
-      float x[2] = {a[e], b[e]}, y[1];
-      op(x, y);
-      r[e] = y[0];
-    }
-    storeF<VW>(out + i, r);
+    storeBinary<VW>(out + i, a, b, op);
   }
 }
 
