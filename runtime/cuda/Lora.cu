@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace bonsai::rt::cuda {
@@ -375,48 +376,36 @@ void doraScale(const Context &ctx, const TensorView &m, const TensorView &w, con
   if (rank > kMaxRank)
     fail(kernel, "rank " + std::to_string(rank) + " exceeds the " + std::to_string(kMaxRank) +
                      " this kernel stages");
-  size_t shared = size_t(kDoraScaleRows * stagedRank(rank)) * sizeof(float);
-  int64_t groups = (out + kDoraScaleRows - 1) / kDoraScaleRows;
-  int64_t chunks = std::max<int64_t>(1, (in + kDoraScaleChunk - 1) / kDoraScaleChunk);
-  if (groups > INT32_MAX || chunks > 65535)
-    fail(kernel, "w shape " + formatShape(w.shape) + " is too large");
-  // 16-bit weights with whole 16-byte rows take the tensor cores.
+  // 16-bit weights with whole 16-byte rows take the tensor cores; the rest the CUDA cores.
   const bool tensorCores = (w.dtype == DType::BF16 || w.dtype == DType::F16) && in % 8 == 0 &&
                            aligned16(w.data) && rank <= kMmaMaxRank;
-  if (tensorCores) {
-    int64_t rowBlocks = (out + kMmaWarps * 16 - 1) / (kMmaWarps * 16);
-    int64_t mmaChunks = std::max<int64_t>(1, (in + kMmaChunk - 1) / kMmaChunk);
-    if (rowBlocks > INT32_MAX || mmaChunks > 65535)
-      fail(kernel, "w shape " + formatShape(w.shape) + " is too large");
-    const int paddedRank = int((rank + 15) / 16 * 16);
-    size_t mmaShared = size_t(kMmaChunk) * size_t(mmaPitch(paddedRank)) * 2;
-    Scratch partial(kernel, ctx.stream, size_t(mmaChunks * out) * sizeof(float));
-    auto launch = [&](auto tag) {
-      using T = decltype(tag);
-      doraScaleMmaKernel<T>
-          <<<dim3(unsigned(rowBlocks), unsigned(mmaChunks)), kMmaThreads, mmaShared, ctx.stream>>>(
-              static_cast<const T *>(w.data), static_cast<const T *>(a.data),
-              static_cast<const T *>(b.data), out, in, rank, float(scale), partial.as<float>());
-      checkLaunch(kernel, "doraScaleMmaKernel");
-      sumPartialRowsWith(kernel, ctx.stream, partial.as<float>(), mmaChunks, out,
-                         MagnitudeOverNorm<T>{static_cast<const T *>(m.data),
-                                              static_cast<T *>(y.data), ctx.deviceError,
-                                              ctx.kernelIndex});
-    };
-    if (w.dtype == DType::BF16)
-      launch(__nv_bfloat16());
-    else
-      launch(__half());
-    return;
-  }
+  const int64_t blockRows = tensorCores ? kMmaWarps * 16 : kDoraScaleRows;
+  const int64_t chunkColumns = tensorCores ? kMmaChunk : kDoraScaleChunk;
+  const size_t shared = tensorCores
+                            ? size_t(kMmaChunk) * size_t(mmaPitch(int((rank + 15) / 16 * 16))) * 2
+                            : size_t(kDoraScaleRows * stagedRank(rank)) * sizeof(float);
+  int64_t groups = (out + blockRows - 1) / blockRows;
+  int64_t chunks = std::max<int64_t>(1, (in + chunkColumns - 1) / chunkColumns);
+  if (groups > INT32_MAX || chunks > 65535)
+    fail(kernel, "w shape " + formatShape(w.shape) + " is too large");
   Scratch partial(kernel, ctx.stream, size_t(chunks * out) * sizeof(float));
+  const dim3 grid{unsigned(groups), unsigned(chunks)};
   dispatchFloat(w.dtype, [&](auto tag) {
     using T = decltype(tag);
-    doraScalePartialKernel<T>
-        <<<dim3(unsigned(groups), unsigned(chunks)), kThreads, shared, ctx.stream>>>(
-            static_cast<const T *>(w.data), static_cast<const T *>(a.data),
-            static_cast<const T *>(b.data), out, in, rank, float(scale), partial.as<float>());
-    checkLaunch(kernel, "doraScalePartialKernel");
+    const T *wp = static_cast<const T *>(w.data), *ap = static_cast<const T *>(a.data),
+            *bp = static_cast<const T *>(b.data);
+    if constexpr (!std::is_same_v<T, float>) {
+      if (tensorCores) {
+        doraScaleMmaKernel<T><<<grid, kMmaThreads, shared, ctx.stream>>>(
+            wp, ap, bp, out, in, rank, float(scale), partial.as<float>());
+        checkLaunch(kernel, "doraScaleMmaKernel");
+      }
+    }
+    if (!tensorCores) {
+      doraScalePartialKernel<T><<<grid, kThreads, shared, ctx.stream>>>(
+          wp, ap, bp, out, in, rank, float(scale), partial.as<float>());
+      checkLaunch(kernel, "doraScalePartialKernel");
+    }
     sumPartialRowsWith(kernel, ctx.stream, partial.as<float>(), chunks, out,
                        MagnitudeOverNorm<T>{static_cast<const T *>(m.data),
                                             static_cast<T *>(y.data), ctx.deviceError,
