@@ -6,11 +6,13 @@
 // `--reps` timed calls. Prints one line per shape that bench/attention_bench.py reads:
 //
 //   shape B S H KVH D causal fwd_ms <median> fwdbwd_ms <median> flash_fwd_ms <median>
-//     flash_fwdbwd_ms <median>
+//     flash_fwdbwd_ms <median> flash_nd_fwdbwd_ms <median>
 //
 // (one line): fwd/fwdbwd time attention and attentionGrad (the plan without the flash-attention
 // fusion), flash_fwd/flash_fwdbwd time flashAttention and flashAttentionGrad (with it: the
-// forward writes the log-sum-exp, the backward reads it).
+// forward writes the log-sum-exp, the backward reads it), flash_nd_fwdbwd the same with
+// Context::deterministic off (`bonsai-run --nondeterministic`: on Hopper the backward forms dq
+// in its dk/dv pass, summed in the order the blocks run).
 //
 // FLOPs are left to the Python side, which uses FlashAttention's convention for all three
 // implementations alike: forward 4 B H S^2 D (halved when causal), backward 2.5 times that.
@@ -86,6 +88,13 @@ int main(int argc, char **argv) {
     std::fprintf(stderr, "attention_bench: no GPU here\n");
     return 1;
   }
+  // Memory freed to the stream-ordered pool stays there between calls, as it does for a
+  // training step's CUDA Graph (the backward's scratch would otherwise be mapped anew each call).
+  cudaMemPool_t pool;
+  check(cudaDeviceGetDefaultMemPool(&pool, 0), "cudaDeviceGetDefaultMemPool");
+  uint64_t keep = UINT64_MAX;
+  check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
+        "cudaMemPoolSetAttribute");
   cuda::Context ctx;
   std::mt19937 rng(0);
   for (size_t s = 0; s < dims.size(); s += 5) {
@@ -137,11 +146,14 @@ int main(int argc, char **argv) {
     const double stepMs = medianMs(step, reps);
     const double flashFwdMs = medianMs(flashForward, reps);
     const double flashStepMs = medianMs(flashStep, reps);
+    ctx.deterministic = false;
+    const double flashNdStepMs = medianMs(flashStep, reps);
+    ctx.deterministic = true;
     check(cudaGetLastError(), "the kernels");
     std::printf("shape %lld %lld %lld %lld %lld causal %d fwd_ms %.4f fwdbwd_ms %.4f "
-                "flash_fwd_ms %.4f flash_fwdbwd_ms %.4f",
+                "flash_fwd_ms %.4f flash_fwdbwd_ms %.4f flash_nd_fwdbwd_ms %.4f",
                 (long long)b, (long long)seq, (long long)h, (long long)kvh, (long long)d,
-                causal ? 1 : 0, fwdMs, stepMs, flashFwdMs, flashStepMs);
+                causal ? 1 : 0, fwdMs, stepMs, flashFwdMs, flashStepMs, flashNdStepMs);
     if (document > 0)
       std::printf(" document %lld", (long long)document);
     std::printf("\n");

@@ -7,7 +7,10 @@ same shapes in the same process run (bf16, causal, fresh N(0, 1) inputs, CUDA ev
 calls, median of --reps), and prints one table: TFLOP/s of the forward and of forward+backward,
 and Bonsai's ratio to each peer. Bonsai has two rows per pass: `attention` (attention and
 attentionGrad, a plan compiled without the flash-attention fusion) and `flash` (flashAttention,
-which writes the log-sum-exp, and flashAttentionGrad, which reads it: the fused plan).
+which writes the log-sum-exp, and flashAttentionGrad, which reads it: the fused plan), and
+forward+backward has a third, `flash-nd`: the same with the runtime's deterministic mode off
+(`bonsai-run --nondeterministic`; on Hopper the backward then forms dq in its dk/dv pass, adding
+it up in the order the blocks run, as FlashAttention-2/3 and cuDNN do).
 
 FLOPs follow FlashAttention's benchmark convention for all three: forward 4 B H S^2 D, halved
 when causal; backward 2.5 times the forward (five products against two), forward+backward 3.5
@@ -49,7 +52,8 @@ def bonsai_times(binary, reps):
             key = tuple(int(x) for x in f[1:6])
             ms = lambda field: float(f[f.index(field) + 1])
             times[key] = {"attention": (ms("fwd_ms"), ms("fwdbwd_ms")),
-                          "flash": (ms("flash_fwd_ms"), ms("flash_fwdbwd_ms"))}
+                          "flash": (ms("flash_fwd_ms"), ms("flash_fwdbwd_ms")),
+                          "flash-nd": (ms("flash_fwd_ms"), ms("flash_nd_fwdbwd_ms"))}
     return times
 
 
@@ -125,7 +129,7 @@ def main():
             tf = lambda ms: flops / (ms * 1e-3) / 1e12
             fa = tf(peers["flash"][i]) if peers["flash"] else float("nan")
             cu = tf(peers["cudnn"][i]) if peers["cudnn"] else float("nan")
-            for variant in ("attention", "flash"):
+            for variant in ("attention", "flash") + (("flash-nd",) if i == 1 else ()):
                 ms = ours[variant][i]
                 ours_tf = tf(ms)
                 print(f"{name:<20} {label:<8} {variant:<9} {ms:8.3f} {ours_tf:7.1f} {fa:7.1f}"

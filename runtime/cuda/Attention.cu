@@ -34,8 +34,11 @@
 // Causal tiles differ in length, so the tensor-core kernels start their blocks longest first
 // across groups of heads, not head by head (tileOf), which keeps the last wave from running a
 // few long tiles alone. Scratch (D and the log-sum-exp) comes from cudaMallocAsync on ctx.stream,
-// which graph capture accepts. No atomics: every output element is summed by one thread in a
-// fixed order, so results are identical run to run.
+// which graph capture accepts. Every output element is summed by one thread in a fixed order, so
+// results are identical run to run, unless the caller turns Context::deterministic off: then
+// flashAttentionGrad on the Hopper path forms dq inside the dk/dv kernel (FlashAttention-3's
+// one-pass backward, five products instead of seven) and adds each key block's share into f32
+// sums with bulk reductions, in the order the blocks run.
 //
 //===----------------------------------------------------------------------===//
 
@@ -186,6 +189,9 @@ struct Args {
   const void *q, *k, *v, *o, *dout;
   void *out, *dq, *dk, *dv;
   float *lse, *dsum; ///< [B, H, S] scratch rows of attentionGrad
+  /// The f32 sums of dq that the reducing warpgroup dk/dv kernel adds into (wg::dqSumFloats);
+  /// null on every other path.
+  float *dqSums;
   /// flashAttention: where the forward writes the natural-log log-sum-exp [B, H, S] (null:
   /// attention, none written). flashAttentionGrad: the saved one, read.
   float *savedLse;
@@ -1529,21 +1535,22 @@ __device__ __forceinline__ void mmaSS128(float (&d)[64], uint64_t a, uint64_t b,
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
-/// mmaSS128 for a 64 x 64 tile.
+/// mmaSS128 for a 64 x 64 tile. kTransposed: both operands stored with M and N contiguous (the
+/// descriptors' "MN-major"), a as [K][64] and b as [K][64], and d (+)= a · b.
+template <int kTransposed = 0>
 __device__ __forceinline__ void mmaSS64(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31])
-      : "l"(a), "l"(b), "r"(accumulate));
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+               "%32, %33, p, 1, 1, %35, %35;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                 "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+                 "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
+                 "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+                 "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
+                 "+f"(d[31])
+               : "l"(a), "l"(b), "r"(accumulate), "n"(kTransposed));
 }
 
 /// d += a · b for a 64 x 128 tile: a (64 x 16) in registers in the mma.sync A-fragment layout,
@@ -1591,6 +1598,10 @@ __device__ __forceinline__ void mmaRS(float (&d)[32], const uint32_t (&a)[4], ui
 
 constexpr int kKvBlockN = 128; ///< keys per dk/dv block, 64 per warpgroup
 constexpr int kKvBlockM = 64;  ///< queries per dk/dv step
+/// The reducing dk/dv kernel's [128 keys][64 queries] bf16 dsᵀ tile (two, one per step parity)
+/// and the f32 [64 queries][64 columns] dq block each consumer stages on its way to the sums.
+constexpr int kDsTileBytes = kKvBlockN * kKvBlockM * 2;
+constexpr int kDqBlockFloats = kKvBlockM * 64;
 
 /// The forward's mbarriers: q loaded, the k and v of each stage loaded, and each released (k
 /// once its scores are formed, v once its product is: with the products overlapped, v is held
@@ -1723,6 +1734,56 @@ template <int N> __device__ __forceinline__ void fenceRegisters(uint32_t (&r)[N]
 #pragma unroll
   for (int i = 0; i < N; ++i)
     asm volatile("" : "+r"(r[i])::"memory");
+}
+
+/// Orders this thread's shared-memory stores before later reads by the async proxy (wgmma
+/// operands, bulk copies).
+__device__ __forceinline__ void fenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+/// The reducing dk/dv kernel's named barrier (0 is __syncthreads'): both consumers' dsᵀ stored.
+constexpr int kDsBarrier = 1;
+
+/// Waits until `threads` threads (warps whole) have arrived at named barrier `id`.
+__device__ __forceinline__ void namedBarrierSync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+/// The first of the 4096 sums of block `block` (64 columns) of the dq tile of queries i0.. of
+/// head h, batch b.
+template <int kD>
+__device__ __forceinline__ int64_t dqSumIndex(const Args &a, int b, int h, int i0, int block) {
+  const int64_t tiles = (a.seq + kKvBlockM - 1) / kKvBlockM;
+  return (((int64_t(b) * a.heads + h) * tiles + i0 / kKvBlockM) * (kD / 64) + block) *
+         kDqBlockFloats;
+}
+
+/// Adds a consumer's 64 x 64 f32 dq block (the wgmma fragment layout) into `sums` with bulk
+/// reductions from shared memory, each warp its own 16 rows, so that the warpgroup never waits as
+/// a whole: float4 e of lane l of warp w is staged at (w * 8 + e) * 32 + l (each store a
+/// contiguous 512 bytes, a warp's share a contiguous 4 KB), the order the sums keep and
+/// gradQFromSumsKernel reads back.
+__device__ __forceinline__ void addDqBlock(const float (&dq)[32], float *stage, float *sums) {
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x % 128) / 32;
+  float4 *mine = reinterpret_cast<float4 *>(stage) + warp * 8 * 32;
+  // This warp's previous reduction has read its share out before the stores below.
+  if (lane == 0)
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  __syncwarp();
+#pragma unroll
+  for (int e = 0; e < 8; ++e)
+    mine[e * 32 + lane] = make_float4(dq[4 * e], dq[4 * e + 1], dq[4 * e + 2], dq[4 * e + 3]);
+  fenceProxyAsync();
+  __syncwarp();
+  if (lane == 0) {
+    asm volatile(
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+            sums + warp * 8 * 32 * 4),
+        "r"(tc::smemAddr(mine)), "n"(8 * 32 * 16)
+        : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+  }
 }
 
 #endif // BONSAI_ATTENTION_WGMMA
@@ -1951,6 +2012,25 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+/// One lane's share of a row's D = dO . o (bf16): the kD / 4 elements from element `at`, eight
+/// at a time, in order. The four lanes of a row then add theirs with two shuffles; the warpgroup
+/// dq kernel and rowStatsKernel both sum this way, so that they write the same bits.
+template <int kD> __device__ __forceinline__ float quarterRowDot(const Args &a, int64_t at) {
+  using T = __nv_bfloat16;
+  const T *dOut = static_cast<const T *>(a.dout) + at, *out = static_cast<const T *>(a.o) + at;
+  float dot = 0.f;
+#pragma unroll
+  for (int v = 0; v < kD / 32; ++v) {
+    const uint4 x = *reinterpret_cast<const uint4 *>(dOut + 8 * v);
+    const uint4 y = *reinterpret_cast<const uint4 *>(out + 8 * v);
+    const T *xs = reinterpret_cast<const T *>(&x), *ys = reinterpret_cast<const T *>(&y);
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      dot = fmaf(__bfloat162float(xs[e]), __bfloat162float(ys[e]), dot);
+  }
+  return dot;
+}
+
 /// The dq kernel's mbarriers: q and dO loaded; the k and v of each stage loaded and released.
 struct GradQBarriers {
   uint64_t qdo, kFull[kGradQStages], vFull[kGradQStages], kEmpty[kGradQStages],
@@ -2033,17 +2113,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int i = warpRow0 + (lane >> 2) + r * 8;
     float dot = 0.f;
     if (i < seq) {
-      const int64_t at = qOffset + int64_t(i) * a.qStride + (lane & 3) * (kD / 4);
-      const T *dOut = static_cast<const T *>(a.dout) + at, *out = static_cast<const T *>(a.o) + at;
-#pragma unroll
-      for (int v = 0; v < kD / 32; ++v) {
-        const uint4 x = *reinterpret_cast<const uint4 *>(dOut + 8 * v);
-        const uint4 y = *reinterpret_cast<const uint4 *>(out + 8 * v);
-        const T *xs = reinterpret_cast<const T *>(&x), *ys = reinterpret_cast<const T *>(&y);
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-          dot = fmaf(__bfloat162float(xs[e]), __bfloat162float(ys[e]), dot);
-      }
+      dot = quarterRowDot<kD>(a, qOffset + int64_t(i) * a.qStride + (lane & 3) * (kD / 4));
     }
     dot += __shfl_xor_sync(0xffffffffu, dot, 1);
     dot += __shfl_xor_sync(0xffffffffu, dot, 2);
@@ -2161,11 +2231,20 @@ struct GradKVBarriers {
   uint64_t kv, full[kGradKVStages], empty[kGradKVStages];
 };
 
-/// k, v, the stages (q, dO, and the rows of lse and D) and the barriers.
-template <int kD> constexpr size_t gradKVSmem() {
+/// k, v, the stages (q, dO, and the rows of lse and D), with kReduceDq the dsᵀ tiles and dq
+/// blocks, and the barriers.
+template <int kD, bool kReduceDq> constexpr size_t gradKVSmem() {
   return 1024 + 2 * tileBytes<kD>(kKvBlockN) +
          kGradKVStages * (2 * tileBytes<kD>(kKvBlockM) + 2 * kKvBlockM * sizeof(float)) +
+         (kReduceDq ? 2 * kDsTileBytes + kConsumers * kDqBlockFloats * sizeof(float) : 0) +
          sizeof(GradKVBarriers);
+}
+
+/// The f32 sums of dq the reducing dk/dv kernel adds into: per (batch, head, 64-query tile),
+/// kD / 64 blocks of 64 columns, each 4096 floats in the order the kernel stages them (see
+/// dqSumIndex). Zeroed before that kernel; gradQFromSumsKernel turns them into dq.
+template <int kD> int64_t dqSumFloats(int64_t batch, int64_t heads, int64_t seq) {
+  return batch * heads * ((seq + kKvBlockM - 1) / kKvBlockM) * kD * kKvBlockM;
 }
 
 /// dk and dv over one tile of 128 keys of one (batch, kv head), as tc::gradKVKernel computes
@@ -2177,7 +2256,17 @@ template <int kD> constexpr size_t gradKVSmem() {
 /// k and v once and each step's q and dO tiles into a ring; its second warp copies the step's
 /// rows of lse and D (zeros past the sequence). kSegments as in forwardKernel: only the query
 /// tiles of the block's documents are loaded and multiplied.
-template <int kD, bool kSegments>
+///
+/// With kReduceDq the kernel forms dq too (FlashAttention-3's one-kernel backward, five products
+/// where the dq kernel's own pass makes seven): each consumer also stores its dsᵀ (bf16, as the
+/// dk product reads it) into the step's [128 keys][64 queries] tile and adds ds k, the step's dq
+/// tile [64 queries][kD], into a.dqSums with bulk reductions from shared memory. At head dim 128
+/// the two consumers meet at a named barrier and form it in blocks of 64 columns over all 128
+/// keys, block j by consumer (j + step) % 2; at 64 each forms the whole tile over its own 64 keys
+/// and adds it without waiting for the other. The additions of different key blocks come in
+/// whatever order the blocks run, so dq is not bit-reproducible; the host takes this kernel only
+/// where the caller allows that (Context::deterministic off).
+template <int kD, bool kSegments, bool kReduceDq>
 __global__ void __launch_bounds__(kThreads, 1)
     gradKVKernel(const __grid_constant__ CUtensorMap qMap,
                  const __grid_constant__ CUtensorMap doMap,
@@ -2189,9 +2278,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t *sK = reinterpret_cast<uint8_t *>((reinterpret_cast<uintptr_t>(smemRaw) + 1023) &
                                             ~uintptr_t(1023));
   uint8_t *sV = sK + tileBytes<kD>(kKvBlockN);
-  uint8_t *sQ = sV + tileBytes<kD>(kKvBlockN);            // kStages buffers
+  uint8_t *sDs = sV + tileBytes<kD>(kKvBlockN);           // kReduceDq: 2 tiles
+  uint8_t *sQ = sDs + (kReduceDq ? 2 * kDsTileBytes : 0); // kStages buffers
   uint8_t *sDo = sQ + kStages * tileBytes<kD>(kKvBlockM); // kStages buffers
-  float *sLse = reinterpret_cast<float *>(sDo + kStages * tileBytes<kD>(kKvBlockM)); // kStages rows
+  float *sDq = reinterpret_cast<float *>(sDo + kStages * tileBytes<kD>(kKvBlockM)); // kReduceDq
+  float *sLse = sDq + (kReduceDq ? kConsumers * kDqBlockFloats : 0);                // kStages rows
   float *sRowDot = sLse + kStages * kKvBlockM;                                  // kStages rows
   auto *bars = reinterpret_cast<GradKVBarriers *>(sRowDot + kStages * kKvBlockM);
   const int lane = threadIdx.x & 31, role = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32;
@@ -2280,52 +2371,81 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t doAddress = tc::smemAddr(sDo + stage * tileBytes<kD>(kKvBlockM));
     const float *tLse = sLse + stage * kKvBlockM, *tRowDot = sRowDot + stage * kKvBlockM;
 
-    // sᵀ = k qᵀ and dpᵀ = v dOᵀ: kD / 16 k-steps of 16 over the head dim.
+    // sᵀ = k qᵀ, then dpᵀ = v dOᵀ in a group of its own: kD / 16 k-steps of 16 over the head
+    // dim each. The exponentials of pᵀ run while dpᵀ is still on the tensor cores.
     float st[32], dpt[32];
     fence();
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t keyStep = (kk / 4) * kKvBlockN * kRegionBytes + (kk % 4) * 32;
-      const uint32_t queryStep = (kk / 4) * kKvBlockM * kRegionBytes + (kk % 4) * 32;
-      mmaSS64(st, descriptor(kAddress + keyStep, 16, 1024),
-              descriptor(qAddress + queryStep, 16, 1024), kk > 0);
-      mmaSS64(dpt, descriptor(vAddress + keyStep, 16, 1024),
-              descriptor(doAddress + queryStep, 16, 1024), kk > 0);
-    }
+    for (int kk = 0; kk < kD / 16; ++kk)
+      mmaSS64(st,
+              descriptor(kAddress + (kk / 4) * kKvBlockN * kRegionBytes + (kk % 4) * 32, 16, 1024),
+              descriptor(qAddress + (kk / 4) * kKvBlockM * kRegionBytes + (kk % 4) * 32, 16, 1024),
+              kk > 0);
     commit();
-    waitGroup<0>();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      mmaSS64(dpt,
+              descriptor(vAddress + (kk / 4) * kKvBlockN * kRegionBytes + (kk % 4) * 32, 16, 1024),
+              descriptor(doAddress + (kk / 4) * kKvBlockM * kRegionBytes + (kk % 4) * 32, 16, 1024),
+              kk > 0);
+    commit();
+    waitGroup<1>();
     fenceRegisters(st);
-    fenceRegisters(dpt);
 
-    // pᵀ and dsᵀ in T pairs, the A fragments of the dv and dk products. Element e: key
+    // pᵀ (in st) and dsᵀ in T pairs, the A fragments of the dv and dk products. Element e: key
     // warpKey0 + lane / 4 + 8 ((e / 2) % 2), query i0 + 8 (e / 4) + 2 (lane % 4) + e % 2.
     const bool maskSegments =
         !seg.window.uniform || i0 < seg.window.begin || i0 + kKvBlockM > seg.window.end;
     const bool needMask =
         i0 + kKvBlockM > seq || (a.causal && warpKey0 + 15 > i0) || (kSegments && maskSegments);
-    uint32_t pa[16], sa[16];
 #pragma unroll
     for (int nt = 0; nt < kKvBlockM / 8; ++nt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int j = warpKey0 + (lane >> 2) + r * 8;
-        float p[2], ds[2];
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int col = nt * 8 + (lane & 3) * 2 + c;
-          float pv = tc::exp2Approx(st[4 * nt + 2 * r + c] * a.scaleLog2 - tLse[col]);
+          float &pv = st[4 * nt + 2 * r + c];
+          pv = tc::exp2Approx(pv * a.scaleLog2 - tLse[col]);
           if (needMask) {
             const int i = i0 + col;
             if (i >= seq || (a.causal && j > i) ||
                 (kSegments && segmentAt(seg.queries, a.segmentsI64, i) != keySegment[0][r]))
               pv = 0.f;
           }
-          p[c] = pv;
-          ds[c] = pv * (dpt[4 * nt + 2 * r + c] - tRowDot[col]);
         }
-        pa[2 * nt + r] = tc::pack(T(), p[0], p[1]);
+      }
+    waitGroup<0>();
+    fenceRegisters(dpt);
+    uint32_t pa[16], sa[16];
+#pragma unroll
+    for (int nt = 0; nt < kKvBlockM / 8; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float ds[2];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int col = nt * 8 + (lane & 3) * 2 + c, e = 4 * nt + 2 * r + c;
+          ds[c] = st[e] * (dpt[e] - tRowDot[col]);
+        }
+        pa[2 * nt + r] = tc::pack(T(), st[4 * nt + 2 * r], st[4 * nt + 2 * r + 1]);
         sa[2 * nt + r] = tc::pack(T(), ds[0], ds[1]);
       }
+    [[maybe_unused]] uint8_t *tileDs = sDs + (u % 2) * kDsTileBytes;
+    if constexpr (kReduceDq) {
+      // This consumer's rows of dsᵀ, [key][query] with the 128-byte swizzle (a row's 16-byte
+      // chunk c at c ^ (row % 8)): the eight rows of a store are eight chunks, no bank twice.
+#pragma unroll
+      for (int nt = 0; nt < kKvBlockM / 8; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = consumer * 64 + warp * 16 + (lane >> 2) + r * 8;
+          *reinterpret_cast<uint32_t *>(tileDs + row * kRegionBytes + ((nt ^ (row & 7)) * 16) +
+                                        (lane & 3) * 4) = sa[2 * nt + r];
+        }
+      fenceProxyAsync(); // the stores, before wgmma reads the tile
+    }
 
     // dv += pᵀ dO and dk += dsᵀ q: four 16-query steps.
     fence();
@@ -2338,12 +2458,47 @@ __global__ void __launch_bounds__(kThreads, 1)
       mmaRS(dk, sk, descriptor(qAddress + rows, region, 1024));
     }
     commit();
+    if constexpr (kReduceDq) {
+      // At head dim 128 the consumers share dsᵀ: both halves stored, and both consumers past the
+      // previous step's dq products, which read the other tile (the one the next step
+      // overwrites). At 64 each multiplies its own keys' (rows from `first`) and adds the whole
+      // block, without waiting for the other.
+      constexpr bool kShareDs = kD == 128;
+      if constexpr (kShareDs)
+        namedBarrierSync(kDsBarrier, kConsumers * 128);
+      const int block = kShareDs ? (consumer + u) % 2 : 0; // of 64 dq columns
+      const int first = kShareDs ? 0 : consumer * 64;
+      {
+        float dq[32];
+        const uint32_t dsAddress = tc::smemAddr(tileDs) + first * kRegionBytes;
+        const uint32_t keyColumns =
+            tc::smemAddr(sK) + block * kKvBlockN * kRegionBytes + first * kRegionBytes;
+#pragma unroll
+        for (int kk = 0; kk < (kShareDs ? kKvBlockN : 64) / 16; ++kk)
+          mmaSS64</*kTransposed=*/1>(
+              dq, descriptor(dsAddress + kk * 16 * kRegionBytes, kDsTileBytes, 1024),
+              descriptor(keyColumns + kk * 16 * kRegionBytes, kKvBlockN * kRegionBytes, 1024),
+              kk > 0);
+        commit();
+        // (Staged and added here rather than while the next step's first products run: on
+        // an H100 that order measured 2-6% slower at head dim 128.)
+        waitGroup<0>();
+        fenceRegisters(dq);
+        addDqBlock(dq, sDq + consumer * kDqBlockFloats,
+                   a.dqSums + dqSumIndex<kD>(a, b, g * a.group + u / perHead, i0, block));
+      }
+    }
     waitGroup<0>();
     fenceRegisters(dk);
     fenceRegisters(dv);
     fenceRegisters(pa);
     fenceRegisters(sa);
     mbarrierArrive(&bars->empty[stage]);
+  }
+  if constexpr (kReduceDq) {
+    // The bulk reductions still reading this block's shared memory must finish before it ends.
+    if (lane == 0)
+      asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
   }
 
   const int64_t kvOffset = (int64_t(b) * seqK * a.kvHeads + g) * kD;
@@ -2366,6 +2521,67 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
   __trap();
 #endif
+}
+
+/// The rows the reducing dk/dv kernel reads, which the dq kernel writes on the other path: D =
+/// dO . o, summed as that kernel sums it (four lanes a row, kD / 4 elements each, then two
+/// shuffles), and the saved log-sum-exp in base 2 (+inf for a row that read no key, so that its
+/// p is 0). Eight rows a warp, rows in [B, H, S] order.
+template <int kD> __global__ void rowStatsKernel(const Args a, int64_t rows) {
+  const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 4) + threadIdx.x / 4;
+  const int part = threadIdx.x & 3;
+  float dot = 0.f;
+  if (row < rows) {
+    const int64_t bh = row / a.seq, i = row % a.seq, b = bh / a.heads, h = bh % a.heads;
+    dot = quarterRowDot<kD>(a, (b * a.seq * a.heads + h) * kD + i * a.qStride + part * (kD / 4));
+  }
+  dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+  dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+  if (row < rows && part == 0) {
+    a.dsum[row] = dot;
+    const float lse = a.savedLse[row];
+    a.lse[row] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+  }
+}
+
+/// dq = scale · the sums of the reducing dk/dv kernel: one block of 128 threads per 64 x 64 block
+/// of sums. Each thread reads back the eight float4 it staged (addDqBlock's order) into a
+/// row-major tile in shared memory, and the block writes the tile's rows 16 bytes a thread (the
+/// fragments' own 4-byte pairs would fill half of each sector written).
+template <int kD> __global__ void __launch_bounds__(128) gradQFromSumsKernel(const Args a) {
+  using T = __nv_bfloat16;
+  constexpr int kPitch = 64 + 4; // floats a tile row, padded off the banks of the next
+  __shared__ float tile[kKvBlockM * kPitch];
+  const int64_t tiles = (a.seq + kKvBlockM - 1) / kKvBlockM;
+  const int64_t chunk = blockIdx.x;
+  const int block = int(chunk % (kD / 64));
+  const int64_t m = (chunk / (kD / 64)) % tiles, bh = chunk / (kD / 64) / tiles;
+  const int64_t b = bh / a.heads, h = bh % a.heads;
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  const float4 *sums = reinterpret_cast<const float4 *>(a.dqSums + chunk * kDqBlockFloats);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float4 x = sums[(warp * 8 + e) * 32 + lane];
+    float *at = tile + (warp * 16 + (lane >> 2)) * kPitch + e * 8 + (lane & 3) * 2;
+    *reinterpret_cast<float2 *>(at) = make_float2(x.x, x.y);
+    *reinterpret_cast<float2 *>(at + 8 * kPitch) = make_float2(x.z, x.w);
+  }
+  __syncthreads();
+  T *dq = static_cast<T *>(a.dq) + (b * a.seq * a.heads + h) * kD + block * 64;
+#pragma unroll
+  for (int c = t; c < kKvBlockM * 8; c += 128) {
+    const int row = c / 8, part = c % 8;
+    const int64_t i = m * kKvBlockM + row;
+    if (i >= a.seq)
+      continue;
+    const float *x = tile + row * kPitch + part * 8;
+    uint4 packed;
+    packed.x = tc::pack(T(), x[0] * a.scale, x[1] * a.scale);
+    packed.y = tc::pack(T(), x[2] * a.scale, x[3] * a.scale);
+    packed.z = tc::pack(T(), x[4] * a.scale, x[5] * a.scale);
+    packed.w = tc::pack(T(), x[6] * a.scale, x[7] * a.scale);
+    *reinterpret_cast<uint4 *>(dq + i * a.qStride + part * 8) = packed;
+  }
 }
 
 } // namespace wg
@@ -2455,12 +2671,51 @@ void forwardTensorCore(const char *kn, Stream stream, Args a, const Dims &dims) 
          a);
 }
 
+/// The TMA maps of the warpgroup dk/dv kernel: q and dO in 64-row boxes, k and v in 128-row ones.
+struct GradKVMaps {
+  CUtensorMap q, dout, k, v;
+};
+
+template <int kD> GradKVMaps gradKVMaps(const char *kn, const Args &a, const Dims &dims) {
+  return {tileMap(kn, a.q, dims.batch, dims.seq, dims.heads, kD, a.qStride, wg::kKvBlockM),
+          tileMap(kn, a.dout, dims.batch, dims.seq, dims.heads, kD, a.qStride, wg::kKvBlockM),
+          tileMap(kn, a.k, dims.batch, dims.seqK, dims.kvHeads, kD, a.kvStride, wg::kKvBlockN),
+          tileMap(kn, a.v, dims.batch, dims.seqK, dims.kvHeads, kD, a.kvStride, wg::kKvBlockN)};
+}
+
+/// FlashAttention-3's backward in one pass over the keys (wg::gradKVKernel with kReduceDq): the
+/// rows of D and the base-2 log-sum-exp, the dk/dv kernel adding dq into f32 sums, and dq from
+/// the sums. Five products where the dq kernel's pass makes seven, at the price of sums added in
+/// the order the blocks run.
+template <int kD> void gradReducingDq(const char *kn, Stream stream, Args a, const Dims &dims) {
+  const int64_t rows = dims.batch * dims.heads * dims.seq;
+  launch(kn, "launch of the row statistics kernel", wg::rowStatsKernel<kD>, ceilDiv(rows, 64), 256,
+         0, stream, a, rows);
+  const int64_t sums = wg::dqSumFloats<kD>(dims.batch, dims.heads, dims.seq);
+  Scratch dqSums(kn, stream, size_t(sums));
+  a.dqSums = dqSums.data();
+  checkCuda(kn, cudaMemsetAsync(a.dqSums, 0, size_t(sums) * sizeof(float), stream),
+            "cudaMemsetAsync");
+  a.numTiles = int(ceilDiv(dims.seqK, wg::kKvBlockN));
+  const GradKVMaps maps = gradKVMaps<kD>(kn, a, dims);
+  launch(kn, "launch of the warpgroup dk/dv/dq kernel",
+         a.segments ? wg::gradKVKernel<kD, true, true> : wg::gradKVKernel<kD, false, true>,
+         int64_t(a.numTiles) * dims.batch * dims.kvHeads, wg::kThreads, wg::gradKVSmem<kD, true>(),
+         stream, maps.q, maps.dout, maps.k, maps.v, a);
+  launch(kn, "launch of the dq kernel", wg::gradQFromSumsKernel<kD>, sums / wg::kDqBlockFloats, 128,
+         0, stream, a);
+}
+
 template <typename T, int kD>
-void gradTensorCore(const char *kn, Stream stream, Args a, const Dims &dims) {
+void gradTensorCore(const char *kn, Stream stream, Args a, const Dims &dims, bool deterministic) {
+  const bool hopper = dims.d == kD && warpGroupPath<T>(kn, dims);
+  if (hopper && a.savedLse && !deterministic) {
+    gradReducingDq<kD>(kn, stream, a, dims);
+    return;
+  }
   // The dq kernel writes the rows of D and log-sum-exp the dk/dv kernel reads (from the saved
   // log-sum-exp when there is one).
   a.numTiles = int(ceilDiv(dims.seq, tc::kDqBlockM));
-  const bool hopper = dims.d == kD && warpGroupPath<T>(kn, dims);
   if (hopper && a.savedLse) {
     // From the saved log-sum-exp on Hopper: the warp-specialised dq kernel.
     static_assert(wg::kBlockM == tc::kDqBlockM, "both dq kernels write the same row blocks");
@@ -2482,13 +2737,11 @@ void gradTensorCore(const char *kn, Stream stream, Args a, const Dims &dims) {
   }
   if (hopper) {
     a.numTiles = int(ceilDiv(dims.seqK, wg::kKvBlockN));
+    const GradKVMaps maps = gradKVMaps<kD>(kn, a, dims);
     launch(kn, "launch of the warpgroup dk/dv kernel",
-           a.segments ? wg::gradKVKernel<kD, true> : wg::gradKVKernel<kD, false>,
-           int64_t(a.numTiles) * dims.batch * dims.kvHeads, wg::kThreads, wg::gradKVSmem<kD>(),
-           stream, tileMap(kn, a.q, dims.batch, dims.seq, dims.heads, kD, a.qStride, wg::kKvBlockM),
-           tileMap(kn, a.dout, dims.batch, dims.seq, dims.heads, kD, a.qStride, wg::kKvBlockM),
-           tileMap(kn, a.k, dims.batch, dims.seqK, dims.kvHeads, kD, a.kvStride, wg::kKvBlockN),
-           tileMap(kn, a.v, dims.batch, dims.seqK, dims.kvHeads, kD, a.kvStride, wg::kKvBlockN), a);
+           a.segments ? wg::gradKVKernel<kD, true, false> : wg::gradKVKernel<kD, false, false>,
+           int64_t(a.numTiles) * dims.batch * dims.kvHeads, wg::kThreads,
+           wg::gradKVSmem<kD, false>(), stream, maps.q, maps.dout, maps.k, maps.v, a);
     return;
   }
   a.numTiles = int(ceilDiv(dims.seqK, tc::kBwdBlock));
@@ -2526,11 +2779,12 @@ void forwardTensorCoreD(const char *kn, Stream stream, const Args &a, const Dims
 }
 
 template <typename T>
-void gradTensorCoreD(const char *kn, Stream stream, const Args &a, const Dims &dims) {
+void gradTensorCoreD(const char *kn, Stream stream, const Args &a, const Dims &dims,
+                     bool deterministic) {
   if (dims.d <= 64)
-    gradTensorCore<T, 64>(kn, stream, a, dims);
+    gradTensorCore<T, 64>(kn, stream, a, dims, deterministic);
   else
-    gradTensorCore<T, 128>(kn, stream, a, dims);
+    gradTensorCore<T, 128>(kn, stream, a, dims, deterministic);
 }
 
 void forwardGeneric(const char *kn, Stream stream, Args a, const Dims &dims, bool lseOnly) {
@@ -2720,9 +2974,9 @@ void attentionGradImpl(const char *kn, const Context &ctx, const TensorView &dou
   setSegments(kn, a, segmentIds, keySegmentIds, dims);
   if (tensorCorePath(kn, dims, {&q, &k, &v, &o, &dout, &dq, &dk, &dv})) {
     if (q.dtype == DType::BF16)
-      gradTensorCoreD<__nv_bfloat16>(kn, ctx.stream, a, dims);
+      gradTensorCoreD<__nv_bfloat16>(kn, ctx.stream, a, dims, ctx.deterministic);
     else
-      gradTensorCoreD<__half>(kn, ctx.stream, a, dims);
+      gradTensorCoreD<__half>(kn, ctx.stream, a, dims, ctx.deterministic);
   } else {
     gradGeneric(kn, ctx.stream, a, dims);
   }

@@ -499,8 +499,9 @@ struct FlashRun {
 };
 
 /// Uploads the problem, poisons the outputs, runs flashAttention, then flashAttentionGrad with
-/// the CPU's o and log-sum-exp (as the references get them).
-void runFlashOnDevice(const Problem &p, const FlashReference &ref, FlashRun &out) {
+/// the CPU's o and log-sum-exp (as the references get them), under Context::deterministic.
+void runFlashOnDevice(const Problem &p, const FlashReference &ref, FlashRun &out,
+                      bool deterministic = true) {
   DType dtype = p.q.dtype;
   DeviceTensor q(dtype, p.qShape), k(dtype, p.kShape), v(dtype, p.kShape), dout(dtype, p.qShape),
       oIn(dtype, p.qShape), oOut(dtype, p.qShape), lseIn(DType::F32, ref.lseShape),
@@ -518,6 +519,7 @@ void runFlashOnDevice(const Problem &p, const FlashReference &ref, FlashRun &out
   CUDA_OK(cudaStreamCreate(&stream));
   cuda::Context ctx;
   ctx.stream = stream;
+  ctx.deterministic = deterministic;
   cuda::flashAttention(ctx, q.view(), k.view(), v.view(), p.causal, p.scale, oOut.view(),
                        lseOut.view());
   cuda::flashAttentionGrad(ctx, dout.view(), q.view(), k.view(), v.view(), oIn.view(),
@@ -616,6 +618,40 @@ TEST(CudaAttention, GroupsBeyondOneOrderChunk) {
     }
   }
 }
+
+// Context::deterministic off: on Hopper, bf16 at head dim 64 and 128 forms dq in the dk/dv pass,
+// adding it into f32 sums in the order the key blocks run (other paths ignore the flag). dk and
+// dv come out of the same arithmetic as the deterministic path's, bit for bit (the row
+// statistics are summed as the dq kernel sums them); dq is held to the same tolerance against
+// the CPU.
+class CudaAttentionReducingDqTest : public ::testing::TestWithParam<AttentionParam> {};
+
+TEST_P(CudaAttentionReducingDqTest, MatchesCpuAndDeterministicPath) {
+  BONSAI_SKIP_WITHOUT_GPU();
+  auto [dtype, d, seq, ratio, causal] = GetParam();
+  const int64_t batch = 2, heads = 8, kvHeads = heads / ratio;
+  Problem p = makeProblem(dtype, batch, seq, heads, kvHeads, d, causal,
+                          uint32_t(d * 7919 + seq * 31 + ratio * 5 + (causal ? 1 : 0)));
+  FlashReference ref = flashReference(p);
+  FlashRun fixed, reduced;
+  runFlashOnDevice(p, ref, fixed, /*deterministic=*/true);
+  runFlashOnDevice(p, ref, reduced, /*deterministic=*/false);
+  if (HasFatalFailure())
+    return;
+  EXPECT_TRUE(reduced.dk == fixed.dk) << "dk differs from the deterministic path's";
+  EXPECT_TRUE(reduced.dv == fixed.dv) << "dv differs from the deterministic path's";
+  Tol tol = tolFor(dtype);
+  expectClose(valuesOf(reduced.dq, dtype, p.qShape), ref.dq, p.qShape, tol, "dq");
+  expectClose(valuesOf(reduced.dk, dtype, p.kShape), ref.dk, p.kShape, tol, "dk");
+  expectClose(valuesOf(reduced.dv, dtype, p.kShape), ref.dv, p.kShape, tol, "dv");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionReducingDqTest,
+                         ::testing::Combine(::testing::Values(DType::BF16, DType::F16),
+                                            ::testing::Values(64, 128),
+                                            ::testing::Values(1, 17, 257, 300),
+                                            ::testing::Values(1, 4), ::testing::Bool()),
+                         attentionParamName);
 
 TEST(CudaAttentionLse, RunsAreBitIdentical) {
   BONSAI_SKIP_WITHOUT_GPU();

@@ -143,6 +143,10 @@ struct Context {
   GemmEngine *gemm = nullptr;
   DeviceError *deviceError = nullptr; ///< device memory
   int32_t kernelIndex = 0;            ///< recorded with a device error
+  /// Off: kernels may add partial results in the order their blocks run, which is faster but
+  /// not bit-reproducible from run to run (attention's backward on Hopper then forms dq in its
+  /// dk/dv pass, docs/cuda.md). On by default: every result is summed in a fixed order.
+  bool deterministic = true;
 };
 
 // Forward kernels (see CpuKernels.h for the semantics of each).
