@@ -10,7 +10,10 @@ Runs on a GPU machine with PyTorch and transformers. For one workload (the Llama
     and fused AdamW, the usual mixed-precision recipe;
   * torch.compile of the same;
   * with --unfused-plan, Bonsai again on the same model compiled with `--fuse=false` (every op
-    its own kernel), which shows what bonsai-fuse gains.
+    its own kernel), which shows what bonsai-fuse gains;
+  * with --nondeterministic, Bonsai again with `bonsai-run --nondeterministic` (kernels may add
+    partial results in the order their blocks run: attention's backward on Hopper forms dq in
+    its dk/dv pass), the row's last loss showing how far that moves it.
 
 and prints one table: tokens/s, step time, peak memory, and Bonsai's ratio to each peer.
 """
@@ -90,12 +93,12 @@ def bench_torch(name, batch, seq, steps, warmup, compile_model, checkpointing=Fa
     return batch * seq * steps / elapsed, elapsed / steps, peak, float(loss)
 
 
-def bench_bonsai(bonsai_run, plan, steps, warmup, workdir):
+def bench_bonsai(bonsai_run, plan, steps, warmup, workdir, extra=()):
     metrics = os.path.join(workdir, "bonsai_metrics.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
     cmd = [bonsai_run, plan, "--backend=cuda", "--steps", str(steps + warmup), "--seed", "1",
-           "--metrics", metrics]
+           "--metrics", metrics, *extra]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit("bonsai-run failed (exit %d):\n" % p.returncode + p.stdout[-3000:] +
@@ -132,6 +135,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--workdir", default=".")
     ap.add_argument("--skip-compile", action="store_true")
+    ap.add_argument("--skip-torch", action="store_true", help="Bonsai's rows only")
+    ap.add_argument("--nondeterministic", action="store_true",
+                    help="also run Bonsai with bonsai-run --nondeterministic")
     ap.add_argument("--unfused-plan", help="the same model compiled with --fuse=false")
     args = ap.parse_args()
 
@@ -143,9 +149,14 @@ def main():
         u = bench_bonsai(args.bonsai_run, args.unfused_plan, args.steps, args.warmup,
                          args.workdir)
         rows.append(("Bonsai, --fuse=false", u[0], u[1], u[2], u[3]))
-    e = bench_torch(args.model, args.batch, args.seq, args.steps, args.warmup, False)
-    rows.append(("PyTorch eager", *e))
-    if not args.skip_compile:
+    if args.nondeterministic:
+        n = bench_bonsai(args.bonsai_run, args.plan, args.steps, args.warmup, args.workdir,
+                         ["--nondeterministic"])
+        rows.append(("Bonsai, --nondeterministic", n[0], n[1], n[2], n[3]))
+    if not args.skip_torch:
+        e = bench_torch(args.model, args.batch, args.seq, args.steps, args.warmup, False)
+        rows.append(("PyTorch eager", *e))
+    if not args.skip_torch and not args.skip_compile:
         c = bench_torch(args.model, args.batch, args.seq, args.steps, args.warmup, True)
         rows.append(("torch.compile", *c))
     print("\n%s, batch %d x seq %d, bf16, AdamW, %s (%s)" % (
@@ -153,7 +164,7 @@ def main():
     print("| system | tokens/s | step ms | peak GiB | Bonsai / system | last loss |")
     print("|---|---|---|---|---|---|")
     for name, tps, step_s, peak, loss in rows:
-        print("| %s | %.0f | %.1f | %s | %.2f | %.3f |" % (
+        print("| %s | %.0f | %.1f | %s | %.2f | %.7f |" % (
             name, tps, step_s * 1e3, "%.1f" % (peak / gib) if peak else "n/a",
             rows[0][1] / tps, loss))
     sys.stdout.flush()

@@ -50,9 +50,11 @@ void check(cudaError_t status, const char *call) {
 
 class CudaBackend final : public KernelBackend {
 public:
-  CudaBackend(const LoadedPlan &plan, int ordinal, bool useGraphs, bool offloadTiming,
-              const RankContext *ranks)
-      : plan_(plan), useGraphs_(useGraphs), ranks_(ranks) {
+  CudaBackend(const LoadedPlan &plan, const CudaBackendOptions &options, const RankContext *ranks)
+      : plan_(plan), useGraphs_(options.useGraphs), deterministic_(options.deterministic),
+        ranks_(ranks) {
+    const int ordinal = options.ordinal;
+    const bool offloadTiming = options.offloadTiming;
     int count = 0;
     cudaError_t status = cudaGetDeviceCount(&count);
     if (status != cudaSuccess || count == 0)
@@ -226,9 +228,9 @@ public:
   std::string describe() const override {
     // The device name is up to 256 characters: build the string instead of bounding a buffer.
     char rest[96];
-    std::snprintf(rest, sizeof rest, " (sm_%d%d, %.1f GiB), CUDA Graphs %s", props_.major,
+    std::snprintf(rest, sizeof rest, " (sm_%d%d, %.1f GiB), CUDA Graphs %s%s", props_.major,
                   props_.minor, double(props_.totalGlobalMem) / (1 << 30),
-                  useGraphs_ ? "on" : "off");
+                  useGraphs_ ? "on" : "off", deterministic_ ? "" : ", nondeterministic");
     return std::string(props_.name) + rest;
   }
 
@@ -855,6 +857,7 @@ private:
     ctx.gemm = gemm_.get();
     ctx.deviceError = deviceError_;
     ctx.kernelIndex = int32_t(index);
+    ctx.deterministic = deterministic_;
     launchOnCuda(CudaCall(KernelCall(plan_, index, views_, ranks_), ctx, generated_.get(),
                           nccl_.get(), ringStream_));
   }
@@ -988,6 +991,7 @@ private:
   /// The executor's plan (the only copy), read at every launch and capture.
   const LoadedPlan &plan_;
   bool useGraphs_;
+  bool deterministic_; ///< every kernel's cuda::Context::deterministic
   cudaDeviceProp props_{};
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::GemmEngine> gemm_;
@@ -1065,10 +1069,10 @@ bool cudaDeviceAvailable() {
   return count > 0;
 }
 
-std::unique_ptr<KernelBackend> createCudaBackend(const LoadedPlan &plan, int ordinal,
-                                                 bool useGraphs, bool offloadTiming,
+std::unique_ptr<KernelBackend> createCudaBackend(const LoadedPlan &plan,
+                                                 const CudaBackendOptions &options,
                                                  const RankContext *ranks) {
-  return std::make_unique<CudaBackend>(plan, ordinal, useGraphs, offloadTiming, ranks);
+  return std::make_unique<CudaBackend>(plan, options, ranks);
 }
 
 } // namespace bonsai::rt
@@ -1079,7 +1083,7 @@ namespace bonsai::rt {
 
 bool cudaDeviceAvailable() { return false; }
 
-std::unique_ptr<KernelBackend> createCudaBackend(const LoadedPlan &, int, bool, bool,
+std::unique_ptr<KernelBackend> createCudaBackend(const LoadedPlan &, const CudaBackendOptions &,
                                                  const RankContext *) {
   throw Error("this build has no CUDA backend: it was configured without a CUDA toolkit "
               "(use --backend=cpu, or rebuild where nvcc is installed)");

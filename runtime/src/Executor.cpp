@@ -238,8 +238,9 @@ Executor::Executor(const LoadedPlan &plan, const ExecutorOptions &options)
   checkHostMemory(plan_, options.backend, availableHostMemory());
   // A GPU backend first: its pinned host arenas are the executor's views of those arenas.
   if (options.backend == Backend::Cuda)
-    backend_ = createCudaBackend(plan_, options.device, options.cudaGraphs, options.offloadTiming,
-                                 rankContext_.get());
+    backend_ = createCudaBackend(
+        plan_, {options.device, options.cudaGraphs, options.offloadTiming, options.deterministic},
+        rankContext_.get());
   const uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
   for (size_t i = 0; i < plan_.arenas.size(); ++i) {
     const ArenaInfo &arena = plan_.arenas[i];

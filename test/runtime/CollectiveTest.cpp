@@ -206,7 +206,7 @@ TEST(RingContract, CudaBackendNeedsTheRanksForARingPlan) {
     GTEST_SKIP() << "no GPU here";
   LoadedPlan plan = load(ringPlan(2, 2, 2));
   try {
-    createCudaBackend(plan, 0, false, false, nullptr);
+    createCudaBackend(plan, {0, false, false, true}, nullptr);
     FAIL() << "the CUDA backend took a ring plan without its ranks";
   } catch (const Error &e) {
     EXPECT_NE(std::string(e.what()).find("has ring attention but the CUDA backend was given no "

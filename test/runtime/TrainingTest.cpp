@@ -1094,6 +1094,16 @@ std::vector<std::string> stepLines(const std::string &out) {
   return lines;
 }
 
+/// The backends bonsai-run can run here: the CPU, and CUDA where a GPU is present.
+std::vector<std::string> backendsHere() {
+  std::vector<std::string> backends{"cpu"};
+#ifdef BONSAI_HAVE_CUDA
+  if (gpuPresent())
+    backends.push_back("cuda");
+#endif
+  return backends;
+}
+
 class ToolTest : public TrainingTest {
 protected:
   ToolResult run(std::vector<std::string> args) { return runTool(BONSAI_RUN_PATH, args, dir); }
@@ -1238,12 +1248,7 @@ TEST_F(ToolTest, SpikeRuleSkipsAnOutlierAndResumesOnCpuAndGpu) {
     tokens[i] = (i * 7) % 16;
   std::string data = dir + "/spiky.bin";
   writeTokenFile(data, tokens, 2);
-  std::vector<std::string> backends = {"cpu"};
-#ifdef BONSAI_HAVE_CUDA
-  if (gpuPresent())
-    backends.push_back("cuda");
-#endif
-  for (const std::string &backend : backends) {
+  for (const std::string &backend : backendsHere()) {
     SCOPED_TRACE(backend);
     std::vector<std::string> common = {plan,           "--data",         data, "--backend",
                                        backend,        "--spike-zscore", "3",  "--spike-window",
@@ -1297,6 +1302,31 @@ TEST_F(ToolTest, StepsPastTheScheduleAreAWarning) {
   r = run({plan, "--steps", "40"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.err.find("warning"), std::string::npos) << r.err;
+}
+
+// bonsai-run --nondeterministic on either backend: the CPU's kernels are deterministic either
+// way, so the run is the plain one line for line; on a GPU the backend says it is on, and a plan
+// without a kernel that has a faster unordered form (this one has no attention) trains as
+// without it. The kernel that has one is checked against the CPU and the deterministic path in
+// CudaAttentionReducingDqTest.
+TEST_F(ToolTest, NondeterministicFlagOnEitherBackend) {
+  std::string plan = writePlan(test::trainingPlanSpec(), "train.plan");
+  std::string data = cyclicTokens(dir + "/tokens.bin", 3000, 16);
+  for (const std::string &backend : backendsHere()) {
+    SCOPED_TRACE(backend);
+    std::vector<std::string> args{plan,     "--data", data,        "--steps", "4",
+                                  "--seed", "2",      "--backend", backend};
+    ToolResult plain = run(args);
+    args.push_back("--nondeterministic");
+    ToolResult unordered = run(args);
+    ASSERT_EQ(plain.code, 0) << plain.err;
+    ASSERT_EQ(unordered.code, 0) << unordered.err;
+    EXPECT_EQ(stepLines(unordered.out), stepLines(plain.out));
+    EXPECT_EQ(stepLines(plain.out).size(), 4u) << plain.out;
+    const bool says = unordered.out.find(", nondeterministic\n") != std::string::npos;
+    EXPECT_EQ(says, backend == "cuda") << unordered.out;
+    EXPECT_EQ(plain.out.find("nondeterministic"), std::string::npos) << plain.out;
+  }
 }
 
 #ifdef BONSAI_HAVE_CUDA

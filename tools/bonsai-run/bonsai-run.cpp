@@ -178,6 +178,11 @@ const char *const kHelp =
     "  --nproc N             start N ranks on this machine (mpirun -np N bonsai-run ...,\n"
     "                        for a plan compiled with bonsai.shard ... ranks N)\n"
     "  --no-cuda-graphs      launch kernels one by one instead of replaying CUDA Graphs\n"
+    "  --nondeterministic    let CUDA kernels add partial results in the order their blocks\n"
+    "                        run: faster (attention's backward on Hopper forms dq in its\n"
+    "                        dk/dv pass), but losses differ in their last bits from run to\n"
+    "                        run and a resumed run is no longer bit-identical (the CPU\n"
+    "                        backend is deterministic either way)\n"
     "  --offload-timing      a plan with offloaded state: time its copies and the compute\n"
     "                        stream's waits for them, each step, into the metrics (times,\n"
     "                        GB/s each way, exposed time), a closing 'offload:' line and a\n"
@@ -238,6 +243,7 @@ struct Options {
   /// --nproc: the ranks to start on this machine through mpirun (0: none, run here).
   uint64_t nproc = 0;
   bool noCudaGraphs = false;
+  bool nondeterministic = false;
   bool offloadTiming = false;
   bool profile = false;
   uint64_t fp8StatsEvery = 10;
@@ -405,6 +411,8 @@ Options parseOptions(int argc, char **argv) {
         o.findNonFinite = noValue();
       else if (flag == "--no-cuda-graphs")
         o.noCudaGraphs = noValue();
+      else if (flag == "--nondeterministic")
+        o.nondeterministic = noValue();
       else if (flag == "--offload-timing")
         o.offloadTiming = noValue();
       else if (flag == "--profile")
@@ -815,6 +823,7 @@ int run(const Options &o) {
   rt::ExecutorOptions executorOptions;
   executorOptions.device = o.device;
   executorOptions.cudaGraphs = !o.noCudaGraphs;
+  executorOptions.deterministic = !o.nondeterministic;
   executorOptions.offloadTiming = o.offloadTiming;
   executorOptions.guardNonFinite = o.maxNonFinite > 0;
   std::string backend = o.backend.empty() ? (rt::cudaDeviceAvailable() ? "cuda" : "cpu")

@@ -83,6 +83,10 @@ struct ExecutorOptions {
   Backend backend = Backend::Cpu;
   int device = 0;          ///< CUDA device ordinal
   bool cudaGraphs = true;  ///< capture each phase once and replay it
+  /// Off: the CUDA kernels may add partial results in the order their blocks run, faster and
+  /// not bit-reproducible from run to run (bonsai-run --nondeterministic; docs/cuda.md). The
+  /// CPU backend's kernels are deterministic either way.
+  bool deterministic = true;
   /// Time the copies across memory spaces and the compute stream's waits for them, each step
   /// (docs/offload.md, "Telemetry"; bonsai-run --offload-timing). Off by default: on a GPU
   /// the timing events slow an offloaded step by 3-20%. The bytes and the host steps' time

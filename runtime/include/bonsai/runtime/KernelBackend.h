@@ -169,13 +169,20 @@ std::unique_ptr<KernelBackend> createCpuBackend(const LoadedPlan &plan,
 /// plan arena. The backend keeps a reference to `plan`, which must outlive it: the executor
 /// owns the only copy of the plan, so that what it changes (bonsai-run's --lr) is what runs.
 /// Throws rt::Error when the build has no CUDA backend, the device is missing, or an allocation
-/// fails (naming the arena and the bytes asked for). With `offloadTiming`, the copies and the
-/// compute stream's waits for them are timed (docs/offload.md, "Telemetry"). A plan with
-/// collectives needs `ranks` (which must outlive the backend): the backend starts an
-/// NcclCommunicator over its host communicator, and throws rt::Error when the build has no
-/// NCCL.
-std::unique_ptr<KernelBackend> createCudaBackend(const LoadedPlan &plan, int ordinal,
-                                                 bool useGraphs, bool offloadTiming = false,
+/// fails (naming the arena and the bytes asked for). A plan with collectives needs `ranks`
+/// (which must outlive the backend): the backend starts an NcclCommunicator over its host
+/// communicator, and throws rt::Error when the build has no NCCL.
+struct CudaBackendOptions {
+  int ordinal = 0;       ///< the CUDA device
+  bool useGraphs = true; ///< capture each phase once and replay it
+  /// Time the copies and the compute stream's waits for them (docs/offload.md, "Telemetry").
+  bool offloadTiming = false;
+  /// cuda::Context::deterministic of every kernel: off lets kernels add partial results in
+  /// the order their blocks run (bonsai-run --nondeterministic).
+  bool deterministic = true;
+};
+std::unique_ptr<KernelBackend> createCudaBackend(const LoadedPlan &plan,
+                                                 const CudaBackendOptions &options,
                                                  const RankContext *ranks = nullptr);
 
 } // namespace bonsai::rt
