@@ -26,6 +26,11 @@
 # processes at a time. BONSAI_SANITIZE_TEST_GROUPS=FILE
 # runs one process per line of FILE instead, each line a gtest filter: the tests an earlier run
 # did not finish, as test/gpu/rest-of-tests.py groups them from its logs.
+# BONSAI_SANITIZE_PLAN=TEXT keeps only the plans whose name contains TEXT, and
+# BONSAI_SANITIZE_KERNEL_FAMILIES=FILE checks each plan's kernels one family at a time: one
+# process per line of FILE (a kernel-name substring, `--kernel-name kns=LINE`; # starts a
+# comment), for a plan the tool cannot take whole within the time (test/gpu/kernel-families.txt
+# lists those of the example plans: docs/reliability.md, seventeenth round).
 # Writes sanitize-summary.txt (one line per process: errors, exit status, wall time) and
 # sanitize-logs.tar.xz (every process's output, the tools' reports in it after the test that
 # caused them) under $OUT. Exits non-zero when any tool reports an error or a run fails.
@@ -80,6 +85,18 @@ case "$mode" in
     plans=("${plans[0]}") ;;
   *) echo "sanitize: the mode is full, quick, tests or plans, not '$mode'" >&2; exit 2 ;;
 esac
+if [ -n "${BONSAI_SANITIZE_PLAN:-}" ]; then
+  kept=()
+  for plan in ${plans[@]+"${plans[@]}"}; do
+    [[ "$(basename "$plan" .plan)" == *"$BONSAI_SANITIZE_PLAN"* ]] && kept+=("$plan")
+  done
+  plans=(${kept[@]+"${kept[@]}"})
+  if [ ${#plans[@]} = 0 ]; then
+    echo "sanitize: BONSAI_SANITIZE_PLAN: no plan of this mode in $dir/plans/sanitize/ has" \
+      "'$BONSAI_SANITIZE_PLAN' in its name" >&2
+    exit 2
+  fi
+fi
 shards="${BONSAI_SANITIZE_SHARDS:-$(( (jobs + ${#tools[@]} - 1) / ${#tools[@]} ))}"
 # BONSAI_SANITIZE_SHARD_RANGE=A-B runs only shards A..B of each tool's pass over the tests, so
 # that a pass longer than one device call (racecheck's) can be split over several calls.
@@ -188,10 +205,27 @@ for ((s = first_shard; s <= last_shard && ${#tests} > 0; s++)); do
       "$bin/bonsai-runtime-tests --gtest_filter=$tests" >> "$list"
   done
 done
+families=()
+if [ -n "${BONSAI_SANITIZE_KERNEL_FAMILIES:-}" ]; then
+  if [ ! -f "$BONSAI_SANITIZE_KERNEL_FAMILIES" ]; then
+    echo "sanitize: BONSAI_SANITIZE_KERNEL_FAMILIES: no file '$BONSAI_SANITIZE_KERNEL_FAMILIES'" >&2
+    exit 2
+  fi
+  while read -r family _; do
+    [[ -z "$family" || "$family" == \#* ]] || families+=("$family")
+  done < "$BONSAI_SANITIZE_KERNEL_FAMILIES"
+fi
 first=1
 for plan in ${plans[@]+"${plans[@]}"}; do
   name="$(basename "$plan" .plan)"
   for tool in "${tools[@]}"; do
+    if [ ${#families[@]} -gt 0 ]; then
+      for family in "${families[@]}"; do
+        echo "plan-$name-$family-$tool $tool --kernel-name kns=$family $bin/bonsai-run $plan" \
+          "--backend cuda --steps 3" >> "$list"
+      done
+      continue
+    fi
     echo "plan-$name-$tool $tool $bin/bonsai-run $plan --backend cuda --steps 3" >> "$list"
     if [ $first = 1 ]; then
       echo "plan-$name-nographs-$tool $tool $bin/bonsai-run $plan --backend cuda --steps 3" \
@@ -212,7 +246,7 @@ export -f run options errors
 start=$(date +%s)
 deadline=$((start + ${BONSAI_SANITIZE_SECONDS:-540}))
 export sanitizer logs deadline
-xargs -P "$jobs" -L 1 bash -c 'run "$@"' _ < "$list"
+xargs -r -P "$jobs" -L 1 bash -c 'run "$@"' _ < "$list"
 # A process that `timeout` stopped may leave its target (bonsai-run, the tests) running on the
 # GPU and the host cores, slowing whatever the same device call runs next (a 7B step measured
 # 4.2 s after two such runs, 2.2 s alone: docs/benchmarks.md): none of this run's may outlive it.
