@@ -1750,6 +1750,14 @@ __device__ __forceinline__ void namedBarrierSync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+/// Arrives at named barrier `id` of `threads` threads without waiting.
+__device__ __forceinline__ void namedBarrierArrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+/// The forward's named barriers: kTurnBarrier + c opens consumer c's turn to issue products.
+constexpr int kTurnBarrier = 1;
+
 /// The first of the 4096 sums of block `block` (64 columns) of the dq tile of queries i0.. of
 /// head h, batch b.
 template <int kD>
@@ -1951,12 +1959,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
+  // Ping-pong (FlashAttention-3): the consumers take turns to issue their products, so that the
+  // tensor cores take one consumer's while the other runs its softmax, rather than both
+  // consumers' at once and then neither's. A turn is one issue of products; consumer 0 has the
+  // first, and each consumer passes the turn on after each of its issues, but for consumer 1's
+  // last (every arrival at a barrier then meets a wait: tiles + 1 each way).
+  const auto waitTurn = [&] { namedBarrierSync(kTurnBarrier + consumer, kConsumers * 128); };
+  const auto passTurn = [&] {
+    namedBarrierArrive(kTurnBarrier + (1 - consumer), kConsumers * 128);
+  };
   mbarrierWait(&bars->q, 0);
   if (tiles > 0) {
     // Tile 0's scores alone; then per tile t, s_t and p_{t-1} v_{t-1} together; then the last
     // tile's p v alone.
+    if (consumer == 1)
+      passTurn();
     mbarrierWait(&bars->kFull[0], 0);
+    waitTurn();
     issueScores(0);
+    passTurn();
     waitGroup<0>();
     fenceRegisters(s);
     mbarrierArrive(&bars->kEmpty[0]);
@@ -1965,9 +1986,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int t = 1; t < tiles; ++t) {
       const int stage = t % kStages, previous = (t - 1) % kStages;
       mbarrierWait(&bars->kFull[stage], (t / kStages) & 1);
-      issueScores(stage);
       mbarrierWait(&bars->vFull[previous], ((t - 1) / kStages) & 1);
+      waitTurn();
+      issueScores(stage);
       issueValues(previous);
+      passTurn();
       waitGroup<1>(); // s_t formed; p_{t-1} v_{t-1} may still run
       fenceRegisters(s);
       mbarrierArrive(&bars->kEmpty[stage]);
@@ -1980,32 +2003,55 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     const int last = (tiles - 1) % kStages;
     mbarrierWait(&bars->vFull[last], ((tiles - 1) / kStages) & 1);
+    waitTurn();
     issueValues(last);
+    if (consumer == 0)
+      passTurn();
     waitGroup<0>();
     fenceRegisters(o);
     fenceRegisters(p);
     mbarrierArrive(&bars->vEmpty[last]);
   }
 
-  // The four lanes of a quad hold partial sums of the same rows.
-  T *out = static_cast<T *>(a.out) + (int64_t(b) * seq * a.heads + h) * kD;
+  // The four lanes of a quad hold partial sums of the same rows. Each warp stages its 16 rows of
+  // o in its own rows of the q tile (which only this consumer's products read, all formed by
+  // now), in the tile's swizzle, and stores them 16 bytes a lane: a row's 2 kD bytes in one go
+  // rather than 4-byte pairs that fill half of each sector.
+  float factor[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float sum = rowSum[r];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float factor = sum > 0.f ? 1.f / sum : 0.f;
+    factor[r] = sum > 0.f ? 1.f / sum : 0.f;
     const int i = warpRow0 + (lane >> 2) + r * 8;
-    if (i >= seq)
-      continue;
-    if (a.savedLse && (lane & 3) == 0)
+    if (a.savedLse && (lane & 3) == 0 && i < seq)
       a.savedLse[int64_t(bh) * seq + i] =
           sum > 0.f ? (rowMax[r] + __log2f(sum)) * 0.6931471805599453f : -INFINITY;
-    T *row = out + int64_t(i) * a.qStride + (lane & 3) * 2;
+  }
+  // Row `row` of the block's 128 (a multiple of 8 plus row % 8), 16-byte chunk c of region g at
+  // g * kBlockM * 128 + row * 128 + (c ^ row % 8) * 16.
+  const int tileRow0 = consumer * 64 + warp * 16;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = tileRow0 + (lane >> 2) + r * 8;
 #pragma unroll
     for (int nt = 0; nt < kD / 8; ++nt)
-      *reinterpret_cast<uint32_t *>(row + nt * 8) =
-          tc::pack(T(), o[4 * nt + 2 * r] * factor, o[4 * nt + 2 * r + 1] * factor);
+      *reinterpret_cast<uint32_t *>(sQ + (nt / 8) * kBlockM * kRegionBytes + row * kRegionBytes +
+                                    (((nt % 8) ^ (row & 7)) * 16) + (lane & 3) * 4) =
+          tc::pack(T(), o[4 * nt + 2 * r] * factor[r], o[4 * nt + 2 * r + 1] * factor[r]);
+  }
+  __syncwarp();
+  T *out = static_cast<T *>(a.out) + (int64_t(b) * seq * a.heads + h) * kD;
+  constexpr int kChunks = kD / 8; // of a row
+#pragma unroll
+  for (int q = lane; q < 16 * kChunks; q += 32) {
+    const int row = tileRow0 + q / kChunks, chunk = q % kChunks;
+    const int i = m0 + row;
+    if (i < seq)
+      *reinterpret_cast<uint4 *>(out + int64_t(i) * a.qStride + chunk * 8) =
+          *reinterpret_cast<const uint4 *>(sQ + (chunk / 8) * kBlockM * kRegionBytes +
+                                           row * kRegionBytes + (((chunk % 8) ^ (row & 7)) * 16));
   }
 #else
   __trap();
