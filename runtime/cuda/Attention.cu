@@ -1794,6 +1794,43 @@ __device__ __forceinline__ void addDqBlock(const float (&dq)[32], float *stage, 
   }
 }
 
+/// Writes a consumer warp's 16 rows of a [64][kD] f32 accumulator (the wgmma fragment layout),
+/// row r scaled by scale[r], as bf16 rows firstRow + tileRow0.. of `out` (`stride` elements
+/// apart; rows from `rows` on are left out), 16 bytes a lane: the rows are staged first in rows
+/// tileRow0..tileRow0 + 15 of `tile`, a [kTileRows][kD] tile in the 128-byte swizzle (16-byte
+/// chunk c of region g of row x at g * kTileRows * 128 + x * 128 + (c ^ x % 8) * 16), which
+/// only this warp may be reading or writing by then. Without the staging each store is a 4-byte
+/// pair and fills half of each sector it writes.
+template <int kD, int kTileRows>
+__device__ __forceinline__ void
+storeFragmentRows(uint8_t *tile, int tileRow0, const float (&acc)[kD / 2], const float (&scale)[2],
+                  __nv_bfloat16 *out, int64_t stride, int firstRow, int rows) {
+  using T = __nv_bfloat16;
+  const int lane = threadIdx.x & 31;
+  const auto chunkAt = [&](int x, int chunk) {
+    return tile + (chunk / 8) * kTileRows * kRegionBytes + x * kRegionBytes +
+           (((chunk % 8) ^ (x & 7)) * 16);
+  };
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int x = tileRow0 + (lane >> 2) + r * 8;
+#pragma unroll
+    for (int nt = 0; nt < kD / 8; ++nt)
+      *reinterpret_cast<uint32_t *>(chunkAt(x, nt) + (lane & 3) * 4) =
+          tc::pack(T(), acc[4 * nt + 2 * r] * scale[r], acc[4 * nt + 2 * r + 1] * scale[r]);
+  }
+  __syncwarp();
+  constexpr int kChunks = kD / 8; // of a row
+#pragma unroll
+  for (int q = lane; q < 16 * kChunks; q += 32) {
+    const int x = tileRow0 + q / kChunks, chunk = q % kChunks;
+    const int i = firstRow + x;
+    if (i < rows)
+      *reinterpret_cast<uint4 *>(out + int64_t(i) * stride + chunk * 8) =
+          *reinterpret_cast<const uint4 *>(chunkAt(x, chunk));
+  }
+}
+
 #endif // BONSAI_ATTENTION_WGMMA
 
 /// Forward over one tile of 128 queries of one (batch, head): consumer c owns queries
@@ -2013,10 +2050,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbarrierArrive(&bars->vEmpty[last]);
   }
 
-  // The four lanes of a quad hold partial sums of the same rows. Each warp stages its 16 rows of
-  // o in its own rows of the q tile (which only this consumer's products read, all formed by
-  // now), in the tile's swizzle, and stores them 16 bytes a lane: a row's 2 kD bytes in one go
-  // rather than 4-byte pairs that fill half of each sector.
+  // The four lanes of a quad hold partial sums of the same rows. o goes out through the warp's
+  // own rows of the q tile, which only this consumer's products read, all formed by now.
   float factor[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -2029,30 +2064,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       a.savedLse[int64_t(bh) * seq + i] =
           sum > 0.f ? (rowMax[r] + __log2f(sum)) * 0.6931471805599453f : -INFINITY;
   }
-  // Row `row` of the block's 128 (a multiple of 8 plus row % 8), 16-byte chunk c of region g at
-  // g * kBlockM * 128 + row * 128 + (c ^ row % 8) * 16.
-  const int tileRow0 = consumer * 64 + warp * 16;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = tileRow0 + (lane >> 2) + r * 8;
-#pragma unroll
-    for (int nt = 0; nt < kD / 8; ++nt)
-      *reinterpret_cast<uint32_t *>(sQ + (nt / 8) * kBlockM * kRegionBytes + row * kRegionBytes +
-                                    (((nt % 8) ^ (row & 7)) * 16) + (lane & 3) * 4) =
-          tc::pack(T(), o[4 * nt + 2 * r] * factor[r], o[4 * nt + 2 * r + 1] * factor[r]);
-  }
-  __syncwarp();
-  T *out = static_cast<T *>(a.out) + (int64_t(b) * seq * a.heads + h) * kD;
-  constexpr int kChunks = kD / 8; // of a row
-#pragma unroll
-  for (int q = lane; q < 16 * kChunks; q += 32) {
-    const int row = tileRow0 + q / kChunks, chunk = q % kChunks;
-    const int i = m0 + row;
-    if (i < seq)
-      *reinterpret_cast<uint4 *>(out + int64_t(i) * a.qStride + chunk * 8) =
-          *reinterpret_cast<const uint4 *>(sQ + (chunk / 8) * kBlockM * kRegionBytes +
-                                           row * kRegionBytes + (((chunk % 8) ^ (row & 7)) * 16));
-  }
+  storeFragmentRows<kD, kBlockM>(sQ, consumer * 64 + warp * 16, o, factor,
+                                 static_cast<T *>(a.out) + (int64_t(b) * seq * a.heads + h) * kD,
+                                 a.qStride, m0, seq);
 #else
   __trap();
 #endif
@@ -2254,18 +2268,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbarrierArrive(&bars->kEmpty[stage]);
   }
 
-  T *out = static_cast<T *>(a.dq) + qOffset;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int i = warpRow0 + (lane >> 2) + r * 8;
-    if (i >= seq)
-      continue;
-    T *row = out + int64_t(i) * a.qStride + (lane & 3) * 2;
-#pragma unroll
-    for (int nt = 0; nt < kD / 8; ++nt)
-      *reinterpret_cast<uint32_t *>(row + nt * 8) =
-          tc::pack(T(), dq[4 * nt + 2 * r] * a.scale, dq[4 * nt + 2 * r + 1] * a.scale);
-  }
+  // dq goes out through the warp's own rows of the q tile, which only this consumer's products
+  // read, all formed by now.
+  const float scale[2] = {a.scale, a.scale};
+  storeFragmentRows<kD, kBlockM>(sQ, consumer * 64 + warp * 16, dq, scale,
+                                 static_cast<T *>(a.dq) + qOffset, a.qStride, m0, seq);
 #else
   __trap();
 #endif
@@ -2547,23 +2554,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
   }
 
+  // dv and then dk go out through the warp's own rows of the v tile, which only this consumer's
+  // dpᵀ products read (the dq products of kReduceDq read k), all formed by now.
   const int64_t kvOffset = (int64_t(b) * seqK * a.kvHeads + g) * kD;
-  T *dkOut = static_cast<T *>(a.dk) + kvOffset, *dvOut = static_cast<T *>(a.dv) + kvOffset;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int j = warpKey0 + (lane >> 2) + r * 8;
-    if (j >= seqK)
-      continue;
-    T *dkRow = dkOut + int64_t(j) * a.kvStride + (lane & 3) * 2;
-    T *dvRow = dvOut + int64_t(j) * a.kvStride + (lane & 3) * 2;
-#pragma unroll
-    for (int nt = 0; nt < kD / 8; ++nt) {
-      *reinterpret_cast<uint32_t *>(dkRow + nt * 8) =
-          tc::pack(T(), dk[4 * nt + 2 * r] * a.scale, dk[4 * nt + 2 * r + 1] * a.scale);
-      *reinterpret_cast<uint32_t *>(dvRow + nt * 8) =
-          tc::pack(T(), dv[4 * nt + 2 * r], dv[4 * nt + 2 * r + 1]);
-    }
-  }
+  const float one[2] = {1.f, 1.f}, scale[2] = {a.scale, a.scale};
+  storeFragmentRows<kD, kKvBlockN>(sV, consumer * 64 + warp * 16, dv, one,
+                                   static_cast<T *>(a.dv) + kvOffset, a.kvStride, n0, seqK);
+  __syncwarp(); // the rows are read out before they are written again
+  storeFragmentRows<kD, kKvBlockN>(sV, consumer * 64 + warp * 16, dk, scale,
+                                   static_cast<T *>(a.dk) + kvOffset, a.kvStride, n0, seqK);
 #else
   __trap();
 #endif
