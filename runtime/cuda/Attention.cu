@@ -33,9 +33,10 @@
 // instances of their own (kSegments), so that those without segment ids do not change.
 // Causal tiles differ in length, so the tensor-core kernels start their blocks longest first
 // across groups of heads, not head by head (tileOf), which keeps the last wave from running a
-// few long tiles alone. Scratch (D and the log-sum-exp) comes from cudaMallocAsync on ctx.stream,
-// which graph capture accepts. Every output element is summed by one thread in a fixed order, so
-// results are identical run to run, unless the caller turns Context::deterministic off: then
+// few long tiles alone. Scratch (D and the log-sum-exp) is CudaCheck.h's Scratch: cudaMallocAsync
+// on ctx.stream, which graph capture accepts, or the backend's arena inside a conditional body.
+// Every output element is summed by one thread in a fixed order, so results are identical run to
+// run, unless the caller turns Context::deterministic off: then
 // flashAttentionGrad on the Hopper path forms dq inside the dk/dv kernel (FlashAttention-3's
 // one-pass backward, five products instead of seven) and adds each key block's share into f32
 // sums with bulk reductions, in the order the blocks run.
@@ -76,6 +77,7 @@ using detail::checkFloat;
 using detail::checkSameShape;
 using detail::fail;
 using detail::overlaps;
+using detail::Scratch;
 
 /// checkCuda with the kernel first, as this file's calls read.
 void checkCuda(const char *kernel, cudaError_t status, const char *call) {
@@ -158,27 +160,6 @@ template <typename Kernel> void allowSharedMemory(const char *kn, Kernel kernel,
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
             "cudaFuncSetAttribute");
 }
-
-/// Stream-ordered fp32 scratch for attentionGrad: the log-sum-exp and D of every query row.
-class Scratch {
-public:
-  Scratch(const char *kn, Stream stream, size_t floats) : stream_(stream) {
-    checkCuda(kn,
-              cudaMallocAsync(reinterpret_cast<void **>(&data_), floats * sizeof(float), stream),
-              "cudaMallocAsync");
-  }
-  ~Scratch() {
-    // Freed in stream order after the kernels that read it; a failure here has no one to tell.
-    (void)cudaFreeAsync(data_, stream_);
-  }
-  Scratch(const Scratch &) = delete;
-  Scratch &operator=(const Scratch &) = delete;
-  float *data() const { return data_; }
-
-private:
-  Stream stream_;
-  float *data_ = nullptr;
-};
 
 //===----------------------------------------------------------------------===//
 // Kernel arguments
@@ -2737,8 +2718,8 @@ template <int kD> void gradReducingDq(const char *kn, Stream stream, Args a, con
   launch(kn, "launch of the row statistics kernel", wg::rowStatsKernel<kD>, ceilDiv(rows, 64), 256,
          0, stream, a, rows);
   const int64_t sums = wg::dqSumFloats<kD>(dims.batch, dims.heads, dims.seq);
-  Scratch dqSums(kn, stream, size_t(sums));
-  a.dqSums = dqSums.data();
+  Scratch dqSums(kn, stream, size_t(sums) * sizeof(float));
+  a.dqSums = dqSums.as<float>();
   checkCuda(kn, cudaMemsetAsync(a.dqSums, 0, size_t(sums) * sizeof(float), stream),
             "cudaMemsetAsync");
   a.numTiles = int(ceilDiv(dims.seqK, wg::kKvBlockN));
@@ -3013,9 +2994,10 @@ void attentionGradImpl(const char *kn, const Context &ctx, const TensorView &dou
   a.savedLse = lse ? static_cast<float *>(lse->data) : nullptr;
 
   const int64_t rows = dims.batch * dims.seq * dims.heads;
-  Scratch scratch(kn, ctx.stream, size_t(2 * rows));
-  a.lse = scratch.data();
-  a.dsum = scratch.data() + rows;
+  // The log-sum-exp and D of every query row.
+  Scratch scratch(kn, ctx.stream, size_t(2 * rows) * sizeof(float));
+  a.lse = scratch.as<float>();
+  a.dsum = a.lse + rows;
   setSegments(kn, a, segmentIds, keySegmentIds, dims);
   if (tensorCorePath(kn, dims, {&q, &k, &v, &o, &dout, &dq, &dk, &dv})) {
     if (q.dtype == DType::BF16)
