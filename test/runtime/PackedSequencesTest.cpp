@@ -418,10 +418,12 @@ void expectClose(const std::vector<float> &got, const std::vector<float> &want, 
 
 /// One shape of attention with segment ids on the GPU against the CPU: flashAttention and its
 /// gradient, attention and attentionGrad, causal and not, for each storage type in `dtypes`; the
-/// GPU reads the ids as i64 when `ids64`, else as i32.
+/// GPU reads the ids as i64 when `ids64`, else as i32, and runs under Context::deterministic
+/// `deterministic` (off: on Hopper the flash gradient forms dq in its dk/dv pass).
 void expectSegmentedAttentionMatchesCpu(int64_t B, int64_t S, int64_t H, int64_t KV, int64_t D,
                                         const std::vector<int64_t> &segments, bool ids64,
-                                        std::initializer_list<DType> dtypes) {
+                                        std::initializer_list<DType> dtypes,
+                                        bool deterministic = true) {
   Shape qShape = {B, S, H, D}, kvShape = {B, S, KV, D}, lseShape = {B, H, S};
   std::vector<int32_t> seg32(segments.begin(), segments.end());
   for (DType dtype : dtypes) {
@@ -462,6 +464,7 @@ void expectSegmentedAttentionMatchesCpu(int64_t B, int64_t S, int64_t H, int64_t
         d->poison();
       TensorView segGpu{dSeg.data, ids64 ? DType::I64 : DType::I32, {B, S}};
       cuda::Context ctx;
+      ctx.deterministic = deterministic;
       cuda::flashAttention(ctx, {dQ.data, dtype, qShape}, {dK.data, dtype, kvShape},
                            {dV.data, dtype, kvShape}, causal, scale, {dO.data, dtype, qShape},
                            {dLseOut.data, DType::F32, lseShape}, &segGpu);
@@ -515,18 +518,22 @@ TEST(PackedSequencesTest, CudaTensorCoreAttentionSkipsOtherDocuments) {
   // Documents over several 64- and 128-row tiles, one-token documents at a tile's edge and a
   // document longer than two tiles, at head dims 64 and 128, GQA 4:1, ids as i64: the tensor-core
   // kernels visit only the tiles of the block's documents and mask those that straddle an edge
-  // (bf16: the warpgroup kernels on Hopper, mma.sync elsewhere; f16: mma.sync).
+  // (bf16: the warpgroup kernels on Hopper, mma.sync elsewhere; f16: mma.sync); on Hopper also
+  // with the one-pass gradient (Context::deterministic off), whose dk/dv/dq kernel has its own
+  // segmented instance.
   const int64_t S = 700;
   const std::vector<Doc> docs = {{0, 0, 1},     {0, 1, 127},   {0, 128, 1},  {0, 129, 64},
                                  {0, 193, 300}, {0, 493, 207}, {1, 0, 37},   {1, 37, 1},
                                  {1, 38, 1},    {1, 39, 400},  {1, 439, 261}};
   std::vector<int64_t> segments, positions;
   packedIds(docs, 2, S, segments, positions);
-  for (int64_t d : {64, 128}) {
-    SCOPED_TRACE("head dim " + std::to_string(d));
-    expectSegmentedAttentionMatchesCpu(2, S, 4, 1, d, segments, /*ids64=*/true,
-                                       {DType::BF16, DType::F16});
-  }
+  for (int64_t d : {64, 128})
+    for (bool deterministic : {true, false}) {
+      SCOPED_TRACE("head dim " + std::to_string(d) +
+                   (deterministic ? "" : ", Context::deterministic off"));
+      expectSegmentedAttentionMatchesCpu(2, S, 4, 1, d, segments, /*ids64=*/true,
+                                         {DType::BF16, DType::F16}, deterministic);
+    }
 }
 
 TEST(PackedSequencesTest, CudaTensorCoreAttentionTakesAnySegmentIds) {
