@@ -2502,25 +2502,23 @@ __global__ void __launch_bounds__(kThreads, 1)
         namedBarrierSync(kDsBarrier, kConsumers * 128);
       const int block = kShareDs ? (consumer + u) % 2 : 0; // of 64 dq columns
       const int first = kShareDs ? 0 : consumer * 64;
-      {
-        float dq[32];
-        const uint32_t dsAddress = tc::smemAddr(tileDs) + first * kRegionBytes;
-        const uint32_t keyColumns =
-            tc::smemAddr(sK) + block * kKvBlockN * kRegionBytes + first * kRegionBytes;
+      float dq[32];
+      const uint32_t dsAddress = tc::smemAddr(tileDs) + first * kRegionBytes;
+      const uint32_t keyColumns =
+          tc::smemAddr(sK) + block * kKvBlockN * kRegionBytes + first * kRegionBytes;
 #pragma unroll
-        for (int kk = 0; kk < (kShareDs ? kKvBlockN : 64) / 16; ++kk)
-          mmaSS64</*kTransposed=*/1>(
-              dq, descriptor(dsAddress + kk * 16 * kRegionBytes, kDsTileBytes, 1024),
-              descriptor(keyColumns + kk * 16 * kRegionBytes, kKvBlockN * kRegionBytes, 1024),
-              kk > 0);
-        commit();
-        // (Staged and added here rather than while the next step's first products run: on
-        // an H100 that order measured 2-6% slower at head dim 128.)
-        waitGroup<0>();
-        fenceRegisters(dq);
-        addDqBlock(dq, sDq + consumer * kDqBlockFloats,
-                   a.dqSums + dqSumIndex<kD>(a, b, g * a.group + u / perHead, i0, block));
-      }
+      for (int kk = 0; kk < (kShareDs ? kKvBlockN : 64) / 16; ++kk)
+        mmaSS64</*kTransposed=*/1>(
+            dq, descriptor(dsAddress + kk * 16 * kRegionBytes, kDsTileBytes, 1024),
+            descriptor(keyColumns + kk * 16 * kRegionBytes, kKvBlockN * kRegionBytes, 1024),
+            kk > 0);
+      commit();
+      // (Staged and added here rather than while the next step's first products run: on
+      // an H100 that order measured 2-6% slower at head dim 128.)
+      waitGroup<0>();
+      fenceRegisters(dq);
+      addDqBlock(dq, sDq + consumer * kDqBlockFloats,
+                 a.dqSums + dqSumIndex<kD>(a, b, g * a.group + u / perHead, i0, block));
     }
     waitGroup<0>();
     fenceRegisters(dk);
