@@ -2726,8 +2726,8 @@ template <int kD> void gradReducingDq(const char *kn, Stream stream, Args a, con
          a.segments ? wg::gradKVKernel<kD, true, true> : wg::gradKVKernel<kD, false, true>,
          int64_t(a.numTiles) * dims.batch * dims.kvHeads, wg::kThreads, wg::gradKVSmem<kD, true>(),
          stream, maps.q, maps.dout, maps.k, maps.v, a);
-  launch(kn, "launch of the dq kernel", wg::gradQFromSumsKernel<kD>, sums / wg::kDqBlockFloats, 128,
-         0, stream, a);
+  launch(kn, "launch of the sums-to-dq kernel", wg::gradQFromSumsKernel<kD>,
+         sums / wg::kDqBlockFloats, 128, 0, stream, a);
 }
 
 template <typename T, int kD>
