@@ -13,8 +13,8 @@ compile_tool, run_tool, models, out = sys.argv[1:5]
 # (flash-attention: exp(x - lse) instead of an online softmax; elementwise on LoRA's swiglu:
 # f32 instead of f64 inside) and are compared with a tolerance by their own tests
 # (flash-attention-equivalence.test, fusion-elementwise-lora.test).
-FAMILIES = ["linear-cross-entropy", "flash-attention", "residual-norm", "gemm-epilogue",
-            "optimizer", "elementwise"]
+FAMILIES = ["linear-cross-entropy", "flash-attention", "residual-norm", "slice-gradients",
+            "gemm-epilogue", "optimizer", "elementwise"]
 NOT_BITWISE = {"flash-attention"}
 
 

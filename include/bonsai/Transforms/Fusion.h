@@ -57,6 +57,10 @@ void populateLinearCrossEntropyFusionPatterns(RewritePatternSet &patterns,
 /// the sum (forward) and to the norm gradient whose input gradient they sum (backward).
 void populateResidualNormFusionPatterns(RewritePatternSet &patterns,
                                         const FusionOptions &options);
+/// `slice-gradients` (Fusion/SliceGradients.cpp): the sum of the gradients of adjacent slices
+/// of one tensor (GPT-2's q, k and v) as one concat, not zero tensors of the whole shape added.
+void populateSliceGradientsFusionPatterns(RewritePatternSet &patterns,
+                                          const FusionOptions &options);
 /// Family `dora` (Fusion/Dora.cpp): a DoRA output's backward muls, reduce_to and magnitude
 /// dora_scale -> one dora_grad reading the rescaled output instead of the pre-scale one.
 LogicalResult fuseDoraGradients(FunctionOpInterface function, const FusionOptions &options);
