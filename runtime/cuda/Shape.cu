@@ -16,6 +16,7 @@
 #include "DeviceUtil.cuh"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
 namespace bonsai::rt::cuda {
@@ -94,28 +95,33 @@ __global__ void tileTransposeKernel(const U *x, U *y, TransposeGeom g, int qB, i
   }
 }
 
-/// dst row r = src row r (units of U), rows at the given pitches (in units).
-template <typename U>
-__global__ void copyRowsKernel(const U *src, int64_t srcPitch, U *dst, int64_t dstPitch,
-                               int64_t width, int64_t height) {
-  for (int64_t r = blockIdx.y; r < height; r += gridDim.y)
-    for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < width;
-         u += int64_t(gridDim.x) * blockDim.x)
-      dst[r * dstPitch + u] = src[r * srcPitch + u];
+/// dst row r = src row r (units of U), rows of `width` units at the given pitches (in units),
+/// `count` = rows x width units in all. One flat range over every row's units, so that narrow
+/// rows (GPT-2's q, k and v slices: 96 units of 16 bytes) still fill whole blocks; Index is
+/// 32-bit when every offset fits, which makes the division by the width cheap.
+template <typename U, typename Index>
+__global__ void copyRowsKernel(const U *src, Index srcPitch, U *dst, Index dstPitch, Index width,
+                               Index count) {
+  for (Index i = Index(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += Index(gridDim.x) * blockDim.x) {
+    Index r = i / width, u = i - r * width;
+    dst[r * dstPitch + u] = src[r * srcPitch + u];
+  }
 }
 
-/// dx row r (full units) = zeros with dy row r (len units) at unit `start`.
-template <typename U>
-__global__ void sliceGradKernel(const U *dy, U *dx, int64_t start, int64_t len, int64_t full,
-                                int64_t height) {
-  for (int64_t r = blockIdx.y; r < height; r += gridDim.y)
-    for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < full;
-         u += int64_t(gridDim.x) * blockDim.x) {
-      U v{};
-      if (u >= start && u < start + len)
-        v = dy[r * len + u - start];
-      dx[r * full + u] = v;
-    }
+/// dx row r (full units) = zeros with dy row r (len units) at unit `start`; `count` = rows x
+/// full units, one flat range as in copyRowsKernel.
+template <typename U, typename Index>
+__global__ void sliceGradKernel(const U *dy, U *dx, Index start, Index len, Index full,
+                                Index count) {
+  for (Index i = Index(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += Index(gridDim.x) * blockDim.x) {
+    Index r = i / full, u = i - r * full;
+    U v{};
+    if (u >= start && u < start + len)
+      v = dy[r * len + u - start];
+    dx[i] = v;
+  }
 }
 
 /// The widest unit (16, 8, 4, 2 or 1 bytes) dividing every value and address given.
@@ -147,9 +153,30 @@ template <typename F> void dispatchUnit(int bytes, F &&f) {
   }
 }
 
-dim3 rowsGrid(int64_t width, int64_t height) {
-  return dim3(unsigned(std::min<int64_t>((width + 255) / 256, 4096)),
-              unsigned(std::min<int64_t>(height, 65535)));
+/// Blocks of 256 threads for a flat range of `count` units (grid-stride beyond 2^16 blocks).
+unsigned flatGrid(int64_t count) {
+  return unsigned(std::min<int64_t>((count + 255) / 256, int64_t(1) << 16));
+}
+
+/// Whether every index of a flat range over `count` units, and every offset reached from
+/// pitches up to `pitch`, fits the 32-bit index type.
+bool fits32(int64_t count, int64_t rows, int64_t pitch) {
+  constexpr int64_t limit = std::numeric_limits<int32_t>::max();
+  return count + int64_t(flatGrid(count)) * 256 <= limit && rows * pitch <= limit;
+}
+
+/// Launches copyRowsKernel over `rows` rows of `width` units of U.
+template <typename U>
+void copyRows(const Context &ctx, const char *op, const U *src, int64_t srcPitch, U *dst,
+              int64_t dstPitch, int64_t width, int64_t rows) {
+  int64_t count = width * rows;
+  if (fits32(count, rows, std::max(srcPitch, dstPitch)))
+    copyRowsKernel<U, int32_t><<<flatGrid(count), 256, 0, ctx.stream>>>(
+        src, int32_t(srcPitch), dst, int32_t(dstPitch), int32_t(width), int32_t(count));
+  else
+    copyRowsKernel<U, int64_t>
+        <<<flatGrid(count), 256, 0, ctx.stream>>>(src, srcPitch, dst, dstPitch, width, count);
+  checkLaunch(op, "copyRowsKernel");
 }
 
 void checkSameDType(const char *kernel, const TensorView &x, const TensorView &y) {
@@ -321,10 +348,8 @@ void slice(const Context &ctx, const TensorView &xIn, int axis, int64_t start,
   dispatchUnit(unit, [&](auto u) {
     using U = decltype(u);
     int64_t s = int64_t(sizeof(U));
-    copyRowsKernel<U><<<rowsGrid(len * inner / s, outer), 256, 0, ctx.stream>>>(
-        reinterpret_cast<const U *>(src), full * inner / s, static_cast<U *>(y.data),
-        len * inner / s, len * inner / s, outer);
-    checkLaunch(k, "copyRowsKernel");
+    copyRows(ctx, k, reinterpret_cast<const U *>(src), full * inner / s,
+             static_cast<U *>(y.data), len * inner / s, len * inner / s, outer);
   });
 }
 
@@ -354,10 +379,8 @@ void concat(const Context &ctx, const std::vector<TensorView> &xs, int axis,
     dispatchUnit(unit, [&](auto u) {
       using U = decltype(u);
       int64_t s = int64_t(sizeof(U));
-      copyRowsKernel<U><<<rowsGrid(len * inner / s, outer), 256, 0, ctx.stream>>>(
-          static_cast<const U *>(x.data), len * inner / s, reinterpret_cast<U *>(dst),
-          full * inner / s, len * inner / s, outer);
-      checkLaunch(k, "copyRowsKernel");
+      copyRows(ctx, k, static_cast<const U *>(x.data), len * inner / s,
+               reinterpret_cast<U *>(dst), full * inner / s, len * inner / s, outer);
     });
     start += len;
   }
@@ -395,9 +418,16 @@ void sliceGrad(const Context &ctx, const TensorView &dyIn, int axis, int64_t sta
   dispatchUnit(unit, [&](auto u) {
     using U = decltype(u);
     int64_t s = int64_t(sizeof(U));
-    sliceGradKernel<U><<<rowsGrid(full * inner / s, outer), 256, 0, ctx.stream>>>(
-        static_cast<const U *>(dy.data), static_cast<U *>(dx.data), start * inner / s,
-        len * inner / s, full * inner / s, outer);
+    int64_t count = full * inner / s * outer;
+    const U *src = static_cast<const U *>(dy.data);
+    U *dst = static_cast<U *>(dx.data);
+    if (fits32(count, outer, full * inner / s))
+      sliceGradKernel<U, int32_t><<<flatGrid(count), 256, 0, ctx.stream>>>(
+          src, dst, int32_t(start * inner / s), int32_t(len * inner / s),
+          int32_t(full * inner / s), int32_t(count));
+    else
+      sliceGradKernel<U, int64_t><<<flatGrid(count), 256, 0, ctx.stream>>>(
+          src, dst, start * inner / s, len * inner / s, full * inner / s, count);
     checkLaunch(k, "sliceGradKernel");
   });
 }

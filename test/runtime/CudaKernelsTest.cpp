@@ -1107,7 +1107,10 @@ TEST_F(CudaKernelsTest, SliceAndSliceGradMatchCpu) {
     int64_t start, len;
   };
   const Case cases[] = {{{4, 10, 6}, 1, 3, 5},   {{4, 10, 6}, 0, 1, 2},  {{5, 7, 9}, -1, 2, 5},
-                        {{2, 64, 128}, 2, 64, 64}, {{3, 17}, 1, 0, 17},   {{6, 8, 16}, 1, 4, 0}};
+                        {{2, 64, 128}, 2, 64, 64}, {{3, 17}, 1, 0, 17},   {{6, 8, 16}, 1, 4, 0},
+                        // GPT-2's q, k and v slices of the fused projection (rows of a few
+                        // 16-byte units, many rows), and more rows than a grid's y dimension.
+                        {{4, 256, 2304}, 2, 768, 768}, {{70000, 12}, 1, 4, 6}};
   for (DType dt : {DType::F32, DType::BF16})
     for (const Case &c : cases) {
       SCOPED_TRACE(std::string(name(dt)) + " " + formatShape(c.x) + " axis " +
@@ -1138,7 +1141,9 @@ TEST_F(CudaKernelsTest, ConcatMatchesCpu) {
                         {{2, 10, 6}, 1, {3, 0, 7}},
                         {{4, 5, 7}, 2, {1, 6}},
                         {{6, 8}, 0, {2, 2, 2}},
-                        {{1, 4096, 128}, 1, {1024, 1024, 1024, 1024}}};
+                        {{1, 4096, 128}, 1, {1024, 1024, 1024, 1024}},
+                        {{4, 256, 2304}, 2, {768, 768, 768}},
+                        {{70000, 12}, 1, {4, 8}}};
   for (DType dt : {DType::F32, DType::BF16})
     for (const Case &c : cases) {
       SCOPED_TRACE(std::string(name(dt)) + " " + formatShape(c.y) + " axis " +
