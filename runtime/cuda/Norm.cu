@@ -340,6 +340,10 @@ void splitAxis(const TensorView &t, int64_t axis, int64_t &outer, int64_t &len, 
 /// Vectors of each row a thread of normGradKernel holds: with two, dy, x and the layer norm's
 /// two accumulators fit in registers for two blocks per multiprocessor.
 constexpr int kRowVectors = 2;
+/// Up to this many instead where that makes a row group one warp (rows of 65 to 96 vectors,
+/// the 124M models' 768 columns in bf16): the row reductions are then warp shuffles with no
+/// block barrier, and a block has twice the rows in flight.
+constexpr int kMaxRowVectors = 3;
 /// Threads of a normGradKernel block: row groups of enough warps for kRowVectors vectors each,
 /// as many groups as fit. Longer rows (over 512 vectors: bf16 rows over 4096) take
 /// normGradWideKernel.
@@ -352,17 +356,16 @@ constexpr int64_t kMinRowsPerBlock = 32;
 /// blockDim.x threads (threadIdx.y the group); the groups take the chunk's rows in turn (group
 /// y the rows r0 + y, r0 + y + blockDim.y, ...) and step together, since their row reductions
 /// share barriers when blockDim.x > 32. Thread t of a group owns the vectors t, t + blockDim.x,
-/// ... of every row (at most kRowVectors): it keeps that row's dy and x in registers between
+/// ... of every row (at most NV): it keeps that row's dy and x in registers between
 /// the statistics and the output, and adds its columns' weight (and bias) gradient terms into
 /// registers. At the end the groups' sums are added in group order (through shared memory) into
 /// the block's row of `partial` ([gridDim.x, kAcc d]: dw, then db). VW > 1 only when every row
 /// starts on a 16-byte boundary.
-template <typename T, typename W, int VW, bool Layer>
+template <typename T, typename W, int VW, int NV, bool Layer>
 __global__ void __launch_bounds__(kNormGradThreads, 2)
     normGradKernel(const T *dy, const T *x, const W *w, T *dx, const T *addend, float *partial,
-                   int64_t rows,
-                   int64_t rowsPerBlock, int64_t d, float eps) {
-  constexpr int NV = kRowVectors, kAcc = Layer ? 2 : 1;
+                   int64_t rows, int64_t rowsPerBlock, int64_t d, float eps) {
+  constexpr int kAcc = Layer ? 2 : 1;
   // Three sums per group; groups of more than one warp are at most kNormGradThreads / 64.
   static_assert(kNormGradThreads % 64 == 0, "scratch holds whole groups of two warps or more");
   __shared__ float scratch[3 * 32 * (kNormGradThreads / 64)];
@@ -710,7 +713,9 @@ void normGrad(const char *kernel, const Context &ctx, const TensorView &dyIn,
     auto ap = addendIn ? static_cast<const T *>(addend.data) : nullptr;
     int vw = vector ? kVec<T> : 1;
     int64_t vectors = (d + vw - 1) / vw;
-    int64_t groupThreads = (vectors + kRowVectors - 1) / kRowVectors;
+    const bool oneWarp = vectors > 32 * kRowVectors && vectors <= 32 * kMaxRowVectors;
+    const int rowVectors = oneWarp ? kMaxRowVectors : kRowVectors;
+    int64_t groupThreads = (vectors + rowVectors - 1) / rowVectors;
     groupThreads = (groupThreads + 31) / 32 * 32;
     auto dyp = static_cast<const T *>(dy.data), xp = static_cast<const T *>(x.data);
     auto wp = static_cast<const W *>(w.data);
@@ -724,8 +729,10 @@ void normGrad(const char *kernel, const Context &ctx, const TensorView &dyIn,
       int threads = int(groupThreads);
       int groups = kNormGradThreads / threads;
       size_t smem = groups > 1 ? accBytes : 0;
-      auto kernelFn = vector ? normGradKernel<T, W, kVec<T>, Layer>
-                             : normGradKernel<T, W, 1, Layer>;
+      auto kernelFn = vector ? (oneWarp ? normGradKernel<T, W, kVec<T>, kMaxRowVectors, Layer>
+                                        : normGradKernel<T, W, kVec<T>, kRowVectors, Layer>)
+                             : (oneWarp ? normGradKernel<T, W, 1, kMaxRowVectors, Layer>
+                                        : normGradKernel<T, W, 1, kRowVectors, Layer>);
       int perSm = 0;
       checkCuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, kernelFn,
                                                               threads * groups, smem),

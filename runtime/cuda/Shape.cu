@@ -4,7 +4,8 @@
 // permutation (dimensions of 1 dropped, runs of dimensions that stay adjacent and in order
 // merged), then either gathers whole rows when the innermost dimension stays innermost (16-byte
 // units when the rows allow), or moves 32x32 tiles through shared memory so that both the reads
-// and the writes are coalesced. slice and slice_grad copy rows of bytes in the widest unit
+// and the writes are coalesced (2-byte elements: 64x64 tiles moved in pairs when every offset is
+// even, as GPT-2's bf16 weights are). slice and slice_grad copy rows of bytes in the widest unit
 // (16, 8, 4, 2 or 1 bytes) that every offset and pitch allows; slice_grad writes each element of
 // dx once, from dy or as zero. An output that overlaps its input reads from a copy.
 //
@@ -90,6 +91,50 @@ __global__ void tileTransposeKernel(const U *x, U *y, TransposeGeom g, int qB, i
       int64_t b = b0 + threadIdx.y + j, a = a0 + threadIdx.x;
       if (a < sizeA && b < sizeB)
         y[dst + b * g.yStride[qB] + a] = tile[threadIdx.x][threadIdx.y + j];
+    }
+    __syncthreads(); // the tile is rewritten by the next iteration
+  }
+}
+
+/// tileTransposeKernel for 2-byte elements moved in pairs: 64 x 64 tiles, each thread loading
+/// and storing 4 bytes (two elements) where the 32 x 32 kernel moves 2; the caller checks that
+/// every size, stride and offset is even and both tensors 4-byte aligned. A tile row of 65
+/// halves keeps the column reads free of bank conflicts.
+__global__ void pairTileTransposeKernel(const uint32_t *x, uint32_t *y, TransposeGeom g, int qB,
+                                        int64_t sizeA, int64_t sizeB, int64_t strideA,
+                                        int64_t tilesA, int64_t tilesB, int64_t tiles) {
+  __shared__ uint16_t tile[64][65];
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    int64_t tb = t % tilesB, rest = t / tilesB;
+    int64_t ta = rest % tilesA, batch = rest / tilesA;
+    int64_t src = 0, dst = 0;
+#pragma unroll
+    for (int i = kMaxRank - 1; i >= 0; --i) {
+      if (i < g.rank - 1 && i != qB) {
+        int64_t idx = batch % g.ySize[i];
+        batch /= g.ySize[i];
+        src += idx * g.xStride[i];
+        dst += idx * g.yStride[i];
+      }
+    }
+    int64_t a0 = ta * 64, b0 = tb * 64;
+#pragma unroll
+    for (int j = 0; j < 64; j += 8) {
+      int64_t a = a0 + threadIdx.y + j, b = b0 + 2 * threadIdx.x;
+      if (a < sizeA && b < sizeB) {
+        uint32_t v = x[(src + a * strideA + b) / 2];
+        tile[threadIdx.y + j][2 * threadIdx.x] = uint16_t(v);
+        tile[threadIdx.y + j][2 * threadIdx.x + 1] = uint16_t(v >> 16);
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 64; j += 8) {
+      int64_t b = b0 + threadIdx.y + j, a = a0 + 2 * threadIdx.x;
+      if (a < sizeA && b < sizeB)
+        y[(dst + b * g.yStride[qB] + a) / 2] =
+            uint32_t(tile[2 * threadIdx.x][threadIdx.y + j]) |
+            uint32_t(tile[2 * threadIdx.x + 1][threadIdx.y + j]) << 16;
     }
     __syncthreads(); // the tile is rewritten by the next iteration
   }
@@ -305,6 +350,23 @@ void transpose(const Context &ctx, const TensorView &xIn, const std::vector<int6
   while (xPos[size_t(qB)] != r - 1)
     ++qB;
   int64_t sizeA = g.ySize[r - 1], sizeB = g.ySize[qB], strideA = g.xStride[r - 1];
+  if (esize == 2) {
+    // Pairs of elements (4 bytes) when every offset the kernel forms is even.
+    uint64_t bits = uint64_t(sizeA) | uint64_t(sizeB) | reinterpret_cast<uint64_t>(x.data) / 2 |
+                    reinterpret_cast<uint64_t>(y.data) / 2;
+    for (int i = 0; i < r; ++i) // all strides but the unit ones of x's and y's innermost
+      bits |= (i != qB ? uint64_t(g.xStride[i]) : 0) | (i != r - 1 ? uint64_t(g.yStride[i]) : 0);
+    if ((bits & 1) == 0) {
+      int64_t tilesA = (sizeA + 63) / 64, tilesB = (sizeB + 63) / 64;
+      int64_t tiles = tilesA * tilesB * (y.numel() / (sizeA * sizeB));
+      pairTileTransposeKernel<<<unsigned(std::min<int64_t>(tiles, int64_t(1) << 20)), dim3(32, 8),
+                                0, ctx.stream>>>(static_cast<const uint32_t *>(x.data),
+                                                 static_cast<uint32_t *>(y.data), g, qB, sizeA,
+                                                 sizeB, strideA, tilesA, tilesB, tiles);
+      checkLaunch(k, "pairTileTransposeKernel");
+      return;
+    }
+  }
   int64_t tilesA = (sizeA + 31) / 32, tilesB = (sizeB + 31) / 32;
   int64_t batch = y.numel() / (sizeA * sizeB), tiles = tilesA * tilesB * batch;
   unsigned grid = unsigned(std::min<int64_t>(tiles, int64_t(1) << 20));

@@ -495,11 +495,12 @@ TEST_F(CudaKernelsTest, RmsAndLayerNormMatchCpu) {
 }
 
 TEST_F(CudaKernelsTest, NormGradientsMatchCpuAndRepeat) {
-  // Row groups of one warp (64) and of several (768, 100 unaligned), one row group per block
+  // Row groups of one warp with two vectors a thread (64) and with three (768 bf16: 96
+  // vectors; 90 unaligned), of several warps (768 f32, 100 unaligned), one row group per block
   // (4096 bf16), the wide kernel (4096 f32, 5001 unaligned), partial last blocks (2050 rows), and
   // the training shape.
-  const Shape shapes[] = {{256, 4096}, {33, 100}, {5, 5001}, {3, 7, 768},
-                          {1000, 64},  {2050, 768}, {16, 1024, 768}};
+  const Shape shapes[] = {{256, 4096}, {33, 100}, {5, 5001},   {3, 7, 768},
+                          {1000, 64},  {7, 90},   {2050, 768}, {16, 1024, 768}};
   for (DType dt : {DType::F32, DType::BF16})
     for (DType wt : {dt, DType::F32})
       for (const Shape &s : shapes) {
@@ -1083,7 +1084,11 @@ TEST_F(CudaKernelsTest, TransposeMatchesCpu) {
                         {{513, 257}, {1, 0}},
                         {{4, 1, 33, 1, 65}, {4, 3, 2, 1, 0}},
                         {{3, 128, 96}, {0, 2, 1}},
-                        {{2, 16, 8, 64}, {0, 2, 3, 1}}};
+                        {{2, 16, 8, 64}, {0, 2, 3, 1}},
+                        // GPT-2's c_attn weight, and even sizes in partial 64 x 64 tiles (bf16:
+                        // the kernel that moves element pairs).
+                        {{768, 2304}, {1, 0}},
+                        {{2, 130, 70}, {0, 2, 1}}};
   for (DType dt : {DType::F32, DType::BF16})
     for (const Case &c : cases) {
       SCOPED_TRACE(std::string(name(dt)) + " " + formatShape(c.shape) + " perm " +
