@@ -645,6 +645,41 @@ TEST_P(KernelTableTest, SampleRunsOnTheGpuAsOnTheCpu) {
     }
   }
 }
+
+// The CUDA backend zeroes a run of Zero kernels whose outputs follow one another in memory with
+// one memset (the update's gradient accumulators): the run must stop where a tensor it does not
+// zero lies between two it does. Four tensors of 256 bytes, adjacent: a, b and d zeroed, g (between
+// b and d) not; every one first filled with 3.
+TEST(CudaZeroRunTest, AdjacentZeroesAreOneMemsetThatStopsAtAGap) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();
+    GTEST_SKIP() << "no GPU here";
+  }
+  for (bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "CUDA Graphs" : "eager");
+    Sample s;
+    uint32_t a = s.act({64}), b = s.act({64}), g = s.act({64}), d = s.act({64});
+    for (uint32_t t : {a, b, g, d})
+      s.kernel(KernelKind::Fill, {}, {t}, fb::KernelAttrs::FillAttrs, fillAttrs(3.0));
+    for (uint32_t t : {a, b, d})
+      s.kernel(KernelKind::Zero, {}, {t});
+    std::vector<uint8_t> bytes = buildPlan(s.p);
+    LoadedPlan plan = loadPlanBuffer(bytes.data(), bytes.size(), "zero-run.plan");
+    ASSERT_EQ(plan.tensors[b].offset + 256, plan.tensors[g].offset);
+    ExecutorOptions options;
+    options.backend = Backend::Cuda;
+    options.cudaGraphs = graphs;
+    Executor gpu(plan, options);
+    fillInputs(plan, s, gpu);
+    gpu.runStep();
+    for (uint32_t t : {a, b, d})
+      for (float x : floatsOf(gpu, t))
+        ASSERT_EQ(x, 0.0f) << plan.describeTensor(t);
+    for (float x : floatsOf(gpu, g))
+      ASSERT_EQ(x, 3.0f) << plan.describeTensor(g);
+  }
+}
 #endif
 
 INSTANTIATE_TEST_SUITE_P(EveryKind, KernelTableTest, ::testing::Range<size_t>(0, kKernelKindCount),
