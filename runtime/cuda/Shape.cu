@@ -58,6 +58,28 @@ __global__ void gatherRowsKernel(const U *x, U *y, int64_t rows, int64_t units,
   }
 }
 
+/// Where tile t of a tiled transpose lies: its index along dimension A (ta) and along B (tb),
+/// and the element offsets in x (src) and y (dst) of its batch (the y dimensions other than
+/// A, at rank - 1, and B, at qB), for tiles numbered B fastest, then A, then the batch.
+struct TileOrigin {
+  int64_t ta, tb, src, dst;
+};
+__device__ __forceinline__ TileOrigin tileOrigin(int64_t t, const TransposeGeom &g, int qB,
+                                                 int64_t tilesA, int64_t tilesB) {
+  int64_t rest = t / tilesB, batch = rest / tilesA;
+  TileOrigin o{rest % tilesA, t % tilesB, 0, 0};
+#pragma unroll
+  for (int i = kMaxRank - 1; i >= 0; --i) {
+    if (i < g.rank - 1 && i != qB) {
+      int64_t idx = batch % g.ySize[i];
+      batch /= g.ySize[i];
+      o.src += idx * g.xStride[i];
+      o.dst += idx * g.yStride[i];
+    }
+  }
+  return o;
+}
+
 /// 32x32 tiles: dimension A of x (y's innermost, at y position rank - 1) against dimension B
 /// (x's innermost, at y position qB); the other y dimensions are the batch.
 template <typename U>
@@ -66,31 +88,20 @@ __global__ void tileTransposeKernel(const U *x, U *y, TransposeGeom g, int qB, i
                                     int64_t tilesB, int64_t tiles) {
   __shared__ U tile[32][33];
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    int64_t tb = t % tilesB, rest = t / tilesB;
-    int64_t ta = rest % tilesA, batch = rest / tilesA;
-    int64_t src = 0, dst = 0;
-#pragma unroll
-    for (int i = kMaxRank - 1; i >= 0; --i) {
-      if (i < g.rank - 1 && i != qB) {
-        int64_t idx = batch % g.ySize[i];
-        batch /= g.ySize[i];
-        src += idx * g.xStride[i];
-        dst += idx * g.yStride[i];
-      }
-    }
-    int64_t a0 = ta * 32, b0 = tb * 32;
+    TileOrigin o = tileOrigin(t, g, qB, tilesA, tilesB);
+    int64_t a0 = o.ta * 32, b0 = o.tb * 32;
 #pragma unroll
     for (int j = 0; j < 32; j += 8) {
       int64_t a = a0 + threadIdx.y + j, b = b0 + threadIdx.x;
       if (a < sizeA && b < sizeB)
-        tile[threadIdx.y + j][threadIdx.x] = x[src + a * strideA + b];
+        tile[threadIdx.y + j][threadIdx.x] = x[o.src + a * strideA + b];
     }
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < 32; j += 8) {
       int64_t b = b0 + threadIdx.y + j, a = a0 + threadIdx.x;
       if (a < sizeA && b < sizeB)
-        y[dst + b * g.yStride[qB] + a] = tile[threadIdx.x][threadIdx.y + j];
+        y[o.dst + b * g.yStride[qB] + a] = tile[threadIdx.x][threadIdx.y + j];
     }
     __syncthreads(); // the tile is rewritten by the next iteration
   }
@@ -105,24 +116,13 @@ __global__ void pairTileTransposeKernel(const uint32_t *x, uint32_t *y, Transpos
                                         int64_t tilesA, int64_t tilesB, int64_t tiles) {
   __shared__ uint16_t tile[64][65];
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    int64_t tb = t % tilesB, rest = t / tilesB;
-    int64_t ta = rest % tilesA, batch = rest / tilesA;
-    int64_t src = 0, dst = 0;
-#pragma unroll
-    for (int i = kMaxRank - 1; i >= 0; --i) {
-      if (i < g.rank - 1 && i != qB) {
-        int64_t idx = batch % g.ySize[i];
-        batch /= g.ySize[i];
-        src += idx * g.xStride[i];
-        dst += idx * g.yStride[i];
-      }
-    }
-    int64_t a0 = ta * 64, b0 = tb * 64;
+    TileOrigin o = tileOrigin(t, g, qB, tilesA, tilesB);
+    int64_t a0 = o.ta * 64, b0 = o.tb * 64;
 #pragma unroll
     for (int j = 0; j < 64; j += 8) {
       int64_t a = a0 + threadIdx.y + j, b = b0 + 2 * threadIdx.x;
       if (a < sizeA && b < sizeB) {
-        uint32_t v = x[(src + a * strideA + b) / 2];
+        uint32_t v = x[(o.src + a * strideA + b) / 2];
         tile[threadIdx.y + j][2 * threadIdx.x] = uint16_t(v);
         tile[threadIdx.y + j][2 * threadIdx.x + 1] = uint16_t(v >> 16);
       }
@@ -132,7 +132,7 @@ __global__ void pairTileTransposeKernel(const uint32_t *x, uint32_t *y, Transpos
     for (int j = 0; j < 64; j += 8) {
       int64_t b = b0 + threadIdx.y + j, a = a0 + 2 * threadIdx.x;
       if (a < sizeA && b < sizeB)
-        y[(dst + b * g.yStride[qB] + a) / 2] =
+        y[(o.dst + b * g.yStride[qB] + a) / 2] =
             uint32_t(tile[2 * threadIdx.x][threadIdx.y + j]) |
             uint32_t(tile[2 * threadIdx.x + 1][threadIdx.y + j]) << 16;
     }
