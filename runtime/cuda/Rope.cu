@@ -1,12 +1,15 @@
 //===- Rope.cu - rope and rope_grad on CUDA --------------------------------===//
 //
 // Rotary embedding of x [batch, seq, heads, head_dim] (Hugging Face's rotate-half convention)
-// and its adjoint, the inverse rotation. One block per token (all heads of one position): the
-// block first computes the position's (its index, or its entry of the optional positions)
-// cos and sin table in fp64 from ropeInverseFrequency (llama3 scaling included), as the CPU kernel does (an
-// fp32 angle s * theta^(-2i/D) is off by up to 2.4e-4 rad at position 4096), rounds it to fp32
-// in shared memory, then rotates every (i, i + D/2) pair of every head with 16-byte loads. Each
-// pair is read and written by one thread, so y may be x (in place).
+// and its adjoint, the inverse rotation. The cos and sin of each position's angles are computed
+// in fp64 from ropeInverseFrequency (llama3 scaling included), as the CPU kernel does (an fp32
+// angle s * theta^(-2i/D) is off by up to 2.4e-4 rad at position 4096), and rounded to fp32.
+// Positions by index (no positions tensor): ropeTableKernel computes the [seq, D/2] table once
+// into scratch, and ropeTableApplyKernel rotates every (i, i + D/2) pair of every head and token
+// over one flat range, 16-byte loads, the table read through the cache (every head and batch
+// row shares it). With a positions tensor (packed rows) ropeKernel takes a block per token and
+// computes that token's table in shared memory. Each pair is read and written by one thread,
+// so y may be x (in place).
 //
 //===----------------------------------------------------------------------===//
 
@@ -16,6 +19,7 @@
 #include "DeviceUtil.cuh"
 
 #include <string>
+#include <type_traits>
 
 namespace bonsai::rt::cuda {
 
@@ -60,6 +64,48 @@ __global__ void ropeKernel(const T *x, T *y, int64_t tokens, int64_t seq, int64_
       storeF<VW>(yr + h * d + i, outLo);
       storeF<VW>(yr + h * d + half + i, outHi);
     }
+  }
+}
+
+/// table[s, i] = (cos, sin) of position s's angle of frequency i, in fp64 rounded to fp32.
+__global__ void ropeTableKernel(float2 *table, int64_t seq, int64_t d, RoPEAttrs attrs) {
+  const int64_t half = d / 2;
+  for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < seq * half;
+       j += int64_t(gridDim.x) * blockDim.x) {
+    int64_t s = j / half, i = j - s * half;
+    double sn, cs;
+    sincos(double(s) * ropeInverseFrequency(attrs, i, d), &sn, &cs);
+    table[j] = make_float2(float(cs), float(sn));
+  }
+}
+
+/// ropeKernel's rotation over every vector pair (token, head, VW-wide run i of the first half)
+/// as one flat range of `pairs`, the angles from `table` (sin scaled by `sign`). Index is the
+/// type of the flat index: 32-bit where every offset fits.
+template <typename T, int VW, typename Index>
+__global__ void ropeTableApplyKernel(const T *x, T *y, Index pairs, Index seq, Index heads,
+                                     Index d, const float2 *table, float sign) {
+  const Index half = d / 2, vectorsPerHead = half / VW;
+  for (Index p = Index(blockIdx.x) * blockDim.x + threadIdx.x; p < pairs;
+       p += Index(gridDim.x) * blockDim.x) {
+    Index row = p / vectorsPerHead; // token * heads + head
+    Index i = (p - row * vectorsPerHead) * VW;
+    Index s = (row / heads) % seq;
+    const T *xr = x + row * d;
+    T *yr = y + row * d;
+    float lo[VW], hi[VW], outLo[VW], outHi[VW];
+    loadF<VW>(xr + i, lo);
+    loadF<VW>(xr + half + i, hi);
+    const float2 *angles = table + s * half + i;
+#pragma unroll
+    for (int e = 0; e < VW; ++e) {
+      float2 a = angles[e];
+      float c = a.x, sn = sign * a.y;
+      outLo[e] = lo[e] * c - hi[e] * sn;
+      outHi[e] = hi[e] * c + lo[e] * sn;
+    }
+    storeF<VW>(yr + i, outLo);
+    storeF<VW>(yr + half + i, outHi);
   }
 }
 
@@ -110,6 +156,32 @@ void runRope(const char *kernel, const char *xName, const char *yName, const Con
     unsigned grid = unsigned(std::min<int64_t>(tokens, int64_t(1) << 30));
     auto xp = static_cast<const T *>(xs.data);
     auto yp = static_cast<T *>(ys.data);
+    if (!pos) {
+      Scratch table(kernel, ctx.stream, size_t(seq * half) * sizeof(float2));
+      auto tp = table.as<float2>();
+      ropeTableKernel<<<gridFor(kernel, seq * half, 256), 256, 0, ctx.stream>>>(tp, seq, d,
+                                                                              attrs);
+      checkLaunch(kernel, "ropeTableKernel");
+      int64_t pairs = tokens * work;
+      auto launch = [&](auto vw, auto index) {
+        constexpr int W = decltype(vw)::value;
+        using Index = decltype(index);
+        ropeTableApplyKernel<T, W, Index><<<gridFor(kernel, pairs, 256), 256, 0, ctx.stream>>>(
+            xp, yp, Index(pairs), Index(seq), Index(heads), Index(d), tp, sign);
+      };
+      // 32-bit indices when every element offset fits.
+      bool fits32 = xs.numel() < (int64_t(1) << 31);
+      if (vector && fits32)
+        launch(std::integral_constant<int, VW>{}, int32_t{});
+      else if (vector)
+        launch(std::integral_constant<int, VW>{}, int64_t{});
+      else if (fits32)
+        launch(std::integral_constant<int, 1>{}, int32_t{});
+      else
+        launch(std::integral_constant<int, 1>{}, int64_t{});
+      checkLaunch(kernel, "ropeTableApplyKernel");
+      return;
+    }
     if (vector)
       ropeKernel<T, VW>
           <<<grid, threads, smem, ctx.stream>>>(xp, yp, tokens, seq, heads, d, attrs, pos,
