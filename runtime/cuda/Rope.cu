@@ -19,7 +19,6 @@
 #include "DeviceUtil.cuh"
 
 #include <string>
-#include <type_traits>
 
 namespace bonsai::rt::cuda {
 
@@ -27,7 +26,33 @@ using namespace detail;
 
 namespace {
 
-/// y_lo = lo cos - hi sin, y_hi = hi cos + lo sin with sin scaled by `sign` (-1: the inverse).
+/// The cos and sin of position s's angle of frequency i, in fp64 rounded to fp32.
+__device__ __forceinline__ float2 ropeCosSin(double s, const RoPEAttrs &attrs, int64_t i,
+                                             int64_t d) {
+  double sn, cs;
+  sincos(s * ropeInverseFrequency(attrs, i, d), &sn, &cs);
+  return make_float2(float(cs), float(sn));
+}
+
+/// Rotates the VW pairs (x[e], x[half + e]) into y: y_lo = lo cos - hi sin, y_hi = hi cos +
+/// lo sin.
+template <int VW, typename T, typename Index>
+__device__ __forceinline__ void rotatePairs(const T *x, T *y, Index half, const float (&c)[VW],
+                                            const float (&sn)[VW]) {
+  float lo[VW], hi[VW], outLo[VW], outHi[VW];
+  loadF<VW>(x, lo);
+  loadF<VW>(x + half, hi);
+#pragma unroll
+  for (int e = 0; e < VW; ++e) {
+    outLo[e] = lo[e] * c[e] - hi[e] * sn[e];
+    outHi[e] = hi[e] * c[e] + lo[e] * sn[e];
+  }
+  storeF<VW>(y, outLo);
+  storeF<VW>(y + half, outHi);
+}
+
+/// The rotation of every pair of every head, a block per token, sin scaled by `sign` (-1: the
+/// inverse).
 template <typename T, int VW>
 __global__ void ropeKernel(const T *x, T *y, int64_t tokens, int64_t seq, int64_t heads,
                            int64_t d, RoPEAttrs attrs, const void *positions, int positionsI64,
@@ -41,28 +66,22 @@ __global__ void ropeKernel(const T *x, T *y, int64_t tokens, int64_t seq, int64_
                                     : double(static_cast<const int32_t *>(positions)[token]);
     __syncthreads(); // the previous token's readers are done with the table
     for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-      double angle = s * ropeInverseFrequency(attrs, i, d);
-      double sn, cs;
-      sincos(angle, &sn, &cs);
-      table[i] = float(cs);
-      table[half + i] = sign * float(sn);
+      float2 a = ropeCosSin(s, attrs, i, d);
+      table[i] = a.x;
+      table[half + i] = sign * a.y;
     }
     __syncthreads();
     const T *xr = x + token * row;
     T *yr = y + token * row;
     for (int64_t p = threadIdx.x; p < heads * vectorsPerHead; p += blockDim.x) {
       int64_t h = p / vectorsPerHead, i = (p - h * vectorsPerHead) * VW;
-      float lo[VW], hi[VW], outLo[VW], outHi[VW];
-      loadF<VW>(xr + h * d + i, lo);
-      loadF<VW>(xr + h * d + half + i, hi);
+      float c[VW], sn[VW];
 #pragma unroll
       for (int e = 0; e < VW; ++e) {
-        float c = table[i + e], sn = table[half + i + e];
-        outLo[e] = lo[e] * c - hi[e] * sn;
-        outHi[e] = hi[e] * c + lo[e] * sn;
+        c[e] = table[i + e];
+        sn[e] = table[half + i + e];
       }
-      storeF<VW>(yr + h * d + i, outLo);
-      storeF<VW>(yr + h * d + half + i, outHi);
+      rotatePairs<VW>(xr + h * d + i, yr + h * d + i, half, c, sn);
     }
   }
 }
@@ -72,14 +91,12 @@ __global__ void ropeTableKernel(float2 *table, int64_t seq, int64_t d, RoPEAttrs
   const int64_t half = d / 2;
   for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < seq * half;
        j += int64_t(gridDim.x) * blockDim.x) {
-    int64_t s = j / half, i = j - s * half;
-    double sn, cs;
-    sincos(double(s) * ropeInverseFrequency(attrs, i, d), &sn, &cs);
-    table[j] = make_float2(float(cs), float(sn));
+    int64_t s = j / half;
+    table[j] = ropeCosSin(double(s), attrs, j - s * half, d);
   }
 }
 
-/// ropeKernel's rotation over every vector pair (token, head, VW-wide run i of the first half)
+/// The same rotation over every vector pair (token, head, VW-wide run i of the first half)
 /// as one flat range of `pairs`, the angles from `table` (sin scaled by `sign`). Index is the
 /// type of the flat index: 32-bit where every offset fits.
 template <typename T, int VW, typename Index>
@@ -91,21 +108,14 @@ __global__ void ropeTableApplyKernel(const T *x, T *y, Index pairs, Index seq, I
     Index row = p / vectorsPerHead; // token * heads + head
     Index i = (p - row * vectorsPerHead) * VW;
     Index s = (row / heads) % seq;
-    const T *xr = x + row * d;
-    T *yr = y + row * d;
-    float lo[VW], hi[VW], outLo[VW], outHi[VW];
-    loadF<VW>(xr + i, lo);
-    loadF<VW>(xr + half + i, hi);
     const float2 *angles = table + s * half + i;
+    float c[VW], sn[VW];
 #pragma unroll
     for (int e = 0; e < VW; ++e) {
-      float2 a = angles[e];
-      float c = a.x, sn = sign * a.y;
-      outLo[e] = lo[e] * c - hi[e] * sn;
-      outHi[e] = hi[e] * c + lo[e] * sn;
+      c[e] = angles[e].x;
+      sn[e] = sign * angles[e].y;
     }
-    storeF<VW>(yr + i, outLo);
-    storeF<VW>(yr + half + i, outHi);
+    rotatePairs<VW>(x + row * d + i, y + row * d + i, half, c, sn);
   }
 }
 
@@ -172,13 +182,13 @@ void runRope(const char *kernel, const char *xName, const char *yName, const Con
       // 32-bit indices when every element offset fits.
       bool fits32 = xs.numel() < (int64_t(1) << 31);
       if (vector && fits32)
-        launch(std::integral_constant<int, VW>{}, int32_t{});
+        launch(Width<VW>{}, int32_t{});
       else if (vector)
-        launch(std::integral_constant<int, VW>{}, int64_t{});
+        launch(Width<VW>{}, int64_t{});
       else if (fits32)
-        launch(std::integral_constant<int, 1>{}, int32_t{});
+        launch(Width<1>{}, int32_t{});
       else
-        launch(std::integral_constant<int, 1>{}, int64_t{});
+        launch(Width<1>{}, int64_t{});
       checkLaunch(kernel, "ropeTableApplyKernel");
       return;
     }
