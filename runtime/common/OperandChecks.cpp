@@ -169,6 +169,22 @@ LinearSizes checkLinearGradWeight(const char *b, const char *k, const TensorView
   return {leadingRows(dy), out, in};
 }
 
+int64_t checkPackedQkv(const char *b, const char *k, const char *operand, const TensorView &qkv,
+                       int64_t heads) {
+  checkFloat(b, k, operand, qkv);
+  if (qkv.rank() != 4)
+    fail(b, k,
+         std::string(operand) + " shape " + formatShape(qkv.shape) +
+             " is not [batch, seq, heads + 2 kv_heads, head_dim]");
+  const int64_t kvPair = qkv.dim(2) - heads;
+  if (heads <= 0 || kvPair <= 0 || kvPair % 2 != 0 || heads % (kvPair / 2) != 0)
+    fail(b, k,
+         std::string(operand) + " shape " + formatShape(qkv.shape) + " does not hold " +
+             std::to_string(heads) +
+             " query heads and then two equal numbers of key/value heads that divide them");
+  return kvPair / 2;
+}
+
 int64_t checkNorm(const char *b, const char *k, const TensorView &x, const TensorView &w,
                   const TensorView *bias, const TensorView &y) {
   checkFloat(b, k, "x", x);

@@ -82,6 +82,12 @@ int64_t checkDoraGrad(const char *backend, const char *kernel, const TensorView 
                       const TensorView &y, const TensorView &scale, const TensorView &magnitude,
                       const TensorView &dx, const TensorView &dmagnitude);
 
+/// Checks a packed qkv [batch, seq, heads + 2 kv_heads, head_dim] (float, rank 4) of `heads`
+/// query heads (the output's): two equal numbers of key/value heads after them that divide
+/// `heads`. Returns kv_heads.
+int64_t checkPackedQkv(const char *backend, const char *kernel, const char *operand,
+                       const TensorView &qkv, int64_t heads);
+
 /// Checks that `step` is the i64 scalar step counter.
 void checkStep(const char *backend, const char *kernel, const TensorView &step);
 /// Checks that `t` is an f32 tensor of `shape` (optimizer state, GaLore's projections).
@@ -152,6 +158,10 @@ std::pair<int64_t, int64_t> checkGaloreSide(const char *backend, const char *ker
                                const TensorView &dx, const TensorView &dmagnitude) {               \
     return ::bonsai::rt::checks::checkDoraGrad(Backend, kernel, dy, y, scale, magnitude, dx,       \
                                                dmagnitude);                                        \
+  }                                                                                                \
+  inline int64_t checkPackedQkv(const char *kernel, const char *operand, const TensorView &qkv,    \
+                                int64_t heads) {                                                   \
+    return ::bonsai::rt::checks::checkPackedQkv(Backend, kernel, operand, qkv, heads);             \
   }                                                                                                \
   inline void checkStep(const char *kernel, const TensorView &step) {                              \
     ::bonsai::rt::checks::checkStep(Backend, kernel, step);                                        \

@@ -27,7 +27,10 @@ void KernelChecker::checkAttentionShapes(size_t qi, size_t ki, size_t vi) const 
 /// The log-sum-exp of flash attention (output or input `i`) is f32 [batch, heads, seq] of the
 /// query (input 0 of FlashAttention, 1 of FlashAttentionGrad).
 void KernelChecker::checkLse(size_t i, bool isOutput) const {
-  const std::vector<int64_t> &q = in(isOutput ? 0 : 1).shape;
+  checkLseOf(i, isOutput, in(isOutput ? 0 : 1).shape);
+}
+
+void KernelChecker::checkLseOf(size_t i, bool isOutput, const std::vector<int64_t> &q) const {
   std::vector<int64_t> want = {q[0], q[2], q[1]};
   const TensorInfo &lse = isOutput ? out(i) : in(i);
   std::string name = isOutput ? outName(i) : inName(i);
@@ -35,6 +38,33 @@ void KernelChecker::checkLse(size_t i, bool isOutput) const {
     fail(name + ": expected an f32 " + formatShape(want) +
          " log-sum-exp ([batch, heads, seq] of the query), got " + formatShape(lse.shape) + " " +
          dtypeName(lse.dtype));
+}
+
+void KernelChecker::checkPackedQkv(size_t qkv, const TensorInfo &output,
+                                   const std::string &outputName) const {
+  expectFloat(qkv);
+  expectRank(qkv, 4);
+  const std::vector<int64_t> &packed = in(qkv).shape, &o = output.shape;
+  if (o.size() != 4)
+    fail(outputName + " rank: expected 4 ([batch, seq, heads, head_dim]), got " +
+         std::to_string(o.size()) + " " + formatShape(o));
+  if (o[0] != packed[0] || o[1] != packed[1] || o[3] != packed[3])
+    fail(outputName + " shape " + formatShape(o) + " does not match " + inName(qkv) + " shape " +
+         formatShape(packed) + " in batch, sequence or head_dim");
+  const int64_t kvPair = packed[2] - o[2];
+  if (o[2] <= 0 || kvPair <= 0 || kvPair % 2 != 0 || o[2] % (kvPair / 2) != 0)
+    fail(inName(qkv) + " shape " + formatShape(packed) + " does not hold the " +
+         std::to_string(o[2]) + " query heads of " + outputName +
+         " and then two equal numbers of key/value heads that divide them");
+  if (output.dtype != in(qkv).dtype)
+    fail(outputName + " dtype: expected " + dtypeName(in(qkv).dtype) + " (as " + inName(qkv) +
+         "), got " + dtypeName(output.dtype));
+}
+
+void KernelChecker::checkNoRing() {
+  if (kernel.attrsAs<AttentionAttrs>().ringRanks > 1)
+    fail("ring_ranks " + std::to_string(kernel.attrsAs<AttentionAttrs>().ringRanks) +
+         ": ring attention takes q, k and v apart, not packed");
 }
 
 void KernelChecker::checkTheta() {
@@ -163,6 +193,31 @@ void KernelChecker::verify(kinds::FlashAttention) {
 void KernelChecker::verify(kinds::FlashAttentionGrad) {
   checkAttentionScale();
   checkAttentionGradShapes();
+}
+
+void KernelChecker::verify(kinds::FlashAttentionQkv) {
+  using In = kinds::FlashAttentionQkv::In;
+  using Out = kinds::FlashAttentionQkv::Out;
+  checkAttentionScale();
+  checkNoRing();
+  // Operands: o [B, S, H, D] says how many of qkv's heads are queries.
+  checkPackedQkv(In::qkv, out(Out::o), outName(Out::o));
+  checkTokenInput(In::segment_ids, In::qkv);
+  checkLseOf(Out::lse, /*isOutput=*/true, out(Out::o).shape);
+}
+
+void KernelChecker::verify(kinds::FlashAttentionQkvGrad) {
+  using In = kinds::FlashAttentionQkvGrad::In;
+  using Out = kinds::FlashAttentionQkvGrad::Out;
+  checkAttentionScale();
+  checkNoRing();
+  // Operands: the forward's o says how many of qkv's heads are queries; dO is o's shape.
+  expectFloat(In::o);
+  checkPackedQkv(In::qkv, in(In::o), inName(In::o));
+  expectFloatInput(In::do_, in(In::o).shape);
+  checkLseOf(In::lse, /*isOutput=*/false, in(In::o).shape);
+  checkTokenInput(In::segment_ids, In::qkv);
+  expectFloatOutput(Out::dqkv, in(In::qkv).shape);
 }
 
 } // namespace bonsai::rt::contract

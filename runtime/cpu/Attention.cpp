@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -189,6 +190,36 @@ void attentionImpl(const char *kn, const TensorView &q, const TensorView &k, con
 
 } // namespace
 
+void detail::copyHeads(const TensorView &from, int64_t fromHead, const TensorView &to,
+                       int64_t toHead, int64_t count) {
+  const int64_t positions = from.dim(0) * from.dim(1);
+  const size_t unit = size_t(from.dim(3)) * dtypeSize(from.dtype), bytes = size_t(count) * unit;
+  const auto *src = static_cast<const char *>(from.data) + size_t(fromHead) * unit;
+  auto *dst = static_cast<char *>(to.data) + size_t(toHead) * unit;
+  const size_t fromRow = size_t(from.dim(2)) * unit, toRow = size_t(to.dim(2)) * unit;
+  for (int64_t p = 0; p < positions; ++p)
+    std::memcpy(dst + size_t(p) * toRow, src + size_t(p) * fromRow, bytes);
+}
+
+detail::UnpackedQkv detail::unpackQkv(const char *kernel, const TensorView &qkv, int64_t heads,
+                                      bool copy) {
+  const int64_t kvHeads = checkPackedQkv(kernel, "qkv", qkv, heads);
+  UnpackedQkv u;
+  const int64_t counts[3] = {heads, kvHeads, kvHeads};
+  int64_t first = 0;
+  for (int i = 0; i < 3; ++i) {
+    TensorView &t = u.views[i];
+    t.dtype = qkv.dtype;
+    t.shape = {qkv.dim(0), qkv.dim(1), counts[i], qkv.dim(3)};
+    u.storage[i].resize(t.bytes());
+    t.data = u.storage[i].data();
+    if (copy && t.numel() != 0)
+      copyHeads(qkv, first, t, 0, counts[i]);
+    first += counts[i];
+  }
+  return u;
+}
+
 void attention(const TensorView &q, const TensorView &k, const TensorView &v, bool causal,
                double scale, const TensorView &o, const TensorView *segmentIds) {
   attentionImpl("attention", q, k, v, segmentIds, causal, scale, o, nullptr);
@@ -198,6 +229,15 @@ void flashAttention(const TensorView &q, const TensorView &k, const TensorView &
                     double scale, const TensorView &o, const TensorView &lse,
                     const TensorView *segmentIds) {
   attentionImpl("flash_attention", q, k, v, segmentIds, causal, scale, o, &lse);
+}
+
+void flashAttentionQkv(const TensorView &qkv, bool causal, double scale, const TensorView &o,
+                       const TensorView &lse, const TensorView *segmentIds) {
+  const char *kernel = "flash_attention_qkv";
+  if (o.rank() != 4)
+    fail(kernel, "o shape " + formatShape(o.shape) + " is not [batch, seq, heads, head_dim]");
+  UnpackedQkv u = unpackQkv(kernel, qkv, o.dim(2));
+  attentionImpl(kernel, u.views[0], u.views[1], u.views[2], segmentIds, causal, scale, o, &lse);
 }
 
 } // namespace bonsai::rt::cpu

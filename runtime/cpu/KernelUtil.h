@@ -79,6 +79,20 @@ double loadScalar(const char *kernel, const char *operand, const TensorView &t);
 /// Checks that `step` is an i64 scalar holding a non-negative count and returns it.
 int64_t loadStep(const char *kernel, const TensorView &step);
 
+/// Copies heads [fromHead, fromHead + count) of every position of `from` [B, S, heads, D] to
+/// heads [toHead, ...) of `to` [B, S, heads', D] (the same B, S, D and dtype).
+void copyHeads(const TensorView &from, int64_t fromHead, const TensorView &to, int64_t toHead,
+               int64_t count);
+
+/// q, k and v of a packed qkv [B, S, H + 2 KV, D] (checkPackedQkv) as tensors of their own,
+/// [B, S, H, D] and [B, S, KV, D] twice, which `storage` holds: copies, or with `copy` false
+/// tensors of those shapes to be written.
+struct UnpackedQkv {
+  TensorView views[3];
+  std::vector<char> storage[3];
+};
+UnpackedQkv unpackQkv(const char *kernel, const TensorView &qkv, int64_t heads, bool copy = true);
+
 } // namespace bonsai::rt::cpu::detail
 
 #endif // BONSAI_RUNTIME_CPU_KERNELUTIL_H

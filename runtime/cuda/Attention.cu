@@ -179,7 +179,10 @@ struct Args {
   int qType, kType, vType, oType, doutType, outType, dqType, dkType, dvType;
   int seq, heads, kvHeads, group, d;
   int seqK; ///< keys (seq but in a ring block step); causal calls have seqK == seq
-  int64_t qStride, kvStride; ///< elements from one position to the next
+  /// Elements from one position to the next: of q and dq; of k, v, dk and dv; of o and dout.
+  /// Heads times head_dim for tensors of their own; the packed width (H + 2 KV) D for q, k and v
+  /// read out of one qkv tensor and their gradients written into one (flashAttentionQkv).
+  int64_t qStride, kvStride, oStride;
   float scale, scaleLog2;
   int causal;
   /// (batch, head) groups per chunk of tileOf's block order; 0: head by head.
@@ -206,7 +209,7 @@ Args makeArgs(const Dims &dims, bool causal, double scale) {
   a.kvHeads = int(dims.kvHeads);
   a.group = int(dims.heads / dims.kvHeads);
   a.d = int(dims.d);
-  a.qStride = dims.heads * dims.d;
+  a.qStride = a.oStride = dims.heads * dims.d;
   a.kvStride = dims.kvHeads * dims.d;
   a.scale = float(scale);
   a.scaleLog2 = float(scale * 1.4426950408889634); // log2(e)
@@ -215,6 +218,14 @@ Args makeArgs(const Dims &dims, bool causal, double scale) {
 }
 
 int typeCode(DType dtype) { return int(dtype); } // F32 = 0, F16 = 1, BF16 = 2
+
+/// The element offset of position 0 of head `head` of batch row `b` in an operand of `rows`
+/// positions `stride` elements apart and heads `d` elements apart: (b rows heads + head) d when
+/// the operand is a tensor of its own (stride = heads d).
+__host__ __device__ __forceinline__ int64_t headOffset(int64_t b, int64_t rows, int64_t stride,
+                                                       int64_t head, int64_t d) {
+  return b * rows * stride + head * d;
+}
 
 //===----------------------------------------------------------------------===//
 // Device helpers shared by both paths
@@ -279,15 +290,14 @@ __global__ void rowDotKernel(const Args a, int64_t rows) {
   int lane = threadIdx.x & 31;
   if (row >= rows)
     return;
-  int64_t offset = row * a.d;
+  const int64_t h = row % a.heads, bi = row / a.heads, i = bi % a.seq, b = bi / a.seq;
+  const int64_t offset = headOffset(b, a.seq, a.oStride, h, a.d) + i * a.oStride;
   float dot = 0.f;
   for (int e = lane; e < a.d; e += 32)
     dot = fmaf(loadElem(a.dout, a.doutType, offset + e), loadElem(a.o, a.oType, offset + e), dot);
   dot = warpSum(dot);
-  if (lane == 0) {
-    int64_t h = row % a.heads, bi = row / a.heads, i = bi % a.seq, b = bi / a.seq;
+  if (lane == 0)
     a.dsum[(b * a.heads + h) * a.seq + i] = dot;
-  }
 }
 
 //===----------------------------------------------------------------------===//
@@ -332,8 +342,9 @@ __global__ void __launch_bounds__(kThreads) forwardKernel(const Args a, bool lse
   const int b = bh / a.heads, h = bh % a.heads, g = h / a.group;
   const int i = tile * kWarps + warp;
   const bool active = i < a.seq;
-  const int64_t qRow = ((int64_t(b) * a.seq + i) * a.heads + h) * d;
-  const int64_t kvBase = (int64_t(b) * a.seqK * a.kvHeads + g) * d;
+  const int64_t qRow = headOffset(b, a.seq, a.qStride, h, d) + int64_t(i) * a.qStride;
+  const int64_t oRow = headOffset(b, a.seq, a.oStride, h, d) + int64_t(i) * a.oStride;
+  const int64_t kvBase = headOffset(b, a.seqK, a.kvStride, g, d);
   float *q = sQ + warp * d, *acc = sAcc + warp * d, *p = sP + warp * kTile;
   for (int e = lane; e < d; e += 32) {
     q[e] = active ? loadElem(a.q, a.qType, qRow + e) : 0.f;
@@ -387,7 +398,7 @@ __global__ void __launch_bounds__(kThreads) forwardKernel(const Args a, bool lse
   // of -inf, not 0 * inf.
   const float inv = rowSum > 0.f ? 1.f / rowSum : 0.f;
   for (int e = lane; e < d; e += 32)
-    storeElem(a.out, a.outType, qRow + e, acc[e] * inv);
+    storeElem(a.out, a.outType, oRow + e, acc[e] * inv);
   if (a.savedLse && lane == 0)
     a.savedLse[int64_t(bh) * a.seq + i] = rowMax + logf(rowSum);
 }
@@ -408,13 +419,14 @@ __global__ void __launch_bounds__(kThreads) gradQKernel(const Args a) {
   const int b = bh / a.heads, h = bh % a.heads, g = h / a.group;
   const int i = tile * kWarps + warp;
   const bool active = i < a.seq;
-  const int64_t qRow = ((int64_t(b) * a.seq + i) * a.heads + h) * d;
-  const int64_t kvBase = (int64_t(b) * a.seqK * a.kvHeads + g) * d;
+  const int64_t qRow = headOffset(b, a.seq, a.qStride, h, d) + int64_t(i) * a.qStride;
+  const int64_t oRow = headOffset(b, a.seq, a.oStride, h, d) + int64_t(i) * a.oStride;
+  const int64_t kvBase = headOffset(b, a.seqK, a.kvStride, g, d);
   float *q = sQ + warp * d, *dout = sDo + warp * d, *acc = sAcc + warp * d,
         *ds = sDs + warp * kTile;
   for (int e = lane; e < d; e += 32) {
     q[e] = active ? loadElem(a.q, a.qType, qRow + e) : 0.f;
-    dout[e] = active ? loadElem(a.dout, a.doutType, qRow + e) : 0.f;
+    dout[e] = active ? loadElem(a.dout, a.doutType, oRow + e) : 0.f;
     acc[e] = 0.f;
   }
   const float lse = active ? a.lse[int64_t(bh) * a.seq + i] : 0.f;
@@ -471,7 +483,7 @@ __global__ void __launch_bounds__(kThreads) gradKVKernel(const Args a) {
   const int b = bg / a.kvHeads, g = bg % a.kvHeads;
   const int j = tile * kWarps + warp;
   const bool active = j < a.seqK;
-  const int64_t kvRow = ((int64_t(b) * a.seqK + j) * a.kvHeads + g) * d;
+  const int64_t kvRow = headOffset(b, a.seqK, a.kvStride, g, d) + int64_t(j) * a.kvStride;
   float *kj = sK + warp * d, *vj = sV + warp * d, *accK = sAccK + warp * d,
         *accV = sAccV + warp * d;
   float *p = sP + warp * kTile, *ds = sDs + warp * kTile;
@@ -484,12 +496,13 @@ __global__ void __launch_bounds__(kThreads) gradKVKernel(const Args a) {
   const int queryStart = a.causal ? tile * kWarps : 0;
   for (int hh = 0; hh < a.group; ++hh) {
     const int h = g * a.group + hh;
-    const int64_t qBase = (int64_t(b) * a.seq * a.heads + h) * d;
+    const int64_t qBase = headOffset(b, a.seq, a.qStride, h, d);
+    const int64_t oBase = headOffset(b, a.seq, a.oStride, h, d);
     const int64_t rowBase = (int64_t(b) * a.heads + h) * a.seq;
     for (int t0 = queryStart; t0 < a.seq; t0 += kTile) {
       __syncthreads();
       loadRows(sQ, a.q, a.qType, qBase, a.qStride, t0, a.seq, d);
-      loadRows(sDo, a.dout, a.doutType, qBase, a.qStride, t0, a.seq, d);
+      loadRows(sDo, a.dout, a.doutType, oBase, a.oStride, t0, a.seq, d);
       if (threadIdx.x < kTile) {
         int i = t0 + threadIdx.x;
         sLse[threadIdx.x] = i < a.seq ? a.lse[rowBase + i] : 0.f;
@@ -778,9 +791,9 @@ __global__ void __launch_bounds__(kThreads, 2) forwardKernel(const Args a) {
   const int mBlock = a.causal ? a.numTiles - 1 - tile.rank : tile.rank;
   const int b = bh / a.heads, h = bh % a.heads, g = h / a.group;
   const int m0 = mBlock * kBlockM, seq = a.seq, seqK = a.seqK;
-  const T *qBase = static_cast<const T *>(a.q) + (int64_t(b) * seq * a.heads + h) * a.d;
-  const T *kBase = static_cast<const T *>(a.k) + (int64_t(b) * seqK * a.kvHeads + g) * a.d;
-  const T *vBase = static_cast<const T *>(a.v) + (int64_t(b) * seqK * a.kvHeads + g) * a.d;
+  const T *qBase = static_cast<const T *>(a.q) + headOffset(b, seq, a.qStride, h, a.d);
+  const T *kBase = static_cast<const T *>(a.k) + headOffset(b, seqK, a.kvStride, g, a.d);
+  const T *vBase = static_cast<const T *>(a.v) + headOffset(b, seqK, a.kvStride, g, a.d);
 
   // Segment ids: the key tiles that hold the block's documents, and the rows' ids.
   BlockSegments seg{nullptr, nullptr, {0, 0, true}};
@@ -961,8 +974,8 @@ __global__ void __launch_bounds__(kThreads, 2) forwardKernel(const Args a) {
   for (int mt = 0; mt < kMT; ++mt)
     fragmentsToShared<kD>(warpO + mt * 16 * kP, acc[mt], factor[mt][0], factor[mt][1], lane);
   __syncwarp();
-  storeRows<kWarpRows, kD>(static_cast<T *>(a.out) + (int64_t(b) * seq * a.heads + h) * a.d,
-                           a.qStride, warpO, warpRow0, seq, a.d, lane);
+  storeRows<kWarpRows, kD>(static_cast<T *>(a.out) + headOffset(b, seq, a.oStride, h, a.d),
+                           a.oStride, warpO, warpRow0, seq, a.d, lane);
 }
 
 constexpr int kBwdBlock = 64;  ///< keys per dk/dv block and queries per step (16 rows per warp)
@@ -1005,13 +1018,14 @@ __global__ void __launch_bounds__(kThreads, 2) gradQKernel(const Args a) {
   const int mBlock = a.causal ? a.numTiles - 1 - tile.rank : tile.rank;
   const int b = bh / a.heads, h = bh % a.heads, g = h / a.group;
   const int m0 = mBlock * kBlockM, seq = a.seq, seqK = a.seqK;
-  const int64_t qOffset = (int64_t(b) * seq * a.heads + h) * a.d;
-  const T *kBase = static_cast<const T *>(a.k) + (int64_t(b) * seqK * a.kvHeads + g) * a.d;
-  const T *vBase = static_cast<const T *>(a.v) + (int64_t(b) * seqK * a.kvHeads + g) * a.d;
+  const int64_t qOffset = headOffset(b, seq, a.qStride, h, a.d);
+  const int64_t oOffset = headOffset(b, seq, a.oStride, h, a.d);
+  const T *kBase = static_cast<const T *>(a.k) + headOffset(b, seqK, a.kvStride, g, a.d);
+  const T *vBase = static_cast<const T *>(a.v) + headOffset(b, seqK, a.kvStride, g, a.d);
 
   loadTile<kBlockM, kD>(sQ, static_cast<const T *>(a.q) + qOffset, a.qStride, m0, seq, a.d);
-  loadTile<kBlockM, kD>(sDo, static_cast<const T *>(a.dout) + qOffset, a.qStride, m0, seq, a.d);
-  loadTile<kBlockM, kD>(sO, static_cast<const T *>(a.o) + qOffset, a.qStride, m0, seq, a.d);
+  loadTile<kBlockM, kD>(sDo, static_cast<const T *>(a.dout) + oOffset, a.oStride, m0, seq, a.d);
+  loadTile<kBlockM, kD>(sO, static_cast<const T *>(a.o) + oOffset, a.oStride, m0, seq, a.d);
   cpAsyncCommit();
   cpAsyncWait<0>();
   __syncthreads();
@@ -1280,7 +1294,7 @@ __global__ void __launch_bounds__(kThreads, 2) gradKVKernel(const Args a) {
   const int nBlock = tile.rank, bg = tile.group;
   const int b = bg / a.kvHeads, g = bg % a.kvHeads;
   const int n0 = nBlock * kBlockN, seq = a.seq, seqK = a.seqK;
-  const int64_t kvOffset = (int64_t(b) * seqK * a.kvHeads + g) * a.d;
+  const int64_t kvOffset = headOffset(b, seqK, a.kvStride, g, a.d);
 
   // Steps: (query head of the group, query tile), in order. With the causal mask the query
   // tiles before the block's first key see none of its keys.
@@ -1294,11 +1308,12 @@ __global__ void __launch_bounds__(kThreads, 2) gradKVKernel(const Args a) {
   const int steps = a.group * perHead;
   auto loadStep = [&](int u, int buf) {
     const int h = g * a.group + u / perHead, i0 = (mBegin + u % perHead) * kBlockM;
-    const int64_t qOffset = (int64_t(b) * seq * a.heads + h) * a.d;
+    const int64_t qOffset = headOffset(b, seq, a.qStride, h, a.d);
+    const int64_t oOffset = headOffset(b, seq, a.oStride, h, a.d);
     loadTile<kBlockM, kD>(sQ + buf * kBlockM * kP, static_cast<const T *>(a.q) + qOffset, a.qStride,
                           i0, seq, a.d);
-    loadTile<kBlockM, kD>(sDo + buf * kBlockM * kP, static_cast<const T *>(a.dout) + qOffset,
-                          a.qStride, i0, seq, a.d);
+    loadTile<kBlockM, kD>(sDo + buf * kBlockM * kP, static_cast<const T *>(a.dout) + oOffset,
+                          a.oStride, i0, seq, a.d);
     const int64_t rowBase = (int64_t(b) * a.heads + h) * seq;
     const int x = threadIdx.x % kBlockM, i = i0 + x;
     const float *src = threadIdx.x < kBlockM ? a.lse : a.dsum;
@@ -2046,8 +2061,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           sum > 0.f ? (rowMax[r] + __log2f(sum)) * 0.6931471805599453f : -INFINITY;
   }
   storeFragmentRows<kD, kBlockM>(sQ, consumer * 64 + warp * 16, o, factor,
-                                 static_cast<T *>(a.out) + (int64_t(b) * seq * a.heads + h) * kD,
-                                 a.qStride, m0, seq);
+                                 static_cast<T *>(a.out) + headOffset(b, seq, a.oStride, h, kD),
+                                 a.oStride, m0, seq);
 #else
   __trap();
 #endif
@@ -2143,7 +2158,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
   using T = __nv_bfloat16;
   const int consumer = role - 1;
-  const int64_t qOffset = (int64_t(b) * seq * a.heads + h) * kD;
+  const int64_t qOffset = headOffset(b, seq, a.qStride, h, kD);
+  const int64_t oOffset = headOffset(b, seq, a.oStride, h, kD);
   // D and the base-2 log-sum-exp of the thread's two rows; the four lanes of a quad take a
   // quarter of the head dim each, in order, as tc::gradQKernel does (so the dk/dv kernel's inputs
   // are the same bits).
@@ -2154,7 +2170,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int i = warpRow0 + (lane >> 2) + r * 8;
     float dot = 0.f;
     if (i < seq) {
-      dot = quarterRowDot<kD>(a, qOffset + int64_t(i) * a.qStride + (lane & 3) * (kD / 4));
+      dot = quarterRowDot<kD>(a, oOffset + int64_t(i) * a.oStride + (lane & 3) * (kD / 4));
     }
     dot += __shfl_xor_sync(0xffffffffu, dot, 1);
     dot += __shfl_xor_sync(0xffffffffu, dot, 2);
@@ -2535,7 +2551,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // dv and then dk go out through the warp's own rows of the v tile, which only this consumer's
   // dpᵀ products read (the dq products of kReduceDq read k), all formed by now.
-  const int64_t kvOffset = (int64_t(b) * seqK * a.kvHeads + g) * kD;
+  const int64_t kvOffset = headOffset(b, seqK, a.kvStride, g, kD);
   const float one[2] = {1.f, 1.f}, scale[2] = {a.scale, a.scale};
   storeFragmentRows<kD, kKvBlockN>(sV, consumer * 64 + warp * 16, dv, one,
                                    static_cast<T *>(a.dv) + kvOffset, a.kvStride, n0, seqK);
@@ -2557,7 +2573,8 @@ template <int kD> __global__ void rowStatsKernel(const Args a, int64_t rows) {
   float dot = 0.f;
   if (row < rows) {
     const int64_t bh = row / a.seq, i = row % a.seq, b = bh / a.heads, h = bh % a.heads;
-    dot = quarterRowDot<kD>(a, (b * a.seq * a.heads + h) * kD + i * a.qStride + part * (kD / 4));
+    dot = quarterRowDot<kD>(a, headOffset(b, a.seq, a.oStride, h, kD) + i * a.oStride +
+                                   part * (kD / 4));
   }
   dot += __shfl_xor_sync(0xffffffffu, dot, 1);
   dot += __shfl_xor_sync(0xffffffffu, dot, 2);
@@ -2591,7 +2608,7 @@ template <int kD> __global__ void __launch_bounds__(128) gradQFromSumsKernel(con
     *reinterpret_cast<float2 *>(at + 8 * kPitch) = make_float2(x.z, x.w);
   }
   __syncthreads();
-  T *dq = static_cast<T *>(a.dq) + (b * a.seq * a.heads + h) * kD + block * 64;
+  T *dq = static_cast<T *>(a.dq) + headOffset(b, a.seq, a.qStride, h, kD) + block * 64;
 #pragma unroll
   for (int c = t; c < kKvBlockM * 8; c += 128) {
     const int row = c / 8, part = c % 8;
@@ -2702,7 +2719,7 @@ struct GradKVMaps {
 
 template <int kD> GradKVMaps gradKVMaps(const char *kn, const Args &a, const Dims &dims) {
   return {tileMap(kn, a.q, dims.batch, dims.seq, dims.heads, kD, a.qStride, wg::kKvBlockM),
-          tileMap(kn, a.dout, dims.batch, dims.seq, dims.heads, kD, a.qStride, wg::kKvBlockM),
+          tileMap(kn, a.dout, dims.batch, dims.seq, dims.heads, kD, a.oStride, wg::kKvBlockM),
           tileMap(kn, a.k, dims.batch, dims.seqK, dims.kvHeads, kD, a.kvStride, wg::kKvBlockN),
           tileMap(kn, a.v, dims.batch, dims.seqK, dims.kvHeads, kD, a.kvStride, wg::kKvBlockN)};
 }
@@ -2747,7 +2764,7 @@ void gradTensorCore(const char *kn, Stream stream, Args a, const Dims &dims, boo
            a.segments ? wg::gradQKernel<kD, true> : wg::gradQKernel<kD, false>,
            int64_t(a.numTiles) * dims.batch * dims.heads, wg::kThreads, wg::gradQSmem<kD>(), stream,
            tileMap(kn, a.q, dims.batch, dims.seq, dims.heads, kD, a.qStride, wg::kBlockM),
-           tileMap(kn, a.dout, dims.batch, dims.seq, dims.heads, kD, a.qStride, wg::kBlockM),
+           tileMap(kn, a.dout, dims.batch, dims.seq, dims.heads, kD, a.oStride, wg::kBlockM),
            tileMap(kn, a.k, dims.batch, dims.seqK, dims.kvHeads, kD, a.kvStride, wg::kBlockN),
            tileMap(kn, a.v, dims.batch, dims.seqK, dims.kvHeads, kD, a.kvStride, wg::kBlockN), a);
   } else {
@@ -2894,25 +2911,36 @@ void checkCausalLengths(const char *kn, const Dims &dims, bool causal) {
 }
 
 /// attention, and with `lse` flashAttention; k and v may be another length than q with
-/// `keysOfTheirOwn` (a ring block step, whose key segment ids are `keySegmentIds`).
+/// `keysOfTheirOwn` (a ring block step, whose key segment ids are `keySegmentIds`). With `qkv`,
+/// q, k and v are views of its heads (packedViews), which the kernels read `qkv` positions
+/// apart.
 void attentionImpl(const char *kn, const Context &ctx, const TensorView &q, const TensorView &k,
                    const TensorView &v, bool causal, double scale, const TensorView &o,
                    const TensorView *lse, const TensorView *segmentIds,
-                   const TensorView *keySegmentIds, bool keysOfTheirOwn) {
+                   const TensorView *keySegmentIds, bool keysOfTheirOwn,
+                   const TensorView *qkv = nullptr) {
   Dims dims = checkOperands(kn, q, k, v, keysOfTheirOwn);
   checkCausalLengths(kn, dims, causal);
   checkFloat(kn, "o", o);
   checkSameShape(kn, "o", o, "q", q);
-  checkDisjoint(kn, "o", o, {{"q", &q}, {"k", &k}, {"v", &v}});
+  if (qkv)
+    checkDisjoint(kn, "o", o, {{"qkv", qkv}});
+  else
+    checkDisjoint(kn, "o", o, {{"q", &q}, {"k", &k}, {"v", &v}});
   if (lse) {
     checkLse(kn, *lse, dims);
-    checkDisjoint(kn, "lse", *lse, {{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}});
+    if (qkv)
+      checkDisjoint(kn, "lse", *lse, {{"qkv", qkv}, {"o", &o}});
+    else
+      checkDisjoint(kn, "lse", *lse, {{"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}});
   }
   // With head_dim 0, o is empty but every row still has lse = log(keys): the generic kernel.
   if (o.numel() == 0 && (!lse || lse->numel() == 0))
     return;
 
   Args a = makeArgs(dims, causal, scale);
+  if (qkv)
+    a.qStride = a.kvStride = qkv->dim(2) * dims.d;
   a.q = q.data;
   a.k = k.data;
   a.v = v.data;
@@ -2933,13 +2961,15 @@ void attentionImpl(const char *kn, const Context &ctx, const TensorView &q, cons
   }
 }
 
-/// attentionGrad, and with `lse` flashAttentionGrad; k and v as in attentionImpl.
+/// attentionGrad, and with `lse` flashAttentionGrad; k and v as in attentionImpl. With `qkv`
+/// and `dqkv`, q, k, v and dq, dk, dv are views of their heads (packedViews).
 void attentionGradImpl(const char *kn, const Context &ctx, const TensorView &dout,
                        const TensorView &q, const TensorView &k, const TensorView &v,
                        const TensorView &o, const TensorView *lse, bool causal, double scale,
                        const TensorView &dq, const TensorView &dk, const TensorView &dv,
                        const TensorView *segmentIds, const TensorView *keySegmentIds,
-                       bool keysOfTheirOwn) {
+                       bool keysOfTheirOwn, const TensorView *qkv = nullptr,
+                       const TensorView *dqkv = nullptr) {
   Dims dims = checkOperands(kn, q, k, v, keysOfTheirOwn);
   checkCausalLengths(kn, dims, causal);
   checkFloat(kn, "dout", dout);
@@ -2952,27 +2982,39 @@ void attentionGradImpl(const char *kn, const Context &ctx, const TensorView &dou
   checkSameShape(kn, "dq", dq, "q", q);
   checkSameShape(kn, "dk", dk, "k", k);
   checkSameShape(kn, "dv", dv, "v", v);
-  std::initializer_list<std::pair<const char *, const TensorView *>> inputs = {
-      {"dout", &dout}, {"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}};
-  checkDisjoint(kn, "dq", dq, inputs);
-  checkDisjoint(kn, "dk", dk, inputs);
-  checkDisjoint(kn, "dv", dv, inputs);
-  checkDisjoint(kn, "dk", dk, {{"dq", &dq}, {"dv", &dv}});
-  checkDisjoint(kn, "dq", dq, {{"dv", &dv}});
-  if (lse) {
-    checkLse(kn, *lse, dims);
-    checkDisjoint(kn, "dq", dq, {{"lse", lse}});
-    checkDisjoint(kn, "dk", dk, {{"lse", lse}});
-    checkDisjoint(kn, "dv", dv, {{"lse", lse}});
+  if (dqkv) {
+    // dq, dk and dv are disjoint heads of dqkv.
+    checkDisjoint(kn, "dqkv", *dqkv, {{"dout", &dout}, {"qkv", qkv}, {"o", &o}});
+    if (lse)
+      checkDisjoint(kn, "dqkv", *dqkv, {{"lse", lse}});
+  } else {
+    std::initializer_list<std::pair<const char *, const TensorView *>> inputs = {
+        {"dout", &dout}, {"q", &q}, {"k", &k}, {"v", &v}, {"o", &o}};
+    checkDisjoint(kn, "dq", dq, inputs);
+    checkDisjoint(kn, "dk", dk, inputs);
+    checkDisjoint(kn, "dv", dv, inputs);
+    checkDisjoint(kn, "dk", dk, {{"dq", &dq}, {"dv", &dv}});
+    checkDisjoint(kn, "dq", dq, {{"dv", &dv}});
+    if (lse) {
+      checkDisjoint(kn, "dq", dq, {{"lse", lse}});
+      checkDisjoint(kn, "dk", dk, {{"lse", lse}});
+      checkDisjoint(kn, "dv", dv, {{"lse", lse}});
+    }
   }
+  if (lse)
+    checkLse(kn, *lse, dims);
   if (q.numel() == 0) {
-    // No query reads any key (heads or head_dim is 0 with keys left): the gradients are zeros.
-    checkCuda(kn, cudaMemsetAsync(dk.data, 0, dk.bytes(), ctx.stream), "cudaMemsetAsync");
-    checkCuda(kn, cudaMemsetAsync(dv.data, 0, dv.bytes(), ctx.stream), "cudaMemsetAsync");
+    // No query reads any key (heads or head_dim is 0 with keys left): the gradients are zeros
+    // (packed: dqkv holds only dk and dv then, or nothing).
+    for (const TensorView *t : dqkv ? std::initializer_list<const TensorView *>{dqkv}
+                                    : std::initializer_list<const TensorView *>{&dk, &dv})
+      checkCuda(kn, cudaMemsetAsync(t->data, 0, t->bytes(), ctx.stream), "cudaMemsetAsync");
     return;
   }
 
   Args a = makeArgs(dims, causal, scale);
+  if (qkv)
+    a.qStride = a.kvStride = qkv->dim(2) * dims.d;
   a.q = q.data;
   a.k = k.data;
   a.v = v.data;
@@ -3022,6 +3064,40 @@ void flashAttention(const Context &ctx, const TensorView &q, const TensorView &k
                 false);
 }
 
+namespace {
+
+/// q, k and v as views of the heads of a packed qkv [B, S, H + 2 KV, D] (H from o, `heads`):
+/// each view points at its first head and has the shape of a tensor of its own; the kernels
+/// read its positions qkv.dim(2) D elements apart (Args::qStride, kvStride).
+struct PackedViews {
+  TensorView q, k, v;
+};
+
+PackedViews packedViews(const char *kn, const char *name, const TensorView &qkv, int64_t heads) {
+  const int64_t kvHeads = detail::checkPackedQkv(kn, name, qkv, heads), d = qkv.dim(3);
+  auto view = [&](int64_t firstHead, int64_t count) {
+    TensorView t;
+    t.data =
+        qkv.data ? static_cast<char *>(qkv.data) + firstHead * d * dtypeSize(qkv.dtype) : nullptr;
+    t.dtype = qkv.dtype;
+    t.shape = {qkv.dim(0), qkv.dim(1), count, d};
+    return t;
+  };
+  return {view(0, heads), view(heads, kvHeads), view(heads + kvHeads, kvHeads)};
+}
+
+} // namespace
+
+void flashAttentionQkv(const Context &ctx, const TensorView &qkv, bool causal, double scale,
+                       const TensorView &o, const TensorView &lse, const TensorView *segmentIds) {
+  const char *kn = "flash_attention_qkv";
+  if (o.rank() != 4)
+    fail(kn, "o shape " + formatShape(o.shape) + " is not [batch, seq, heads, head_dim]");
+  PackedViews p = packedViews(kn, "qkv", qkv, o.dim(2));
+  attentionImpl(kn, ctx, p.q, p.k, p.v, causal, scale, o, &lse, segmentIds, segmentIds, false,
+                &qkv);
+}
+
 void attentionGrad(const Context &ctx, const TensorView &dout, const TensorView &q,
                    const TensorView &k, const TensorView &v, const TensorView &o, bool causal,
                    double scale, const TensorView &dq, const TensorView &dk, const TensorView &dv,
@@ -3037,6 +3113,20 @@ void flashAttentionGrad(const Context &ctx, const TensorView &dout, const Tensor
                         const TensorView *segmentIds) {
   attentionGradImpl("flash_attention_grad", ctx, dout, q, k, v, o, &lse, causal, scale, dq, dk,
                     dv, segmentIds, segmentIds, false);
+}
+
+void flashAttentionQkvGrad(const Context &ctx, const TensorView &dout, const TensorView &qkv,
+                           const TensorView &o, const TensorView &lse, bool causal, double scale,
+                           const TensorView &dqkv, const TensorView *segmentIds) {
+  const char *kn = "flash_attention_qkv_grad";
+  if (o.rank() != 4)
+    fail(kn, "o shape " + formatShape(o.shape) + " is not [batch, seq, heads, head_dim]");
+  PackedViews p = packedViews(kn, "qkv", qkv, o.dim(2));
+  checkFloat(kn, "dqkv", dqkv);
+  checkSameShape(kn, "dqkv", dqkv, "qkv", qkv);
+  PackedViews g = packedViews(kn, "dqkv", dqkv, o.dim(2));
+  attentionGradImpl(kn, ctx, dout, p.q, p.k, p.v, o, &lse, causal, scale, g.q, g.k, g.v, segmentIds,
+                    segmentIds, false, &qkv, &dqkv);
 }
 
 namespace detail {

@@ -266,6 +266,22 @@ void launch(kinds::FlashAttentionGrad, const KernelCall &c) {
                           c.out(Out::dv), c.optionalIn(In::segment_ids));
 }
 
+void launch(kinds::FlashAttentionQkv, const KernelCall &c) {
+  using In = kinds::FlashAttentionQkv::In;
+  using Out = kinds::FlashAttentionQkv::Out;
+  const auto &a = c.attrs<kinds::FlashAttentionQkv>();
+  cpu::flashAttentionQkv(c.in(In::qkv), a.causal, a.scale, c.out(Out::o), c.out(Out::lse),
+                         c.optionalIn(In::segment_ids));
+}
+
+void launch(kinds::FlashAttentionQkvGrad, const KernelCall &c) {
+  using In = kinds::FlashAttentionQkvGrad::In;
+  using Out = kinds::FlashAttentionQkvGrad::Out;
+  const auto &a = c.attrs<kinds::FlashAttentionQkvGrad>();
+  cpu::flashAttentionQkvGrad(c.in(In::do_), c.in(In::qkv), c.in(In::o), c.in(In::lse), a.causal,
+                             a.scale, c.out(Out::dqkv), c.optionalIn(In::segment_ids));
+}
+
 void launch(kinds::SiLUGrad, const KernelCall &c) {
   using In = kinds::SiLUGrad::In;
   using Out = kinds::SiLUGrad::Out;

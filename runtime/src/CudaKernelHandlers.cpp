@@ -286,6 +286,22 @@ void launch(kinds::FlashAttentionGrad, const CudaCall &c) {
                            c.out(Out::dv), c.optionalIn(In::segment_ids));
 }
 
+void launch(kinds::FlashAttentionQkv, const CudaCall &c) {
+  using In = kinds::FlashAttentionQkv::In;
+  using Out = kinds::FlashAttentionQkv::Out;
+  const auto &a = c.attrs<kinds::FlashAttentionQkv>();
+  cuda::flashAttentionQkv(c.ctx, c.in(In::qkv), a.causal, a.scale, c.out(Out::o), c.out(Out::lse),
+                          c.optionalIn(In::segment_ids));
+}
+
+void launch(kinds::FlashAttentionQkvGrad, const CudaCall &c) {
+  using In = kinds::FlashAttentionQkvGrad::In;
+  using Out = kinds::FlashAttentionQkvGrad::Out;
+  const auto &a = c.attrs<kinds::FlashAttentionQkvGrad>();
+  cuda::flashAttentionQkvGrad(c.ctx, c.in(In::do_), c.in(In::qkv), c.in(In::o), c.in(In::lse),
+                              a.causal, a.scale, c.out(Out::dqkv), c.optionalIn(In::segment_ids));
+}
+
 void launch(kinds::SiLUGrad, const CudaCall &c) {
   using In = kinds::SiLUGrad::In;
   using Out = kinds::SiLUGrad::Out;

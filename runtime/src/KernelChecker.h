@@ -394,6 +394,15 @@ private:
   void checkFp8StateIsPersistent();
   void checkAttentionShapes(size_t q, size_t k, size_t v) const;
   void checkLse(size_t lse, bool isOutput) const;
+  /// The log-sum-exp (output or input `i`) is f32 [batch, heads, seq] of `query` [batch, seq,
+  /// heads, head_dim].
+  void checkLseOf(size_t i, bool isOutput, const std::vector<int64_t> &query) const;
+  /// Input `qkv` packs the query heads of `output` ([batch, seq, heads, head_dim], named
+  /// `outputName`) and then two equal numbers of key/value heads that divide them, in one float
+  /// type with the output.
+  void checkPackedQkv(size_t qkv, const TensorInfo &output, const std::string &outputName) const;
+  /// flash_attention_qkv and its gradient take q, k and v apart from no ring (docs/fusion.md).
+  void checkNoRing();
   /// FP8 GEMM kinds (docs/fp8.md): an FP8 scaling state f32 [3, 4 + H], 1 <= H <= 1024.
   void checkFp8State(const TensorInfo &t, const std::string &name) const;
   /// The statistics of two casts: f32 [2, 4].

@@ -1029,6 +1029,63 @@ TEST(CpuGradKernelsTest, FlashAttentionRejectsAMalformedLogSumExp) {
   }, {"flash_attention_grad", "lse shape [2, 5, 4]"});
 }
 
+/// The values of [B, S, heads_i, D] tensors joined along the heads, position by position.
+Vec packHeads(const std::vector<Vec> &parts, const std::vector<int64_t> &heads, int64_t positions,
+              int64_t d) {
+  Vec packed;
+  for (int64_t p = 0; p < positions; ++p)
+    for (size_t i = 0; i < parts.size(); ++i)
+      packed.insert(packed.end(), parts[i].begin() + p * heads[i] * d,
+                    parts[i].begin() + (p + 1) * heads[i] * d);
+  return packed;
+}
+
+TEST(CpuGradKernelsTest, FlashAttentionQkvIsFlashAttentionOfTheThreeHeadRanges) {
+  // q (4 heads), k and v (2 each) packed per position in qkv [2, 5, 8, 3]: the packed kernels
+  // give flash_attention's o and lse and flash_attention_grad's gradients, bit for bit.
+  for (bool causal : {true, false}) {
+    std::mt19937 rng(2615 + (causal ? 1 : 0));
+    const int64_t batch = 2, seq = 5, heads = 4, kvHeads = 2, d = 3, positions = batch * seq;
+    AttentionCase c = makeAttention(rng, {batch, seq, heads, d}, kvHeads, causal, 0.61);
+    const Shape lseShape = {batch, heads, seq}, qkvShape = {batch, seq, heads + 2 * kvHeads, d};
+    Buf qkv(DType::F32, qkvShape);
+    qkv.set(packHeads({c.q.get(), c.k.get(), c.v.get()}, {heads, kvHeads, kvHeads}, positions, d));
+
+    Buf o = poisoned(DType::F32, c.qShape), lse = poisoned(DType::F32, lseShape);
+    Buf po = poisoned(DType::F32, c.qShape), plse = poisoned(DType::F32, lseShape);
+    cpu::flashAttention(c.q.view(), c.k.view(), c.v.view(), causal, c.scale, o.view(), lse.view());
+    cpu::flashAttentionQkv(qkv.view(), causal, c.scale, po.view(), plse.view());
+    expectBitExact(po, o, "o");
+    expectBitExact(plse, lse, "lse");
+
+    Buf dq = poisoned(DType::F32, c.qShape), dk = poisoned(DType::F32, c.kShape);
+    Buf dv = poisoned(DType::F32, c.kShape), dqkv = poisoned(DType::F32, qkvShape);
+    cpu::flashAttentionGrad(c.dout.view(), c.q.view(), c.k.view(), c.v.view(), c.o.view(),
+                            lse.view(), causal, c.scale, dq.view(), dk.view(), dv.view());
+    cpu::flashAttentionQkvGrad(c.dout.view(), qkv.view(), c.o.view(), lse.view(), causal, c.scale,
+                               dqkv.view());
+    Buf expected(DType::F32, qkvShape);
+    expected.set(
+        packHeads({dq.get(), dk.get(), dv.get()}, {heads, kvHeads, kvHeads}, positions, d));
+    expectBitExact(dqkv, expected, causal ? "dqkv (causal)" : "dqkv");
+  }
+}
+
+TEST(CpuGradKernelsTest, FlashAttentionQkvRejectsAWidthThatDoesNotPackTheHeads) {
+  // 4 query heads: the packed width must be 4 + 2 KV with KV dividing 4.
+  Buf qkv(DType::F32, {1, 2, 7, 3}), o(DType::F32, {1, 2, 4, 3}), lse(DType::F32, {1, 4, 2});
+  Buf bad(DType::F32, {1, 2, 8, 2});
+  expectError([&] { cpu::flashAttentionQkv(qkv.view(), true, 0.5, o.view(), lse.view()); },
+              {"flash_attention_qkv", "qkv shape [1, 2, 7, 3] does not hold 4 query heads"});
+  Buf qkv8(DType::F32, {1, 2, 8, 3});
+  expectError(
+      [&] {
+        cpu::flashAttentionQkvGrad(o.view(), qkv8.view(), o.view(), lse.view(), true, 0.5,
+                                   bad.view());
+      },
+      {"flash_attention_qkv_grad", "dqkv"});
+}
+
 TEST(CpuGradKernelsTest, AttentionGradSaturatedSoftmaxStaysFinite) {
   // Scores in the thousands (exp overflows fp64 without the max subtracted) with query i's own
   // key ahead of every other by at least 1500: the softmax is exactly one-hot on j = i, so

@@ -653,6 +653,114 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionReducingDqTest,
                                             ::testing::Values(1, 4), ::testing::Bool()),
                          attentionParamName);
 
+// flashAttentionQkv and flashAttentionQkvGrad: q, k and v read out of one packed tensor and
+// their gradients written into one. The kernels are those of flashAttention and
+// flashAttentionGrad with other row strides, so every output equals theirs bit for bit, on
+// every path (the warpgroup, mma.sync and generic kernels; the reducing dq pass with
+// Context::deterministic off).
+
+namespace {
+
+/// Joins the heads of `parts` ([B, S, heads_i, D] bytes of one dtype) position by position into
+/// [B, S, sum heads_i, D].
+std::vector<uint8_t> packHeads(const std::vector<const std::vector<uint8_t> *> &parts,
+                               const std::vector<int64_t> &heads, int64_t positions, size_t unit) {
+  int64_t width = 0;
+  for (int64_t h : heads)
+    width += h;
+  std::vector<uint8_t> packed(size_t(positions * width) * unit);
+  int64_t first = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const size_t bytes = size_t(heads[i]) * unit;
+    for (int64_t pos = 0; pos < positions; ++pos)
+      std::memcpy(&packed[(size_t(pos * width + first)) * unit], &(*parts[i])[size_t(pos) * bytes],
+                  bytes);
+    first += heads[i];
+  }
+  return packed;
+}
+
+} // namespace
+
+using PackedParam = std::tuple<DType, int, int, int, bool, bool>;
+
+std::string packedParamName(const ::testing::TestParamInfo<PackedParam> &info) {
+  const auto &[dtype, d, seq, ratio, causal, deterministic] = info.param;
+  return std::string(dtypeName(dtype)) + "_D" + std::to_string(d) + "_S" + std::to_string(seq) +
+         "_G" + std::to_string(ratio) + (causal ? "_causal" : "_full") +
+         (deterministic ? "" : "_nd");
+}
+
+class CudaAttentionPackedTest : public ::testing::TestWithParam<PackedParam> {};
+
+TEST_P(CudaAttentionPackedTest, EqualsSeparateTensorsBitForBit) {
+  BONSAI_SKIP_WITHOUT_GPU();
+  auto [dtype, d, seq, ratio, causal, deterministic] = GetParam();
+  const int64_t batch = 2, heads = 8, kvHeads = heads / ratio, positions = batch * seq;
+  Problem p = makeProblem(dtype, batch, seq, heads, kvHeads, d, causal,
+                          uint32_t(d * 613 + seq * 7 + ratio * 3 + (causal ? 1 : 0)));
+  FlashReference ref = flashReference(p);
+  FlashRun apart;
+  runFlashOnDevice(p, ref, apart, deterministic);
+  if (HasFatalFailure())
+    return;
+
+  const size_t unit = size_t(d) * dtypeSize(dtype);
+  const Shape qkvShape{batch, seq, heads + 2 * kvHeads, d};
+  HostTensor qkvHost(dtype, qkvShape), lseHost(DType::F32, ref.lseShape);
+  qkvHost.bytes =
+      packHeads({&p.q.bytes, &p.k.bytes, &p.v.bytes}, {heads, kvHeads, kvHeads}, positions, unit);
+  lseHost.set(ref.lse);
+  DeviceTensor qkv(dtype, qkvShape), dout(dtype, p.qShape), oIn(dtype, p.qShape),
+      lseIn(DType::F32, ref.lseShape), oOut(dtype, p.qShape), lseOut(DType::F32, ref.lseShape),
+      dqkv(dtype, qkvShape);
+  for (DeviceTensor *t : {&qkv, &dout, &oIn, &lseIn, &oOut, &lseOut, &dqkv})
+    ASSERT_TRUE(t->ok()) << "cudaMalloc";
+  ASSERT_TRUE(qkv.upload(qkvHost) && dout.upload(p.dout) && oIn.upload(p.o) &&
+              lseIn.upload(lseHost));
+  ASSERT_TRUE(oOut.poison() && lseOut.poison() && dqkv.poison());
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaStreamCreate(&stream));
+  cuda::Context ctx;
+  ctx.stream = stream;
+  ctx.deterministic = deterministic;
+  cuda::flashAttentionQkv(ctx, qkv.view(), p.causal, p.scale, oOut.view(), lseOut.view());
+  cuda::flashAttentionQkvGrad(ctx, dout.view(), qkv.view(), oIn.view(), lseIn.view(), p.causal,
+                              p.scale, dqkv.view());
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaStreamDestroy(stream));
+
+  EXPECT_TRUE(oOut.downloadBytes() == apart.o) << "o differs from flashAttention's";
+  EXPECT_TRUE(lseOut.downloadBytes() == apart.lse) << "lse differs from flashAttention's";
+  EXPECT_TRUE(dqkv.downloadBytes() == packHeads({&apart.dq, &apart.dk, &apart.dv},
+                                                {heads, kvHeads, kvHeads}, positions, unit))
+      << "dqkv differs from flashAttentionGrad's dq, dk and dv";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionPackedTest,
+                         ::testing::Combine(::testing::Values(DType::BF16, DType::F32),
+                                            ::testing::Values(64, 128, 40),
+                                            ::testing::Values(17, 257), ::testing::Values(1, 4),
+                                            ::testing::Bool(), ::testing::Bool()),
+                         packedParamName);
+
+TEST(CudaAttentionPacked, RejectsQkvThatDoesNotPackTheHeads) {
+  BONSAI_SKIP_WITHOUT_GPU();
+  // o has 4 heads: 4 + 2 KV must be the packed width with KV dividing 4.
+  DeviceTensor qkv(DType::BF16, {1, 8, 7, 64}), o(DType::BF16, {1, 8, 4, 64}),
+      lse(DType::F32, {1, 4, 8});
+  ASSERT_TRUE(qkv.ok() && o.ok() && lse.ok());
+  cuda::Context ctx;
+  try {
+    cuda::flashAttentionQkv(ctx, qkv.view(), true, 0.125, o.view(), lse.view());
+    ADD_FAILURE() << "no error for a packed width of 7 against 4 query heads";
+  } catch (const Error &e) {
+    EXPECT_NE(std::string(e.what()).find("does not hold 4 query heads"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(CudaAttentionLse, RunsAreBitIdentical) {
   BONSAI_SKIP_WITHOUT_GPU();
   for (DType dtype : {DType::BF16, DType::F32}) {

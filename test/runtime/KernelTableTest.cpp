@@ -489,6 +489,17 @@ void sample(kinds::FlashAttentionGrad, Sample &s) {
            attentionAttrs(true, 0.5));
 }
 
+// q (2 heads), k and v (1 head each) packed in [1, 3, 4, 4].
+const std::vector<int64_t> Qkv = {1, 3, 4, 4};
+void sample(kinds::FlashAttentionQkv, Sample &s) {
+  s.kernel(KernelKind::FlashAttentionQkv, {s.act(Qkv)}, {s.act(Q), s.act({1, 2, 3})},
+           fb::KernelAttrs::AttentionAttrs, attentionAttrs(true, 0.5));
+}
+void sample(kinds::FlashAttentionQkvGrad, Sample &s) {
+  s.kernel(KernelKind::FlashAttentionQkvGrad, {s.act(Q), s.act(Qkv), s.act(Q), s.act({1, 2, 3})},
+           {s.act(Qkv)}, fb::KernelAttrs::AttentionAttrs, attentionAttrs(true, 0.5));
+}
+
 /// The sample of every kind, in table order.
 using SampleBuilder = void (*)(Sample &);
 const SampleBuilder kSamples[] = {

@@ -1472,14 +1472,93 @@ TEST(PlanFlashAttentionTest, OperandsFollowAttention) {
 TEST(PlanFlashAttentionTest, KindsBetweenTheRangesAreUnknown) {
   PlanSpec spec = test::smallPlanSpec();
   // Reserved for the flash-attention family, not yet a kind.
-  spec.kernels[2].kind = KernelKind(102);
-  expectError(spec, {"kernel 2 'k2' has an unknown kind 102"});
+  spec.kernels[2].kind = KernelKind(104);
+  expectError(spec, {"kernel 2 'k2' has an unknown kind 104"});
   // One past the table's last kind (a kind added there moves it).
   uint32_t past = 0;
   for (const KernelKindInfo &info : kernelKinds())
     past = std::max(past, uint32_t(info.kind) + 1);
   spec.kernels[2].kind = KernelKind(past);
   expectError(spec, {"kernel 2 'k2' has an unknown kind " + std::to_string(past)});
+}
+
+/// The small plan plus a packed flash attention forward and its gradient: q (4 heads), k and v
+/// (2 each) of [2, 4, *, 2] in one bf16 qkv [2, 4, 8, 2].
+struct PackedAttentionPlan {
+  PlanSpec spec;
+  uint32_t qkv, o, lse, dout, dqkv;
+  size_t forward, grad; ///< kernel indices
+};
+
+PackedAttentionPlan packedAttentionPlan() {
+  PackedAttentionPlan f;
+  f.spec = test::smallPlanSpec();
+  PlanSpec &p = f.spec;
+  auto act = [&](const char *name, std::vector<int64_t> shape, DType t = DType::BF16) {
+    return p.add(name, t, std::move(shape), TensorRole::Activation, 1);
+  };
+  f.qkv = act("qkv", {2, 4, 8, 2});
+  f.o = act("o", {2, 4, 4, 2});
+  f.lse = act("lse", {2, 4, 4}, DType::F32);
+  f.dout = act("do", {2, 4, 4, 2});
+  f.dqkv = act("dqkv", {2, 4, 8, 2});
+  f.forward = p.kernels.size();
+  p.kernel(KernelKind::FlashAttentionQkv, {f.qkv}, {f.o, f.lse}, fb::KernelAttrs::AttentionAttrs,
+           test::attentionAttrs(true, 0.5));
+  f.grad = p.kernels.size();
+  p.kernel(KernelKind::FlashAttentionQkvGrad, {f.dout, f.qkv, f.o, f.lse}, {f.dqkv},
+           fb::KernelAttrs::AttentionAttrs, test::attentionAttrs(true, 0.5));
+  return f;
+}
+
+TEST(PlanFlashAttentionTest, PackedQkvLoads) {
+  PackedAttentionPlan f = packedAttentionPlan();
+  LoadedPlan plan = load(buildPlan(f.spec));
+  EXPECT_EQ(plan.kernels[f.forward].kind, KernelKind::FlashAttentionQkv);
+  EXPECT_STREQ(kernelKindName(plan.kernels[f.grad].kind), "FlashAttentionQkvGrad");
+  EXPECT_EQ(plan.kernels[f.grad].inputs.size(), 4u);
+}
+
+TEST(PlanFlashAttentionTest, PackedQkvHoldsTheOutputsHeads) {
+  PackedAttentionPlan f = packedAttentionPlan();
+  f.spec.tensors[f.qkv].shape = {2, 4, 7, 2}; // 4 query heads and 3 more: no k/v pair
+  f.spec.tensors[f.qkv].bytes = -1;
+  expectError(f.spec, {"(FlashAttentionQkv)", "qkv (tensor",
+                       "[2, 4, 7, 2] does not hold the 4 "
+                       "query heads of o",
+                       "two equal numbers of key/value heads"});
+  f = packedAttentionPlan();
+  f.spec.tensors[f.qkv].shape = {2, 4, 10, 2}; // k and v of 3 heads do not divide 4
+  f.spec.tensors[f.qkv].bytes = -1;
+  expectError(f.spec, {"(FlashAttentionQkv)", "does not hold the 4 query heads"});
+  f = packedAttentionPlan();
+  f.spec.tensors[f.o].shape = {2, 4, 4, 3};
+  f.spec.tensors[f.o].bytes = -1;
+  expectError(f.spec, {"(FlashAttentionQkv)", "o (tensor", "[2, 4, 4, 3] does not match qkv",
+                       "in batch, sequence or head_dim"});
+  f = packedAttentionPlan();
+  f.spec.tensors[f.lse].shape = {2, 4, 8};
+  f.spec.tensors[f.lse].bytes = -1;
+  expectError(f.spec, {"(FlashAttentionQkv)", "expected an f32 [2, 4, 4] log-sum-exp"});
+  f = packedAttentionPlan();
+  f.spec.tensors[f.dqkv].shape = {2, 4, 4, 2};
+  f.spec.tensors[f.dqkv].bytes = -1;
+  expectError(f.spec, {"(FlashAttentionQkvGrad)", "dqkv (tensor", "shape: expected [2, 4, 8, 2]"});
+  f = packedAttentionPlan();
+  f.spec.tensors[f.dout].shape = {2, 4, 8, 2};
+  f.spec.tensors[f.dout].bytes = -1;
+  expectError(f.spec, {"(FlashAttentionQkvGrad)", "do (tensor", "shape: expected [2, 4, 4, 2]"});
+}
+
+TEST(PlanFlashAttentionTest, PackedQkvIsNotForRings) {
+  PackedAttentionPlan f = packedAttentionPlan();
+  f.spec.ranks = f.spec.ringRanks = 2; // a ring plan: its attention may split the sequence
+  f.spec.kernels[f.forward].attrs = test::attentionAttrs(true, 0.5, 2);
+  expectError(f.spec, {"(FlashAttentionQkv)", "ring_ranks 2: ring attention takes q, k and v "
+                                              "apart"});
+  f = packedAttentionPlan();
+  f.spec.kernels[f.grad].attrs = test::attentionAttrs(true, -1.0);
+  expectError(f.spec, {"(FlashAttentionQkvGrad)", "scale must be positive and finite, got -1"});
 }
 
 /// The FP8 training plan with its tensors and kernels.

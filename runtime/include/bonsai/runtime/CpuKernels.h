@@ -71,6 +71,11 @@ void attention(const TensorView &q, const TensorView &k, const TensorView &v, bo
 void flashAttention(const TensorView &q, const TensorView &k, const TensorView &v, bool causal,
                     double scale, const TensorView &o, const TensorView &lse,
                     const TensorView *segmentIds = nullptr);
+/// flashAttention of q, k and v packed in qkv [B, S, H + 2 KV, D] (H = o.dim(2)): heads 0..H-1
+/// are q, the next KV are k, the last KV are v (a fused projection's output, read in place by
+/// the CUDA kernels). The same values as flashAttention of the three apart.
+void flashAttentionQkv(const TensorView &qkv, bool causal, double scale, const TensorView &o,
+                       const TensorView &lse, const TensorView *segmentIds = nullptr);
 
 /// The shape of one block step of ring attention (docs/ring-attention.md): `queries` local
 /// query rows against `keys` rows of one rank's key/value block, fp32 [batch, rows, heads or
@@ -186,6 +191,10 @@ void flashAttentionGrad(const TensorView &dout, const TensorView &q, const Tenso
                         const TensorView &v, const TensorView &o, const TensorView &lse,
                         bool causal, double scale, const TensorView &dq, const TensorView &dk,
                         const TensorView &dv, const TensorView *segmentIds = nullptr);
+/// flashAttentionGrad of flashAttentionQkv: dq, dk and dv as the heads of dqkv (qkv's shape).
+void flashAttentionQkvGrad(const TensorView &dout, const TensorView &qkv, const TensorView &o,
+                           const TensorView &lse, bool causal, double scale, const TensorView &dqkv,
+                           const TensorView *segmentIds = nullptr);
 
 void siluGrad(const TensorView &dy, const TensorView &x, const TensorView &dx);
 void geluGrad(const TensorView &dy, const TensorView &x, bool tanh, const TensorView &dx);

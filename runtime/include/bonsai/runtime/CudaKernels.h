@@ -176,6 +176,12 @@ void attention(const Context &ctx, const TensorView &q, const TensorView &k,
 void flashAttention(const Context &ctx, const TensorView &q, const TensorView &k,
                     const TensorView &v, bool causal, double scale, const TensorView &o,
                     const TensorView &lse, const TensorView *segmentIds = nullptr);
+/// flashAttention of q, k and v packed in qkv [B, S, H + 2 KV, D] (H = o.dim(2); heads 0..H-1
+/// are q, then KV of k, then KV of v), read in place: the kernels read each operand's positions
+/// (H + 2 KV) D elements apart. As cpu::flashAttentionQkv.
+void flashAttentionQkv(const Context &ctx, const TensorView &qkv, bool causal, double scale,
+                       const TensorView &o, const TensorView &lse,
+                       const TensorView *segmentIds = nullptr);
 void silu(const Context &ctx, const TensorView &x, const TensorView &y);
 void gelu(const Context &ctx, const TensorView &x, bool tanh, const TensorView &y);
 void swiglu(const Context &ctx, const TensorView &gate, const TensorView &up,
@@ -236,6 +242,11 @@ void flashAttentionGrad(const Context &ctx, const TensorView &dout, const Tensor
                         const TensorView &lse, bool causal, double scale, const TensorView &dq,
                         const TensorView &dk, const TensorView &dv,
                         const TensorView *segmentIds = nullptr);
+/// flashAttentionGrad of flashAttentionQkv: dq, dk and dv written in place into dqkv (qkv's
+/// shape and layout).
+void flashAttentionQkvGrad(const Context &ctx, const TensorView &dout, const TensorView &qkv,
+                           const TensorView &o, const TensorView &lse, bool causal, double scale,
+                           const TensorView &dqkv, const TensorView *segmentIds = nullptr);
 
 // Ring attention's block steps (docs/ring-attention.md), the CUDA side of
 // cpu::ringAttentionBlock: this rank's zigzag share of queries against one rank's key/value
