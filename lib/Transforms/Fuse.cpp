@@ -24,11 +24,12 @@ ArrayRef<FusionFamily> getFusionFamilies() {
   // recomputed norm stays a norm while the forward one joins its residual add); `dora-weight`
   // follows it, since it needs the pre-scale sum that `dora` leaves unread. The LM
   // head's chunked loss and the flash attention pair replace the most work, so they come
-  // before the GEMM epilogues (which would otherwise take the head's weight-gradient GEMM); the
-  // FP8 backward pairs come after the accumulation they include (and before the sharing of
-  // their input casts, which takes fused backwards, and the forward's keeping of the cast,
-  // which takes shared ones), and the generated kernels
-  // take whatever elementwise ops remain at the end.
+  // before the GEMM epilogues (which would otherwise take the head's weight-gradient GEMM);
+  // `packed-qkv` follows `flash-attention`, whose ops it packs, and `slice-gradients`, whose
+  // concat of q, k and v's gradients it replaces; the FP8 backward pairs come after the
+  // accumulation they include (and before the sharing of their input casts, which takes fused
+  // backwards, and the forward's keeping of the cast, which takes shared ones), and the
+  // generated kernels take whatever elementwise ops remain at the end.
   static const std::vector<FusionFamily> families = {
       {"dora",
        "a DoRA output's gradients from the rescaled output: no pre-scale output kept, one pass",
@@ -46,6 +47,10 @@ ArrayRef<FusionFamily> getFusionFamilies() {
       {"slice-gradients",
        "the sum of adjacent slices' gradients (GPT-2's q, k, v) as one concat of the pieces",
        populateSliceGradientsFusionPatterns},
+      {"packed-qkv",
+       "flash attention of slices of one projection (GPT-2's q, k, v) reading them in place, "
+       "and its gradients written into one tensor instead of concatenated",
+       populatePackedQkvFusionPatterns},
       {"gemm-epilogue",
        "accumulation and GELU in the epilogues of the GEMMs that produce their inputs",
        populateGemmEpilogueFusionPatterns, nullptr},

@@ -61,6 +61,10 @@ void populateResidualNormFusionPatterns(RewritePatternSet &patterns,
 /// of one tensor (GPT-2's q, k and v) as one concat, not zero tensors of the whole shape added.
 void populateSliceGradientsFusionPatterns(RewritePatternSet &patterns,
                                           const FusionOptions &options);
+/// `packed-qkv` (Fusion/PackedQkv.cpp): flash attention whose q, k and v are slices of one
+/// tensor (GPT-2's c_attn) reads them out of it (flash_attention_qkv), and its gradient writes
+/// dq, dk and dv into one tensor of its shape (flash_attention_qkv_grad) instead of the concat.
+void populatePackedQkvFusionPatterns(RewritePatternSet &patterns, const FusionOptions &options);
 /// Family `dora` (Fusion/Dora.cpp): a DoRA output's backward muls, reduce_to and magnitude
 /// dora_scale -> one dora_grad reading the rescaled output instead of the pre-scale one.
 LogicalResult fuseDoraGradients(FunctionOpInterface function, const FusionOptions &options);

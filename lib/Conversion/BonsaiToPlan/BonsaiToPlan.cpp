@@ -50,7 +50,9 @@ std::string getInputName(BlockArgument arg) {
       return "positions";
     if ((isa<AttentionOp, FlashAttentionOp>(user) && use.getOperandNumber() == 3) ||
         (isa<AttentionGradOp>(user) && use.getOperandNumber() == 5) ||
-        (isa<FlashAttentionGradOp>(user) && use.getOperandNumber() == 6))
+        (isa<FlashAttentionGradOp>(user) && use.getOperandNumber() == 6) ||
+        (isa<FlashAttentionQkvOp>(user) && use.getOperandNumber() == 1) ||
+        (isa<FlashAttentionQkvGradOp>(user) && use.getOperandNumber() == 4))
       return "segment_ids";
   }
   return "input" + std::to_string(arg.getArgNumber());

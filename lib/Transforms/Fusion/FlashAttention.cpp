@@ -30,13 +30,6 @@
 namespace mlir::bonsai {
 namespace {
 
-/// Copies the discardable bonsai.* annotations (phase, recomputed) of `from` onto `to`.
-void copyAnnotations(Operation *from, Operation *to) {
-  for (NamedAttribute attr : from->getDiscardableAttrs())
-    if (attr.getName().getValue().starts_with("bonsai."))
-      to->setAttr(attr.getName(), attr.getValue());
-}
-
 /// How deep sameValue follows a chain of clones (remat clones a few ops in front of attention).
 constexpr unsigned kMaxCloneDepth = 16;
 
@@ -101,7 +94,7 @@ struct FuseFlashAttention : OpRewritePattern<AttentionOp> {
         rewriter, attention.getLoc(), attention.getResult().getType(), lseType,
         attention.getQuery(), attention.getKey(), attention.getValue(), attention.getSegmentIds(),
         attention.getCausalAttr(), attention.getScaleAttr(), attention.getRingRanksAttr());
-    copyAnnotations(attention, flash);
+    fusion::copyAnnotations(attention, flash);
 
     for (AttentionGradOp grad : grads) {
       rewriter.setInsertionPoint(grad);
@@ -110,7 +103,7 @@ struct FuseFlashAttention : OpRewritePattern<AttentionOp> {
           grad.getValueGrad().getType(), grad.getResultGrad(), grad.getQuery(), grad.getKey(),
           grad.getValue(), flash.getOutput(), flash.getLse(), grad.getSegmentIds(),
           grad.getCausalAttr(), grad.getScaleAttr(), grad.getRingRanksAttr());
-      copyAnnotations(grad, flashGrad);
+      fusion::copyAnnotations(grad, flashGrad);
       rewriter.replaceOp(grad, flashGrad->getResults());
       options.fused(flashGrad, "attention_grad -> flash_attention_grad");
     }

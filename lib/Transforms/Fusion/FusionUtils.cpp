@@ -50,6 +50,12 @@ bool isSameValue(Value original, Value candidate) {
   return isSameValue(original, candidate, equal);
 }
 
+void copyAnnotations(Operation *from, Operation *to) {
+  for (NamedAttribute attr : from->getDiscardableAttrs())
+    if (attr.getName().getValue().starts_with("bonsai."))
+      to->setAttr(attr.getName(), attr.getValue());
+}
+
 int64_t elementsOf(Value value) { return cast<RankedTensorType>(value.getType()).getNumElements(); }
 
 StringRef getPhase(Operation *op) {

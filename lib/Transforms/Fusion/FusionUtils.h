@@ -29,6 +29,9 @@ SmallVector<NamedAttribute> getInherentAttrs(Operation *op);
 /// attributes) whose operands compute the same values as the original's.
 bool isSameValue(Value original, Value candidate);
 
+/// Copies the discardable bonsai.* annotations (phase, recomputed) of `from` onto `to`.
+void copyAnnotations(Operation *from, Operation *to);
+
 /// The element count of a value of ranked tensor type.
 int64_t elementsOf(Value value);
 

@@ -30,13 +30,6 @@ namespace {
 
 using namespace fusion;
 
-/// Copies the discardable bonsai.* annotations (phase, recomputed) of `from` onto `to`.
-void copyAnnotations(Operation *from, Operation *to) {
-  for (NamedAttribute attr : from->getDiscardableAttrs())
-    if (attr.getName().getValue().starts_with("bonsai."))
-      to->setAttr(attr.getName(), attr.getValue());
-}
-
 /// add + norm -> the norm's fused residual variant.
 struct FuseAddNorm : OpInterfaceRewritePattern<NormalizationOpInterface> {
   FuseAddNorm(MLIRContext *context, const FusionOptions &options)

@@ -1,8 +1,10 @@
 //===- BonsaiFlashAttentionOps.cpp - attention that keeps its log-sum-exp -===//
 //
 // Verifiers and costs of bonsai.flash_attention and bonsai.flash_attention_grad, the ops of
-// the `flash-attention` fusion family. The operand rules are those of bonsai.attention and
-// bonsai.attention_grad; the log-sum-exp is f32 [batch, heads, seq].
+// the `flash-attention` fusion family, and of their packed forms bonsai.flash_attention_qkv
+// and bonsai.flash_attention_qkv_grad (the `packed-qkv` family). The operand rules are those of
+// bonsai.attention and bonsai.attention_grad, q, k and v being head ranges of one tensor in the
+// packed forms; the log-sum-exp is f32 [batch, heads, seq].
 //
 //===----------------------------------------------------------------------===//
 
@@ -113,6 +115,78 @@ OpCost FlashAttentionGradOp::getForwardCost() {
   int64_t pairs = scoredPairs(getQuery(), getCausal(), getRingRanks());
   // Scores recomputed (Q·Kᵀ) and normalised by the saved lse, then dV = Pᵀ·dO, dP = dO·Vᵀ,
   // dQ = dS·K, dK = dSᵀ·Q; no pass for the softmax statistics.
+  OpCost cost = streamingBytes(*this);
+  cost.matmulFlops = cost.attentionFlops = 10 * batchHeads * q.getDimSize(3) * pairs;
+  cost.vectorFlops = 7 * batchHeads * pairs;
+  return cost;
+}
+
+//===----------------------------------------------------------------------===//
+// FlashAttentionQkvOp and FlashAttentionQkvGradOp
+//===----------------------------------------------------------------------===//
+
+/// Checks qkv [B, S, H + 2 KV, D] against the attention output [B, S, H, D] (H is the
+/// output's): the heads that are not q split evenly into k and v, KV divides H, one element
+/// type, and a positive scale.
+static LogicalResult verifyPackedOperands(Operation *op, Value qkv, Value output, double scale) {
+  RankedTensorType packed = tensorType(qkv), o = tensorType(output);
+  if (failed(expectRank(op, "qkv", packed, 4)) || failed(expectRank(op, "output", o, 4)))
+    return failure();
+  if (o.getDimSize(0) != packed.getDimSize(0) || o.getDimSize(1) != packed.getDimSize(1) ||
+      o.getDimSize(3) != packed.getDimSize(3))
+    return op->emitOpError() << "output shape " << fmt(o.getShape()) << " does not match qkv shape "
+                             << fmt(packed.getShape()) << " in batch, sequence or head_dim";
+  const int64_t heads = o.getDimSize(2), others = packed.getDimSize(2) - heads;
+  if (heads <= 0)
+    return op->emitOpError() << "output has no heads: " << fmt(o.getShape());
+  if (others <= 0 || others % 2 != 0)
+    return op->emitOpError() << "qkv has " << packed.getDimSize(2) << " heads for " << heads
+                             << " query heads (the output's): the other " << others
+                             << " must be key and value heads, as many of each (a positive "
+                                "even count)";
+  if (heads % (others / 2) != 0)
+    return op->emitOpError() << "query heads (" << heads
+                             << ") must be a multiple of key/value heads (" << others / 2
+                             << ") for grouped-query attention";
+  if (failed(expectElementType(op, "output", o.getElementType(), packed.getElementType())))
+    return failure();
+  if (!(scale > 0))
+    return op->emitOpError() << "scale must be positive, got " << scale;
+  return success();
+}
+
+LogicalResult FlashAttentionQkvOp::verify() {
+  if (failed(verifyPackedOperands(*this, getQkv(), getOutput(), getScale().convertToDouble())) ||
+      failed(verifyTokenOperand(*this, "segment_ids", getSegmentIds(), getQkv())))
+    return failure();
+  return verifyLse(*this, getLse(), getOutput());
+}
+
+OpCost FlashAttentionQkvOp::getForwardCost() {
+  // FlashAttentionOp's: the same scores over the same q, k and v, which qkv holds.
+  RankedTensorType q = tensorType(getOutput());
+  int64_t batchHeads = q.getDimSize(0) * q.getDimSize(2);
+  OpCost cost = streamingBytes(*this);
+  int64_t pairs = scoredPairs(getOutput(), getCausal(), std::nullopt);
+  cost.matmulFlops = cost.attentionFlops = 4 * batchHeads * q.getDimSize(3) * pairs;
+  cost.vectorFlops = 5 * batchHeads * pairs;
+  return cost;
+}
+
+LogicalResult FlashAttentionQkvGradOp::verify() {
+  if (failed(verifyPackedOperands(*this, getQkv(), getOutput(), getScale().convertToDouble())) ||
+      failed(expectType(*this, "result_grad", getResultGrad(), getOutput().getType())) ||
+      failed(expectType(*this, "qkv_grad", getQkvGrad(), getQkv().getType())) ||
+      failed(verifyTokenOperand(*this, "segment_ids", getSegmentIds(), getQkv())))
+    return failure();
+  return verifyLse(*this, getLse(), getOutput());
+}
+
+OpCost FlashAttentionQkvGradOp::getForwardCost() {
+  // FlashAttentionGradOp's: dq, dk and dv written into one tensor instead of three.
+  RankedTensorType q = tensorType(getOutput());
+  int64_t batchHeads = q.getDimSize(0) * q.getDimSize(2);
+  int64_t pairs = scoredPairs(getOutput(), getCausal(), std::nullopt);
   OpCost cost = streamingBytes(*this);
   cost.matmulFlops = cost.attentionFlops = 10 * batchHeads * q.getDimSize(3) * pairs;
   cost.vectorFlops = 7 * batchHeads * pairs;

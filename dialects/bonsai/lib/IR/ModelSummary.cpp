@@ -48,14 +48,17 @@ ModelSummary::ModelSummary(Operation *function) : function(function) {
         {param, param.getName(), type, param.getTrainable(), param->hasAttr("bonsai.init")});
   });
   function->walk([&](Operation *op) {
-    // The attention's sequence, also once bonsai-fuse has made it flash attention; a ring's
-    // rank holds 1/ring_ranks of it (bonsai-ring), and recipes speak of the whole.
+    // The attention's sequence, also once bonsai-fuse has made it flash attention (of q, k
+    // and v apart or packed in one tensor, whose dim 1 is the sequence too); a ring's rank
+    // holds 1/ring_ranks of it (bonsai-ring), and recipes speak of the whole.
     Value query;
     std::optional<int64_t> ring;
     if (auto attention = dyn_cast<AttentionOp>(op))
       query = attention.getQuery(), ring = attention.getRingRanks();
     else if (auto flash = dyn_cast<FlashAttentionOp>(op))
       query = flash.getQuery(), ring = flash.getRingRanks();
+    else if (auto packed = dyn_cast<FlashAttentionQkvOp>(op))
+      query = packed.getQkv();
     if (query) {
       sequenceLength =
           cast<RankedTensorType>(query.getType()).getDimSize(1) * ring.value_or(int64_t(1));
