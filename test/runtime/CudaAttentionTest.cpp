@@ -655,9 +655,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionReducingDqTest,
 
 // flashAttentionQkv and flashAttentionQkvGrad: q, k and v read out of one packed tensor and
 // their gradients written into one. The kernels are those of flashAttention and
-// flashAttentionGrad with other row strides, so every output equals theirs bit for bit, on
-// every path (the warpgroup, mma.sync and generic kernels; the reducing dq pass with
-// Context::deterministic off).
+// flashAttentionGrad with other row strides, so every output equals theirs bit for bit on every
+// path (the warpgroup, mma.sync and generic kernels), but dq with Context::deterministic off,
+// whose reducing pass sums in an order that differs from run to run (held to the CPU then).
 
 namespace {
 
@@ -678,6 +678,26 @@ std::vector<uint8_t> packHeads(const std::vector<const std::vector<uint8_t> *> &
     first += heads[i];
   }
   return packed;
+}
+
+/// The inverse of packHeads: the heads of `packed` split position by position into `parts`.
+void unpackHeads(const std::vector<uint8_t> &packed,
+                 const std::vector<std::vector<uint8_t> *> &parts,
+                 const std::vector<int64_t> &heads, int64_t positions, size_t unit) {
+  int64_t width = 0;
+  for (int64_t h : heads)
+    width += h;
+  if (packed.size() != size_t(positions * width) * unit)
+    return; // a failed download: the parts stay empty and the comparisons fail
+  int64_t first = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const size_t bytes = size_t(heads[i]) * unit;
+    parts[i]->resize(size_t(positions) * bytes);
+    for (int64_t pos = 0; pos < positions; ++pos)
+      std::memcpy(&(*parts[i])[size_t(pos) * bytes], &packed[size_t(pos * width + first) * unit],
+                  bytes);
+    first += heads[i];
+  }
 }
 
 } // namespace
@@ -733,9 +753,17 @@ TEST_P(CudaAttentionPackedTest, EqualsSeparateTensorsBitForBit) {
 
   EXPECT_TRUE(oOut.downloadBytes() == apart.o) << "o differs from flashAttention's";
   EXPECT_TRUE(lseOut.downloadBytes() == apart.lse) << "lse differs from flashAttention's";
-  EXPECT_TRUE(dqkv.downloadBytes() == packHeads({&apart.dq, &apart.dk, &apart.dv},
-                                                {heads, kvHeads, kvHeads}, positions, unit))
-      << "dqkv differs from flashAttentionGrad's dq, dk and dv";
+  std::vector<uint8_t> dq, dk, dv;
+  unpackHeads(dqkv.downloadBytes(), {&dq, &dk, &dv}, {heads, kvHeads, kvHeads}, positions, unit);
+  EXPECT_TRUE(dk == apart.dk) << "dk differs from flashAttentionGrad's";
+  EXPECT_TRUE(dv == apart.dv) << "dv differs from flashAttentionGrad's";
+  if (deterministic) {
+    EXPECT_TRUE(dq == apart.dq) << "dq differs from flashAttentionGrad's";
+  } else {
+    // The reducing pass adds each dq tile's sums in the order the key blocks finish, which
+    // differs from run to run (docs/cuda.md): dq is held to the CPU as in the other tests.
+    expectClose(valuesOf(dq, dtype, p.qShape), ref.dq, p.qShape, tolFor(dtype), "dq");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionPackedTest,
