@@ -170,7 +170,10 @@ LinearSizes checkLinearGradWeight(const char *b, const char *k, const TensorView
 }
 
 int64_t checkPackedQkv(const char *b, const char *k, const char *operand, const TensorView &qkv,
-                       int64_t heads) {
+                       const TensorView &o) {
+  if (o.rank() != 4)
+    fail(b, k, "o shape " + formatShape(o.shape) + " is not [batch, seq, heads, head_dim]");
+  const int64_t heads = o.dim(2);
   checkFloat(b, k, operand, qkv);
   if (qkv.rank() != 4)
     fail(b, k,

@@ -82,11 +82,11 @@ int64_t checkDoraGrad(const char *backend, const char *kernel, const TensorView 
                       const TensorView &y, const TensorView &scale, const TensorView &magnitude,
                       const TensorView &dx, const TensorView &dmagnitude);
 
-/// Checks a packed qkv [batch, seq, heads + 2 kv_heads, head_dim] (float, rank 4) of `heads`
-/// query heads (the output's): two equal numbers of key/value heads after them that divide
-/// `heads`. Returns kv_heads.
+/// Checks the attention output `o` [batch, seq, heads, head_dim] and a packed qkv [batch, seq,
+/// heads + 2 kv_heads, head_dim] (float, rank 4) holding o's query heads and then two equal
+/// numbers of key/value heads that divide them. Returns kv_heads.
 int64_t checkPackedQkv(const char *backend, const char *kernel, const char *operand,
-                       const TensorView &qkv, int64_t heads);
+                       const TensorView &qkv, const TensorView &o);
 
 /// Checks that `step` is the i64 scalar step counter.
 void checkStep(const char *backend, const char *kernel, const TensorView &step);
@@ -160,8 +160,8 @@ std::pair<int64_t, int64_t> checkGaloreSide(const char *backend, const char *ker
                                                dmagnitude);                                        \
   }                                                                                                \
   inline int64_t checkPackedQkv(const char *kernel, const char *operand, const TensorView &qkv,    \
-                                int64_t heads) {                                                   \
-    return ::bonsai::rt::checks::checkPackedQkv(Backend, kernel, operand, qkv, heads);             \
+                                const TensorView &o) {                                             \
+    return ::bonsai::rt::checks::checkPackedQkv(Backend, kernel, operand, qkv, o);                 \
   }                                                                                                \
   inline void checkStep(const char *kernel, const TensorView &step) {                              \
     ::bonsai::rt::checks::checkStep(Backend, kernel, step);                                        \

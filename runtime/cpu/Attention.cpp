@@ -201,9 +201,9 @@ void detail::copyHeads(const TensorView &from, int64_t fromHead, const TensorVie
     std::memcpy(dst + size_t(p) * toRow, src + size_t(p) * fromRow, bytes);
 }
 
-detail::UnpackedQkv detail::unpackQkv(const char *kernel, const TensorView &qkv, int64_t heads,
-                                      bool copy) {
-  const int64_t kvHeads = checkPackedQkv(kernel, "qkv", qkv, heads);
+detail::UnpackedQkv detail::unpackQkv(const char *kernel, const TensorView &qkv,
+                                      const TensorView &o, bool copy) {
+  const int64_t kvHeads = checkPackedQkv(kernel, "qkv", qkv, o), heads = o.dim(2);
   UnpackedQkv u;
   const int64_t counts[3] = {heads, kvHeads, kvHeads};
   int64_t first = 0;
@@ -234,9 +234,7 @@ void flashAttention(const TensorView &q, const TensorView &k, const TensorView &
 void flashAttentionQkv(const TensorView &qkv, bool causal, double scale, const TensorView &o,
                        const TensorView &lse, const TensorView *segmentIds) {
   const char *kernel = "flash_attention_qkv";
-  if (o.rank() != 4)
-    fail(kernel, "o shape " + formatShape(o.shape) + " is not [batch, seq, heads, head_dim]");
-  UnpackedQkv u = unpackQkv(kernel, qkv, o.dim(2));
+  UnpackedQkv u = unpackQkv(kernel, qkv, o);
   attentionImpl(kernel, u.views[0], u.views[1], u.views[2], segmentIds, causal, scale, o, &lse);
 }
 

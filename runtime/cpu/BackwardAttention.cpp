@@ -229,13 +229,11 @@ void flashAttentionQkvGrad(const TensorView &dout, const TensorView &qkv, const 
                            const TensorView &lse, bool causal, double scale, const TensorView &dqkv,
                            const TensorView *segmentIds) {
   const char *kernel = "flash_attention_qkv_grad";
-  if (o.rank() != 4)
-    fail(kernel, "o shape " + formatShape(o.shape) + " is not [batch, seq, heads, head_dim]");
-  UnpackedQkv u = unpackQkv(kernel, qkv, o.dim(2));
+  UnpackedQkv u = unpackQkv(kernel, qkv, o);
   checkFloat(kernel, "dqkv", dqkv);
   checkSameShape(kernel, "dqkv", dqkv, "qkv", qkv);
   // The gradients of q, k and v into tensors of their own, then into their heads of dqkv.
-  UnpackedQkv grads = unpackQkv(kernel, dqkv, o.dim(2), /*copy=*/false);
+  UnpackedQkv grads = unpackQkv(kernel, dqkv, o, /*copy=*/false);
   attentionGradImpl(kernel, dout, u.views[0], u.views[1], u.views[2], o, &lse, segmentIds, causal,
                     scale, grads.views[0], grads.views[1], grads.views[2]);
   int64_t first = 0;

@@ -84,14 +84,16 @@ int64_t loadStep(const char *kernel, const TensorView &step);
 void copyHeads(const TensorView &from, int64_t fromHead, const TensorView &to, int64_t toHead,
                int64_t count);
 
-/// q, k and v of a packed qkv [B, S, H + 2 KV, D] (checkPackedQkv) as tensors of their own,
+/// q, k and v of a packed qkv [B, S, H + 2 KV, D] (checkPackedQkv; H is the attention output
+/// o's) as tensors of their own,
 /// [B, S, H, D] and [B, S, KV, D] twice, which `storage` holds: copies, or with `copy` false
 /// tensors of those shapes to be written.
 struct UnpackedQkv {
   TensorView views[3];
   std::vector<char> storage[3];
 };
-UnpackedQkv unpackQkv(const char *kernel, const TensorView &qkv, int64_t heads, bool copy = true);
+UnpackedQkv unpackQkv(const char *kernel, const TensorView &qkv, const TensorView &o,
+                      bool copy = true);
 
 } // namespace bonsai::rt::cpu::detail
 

@@ -3066,15 +3066,17 @@ void flashAttention(const Context &ctx, const TensorView &q, const TensorView &k
 
 namespace {
 
-/// q, k and v as views of the heads of a packed qkv [B, S, H + 2 KV, D] (H from o, `heads`):
+/// q, k and v as views of the heads of a packed qkv [B, S, H + 2 KV, D] (H from o):
 /// each view points at its first head and has the shape of a tensor of its own; the kernels
 /// read its positions qkv.dim(2) D elements apart (Args::qStride, kvStride).
 struct PackedViews {
   TensorView q, k, v;
 };
 
-PackedViews packedViews(const char *kn, const char *name, const TensorView &qkv, int64_t heads) {
-  const int64_t kvHeads = detail::checkPackedQkv(kn, name, qkv, heads), d = qkv.dim(3);
+PackedViews packedViews(const char *kn, const char *name, const TensorView &qkv,
+                        const TensorView &o) {
+  const int64_t kvHeads = detail::checkPackedQkv(kn, name, qkv, o), heads = o.dim(2);
+  const int64_t d = qkv.dim(3);
   auto view = [&](int64_t firstHead, int64_t count) {
     TensorView t;
     t.data =
@@ -3091,9 +3093,7 @@ PackedViews packedViews(const char *kn, const char *name, const TensorView &qkv,
 void flashAttentionQkv(const Context &ctx, const TensorView &qkv, bool causal, double scale,
                        const TensorView &o, const TensorView &lse, const TensorView *segmentIds) {
   const char *kn = "flash_attention_qkv";
-  if (o.rank() != 4)
-    fail(kn, "o shape " + formatShape(o.shape) + " is not [batch, seq, heads, head_dim]");
-  PackedViews p = packedViews(kn, "qkv", qkv, o.dim(2));
+  PackedViews p = packedViews(kn, "qkv", qkv, o);
   attentionImpl(kn, ctx, p.q, p.k, p.v, causal, scale, o, &lse, segmentIds, segmentIds, false,
                 &qkv);
 }
@@ -3119,12 +3119,10 @@ void flashAttentionQkvGrad(const Context &ctx, const TensorView &dout, const Ten
                            const TensorView &o, const TensorView &lse, bool causal, double scale,
                            const TensorView &dqkv, const TensorView *segmentIds) {
   const char *kn = "flash_attention_qkv_grad";
-  if (o.rank() != 4)
-    fail(kn, "o shape " + formatShape(o.shape) + " is not [batch, seq, heads, head_dim]");
-  PackedViews p = packedViews(kn, "qkv", qkv, o.dim(2));
+  PackedViews p = packedViews(kn, "qkv", qkv, o);
   checkFloat(kn, "dqkv", dqkv);
   checkSameShape(kn, "dqkv", dqkv, "qkv", qkv);
-  PackedViews g = packedViews(kn, "dqkv", dqkv, o.dim(2));
+  PackedViews g = packedViews(kn, "dqkv", dqkv, o);
   attentionGradImpl(kn, ctx, dout, p.q, p.k, p.v, o, &lse, causal, scale, g.q, g.k, g.v, segmentIds,
                     segmentIds, false, &qkv, &dqkv);
 }

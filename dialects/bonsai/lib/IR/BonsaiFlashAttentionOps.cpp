@@ -65,6 +65,20 @@ static int64_t scoredPairs(Value query, bool causal, std::optional<int64_t> ring
   return attentionScoredPairs(tensorType(query).getDimSize(1), causal, ringRanks);
 }
 
+/// The cost of a flash attention kernel over `query`'s shape [B, S, H, D] (the output's for the
+/// packed forms): streaming its operands, `matmulPerPair` FLOPs per scored pair and element of
+/// the head dim, `vectorPerPair` per scored pair.
+static OpCost flashCost(Operation *op, Value query, bool causal, std::optional<int64_t> ringRanks,
+                        int64_t matmulPerPair, int64_t vectorPerPair) {
+  RankedTensorType q = tensorType(query);
+  int64_t batchHeads = q.getDimSize(0) * q.getDimSize(2);
+  int64_t pairs = scoredPairs(query, causal, ringRanks);
+  OpCost cost = streamingBytes(op);
+  cost.matmulFlops = cost.attentionFlops = matmulPerPair * batchHeads * q.getDimSize(3) * pairs;
+  cost.vectorFlops = vectorPerPair * batchHeads * pairs;
+  return cost;
+}
+
 //===----------------------------------------------------------------------===//
 // FlashAttentionOp
 //===----------------------------------------------------------------------===//
@@ -80,15 +94,9 @@ LogicalResult FlashAttentionOp::verify() {
 }
 
 OpCost FlashAttentionOp::getForwardCost() {
-  RankedTensorType q = tensorType(getQuery());
-  int64_t batchHeads = q.getDimSize(0) * q.getDimSize(2);
   // As bonsai.attention (Q·Kᵀ and P·V over the scored pairs; scale, max, exp, sum and
   // normalise per score), plus one f32 per query row written.
-  OpCost cost = streamingBytes(*this);
-  int64_t pairs = scoredPairs(getQuery(), getCausal(), getRingRanks());
-  cost.matmulFlops = cost.attentionFlops = 4 * batchHeads * q.getDimSize(3) * pairs;
-  cost.vectorFlops = 5 * batchHeads * pairs;
-  return cost;
+  return flashCost(*this, getQuery(), getCausal(), getRingRanks(), 4, 5);
 }
 
 //===----------------------------------------------------------------------===//
@@ -110,15 +118,9 @@ LogicalResult FlashAttentionGradOp::verify() {
 }
 
 OpCost FlashAttentionGradOp::getForwardCost() {
-  RankedTensorType q = tensorType(getQuery());
-  int64_t batchHeads = q.getDimSize(0) * q.getDimSize(2);
-  int64_t pairs = scoredPairs(getQuery(), getCausal(), getRingRanks());
   // Scores recomputed (Q·Kᵀ) and normalised by the saved lse, then dV = Pᵀ·dO, dP = dO·Vᵀ,
   // dQ = dS·K, dK = dSᵀ·Q; no pass for the softmax statistics.
-  OpCost cost = streamingBytes(*this);
-  cost.matmulFlops = cost.attentionFlops = 10 * batchHeads * q.getDimSize(3) * pairs;
-  cost.vectorFlops = 7 * batchHeads * pairs;
-  return cost;
+  return flashCost(*this, getQuery(), getCausal(), getRingRanks(), 10, 7);
 }
 
 //===----------------------------------------------------------------------===//
@@ -164,13 +166,7 @@ LogicalResult FlashAttentionQkvOp::verify() {
 
 OpCost FlashAttentionQkvOp::getForwardCost() {
   // FlashAttentionOp's: the same scores over the same q, k and v, which qkv holds.
-  RankedTensorType q = tensorType(getOutput());
-  int64_t batchHeads = q.getDimSize(0) * q.getDimSize(2);
-  OpCost cost = streamingBytes(*this);
-  int64_t pairs = scoredPairs(getOutput(), getCausal(), std::nullopt);
-  cost.matmulFlops = cost.attentionFlops = 4 * batchHeads * q.getDimSize(3) * pairs;
-  cost.vectorFlops = 5 * batchHeads * pairs;
-  return cost;
+  return flashCost(*this, getOutput(), getCausal(), std::nullopt, 4, 5);
 }
 
 LogicalResult FlashAttentionQkvGradOp::verify() {
@@ -184,11 +180,5 @@ LogicalResult FlashAttentionQkvGradOp::verify() {
 
 OpCost FlashAttentionQkvGradOp::getForwardCost() {
   // FlashAttentionGradOp's: dq, dk and dv written into one tensor instead of three.
-  RankedTensorType q = tensorType(getOutput());
-  int64_t batchHeads = q.getDimSize(0) * q.getDimSize(2);
-  int64_t pairs = scoredPairs(getOutput(), getCausal(), std::nullopt);
-  OpCost cost = streamingBytes(*this);
-  cost.matmulFlops = cost.attentionFlops = 10 * batchHeads * q.getDimSize(3) * pairs;
-  cost.vectorFlops = 7 * batchHeads * pairs;
-  return cost;
+  return flashCost(*this, getOutput(), getCausal(), std::nullopt, 10, 7);
 }
